@@ -1,0 +1,230 @@
+"""Sandbox provider contract v1.
+
+Every provider subclasses :class:`SandboxProvider`. A lifecycle method that a provider does not support
+raises :class:`UnsupportedCapability` *before doing anything*; it never succeeds silently, because a
+caller that believes a snapshot was taken (or a sandbox suspended) would build on something that does
+not exist.
+
+This module imports nothing else of the package: providers are the bottom layer.
+"""
+
+from __future__ import annotations
+
+import enum
+import posixpath
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CONTRACT_VERSION = 1
+
+
+class Capability(str, enum.Enum):
+    SNAPSHOT = "snapshot"
+    SNAPSHOT_DELETION = "snapshot_deletion"
+    SNAPSHOT_RECONCILIATION = "snapshot_reconciliation"
+    RESTORE = "restore"
+    SUSPEND = "suspend"
+    RESUME = "resume"
+    OPERATION_DEDUPLICATION = "operation_deduplication"
+    LEASE_RECONCILIATION = "lease_reconciliation"
+    LOSS_INJECTION = "loss_injection"
+
+
+DeliveryGuarantee = Literal["at_least_once_effects", "deduplicated_operations"]
+TOOL_TYPES: tuple[str, ...] = ("shell", "write_file", "read_file")
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+class ProviderError(Exception):
+    """A transient provider failure: the caller retries with backoff."""
+
+    retryable: bool = True
+
+
+class SandboxGone(ProviderError):
+    """The sandbox no longer exists (expired, killed, lost). Triggers recovery, not a retry."""
+
+    retryable = False
+
+    def __init__(self, sandbox_id: str, detail: str = "") -> None:
+        self.sandbox_id = sandbox_id
+        msg = f"Sandbox {sandbox_id} is gone"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class ProvisionError(ProviderError):
+    """Provisioning failed; ``retryable`` says whether trying again can help (quota, 5xx) or not (bad template)."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class UnsupportedCapability(ProviderError):
+    retryable = False
+
+    def __init__(self, provider: str, capability: Capability | str) -> None:
+        cap = capability.value if isinstance(capability, Capability) else capability
+        self.provider = provider
+        self.capability = cap
+        super().__init__(
+            f"Sandbox provider [{provider}] does not support [{cap}]; the operation was not attempted."
+        )
+
+
+class ConfigurationError(ProviderError):
+    """The provider is misconfigured (missing API key, bad URL). Not retryable: fix the configuration."""
+
+    retryable = False
+
+
+# --------------------------------------------------------------------------------------------- values
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ProviderCapabilities(_Frozen):
+    supported: frozenset[Capability] = frozenset()
+    delivery_guarantee: DeliveryGuarantee = "at_least_once_effects"
+    idempotent_destroy: bool = True
+    maximum_lease_seconds: int = 86_400
+    tool_types: tuple[str, ...] = TOOL_TYPES
+
+    def supports(self, capability: Capability) -> bool:
+        return capability in self.supported
+
+    def consistency_problems(self) -> list[str]:
+        """Declarations that contradict each other (checked by the contract kit and the registry)."""
+        problems = []
+        dedup = Capability.OPERATION_DEDUPLICATION in self.supported
+        if dedup != (self.delivery_guarantee == "deduplicated_operations"):
+            problems.append(
+                "delivery_guarantee must be 'deduplicated_operations' exactly when operation_deduplication is supported"
+            )
+        if Capability.SNAPSHOT_RECONCILIATION in self.supported and Capability.SNAPSHOT not in self.supported:
+            problems.append("snapshot_reconciliation requires snapshot")
+        if Capability.RESTORE in self.supported and Capability.SNAPSHOT not in self.supported:
+            problems.append("restore requires snapshot")
+        if self.maximum_lease_seconds <= 0:
+            problems.append("maximum_lease_seconds must be positive")
+        return problems
+
+
+class SandboxSpec(_Frozen):
+    template: str | None = None
+    env: dict[str, str] = Field(default_factory=dict, repr=False)  # may hold secrets: never logged
+    owner: str | None = None  # owner tag for orphan sweeps (cluster id / run id)
+    labels: dict[str, str] = Field(default_factory=dict)  # non-secret metadata (run id, workflow, ...)
+
+
+class SandboxHandle(_Frozen):
+    """What a provider hands back: enough to reach the sandbox again. Never holds secrets."""
+
+    id: str
+    provider: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    lease_expires_at: float | None = None
+
+
+class ToolCall(_Frozen):
+    operation_id: str
+    type: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResult(_Frozen):
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def outcome(self) -> tuple[int, str, str]:
+        return (self.exit_code, self.stdout, self.stderr)
+
+
+def unsupported_tool_result(tool_type: str) -> ToolResult:
+    return ToolResult(exit_code=1, stdout="", stderr=f"Unsupported tool type: {tool_type}")
+
+
+def file_not_found_result(path: str) -> ToolResult:
+    return ToolResult(exit_code=1, stdout="", stderr=f"File not found: {path}")
+
+
+def wrote_file_result(path: str, size: int) -> ToolResult:
+    return ToolResult(exit_code=0, stdout=f"wrote {path} {size} bytes", stderr="")
+
+
+def safe_relative_path(path: str) -> str:
+    """Normalise a workspace path; refuse absolute paths and any path that climbs out of the workspace."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ValueError(f"unsafe path {path!r}: must be a non-empty relative path")
+    if path.startswith("/") or path.startswith("\\"):
+        raise ValueError(f"unsafe path {path!r}: absolute paths are not allowed; use a path relative to the workspace")
+    norm = posixpath.normpath(path)
+    if norm == ".." or norm.startswith("../") or norm == ".":
+        raise ValueError(f"unsafe path {path!r}: it leaves the workspace")
+    return norm
+
+
+# --------------------------------------------------------------------------------------------- contract
+
+
+class SandboxProvider:
+    """Base class for sandbox providers (contract v1).
+
+    Subclasses set ``name``, override :meth:`capabilities`, and override the lifecycle methods they
+    support. The defaults here raise :class:`UnsupportedCapability` for optional capabilities, so a
+    provider that forgets to implement one fails loudly instead of pretending.
+    """
+
+    name: ClassVar[str] = "abstract"
+    contract_version: ClassVar[int] = CONTRACT_VERSION
+
+    def capabilities(self) -> ProviderCapabilities:
+        return ProviderCapabilities()
+
+    def require(self, capability: Capability) -> None:
+        if not self.capabilities().supports(capability):
+            raise UnsupportedCapability(self.name, capability)
+
+    async def provision(self, spec: SandboxSpec, *, lease_seconds: int) -> SandboxHandle:
+        raise NotImplementedError
+
+    async def execute(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
+        raise NotImplementedError
+
+    async def snapshot(self, handle: SandboxHandle, *, operation_id: str) -> str:
+        raise UnsupportedCapability(self.name, Capability.SNAPSHOT)
+
+    async def restore(self, snapshot_id: str, spec: SandboxSpec, *, lease_seconds: int) -> SandboxHandle:
+        raise UnsupportedCapability(self.name, Capability.RESTORE)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        raise UnsupportedCapability(self.name, Capability.SNAPSHOT_DELETION)
+
+    async def suspend(self, handle: SandboxHandle) -> None:
+        raise UnsupportedCapability(self.name, Capability.SUSPEND)
+
+    async def resume(self, handle: SandboxHandle) -> SandboxHandle:
+        raise UnsupportedCapability(self.name, Capability.RESUME)
+
+    async def renew_lease(self, handle: SandboxHandle, seconds: int) -> SandboxHandle:
+        raise NotImplementedError
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        raise NotImplementedError
+
+    async def list_sandboxes(self, owner: str) -> list[SandboxHandle]:
+        raise UnsupportedCapability(self.name, Capability.LEASE_RECONCILIATION)
+
+    async def inject_loss(self, handle: SandboxHandle) -> None:
+        """Destroy the sandbox behind the caller's back, as a real loss would (testing aid)."""
+        raise UnsupportedCapability(self.name, Capability.LOSS_INJECTION)
+
+    async def aclose(self) -> None:
+        """Release client resources (HTTP pools). Idempotent."""
