@@ -1,0 +1,55 @@
+"""The durable execution engine: runs, journal, replay, context API, store protocol."""
+
+from durable_sandbox.engine.context import Context
+from durable_sandbox.engine.engine import Engine, new_run_id
+from durable_sandbox.engine.errors import (
+    CallbackTimeout,
+    DuplicateOperationError,
+    LeaseHeld,
+    LeaseLost,
+    NonDeterminismError,
+    ParallelError,
+    RunConflict,
+    RunNotFound,
+    SerializationError,
+    SignalConflict,
+    StepFailed,
+    StepTimeout,
+    WorkflowNotFound,
+)
+from durable_sandbox.engine.policies import RetryPolicy
+from durable_sandbox.engine.records import Event, OperationRecord, OpKind, OpStatus, RunRecord, RunStatus
+from durable_sandbox.engine.state import RunState
+from durable_sandbox.engine.store import Store
+from durable_sandbox.engine.workflow import WorkflowDefinition, resolve, workflow
+
+__all__ = [
+    "CallbackTimeout",
+    "Context",
+    "DuplicateOperationError",
+    "Engine",
+    "Event",
+    "LeaseHeld",
+    "LeaseLost",
+    "NonDeterminismError",
+    "OpKind",
+    "OpStatus",
+    "OperationRecord",
+    "ParallelError",
+    "RetryPolicy",
+    "RunConflict",
+    "RunNotFound",
+    "RunRecord",
+    "RunState",
+    "RunStatus",
+    "SerializationError",
+    "SignalConflict",
+    "StepFailed",
+    "StepTimeout",
+    "Store",
+    "WorkflowDefinition",
+    "WorkflowNotFound",
+    "new_run_id",
+    "resolve",
+    "workflow",
+]

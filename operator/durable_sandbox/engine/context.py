@@ -1,0 +1,392 @@
+"""The workflow context: ``ctx.step``, ``ctx.parallel``, ``ctx.callback``, ``ctx.sleep``, ``ctx.patched``,
+``ctx.progress``, ``ctx.state`` and the ``ctx.sandbox`` extension point.
+
+Operations are matched to the journal by explicit id, never by call order, so concurrent branches
+replay correctly whatever order they finish in. A completed operation returns its recorded result
+without running; a started-but-unfinished one runs again with the same id (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from durable_sandbox.engine import faults
+from durable_sandbox.engine.errors import (
+    CallbackTimeout,
+    DuplicateOperationError,
+    NonDeterminismError,
+    ParallelError,
+    StepFailed,
+    StepTimeout,
+    Suspend,
+)
+from durable_sandbox.engine.policies import NO_RETRY, RetryPolicy
+from durable_sandbox.engine.records import ErrorInfo, OperationRecord, OpKind, OpStatus
+from durable_sandbox.engine.serialization import (
+    callable_name,
+    input_digest,
+    revalidate,
+    to_jsonable,
+    value_digest,
+)
+
+if TYPE_CHECKING:
+    from durable_sandbox.engine.runtime import RunRuntime
+
+T = TypeVar("T")
+
+COMPLETED = OpStatus.COMPLETED.value
+FAILED = OpStatus.FAILED.value
+STARTED = OpStatus.STARTED.value
+
+
+def _takes_context(fn: Callable[..., Any]) -> bool:
+    """A parallel branch that takes one parameter named ``ctx`` (or annotated Context) gets a child context."""
+    target = fn.func if isinstance(fn, partial) else fn
+    try:
+        params = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        return False
+    if len(params) != 1:
+        return False
+    ann = params[0].annotation
+    return params[0].name == "ctx" or ann is Context or ann == "Context" or (
+        isinstance(ann, str) and ann.endswith(".Context")
+    ) or getattr(target, "__durable_branch__", False)
+
+
+async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None, op_id: str) -> Any:
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
+        aw: Awaitable[Any] = fn(*args, **kwargs)
+    else:
+        # Sync functions run in a thread so that parallel branches really run in parallel and a
+        # blocking call cannot stall the lease renewal.
+        aw = asyncio.to_thread(fn, *args, **kwargs)
+    if timeout is None:
+        result = await aw
+    else:
+        try:
+            result = await asyncio.wait_for(aw, timeout)
+        except TimeoutError:
+            raise StepTimeout(op_id, timeout) from None
+    if inspect.isawaitable(result):  # a sync callable that returned a coroutine (e.g. a lambda over an async fn)
+        result = await result
+    return result
+
+
+class Context:
+    """What a workflow function receives. One per run, plus a child per parallel branch (scoped ids)."""
+
+    __slots__ = ("_rt", "_scope")
+
+    def __init__(self, runtime: RunRuntime, scope: str = "") -> None:
+        self._rt = runtime
+        self._scope = scope
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def run_id(self) -> str:
+        return self._rt.run_id
+
+    @property
+    def workflow(self) -> str:
+        return self._rt.workflow
+
+    @property
+    def scope(self) -> str:
+        return self._scope
+
+    @property
+    def operations(self) -> RunRuntime:
+        """The run's operation journal, for extensions such as sandbox sessions."""
+        return self._rt
+
+    def child(self, scope: str) -> Context:
+        return Context(self._rt, self._scope + scope.rstrip("/") + "/")
+
+    # ------------------------------------------------------------------ step
+
+    async def step(
+        self,
+        id: str,
+        fn: Callable[..., T] | Callable[..., Awaitable[T]],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        cache_key: str | None = None,
+        cache_ttl: float | None = None,
+        check_input: bool = True,
+        **kwargs: Any,
+    ) -> T:
+        rt = self._rt
+        op_id = self._scope + id
+        name = callable_name(fn)
+        digest = input_digest(args, kwargs) if check_input else None
+        prev = rt.enter(op_id, OpKind.STEP.value, name, digest)
+        attempt = 1
+        if prev is not None:
+            if prev.status == COMPLETED:
+                return revalidate(fn, prev.result)  # type: ignore[no-any-return]
+            attempt, resume_at = rt.next_attempt(prev)
+            if resume_at is None:
+                raise rt.recorded_failure(prev)
+            if resume_at > time.time():  # a retry backoff that a restart interrupted: wait what is left
+                await asyncio.sleep(resume_at - time.time())
+        policy = retry or NO_RETRY
+
+        if cache_key is not None:
+            hit = await rt.store.cache_get(cache_key, time.time())
+            if hit is not None:
+                value, created = hit
+                await rt.write(
+                    OperationRecord(
+                        op_id, OpKind.STEP.value, name, COMPLETED, attempt, digest, value,
+                        meta={"cache": "hit", "cacheKey": cache_key, "cachedAt": created},
+                        epoch=rt.epoch,
+                    )
+                )
+                return revalidate(fn, value)  # type: ignore[no-any-return]
+
+        while True:
+            faults.reach(f"before:{op_id}")
+            await rt.write(
+                OperationRecord(op_id, OpKind.STEP.value, name, STARTED, attempt, digest, epoch=rt.epoch),
+                check_cancel=True,
+            )
+            faults.reach(f"inside:{op_id}")
+            rt.active_begin()
+            try:
+                value = await _invoke(fn, args, kwargs, timeout, op_id)
+            except (Suspend, asyncio.CancelledError):
+                raise
+            except Exception as exc:
+                info = ErrorInfo.from_exception(exc)
+                if policy.should_retry(exc, attempt):
+                    delay = policy.delay(attempt)
+                    await rt.write(
+                        OperationRecord(
+                            op_id, OpKind.STEP.value, name, FAILED, attempt, digest, error=info,
+                            meta={"nextAttemptAt": time.time() + delay}, epoch=rt.epoch,
+                        )
+                    )
+                    await asyncio.sleep(delay)
+                    attempt += 1
+                    continue
+                await rt.write(
+                    OperationRecord(op_id, OpKind.STEP.value, name, FAILED, attempt, digest, error=info, epoch=rt.epoch)
+                )
+                raise StepFailed(op_id, info.type, info.message, attempt, info.retryable) from exc
+            finally:
+                rt.active_end()
+            result = to_jsonable(value, what=f"The result of step {op_id!r}")
+            cache = None
+            if cache_key is not None:
+                cache = (cache_key, result, None if cache_ttl is None else time.time() + cache_ttl)
+            await rt.write(
+                OperationRecord(
+                    op_id, OpKind.STEP.value, name, COMPLETED, attempt, digest, result,
+                    meta={"cache": "miss", "cacheKey": cache_key} if cache_key is not None else None,
+                    epoch=rt.epoch,
+                ),
+                cache=cache,
+                boundary=True,
+            )
+            faults.reach(f"after:{op_id}")
+            return value  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ parallel
+
+    async def parallel(
+        self,
+        id: str,
+        branches: Mapping[str, Callable[..., Any]] | Sequence[Callable[..., Any]],
+        *,
+        max_concurrency: int | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Run branches concurrently, each checkpointed on its own under ``id/<key>``.
+
+        A branch is a plain callable (run as one step) or ``async def branch(ctx)`` with its own scoped
+        steps and callbacks. After a partial failure only unfinished branches run again; the error
+        (:class:`ParallelError`) names each failed key. Returns a list or dict matching ``branches``.
+        """
+        rt = self._rt
+        op_id = self._scope + id
+        as_list = not isinstance(branches, Mapping)
+        items: list[tuple[str, Callable[..., Any]]] = (
+            [(str(i), b) for i, b in enumerate(branches)] if as_list else [(str(k), b) for k, b in branches.items()]  # type: ignore[union-attr]
+        )
+        for key, _ in items:
+            if not key or "/" in key:
+                raise ValueError(f"Parallel {op_id!r}: branch key {key!r} must be non-empty and contain no '/'.")
+        keys = [k for k, _ in items]
+        prev = rt.enter(op_id, OpKind.PARALLEL.value, id, value_digest(keys))
+        if prev is not None and prev.status == COMPLETED:
+            return prev.result
+        if prev is None:
+            await rt.write(
+                OperationRecord(op_id, OpKind.PARALLEL.value, id, STARTED, 1, value_digest(keys), meta={"branches": keys}, epoch=rt.epoch),
+                check_cancel=True,
+            )
+        gate: Any = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+        async def run_branch(key: str, branch: Callable[..., Any]) -> Any:
+            async with gate if gate is not None else nullcontext():
+                if not _takes_context(branch):
+                    return await self.step(f"{id}/{key}", branch, retry=retry, timeout=timeout)
+                bop = f"{op_id}/{key}"
+                bname = callable_name(branch)
+                done = rt.enter(bop, OpKind.STEP.value, bname, None)
+                if done is not None and done.status == COMPLETED:
+                    return revalidate(branch, done.result)
+                value = await branch(Context(rt, bop + "/"))
+                await rt.write(
+                    OperationRecord(
+                        bop, OpKind.STEP.value, bname, COMPLETED, 1, None,
+                        to_jsonable(value, what=f"The result of branch {bop!r}"), meta={"branch": True}, epoch=rt.epoch,
+                    ),
+                    boundary=True,
+                )
+                return value
+
+        outcomes = await asyncio.gather(*(run_branch(k, b) for k, b in items), return_exceptions=True)
+        failures: dict[str, Exception] = {}
+        waiting: list[Suspend] = []
+        for (key, _), outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, Suspend):
+                waiting.append(outcome)
+            elif isinstance(outcome, Exception):
+                failures[key] = outcome
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        if failures:
+            raise ParallelError(op_id, failures)
+        if waiting:
+            raise Suspend(
+                [i for s in waiting for i in s.op_ids],
+                min((s.wake_at for s in waiting if s.wake_at is not None), default=None),
+            )
+        values = [o for o in outcomes]
+        result: Any = values if as_list else dict(zip(keys, values, strict=True))
+        await rt.write(
+            OperationRecord(
+                op_id, OpKind.PARALLEL.value, id, COMPLETED, 1, value_digest(keys),
+                to_jsonable(result, what=f"The result of parallel {op_id!r}"), epoch=rt.epoch,
+            )
+        )
+        return result
+
+    # ------------------------------------------------------------------ callbacks and timers
+
+    async def callback(self, id: str, payload: Any = None, *, timeout: float | None = None) -> Any:
+        """Wait for ``Engine.signal(run_id, <scoped id>, value)`` and return the value.
+
+        The run suspends (status ``waiting``) until the signal arrives; several callbacks may be
+        pending at once and each is resolved by its own id. A signal that arrives before the run
+        reaches the callback is kept and delivered when it does.
+        """
+        rt = self._rt
+        op_id = self._scope + id
+        jpayload = to_jsonable(payload, what=f"The payload of callback {op_id!r}")
+        digest = value_digest(jpayload)
+        prev = rt.enter(op_id, OpKind.CALLBACK.value, id, digest, while_draining=True)
+        if prev is not None:
+            if prev.status == COMPLETED:
+                return prev.result
+            if prev.status == FAILED and prev.epoch >= rt.epoch:
+                raise rt.recorded_failure(prev)
+        if op_id in rt.signals:
+            value = rt.signals[op_id]
+            await rt.write(
+                OperationRecord(op_id, OpKind.CALLBACK.value, id, COMPLETED, 1, digest, value, epoch=rt.epoch)
+            )
+            return value
+        deadline = (prev.meta or {}).get("deadline") if prev is not None and prev.status == STARTED else None
+        if deadline is None and timeout is not None:
+            deadline = time.time() + timeout
+        if deadline is not None and time.time() >= deadline:
+            err = CallbackTimeout(op_id, timeout or 0)
+            await rt.write(
+                OperationRecord(op_id, OpKind.CALLBACK.value, id, FAILED, 1, digest, error=ErrorInfo.from_exception(err), epoch=rt.epoch)
+            )
+            raise err
+        if prev is None or prev.status != STARTED:
+            await rt.write(
+                OperationRecord(
+                    op_id, OpKind.CALLBACK.value, id, STARTED, 1, digest,
+                    meta={"payload": jpayload, "deadline": deadline}, epoch=rt.epoch,
+                )
+            )
+        raise Suspend([op_id], deadline)
+
+    async def sleep(self, id: str, seconds: float) -> None:
+        """A durable timer: survives restarts; long sleeps suspend the run and a worker wakes it when due."""
+        rt = self._rt
+        op_id = self._scope + id
+        prev = rt.enter(op_id, OpKind.SLEEP.value, id, value_digest(seconds))
+        if prev is not None and prev.status == COMPLETED:
+            return
+        if prev is not None and prev.status == STARTED:
+            wake_at = float((prev.meta or {})["wakeAt"])
+        else:
+            wake_at = time.time() + seconds
+            await rt.write(
+                OperationRecord(op_id, OpKind.SLEEP.value, id, STARTED, 1, value_digest(seconds), meta={"wakeAt": wake_at}, epoch=rt.epoch),
+                check_cancel=True,
+            )
+        remaining = wake_at - time.time()
+        if remaining > rt.inline_sleep_limit:
+            raise Suspend([op_id], wake_at)
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+        await rt.write(OperationRecord(op_id, OpKind.SLEEP.value, id, COMPLETED, 1, value_digest(seconds), epoch=rt.epoch))
+
+    # ------------------------------------------------------------------ versioning, progress, state
+
+    def patched(self, change_id: str) -> bool:
+        """True for runs that reach this point with the change deployed; False for runs that were
+        already past it (replaying history recorded by the old code). Recorded, so the answer never
+        changes for a run."""
+        return self._rt.patched(self._scope + change_id)
+
+    def progress(self, message: str, *, percent: float | None = None, **data: Any) -> None:
+        self._rt.emit("progress", message=message, percent=percent, scope=self._scope or None, **data)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """Thread state shared by runs with the same ``thread_id``; persisted at step boundaries."""
+        return self._rt.touch_state()
+
+    # ------------------------------------------------------------------ sandbox extension point
+
+    def sandbox(self, id: str, provider: str = "local", **options: Any) -> AbstractAsyncContextManager[Any]:
+        factory = self._rt.sandbox_factory
+        if factory is None:
+            raise RuntimeError(
+                "ctx.sandbox needs an engine with sandbox support; use durable_sandbox.Engine "
+                "(which wires the sandbox sessions in) rather than durable_sandbox.engine.Engine."
+            )
+        return factory(self, id, provider=provider, **options)  # type: ignore[no-any-return]
+
+
+def nondeterminism(op_id: str, rec: OperationRecord, kind: str, name: str, digest: str | None) -> NonDeterminismError:
+    return NonDeterminismError(
+        op_id,
+        {"kind": rec.kind, "name": rec.name, "inputDigest": rec.input_digest},
+        {"kind": kind, "name": name, "inputDigest": digest if digest is not None else rec.input_digest},
+    )
+
+
+__all__ = ["Context", "DuplicateOperationError", "nondeterminism"]

@@ -1,0 +1,161 @@
+"""Engine errors. Each message says what went wrong, where, and what to do about it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DurableError(Exception):
+    """Base class of the engine's own errors."""
+
+
+class NonDeterminismError(DurableError):
+    """Replay met code that asks for something other than what the journal recorded."""
+
+    def __init__(self, op_id: str, expected: dict[str, Any], actual: dict[str, Any]) -> None:
+        self.op_id = op_id
+        self.expected = expected
+        self.actual = actual
+        diffs = ", ".join(
+            f"{k}: recorded {expected.get(k)!r}, code asked for {actual.get(k)!r}"
+            for k in expected
+            if expected.get(k) != actual.get(k)
+        )
+        super().__init__(
+            f"Nondeterminism at operation {op_id!r}: {diffs}. The workflow code changed in a way that does "
+            f"not match the run's journal; guard the change with ctx.patched(...) or start a new run."
+        )
+
+
+class DuplicateOperationError(DurableError):
+    def __init__(self, op_id: str) -> None:
+        self.op_id = op_id
+        super().__init__(
+            f"Operation id {op_id!r} is used twice in the same run; give every step, callback and sleep a "
+            f"unique id (for loops, include the loop index: f'fetch-{{i}}')."
+        )
+
+
+class StepFailed(DurableError):
+    """A step failed for good (retries exhausted or a non-retryable error); replays raise it again."""
+
+    def __init__(self, op_id: str, error_type: str, message: str, attempts: int, retryable: bool = False) -> None:
+        self.op_id = op_id
+        self.error_type = error_type
+        self.attempts = attempts
+        self.retryable = retryable
+        self.cause_message = message
+        super().__init__(f"Step {op_id!r} failed after {attempts} attempt(s): {error_type}: {message}")
+
+
+class StepTimeout(DurableError):
+    retryable = True
+
+    def __init__(self, op_id: str, seconds: float) -> None:
+        super().__init__(f"Step {op_id!r} timed out after {seconds:g} seconds")
+
+
+class CallbackTimeout(DurableError):
+    def __init__(self, op_id: str, seconds: float) -> None:
+        super().__init__(f"Callback {op_id!r} was not signalled within {seconds:g} seconds")
+
+
+class ParallelError(ExceptionGroup):  # noqa: N818 - mirrors ExceptionGroup naming
+    """One or more branches of ctx.parallel failed; ``failures`` maps each failed key to its error."""
+
+    def __new__(cls, op_id: str, failures: dict[str, Exception]) -> ParallelError:
+        keys = ", ".join(sorted(failures))
+        self = super().__new__(cls, f"Parallel {op_id!r}: branch(es) {keys} failed", list(failures.values()))
+        self.op_id = op_id
+        self.failures = failures
+        return self
+
+    def __init__(self, op_id: str, failures: dict[str, Exception]) -> None:
+        keys = ", ".join(sorted(failures))
+        super().__init__(f"Parallel {op_id!r}: branch(es) {keys} failed", list(failures.values()))
+
+    def derive(self, excs: Any) -> ExceptionGroup:  # type: ignore[override]
+        return ExceptionGroup(self.message, excs)
+
+    def __str__(self) -> str:
+        parts = "; ".join(f"{k}: {type(e).__name__}: {e}" for k, e in sorted(self.failures.items()))
+        return f"{self.message}: {parts}"
+
+
+class SignalConflict(DurableError):
+    def __init__(self, run_id: str, callback_id: str) -> None:
+        super().__init__(
+            f"Callback {callback_id!r} of run {run_id!r} was already signalled with a different value; "
+            f"a callback takes one value (signalling the same value again is a no-op)."
+        )
+
+
+class RunNotFound(DurableError):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"Run {run_id!r} does not exist in this store; list runs with `dsb runs`.")
+
+
+class RunConflict(DurableError):
+    """A run id is reused for another workflow or input."""
+
+
+class LeaseHeld(DurableError):
+    def __init__(self, run_id: str, owner: str, expires_at: float) -> None:
+        self.owner = owner
+        super().__init__(
+            f"Run {run_id!r} is being executed by worker {owner!r} (lease valid until {expires_at:.0f}); "
+            f"only one worker executes a run at a time. Wait for it or let the lease expire."
+        )
+
+
+class LeaseLost(DurableError):
+    def __init__(self, run_id: str, fence: int) -> None:
+        super().__init__(
+            f"Lost the lease on run {run_id!r} (fencing token {fence} is stale): another worker took it over. "
+            f"This worker stops executing the run; nothing it did after losing the lease was recorded."
+        )
+
+
+class RunCancelledError(DurableError):
+    def __init__(self, run_id: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"Run {run_id!r} was cancelled: {reason}")
+
+
+class WorkflowNotFound(DurableError):
+    pass
+
+
+class SerializationError(DurableError, TypeError):
+    pass
+
+
+class Suspend(BaseException):  # noqa: N818 - control flow, not an error
+    """Raised through workflow code when the run must wait (a callback or a long sleep).
+
+    A BaseException so that ``except Exception`` in user code cannot swallow it.
+    """
+
+    def __init__(self, op_ids: list[str], wake_at: float | None = None) -> None:
+        super().__init__(", ".join(op_ids))
+        self.op_ids = op_ids
+        self.wake_at = wake_at
+
+
+RETRYABLE_BY_DEFAULT = (TimeoutError, ConnectionError, StepTimeout)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    flag = getattr(exc, "retryable", None)
+    if isinstance(flag, bool):
+        return flag
+    return isinstance(exc, RETRYABLE_BY_DEFAULT)
+
+
+def error_details(exc: BaseException) -> dict[str, Any] | None:
+    if isinstance(exc, ParallelError):
+        return {"failures": {k: {"type": type(e).__name__, "message": str(e)} for k, e in exc.failures.items()}}
+    if isinstance(exc, NonDeterminismError):
+        return {"opId": exc.op_id, "expected": exc.expected, "actual": exc.actual}
+    return None

@@ -1,0 +1,127 @@
+"""``RunState``: the JSON shape of a run for users, `dsb inspect`, and the operator's status."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from durable_sandbox.engine.records import OperationRecord, OpKind, OpStatus, RunRecord
+from durable_sandbox.engine.runtime import pending_callbacks
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
+
+
+class PendingCallback(_Camel):
+    id: str
+    payload: Any = None
+
+
+class OperationState(_Camel):
+    op_id: str
+    kind: str
+    name: str
+    status: str
+    attempt: int
+    input_digest: str | None = None
+    result: Any = None
+    error: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class RunState(_Camel):
+    run_id: str
+    workflow: str
+    status: str
+    input: Any = None
+    result: Any = None
+    error: dict[str, Any] | None = None
+    pending_callbacks: list[PendingCallback] = Field(default_factory=list)
+    operations: list[OperationState] = Field(default_factory=list)
+    snapshots: list[str] = Field(default_factory=list)
+    recovery_count: int = 0
+    thread_id: str | None = None
+    wake_at: float | None = None
+    created_at: float
+    updated_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "succeeded"
+
+
+def fold(rows: Iterable[OperationRecord]) -> tuple[dict[str, OperationRecord], dict[str, OperationRecord]]:
+    first: dict[str, OperationRecord] = {}
+    latest: dict[str, OperationRecord] = {}
+    for r in rows:
+        first.setdefault(r.op_id, r)
+        latest[r.op_id] = r
+    return first, latest
+
+
+def live_snapshots(rows: Iterable[OperationRecord]) -> list[str]:
+    """Snapshots recorded as taken and not (yet) recorded as deleted, oldest first."""
+    live: dict[str, None] = {}
+    for r in rows:
+        if r.status != OpStatus.COMPLETED.value:
+            continue
+        if r.kind == OpKind.SANDBOX_SNAPSHOT.value and isinstance(r.result, dict) and r.result.get("snapshotId"):
+            live[r.result["snapshotId"]] = None
+        elif r.kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value and r.meta and r.meta.get("snapshotId"):
+            live.pop(r.meta["snapshotId"], None)
+    return list(live)
+
+
+def recovery_count(rows: Iterable[OperationRecord]) -> int:
+    return sum(
+        1
+        for r in rows
+        if r.status == OpStatus.COMPLETED.value
+        and r.kind == OpKind.SANDBOX_RESTORE.value
+        and (r.meta or {}).get("reason") == "recovery"
+    )
+
+
+def build_state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
+    first, latest = fold(rows)
+    ops = [
+        OperationState(
+            op_id=op,
+            kind=rec.kind,
+            name=rec.name,
+            status=rec.status,
+            attempt=rec.attempt,
+            input_digest=rec.input_digest,
+            result=rec.result if rec.status == OpStatus.COMPLETED.value else None,
+            error=rec.error.to_json() if rec.error else None,
+            meta=rec.meta,
+            started_at=first[op].ts,
+            finished_at=rec.ts if rec.status != OpStatus.STARTED.value else None,
+        )
+        for op, rec in latest.items()
+    ]
+    return RunState(
+        run_id=run.run_id,
+        workflow=run.workflow,
+        status=run.status.value,
+        input=run.input,
+        result=run.result,
+        error=run.error.to_json() if run.error else None,
+        pending_callbacks=[PendingCallback(**p) for p in pending_callbacks(latest.values())],
+        operations=ops,
+        snapshots=live_snapshots(rows),
+        recovery_count=recovery_count(rows),
+        thread_id=run.thread_id,
+        wake_at=run.wake_at,
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+    )

@@ -1,0 +1,75 @@
+"""The store protocol: everything the engine needs from persistence.
+
+Implementations: ``stores.sqlite.SqliteStore`` (embedded default) and ``stores.kubernetes.KubernetesStore``.
+The engine defines the protocol so that it depends on no store (imports flow one way).
+
+Contract highlights:
+- ``commit`` is atomic: its journal rows, run changes, thread state and cache entry land together or
+  not at all, and only while ``fence`` is still the run's current fencing token (else ``LeaseLost``).
+- Leases fence: every successful ``claim`` increments the run's fence, so a worker that lost its lease
+  can never write again even if it does not know yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from durable_sandbox.engine.records import Commit, Event, Lease, OperationRecord, RunRecord, RunStatus
+
+
+@runtime_checkable
+class Store(Protocol):
+    async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
+        """Insert ``run`` unless its id exists; returns (stored run, created)."""
+        ...
+
+    async def get_run(self, run_id: str) -> RunRecord | None: ...
+
+    async def list_runs(
+        self, *, status: Sequence[RunStatus] | None = None, workflow: str | None = None, limit: int = 100
+    ) -> list[RunRecord]: ...
+
+    async def update_run(self, run_id: str, changes: dict[str, Any], *, fence: int | None = None) -> None:
+        """Change run fields; with ``fence``, only while that fence is current (else ``LeaseLost``)."""
+        ...
+
+    async def load_journal(self, run_id: str) -> list[OperationRecord]:
+        """Every journal row of the run in commit order."""
+        ...
+
+    async def commit(self, run_id: str, fence: int, commit: Commit) -> None: ...
+
+    async def claim(self, run_id: str, owner: str, ttl: float) -> Lease:
+        """Take the run's lease (free, expired or already ours); raises ``LeaseHeld`` otherwise."""
+        ...
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease: ...
+
+    async def release(self, lease: Lease) -> None: ...
+
+    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None) -> Lease | None:
+        """Claim a runnable run: pending, due (waiting with wake_at reached), or orphaned (running, lease expired)."""
+        ...
+
+    async def put_signal(self, run_id: str, callback_id: str, value: Any) -> bool:
+        """Store a signal; True if new, False if the same value was already stored; ``SignalConflict`` if different."""
+        ...
+
+    async def get_signals(self, run_id: str) -> dict[str, Any]: ...
+
+    async def cache_get(self, key: str, now: float) -> tuple[Any, float] | None:
+        """(value, created_at) of an unexpired entry."""
+        ...
+
+    async def cache_clear(self, key: str | None = None, *, prefix: str | None = None) -> int: ...
+
+    async def get_thread_state(self, thread_id: str) -> Any: ...
+
+    async def append_events(self, events: Sequence[Event]) -> None: ...
+
+    async def read_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[Event]: ...
+
+    async def journal_since(self, run_id: str, after_seq: int) -> list[OperationRecord]: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,114 @@
+"""The ``@workflow`` decorator and workflow lookup by name or ``module:function`` reference."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, get_type_hints
+
+from pydantic import TypeAdapter
+
+from durable_sandbox.engine.errors import WorkflowNotFound
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+_REGISTRY: dict[str, WorkflowDefinition] = {}
+
+
+@dataclass(frozen=True)
+class WorkflowDefinition:
+    name: str
+    version: str
+    fn: Callable[..., Awaitable[Any]]
+    takes_input: bool
+    input_adapter: TypeAdapter[Any] | None
+
+    def prepare_input(self, raw: Any) -> tuple[Any, ...]:
+        if not self.takes_input:
+            return ()
+        return (raw if self.input_adapter is None else self.input_adapter.validate_python(raw),)
+
+
+def _define(fn: Callable[..., Awaitable[Any]], name: str | None, version: str) -> WorkflowDefinition:
+    if not inspect.iscoroutinefunction(fn):
+        raise TypeError(f"@workflow needs an async function; {fn.__qualname__} is not `async def`.")
+    params = list(inspect.signature(fn).parameters.values())
+    if not params:
+        raise TypeError(f"Workflow {fn.__qualname__} must take the context as its first parameter.")
+    takes_input = len(params) >= 2
+    adapter = None
+    if takes_input:
+        try:
+            ann = get_type_hints(fn).get(params[1].name)
+        except Exception:
+            ann = None
+        if ann not in (None, Any, dict, list, str, int, float, bool):
+            adapter = TypeAdapter(ann)
+    return WorkflowDefinition(
+        name=name or f"{fn.__module__}:{fn.__qualname__}",
+        version=version,
+        fn=fn,
+        takes_input=takes_input,
+        input_adapter=adapter,
+    )
+
+
+def workflow(fn: F | None = None, *, name: str | None = None, version: str = "1") -> Any:
+    """Mark an async function ``fn(ctx, input)`` as a durable workflow and register it by name."""
+
+    def wrap(f: F) -> F:
+        definition = _define(f, name, version)
+        existing = _REGISTRY.get(definition.name)
+        if existing is not None and existing.fn.__code__ is not f.__code__ and existing.fn.__module__ != f.__module__:
+            raise ValueError(
+                f"Workflow name {definition.name!r} is already registered by {existing.fn.__module__}; "
+                f"names must be unique."
+            )
+        _REGISTRY[definition.name] = definition
+        f.__durable_workflow__ = definition  # type: ignore[attr-defined]
+        return f
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def definition_of(target: Any) -> WorkflowDefinition:
+    if isinstance(target, WorkflowDefinition):
+        return target
+    if isinstance(target, str):
+        return resolve(target)
+    definition = getattr(target, "__durable_workflow__", None)
+    if definition is None:
+        if callable(target) and inspect.iscoroutinefunction(target):
+            return _define(target, None, "1")
+        raise TypeError(f"{target!r} is not a workflow; decorate it with @durable_sandbox.workflow.")
+    return definition  # type: ignore[no-any-return]
+
+
+def resolve(ref: str) -> WorkflowDefinition:
+    """Find a workflow by registered name, or import ``package.module:function``."""
+    if ref in _REGISTRY:
+        return _REGISTRY[ref]
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        known = ", ".join(sorted(_REGISTRY)) or "none registered in this process"
+        raise WorkflowNotFound(
+            f"Unknown workflow {ref!r}: give a registered name ({known}) or a 'package.module:function' reference."
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WorkflowNotFound(f"Cannot import module {module_name!r} for workflow {ref!r}: {exc}") from exc
+    if ref in _REGISTRY:  # the import registered it under its default name
+        return _REGISTRY[ref]
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise WorkflowNotFound(f"Module {module_name!r} has no attribute {attr!r} (workflow {ref!r}).")
+    return definition_of(obj)
+
+
+def registered() -> dict[str, WorkflowDefinition]:
+    return dict(_REGISTRY)
