@@ -1,0 +1,3 @@
+from tests.fakes.fixtures import fake_e2b
+
+__all__ = ["fake_e2b"]

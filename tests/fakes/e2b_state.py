@@ -1,0 +1,199 @@
+"""State and fault switches of the fake E2B service (no HTTP here; see ``e2b_server``)."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+TEAM_ID = "fake-team"
+HOME = "/home/user"
+ENVD_PORT = "49983"
+ENVD_VERSION = "0.2.0"
+MAX_TIMEOUT_SECONDS = 86_400
+
+StreamFault = Literal["malformed", "compressed", "truncated", "missing_end", "bad_event"]
+
+
+@dataclass
+class Sandbox:
+    id: str
+    template_id: str
+    workspace: Path
+    access_token: str
+    metadata: dict[str, str]
+    env_vars: dict[str, str]
+    started_at: float
+    end_at: float
+
+
+@dataclass
+class Snapshot:
+    id: str
+    name: str
+    sandbox_id: str
+    files: Path
+    builds: int = 1
+
+
+@dataclass
+class CreateFault:
+    status: int
+    retry_after: str | None
+
+
+@dataclass
+class EosError:
+    code: str
+    message: str
+
+
+@dataclass
+class RecordedRequest:
+    server: Literal["api", "envd"]
+    method: str
+    path: str
+    raw_path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    json: Any = None
+    status: int = 0
+    rejection: str | None = None
+
+
+@dataclass
+class FakeState:
+    """Everything the fake remembers; the fixture hands this object to tests.
+
+    Time is ``clock() + offset`` so a test moves it with :meth:`advance` instead of sleeping.
+    """
+
+    api_key: str = field(default_factory=lambda: "e2b_fake_" + secrets.token_hex(16))
+    clock: Callable[[], float] = time.time
+    base_templates: frozenset[str] = frozenset({"base"})
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fake-e2b-")))
+    api_url: str = ""
+    sandbox_url: str = ""
+    offset: float = 0.0
+    sandboxes: dict[str, Sandbox] = field(default_factory=dict)
+    snapshot_store: dict[str, Snapshot] = field(default_factory=dict)  # keyed by snapshot id
+    requests: list[RecordedRequest] = field(default_factory=list)
+    create_faults: list[CreateFault] = field(default_factory=list)
+    snapshot_drops: int = 0
+    stream_faults: list[StreamFault | EosError] = field(default_factory=list)
+    deleted_templates: list[str] = field(default_factory=list)
+    rejections_expected: bool = False  # set by tests that send malformed requests on purpose
+
+    # ----------------------------------------------------------------------------------- clock
+
+    def now(self) -> float:
+        return self.clock() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        """Move the fake's clock forward; sandboxes whose timeout passes are gone on their next lookup."""
+        self.offset += seconds
+
+    def expire(self, sandbox_id: str) -> None:
+        """Make one sandbox's timeout elapse now, as E2B's TTL would."""
+        self.sandboxes[sandbox_id].end_at = self.now() - 1
+
+    def reap_expired(self) -> None:
+        now = self.now()
+        for sid in [s.id for s in self.sandboxes.values() if s.end_at <= now]:
+            self._remove(sid)
+
+    # ----------------------------------------------------------------------------------- faults
+
+    def kill(self, sandbox_id: str) -> None:
+        """The sandbox dies behind the client's back: every later call about it answers 404."""
+        self._remove(sandbox_id)
+
+    def fail_create(self, status: int = 429, *, times: int = 1, retry_after: str | None = None) -> None:
+        """The next ``times`` ``POST /sandboxes`` answer ``status`` (with ``Retry-After`` when given)."""
+        self.create_faults.extend(CreateFault(status, retry_after) for _ in range(times))
+
+    def drop_connection_after_snapshot(self, times: int = 1) -> None:
+        """Persist the next snapshot(s) but close the connection instead of answering (a lost response)."""
+        self.snapshot_drops += times
+
+    def corrupt_next_stream(self, kind: StreamFault) -> None:
+        """The next ``process.Process/Start`` runs the command, then answers with a broken Connect stream."""
+        self.stream_faults.append(kind)
+
+    def end_stream_with_error(self, code: str = "unavailable", message: str = "envd lost the process") -> None:
+        """The next process stream ends with an end-of-stream error envelope instead of an ``end`` event."""
+        self.stream_faults.append(EosError(code, message))
+
+    # ----------------------------------------------------------------------------------- views
+
+    def live_sandboxes(self) -> list[str]:
+        self.reap_expired()
+        return sorted(self.sandboxes)
+
+    def snapshots(self) -> list[Snapshot]:
+        return list(self.snapshot_store.values())
+
+    def rejections(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.rejection is not None]
+
+    def calls(self, method: str, path_prefix: str) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.method == method and r.path.startswith(path_prefix)]
+
+    # ----------------------------------------------------------------------------------- mutations
+
+    def create_sandbox(self, template_id: str, timeout: int, metadata: dict[str, str], env_vars: dict[str, str]) -> Sandbox:
+        sid = "i" + secrets.token_hex(10)
+        workspace = self.root / "sandboxes" / sid
+        source = self.template_files(template_id)
+        if source is None:
+            workspace.mkdir(parents=True)
+        else:
+            shutil.copytree(source, workspace, symlinks=True)
+        now = self.now()
+        sandbox = Sandbox(sid, template_id, workspace, secrets.token_hex(16), metadata, env_vars, now, now + timeout)
+        self.sandboxes[sid] = sandbox
+        return sandbox
+
+    def template_exists(self, template_id: str) -> bool:
+        return template_id in self.base_templates or template_id in self.snapshot_store
+
+    def template_files(self, template_id: str) -> Path | None:
+        snap = self.snapshot_store.get(template_id)
+        return snap.files if snap else None
+
+    def take_snapshot(self, sandbox: Sandbox, name: str | None) -> Snapshot:
+        name = name or "snapshot-" + secrets.token_hex(6)
+        sid = f"{TEAM_ID}/{name}:default"
+        target = self.root / "snapshots" / secrets.token_hex(8)
+        shutil.copytree(sandbox.workspace, target, symlinks=True)
+        existing = self.snapshot_store.get(sid)
+        if existing is not None:
+            # E2B: a name that already exists gets a new build, replacing what the id resolves to.
+            shutil.rmtree(existing.files, ignore_errors=True)
+            existing.files, existing.sandbox_id = target, sandbox.id
+            existing.builds += 1
+            return existing
+        snap = Snapshot(sid, name, sandbox.id, target)
+        self.snapshot_store[sid] = snap
+        return snap
+
+    def delete_template(self, template_id: str) -> bool:
+        snap = self.snapshot_store.pop(template_id, None)
+        if snap is None:
+            return False
+        shutil.rmtree(snap.files, ignore_errors=True)
+        self.deleted_templates.append(template_id)
+        return True
+
+    def _remove(self, sandbox_id: str) -> None:
+        sandbox = self.sandboxes.pop(sandbox_id, None)
+        if sandbox is not None:
+            shutil.rmtree(sandbox.workspace, ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,33 @@
+"""pytest fixture for the fake E2B server. Import it from a conftest: ``from tests.fakes.fixtures import fake_e2b``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.fakes.e2b_server import FakeE2BServer
+from tests.fakes.e2b_state import FakeState
+
+__all__ = ["FakeState", "fake_e2b"]
+
+
+@pytest.fixture
+async def fake_e2b(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FakeState]:
+    """A running fake E2B (API + envd on loopback).
+
+    The yielded object has ``api_url``, ``sandbox_url``, ``api_key``, the fault switches (``kill``, ``expire``,
+    ``advance``, ``fail_create``, ``drop_connection_after_snapshot``, ``corrupt_next_stream``,
+    ``end_stream_with_error``), the views ``live_sandboxes()``, ``snapshots()`` and ``rejections()``, and the
+    ``requests`` log. At teardown the fixture fails the test if any request was rejected as malformed (so
+    drift in the adapter cannot hide behind an error handler), unless the test set ``rejections_expected``.
+    """
+    state = FakeState(root=tmp_path_factory.mktemp("fake-e2b"))
+    async with FakeE2BServer(state):
+        yield state
+    rejected = [r for r in state.rejections() if not state.rejections_expected]
+    if rejected:
+        pytest.fail(
+            "the fake E2B server rejected malformed request(s): "
+            + "; ".join(f"{r.method} {r.path}: {r.rejection}" for r in rejected)
+        )
