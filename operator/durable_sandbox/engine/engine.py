@@ -154,21 +154,8 @@ class Engine:
             return
         definition = definition or resolve(run.workflow)
         epoch = run.epoch + 1 if run.status == RunStatus.FAILED else run.epoch
-        rows = await store.load_journal(run.run_id)
-        rt = RunRuntime(
-            store=store,
-            run_id=run.run_id,
-            workflow=run.workflow,
-            fence=lease.fence,
-            epoch=epoch,
-            rows=rows,
-            signals=await store.get_signals(run.run_id),
-            thread_id=run.thread_id,
-            thread_state=(await store.get_thread_state(run.thread_id)) if run.thread_id else None,
-            sandbox_factory=self.sandbox_factory,
-            inline_sleep_limit=self.inline_sleep_limit,
-            services=self.services,
-        )
+        rt = await self.open_runtime(run, lease, epoch=epoch, signals=await store.get_signals(run.run_id))
+        rows = rt.rows
         await store.update_run(
             run.run_id,
             {"status": RunStatus.RUNNING, "epoch": epoch, "wake_at": None, "pending_callbacks": [], "error": None},
@@ -228,6 +215,25 @@ class Engine:
             self._tasks.pop(run.run_id, None)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await keeper
+
+    async def open_runtime(
+        self, run: RunRecord, lease: Lease, *, epoch: int | None = None, signals: dict[str, Any] | None = None
+    ) -> RunRuntime:
+        """The journal of ``run`` opened for writing under ``lease`` (workflow execution, cleanup, hibernation)."""
+        return RunRuntime(
+            store=self.store,
+            run_id=run.run_id,
+            workflow=run.workflow,
+            fence=lease.fence,
+            epoch=run.epoch if epoch is None else epoch,
+            rows=await self.store.load_journal(run.run_id),
+            signals=signals or {},
+            thread_id=run.thread_id,
+            thread_state=(await self.store.get_thread_state(run.thread_id)) if run.thread_id else None,
+            sandbox_factory=self.sandbox_factory,
+            inline_sleep_limit=self.inline_sleep_limit,
+            services=self.services,
+        )
 
     def _wake_at(self, rt: RunRuntime, s: Suspend) -> float | None:
         times = [s.wake_at] if s.wake_at is not None else []
@@ -297,6 +303,20 @@ class Engine:
         except Exception as exc:  # held by another worker: that worker notices through its lease loop
             log.info("run %s is executing elsewhere; cancellation requested (%s)", run_id, exc)
         return await self.inspect(run_id)
+
+    async def hibernate(self, run_id: str) -> bool:
+        """Hibernate the sandboxes of a waiting run now (snapshot and destroy them); True if it ran."""
+        hook = self.services.get("hibernate_run")
+        run = await self._get(run_id)
+        if hook is None or run.status != RunStatus.WAITING:
+            return False
+        lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
+        try:
+            await hook(self, run, lease)
+        finally:
+            with contextlib.suppress(Exception):
+                await self.store.release(lease)
+        return True
 
     async def _drive_cancel(self, run_id: str) -> None:
         lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)

@@ -1,0 +1,68 @@
+"""durable-sandbox: durable AI-agent workflows against sandboxes.
+
+``durable_sandbox.Engine`` is the engine with sandbox sessions wired in (``ctx.sandbox``); the bare
+engine (``durable_sandbox.engine.Engine``) knows nothing of sandboxes or providers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_sandbox.engine import (
+    CallbackTimeout,
+    Context,
+    NonDeterminismError,
+    ParallelError,
+    RetryPolicy,
+    RunState,
+    RunStatus,
+    SignalConflict,
+    StepFailed,
+    StepTimeout,
+    workflow,
+)
+from durable_sandbox.engine import Engine as _BareEngine
+
+__version__ = "0.1.0"
+
+
+class Engine(_BareEngine):
+    """The engine with ``ctx.sandbox`` wired to the sandbox sessions and the provider registry.
+
+    ``store`` defaults to the embedded :class:`~durable_sandbox.stores.SqliteStore` at
+    ``$DURABLE_SANDBOX_HOME/runs.db``. ``providers`` maps provider names to instances (or is a
+    callable ``name -> provider``); by default providers come from the registry.
+    """
+
+    def __init__(self, store: Any = None, *, providers: Any = None, hibernate_after: float = 300.0, **kwargs: Any) -> None:
+        from durable_sandbox.sandboxes.session import SessionFactory
+        from durable_sandbox.stores import SqliteStore
+
+        factory = SessionFactory(providers)
+        services = dict(kwargs.pop("services", None) or {})
+        services.setdefault("providers", factory.providers)
+        services.setdefault("hibernate_after", hibernate_after)
+        services.setdefault("cancel_cleanup", factory.cancel_cleanup)
+        services.setdefault("hibernate_run", factory.hibernate_run)
+        super().__init__(store if store is not None else SqliteStore(), sandbox_factory=factory, services=services, **kwargs)
+        self._session_factory = factory
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await self._session_factory.aclose()
+
+
+__all__ = [
+    "CallbackTimeout",
+    "Context",
+    "Engine",
+    "NonDeterminismError",
+    "ParallelError",
+    "RetryPolicy",
+    "RunState",
+    "RunStatus",
+    "SignalConflict",
+    "StepFailed",
+    "StepTimeout",
+    "workflow",
+]

@@ -1,0 +1,695 @@
+"""Sandbox sessions: the one mechanism behind ``ctx.sandbox`` and a Workflow manifest's ``toolCalls``.
+
+A session journals every lifecycle operation under ``<session>/...`` and every tool call under
+``<session>/<operation id>``. Its state (live sandbox, checkpoints, completed calls) is *derived from
+the journal*, so a re-executed workflow (after a crash, a signal, hibernation) picks up exactly where
+the journal says, and cleanup that runs without the workflow code (cancel, hibernation, the operator's
+finalizer) works from the same derivation.
+
+Order of effects, each journaled before the next begins:
+- call: ``started`` -> provider.execute -> ``completed`` (a nonzero exit is a completed call);
+- every ``snapshot_every`` calls: snapshot (stable op id) -> record its id -> delete the superseded one;
+- loss (``SandboxGone`` or injected): restore the newest checkpoint (or provision fresh), replay every
+  completed call since it in order with the original op ids (identical outcomes required), then retry
+  what was interrupted; at most ``MAX_RECOVERIES`` per run;
+- finalization: destroy the sandbox, delete every snapshot (except the retained one on success).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+from durable_sandbox.engine import Context
+from durable_sandbox.engine.errors import DurableError, LeaseLost, Suspend
+from durable_sandbox.engine.records import ErrorInfo, OperationRecord, OpKind
+from durable_sandbox.engine.runtime import RunRuntime
+from durable_sandbox.engine.serialization import value_digest
+from durable_sandbox.providers.contract import (
+    Capability,
+    ConfigurationError,
+    ProviderError,
+    ProvisionError,
+    SandboxGone,
+    SandboxHandle,
+    SandboxProvider,
+    SandboxSpec,
+    ToolCall,
+    ToolResult,
+    UnsupportedCapability,
+)
+
+log = logging.getLogger("durable_sandbox.sandboxes")
+
+T = TypeVar("T")
+
+MAX_RECOVERIES = 3
+TRANSIENT_ATTEMPTS = 6
+CLEANUP_ATTEMPTS = 8
+
+
+class ReconstructionError(DurableError):
+    def __init__(self, op_id: str, recorded: ToolResult, replayed: ToolResult) -> None:
+        self.op_id = op_id
+        super().__init__(
+            f"Reconstruction operation {op_id} produced a different outcome. Recorded exit {recorded.exit_code}, "
+            f"replayed exit {replayed.exit_code}"
+            + ("; stdout differs" if recorded.stdout != replayed.stdout else "")
+            + ("; stderr differs" if recorded.stderr != replayed.stderr else "")
+            + ". The sandbox cannot be rebuilt faithfully (the calls are not deterministic); the run fails "
+            "rather than continue on a different workspace."
+        )
+
+
+class RecoveryBudgetExhausted(DurableError):
+    def __init__(self, session: str, budget: int) -> None:
+        super().__init__(
+            f"Sandbox session {session!r} was lost again after {budget} recoveries (the budget per run); "
+            f"giving up. Check the provider's health or raise the sandbox lease."
+        )
+
+
+class CleanupFailed(DurableError):
+    retryable = True
+
+
+def derived_operation_id(run_id: str, session: str, index: int) -> str:
+    digest = hashlib.sha256(f"{run_id}\0{session}\0{index}".encode()).hexdigest()
+    return "dsv1_" + digest[:40]
+
+
+def _result_json(result: ToolResult) -> dict[str, Any]:
+    return {"exitCode": result.exit_code, "stdout": result.stdout, "stderr": result.stderr}
+
+
+def _result_from(data: Mapping[str, Any]) -> ToolResult:
+    return ToolResult(exit_code=int(data["exitCode"]), stdout=data.get("stdout", ""), stderr=data.get("stderr", ""))
+
+
+def _handle_json(handle: SandboxHandle) -> dict[str, Any]:
+    return handle.model_dump(mode="json")
+
+
+# ------------------------------------------------------------------------------------------ state
+
+
+@dataclass
+class Checkpoint:
+    count: int  # completed calls the snapshot contains
+    snapshot_id: str
+    op_id: str
+
+
+@dataclass
+class SessionState:
+    """What the journal says about one session."""
+
+    sid: str
+    provider: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    handle: SandboxHandle | None = None
+    pending_handles: list[SandboxHandle] = field(default_factory=list)  # made but not yet adopted
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    calls: dict[int, tuple[str, ToolResult]] = field(default_factory=dict)  # index -> (op id, result)
+    recoveries: int = 0
+    restores: int = 0
+    finalized: bool = False
+    retained: str | None = None
+
+    @property
+    def completed(self) -> int:
+        n = 0
+        while n in self.calls:
+            n += 1
+        return n
+
+    @property
+    def latest(self) -> Checkpoint | None:
+        return self.checkpoints[-1] if self.checkpoints else None
+
+    @classmethod
+    def derive(cls, sid: str, rows: Sequence[OperationRecord]) -> SessionState:
+        st = cls(sid)
+        prefix = sid + "/"
+        for r in rows:
+            if not r.op_id.startswith(prefix):
+                continue
+            meta = r.meta or {}
+            if r.kind == OpKind.SANDBOX_PROVISION.value and r.status == "started":
+                st.provider = meta.get("provider", st.provider)
+                st.options = meta.get("options", st.options)
+            if r.status == "started" and meta.get("handle"):
+                st.pending_handles.append(SandboxHandle.model_validate(meta["handle"]))
+            if r.status != "completed":
+                continue
+            if r.kind in (OpKind.SANDBOX_PROVISION.value, OpKind.SANDBOX_RESTORE.value):
+                st.handle = SandboxHandle.model_validate(r.result)
+                st.pending_handles = [h for h in st.pending_handles if h.id != st.handle.id]
+                if r.kind == OpKind.SANDBOX_RESTORE.value:
+                    st.restores += 1
+                    if meta.get("reason") == "recovery":
+                        st.recoveries += 1
+            elif r.kind == OpKind.SANDBOX_DESTROY.value:
+                gone = meta.get("sandboxId")
+                if st.handle is not None and st.handle.id == gone:
+                    st.handle = None
+                st.pending_handles = [h for h in st.pending_handles if h.id != gone]
+            elif r.kind == OpKind.SANDBOX_SNAPSHOT.value:
+                st.checkpoints.append(Checkpoint(int(meta["count"]), r.result["snapshotId"], r.op_id))
+            elif r.kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value:
+                st.checkpoints = [c for c in st.checkpoints if c.snapshot_id != meta.get("snapshotId")]
+            elif r.kind == OpKind.SANDBOX_CALL.value:
+                st.calls[int(meta["index"])] = (r.op_id, _result_from(r.result))
+            elif r.kind == OpKind.SANDBOX_INJECT_LOSS.value:
+                pass
+            if meta.get("finalized"):
+                st.finalized = True
+                st.retained = meta.get("retained")
+        return st
+
+
+def sessions_in(rows: Sequence[OperationRecord]) -> list[str]:
+    """Ids of every session a journal mentions (from their provision records)."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        if r.kind == OpKind.SANDBOX_PROVISION.value and r.op_id.endswith("/provision"):
+            seen[r.op_id[: -len("/provision")]] = None
+    return list(seen)
+
+
+# ------------------------------------------------------------------------------------------ session
+
+
+class SandboxSession:
+    """``async with ctx.sandbox("workspace", provider="local", snapshot_every=10) as sbx: ...``"""
+
+    def __init__(
+        self,
+        rt: RunRuntime,
+        sid: str,
+        provider: SandboxProvider,
+        *,
+        template: str | None = None,
+        env: Mapping[str, str] | None = None,
+        lease_seconds: int = 3600,
+        snapshot_every: int = 0,
+        retain_latest_snapshot: bool = False,
+        inject_loss_after: int | None = None,
+        suspend_between_calls: bool = False,
+        hibernate_after: float | None = None,
+        operation_ids: Sequence[str | None] | None = None,
+        owner: str | None = None,
+    ) -> None:
+        if snapshot_every < 0:
+            raise ValueError(f"snapshot_every must be >= 0, not {snapshot_every}")
+        if inject_loss_after is not None and inject_loss_after < 1:
+            raise ValueError(f"inject_loss_after must be >= 1, not {inject_loss_after}")
+        self.rt = rt
+        self.sid = sid
+        self.provider = provider
+        self.snapshot_every = snapshot_every
+        self.retain_latest_snapshot = retain_latest_snapshot
+        self.inject_loss_after = inject_loss_after
+        self.suspend_between_calls = suspend_between_calls
+        self.hibernate_after = hibernate_after if hibernate_after is not None else float(rt.services.get("hibernate_after", 300.0))
+        self.lease_seconds = lease_seconds
+        self.spec = SandboxSpec(
+            template=template,
+            env=dict(env or {}),
+            owner=owner or rt.services.get("owner") or "durable-sandbox-local",
+            labels={"durable-sandbox.dev/run-id": rt.run_id, "durable-sandbox.dev/session": sid},
+        )
+        self._operation_ids = list(operation_ids or [])
+        self._next_index = 0
+        self.state = SessionState.derive(sid, rt.rows)
+        self._suspended = False
+
+    # ------------------------------------------------------------------ public API
+
+    def operation_id(self, index: int) -> str:
+        given = self._operation_ids[index] if index < len(self._operation_ids) else None
+        return given or derived_operation_id(self.rt.run_id, self.sid, index)
+
+    @property
+    def handle(self) -> SandboxHandle | None:
+        return self.state.handle
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        index = self._next_index
+        self._next_index += 1
+        if self.state.finalized:
+            raise DurableError(f"Sandbox {self.sid!r} was already finalized; open a new session for more calls")
+        op_id = f"{self.sid}/{call.operation_id}"
+        digest = value_digest([call.type, call.args])
+        prev = self.rt.enter(op_id, OpKind.SANDBOX_CALL.value, call.type, digest)
+        if prev is not None and prev.status == "completed":
+            result = _result_from(prev.result)
+            self.state.calls[index] = (op_id, result)
+        else:
+            if prev is None:
+                await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "started", digest=digest,
+                                    meta={"index": index, "operationId": call.operation_id,
+                                          "call": {"type": call.type, "args": call.args}},
+                                    check_cancel=True)
+            result = await self._with_recovery(lambda: self._execute(call))
+            sandbox_id = self.state.handle.id if self.state.handle else None
+            await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "completed", digest=digest,
+                                result=_result_json(result),
+                                meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id})
+            self.state.calls[index] = (op_id, result)
+        await self._after_call(index + 1)
+        return result
+
+    async def shell(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None, operation_id: str | None = None) -> ToolResult:
+        args: dict[str, Any] = {"command": command}
+        if timeout is not None:
+            args["timeout"] = timeout
+        if cwd is not None:
+            args["cwd"] = cwd
+        if env:
+            args["env"] = dict(env)
+        return await self.call(ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="shell", args=args))
+
+    async def write_file(self, path: str, contents: str, *, operation_id: str | None = None) -> ToolResult:
+        return await self.call(
+            ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="write_file",
+                     args={"path": path, "contents": contents})
+        )
+
+    async def read_file(self, path: str, *, operation_id: str | None = None) -> ToolResult:
+        return await self.call(
+            ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="read_file", args={"path": path})
+        )
+
+    def result(self) -> dict[str, Any]:
+        calls = [self.state.calls[i] for i in sorted(self.state.calls)]
+        return {
+            "sandboxId": self._first_sandbox_id(),
+            "provider": self.provider.name,
+            "toolResults": [
+                {"operationId": op[len(self.sid) + 1 :], **_result_json(res)}
+                for op, res in calls
+            ],
+            "latestSnapshot": self.state.retained,
+            "recoveryCount": self.state.recoveries,
+        }
+
+    # ------------------------------------------------------------------ context manager
+
+    async def __aenter__(self) -> SandboxSession:
+        self._validate()
+        if self.state.finalized:
+            return self
+        rec = self.rt.lookup(f"{self.sid}/provision")
+        if rec is None or rec.status != "completed":
+            await self._provision(rec)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is not None and isinstance(exc, Suspend):
+            if self.hibernate_after <= 0:
+                await self.hibernate()
+            return
+        if exc is not None and isinstance(exc, LeaseLost):
+            return  # another worker owns the run (and the sandbox) now
+        succeeded = exc is None
+        await self.finalize(succeeded=succeeded)
+
+    def _validate(self) -> None:
+        caps = self.provider.capabilities()
+        if self.inject_loss_after is not None and not caps.supports(Capability.LOSS_INJECTION):
+            raise UnsupportedCapability(self.provider.name, Capability.LOSS_INJECTION)
+        if self.suspend_between_calls and not (caps.supports(Capability.SUSPEND) and caps.supports(Capability.RESUME)):
+            raise UnsupportedCapability(self.provider.name, Capability.SUSPEND)
+        if self.snapshot_every and not caps.supports(Capability.SNAPSHOT):
+            raise UnsupportedCapability(self.provider.name, Capability.SNAPSHOT)
+        if self.lease_seconds > caps.maximum_lease_seconds:
+            raise ConfigurationError(
+                f"Sandbox {self.sid!r}: lease of {self.lease_seconds} s exceeds provider "
+                f"[{self.provider.name}]'s maximum of {caps.maximum_lease_seconds} s"
+            )
+        seen: dict[str, int] = {}
+        for i, given in enumerate(self._operation_ids):
+            if given is None:
+                continue
+            if given in seen:
+                raise ValueError(
+                    f"Sandbox {self.sid!r}: operation id {given!r} is given to calls {seen[given]} and {i}; "
+                    f"operation ids must be unique (rejected before provisioning)"
+                )
+            seen[given] = i
+        if self.state.provider is not None and self.state.provider != self.provider.name:
+            raise ConfigurationError(
+                f"Sandbox {self.sid!r} of run {self.rt.run_id!r} was provisioned with provider "
+                f"[{self.state.provider}]; a run keeps its provider for its whole life (asked for [{self.provider.name}])"
+            )
+
+    # ------------------------------------------------------------------ journal helper
+
+    async def _journal(self, op_id: str, kind: OpKind, name: str, status: str, *, digest: str | None = None,
+                       result: Any = None, meta: dict[str, Any] | None = None, error: ErrorInfo | None = None,
+                       check_cancel: bool = False) -> None:
+        prev = self.rt.lookup(op_id)
+        attempt = prev.attempt if prev is not None else 1
+        await self.rt.write(
+            OperationRecord(op_id, kind.value, name, status, attempt, digest, result, error=error, meta=meta, epoch=self.rt.epoch),
+            check_cancel=check_cancel,
+        )
+
+    # ------------------------------------------------------------------ provider calls with retries
+
+    async def _transient(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        delay = 0.2
+        for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+            try:
+                return await fn()
+            except (SandboxGone, UnsupportedCapability, ConfigurationError):
+                raise
+            except ProvisionError as exc:
+                if not exc.retryable or attempt == TRANSIENT_ATTEMPTS:
+                    raise
+            except ProviderError:
+                if attempt == TRANSIENT_ATTEMPTS:
+                    raise
+            log.info("sandbox %s: %s failed transiently (attempt %d); retrying in %.1fs", self.sid, what, attempt, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    async def _with_recovery(self, fn: Callable[[], Awaitable[T]]) -> T:
+        while True:
+            try:
+                return await self._transient("operation", fn)
+            except SandboxGone as gone:
+                await self._recover(str(gone))
+
+    async def _execute(self, call: ToolCall) -> ToolResult:
+        handle = await self._live_handle()
+        if self.suspend_between_calls and self._suspended:
+            handle = await self.provider.resume(handle)
+            self._suspended = False
+        result = await self.provider.execute(handle, call)
+        if self.suspend_between_calls:
+            await self.provider.suspend(handle)
+            self._suspended = True
+        return result
+
+    async def _live_handle(self) -> SandboxHandle:
+        """The sandbox to use now: the journal's, or one restored after hibernation."""
+        handle = self.state.handle
+        if handle is None:
+            await self._restore(reason="resume")
+            handle = self.state.handle
+            assert handle is not None
+        elif handle.lease_expires_at is not None and handle.lease_expires_at - time.time() < self.lease_seconds / 2:
+            handle = await self.provider.renew_lease(handle, self.lease_seconds)
+            self.state.handle = handle
+        return handle
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def _provision(self, prev: OperationRecord | None) -> None:
+        op_id = f"{self.sid}/provision"
+        if prev is not None:
+            await self._reap_unrecorded()
+        self.rt.enter(op_id, OpKind.SANDBOX_PROVISION.value, self.provider.name, None)
+        meta = {"provider": self.provider.name, "options": self._options()}
+        await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "started", meta=meta, check_cancel=True)
+        handle = await self._transient("provision", lambda: self.provider.provision(self.spec, lease_seconds=self.lease_seconds))
+        await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "completed", result=_handle_json(handle), meta=meta)
+        self.state.handle = handle
+        self.state.provider = self.provider.name
+        self.rt.emit("sandbox.provisioned", session=self.sid, sandboxId=handle.id, provider=self.provider.name)
+
+    def _options(self) -> dict[str, Any]:
+        # Never the env: it may hold secrets.
+        return {
+            "template": self.spec.template,
+            "leaseSeconds": self.lease_seconds,
+            "snapshotEvery": self.snapshot_every,
+            "retainLatestSnapshot": self.retain_latest_snapshot,
+            "injectLossAfter": self.inject_loss_after,
+        }
+
+    async def _reap_unrecorded(self) -> None:
+        """A crash between the provider creating a sandbox and the journal recording it would leak it:
+        find such sandboxes by their labels and destroy them before making a new one."""
+        if not self.provider.capabilities().supports(Capability.LEASE_RECONCILIATION):
+            return
+        try:
+            handles = await self.provider.list_sandboxes(self.spec.owner or "")
+        except ProviderError:
+            return
+        known = {h.id for h in self.state.pending_handles} | ({self.state.handle.id} if self.state.handle else set())
+        for h in handles:
+            labels = h.metadata.get("labels") or {}
+            if labels.get("durable-sandbox.dev/run-id") == self.rt.run_id and labels.get("durable-sandbox.dev/session") == self.sid and h.id not in known:
+                await self.provider.destroy(h)
+
+    async def _after_call(self, count: int) -> None:
+        if self.snapshot_every and count % self.snapshot_every == 0:
+            await self._checkpoint(count)
+        if self.inject_loss_after is not None and count == self.inject_loss_after:
+            await self._inject_loss(count)
+
+    async def _checkpoint(self, count: int) -> None:
+        """Snapshot at ``count`` calls, record it, then delete the checkpoint it supersedes."""
+        op_id = f"{self.sid}/snapshot/{count}"
+        rec = self.rt.lookup(op_id)
+        if rec is None or rec.status != "completed":
+            provider_op = "dsv1s_" + hashlib.sha256(f"{self.rt.run_id}\0{op_id}".encode()).hexdigest()[:40]
+
+            async def take() -> str:
+                return await self.provider.snapshot(await self._live_handle(), operation_id=provider_op)
+
+            await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT, "snapshot", "started", meta={"count": count, "operationId": provider_op})
+            snapshot_id = await self._with_recovery(take)
+            await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT, "snapshot", "completed", result={"snapshotId": snapshot_id},
+                                meta={"count": count, "operationId": provider_op})
+            self.state.checkpoints.append(Checkpoint(count, snapshot_id, op_id))
+            self.rt.emit("sandbox.snapshot", session=self.sid, snapshotId=snapshot_id, count=count)
+        for old in [c for c in self.state.checkpoints if c.count < count]:
+            await self._delete_snapshot(old)
+
+    async def _delete_snapshot(self, cp: Checkpoint) -> None:
+        op_id = f"{cp.op_id}/delete"
+        meta = {"snapshotId": cp.snapshot_id}
+        await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "started", meta=meta)
+        await self._retry_cleanup(f"delete snapshot {cp.snapshot_id}", lambda: self.provider.delete_snapshot(cp.snapshot_id))
+        await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "completed", meta=meta)
+        self.state.checkpoints = [c for c in self.state.checkpoints if c.snapshot_id != cp.snapshot_id]
+
+    async def _inject_loss(self, count: int) -> None:
+        op_id = f"{self.sid}/inject_loss/{count}"
+        rec = self.rt.lookup(op_id)
+        if rec is not None and rec.status == "completed":
+            return
+        handle = self.state.handle
+        await self._journal(op_id, OpKind.SANDBOX_INJECT_LOSS, "inject_loss", "started", meta={"count": count})
+        if handle is not None:
+            await self.provider.inject_loss(handle)
+        await self._journal(op_id, OpKind.SANDBOX_INJECT_LOSS, "inject_loss", "completed",
+                            meta={"count": count, "sandboxId": handle.id if handle else None})
+        self.rt.emit("sandbox.lost", session=self.sid, injected=True)
+        await self._recover("loss injected")
+
+    async def _recover(self, why: str) -> None:
+        if self.state.recoveries >= MAX_RECOVERIES:
+            raise RecoveryBudgetExhausted(self.sid, MAX_RECOVERIES)
+        self.rt.emit("sandbox.lost", session=self.sid, reason=why)
+        lost = self.state.handle
+        if lost is not None:
+            await self._destroy(lost, reason="lost")
+        await self._restore(reason="recovery")
+        self.rt.emit("sandbox.recovered", session=self.sid, sandboxId=self.state.handle.id if self.state.handle else None)
+
+    async def _restore(self, *, reason: str) -> None:
+        """Make a replacement sandbox from the newest checkpoint (or fresh), replay the calls since it."""
+        number = self.state.restores + 1
+        op_id = f"{self.sid}/restore/{number}"
+        cp = self.state.latest
+        meta: dict[str, Any] = {"reason": reason, "snapshotId": cp.snapshot_id if cp else None, "fromCount": cp.count if cp else 0}
+        prev = self.rt.lookup(op_id)
+        if prev is not None and prev.status == "started":
+            for h in self.state.pending_handles:  # a half-finished restore from before a crash
+                await self._destroy(h, reason="abandoned")
+        await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta=meta)
+        if cp is not None:
+            handle = await self._transient("restore", lambda: self.provider.restore(cp.snapshot_id, self.spec, lease_seconds=self.lease_seconds))
+        else:
+            handle = await self._transient("provision", lambda: self.provider.provision(self.spec, lease_seconds=self.lease_seconds))
+        # Record the new sandbox before replaying into it, so a crash mid-replay cannot leak it.
+        await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta={**meta, "handle": _handle_json(handle)})
+        self.state.pending_handles.append(handle)
+        replayed: list[str] = []
+        try:
+            for index in range(cp.count if cp else 0, self.state.completed):
+                op, recorded = self.state.calls[index]
+                call = self._recorded_call(op, index)
+                outcome = await self.provider.execute(handle, call)
+                if outcome.outcome != recorded.outcome:
+                    raise ReconstructionError(op[len(self.sid) + 1 :], recorded, outcome)
+                replayed.append(op)
+        except BaseException as exc:
+            # A replacement that is not faithful (or could not be finished) is destroyed, never adopted.
+            await self._destroy(handle, reason="rejected")
+            if isinstance(exc, SandboxGone):
+                raise
+            await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "failed", meta=meta,
+                                error=ErrorInfo.from_exception(exc, retryable=False))
+            raise
+        await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "completed",
+                            result=_handle_json(handle), meta={**meta, "replayed": replayed})
+        self.state.handle = handle
+        self.state.restores = number
+        if reason == "recovery":
+            self.state.recoveries += 1
+
+    def _recorded_call(self, op_id: str, index: int) -> ToolCall:
+        rec = self.rt.first.get(op_id)
+        args = (rec.meta or {}).get("call") if rec else None
+        if args is None:
+            raise DurableError(f"Sandbox {self.sid!r}: call {op_id} has no recorded arguments to replay")
+        return ToolCall(operation_id=op_id[len(self.sid) + 1 :], type=args["type"], args=args["args"])
+
+    async def _destroy(self, handle: SandboxHandle, *, reason: str) -> None:
+        op_id = f"{self.sid}/destroy/{handle.id}"
+        rec = self.rt.lookup(op_id)
+        if rec is not None and rec.status == "completed":
+            return
+        meta = {"sandboxId": handle.id, "reason": reason}
+        await self._journal(op_id, OpKind.SANDBOX_DESTROY, "destroy", "started", meta=meta)
+        await self._retry_cleanup(f"destroy sandbox {handle.id}", lambda: self.provider.destroy(handle))
+        await self._journal(op_id, OpKind.SANDBOX_DESTROY, "destroy", "completed", meta=meta)
+        if self.state.handle is not None and self.state.handle.id == handle.id:
+            self.state.handle = None
+        self.state.pending_handles = [h for h in self.state.pending_handles if h.id != handle.id]
+
+    async def _retry_cleanup(self, what: str, fn: Callable[[], Awaitable[None]]) -> None:
+        delay = 0.1
+        for attempt in range(1, CLEANUP_ATTEMPTS + 1):
+            try:
+                await fn()
+                return
+            except (SandboxGone,):
+                return
+            except ProviderError as exc:
+                if attempt == CLEANUP_ATTEMPTS or not exc.retryable:
+                    raise CleanupFailed(f"Could not {what} after {attempt} attempts: {exc}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # ------------------------------------------------------------------ hibernation and finalization
+
+    async def hibernate(self) -> bool:
+        """Checkpoint and destroy the sandbox while the run waits; it is restored when the run goes on."""
+        caps = self.provider.capabilities()
+        if self.state.handle is None or self.state.finalized:
+            return False
+        if not (caps.supports(Capability.SNAPSHOT) and caps.supports(Capability.RESTORE)):
+            return False
+        count = self.state.completed
+        latest = self.state.latest
+        if latest is None or latest.count != count:
+            await self._checkpoint(count)
+        handle = self.state.handle
+        if handle is not None:
+            await self._destroy(handle, reason="hibernate")
+        self.rt.emit("sandbox.hibernated", session=self.sid, count=count)
+        return True
+
+    async def finalize(self, *, succeeded: bool) -> None:
+        if self.state.finalized:
+            return
+        keep = self.state.latest if (succeeded and self.retain_latest_snapshot) else None
+        for h in list(self.state.pending_handles):
+            await self._destroy(h, reason="finalize")
+        if self.state.handle is not None:
+            await self._destroy(self.state.handle, reason="finalize")
+        for cp in list(self.state.checkpoints):
+            if keep is None or cp.snapshot_id != keep.snapshot_id:
+                await self._delete_snapshot(cp)
+        await self.rt.write(
+            OperationRecord(
+                f"{self.sid}/finalize", OpKind.SANDBOX_DESTROY.value, "finalize", "completed", 1, None, None,
+                meta={"finalized": True, "retained": keep.snapshot_id if keep else None, "succeeded": succeeded},
+                epoch=self.rt.epoch,
+            )
+        )
+        self.state.finalized = True
+        self.state.retained = keep.snapshot_id if keep else None
+
+    def _first_sandbox_id(self) -> str | None:
+        rec = self.rt.lookup(f"{self.sid}/provision")
+        if rec is not None and rec.status == "completed" and isinstance(rec.result, dict):
+            return rec.result.get("id")  # type: ignore[no-any-return]
+        return None
+
+
+# ------------------------------------------------------------------------------------------ factory
+
+
+ProviderSource = Mapping[str, SandboxProvider] | Callable[[str], SandboxProvider] | None
+
+
+class SessionFactory:
+    """What ``durable_sandbox.Engine`` plugs into the bare engine as ``ctx.sandbox``."""
+
+    def __init__(self, providers: ProviderSource = None) -> None:
+        self._source = providers
+        self._cache: dict[str, SandboxProvider] = {}
+
+    def providers(self, name: str) -> SandboxProvider:
+        if name in self._cache:
+            return self._cache[name]
+        if isinstance(self._source, Mapping):
+            if name not in self._source:
+                known = ", ".join(sorted(self._source)) or "none"
+                raise ConfigurationError(f"Unknown sandbox provider [{name}]; this engine has: {known}")
+            provider = self._source[name]
+        elif callable(self._source):
+            provider = self._source(name)
+        else:
+            from durable_sandbox.providers.registry import create_provider
+
+            provider = create_provider(name)
+        if provider.name != name:
+            raise ConfigurationError(f"Provider registered as [{name}] calls itself [{provider.name}]; refusing it")
+        self._cache[name] = provider
+        return provider
+
+    def __call__(self, ctx: Context, id: str, *, provider: str = "local", **options: Any) -> SandboxSession:
+        rt = ctx.operations
+        return SandboxSession(rt, ctx.scope + id, self.providers(provider), **options)
+
+    async def _cleanup_sessions(self, rt: RunRuntime, action: str) -> None:
+        for sid in sessions_in(rt.rows):
+            state = SessionState.derive(sid, rt.rows)
+            if state.finalized or state.provider is None:
+                continue
+            session = SandboxSession(rt, sid, self.providers(state.provider), lease_seconds=int(state.options.get("leaseSeconds", 3600)))
+            if action == "hibernate":
+                await session.hibernate()
+            else:
+                await session.finalize(succeeded=False)
+
+    async def cancel_cleanup(self, engine: Any, run: Any, lease: Any) -> None:
+        """Finalize every sandbox session of a run that is cancelled while not executing."""
+        rt = await engine.open_runtime(run, lease)
+        await self._cleanup_sessions(rt, "finalize")
+
+    async def hibernate_run(self, engine: Any, run: Any, lease: Any) -> None:
+        """Hibernate every live sandbox of a waiting run (snapshot, then destroy)."""
+        rt = await engine.open_runtime(run, lease)
+        await self._cleanup_sessions(rt, "hibernate")
+
+    async def aclose(self) -> None:
+        for provider in self._cache.values():
+            await provider.aclose()

@@ -1,0 +1,162 @@
+"""The built-in ``sandbox-agent`` workflow: runs a Workflow manifest's ``toolCalls`` in one sandbox.
+
+It is ordinary code on top of ``ctx.sandbox``, the same mechanism code-first workflows use, so the
+manifest path and the Python path share every guarantee (op ids, snapshots, recovery, finalization).
+The input models here are the ones the Kubernetes resource models (``kube.models``) embed, so a
+manifest is validated identically by ``dsb run`` and by ``kubectl apply``'s admission.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from durable_sandbox.engine import Context, workflow
+from durable_sandbox.providers.contract import ToolCall, safe_relative_path
+
+NAME = "sandbox-agent"
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", serialize_by_alias=True)
+
+
+class _ToolCallBase(_Spec):
+    operation_id: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")] | None = None
+
+
+class ShellCall(_ToolCallBase):
+    type: Literal["shell"]
+    command: Annotated[str, Field(min_length=1)]
+    timeout: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _safe_cwd(self) -> ShellCall:
+        if self.cwd is not None:
+            safe_relative_path(self.cwd)
+        return self
+
+
+class WriteFileCall(_ToolCallBase):
+    type: Literal["write_file"]
+    path: str
+    contents: str
+
+    @model_validator(mode="after")
+    def _safe_path(self) -> WriteFileCall:
+        safe_relative_path(self.path)
+        return self
+
+
+class ReadFileCall(_ToolCallBase):
+    type: Literal["read_file"]
+    path: str
+
+    @model_validator(mode="after")
+    def _safe_path(self) -> ReadFileCall:
+        safe_relative_path(self.path)
+        return self
+
+
+ToolCallSpec = Annotated[ShellCall | WriteFileCall | ReadFileCall, Field(discriminator="type")]
+
+
+class SecretKeyRef(_Spec):
+    name: Annotated[str, Field(min_length=1)]
+    key: Annotated[str, Field(min_length=1)]
+
+
+class EnvVarSource(_Spec):
+    secret_key_ref: SecretKeyRef
+
+
+class EnvVar(_Spec):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    value: str | None = None
+    value_from: EnvVarSource | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if (self.value is None) == (self.value_from is None):
+            raise ValueError(f"env var {self.name}: set exactly one of value or valueFrom")
+        return self
+
+
+class SandboxSettings(_Spec):
+    provider: Annotated[str, Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9_.-]*$")] = "local"
+    template: str | None = None
+    env: list[EnvVar] = Field(default_factory=list)
+    lease_seconds: Annotated[int, Field(ge=60, le=86_400)] = 3600
+
+
+class SandboxAgentInput(_Spec):
+    tool_calls: Annotated[list[ToolCallSpec], Field(min_length=1, max_length=10_000)]
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    snapshot_every_n_calls: Annotated[int, Field(ge=0, le=10_000)] = 0
+    retain_latest_snapshot: bool = False
+    inject_loss_after_n_calls: Annotated[int, Field(ge=1)] | None = None
+    hibernate_after_seconds: Annotated[int, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _unique_operation_ids(self) -> SandboxAgentInput:
+        seen: dict[str, int] = {}
+        for i, call in enumerate(self.tool_calls):
+            if call.operation_id is None:
+                continue
+            if call.operation_id in seen:
+                raise ValueError(
+                    f"toolCalls[{i}].operationId {call.operation_id!r} duplicates toolCalls[{seen[call.operation_id]}]; "
+                    f"operation ids must be unique"
+                )
+            seen[call.operation_id] = i
+        return self
+
+
+def to_tool_call(spec: ShellCall | WriteFileCall | ReadFileCall, operation_id: str) -> ToolCall:
+    args = spec.model_dump(exclude={"type", "operation_id"}, exclude_none=True, by_alias=False)
+    if isinstance(spec, ShellCall) and not spec.env:
+        args.pop("env", None)
+    return ToolCall(operation_id=operation_id, type=spec.type, args=args)
+
+
+def resolve_env(settings: SandboxSettings, secrets: dict[tuple[str, str], str] | None = None) -> dict[str, str]:
+    """Literal values plus secret references resolved by the caller (the operator reads Secrets)."""
+    env: dict[str, str] = {}
+    for var in settings.env:
+        if var.value is not None:
+            env[var.name] = var.value
+        else:
+            assert var.value_from is not None
+            ref = var.value_from.secret_key_ref
+            if secrets is None or (ref.name, ref.key) not in secrets:
+                raise ValueError(
+                    f"env var {var.name} references Secret {ref.name}/{ref.key}, which is not available here; "
+                    f"secret references resolve only in the cluster (or set the value directly for local runs)"
+                )
+            env[var.name] = secrets[(ref.name, ref.key)]
+    return env
+
+
+@workflow(name=NAME, version="1")
+async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]:
+    secrets = ctx.operations.services.get("secrets")
+    options: dict[str, Any] = {
+        "template": spec.sandbox.template,
+        "env": resolve_env(spec.sandbox, secrets),
+        "lease_seconds": spec.sandbox.lease_seconds,
+        "snapshot_every": spec.snapshot_every_n_calls,
+        "retain_latest_snapshot": spec.retain_latest_snapshot,
+        "inject_loss_after": spec.inject_loss_after_n_calls,
+        "operation_ids": [c.operation_id for c in spec.tool_calls],
+    }
+    if spec.hibernate_after_seconds is not None:
+        options["hibernate_after"] = spec.hibernate_after_seconds
+    async with ctx.sandbox("sandbox", provider=spec.sandbox.provider, **options) as sbx:
+        for index, call in enumerate(spec.tool_calls):
+            await sbx.call(to_tool_call(call, sbx.operation_id(index)))
+            ctx.progress(f"call {index + 1}/{len(spec.tool_calls)}", percent=100.0 * (index + 1) / len(spec.tool_calls))
+    return sbx.result()  # type: ignore[no-any-return]
