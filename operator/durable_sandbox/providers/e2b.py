@@ -528,9 +528,8 @@ class E2BProvider(SandboxProvider):
                 outcome = await read_process_stream(response.aiter_raw())
             except ConnectStreamError as exc:
                 if exc.code == "deadline_exceeded" and command_timeout is not None:
-                    return ToolResult(exit_code=TIMEOUT_EXIT_CODE, stdout="",
-                                      stderr=f"Command timed out after {command_timeout:g} seconds")
-                raise type(exc)(exc.code, f"{op}: {self._redact(str(exc))}") from None
+                    return _timed_out(exc, command_timeout)
+                raise ConnectStreamError(exc.code, self._redact(exc.server_message), context=op) from None
             except (ConnectProtocolError, ConnectStreamTruncated) as exc:
                 raise type(exc)(f"{op}: {self._redact(str(exc))}") from None
             except httpx.TransportError as exc:
@@ -546,6 +545,16 @@ class E2BProvider(SandboxProvider):
             stdout=outcome.stdout.decode("utf-8", errors="replace"),
             stderr=outcome.stderr.decode("utf-8", errors="replace"),
         )
+
+
+def _timed_out(exc: ConnectStreamError, seconds: float) -> ToolResult:
+    """The deadline we asked envd to enforce passed: the command ran and was killed, as with the local
+    provider (exit 124, the output so far, and the reason appended to stderr)."""
+    out = exc.partial.stdout.decode("utf-8", errors="replace") if exc.partial else ""
+    err = exc.partial.stderr.decode("utf-8", errors="replace") if exc.partial else ""
+    separator = "\n" if err and not err.endswith("\n") else ""
+    return ToolResult(exit_code=TIMEOUT_EXIT_CODE, stdout=out,
+                      stderr=f"{err}{separator}Command timed out after {seconds:g} seconds")
 
 
 class _InvalidCall(Exception):

@@ -39,10 +39,13 @@ class ConnectProtocolError(ProviderError):
 class ConnectStreamError(ProviderError):
     """The stream ended with an end-of-stream error from envd."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, partial: ProcessOutcome | None = None, *, context: str = "") -> None:
         self.code = code
+        self.server_message = message
         self.retryable = code not in _PERMANENT_CODES
-        super().__init__(f"envd ended the process stream with error [{code}]: {message}")
+        self.partial = partial  # output received before the error (a deadline still reports what ran)
+        prefix = f"{context}: " if context else ""
+        super().__init__(f"{prefix}envd ended the process stream with error [{code}]: {message}")
 
 
 class ConnectStreamTruncated(ProviderError):
@@ -133,7 +136,7 @@ async def read_process_stream(chunks: AsyncIterator[bytes]) -> ProcessOutcome:
             raw = bytes(buffer[_HEADER.size : _HEADER.size + length])
             del buffer[: _HEADER.size + length]
             if flags == FLAG_END_STREAM:
-                _end_of_stream(_json_object(raw, "end-of-stream"))
+                _end_of_stream(_json_object(raw, "end-of-stream"), outcome)
                 finished = True
             else:
                 _apply_event(outcome, _json_object(raw, "data"))
@@ -149,7 +152,7 @@ async def read_process_stream(chunks: AsyncIterator[bytes]) -> ProcessOutcome:
     return outcome
 
 
-def _end_of_stream(payload: dict[str, Any]) -> None:
+def _end_of_stream(payload: dict[str, Any], outcome: ProcessOutcome) -> None:
     error = payload.get("error")
     if error is None:
         return
@@ -157,4 +160,4 @@ def _end_of_stream(payload: dict[str, Any]) -> None:
         raise ConnectProtocolError("malformed Connect end-of-stream envelope: error must be an object")
     code = error.get("code", "unknown")
     message = error.get("message", "")
-    raise ConnectStreamError(str(code), str(message))
+    raise ConnectStreamError(str(code), str(message), outcome)
