@@ -1,0 +1,5 @@
+"""Example third-party durable-sandbox provider (``dirsnap``)."""
+
+from dsb_dirsnap.provider import DirSnapProvider
+
+__all__ = ["DirSnapProvider"]
