@@ -137,7 +137,7 @@ class Context:
         attempt = 1
         if prev is not None:
             if prev.status == COMPLETED:
-                return revalidate(fn, prev.result)  # type: ignore[no-any-return]
+                return revalidate(fn, prev.result)
             attempt, resume_at = rt.next_attempt(prev)
             if resume_at is None:
                 raise rt.recorded_failure(prev)
@@ -156,7 +156,7 @@ class Context:
                         epoch=rt.epoch,
                     )
                 )
-                return revalidate(fn, value)  # type: ignore[no-any-return]
+                return revalidate(fn, value)
 
         while True:
             faults.reach(f"before:{op_id}")
@@ -203,7 +203,7 @@ class Context:
                 boundary=True,
             )
             faults.reach(f"after:{op_id}")
-            return value  # type: ignore[no-any-return]
+            return value
 
     # ------------------------------------------------------------------ parallel
 
@@ -226,7 +226,9 @@ class Context:
         op_id = self._scope + id
         as_list = not isinstance(branches, Mapping)
         items: list[tuple[str, Callable[..., Any]]] = (
-            [(str(i), b) for i, b in enumerate(branches)] if as_list else [(str(k), b) for k, b in branches.items()]  # type: ignore[union-attr]
+            [(str(k), b) for k, b in branches.items()]
+            if isinstance(branches, Mapping)
+            else [(str(i), b) for i, b in enumerate(branches)]
         )
         for key, _ in items:
             if not key or "/" in key:
@@ -378,7 +380,7 @@ class Context:
                 "ctx.sandbox needs an engine with sandbox support; use durable_sandbox.Engine "
                 "(which wires the sandbox sessions in) rather than durable_sandbox.engine.Engine."
             )
-        return factory(self, id, provider=provider, **options)  # type: ignore[no-any-return]
+        return factory(self, id, provider=provider, **options)
 
 
 def nondeterminism(op_id: str, rec: OperationRecord, kind: str, name: str, digest: str | None) -> NonDeterminismError:

@@ -13,7 +13,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from durable_sandbox.engine.context import Context
@@ -23,7 +23,15 @@ from durable_sandbox.engine.errors import (
     RunNotFound,
     Suspend,
 )
-from durable_sandbox.engine.records import Commit, ErrorInfo, Event, Lease, OperationRecord, RunRecord, RunStatus
+from durable_sandbox.engine.records import (
+    Commit,
+    ErrorInfo,
+    Event,
+    Lease,
+    OperationRecord,
+    RunRecord,
+    RunStatus,
+)
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.engine.state import RunState, build_state
@@ -163,7 +171,7 @@ class Engine:
         )
         rt.emit("run.resumed" if rows else "run.started", workflow=run.workflow, worker=self.worker_id)
         ctx = Context(rt)
-        wf = asyncio.create_task(definition.fn(ctx, *definition.prepare_input(run.input)), name=run.run_id)
+        wf: asyncio.Task[Any] = asyncio.create_task(_as_coroutine(definition.fn(ctx, *definition.prepare_input(run.input))), name=run.run_id)
         self._tasks[run.run_id] = wf
         keeper = asyncio.create_task(self._keep_lease(lease, rt, wf))
         changes: dict[str, Any]
@@ -448,3 +456,7 @@ class Engine:
 
 def now() -> float:
     return time.time()
+
+
+async def _as_coroutine(aw: Awaitable[Any]) -> Any:
+    return await aw

@@ -60,21 +60,23 @@ class CallbackTimeout(DurableError):
         super().__init__(f"Callback {op_id!r} was not signalled within {seconds:g} seconds")
 
 
-class ParallelError(ExceptionGroup):  # noqa: N818 - mirrors ExceptionGroup naming
+class ParallelError(ExceptionGroup):
     """One or more branches of ctx.parallel failed; ``failures`` maps each failed key to its error."""
+
+    op_id: str
+    failures: dict[str, Exception]
 
     def __new__(cls, op_id: str, failures: dict[str, Exception]) -> ParallelError:
         keys = ", ".join(sorted(failures))
         self = super().__new__(cls, f"Parallel {op_id!r}: branch(es) {keys} failed", list(failures.values()))
         self.op_id = op_id
-        self.failures = failures
+        self.failures = dict(failures)
         return self
 
     def __init__(self, op_id: str, failures: dict[str, Exception]) -> None:
-        keys = ", ".join(sorted(failures))
-        super().__init__(f"Parallel {op_id!r}: branch(es) {keys} failed", list(failures.values()))
+        super().__init__(self.message, list(failures.values()))
 
-    def derive(self, excs: Any) -> ExceptionGroup:  # type: ignore[override]
+    def derive(self, excs: Any) -> ExceptionGroup[Exception]:  # type: ignore[override]
         return ExceptionGroup(self.message, excs)
 
     def __str__(self) -> str:
@@ -131,7 +133,7 @@ class SerializationError(DurableError, TypeError):
     pass
 
 
-class Suspend(BaseException):  # noqa: N818 - control flow, not an error
+class Suspend(BaseException):
     """Raised through workflow code when the run must wait (a callback or a long sleep).
 
     A BaseException so that ``except Exception`` in user code cannot swallow it.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class RunStatus(str, enum.Enum):
+class RunStatus(enum.StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     WAITING = "waiting"
@@ -27,13 +27,13 @@ class RunStatus(str, enum.Enum):
         return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
-class OpStatus(str, enum.Enum):
+class OpStatus(enum.StrEnum):
     STARTED = "started"
     COMPLETED = "completed"
     FAILED = "failed"
 
 
-class OpKind(str, enum.Enum):
+class OpKind(enum.StrEnum):
     STEP = "step"
     PARALLEL = "parallel"
     CALLBACK = "callback"

@@ -83,7 +83,7 @@ def definition_of(target: Any) -> WorkflowDefinition:
         if callable(target) and inspect.iscoroutinefunction(target):
             return _define(target, None, "1")
         raise TypeError(f"{target!r} is not a workflow; decorate it with @durable_sandbox.workflow.")
-    return definition  # type: ignore[no-any-return]
+    return definition
 
 
 def resolve(ref: str) -> WorkflowDefinition:

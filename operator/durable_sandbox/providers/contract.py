@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 CONTRACT_VERSION = 1
 
 
-class Capability(str, enum.Enum):
+class Capability(enum.StrEnum):
     SNAPSHOT = "snapshot"
     SNAPSHOT_DELETION = "snapshot_deletion"
     SNAPSHOT_RECONCILIATION = "snapshot_reconciliation"

@@ -578,7 +578,7 @@ class SandboxSession:
             try:
                 await fn()
                 return
-            except (SandboxGone,):
+            except SandboxGone:
                 return
             except ProviderError as exc:
                 if attempt == CLEANUP_ATTEMPTS or not exc.retryable:
@@ -629,7 +629,7 @@ class SandboxSession:
     def _first_sandbox_id(self) -> str | None:
         rec = self.rt.lookup(f"{self.sid}/provision")
         if rec is not None and rec.status == "completed" and isinstance(rec.result, dict):
-            return rec.result.get("id")  # type: ignore[no-any-return]
+            return rec.result.get("id")
         return None
 
 

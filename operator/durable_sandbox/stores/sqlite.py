@@ -212,7 +212,8 @@ class SqliteStore:
     async def list_runs(
         self, *, status: Sequence[RunStatus] | None = None, workflow: str | None = None, limit: int = 100
     ) -> list[RunRecord]:
-        where, args = [], []
+        where: list[str] = []
+        args: list[Any] = []
         if status:
             where.append(f"status IN ({','.join('?' * len(status))})")
             args.extend(RunStatus(s).value for s in status)

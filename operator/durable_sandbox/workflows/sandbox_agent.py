@@ -159,4 +159,4 @@ async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]
         for index, call in enumerate(spec.tool_calls):
             await sbx.call(to_tool_call(call, sbx.operation_id(index)))
             ctx.progress(f"call {index + 1}/{len(spec.tool_calls)}", percent=100.0 * (index + 1) / len(spec.tool_calls))
-    return sbx.result()  # type: ignore[no-any-return]
+    return sbx.result()
