@@ -18,6 +18,7 @@ import datetime as dt
 import json
 import os
 import secrets
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -581,8 +582,12 @@ class FakeE2BServer:
 async def _serve(port: int, sandbox_port: int, api_key: str | None) -> None:
     state = FakeState(api_key=api_key) if api_key else FakeState()
     async with FakeE2BServer(state, port=port, sandbox_port=sandbox_port):
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # stop cleanly so the temp workspaces are removed
+            loop.add_signal_handler(sig, stop.set)
         print(f"E2B_API_URL={state.api_url}\nE2B_SANDBOX_URL={state.sandbox_url}\nE2B_API_KEY={state.api_key}", flush=True)
-        await asyncio.Event().wait()
+        await stop.wait()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -592,8 +597,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key", default=None, help="accepted X-API-Key (default: random, printed)")
     args = parser.parse_args(argv)
     sandbox_port = args.sandbox_port if args.sandbox_port is not None else args.port + 1
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args.port, sandbox_port, args.api_key))
+    asyncio.run(_serve(args.port, sandbox_port, args.api_key))
 
 
 if __name__ == "__main__":
