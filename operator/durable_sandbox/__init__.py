@@ -22,6 +22,7 @@ from durable_sandbox.engine import (
     workflow,
 )
 from durable_sandbox.engine import Engine as _BareEngine
+from durable_sandbox.workflows import sandbox_agent as _builtin_workflows  # noqa: F401 - registers sandbox-agent
 
 __version__ = "0.1.0"
 
