@@ -18,6 +18,7 @@ from typing import Any
 
 from durable_sandbox.engine.context import Context
 from durable_sandbox.engine.errors import (
+    LeaseHeld,
     LeaseLost,
     RunConflict,
     RunNotFound,
@@ -326,6 +327,20 @@ class Engine:
                 await self.store.release(lease)
         return True
 
+    async def hibernate_idle(self, older_than: float) -> list[str]:
+        """Hibernate the sandboxes of runs that have been waiting longer than ``older_than`` seconds."""
+        done = []
+        cutoff = time.time() - older_than
+        for run in await self.store.list_runs(status=[RunStatus.WAITING], limit=1000):
+            if run.updated_at > cutoff:
+                continue
+            try:
+                if await self.hibernate(run.run_id):
+                    done.append(run.run_id)
+            except LeaseHeld:
+                continue  # someone is working on it; it is not idle
+        return done
+
     async def _drive_cancel(self, run_id: str) -> None:
         lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
         try:
@@ -414,7 +429,12 @@ class Engine:
         """Claim runnable runs (pending, due, or orphaned by a dead worker) and execute them."""
         stop = stop or asyncio.Event()
         running: set[asyncio.Task[Any]] = set()
+        hibernate_after = self.services.get("hibernate_after")
+        next_sweep = 0.0
         while not stop.is_set():
+            if hibernate_after is not None and "hibernate_run" in self.services and time.time() >= next_sweep:
+                next_sweep = time.time() + max(1.0, min(float(hibernate_after) / 2, 30.0))
+                await self.hibernate_idle(float(hibernate_after))
             lease = None
             if len(running) < concurrency:
                 lease = await self.store.claim_next(self.worker_id, self.lease_ttl, workflows=workflows)
