@@ -1,0 +1,1 @@
+"""Code-first example workflows: `dsb run examples.flows.<module>:<function>` from the repository root."""

@@ -1,0 +1,39 @@
+"""`dsb logs RUN [-f]`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from durable_sandbox.cli import render
+from durable_sandbox.cli.commands.common import pass_settings, run_async
+from durable_sandbox.cli.progress import make_display
+from durable_sandbox.cli.session import Settings, open_engine
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("-f", "--follow", is_flag=True, help="Keep following until the run finishes or waits.")
+@pass_settings
+def logs(settings: Settings, run_id: str, follow: bool) -> None:
+    """Print a run's events (operations, progress, sandbox lifecycle); -o json prints one JSON object per line."""
+    run_async(_logs(settings, run_id, follow))
+
+
+async def _logs(settings: Settings, run_id: str, follow: bool) -> None:
+    async with open_engine(settings) as engine:
+        if settings.output != "table":
+            async for ev in engine.stream(run_id, follow=follow):
+                if settings.output == "json":
+                    click.echo(json.dumps(ev, ensure_ascii=False, default=str))
+                else:
+                    render.emit_data(settings, [ev])
+            return
+        tty = render.is_tty()
+        display = make_display(run_id, tty=tty and follow, console=render.console() if tty else None, everything=True)
+        try:
+            async for ev in engine.stream(run_id, follow=follow):
+                display.event(ev)
+        finally:
+            display.close()

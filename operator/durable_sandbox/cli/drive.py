@@ -1,0 +1,97 @@
+"""Driving runs from the CLI: the live display around Engine.run/resume, timeouts and run retries."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import click
+
+from durable_sandbox.cli import render
+from durable_sandbox.cli.progress import make_display, positions, watch
+from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.targets import RunPlan
+from durable_sandbox.engine import Engine, RunState
+
+
+def warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+async def with_display(
+    engine: Engine, settings: Settings, run_id: str, title: str, drive: Callable[[], Awaitable[RunState]]
+) -> RunState:
+    """Run ``drive`` while showing the run's operations as they complete (table output only: with
+    -o json/yaml stdout carries just the final document)."""
+    if settings.output != "table":
+        return await drive()
+    # Only what happens from now on: a resumed run's earlier operations are in `dsb history`.
+    after = await positions(engine.store, run_id)
+    tty = render.is_tty()
+    display = make_display(title, tty=tty, console=render.console() if tty else None)
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch(engine.store, run_id, display, stop, after=after))
+    try:
+        return await drive()
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await watcher
+
+
+async def run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_id: str | None) -> RunState:
+    for message in plan.warnings:
+        warn(message)
+    run = await engine.create(plan.definition, plan.input, run_id=plan.run_id, thread_id=thread_id, labels=plan.labels)
+    run_id = run.run_id
+    for callback_id, value in plan.signals.items():
+        await engine.signal(run_id, callback_id, value)
+    if plan.cancel:
+        return await engine.cancel(run_id, "spec.cancel is true")
+    if settings.output == "table":
+        click.echo(f"run {run_id} ({plan.label})")
+
+    async def first() -> RunState:
+        return await engine.run(plan.definition, plan.input, run_id=run_id, thread_id=thread_id, labels=plan.labels)
+
+    state = await _attempt(engine, settings, run_id, plan, first)
+    attempts = plan.retry.max_attempts if plan.retry else 1
+    attempt = 1
+    while state.status == "failed" and plan.retry is not None and attempt < attempts:
+        attempt += 1
+        delay = plan.retry.interval(attempt)
+        warn(f"run {run_id} failed; retrying (attempt {attempt}/{attempts}) in {delay:g}s (spec.retry)")
+        await asyncio.sleep(delay)
+        state = await _attempt(engine, settings, run_id, plan, lambda: engine.resume(run_id))
+    return state
+
+
+async def _attempt(
+    engine: Engine, settings: Settings, run_id: str, plan: RunPlan, drive: Callable[[], Awaitable[RunState]]
+) -> RunState:
+    if plan.timeout is None:
+        return await with_display(engine, settings, run_id, plan.label, drive)
+    # A timeout cancels the run through the engine, so sandbox cleanup runs as for any cancel.
+    pending: list[asyncio.Task[Any]] = []
+    reason = f"timed out after {plan.timeout:g}s (spec.timeoutSeconds)"
+    loop = asyncio.get_running_loop()
+    timer = loop.call_later(plan.timeout, lambda: pending.append(asyncio.ensure_future(engine.cancel(run_id, reason))))
+    try:
+        state = await with_display(engine, settings, run_id, plan.label, drive)
+    finally:
+        timer.cancel()
+    for task in pending:
+        with contextlib.suppress(Exception):
+            await task
+    return await engine.inspect(run_id) if pending else state
+
+
+async def resume_run(engine: Engine, settings: Settings, run_id: str) -> RunState:
+    state = await engine.inspect(run_id)
+    if state.status in ("succeeded", "cancelled"):
+        return state
+    if settings.output == "table":
+        click.echo(f"resuming run {run_id} ({state.workflow})")
+    return await with_display(engine, settings, run_id, run_id, lambda: engine.resume(run_id))

@@ -1,0 +1,110 @@
+"""`dsb`: run Workflow manifests and Python workflows locally, and inspect, signal, resume and cancel runs.
+
+Exit codes: 0 succeeded, 1 failed or cancelled, 2 usage or invalid input (bad manifest, malformed JSON,
+unknown run or workflow), 3 waiting on a callback or a timer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_USAGE, CliError
+from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.targets import add_cwd_to_path
+from durable_sandbox.engine import (
+    LeaseHeld,
+    RunConflict,
+    RunNotFound,
+    SerializationError,
+    SignalConflict,
+    WorkflowNotFound,
+)
+from durable_sandbox.kube.manifests import ManifestError
+
+# Errors that mean "what you asked for is wrong", as opposed to "the run went wrong".
+_USAGE_ERRORS = (ManifestError, RunNotFound, WorkflowNotFound, RunConflict, SignalConflict, SerializationError)
+
+
+def _fail(ctx: click.Context, message: str, code: int) -> None:
+    for line in message.splitlines() or [message]:
+        click.echo(f"error: {line}", err=True)
+    ctx.exit(code)
+
+
+class DsbGroup(click.Group):
+    """Turns known errors into one `error: ...` line and an exit code, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except CliError as exc:
+            _fail(ctx, str(exc), exc.code)
+        except _USAGE_ERRORS as exc:
+            _fail(ctx, str(exc), EXIT_USAGE)
+        except LeaseHeld as exc:
+            _fail(ctx, str(exc), EXIT_FAILED)
+        except KeyboardInterrupt:
+            _fail(ctx, "interrupted; the run keeps its journal: continue it with `dsb resume RUN`", 130)
+        except Exception as exc:
+            if os.environ.get("DSB_DEBUG"):
+                raise
+            _fail(ctx, f"{type(exc).__name__}: {exc} (set DSB_DEBUG=1 for a traceback)", EXIT_FAILED)
+        return None
+
+
+@click.group(cls=DsbGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--store",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="SQLite store file [default: $DURABLE_SANDBOX_HOME/runs.db].",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json", "yaml"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
+@click.version_option(package_name="durable-sandbox", prog_name="dsb")
+@click.pass_context
+def cli(ctx: click.Context, store: Path | None, output: str) -> None:
+    """Durable sandbox workflows on your machine: run, inspect, signal, resume, cancel."""
+    # module:function references resolve from the current directory, as with `python -m`;
+    # resume/cancel need this too, to re-import a run's workflow.
+    add_cwd_to_path()
+    ctx.obj = Settings(store=store, output=output, store_given=store is not None)
+
+
+def _register() -> None:
+    from durable_sandbox.cli.commands import control, inspect, logs, run, runs
+
+    for command in (
+        run.run,
+        inspect.inspect_cmd,
+        inspect.history,
+        control.cancel,
+        control.signal,
+        control.resume,
+        runs.runs,
+        logs.logs,
+    ):
+        cli.add_command(command)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="dsb")
+
+
+if __name__ == "__main__":
+    main()

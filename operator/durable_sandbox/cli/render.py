@@ -1,0 +1,248 @@
+"""Printing runs, journals and run lists as rich tables (default) or JSON/YAML documents."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from datetime import datetime
+from typing import Any
+
+import click
+import yaml
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from durable_sandbox.cli.session import Settings
+from durable_sandbox.engine import OperationRecord, RunRecord, RunState
+
+_STATUS_STYLE = {
+    "succeeded": "green",
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "waiting": "cyan",
+    "running": "blue",
+    "started": "blue",
+    "pending": "dim",
+    "suspended": "magenta",
+}
+
+
+def is_tty() -> bool:
+    return _isatty(sys.stdout)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def console(*, stderr: bool = False) -> Console:
+    # Resolved per call: click's test runner swaps sys.stdout, and rich must write to the live one.
+    stream = sys.stderr if stderr else sys.stdout
+    tty = _isatty(stream)
+    # Off a terminal rich would wrap tables at 80 columns; piped output reads better unwrapped.
+    return Console(file=stream, width=None if tty else 160, no_color=not tty, highlight=False, soft_wrap=not tty)
+
+
+def styled(status: str) -> Text:
+    return Text(status, style=_STATUS_STYLE.get(status, ""))
+
+
+def fmt_time(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_duration(start: float | None, end: float | None) -> str:
+    if start is None or end is None:
+        return "-"
+    seconds = max(end - start, 0.0)
+    return f"{seconds * 1000:.0f}ms" if seconds < 1 else f"{seconds:.1f}s"
+
+
+def compact(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def emit_data(settings: Settings, data: Any) -> None:
+    if settings.output == "yaml":
+        click.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip("\n"))
+    else:
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def op_detail(kind: str, status: str, result: Any, error: dict[str, Any] | None, meta: dict[str, Any] | None) -> str:
+    """The one thing worth knowing about an operation, for the tables."""
+    if error:
+        return str(error.get("message", ""))
+    if kind == "sandbox.call" and isinstance(result, dict) and "exitCode" in result:
+        detail = f"exit {result['exitCode']}"
+        out = (result.get("stderr") or result.get("stdout") or "").strip().splitlines()
+        return f"{detail}: {out[0][:60]}" if out else detail
+    if kind == "sandbox.provision" and isinstance(result, dict) and result.get("id"):
+        return f"{result.get('provider', '')} sandbox {result['id']}".strip()
+    if kind == "sandbox.destroy" and meta and meta.get("sandboxId"):
+        return f"sandbox {meta['sandboxId']}"
+    if kind == "sandbox.snapshot" and isinstance(result, dict):
+        return str(result.get("snapshotId", ""))
+    if kind == "sandbox.snapshot_delete" and meta:
+        return str(meta.get("snapshotId", ""))
+    if kind == "callback" and status == "started":
+        return "waiting for a signal"
+    if status == "completed" and result is not None:
+        return compact(result, 60)
+    return ""
+
+
+def state_table(state: RunState) -> list[Any]:
+    """The renderables `dsb inspect` prints: summary, result/error, pending callbacks, operations."""
+    out: list[Any] = []
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("Run", state.run_id)
+    summary.add_row("Workflow", state.workflow)
+    summary.add_row("Status", styled(state.status))
+    summary.add_row("Created", fmt_time(state.created_at))
+    summary.add_row("Updated", fmt_time(state.updated_at))
+    if state.thread_id:
+        summary.add_row("Thread", state.thread_id)
+    if state.wake_at:
+        summary.add_row("Wakes at", fmt_time(state.wake_at))
+    summary.add_row("Recoveries", str(state.recovery_count))
+    if state.snapshots:
+        summary.add_row("Snapshots", ", ".join(state.snapshots))
+    out.append(summary)
+    if state.result is not None:
+        out.append(Text("\nResult", style="bold"))
+        out.append(Text(json.dumps(state.result, indent=2, ensure_ascii=False, default=str)))
+    if state.error:
+        out.append(Text(f"\nError: {state.error.get('type')}: {state.error.get('message')}", style="red"))
+    if state.pending_callbacks:
+        table = Table(title="Pending callbacks", title_justify="left", title_style="bold")
+        table.add_column("Callback")
+        table.add_column("Payload")
+        for cb in state.pending_callbacks:
+            table.add_row(cb.id, compact(cb.payload, 100))
+        out.append(table)
+    ops = Table(title=f"Operations ({len(state.operations)})", title_justify="left", title_style="bold")
+    for col in ("Op id", "Kind", "Name", "Status", "Attempt", "Duration", "Detail"):
+        ops.add_column(col, overflow="fold")
+    for op in state.operations:
+        ops.add_row(
+            op.op_id,
+            op.kind,
+            op.name,
+            styled(op.status),
+            str(op.attempt),
+            fmt_duration(op.started_at, op.finished_at),
+            op_detail(op.kind, op.status, op.result, op.error, op.meta),
+        )
+    out.append(ops)
+    return out
+
+
+def render_state(settings: Settings, state: RunState) -> None:
+    if settings.output != "table":
+        emit_data(settings, state.to_json())
+        return
+    con = console()
+    for item in state_table(state):
+        con.print(item)
+
+
+def render_history(settings: Settings, run_id: str, rows: list[OperationRecord]) -> None:
+    if settings.output != "table":
+        emit_data(settings, [r.to_json() for r in rows])
+        return
+    table = Table(title=f"History of {run_id} ({len(rows)} records)", title_justify="left", title_style="bold")
+    for col in ("Seq", "Time", "Op id", "Kind", "Name", "Status", "Attempt", "Detail"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            str(r.seq),
+            fmt_time(r.ts),
+            r.op_id,
+            r.kind,
+            r.name,
+            styled(r.status),
+            str(r.attempt),
+            op_detail(r.kind, r.status, r.result, r.error.to_json() if r.error else None, r.meta),
+        )
+    console().print(table)
+
+
+def run_summary(run: RunRecord) -> dict[str, Any]:
+    return {
+        "runId": run.run_id,
+        "workflow": run.workflow,
+        "status": run.status.value,
+        "createdAt": run.created_at,
+        "updatedAt": run.updated_at,
+        "threadId": run.thread_id,
+        "pendingCallbacks": list(run.pending_callbacks),
+        "labels": dict(run.labels),
+        "error": run.error.to_json() if run.error else None,
+    }
+
+
+def render_runs(settings: Settings, runs: list[RunRecord]) -> None:
+    if settings.output != "table":
+        emit_data(settings, [run_summary(r) for r in runs])
+        return
+    table = Table(title_justify="left")
+    for col in ("Run", "Workflow", "Status", "Created", "Updated", "Waiting on"):
+        table.add_column(col, overflow="fold")
+    for r in runs:
+        table.add_row(
+            r.run_id,
+            r.workflow,
+            styled(r.status.value),
+            fmt_time(r.created_at),
+            fmt_time(r.updated_at),
+            ", ".join(r.pending_callbacks) if r.status.value == "waiting" else "",
+        )
+    con = console()
+    if runs:
+        con.print(table)
+    else:
+        con.print("no runs")
+
+
+def continue_hint(settings: Settings, state: RunState) -> list[str]:
+    """What a user types to continue a waiting run (printed on stderr with exit code 3)."""
+    dsb = settings.dsb()
+    rid = shlex.quote(state.run_id)
+    lines: list[str] = []
+    if state.pending_callbacks:
+        ids = ", ".join(cb.id for cb in state.pending_callbacks)
+        lines.append(f"run {state.run_id} is waiting on callback(s): {ids}")
+        for cb in state.pending_callbacks:
+            if cb.payload is not None:
+                lines.append(f"  {cb.id} payload: {compact(cb.payload, 200)}")
+        lines.append("continue with:")
+        for cb in state.pending_callbacks:
+            lines.append(f"  {dsb} signal {rid} {shlex.quote(cb.id)} '<JSON value>'")
+        lines.append(f"  {dsb} resume {rid}")
+    elif state.wake_at is not None:
+        lines.append(f"run {state.run_id} is waiting on a timer until {fmt_time(state.wake_at)}")
+        lines.append(f"continue after that with: {dsb} resume {rid}")
+    else:
+        lines.append(f"run {state.run_id} is {state.status}; continue with: {dsb} resume {rid}")
+    return lines
+
+
+def final_line(state: RunState) -> str:
+    if state.status == "succeeded":
+        return f"run {state.run_id} succeeded"
+    if state.status in ("failed", "cancelled"):
+        err = state.error or {}
+        return f"run {state.run_id} {state.status}: {err.get('type', '')}: {err.get('message', '')}".rstrip(": ")
+    return f"run {state.run_id} is {state.status}"

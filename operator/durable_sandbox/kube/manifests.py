@@ -1,0 +1,208 @@
+"""Loading multi-document manifest YAML into resource models, with errors a person can act on.
+
+Every problem in a file is reported at once, each as
+``<file>: document <N> <Kind>/<name>: <field.path[i]>: <reason>``, with the field path spelled as it
+is in the manifest (camelCase aliases, ``[i]`` for list indexes), so a user can find it without
+knowing anything about pydantic.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from durable_sandbox.kube.models import (
+    API_VERSION,
+    KINDS,
+    SandboxResource,
+    WorkflowResource,
+)
+
+_TOOL_TYPES = ("shell", "write_file", "read_file")
+
+
+class ManifestError(ValueError):
+    """A manifest could not be loaded; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def _field_vocabulary() -> set[str]:
+    """Every field name (alias) of the resource models, for "did you mean" hints."""
+    names: set[str] = set()
+    seen: set[type[BaseModel]] = set()
+
+    def walk(model: type[BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            names.add(field.alias or name)
+            for sub in _models_in(field.annotation):
+                walk(sub)
+
+    for resource in KINDS.values():
+        walk(resource)
+    return names
+
+
+def _models_in(annotation: Any) -> Iterable[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+        return
+    for arg in getattr(annotation, "__args__", ()) or ():
+        yield from _models_in(arg)
+    origin = getattr(annotation, "__origin__", None)
+    if origin is not None and getattr(annotation, "__metadata__", None) is not None:
+        yield from _models_in(origin)
+
+
+_VOCABULARY: set[str] | None = None
+
+
+def _suggest(name: str) -> str:
+    global _VOCABULARY
+    if _VOCABULARY is None:
+        _VOCABULARY = _field_vocabulary()
+    match = difflib.get_close_matches(name, sorted(_VOCABULARY), n=1, cutoff=0.75)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def format_loc(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _clean_loc(loc: Sequence[int | str]) -> list[int | str]:
+    # Pydantic puts the discriminator's value into the location of a tagged union member
+    # (toolCalls.2.shell.command); the manifest has no such level, so drop it.
+    out: list[int | str] = []
+    for i, part in enumerate(loc):
+        if part in _TOOL_TYPES and i > 0 and isinstance(loc[i - 1], int):
+            continue
+        out.append(part)
+    return out
+
+
+def describe_error(err: Any) -> tuple[str, str]:
+    """(field path, reason) for one pydantic error dict, phrased for manifest authors."""
+    loc = _clean_loc(err.get("loc", ()))
+    ctx = err.get("ctx") or {}
+    etype = err.get("type", "")
+    msg = str(err.get("msg", ""))
+    loc.extend(ctx.get("subloc", []))
+    if etype == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        inp = err.get("input")
+        # The tool-call models check paths in a model validator, which locates the error at the call;
+        # point at the offending field instead.
+        if isinstance(inp, dict) and msg.startswith("unsafe path"):
+            for key in ("path", "cwd"):
+                if key in inp and repr(inp[key]) in msg:
+                    loc.append(key)
+                    break
+    elif etype == "extra_forbidden":
+        name = str(loc[-1]) if loc else "?"
+        msg = f"unknown field {name!r}{_suggest(name)}"
+    elif etype == "union_tag_invalid":
+        loc.append("type")
+        msg = f"unknown tool type {ctx.get('tag')!r}; expected one of {', '.join(_TOOL_TYPES)}"
+    elif etype == "union_tag_not_found":
+        loc.append("type")
+        msg = f"Field required (one of {', '.join(_TOOL_TYPES)})"
+    elif etype == "literal_error" and loc and loc[-1] in ("apiVersion", "kind"):
+        msg = f"expected {ctx.get('expected')}, got {err.get('input')!r}"
+    return format_loc(loc), msg
+
+
+def validation_problems(exc: ValidationError, prefix: str) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        path, reason = describe_error(err)
+        problems.append(f"{prefix}{path}: {reason}" if path else f"{prefix}{reason}")
+    return problems
+
+
+def _source(path_or_text: str | os.PathLike[str]) -> tuple[str, str]:
+    if isinstance(path_or_text, os.PathLike):
+        path = Path(path_or_text)
+    elif "\n" not in path_or_text and path_or_text.strip() and Path(path_or_text).is_file():
+        path = Path(path_or_text)
+    else:
+        return "<manifest>", str(path_or_text)
+    try:
+        return str(path), path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ManifestError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
+    except UnicodeDecodeError as exc:
+        raise ManifestError([f"{path}: not UTF-8 text: {exc}"]) from exc
+
+
+def _documents(name: str, text: str) -> list[tuple[int, Any]]:
+    try:
+        raw = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ManifestError([f"{name}: invalid YAML: {where}{problem}"]) from exc
+    return [(i, doc) for i, doc in enumerate(raw, start=1) if doc is not None]
+
+
+def load_manifests(
+    path_or_text: str | os.PathLike[str], *, source: str | None = None
+) -> list[WorkflowResource | SandboxResource]:
+    """Parse every document of a manifest file (or YAML text) into Workflow/Sandbox models.
+
+    Raises :class:`ManifestError` listing every problem in every document.
+    """
+    name, text = _source(path_or_text)
+    name = source or name
+    docs = _documents(name, text)
+    if not docs:
+        raise ManifestError([f"{name}: no documents; expected a Workflow (and optionally Sandbox) manifest"])
+    problems: list[str] = []
+    resources: list[WorkflowResource | SandboxResource] = []
+    for index, doc in docs:
+        where = f"{name}: document {index}"
+        if not isinstance(doc, dict):
+            problems.append(f"{where}: expected a mapping with apiVersion, kind, metadata and spec, got {type(doc).__name__}")
+            continue
+        kind = doc.get("kind")
+        meta = doc.get("metadata")
+        obj_name = meta.get("name") if isinstance(meta, dict) else None
+        label = f"{where} {kind if isinstance(kind, str) else '?'}/{obj_name or '<unnamed>'}: "
+        if kind is None:
+            problems.append(f"{label}kind: Field required (Workflow or Sandbox)")
+            continue
+        model = KINDS.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            problems.append(f"{label}kind: unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+            continue
+        if doc.get("apiVersion") != API_VERSION:
+            # Checked before the model so a manifest for another API is not reported field by field.
+            problems.append(f"{label}apiVersion: expected {API_VERSION!r}, got {doc.get('apiVersion')!r}")
+            continue
+        try:
+            resources.append(model.model_validate(doc))
+        except ValidationError as exc:
+            problems.extend(validation_problems(exc, label))
+    if problems:
+        raise ManifestError(problems)
+    return resources
+
+
+__all__ = ["ManifestError", "describe_error", "format_loc", "load_manifests", "validation_problems"]
