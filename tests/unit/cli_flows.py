@@ -1,0 +1,47 @@
+"""Workflows the CLI tests run by reference (tests.unit.cli_flows:<name>), in-process and in subprocesses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+import durable_sandbox
+from durable_sandbox import RetryPolicy
+
+
+class Params(BaseModel):
+    name: str
+    times: int = 1
+
+
+def _double(x: int) -> int:
+    return 2 * x
+
+
+def _explode() -> None:
+    raise ValueError("kaboom")
+
+
+@durable_sandbox.workflow
+async def doubler(ctx: durable_sandbox.Context, data: dict[str, Any] | None) -> dict[str, Any]:
+    value = await ctx.step("double", _double, int((data or {}).get("x", 1)))
+    ctx.progress("doubled", percent=100)
+    return {"doubled": value}
+
+
+@durable_sandbox.workflow
+async def greet(ctx: durable_sandbox.Context, params: Params) -> str:
+    return await ctx.step("greet", lambda: " ".join([f"hi {params.name}"] * params.times))
+
+
+@durable_sandbox.workflow
+async def boom(ctx: durable_sandbox.Context) -> None:
+    await ctx.step("explode", _explode, retry=RetryPolicy(max_attempts=1))
+
+
+@durable_sandbox.workflow
+async def approval(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[str, Any]:
+    prepared = await ctx.step("prepare", _double, int(data.get("x", 1)))
+    verdict = await ctx.callback("approve", {"prepared": prepared})
+    return {"prepared": prepared, "verdict": verdict}
