@@ -6,6 +6,7 @@ engine (``durable_sandbox.engine.Engine``) knows nothing of sandboxes or provide
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from durable_sandbox.engine import (
@@ -49,7 +50,16 @@ class Engine(_BareEngine):
         self._session_factory = factory
 
     async def aclose(self) -> None:
+        """Stop background runs; a run this process drove that now waits has its sandboxes hibernated
+        first (snapshot, then destroy), so a process that exits while a run waits leaks nothing."""
         await super().aclose()
+        for run_id in sorted(self.driven):
+            try:
+                state = await self.inspect(run_id)
+                if state.status == "waiting":
+                    await self.hibernate(run_id)
+            except Exception as exc:  # a failed hibernation leaves the sandbox to its provider lease
+                logging.getLogger("durable_sandbox").warning("could not hibernate run %s: %s", run_id, exc)
         await self._session_factory.aclose()
 
 

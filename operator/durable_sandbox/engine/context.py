@@ -364,6 +364,8 @@ class Context:
         return self._rt.patched(self._scope + change_id)
 
     def progress(self, message: str, *, percent: float | None = None, **data: Any) -> None:
+        if self._rt.replaying:
+            return  # it was reported when this part of the run first executed
         self._rt.emit("progress", message=message, percent=percent, scope=self._scope or None, **data)
 
     @property

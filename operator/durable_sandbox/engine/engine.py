@@ -77,6 +77,7 @@ class Engine:
         self.services: dict[str, Any] = services or {}
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # run id -> workflow task driven here
         self._background: set[asyncio.Task[Any]] = set()
+        self.driven: set[str] = set()  # runs this engine executed (to hibernate on close if they wait)
 
     # ------------------------------------------------------------------ creating and driving runs
 
@@ -146,6 +147,7 @@ class Engine:
         if run.status in (RunStatus.SUCCEEDED, RunStatus.CANCELLED):
             return build_state(run, await self.store.load_journal(run_id))
         lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
+        self.driven.add(run_id)
         try:
             await self._execute(lease, definition)
         finally:
@@ -179,6 +181,7 @@ class Engine:
         try:
             try:
                 result = await wf
+                rt.check_all_reached()  # raises NonDeterminismError for a recorded op the code skipped
             except Suspend as s:
                 await rt.drain()
                 pending = rt.pending_callbacks()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from durable_sandbox.engine.errors import (
     CallbackTimeout,
     DuplicateOperationError,
+    NonDeterminismError,
     RunCancelledError,
     StepFailed,
     Suspend,
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
 COMPLETED = OpStatus.COMPLETED.value
 FAILED = OpStatus.FAILED.value
 STARTED = OpStatus.STARTED.value
+_ENTERED_KINDS = frozenset(
+    k.value
+    for k in (OpKind.STEP, OpKind.PARALLEL, OpKind.CALLBACK, OpKind.SLEEP, OpKind.SANDBOX_PROVISION, OpKind.SANDBOX_CALL)
+)
 
 
 class RunRuntime:
@@ -65,7 +70,10 @@ class RunRuntime:
             self.first.setdefault(row.op_id, row)
         # Ids recorded before this execution that it has not reached yet; while any remain, the run is
         # replaying history written by earlier code (what ctx.patched needs to know).
-        self._unreached = {op for op, rec in self.first.items() if rec.kind != OpKind.PATCH.value}
+        # Sandbox lifecycle records (snapshots, restores, destroys) are the session's bookkeeping, never
+        # entered by workflow code, so they do not count.
+        self._unreached = {op for op, rec in self.first.items() if rec.kind in _ENTERED_KINDS}
+        self._replayed_rows = len(rows)  # rows[:n] were recorded by earlier executions
         self._entered: set[str] = set()
         self._deferred: list[OperationRecord] = []
         self._patches: dict[str, bool] = {}
@@ -116,6 +124,37 @@ class RunRuntime:
             self.op_tasks.add(task)
         return self.latest.get(op_id)
 
+    def check_all_reached(self) -> None:
+        """Called when the workflow returned: an operation the journal records as completed that this
+        execution never reached means the code changed under the run (typically a renamed id), which
+        replay by id cannot see at the point of the call. Operations under a replayed parent (a completed
+        parallel or branch returns without re-entering its children) count as reached; sandbox
+        operations are the session's own bookkeeping and are not checked here."""
+        checked = (OpKind.STEP.value, OpKind.PARALLEL.value, OpKind.CALLBACK.value, OpKind.SLEEP.value)
+        for op_id in sorted(self._unreached, key=lambda op: self.first[op].seq):
+            rec = self.latest[op_id]
+            if rec.kind not in checked or rec.status != COMPLETED:
+                continue
+            parts = op_id.split("/")
+            if any("/".join(parts[:i]) in self._entered for i in range(1, len(parts))):
+                continue
+            recorded = {r.op_id for r in self.rows[: self._replayed_rows]}
+            new = [r for r in self.rows[self._replayed_rows :] if r.op_id not in recorded]
+            same = [r for r in new if r.kind == rec.kind and r.name == rec.name]
+            asked = (same or new or [None])[0]
+            raise NonDeterminismError(
+                op_id,
+                {"opId": op_id, "kind": rec.kind, "name": rec.name},
+                {"opId": asked.op_id, "kind": asked.kind, "name": asked.name}
+                if asked is not None
+                else {"opId": "(never reached)", "kind": rec.kind, "name": rec.name},
+            )
+
+    @property
+    def replaying(self) -> bool:
+        """True while the execution has not yet reached every operation recorded before it began."""
+        return bool(self._unreached)
+
     def lookup(self, op_id: str) -> OperationRecord | None:
         return self.latest.get(op_id)
 
@@ -142,13 +181,18 @@ class RunRuntime:
     def patched(self, op_id: str) -> bool:
         if op_id in self._patches:
             return self._patches[op_id]
-        rec = self.latest.get(op_id)
-        if rec is not None:
+        # The marker has its own id ("<scope>patch:<change id>") so that the guarded code may reuse the
+        # change id for its step (`if ctx.patched("x"): await ctx.step("x", ...)`) without the two
+        # records colliding on replay.
+        scope, _, change_id = op_id.rpartition("/")
+        marker = f"{scope}/patch:{change_id}" if scope else f"patch:{change_id}"
+        rec = self.latest.get(marker)
+        if rec is not None and rec.kind == OpKind.PATCH.value:
             value = bool(rec.result)
         else:
             value = not self._unreached
             self._deferred.append(
-                OperationRecord(op_id, OpKind.PATCH.value, op_id.rsplit("/", 1)[-1], COMPLETED, 1, None, value, epoch=self.epoch)
+                OperationRecord(marker, OpKind.PATCH.value, change_id, COMPLETED, 1, None, value, epoch=self.epoch)
             )
         self._patches[op_id] = value
         return value

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from durable_sandbox.engine import Context, workflow
@@ -34,11 +34,12 @@ class ShellCall(_ToolCallBase):
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _safe_cwd(self) -> ShellCall:
-        if self.cwd is not None:
-            safe_relative_path(self.cwd)
-        return self
+    @field_validator("cwd")
+    @classmethod
+    def _safe_cwd(cls, value: str | None) -> str | None:
+        if value is not None:
+            safe_relative_path(value)
+        return value
 
 
 class WriteFileCall(_ToolCallBase):
@@ -46,20 +47,22 @@ class WriteFileCall(_ToolCallBase):
     path: str
     contents: str
 
-    @model_validator(mode="after")
-    def _safe_path(self) -> WriteFileCall:
-        safe_relative_path(self.path)
-        return self
+    @field_validator("path")
+    @classmethod
+    def _safe_path(cls, value: str) -> str:
+        safe_relative_path(value)
+        return value
 
 
 class ReadFileCall(_ToolCallBase):
     type: Literal["read_file"]
     path: str
 
-    @model_validator(mode="after")
-    def _safe_path(self) -> ReadFileCall:
-        safe_relative_path(self.path)
-        return self
+    @field_validator("path")
+    @classmethod
+    def _safe_path(cls, value: str) -> str:
+        safe_relative_path(value)
+        return value
 
 
 ToolCallSpec = Annotated[ShellCall | WriteFileCall | ReadFileCall, Field(discriminator="type")]

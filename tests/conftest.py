@@ -1,0 +1,5 @@
+"""Fixtures shared by every tier."""
+
+from tests.fakes.fixtures import fake_e2b
+
+__all__ = ["fake_e2b"]
