@@ -14,17 +14,17 @@ import pytest
 
 pytest.importorskip("strands")
 
-from strands import Agent, tool  # noqa: E402
+from strands import Agent, tool
 
-import durable_sandbox  # noqa: E402
-from durable_sandbox.engine import Engine, NonDeterminismError, RunStatus  # noqa: E402
-from durable_sandbox.stores import SqliteStore  # noqa: E402
-from durable_sandbox.workflows.agents import DurableAgentRun, current_run  # noqa: E402
-from durable_sandbox.workflows.agents.core import decode, encode  # noqa: E402
-from durable_sandbox.workflows.agents.scripted import ScriptedModel  # noqa: E402
-from durable_sandbox.workflows.agents.strands import DurableModel, DurableStrandsAgent  # noqa: E402
-from tests.unit.agent_support import coder_flow, read_log  # noqa: E402
-from tests.unit.engine_support import Crash, ops  # noqa: E402
+import durable_sandbox
+from durable_sandbox.engine import Engine, NonDeterminismError, RunStatus
+from durable_sandbox.stores import SqliteStore
+from durable_sandbox.workflows.agents import DurableAgentRun, current_run
+from durable_sandbox.workflows.agents.core import decode, encode
+from durable_sandbox.workflows.agents.scripted import ScriptedModel
+from durable_sandbox.workflows.agents.strands import DurableModel, DurableStrandsAgent
+from tests.unit.agent_support import coder_flow, read_log
+from tests.unit.engine_support import Crash, ops
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,7 +137,7 @@ async def test_sigkill_in_child_process_then_resume_elsewhere(tmp_path: Path) ->
     db = str(tmp_path / "runs.db")
     logfile = str(tmp_path / "effects.jsonl")
     env = {**os.environ, "DURABLE_SANDBOX_FAULT": "after:coder/model/2", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
+    proc = subprocess.run(  # noqa: ASYNC221 - the child must finish (be killed) before the test goes on
         [sys.executable, "-m", "tests.unit.agent_support", db, "killed", logfile],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
