@@ -141,3 +141,21 @@ async def test_security_finding(eng: durable_sandbox.Engine, tmp_path: Path, sev
     ids = {o.op_id for o in st.operations}
     assert {"coder/model/1", "coder/tool/1-inspect_code", "coder/tool/2-propose_patch", "reviews/security"} <= ids
     assert any(o.kind == "sandbox.destroy" for o in st.operations)  # the workspace was cleaned up
+
+
+# ---------------------------------------------------------------------- every code sample in the docs works
+
+
+def _doc_blocks() -> list[str]:
+    text = (ROOT / "docs" / "workflows.md").read_text()
+    return [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+
+
+@pytest.mark.parametrize("index", range(len(_doc_blocks())))
+def test_docs_workflows_code_samples_run(index: int, tmp_path: Path) -> None:
+    script = tmp_path / f"sample_{index}.py"
+    script.write_text(_doc_blocks()[index])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DURABLE_SANDBOX_FAULT", None)
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
