@@ -22,6 +22,7 @@ from durable_sandbox.engine.errors import (
     DuplicateOperationError,
     NonDeterminismError,
     ParallelError,
+    SerializationError,
     StepFailed,
     StepTimeout,
     Suspend,
@@ -189,7 +190,17 @@ class Context:
                 raise StepFailed(op_id, info.type, info.message, attempt, info.retryable) from exc
             finally:
                 rt.active_end()
-            result = to_jsonable(value, what=f"The result of step {op_id!r}")
+            try:
+                result = to_jsonable(value, what=f"The result of step {op_id!r}")
+            except SerializationError as exc:
+                # Not retryable: the same code returns the same kind of value again.
+                await rt.write(
+                    OperationRecord(
+                        op_id, OpKind.STEP.value, name, FAILED, attempt, digest,
+                        error=ErrorInfo.from_exception(exc, retryable=False), epoch=rt.epoch,
+                    )
+                )
+                raise
             cache = None
             if cache_key is not None:
                 cache = (cache_key, result, None if cache_ttl is None else time.time() + cache_ttl)

@@ -48,7 +48,9 @@ def value_digest(value: Any) -> str:
 def callable_name(fn: Callable[..., Any]) -> str:
     while isinstance(fn, partial):
         fn = fn.func
-    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    # __name__, not __qualname__: renaming the enclosing workflow function (which a lambda's or a nested
+    # function's qualname contains) must not turn every recorded step into a nondeterminism error.
+    return getattr(fn, "__name__", None) or type(fn).__name__
 
 
 @lru_cache(maxsize=1024)

@@ -123,7 +123,11 @@ class SandboxSpec(_Frozen):
 
 
 class SandboxHandle(_Frozen):
-    """What a provider hands back: enough to reach the sandbox again. Never holds secrets."""
+    """What a provider hands back: enough to reach the sandbox again. Never holds secrets.
+
+    ``metadata["labels"]`` carries the spec's labels (on handles from provision, restore and
+    list_sandboxes): sessions use them to find a sandbox made just before a crash and never recorded.
+    """
 
     id: str
     provider: str

@@ -292,6 +292,8 @@ class E2BProvider(SandboxProvider):
             meta["domain"] = data["domain"]
         if spec.owner is not None:
             meta["owner"] = spec.owner
+        if spec.labels:
+            meta["labels"] = dict(spec.labels)
         log.debug("e2b created sandbox %s from template %s", sandbox_id, template)
         return SandboxHandle(id=sandbox_id, provider=self.name, metadata=meta,
                              lease_expires_at=self._clock() + lease_seconds)
@@ -345,7 +347,8 @@ class E2BProvider(SandboxProvider):
                 continue
             handles.append(SandboxHandle(
                 id=item["sandboxID"], provider=self.name,
-                metadata={"templateID": item.get("templateID"), "owner": owner, "state": item.get("state")},
+                metadata={"templateID": item.get("templateID"), "owner": owner, "state": item.get("state"),
+                          "labels": {k: v for k, v in metadata.items() if k != OWNER_METADATA_KEY}},
                 lease_expires_at=_parse_time(item.get("endAt")),
             ))
         return handles
