@@ -28,12 +28,10 @@ import contextvars
 import hashlib
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, runtime_checkable
 
 from durable_sandbox.engine import Context, RetryPolicy
-
-T = TypeVar("T")
 
 _BYTES = "__dsb_bytes__"
 _current: contextvars.ContextVar[DurableAgentRun | None] = contextvars.ContextVar("durable_agent_run", default=None)
@@ -160,8 +158,8 @@ class DurableAgentRun:
     # ------------------------------------------------------------------ journaled calls
 
     async def model_call(
-        self, fn: Callable[[], Awaitable[T]] | Callable[[], T], *, request: Any = None, name: str = "model"
-    ) -> T:
+        self, fn: Callable[[], Any], *, request: Any = None, name: str = "model"
+    ) -> Any:
         """Run one model call as step ``<agent-id>/model/<n>``; on replay return the recorded response.
 
         ``fn()`` returns the complete response (JSON, bytes or pydantic models; decoded on the way
@@ -175,21 +173,21 @@ class DurableAgentRun:
         async def call(request_digest: str | None) -> Any:
             value = fn()
             if hasattr(value, "__await__"):
-                value = await value  # type: ignore[misc]
+                value = await value
             return encode(value)
 
         call.__qualname__ = f"agent-model:{name}"
         recorded = await self._step(op, call, req, retry=self.model_retry, timeout=self.model_timeout)
-        return decode(recorded)  # type: ignore[no-any-return]
+        return decode(recorded)
 
     async def tool_call(
         self,
         name: str,
-        fn: Callable[[], Awaitable[T]] | Callable[[], T],
+        fn: Callable[[], Any],
         *,
         call_id: str | None = None,
         input: Any = None,
-    ) -> T:
+    ) -> Any:
         """Run one tool call as step ``<agent-id>/tool/<n>-<name>``; a committed result is never re-run.
 
         ``call_id`` is the id the model gave the call (numbered by :meth:`plan_tools` if it was
@@ -202,12 +200,12 @@ class DurableAgentRun:
         async def call(tool_input_digest: str | None) -> Any:
             value = fn()
             if hasattr(value, "__await__"):
-                value = await value  # type: ignore[misc]
+                value = await value
             return encode(value)
 
         call.__qualname__ = f"agent-tool:{tool_slug(name)}"
         recorded = await self._step(op, call, req, retry=self.tool_retry, timeout=self.tool_timeout)
-        return decode(recorded)  # type: ignore[no-any-return]
+        return decode(recorded)
 
     async def _step(self, op: str, call: Any, req: str | None, **options: Any) -> Any:
         try:

@@ -61,7 +61,7 @@ class ScriptedModel(Model):
     def structured_output(self, output_model: Any, prompt: Any, system_prompt: Any = None, **kwargs: Any) -> Any:
         raise NotImplementedError("ScriptedModel does not implement structured_output")
 
-    async def stream(self, messages: Any, tool_specs: Any = None, system_prompt: Any = None, **kwargs: Any) -> AsyncGenerator[Any, None]:  # type: ignore[override]
+    async def stream(self, messages: Any, tool_specs: Any = None, system_prompt: Any = None, **kwargs: Any) -> AsyncGenerator[Any, None]:
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         self.calls += 1
         if self.on_call is not None:

@@ -39,20 +39,17 @@ from typing import Any
 
 from strands.hooks import BeforeToolCallEvent
 from strands.models.model import Model
+from strands.types._events import ToolInterruptEvent, ToolResultEvent, ToolStreamEvent
 from strands.types.tools import AgentTool
 
 from durable_sandbox.engine import Context, RetryPolicy, StepFailed
 from durable_sandbox.workflows.agents.core import DurableAgentRun, current_run
 
-try:  # strands >= 1.x with middleware
+InvokeModelStage: Any
+try:  # strands with middleware
     from strands.middleware import InvokeModelStage
-except ImportError:  # pragma: no cover - older strands
+except ImportError:  # pragma: no cover - older strands: agent.model is wrapped for the invocation instead
     InvokeModelStage = None
-
-try:
-    from strands.types._events import ToolInterruptEvent, ToolResultEvent, ToolStreamEvent
-except ImportError:  # pragma: no cover
-    from strands.types.events import ToolInterruptEvent, ToolResultEvent, ToolStreamEvent  # type: ignore[no-redef]
 
 _INSTALLED = "_durable_sandbox_installed"
 
@@ -136,7 +133,7 @@ class DurableModel(Model):
     def _active(self) -> DurableAgentRun | None:
         return self._run or current_run()
 
-    async def stream(  # type: ignore[override]
+    async def stream(
         self,
         messages: Any,
         tool_specs: Any = None,
@@ -160,7 +157,7 @@ class DurableModel(Model):
         for event in events:
             yield event
 
-    async def structured_output(  # type: ignore[override]
+    async def structured_output(
         self, output_model: Any, prompt: Any, system_prompt: Any = None, **kwargs: Any
     ) -> AsyncGenerator[Any, None]:
         run = self._active()
@@ -210,7 +207,7 @@ class DurableTool(AgentTool):
     def get_display_properties(self) -> dict[str, str]:
         return self.inner.get_display_properties()
 
-    async def stream(self, tool_use: Any, invocation_state: dict[str, Any], **kwargs: Any) -> AsyncGenerator[Any, None]:  # type: ignore[override]
+    async def stream(self, tool_use: Any, invocation_state: dict[str, Any], **kwargs: Any) -> AsyncGenerator[Any, None]:
         live: list[Any] = []  # progress events of a live call, re-emitted after its result is committed
 
         async def call() -> Any:
@@ -267,7 +264,7 @@ def _install(agent: Any, *, via_middleware: bool) -> None:
                 return context
             return context.replace(model=DurableModel(context.model))
 
-        agent.add_middleware(InvokeModelStage.Input, journal_model)  # type: ignore[union-attr]
+        agent.add_middleware(InvokeModelStage.Input, journal_model)
     setattr(agent, _INSTALLED, True)
 
 
