@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
-from durable_sandbox.engine import Context
+from durable_sandbox.engine import Context, faults
 from durable_sandbox.engine.errors import DurableError, LeaseLost, Suspend
 from durable_sandbox.engine.records import ErrorInfo, OperationRecord, OpKind
 from durable_sandbox.engine.runtime import RunRuntime
@@ -118,6 +118,7 @@ class SessionState:
     checkpoints: list[Checkpoint] = field(default_factory=list)
     calls: dict[int, tuple[str, ToolResult]] = field(default_factory=dict)  # index -> (op id, result)
     recoveries: int = 0
+    recovery_attempts: int = 0  # recoveries begun and finished either way: what the budget counts
     restores: int = 0
     finalized: bool = False
     retained: str | None = None
@@ -146,6 +147,9 @@ class SessionState:
                 st.options = meta.get("options", st.options)
             if r.status == "started" and meta.get("handle"):
                 st.pending_handles.append(SandboxHandle.model_validate(meta["handle"]))
+            if r.kind == OpKind.SANDBOX_RESTORE.value and r.status == "failed":
+                st.restores += 1
+                st.recovery_attempts += meta.get("reason") == "recovery"
             if r.status != "completed":
                 continue
             if r.kind in (OpKind.SANDBOX_PROVISION.value, OpKind.SANDBOX_RESTORE.value):
@@ -155,6 +159,7 @@ class SessionState:
                     st.restores += 1
                     if meta.get("reason") == "recovery":
                         st.recoveries += 1
+                        st.recovery_attempts += 1
             elif r.kind == OpKind.SANDBOX_DESTROY.value:
                 gone = meta.get("sandboxId")
                 if st.handle is not None and st.handle.id == gone:
@@ -243,14 +248,16 @@ class SandboxSession:
     async def call(self, call: ToolCall) -> ToolResult:
         index = self._next_index
         self._next_index += 1
-        if self.state.finalized:
-            raise DurableError(f"Sandbox {self.sid!r} was already finalized; open a new session for more calls")
         op_id = f"{self.sid}/{call.operation_id}"
         digest = value_digest([call.type, call.args])
         prev = self.rt.enter(op_id, OpKind.SANDBOX_CALL.value, call.type, digest)
         if prev is not None and prev.status == "completed":
             result = _result_from(prev.result)
             self.state.calls[index] = (op_id, result)
+            if self.state.finalized:
+                return result  # replaying a session whose block already ended: nothing more to do
+        elif self.state.finalized:
+            raise DurableError(f"Sandbox {self.sid!r} was already finalized; open a new session for more calls")
         else:
             if prev is None:
                 await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "started", digest=digest,
@@ -471,8 +478,10 @@ class SandboxSession:
 
             await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT, "snapshot", "started", meta={"count": count, "operationId": provider_op})
             snapshot_id = await self._with_recovery(take)
+            faults.reach(f"snapshot-taken:{op_id}")
             await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT, "snapshot", "completed", result={"snapshotId": snapshot_id},
                                 meta={"count": count, "operationId": provider_op})
+            faults.reach(f"snapshot-recorded:{op_id}")
             self.state.checkpoints.append(Checkpoint(count, snapshot_id, op_id))
             self.rt.emit("sandbox.snapshot", session=self.sid, snapshotId=snapshot_id, count=count)
         for old in [c for c in self.state.checkpoints if c.count < count]:
@@ -501,22 +510,30 @@ class SandboxSession:
         await self._recover("loss injected")
 
     async def _recover(self, why: str) -> None:
-        if self.state.recoveries >= MAX_RECOVERIES:
-            raise RecoveryBudgetExhausted(self.sid, MAX_RECOVERIES)
-        self.rt.emit("sandbox.lost", session=self.sid, reason=why)
-        lost = self.state.handle
-        if lost is not None:
-            await self._destroy(lost, reason="lost")
-        await self._restore(reason="recovery")
+        while True:
+            if self.state.recovery_attempts >= MAX_RECOVERIES:
+                raise RecoveryBudgetExhausted(self.sid, MAX_RECOVERIES)
+            self.rt.emit("sandbox.lost", session=self.sid, reason=why)
+            lost = self.state.handle
+            if lost is not None:
+                await self._destroy(lost, reason="lost")
+            try:
+                await self._restore(reason="recovery")
+            except SandboxGone as again:  # the replacement was lost too while being rebuilt: another recovery
+                why = str(again)
+                continue
+            break
         self.rt.emit("sandbox.recovered", session=self.sid, sandboxId=self.state.handle.id if self.state.handle else None)
 
     async def _restore(self, *, reason: str) -> None:
         """Make a replacement sandbox from the newest checkpoint (or fresh), replay the calls since it."""
         number = self.state.restores + 1
         op_id = f"{self.sid}/restore/{number}"
+        prev = self.rt.lookup(op_id)
+        if prev is not None and prev.status == "started":  # finishing a restore a crash interrupted: same reason
+            reason = (prev.meta or {}).get("reason", reason)
         cp = self.state.latest
         meta: dict[str, Any] = {"reason": reason, "snapshotId": cp.snapshot_id if cp else None, "fromCount": cp.count if cp else 0}
-        prev = self.rt.lookup(op_id)
         if prev is not None and prev.status == "started":
             for h in self.state.pending_handles:  # a half-finished restore from before a crash
                 await self._destroy(h, reason="abandoned")
@@ -540,10 +557,11 @@ class SandboxSession:
         except BaseException as exc:
             # A replacement that is not faithful (or could not be finished) is destroyed, never adopted.
             await self._destroy(handle, reason="rejected")
-            if isinstance(exc, SandboxGone):
-                raise
             await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "failed", meta=meta,
                                 error=ErrorInfo.from_exception(exc, retryable=False))
+            self.state.restores = number
+            if reason == "recovery":
+                self.state.recovery_attempts += 1
             raise
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "completed",
                             result=_handle_json(handle), meta={**meta, "replayed": replayed})
@@ -551,6 +569,7 @@ class SandboxSession:
         self.state.restores = number
         if reason == "recovery":
             self.state.recoveries += 1
+            self.state.recovery_attempts += 1
 
     def _recorded_call(self, op_id: str, index: int) -> ToolCall:
         rec = self.rt.first.get(op_id)
