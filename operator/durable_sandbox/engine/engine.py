@@ -23,6 +23,7 @@ from durable_sandbox.engine.errors import (
     RunConflict,
     RunNotFound,
     Suspend,
+    WorkflowNotFound,
 )
 from durable_sandbox.engine.records import (
     Commit,
@@ -163,7 +164,16 @@ class Engine:
         if run.cancel_requested:
             await self._finish_cancelled(lease, run, None)
             return
-        definition = definition or resolve(run.workflow)
+        if definition is None:
+            try:
+                definition = resolve(run.workflow)
+            except WorkflowNotFound as exc:
+                # Failing (rather than leaving it runnable) stops workers from claiming it forever;
+                # `resume` retries it once the code is importable.
+                await store.update_run(
+                    run.run_id, {"status": RunStatus.FAILED, "error": ErrorInfo.from_exception(exc)}, fence=lease.fence
+                )
+                raise
         epoch = run.epoch + 1 if run.status == RunStatus.FAILED else run.epoch
         rt = await self.open_runtime(run, lease, epoch=epoch, signals=await store.get_signals(run.run_id))
         rows = rt.rows
