@@ -25,6 +25,7 @@ from durable_sandbox.workflows.agents.scripted import ScriptedModel
 from durable_sandbox.workflows.agents.strands import DurableModel, DurableStrandsAgent
 from tests.unit.agent_support import coder_flow, read_log
 from tests.unit.engine_support import Crash, ops
+from tests.unit.lease_support import wait_for_lease_expiry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,7 +146,7 @@ async def test_sigkill_in_child_process_then_resume_elsewhere(tmp_path: Path) ->
     first = read_log(logfile)
     assert [e["effect"] for e in first] == ["model", "write_file", "write_file", "model"]
 
-    await asyncio.sleep(0.6)  # the child's lease (0.5 s) runs out
+    await wait_for_lease_expiry(db, "killed")  # the child is dead; its lease must run out
     store = SqliteStore(db)
     engine = Engine(store, worker_id="second-worker")
     try:

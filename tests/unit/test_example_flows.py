@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from examples.flows.planner import planner
 import durable_sandbox
 from durable_sandbox.engine import RunStatus
 from durable_sandbox.stores import SqliteStore
+from tests.unit.lease_support import wait_for_lease_expiry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,7 @@ async def test_cicd_resumes_on_a_second_worker_process_after_sigkill(tmp_path: P
     before = _effects.stages(log)
     assert before[-1] == "deploy" and len({e["pid"] for e in _effects.read(log)}) == 1
 
-    await asyncio.sleep(0.6)  # worker 1's lease runs out
+    await wait_for_lease_expiry(db, "k1")  # worker 1 is dead; its lease must run out
     second = child("worker", db)
     assert second.returncode == 0, second.stderr[-3000:]
     store = SqliteStore(db)
