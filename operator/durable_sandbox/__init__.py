@@ -46,6 +46,7 @@ class Engine(_BareEngine):
         services.setdefault("hibernate_after", hibernate_after)
         services.setdefault("cancel_cleanup", factory.cancel_cleanup)
         services.setdefault("hibernate_run", factory.hibernate_run)
+        services.setdefault("after_run", factory.after_run)
         super().__init__(store if store is not None else SqliteStore(), sandbox_factory=factory, services=services, **kwargs)
         self._session_factory = factory
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 import durable_sandbox
+from durable_sandbox.engine.errors import InvalidInput, RunNotFound
 from durable_sandbox.engine.records import OperationRecord
 from durable_sandbox.providers.contract import (
     Capability,
@@ -112,13 +112,12 @@ async def test_caller_given_operation_ids_are_used_as_is(engine: durable_sandbox
 async def test_duplicate_operation_ids_are_rejected_before_provisioning(engine: durable_sandbox.Engine,
                                                                         local: Hooked, home: Path) -> None:
     calls = [dict(CALLS[0], operationId="same"), CALLS[1], dict(CALLS[2], operationId="same")]
-    try:  # the manifest input is validated when the run starts (the engine raises, or fails the run)
-        state = await engine.run(AGENT, agent_spec(calls), run_id="dup-manifest")
-        assert state.status == "failed"
-        message = state.error["message"]
-    except ValidationError as exc:
-        message = str(exc)
-    assert "toolCalls[2].operationId 'same' duplicates toolCalls[0]" in message
+    # The manifest input is validated before a run is created: nothing runs, nothing is recorded.
+    with pytest.raises(InvalidInput) as caught:
+        await engine.run(AGENT, agent_spec(calls), run_id="dup-manifest")
+    assert "toolCalls[2].operationId 'same' duplicates toolCalls[0]" in str(caught.value)
+    with pytest.raises(RunNotFound):
+        await engine.inspect("dup-manifest")
     # Code-first: the same rule, enforced by the session before it provisions.
     state = await engine.run("test-sessions-duplicate-ids", {}, run_id="dup-code")
     assert state.status == "failed"

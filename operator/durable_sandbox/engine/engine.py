@@ -13,11 +13,12 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from durable_sandbox.engine.context import Context
 from durable_sandbox.engine.errors import (
+    InvalidInput,
     LeaseHeld,
     LeaseLost,
     RunConflict,
@@ -94,6 +95,10 @@ class Engine:
         """Record a new run (status pending) without executing it; idempotent for the same id and input."""
         definition = definition_of(workflow)
         data = to_jsonable(input, what="The workflow input")
+        try:
+            definition.prepare_input(data)  # reject bad input before a run exists, not when it executes
+        except ValueError as exc:
+            raise InvalidInput(f"Input for workflow {definition.name!r} is invalid: {exc}") from None
         run = RunRecord(
             run_id=run_id or new_run_id(),
             workflow=definition.name,
@@ -184,7 +189,7 @@ class Engine:
         )
         rt.emit("run.resumed" if rows else "run.started", workflow=run.workflow, worker=self.worker_id)
         ctx = Context(rt)
-        wf: asyncio.Task[Any] = asyncio.create_task(_as_coroutine(definition.fn(ctx, *definition.prepare_input(run.input))), name=run.run_id)
+        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, ctx, run.input), name=run.run_id)
         self._tasks[run.run_id] = wf
         keeper = asyncio.create_task(self._keep_lease(lease, rt, wf))
         changes: dict[str, Any]
@@ -226,6 +231,9 @@ class Engine:
                     "result": to_jsonable(result, what=f"The result of workflow {run.workflow!r}"),
                 }
                 rt.emit("run.succeeded")
+            after_run = self.services.get("after_run")
+            if after_run is not None and changes["status"] in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SUCCEEDED):
+                await after_run(rt, changes["status"])
             await store.commit(
                 run.run_id,
                 lease.fence,
@@ -491,5 +499,6 @@ def now() -> float:
     return time.time()
 
 
-async def _as_coroutine(aw: Awaitable[Any]) -> Any:
-    return await aw
+async def _call_workflow(definition: WorkflowDefinition, ctx: Context, raw_input: Any) -> Any:
+    # Input validation happens inside the task so that a failure fails the run (it never hangs in "running").
+    return await definition.fn(ctx, *definition.prepare_input(raw_input))

@@ -129,6 +129,10 @@ class WorkflowNotFound(DurableError):
     pass
 
 
+class InvalidInput(DurableError, ValueError):
+    """The input does not match the workflow's declared input type."""
+
+
 class SerializationError(DurableError, TypeError):
     pass
 

@@ -141,7 +141,7 @@ class RunRuntime:
             recorded = {r.op_id for r in self.rows[: self._replayed_rows]}
             new = [r for r in self.rows[self._replayed_rows :] if r.op_id not in recorded]
             same = [r for r in new if r.kind == rec.kind and r.name == rec.name]
-            asked = (same or new or [None])[0]
+            asked = same[0] if same else (new[0] if new else None)
             raise NonDeterminismError(
                 op_id,
                 {"opId": op_id, "kind": rec.kind, "name": rec.name},

@@ -79,6 +79,14 @@ class CleanupFailed(DurableError):
     retryable = True
 
 
+_RESERVED_HEADS = frozenset({"provision", "finalize", "snapshot", "restore", "destroy", "inject_loss"})
+
+
+def reserved_operation_id(operation_id: str) -> bool:
+    """Operation ids that would collide with the session's own journal ids (``<session>/provision``...)."""
+    return operation_id.split("/", 1)[0] in _RESERVED_HEADS
+
+
 def derived_operation_id(run_id: str, session: str, index: int) -> str:
     digest = hashlib.sha256(f"{run_id}\0{session}\0{index}".encode()).hexdigest()
     return "dsv1_" + digest[:40]
@@ -248,6 +256,8 @@ class SandboxSession:
     async def call(self, call: ToolCall) -> ToolResult:
         index = self._next_index
         self._next_index += 1
+        if reserved_operation_id(call.operation_id):
+            raise ValueError(f"Sandbox {self.sid!r}: operation id {call.operation_id!r} is reserved; choose another id")
         op_id = f"{self.sid}/{call.operation_id}"
         digest = value_digest([call.type, call.args])
         prev = self.rt.enter(op_id, OpKind.SANDBOX_CALL.value, call.type, digest)
@@ -346,6 +356,11 @@ class SandboxSession:
         for i, given in enumerate(self._operation_ids):
             if given is None:
                 continue
+            if reserved_operation_id(given):
+                raise ValueError(
+                    f"Sandbox {self.sid!r}: operation id {given!r} (call {i}) is reserved for the session's own "
+                    f"records ({', '.join(sorted(_RESERVED_HEADS))}); choose another id"
+                )
             if given in seen:
                 raise ValueError(
                     f"Sandbox {self.sid!r}: operation id {given!r} is given to calls {seen[given]} and {i}; "
@@ -698,6 +713,18 @@ class SessionFactory:
                 await session.hibernate()
             else:
                 await session.finalize(succeeded=False)
+
+    async def after_run(self, rt: RunRuntime, status: Any) -> None:
+        """A retained snapshot passes to the caller only if the *run* succeeds: when it fails or is
+        cancelled after its sandbox block ended, the snapshot is deleted like any other."""
+        if getattr(status, "value", status) == "succeeded":
+            return
+        for sid in sessions_in(rt.rows):
+            state = SessionState.derive(sid, rt.rows)
+            kept = [c for c in state.checkpoints if state.finalized and c.snapshot_id == state.retained]
+            if kept and state.provider is not None:
+                session = SandboxSession(rt, sid, self.providers(state.provider))
+                await session._delete_snapshot(kept[0])
 
     async def cancel_cleanup(self, engine: Any, run: Any, lease: Any) -> None:
         """Finalize every sandbox session of a run that is cancelled while not executing."""

@@ -15,6 +15,7 @@ from pydantic.alias_generators import to_camel
 
 from durable_sandbox.engine import Context, workflow
 from durable_sandbox.providers.contract import ToolCall, safe_relative_path
+from durable_sandbox.sandboxes.session import reserved_operation_id
 
 NAME = "sandbox-agent"
 
@@ -25,6 +26,16 @@ class _Spec(BaseModel):
 
 class _ToolCallBase(_Spec):
     operation_id: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")] | None = None
+
+    @field_validator("operation_id")
+    @classmethod
+    def _not_reserved(cls, value: str | None) -> str | None:
+        if value is not None and reserved_operation_id(value):
+            raise ValueError(
+                f"{value!r} is reserved for the sandbox session's own records "
+                f"(ids starting with provision, finalize, snapshot, restore, destroy or inject_loss)"
+            )
+        return value
 
 
 class ShellCall(_ToolCallBase):
