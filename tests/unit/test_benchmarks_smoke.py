@@ -1,0 +1,71 @@
+"""Smoke test for benchmarks/: the modules import and each part runs at a tiny size, so they do not rot.
+
+Only correctness is checked here (every run succeeds, replay re-executes nothing); the figures are
+meaningless at these sizes. The LangGraph and DBOS parts are skipped when the ``bench`` extra is absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    if str(BENCH_DIR) not in sys.path:
+        sys.path.insert(0, str(BENCH_DIR))
+    return importlib.import_module(name)
+
+
+def test_engine_steps_engine_part(tmp_path: Path) -> None:
+    mod = _load("engine_steps")
+    out = tmp_path / "steps.json"
+    res = mod.main(
+        ["--steps", "20", "--replay-steps", "10", "--repeats", "1", "--slow-repeats", "1", "--warmup", "1",
+         "--no-langgraph", "--no-dbos", "--tmp", str(tmp_path), "--out", str(out)]
+    )
+    assert res["engine"]["steps_per_s"] > 0
+    assert res["engine_fsync"]["steps_per_s"] > 0
+    assert res["engine_replay"]["replay_ms"] > 0  # the crashed child's run was resumed with no step re-run
+    assert json.loads(out.read_text())["engine"]["steps"] == 20
+
+
+def test_engine_parallel_engine_part(tmp_path: Path) -> None:
+    mod = _load("engine_parallel")
+    out = tmp_path / "parallel.json"
+    res = mod.main(
+        ["--fanout", "12", "--callbacks", "3", "--sizes", "5,10", "--repeats", "1", "--warmup", "0",
+         "--no-langgraph", "--tmp", str(tmp_path), "--out", str(out)]
+    )
+    assert res["engine"]["fanout"]["compacted_bytes"] > 0
+    assert res["engine"]["callbacks"]["seconds"]["median"] > 0
+    assert set(res["engine_growth"]) == {"5", "10"}
+    assert out.exists()
+
+
+def test_langgraph_parts(tmp_path: Path) -> None:
+    pytest.importorskip("langgraph.func")
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    steps = _load("engine_steps")
+    par = _load("engine_parallel")
+    base = str(tmp_path)
+    assert steps.lg_throughput_once(5, is_async=False, durability="sync", base=base) > 0
+    assert steps.lg_throughput_once(5, is_async=True, durability="sync", base=base) > 0
+    assert steps.lg_replay_once(5, is_async=False, base=base) > 0
+    assert steps.lg_replay_once(5, is_async=True, base=base) > 0
+    for kind in ("fanout", "callbacks", "sequential"):
+        dt, live, compacted = par._lg_flow(kind, 4, base, False)
+        assert dt > 0 and live > 0 and compacted > 0
+
+
+def test_dbos_part(tmp_path: Path) -> None:
+    pytest.importorskip("dbos")
+    steps = _load("engine_steps")
+    res = steps.bench_dbos_variant(5, 1, 0, wal=True, base=str(tmp_path))
+    assert res["steps_per_s"] > 0
