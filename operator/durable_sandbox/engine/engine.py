@@ -155,20 +155,24 @@ class Engine:
         lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
         self.driven.add(run_id)
         try:
-            await self._execute(lease, definition)
+            rows = await self._execute(lease, definition)
         finally:
             with contextlib.suppress(Exception):
                 await self.store.release(lease)
-        return await self.inspect(run_id)
+        if rows is None:
+            return await self.inspect(run_id)
+        # The journal is already in memory: build the state from it rather than reading it again.
+        return self._state(await self._get(run_id), rows)
 
-    async def _execute(self, lease: Lease, definition: WorkflowDefinition | None) -> None:
+    async def _execute(self, lease: Lease, definition: WorkflowDefinition | None) -> list[OperationRecord] | None:
+        """Execute the run once under ``lease``; returns its journal rows (None if nothing ran)."""
         store = self.store
         run = await self._get(lease.run_id)
         if run.status.terminal and run.status != RunStatus.FAILED:
-            return
+            return None
         if run.cancel_requested:
             await self._finish_cancelled(lease, run, None)
-            return
+            return None
         if definition is None:
             try:
                 definition = resolve(run.workflow)
@@ -219,7 +223,7 @@ class Engine:
                 rt.emit("run.cancelled", reason=rt.cancel_reason)
             except LeaseLost:
                 log.warning("lost the lease on run %s; stopping without writing", run.run_id)
-                return
+                return None
             except Exception as exc:
                 rt.draining = True
                 await rt.drain()
@@ -234,12 +238,11 @@ class Engine:
             after_run = self.services.get("after_run")
             if after_run is not None and changes["status"] in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SUCCEEDED):
                 await after_run(rt, changes["status"])
-            await store.commit(
-                run.run_id,
-                lease.fence,
-                Commit(rt.pending_records(), run=changes, thread_state=rt.state_change()),
-            )
+            final = rt.pending_records()
+            await store.commit(run.run_id, lease.fence, Commit(final, run=changes, thread_state=rt.state_change()))
+            rt.rows.extend(final)
             await rt.flush_events()
+            return rt.rows
         finally:
             keeper.cancel()
             self._tasks.pop(run.run_id, None)
@@ -386,7 +389,11 @@ class Engine:
 
     async def inspect(self, run_id: str) -> RunState:
         run = await self._get(run_id)
-        state = build_state(run, await self.store.load_journal(run_id))
+        return self._state(run, await self.store.load_journal(run_id))
+
+    @staticmethod
+    def _state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
+        state = build_state(run, rows)
         if run.status not in (RunStatus.WAITING, RunStatus.PENDING, RunStatus.RUNNING):
             state.pending_callbacks = []
         return state

@@ -93,8 +93,10 @@ def recovery_count(rows: Iterable[OperationRecord]) -> int:
 
 def build_state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
     first, latest = fold(rows)
+    # model_construct: these values come from our own journal, already typed; validating thousands of
+    # them again would dominate `resume` of a long run.
     ops = [
-        OperationState(
+        OperationState.model_construct(
             op_id=op,
             kind=rec.kind,
             name=rec.name,
