@@ -79,6 +79,7 @@ func runUp(args []string) int {
 		err = cp.serve(sigs)
 	}
 	cp.stop()
+	logf("stopped")
 	if err != nil && !errors.Is(err, errStopped) {
 		logf("%v (logs in %s)", err, cp.logDir())
 		return 1
@@ -480,4 +481,3 @@ func logMentions(path, s string) bool {
 	data, err := os.ReadFile(path)
 	return err == nil && strings.Contains(string(data), s)
 }
-

@@ -19,7 +19,7 @@ import pytest
 
 if TYPE_CHECKING:
     # Only for annotations: conftest modules are not meant to be imported at run time.
-    from conftest import ControlPlane
+    from .conftest import ControlPlane
 
 pytestmark = pytest.mark.e2e
 
