@@ -23,12 +23,13 @@ k8s_gomod=$("$go" mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^\
 mapfile -t staging < <(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$k8s_gomod" | sort -u)
 (( ${#staging[@]} > 0 )) || { echo "no staging modules found in $k8s_gomod" >&2; exit 1; }
 
-# Drop every existing k8s.io replace so modules that left the staging list do not linger.
-edits=()
-while read -r old; do
-  edits+=("-dropreplace=$old")
-done < <("$go" mod edit -json | awk -F'"' '/"Old": \{/ {getline; if ($4 ~ /^k8s\.io\//) print $4}')
+# Start from an empty requirement list: requirements left over from the previous release would win under
+# minimal version selection and pair this release with newer third-party modules it does not compile with
+# (seen going from 1.36 back to 1.35: opencontainers/cgroups). tidy re-adds what the pinned release requires.
+module=$(awk '$1 == "module" {print $2; exit}' go.mod)
+printf 'module %s\n\ngo %s\n' "$module" "$(awk '$1 == "go" {print $2; exit}' "$k8s_gomod")" >go.mod
 
+edits=()
 edits+=("-require=k8s.io/kubernetes@$version" "-replace=k8s.io/kubernetes=k8s.io/kubernetes@$version")
 for m in "${staging[@]}"; do
   edits+=("-replace=$m=$m@$staging_version")
