@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field
 from pydantic.alias_generators import to_camel
 
 from durable_sandbox.engine.records import OperationRecord, OpKind, OpStatus, RunRecord
 from durable_sandbox.engine.runtime import pending_callbacks
+
+_COMPLETED = OpStatus.COMPLETED.value
+_STARTED = OpStatus.STARTED.value
 
 
 class _Camel(BaseModel):
@@ -43,13 +47,21 @@ class RunState(_Camel):
     result: Any = None
     error: dict[str, Any] | None = None
     pending_callbacks: list[PendingCallback] = Field(default_factory=list)
-    operations: list[OperationState] = Field(default_factory=list)
     snapshots: list[str] = Field(default_factory=list)
     recovery_count: int = 0
     thread_id: str | None = None
     wake_at: float | None = None
     created_at: float
     updated_at: float
+
+    _rows: list[OperationRecord] = PrivateAttr(default_factory=list)
+
+    # Built on first use: `run`/`resume` of a long run return at once, and the per-operation view
+    # (thousands of objects) is made only for whoever reads it (inspect, serialization).
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def operations(self) -> list[OperationState]:
+        return operation_states(self._rows)
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
@@ -72,7 +84,7 @@ def live_snapshots(rows: Iterable[OperationRecord]) -> list[str]:
     """Snapshots recorded as taken and not (yet) recorded as deleted, oldest first."""
     live: dict[str, None] = {}
     for r in rows:
-        if r.status != OpStatus.COMPLETED.value:
+        if r.status != _COMPLETED:
             continue
         if r.kind == OpKind.SANDBOX_SNAPSHOT.value and isinstance(r.result, dict) and r.result.get("snapshotId"):
             live[r.result["snapshotId"]] = None
@@ -85,17 +97,16 @@ def recovery_count(rows: Iterable[OperationRecord]) -> int:
     return sum(
         1
         for r in rows
-        if r.status == OpStatus.COMPLETED.value
+        if r.status == _COMPLETED
         and r.kind == OpKind.SANDBOX_RESTORE.value
         and (r.meta or {}).get("reason") == "recovery"
     )
 
 
-def build_state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
+def operation_states(rows: list[OperationRecord]) -> list[OperationState]:
     first, latest = fold(rows)
-    # model_construct: these values come from our own journal, already typed; validating thousands of
-    # them again would dominate `resume` of a long run.
-    ops = [
+    # model_construct: these values come from our own journal, already typed.
+    return [
         OperationState.model_construct(
             op_id=op,
             kind=rec.kind,
@@ -103,15 +114,19 @@ def build_state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
             status=rec.status,
             attempt=rec.attempt,
             input_digest=rec.input_digest,
-            result=rec.result if rec.status == OpStatus.COMPLETED.value else None,
+            result=rec.result if rec.status == _COMPLETED else None,
             error=rec.error.to_json() if rec.error else None,
             meta=rec.meta,
             started_at=first[op].ts,
-            finished_at=rec.ts if rec.status != OpStatus.STARTED.value else None,
+            finished_at=rec.ts if rec.status != _STARTED else None,
         )
         for op, rec in latest.items()
     ]
-    return RunState(
+
+
+def build_state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
+    _, latest = fold(rows)
+    state = RunState(
         run_id=run.run_id,
         workflow=run.workflow,
         status=run.status.value,
@@ -119,7 +134,6 @@ def build_state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
         result=run.result,
         error=run.error.to_json() if run.error else None,
         pending_callbacks=[PendingCallback(**p) for p in pending_callbacks(latest.values())],
-        operations=ops,
         snapshots=live_snapshots(rows),
         recovery_count=recovery_count(rows),
         thread_id=run.thread_id,
@@ -127,3 +141,5 @@ def build_state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
         created_at=run.created_at,
         updated_at=run.updated_at,
     )
+    state._rows = rows
+    return state
