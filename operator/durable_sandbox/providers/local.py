@@ -1,0 +1,769 @@
+"""The ``local`` sandbox provider: subprocess workspaces on this machine.
+
+**Development only. This is not a security boundary.** Tool calls run as the current user, with the
+current user's privileges, network and filesystem access; the workspace directory is a convenience, not
+a jail. Path checks on ``write_file``/``read_file``/``cwd`` stop honest mistakes (absolute paths, ``..``,
+symlinks leading out of the workspace), not an adversary. The operator refuses this provider unless it is
+explicitly enabled.
+
+Layout under ``<home>/local/`` (``home`` defaults to ``$DURABLE_SANDBOX_HOME`` or
+``~/.local/state/durable-sandbox``)::
+
+    workspaces/<sandbox-id>/      the sandbox's files; the shell's cwd and $HOME
+    snapshots/<snapshot-id>.tar   snapshots (plain tar, written to a temp file then renamed into place)
+    leases/<sandbox-id>.json      owner, labels, template, expires_at, suspended (never env values)
+
+Behaviour worth knowing:
+
+* A lease file is written before its workspace exists and removed only after the workspace is gone, so
+  every workspace has a lease and lease expiry is a complete leak backstop. Nothing runs in the
+  background: an expired sandbox is reaped when it is next touched (it is then :class:`SandboxGone`),
+  by :meth:`LocalProvider.cleanup_expired`, and opportunistically on every provision/restore. The lease
+  keeps running while a sandbox is suspended, so a suspended sandbox cannot leak either.
+* ``spec.env`` may hold secrets, so it is never written to disk. It is kept in this provider instance's
+  memory, keyed by sandbox id, and must be supplied again (through the spec) on restore. A handle used
+  from a different process or provider instance runs its tool calls without the spec env; the call's own
+  ``env`` argument still applies.
+* Each shell call runs ``<shell> -lc <command>`` in its own process group, and that group is killed when
+  the call ends: background processes do not outlive a call. This matches what a snapshot can restore
+  (files, not processes), so replaying calls after a restore sees the same world. Because it is a login
+  shell, ``/etc/profile`` may reset ``PATH``.
+* Snapshots are restored with tarfile's ``data`` filter. Symlinks that point outside the workspace
+  (an absolute ``.venv/bin/python`` link, say) are legitimate workspace content, so they are recreated
+  after every other member has been extracted, when no later member can be written through them.
+  Device files and FIFOs are not snapshotted.
+* Delivery is at least once: tool calls are not deduplicated by operation id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import tarfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from durable_sandbox.providers.contract import (
+    TOOL_TYPES,
+    Capability,
+    ConfigurationError,
+    ProviderCapabilities,
+    ProviderError,
+    ProvisionError,
+    SandboxGone,
+    SandboxHandle,
+    SandboxProvider,
+    SandboxSpec,
+    ToolCall,
+    ToolResult,
+    file_not_found_result,
+    safe_relative_path,
+    unsupported_tool_result,
+    wrote_file_result,
+)
+
+__all__ = [
+    "LocalDirectories",
+    "LocalProvider",
+    "SandboxSuspendedError",
+    "default_home",
+    "snapshot_id_for",
+]
+
+_SANDBOX_ID = re.compile(r"lsb-[0-9a-f]{12}")
+_SNAPSHOT_ID = re.compile(r"lsnap-[0-9a-f]{24}")
+_ENV_NAME = re.compile(r"[^=\0]+")
+_TIMEOUT_EXIT_CODE = 124
+# How long to keep reading output after a call's process group was killed. Only a process that escaped
+# the group (setsid) can still hold the pipes open; its output is not worth hanging the call for.
+_DRAIN_GRACE_SECONDS = 1.0
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+_CAPABILITIES = ProviderCapabilities(
+    supported=frozenset(
+        {
+            Capability.SNAPSHOT,
+            Capability.SNAPSHOT_DELETION,
+            Capability.SNAPSHOT_RECONCILIATION,
+            Capability.RESTORE,
+            Capability.SUSPEND,
+            Capability.RESUME,
+            Capability.LEASE_RECONCILIATION,
+            Capability.LOSS_INJECTION,
+        }
+    ),
+    delivery_guarantee="at_least_once_effects",
+    idempotent_destroy=True,
+    maximum_lease_seconds=86_400,
+    tool_types=TOOL_TYPES,
+)
+
+
+class SandboxSuspendedError(ProviderError):
+    """A tool call was sent to a suspended sandbox. Retrying cannot help until someone resumes it."""
+
+    retryable = False
+
+    def __init__(self, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+        super().__init__(f"Sandbox {sandbox_id} is suspended; resume it before executing tool calls")
+
+
+class _InvalidLease(ProviderError):
+    retryable = False
+
+
+class LocalDirectories(NamedTuple):
+    workspaces: Path
+    snapshots: Path
+    leases: Path
+
+
+class _Refused(Exception):
+    """A tool call that fails as a result (exit 1, this stderr) rather than as an exception."""
+
+    def __init__(self, stderr: str) -> None:
+        super().__init__(stderr)
+        self.stderr = stderr
+
+
+def default_home() -> Path:
+    env = os.environ.get("DURABLE_SANDBOX_HOME")
+    return Path(env) if env else Path.home() / ".local" / "state" / "durable-sandbox"
+
+
+def snapshot_id_for(operation_id: str) -> str:
+    """The snapshot id for an operation id: deterministic, so a retried snapshot finds the first one."""
+    return "lsnap-" + hashlib.sha256(operation_id.encode("utf-8")).hexdigest()[:24]
+
+
+class LocalProvider(SandboxProvider):
+    """Subprocess workspaces under ``<home>/local`` (see the module docstring; development only)."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        home: Path | str | None = None,
+        *,
+        shell: str = "bash",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not shell:
+            raise ConfigurationError("The local provider needs a shell to run commands with")
+        self._home = Path(home).expanduser() if home is not None else default_home()
+        self._root = self._home / "local"
+        self._shell = shell
+        self._clock = clock
+        # Secrets live only here; see the module docstring.
+        self._env: dict[str, dict[str, str]] = {}
+        # Process groups of calls in flight, so a destroy or loss kills them instead of leaving them
+        # running in a deleted directory.
+        self._running: dict[str, set[int]] = {}
+        # Workspaces may hold whatever the agent wrote (tokens included): keep them private to the user.
+        self._root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for directory in self.directories():
+            directory.mkdir(exist_ok=True, mode=0o700)
+
+    # ------------------------------------------------------------------------------------ layout
+
+    @property
+    def home(self) -> Path:
+        return self._home
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    @property
+    def workspaces_dir(self) -> Path:
+        return self._root / "workspaces"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        return self._root / "snapshots"
+
+    @property
+    def leases_dir(self) -> Path:
+        return self._root / "leases"
+
+    def directories(self) -> LocalDirectories:
+        return LocalDirectories(self.workspaces_dir, self.snapshots_dir, self.leases_dir)
+
+    def leftovers(self) -> list[Path]:
+        """Every entry in the provider's directories (temp and trash files included): empty when clean."""
+        found: list[Path] = []
+        for directory in self.directories():
+            if directory.is_dir():
+                found.extend(sorted(directory.iterdir()))
+        return found
+
+    def workspace_path(self, sandbox_id: str) -> Path:
+        return self.workspaces_dir / sandbox_id
+
+    def _lease_path(self, sandbox_id: str) -> Path:
+        return self.leases_dir / f"{sandbox_id}.json"
+
+    def _snapshot_path(self, snapshot_id: str) -> Path:
+        return self.snapshots_dir / f"{snapshot_id}.tar"
+
+    def list_snapshots(self) -> list[str]:
+        return sorted(
+            p.name[: -len(".tar")]
+            for p in self.snapshots_dir.glob("lsnap-*.tar")
+            if _SNAPSHOT_ID.fullmatch(p.name[: -len(".tar")])
+        )
+
+    # ------------------------------------------------------------------------------------ contract
+
+    def capabilities(self) -> ProviderCapabilities:
+        return _CAPABILITIES
+
+    async def provision(self, spec: SandboxSpec, *, lease_seconds: int) -> SandboxHandle:
+        self._check_provision_args(spec, lease_seconds)
+        await self.cleanup_expired()
+        sandbox_id = _new_sandbox_id()
+        lease = self._new_lease(sandbox_id, spec, lease_seconds)
+        self._write_lease(lease)
+        try:
+            self.workspace_path(sandbox_id).mkdir(mode=0o700)
+        except OSError as e:
+            self._lease_path(sandbox_id).unlink(missing_ok=True)
+            raise ProvisionError(f"Cannot create workspace for {sandbox_id}: {e}", retryable=True) from e
+        self._env[sandbox_id] = dict(spec.env)
+        return self._handle(lease)
+
+    async def execute(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
+        lease = await self._require_live(handle.id)
+        if lease.get("suspended"):
+            raise SandboxSuspendedError(handle.id)
+        workspace = self.workspace_path(handle.id)
+        try:
+            if call.type == "shell":
+                result = await self._shell_call(handle.id, workspace, call.args)
+            elif call.type == "write_file":
+                path, contents = _parse_args("write_file", call.args, required={"path": str, "contents": str})
+                result = await asyncio.to_thread(_write_file, handle.id, workspace, path, contents)
+            elif call.type == "read_file":
+                (path,) = _parse_args("read_file", call.args, required={"path": str})
+                result = await asyncio.to_thread(_read_file, handle.id, workspace, path)
+            else:
+                return unsupported_tool_result(call.type)
+        except _Refused as refused:
+            result = ToolResult(exit_code=1, stdout="", stderr=refused.stderr)
+        # A destroy or loss while the call ran: its result describes a sandbox that no longer exists.
+        if not self._exists(handle.id):
+            await self._remove(handle.id)  # a write_file racing the destroy may have recreated directories
+            raise SandboxGone(handle.id, "it was destroyed while the call ran")
+        return result
+
+    async def snapshot(self, handle: SandboxHandle, *, operation_id: str) -> str:
+        if not isinstance(operation_id, str) or not operation_id:
+            raise ValueError("snapshot needs a non-empty operation_id")
+        snapshot_id = snapshot_id_for(operation_id)
+        target = self._snapshot_path(snapshot_id)
+        # Reconciliation comes first: if the first attempt's response was lost, the snapshot is there
+        # even when the sandbox has since been lost.
+        if target.exists():
+            return snapshot_id
+        await self._require_live(handle.id)
+        workspace = self.workspace_path(handle.id)
+        tmp = self.snapshots_dir / f".{snapshot_id}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            try:
+                await asyncio.to_thread(_write_tar, workspace, tmp)
+            except FileNotFoundError as e:
+                if not self._exists(handle.id):
+                    raise SandboxGone(handle.id, "it disappeared during the snapshot") from e
+                raise ProviderError(f"Snapshot of {handle.id} failed: {e}") from e
+            except OSError as e:
+                raise ProviderError(f"Snapshot of {handle.id} failed: {e}") from e
+            # Never publish a snapshot of a workspace that was being deleted while it was read.
+            if not self._exists(handle.id):
+                raise SandboxGone(handle.id, "it disappeared during the snapshot")
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return snapshot_id
+
+    async def restore(self, snapshot_id: str, spec: SandboxSpec, *, lease_seconds: int) -> SandboxHandle:
+        self._check_provision_args(spec, lease_seconds)
+        source = self._snapshot_path(snapshot_id)
+        if not _SNAPSHOT_ID.fullmatch(snapshot_id) or not source.is_file():
+            raise ProvisionError(f"Snapshot {snapshot_id} does not exist", retryable=False)
+        await self.cleanup_expired()
+        sandbox_id = _new_sandbox_id()
+        lease = self._new_lease(sandbox_id, spec, lease_seconds)
+        self._write_lease(lease)
+        staging = self.workspaces_dir / f".restore-{sandbox_id}"
+        try:
+            await asyncio.to_thread(_extract_tar, source, staging)
+            # The workspace appears complete or not at all.
+            os.rename(staging, self.workspace_path(sandbox_id))
+        except BaseException as e:
+            await asyncio.to_thread(_rmtree, staging)
+            self._lease_path(sandbox_id).unlink(missing_ok=True)
+            if isinstance(e, FileNotFoundError) and not source.exists():
+                raise ProvisionError(f"Snapshot {snapshot_id} does not exist", retryable=False) from e
+            if isinstance(e, tarfile.TarError):
+                raise ProvisionError(
+                    f"Snapshot {snapshot_id} cannot be restored: {e}", retryable=False
+                ) from e
+            if isinstance(e, OSError):
+                raise ProvisionError(f"Restoring snapshot {snapshot_id} failed: {e}", retryable=True) from e
+            raise
+        self._env[sandbox_id] = dict(spec.env)
+        return self._handle(lease)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        if not _SNAPSHOT_ID.fullmatch(snapshot_id):
+            return  # not one of ours, so there is nothing to delete
+        try:
+            self._snapshot_path(snapshot_id).unlink(missing_ok=True)
+        except OSError as e:
+            raise ProviderError(f"Deleting snapshot {snapshot_id} failed: {e}") from e
+
+    async def suspend(self, handle: SandboxHandle) -> None:
+        lease = await self._require_live(handle.id)
+        if not lease.get("suspended"):
+            lease["suspended"] = True
+            self._write_lease(lease)
+
+    async def resume(self, handle: SandboxHandle) -> SandboxHandle:
+        lease = await self._require_live(handle.id)
+        if lease.get("suspended"):
+            lease["suspended"] = False
+            self._write_lease(lease)
+        return self._handle(lease)
+
+    async def renew_lease(self, handle: SandboxHandle, seconds: int) -> SandboxHandle:
+        problem = self._lease_seconds_problem(seconds)
+        if problem:
+            raise _InvalidLease(problem)
+        lease = await self._require_live(handle.id)
+        lease["expires_at"] = self._clock() + seconds
+        self._write_lease(lease)
+        return self._handle(lease)
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        await self._remove(handle.id)
+
+    async def list_sandboxes(self, owner: str) -> list[SandboxHandle]:
+        now = self._clock()
+        return [
+            self._handle(lease)
+            for lease in self._iter_leases()
+            if lease.get("owner") == owner and float(lease["expires_at"]) > now
+        ]
+
+    async def inject_loss(self, handle: SandboxHandle) -> None:
+        # A loss is indistinguishable from a destroy nobody asked for: files, lease and processes go.
+        await self._remove(handle.id)
+
+    async def aclose(self) -> None:
+        """Nothing to release: no clients or pools. Sandboxes outlive the provider object by design."""
+
+    async def cleanup_expired(self, now: float | None = None) -> list[str]:
+        """Destroy every sandbox whose lease has expired (and workspaces left without a lease by a crash).
+
+        Returns the ids destroyed. This is the leak backstop a real provider's server-side expiry gives.
+        """
+        now = self._clock() if now is None else now
+        removed: list[str] = []
+        for lease in self._iter_leases():
+            if float(lease["expires_at"]) <= now:
+                await self._remove(lease["id"])
+                removed.append(lease["id"])
+        for entry in sorted(self.workspaces_dir.iterdir()):
+            name = entry.name
+            if name.startswith(".trash-"):
+                await asyncio.to_thread(_rmtree, entry)
+            elif name.startswith(".restore-"):
+                # A restore in flight (maybe in another process) has its lease already; a crashed one doesn't.
+                if not self._lease_path(name[len(".restore-") :]).exists():
+                    await asyncio.to_thread(_rmtree, entry)
+            elif _SANDBOX_ID.fullmatch(name) and not self._lease_path(name).exists():
+                await self._remove(name)
+                removed.append(name)
+        return removed
+
+    # ------------------------------------------------------------------------------------ internals
+
+    def _check_provision_args(self, spec: SandboxSpec, lease_seconds: int) -> None:
+        problem = self._lease_seconds_problem(lease_seconds)
+        if problem:
+            raise ProvisionError(problem, retryable=False)
+        for key, value in spec.env.items():
+            if not _ENV_NAME.fullmatch(key) or "\0" in value:
+                # Name the variable, never the value: it may be a secret.
+                raise ProvisionError(
+                    f"Invalid environment variable {key!r} in the sandbox spec", retryable=False
+                )
+
+    def _lease_seconds_problem(self, seconds: object) -> str | None:
+        maximum = _CAPABILITIES.maximum_lease_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= maximum:
+            return f"Lease of {seconds!r} seconds is invalid for the local provider: it must be in (0, {maximum}]"
+        return None
+
+    def _new_lease(self, sandbox_id: str, spec: SandboxSpec, lease_seconds: float) -> dict[str, Any]:
+        now = self._clock()
+        return {
+            "id": sandbox_id,
+            "owner": spec.owner,
+            "labels": dict(spec.labels),
+            # Templates are an e2b notion; recorded so manifests written for e2b still run locally.
+            "template": spec.template,
+            "created_at": now,
+            "expires_at": now + lease_seconds,
+            "suspended": False,
+        }
+
+    def _write_lease(self, lease: dict[str, Any]) -> None:
+        target = self._lease_path(lease["id"])
+        tmp = self.leases_dir / f".{lease['id']}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            tmp.write_text(json.dumps(lease, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _read_lease(self, sandbox_id: str) -> dict[str, Any] | None:
+        if not _SANDBOX_ID.fullmatch(sandbox_id):
+            return None
+        try:
+            data = json.loads(self._lease_path(sandbox_id).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise ProviderError(f"Cannot read the lease of {sandbox_id}: {e}") from e
+        return data if isinstance(data, dict) else None
+
+    def _iter_leases(self) -> list[dict[str, Any]]:
+        leases = []
+        for path in sorted(self.leases_dir.glob("lsb-*.json")):
+            with contextlib.suppress(ProviderError):
+                lease = self._read_lease(path.name[: -len(".json")])
+                if lease is not None:
+                    leases.append(lease)
+        return leases
+
+    def _exists(self, sandbox_id: str) -> bool:
+        return self._lease_path(sandbox_id).is_file() and self.workspace_path(sandbox_id).is_dir()
+
+    async def _require_live(self, sandbox_id: str) -> dict[str, Any]:
+        if not _SANDBOX_ID.fullmatch(sandbox_id):
+            raise SandboxGone(sandbox_id, "not a sandbox of the local provider")
+        lease = self._read_lease(sandbox_id)
+        if lease is None:
+            await self._remove(sandbox_id)
+            raise SandboxGone(sandbox_id, "it has no lease")
+        if not self.workspace_path(sandbox_id).is_dir():
+            await self._remove(sandbox_id)
+            raise SandboxGone(sandbox_id, "its workspace is missing")
+        if float(lease["expires_at"]) <= self._clock():
+            # Expiry is enforced when the sandbox is next touched; reap it as a real provider would have.
+            await self._remove(sandbox_id)
+            raise SandboxGone(sandbox_id, "its lease expired")
+        return lease
+
+    async def _remove(self, sandbox_id: str) -> None:
+        if not _SANDBOX_ID.fullmatch(sandbox_id):
+            return  # never let a foreign id address a path
+        workspace = self.workspace_path(sandbox_id)
+        trash = self.workspaces_dir / f".trash-{sandbox_id}-{uuid.uuid4().hex[:8]}"
+        # Renaming first makes the sandbox vanish at once for concurrent calls; the slow delete follows.
+        try:
+            os.rename(workspace, trash)
+            renamed = True
+        except FileNotFoundError:
+            renamed = False
+        for pgid in self._running.pop(sandbox_id, set()):
+            _kill_group(pgid)
+        # The lease goes last, so a crash part-way leaves a lease that expiry will clean up.
+        self._lease_path(sandbox_id).unlink(missing_ok=True)
+        self._env.pop(sandbox_id, None)
+        if renamed:
+            await asyncio.to_thread(_rmtree, trash)
+
+    def _handle(self, lease: dict[str, Any]) -> SandboxHandle:
+        return SandboxHandle(
+            id=lease["id"],
+            provider=self.name,
+            metadata={
+                "workspace": str(self.workspace_path(lease["id"])),
+                "owner": lease.get("owner"),
+                "labels": dict(lease.get("labels") or {}),
+            },
+            lease_expires_at=float(lease["expires_at"]),
+        )
+
+    async def _shell_call(self, sandbox_id: str, workspace: Path, args: dict[str, Any]) -> ToolResult:
+        command, timeout, cwd, call_env = _parse_args(
+            "shell",
+            args,
+            required={"command": str},
+            optional={"timeout": (int, float), "cwd": str, "env": dict},
+        )
+        if not command:
+            raise _Refused("Invalid arguments for shell: 'command' must be a non-empty string")
+        if timeout is not None and (isinstance(timeout, bool) or not math.isfinite(timeout) or timeout <= 0):
+            raise _Refused("Invalid arguments for shell: 'timeout' must be a positive number of seconds")
+        run_dir = workspace
+        if cwd is not None:
+            run_dir = _resolve_inside(workspace, cwd)
+            if not run_dir.is_dir():
+                raise _Refused(f"Invalid arguments for shell: cwd {cwd} is not a directory in the workspace")
+        env = {
+            "PATH": os.environ.get("PATH", _DEFAULT_PATH),
+            "HOME": str(workspace),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+        }
+        env.update(self._env.get(sandbox_id, {}))
+        if call_env is not None:
+            for key, value in call_env.items():
+                if (
+                    not isinstance(key, str)
+                    or not _ENV_NAME.fullmatch(key)
+                    or not isinstance(value, str)
+                    or "\0" in value
+                ):
+                    raise _Refused(
+                        f"Invalid arguments for shell: env entry {key!r} must map a name to a string"
+                    )
+            env.update(call_env)
+
+        loop = asyncio.get_running_loop()
+        try:
+            # A protocol rather than asyncio.subprocess.Process: Process.wait() also waits for the pipes to
+            # close, so a backgrounded child holding stdout would stall the call until it exited.
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _CallProtocol(loop),
+                self._shell,
+                "-lc",
+                command,
+                cwd=run_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group, so the whole tree can be killed
+            )
+        except FileNotFoundError as e:
+            if not run_dir.is_dir():
+                raise SandboxGone(sandbox_id, "its workspace is missing") from e
+            raise ConfigurationError(f"The local provider's shell {self._shell!r} was not found") from e
+        pgid = transport.get_pid()
+        self._running.setdefault(sandbox_id, set()).add(pgid)
+        try:
+            done, _ = await asyncio.wait([protocol.exited], timeout=timeout)
+            timed_out = not done
+        finally:
+            # Also on cancellation: a cancelled step must not leave its command running.
+            _kill_group(pgid)
+            running = self._running.get(sandbox_id)
+            if running is not None:
+                running.discard(pgid)
+                if not running:
+                    self._running.pop(sandbox_id, None)
+            try:
+                await asyncio.wait([protocol.exited, protocol.pipes_closed], timeout=_DRAIN_GRACE_SECONDS)
+            finally:
+                transport.close()
+
+        stdout, stderr = protocol.stdout, protocol.stderr
+        out = stdout.decode("utf-8", errors="replace")
+        err = stderr.decode("utf-8", errors="replace")
+        if timed_out:
+            assert timeout is not None
+            message = f"Command timed out after {timeout:g} seconds"
+            separator = "\n" if err and not err.endswith("\n") else ""
+            err = f"{err}{separator}{message}"
+            return ToolResult(exit_code=_TIMEOUT_EXIT_CODE, stdout=out, stderr=err)
+        code = transport.get_returncode()
+        if code is None:  # unreachable after SIGKILL unless the kernel is very slow; never report success
+            raise ProviderError(f"The shell of {sandbox_id} did not exit after being killed")
+        # Report death by signal the way a shell does (128 + signal), not as a negative number.
+        return ToolResult(exit_code=code if code >= 0 else 128 - code, stdout=out, stderr=err)
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def _new_sandbox_id() -> str:
+    return f"lsb-{uuid.uuid4().hex[:12]}"
+
+
+def _parse_args(
+    tool: str,
+    args: dict[str, Any],
+    *,
+    required: dict[str, type],
+    optional: dict[str, type | tuple[type, ...]] | None = None,
+) -> list[Any]:
+    """Check a call's arguments; a typo (``content`` for ``contents``) fails instead of being ignored."""
+    optional = optional or {}
+    unexpected = sorted(set(args) - set(required) - set(optional))
+    if unexpected:
+        raise _Refused(
+            f"Invalid arguments for {tool}: unexpected argument(s) {', '.join(map(repr, unexpected))}"
+        )
+    values: list[Any] = []
+    for key, kind in required.items():
+        if key not in args:
+            raise _Refused(f"Invalid arguments for {tool}: missing required argument {key!r}")
+        if not isinstance(args[key], kind):
+            raise _Refused(f"Invalid arguments for {tool}: {key!r} must be a {kind.__name__}")
+        values.append(args[key])
+    for key, kinds in optional.items():
+        value = args.get(key)
+        if value is not None and not isinstance(value, kinds):
+            names = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+            raise _Refused(f"Invalid arguments for {tool}: {key!r} must be a {names}")
+        values.append(value)
+    return values
+
+
+def _resolve_inside(workspace: Path, path: str) -> Path:
+    """The real location of ``path`` in ``workspace``; refuses anything that ends up outside it."""
+    try:
+        relative = safe_relative_path(path)
+    except ValueError as e:
+        prefix = f"unsafe path {path!r}: "
+        message = str(e)
+        raise _Refused(f"Unsafe path: {path}: {message.removeprefix(prefix)}") from e
+    root = workspace.resolve()
+    try:
+        target = (root / relative).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise _Refused(f"Unsafe path: {path}: it cannot be resolved ({e})") from e
+    if not target.is_relative_to(root):
+        raise _Refused(f"Unsafe path: {path}: it resolves outside the workspace through a symlink")
+    return target
+
+
+def _write_file(sandbox_id: str, workspace: Path, path: str, contents: str) -> ToolResult:
+    target = _resolve_inside(workspace, path)
+    data = contents.encode("utf-8")
+    # Without this check, creating parent directories would resurrect a destroyed workspace.
+    if not workspace.is_dir():
+        raise SandboxGone(sandbox_id, "its workspace is missing")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    except OSError as e:
+        raise _Refused(f"Cannot write {path}: {e.strerror or e}") from e
+    return wrote_file_result(path, len(data))
+
+
+def _read_file(sandbox_id: str, workspace: Path, path: str) -> ToolResult:
+    target = _resolve_inside(workspace, path)
+    try:
+        data = target.read_bytes()
+    except FileNotFoundError:
+        if not workspace.is_dir():
+            raise SandboxGone(sandbox_id, "its workspace is missing") from None
+        return file_not_found_result(path)
+    except OSError as e:
+        raise _Refused(f"Cannot read {path}: {e.strerror or e}") from e
+    return ToolResult(exit_code=0, stdout=data.decode("utf-8", errors="replace"), stderr="")
+
+
+class _CallProtocol(asyncio.SubprocessProtocol):
+    """Collects a call's output and reports process exit and pipe closure separately."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.pipes_closed: asyncio.Future[None] = loop.create_future()
+        self._open_pipes = {1, 2}
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        (self.stdout if fd == 1 else self.stderr).extend(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self._open_pipes.discard(fd)
+        if not self._open_pipes and not self.pipes_closed.done():
+            self.pipes_closed.set_result(None)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _write_tar(workspace: Path, destination: Path) -> None:
+    def keep(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        # A restore (data filter) would refuse device files and FIFOs, failing recovery later; drop them now.
+        return member if member.isreg() or member.isdir() or member.issym() or member.islnk() else None
+
+    if not workspace.is_dir():
+        raise FileNotFoundError(workspace)
+    with tarfile.open(destination, "w") as tar:
+        for name in sorted(os.listdir(workspace)):
+            tar.add(workspace / name, arcname=name, recursive=True, filter=keep)
+
+
+def _extract_tar(source: Path, destination: Path) -> None:
+    destination.mkdir(mode=0o700)
+    deferred: list[tarfile.TarInfo] = []
+
+    def data_or_defer(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        try:
+            return tarfile.data_filter(member, dest)
+        except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError):
+            # The data filter has already checked the member's own name; only its target is outside.
+            if member.issym():
+                deferred.append(member)
+                return None
+            raise
+
+    with tarfile.open(source, "r") as tar:
+        tar.extractall(destination, filter=data_or_defer)
+    # Created last, so no member can be extracted through one of these links.
+    root = os.path.realpath(destination)
+    for member in deferred:
+        try:
+            link = os.path.join(root, safe_relative_path(member.name))
+        except ValueError as e:
+            raise tarfile.OutsideDestinationError(member, member.name) from e
+        parent = os.path.realpath(os.path.dirname(link))
+        if os.path.commonpath([parent, root]) != root:
+            raise tarfile.OutsideDestinationError(member, link)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            os.symlink(member.linkname, os.path.join(parent, os.path.basename(link)))
+        except OSError as e:
+            raise tarfile.ExtractError(f"cannot create symlink {member.name}: {e}") from e
+
+
+def _rmtree(path: Path) -> None:
+    def make_writable_and_retry(function: Callable[..., Any], failed: str, _exc: object) -> None:
+        # Read-only directories (module caches do this) would otherwise make the delete fail.
+        with contextlib.suppress(OSError):
+            parent = os.path.dirname(failed)
+            os.chmod(parent, os.stat(parent).st_mode | stat.S_IWUSR | stat.S_IXUSR)
+        with contextlib.suppress(FileNotFoundError):
+            function(failed)
+
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        shutil.rmtree(path, onerror=make_writable_and_retry)
