@@ -61,12 +61,12 @@ async def test_no_secret_in_journal_state_events_or_inspect(
     for where, text in texts.items():
         assert SENTINEL_KEY not in text, f"API key leaked into {where}"
         assert SECRET_ENV not in text, f"sandbox env value leaked into {where}"
-    raw = b"".join(p.read_bytes() for p in tmp_path.glob("runs.db*"))
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("runs.db*"))  # noqa: ASYNC240 - a test reading its own files
     assert SENTINEL_KEY.encode() not in raw, "API key leaked into the store file"
 
     dsb = Path(sys.executable).parent / "dsb"
     for output in ("json", "table"):
-        proc = subprocess.run(
+        proc = subprocess.run(  # noqa: ASYNC221 - dsb in its own process is the point
             [str(dsb), "--store", str(db), "-o", output, "inspect", "secret-run"],
             capture_output=True, text=True, timeout=60, check=False,
         )
