@@ -15,6 +15,7 @@ from durable_sandbox.kube.models import (
     load_manifests,
     to_sandbox_agent_input,
 )
+from durable_sandbox.providers.registry import available_providers
 from durable_sandbox.workflows.sandbox_agent import SandboxAgentInput
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -156,7 +157,8 @@ def test_every_problem_in_every_document_is_reported(tmp_path: Path) -> None:
         f"{path}: document 1 Workflow/demo: spec.toolCalls[0].command: Field required",
         f"{path}: document 1 Workflow/demo: spec.toolCalls[1].path: unsafe path '/x': absolute paths are not allowed; "
         "use a path relative to the workspace",
-        f"{path}: document 2 Workflow/second: spec.sandbox.provider: unknown sandbox provider 'nosuch'; available: e2b, local",
+        f"{path}: document 2 Workflow/second: spec.sandbox.provider: unknown sandbox provider 'nosuch'; "
+        f"available: {', '.join(sorted(available_providers()))}",
     ]
     assert str(ManifestError(found)) == "\n".join(found)
 
