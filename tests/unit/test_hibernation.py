@@ -89,3 +89,18 @@ async def test_cancelling_a_hibernated_run_deletes_its_snapshot(tmp_path: Path) 
     assert state.status == "cancelled"
     assert provider.leftovers() == []
     await engine.aclose()
+
+
+async def test_a_worker_finalizes_a_waiting_run_cancelled_from_elsewhere(tmp_path: Path) -> None:
+    provider = LocalProvider(tmp_path / "home")
+    engine = ds.Engine(SqliteStore(tmp_path / "runs.db"), providers={"local": provider}, hibernate_after=300)
+    state = await engine.run(approve_flow, run_id="h4")
+    assert state.status == "waiting" and len(live_workspaces(provider)) == 1
+    # Another process only records the request (as `dsb cancel` does when it cannot take the lease).
+    await engine.store.update_run("h4", {"cancel_requested": "superseded by a newer change"})
+    await engine.worker(idle_exit=True, poll_interval=0.01)
+    state = await engine.inspect("h4")
+    assert state.status == "cancelled"
+    assert state.error is not None and state.error["message"] == "superseded by a newer change"
+    assert provider.leftovers() == [], "the worker finalized the sandbox of the cancelled run"
+    await engine.aclose()

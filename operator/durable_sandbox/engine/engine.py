@@ -78,7 +78,7 @@ class Engine:
         self.sandbox_factory = sandbox_factory
         self.services: dict[str, Any] = services or {}
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # run id -> workflow task driven here
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background: dict[str, asyncio.Task[Any]] = {}  # runs started here with `start`
         self.driven: set[str] = set()  # runs this engine executed (to hibernate on close if they wait)
 
     # ------------------------------------------------------------------ creating and driving runs
@@ -133,8 +133,8 @@ class Engine:
         definition = definition_of(workflow)
         run = await self.create(definition, input, **kwargs)
         task = asyncio.create_task(self._drive(run.run_id, definition), name=run.run_id)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background[run.run_id] = task
+        task.add_done_callback(lambda _: self._background.pop(run.run_id, None))
         return run.run_id
 
     async def resume(self, run_id: str) -> RunState:
@@ -143,9 +143,9 @@ class Engine:
 
     async def wait(self, run_id: str) -> RunState:
         """Wait for a run started in this process with :meth:`start` to finish or wait."""
-        for task in list(self._background):
-            if task.get_name() == run_id:
-                await task
+        task = self._background.get(run_id)
+        if task is not None:
+            await asyncio.shield(task)
         return await self.inspect(run_id)
 
     async def _drive(self, run_id: str, definition: WorkflowDefinition | None) -> RunState:
@@ -171,7 +171,7 @@ class Engine:
         if run.status.terminal and run.status != RunStatus.FAILED:
             return None
         if run.cancel_requested:
-            await self._finish_cancelled(lease, run, None)
+            await self._finish_cancelled(lease, run)
             return None
         if definition is None:
             try:
@@ -293,7 +293,11 @@ class Engine:
                 rt.cancel_reason = run.cancel_requested
                 wf.cancel()
 
-    async def _finish_cancelled(self, lease: Lease, run: RunRecord, rt: RunRuntime | None) -> None:
+    async def _finish_cancelled(self, lease: Lease, run: RunRecord) -> None:
+        """Cancel a run that is not executing: finalize its sandboxes from the journal, then mark it."""
+        cleanup = self.services.get("cancel_cleanup")
+        if cleanup is not None:
+            await cleanup(self, run, lease)
         await self.store.commit(
             run.run_id,
             lease.fence,
@@ -369,12 +373,8 @@ class Engine:
         lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
         try:
             run = await self._get(run_id)
-            if run.status.terminal:
-                return
-            cleanup = self.services.get("cancel_cleanup")
-            if cleanup is not None:
-                await cleanup(self, run, lease)
-            await self._finish_cancelled(lease, run, None)
+            if not run.status.terminal:
+                await self._finish_cancelled(lease, run)
         finally:
             with contextlib.suppress(Exception):
                 await self.store.release(lease)
@@ -489,9 +489,11 @@ class Engine:
                 await self.store.release(lease)
 
     async def aclose(self) -> None:
-        for task in list(self._background):
+        """Stop runs started here in the background; they stay runnable for another worker."""
+        tasks = list(self._background.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ sync wrappers
 
