@@ -52,6 +52,8 @@ T = TypeVar("T")
 MAX_RECOVERIES = 3
 TRANSIENT_ATTEMPTS = 6
 CLEANUP_ATTEMPTS = 8
+FIRST_RETRY_DELAY = 0.2  # seconds; doubles per attempt up to MAX_RETRY_DELAY
+MAX_RETRY_DELAY = 5.0
 
 
 class ReconstructionError(DurableError):
@@ -388,7 +390,7 @@ class SandboxSession:
     # ------------------------------------------------------------------ provider calls with retries
 
     async def _transient(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        delay = 0.2
+        delay = FIRST_RETRY_DELAY
         for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
             try:
                 return await fn()
@@ -402,7 +404,7 @@ class SandboxSession:
                     raise
             log.info("sandbox %s: %s failed transiently (attempt %d); retrying in %.1fs", self.sid, what, attempt, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, MAX_RETRY_DELAY)
         raise AssertionError("unreachable")
 
     async def _with_recovery(self, fn: Callable[[], Awaitable[T]]) -> T:
@@ -607,7 +609,7 @@ class SandboxSession:
         self.state.pending_handles = [h for h in self.state.pending_handles if h.id != handle.id]
 
     async def _retry_cleanup(self, what: str, fn: Callable[[], Awaitable[None]]) -> None:
-        delay = 0.1
+        delay = FIRST_RETRY_DELAY
         for attempt in range(1, CLEANUP_ATTEMPTS + 1):
             try:
                 await fn()
@@ -618,7 +620,7 @@ class SandboxSession:
                 if attempt == CLEANUP_ATTEMPTS or not exc.retryable:
                     raise CleanupFailed(f"Could not {what} after {attempt} attempts: {exc}") from exc
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, MAX_RETRY_DELAY)
 
     # ------------------------------------------------------------------ hibernation and finalization
 
