@@ -9,6 +9,7 @@ import os
 import re
 import select
 import tarfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,17 @@ def process_is_gone(pid: int, within: float = 10.0) -> bool:
         return bool(readable)
     finally:
         os.close(fd)
+
+
+def pids_with(marker: str) -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue  # exited while we looked
+    return pids
 
 
 async def started_pid(provider: LocalProvider, handle: SandboxHandle) -> tuple[str, asyncio.Future[int]]:
@@ -294,11 +306,25 @@ async def test_cancelling_a_call_kills_its_command(provider: LocalProvider, sand
     prefix, started = await started_pid(provider, sandbox)
     task = asyncio.create_task(run(provider, sandbox, "shell", command=prefix + "exec sleep 60"))
     pgid = await asyncio.wait_for(started, timeout=10)
-    assert sandbox.id in provider._running
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert process_is_gone(pgid)
+    assert sandbox.id not in provider._running
+
+
+async def test_cancelling_while_the_command_starts_leaves_nothing_running(
+    provider: LocalProvider, sandbox: SandboxHandle
+) -> None:
+    marker = f"dsb-test-{uuid.uuid4().hex}"
+    task = asyncio.create_task(run(provider, sandbox, "shell", command=f"exec -a {marker} sleep 600"))
+    await asyncio.sleep(0)  # one loop turn: the call is now waiting for its process to start
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, timeout=20)
+    # Nothing left starting in the background either (that process would escape every kill).
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+    assert all(process_is_gone(pid) for pid in pids_with(marker))
     assert sandbox.id not in provider._running
 
 

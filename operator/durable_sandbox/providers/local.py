@@ -32,7 +32,11 @@ Behaviour worth knowing:
   (an absolute ``.venv/bin/python`` link, say) are legitimate workspace content, so they are recreated
   after every other member has been extracted, when no later member can be written through them.
   Device files and FIFOs are not snapshotted.
-* Delivery is at least once: tool calls are not deduplicated by operation id.
+* Destroy and loss injection kill the process groups of calls still running; those calls then raise
+  :class:`SandboxGone` rather than return a result from a sandbox that no longer exists.
+* Handle metadata is non-secret only: the workspace path, the owner and the spec's labels.
+* Delivery is at least once: tool calls are not deduplicated by operation id. Calls without a
+  ``timeout`` argument have none.
 """
 
 from __future__ import annotations
@@ -546,10 +550,10 @@ class LocalProvider(SandboxProvider):
             env.update(call_env)
 
         loop = asyncio.get_running_loop()
-        try:
-            # A protocol rather than asyncio.subprocess.Process: Process.wait() also waits for the pipes to
-            # close, so a backgrounded child holding stdout would stall the call until it exited.
-            transport, protocol = await loop.subprocess_exec(
+        # A protocol rather than asyncio.subprocess.Process: Process.wait() also waits for the pipes to
+        # close, so a backgrounded child holding stdout would stall the call until it exited.
+        spawn = asyncio.ensure_future(
+            loop.subprocess_exec(
                 lambda: _CallProtocol(loop),
                 self._shell,
                 "-lc",
@@ -561,12 +565,23 @@ class LocalProvider(SandboxProvider):
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group, so the whole tree can be killed
             )
+        )
+        try:
+            # Shielded: cancelling subprocess_exec while it connects the pipes can hang forever on
+            # CPython 3.11 (its cleanup waits for pipes that never connect).
+            transport, protocol = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            await _discard_spawn(spawn)
+            raise
         except FileNotFoundError as e:
             if not run_dir.is_dir():
                 raise SandboxGone(sandbox_id, "its workspace is missing") from e
             raise ConfigurationError(f"The local provider's shell {self._shell!r} was not found") from e
         pgid = transport.get_pid()
         self._running.setdefault(sandbox_id, set()).add(pgid)
+        if not self._exists(sandbox_id):
+            # Destroyed while the process was starting, before there was a group for destroy to kill.
+            _kill_group(pgid)
         try:
             done, _ = await asyncio.wait([protocol.exited], timeout=timeout)
             timed_out = not done
@@ -679,6 +694,16 @@ def _read_file(sandbox_id: str, workspace: Path, path: str) -> ToolResult:
     except OSError as e:
         raise _Refused(f"Cannot read {path}: {e.strerror or e}") from e
     return ToolResult(exit_code=0, stdout=data.decode("utf-8", errors="replace"), stderr="")
+
+
+async def _discard_spawn(spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, _CallProtocol]]) -> None:
+    """Let a spawn that the caller stopped waiting for finish, then kill what it started."""
+    try:
+        transport, _ = await spawn
+    except Exception:
+        return  # nothing was started
+    _kill_group(transport.get_pid())
+    transport.close()
 
 
 class _CallProtocol(asyncio.SubprocessProtocol):
