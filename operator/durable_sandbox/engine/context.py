@@ -320,6 +320,9 @@ class Context:
                 return prev.result
             if prev.status == FAILED and prev.epoch >= rt.epoch:
                 raise rt.recorded_failure(prev)
+        if op_id not in rt.signals:
+            # A signal may have arrived while this execution was running; look once more before waiting.
+            rt.signals.update(await rt.store.get_signals(rt.run_id))
         if op_id in rt.signals:
             value = rt.signals[op_id]
             await rt.write(

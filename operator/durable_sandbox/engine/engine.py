@@ -152,17 +152,21 @@ class Engine:
         run = await self._get(run_id)
         if run.status in (RunStatus.SUCCEEDED, RunStatus.CANCELLED):
             return build_state(run, await self.store.load_journal(run_id))
-        lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
         self.driven.add(run_id)
-        try:
-            rows = await self._execute(lease, definition)
-        finally:
-            with contextlib.suppress(Exception):
-                await self.store.release(lease)
-        if rows is None:
-            return await self.inspect(run_id)
-        # The journal is already in memory: build the state from it rather than reading it again.
-        return self._state(await self._get(run_id), rows)
+        while True:
+            lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
+            try:
+                rows = await self._execute(lease, definition)
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.store.release(lease)
+            if rows is None:
+                return await self.inspect(run_id)
+            run = await self._get(run_id)
+            if run.status != RunStatus.PENDING:
+                # The journal is already in memory: build the state from it rather than reading it again.
+                return self._state(run, rows)
+            # A signal raced the run into "waiting": it is runnable again, so go on driving it.
 
     async def _execute(self, lease: Lease, definition: WorkflowDefinition | None) -> list[OperationRecord] | None:
         """Execute the run once under ``lease``; returns its journal rows (None if nothing ran)."""
@@ -241,6 +245,10 @@ class Engine:
             final = rt.pending_records()
             await store.commit(run.run_id, lease.fence, Commit(final, run=changes, thread_state=rt.state_change()))
             rt.rows.extend(final)
+            if changes["status"] == RunStatus.WAITING and changes["pending_callbacks"]:
+                signals = await store.get_signals(run.run_id)
+                if any(cb in signals for cb in changes["pending_callbacks"]):
+                    await store.update_run(run.run_id, {"status": RunStatus.PENDING}, fence=lease.fence)
             await rt.flush_events()
             return rt.rows
         finally:
@@ -313,9 +321,12 @@ class Engine:
         """Deliver ``value`` to callback ``callback_id``. Idempotent for the same value; a different
         value for an already-signalled callback raises ``SignalConflict``. Returns True if new.
         A signal for a callback the run has not reached yet is kept and delivered when it does."""
-        run = await self._get(run_id)
+        await self._get(run_id)
         data = to_jsonable(value, what="The signal value")
         new = await self.store.put_signal(run_id, callback_id, data)
+        # Read the run only after the signal is stored: either this sees the run waiting on it, or the
+        # executing worker (which re-reads signals after recording "waiting") sees the signal.
+        run = await self._get(run_id)
         if run.status == RunStatus.WAITING and callback_id in run.pending_callbacks:
             await self.store.update_run(run_id, {"status": RunStatus.PENDING})
         await self.store.append_events([Event(run_id, "signal.received", {"callbackId": callback_id})])
