@@ -104,3 +104,31 @@ async def test_a_worker_finalizes_a_waiting_run_cancelled_from_elsewhere(tmp_pat
     assert state.error is not None and state.error["message"] == "superseded by a newer change"
     assert provider.leftovers() == [], "the worker finalized the sandbox of the cancelled run"
     await engine.aclose()
+
+
+def test_dsb_run_exiting_3_hibernates_the_waiting_runs_sandbox(tmp_path: Path) -> None:
+    """DESIGN 6: the process driving a run stops while the run waits (`dsb run` exits 3) -> it hibernates
+    the sandbox first, whatever hibernate_after says; `dsb signal` + `dsb resume` restore it."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    home = tmp_path / "home"
+    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(home)}
+    dsb = str(Path(sys.executable).parent / "dsb")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([dsb, *args], cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+    waited = run("run", "tests.unit.test_hibernation:approve_flow", "--run-id", "cli-h")
+    assert waited.returncode == 3, waited.stdout + waited.stderr
+    provider = LocalProvider(home)
+    assert live_workspaces(provider) == [], "no live sandbox while the run waits for its approval"
+    assert len(provider.list_snapshots()) == 1
+
+    assert run("signal", "cli-h", "approve", '"approved"').returncode == 0
+    resumed = run("-o", "json", "resume", "cli-h")
+    assert resumed.returncode == 0, resumed.stderr
+    assert '"notes": "before the wait\\napproved\\n"' in resumed.stdout
+    assert provider.leftovers() == []

@@ -105,6 +105,7 @@ class Engine:
             input=data,
             thread_id=thread_id,
             labels=labels or {},
+            workflow_ref=definition.ref,
         )
         stored, created = await self.store.create_run(run)
         if not created and (stored.workflow != run.workflow or stored.input != run.input):
@@ -179,7 +180,7 @@ class Engine:
             return None
         if definition is None:
             try:
-                definition = resolve(run.workflow)
+                definition = resolve_run_workflow(run)
             except WorkflowNotFound as exc:
                 # Failing (rather than leaving it runnable) stops workers from claiming it forever;
                 # `resume` retries it once the code is importable.
@@ -517,6 +518,22 @@ class Engine:
 
 def now() -> float:
     return time.time()
+
+
+def resolve_run_workflow(run: RunRecord) -> WorkflowDefinition:
+    """By registered name, else by the import path recorded when the run was created."""
+    try:
+        return resolve(run.workflow)
+    except WorkflowNotFound:
+        if not run.workflow_ref or run.workflow_ref == run.workflow:
+            raise
+        definition = resolve(run.workflow_ref)
+        if definition.name != run.workflow:
+            raise WorkflowNotFound(
+                f"Run {run.run_id!r} is of workflow {run.workflow!r}, but {run.workflow_ref} is now registered as "
+                f"{definition.name!r}; restore the name or start a new run."
+            ) from None
+        return definition
 
 
 async def _call_workflow(definition: WorkflowDefinition, ctx: Context, raw_input: Any) -> Any:

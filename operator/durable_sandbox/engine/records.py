@@ -131,6 +131,9 @@ class RunRecord:
     lease_expires_at: float | None = None
     fence: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    # Where the workflow function can be imported from ("pkg.module:function"), so a worker in another
+    # process finds a workflow registered under a custom name.
+    workflow_ref: str | None = None
 
 
 @dataclass(slots=True, frozen=True)

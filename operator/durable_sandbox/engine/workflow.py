@@ -25,6 +25,14 @@ class WorkflowDefinition:
     takes_input: bool
     input_adapter: TypeAdapter[Any] | None
 
+    @property
+    def ref(self) -> str | None:
+        """``module:qualname`` if the function can be imported by that path (not a local function)."""
+        qualname = getattr(self.fn, "__qualname__", "")
+        if "<locals>" in qualname or not getattr(self.fn, "__module__", None):
+            return None
+        return f"{self.fn.__module__}:{qualname}"
+
     def prepare_input(self, raw: Any) -> tuple[Any, ...]:
         if not self.takes_input:
             return ()

@@ -56,7 +56,8 @@ CREATE TABLE IF NOT EXISTS runs (
     lease_owner TEXT,
     lease_expires_at REAL,
     fence INTEGER NOT NULL DEFAULT 0,
-    labels TEXT NOT NULL DEFAULT '{}'
+    labels TEXT NOT NULL DEFAULT '{}',
+    workflow_ref TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status, updated_at);
 CREATE TABLE IF NOT EXISTS ops (
@@ -96,7 +97,7 @@ CREATE INDEX IF NOT EXISTS events_run ON events (run_id, seq);
 
 _RUN_COLUMNS = (
     "run_id, workflow, status, input, result, error, thread_id, created_at, updated_at, wake_at, "
-    "pending_callbacks, cancel_requested, epoch, lease_owner, lease_expires_at, fence, labels"
+    "pending_callbacks, cancel_requested, epoch, lease_owner, lease_expires_at, fence, labels, workflow_ref"
 )
 _JSON_RUN_FIELDS = {"input", "result", "pending_callbacks", "labels"}
 _OP_INSERT = (
@@ -144,6 +145,9 @@ class SqliteStore:
         self._db.execute("PRAGMA wal_autocheckpoint=4096")
         self._db.execute(f"PRAGMA journal_size_limit={16 * 1024 * 1024}")
         self._db.executescript(_SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
+        if "workflow_ref" not in columns:  # stores made before the column existed
+            self._db.execute("ALTER TABLE runs ADD COLUMN workflow_ref TEXT")
         row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if row is None:
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
@@ -170,7 +174,7 @@ class SqliteStore:
 
     def _run_from_row(self, row: Sequence[Any]) -> RunRecord:
         (run_id, workflow, status, inp, result, error, thread_id, created, updated, wake_at, pending,
-         cancel, epoch, owner, expires, fence, labels) = row
+         cancel, epoch, owner, expires, fence, labels, workflow_ref) = row
         return RunRecord(
             run_id=run_id,
             workflow=workflow,
@@ -189,6 +193,7 @@ class SqliteStore:
             lease_expires_at=expires,
             fence=fence,
             labels=json.loads(labels),
+            workflow_ref=workflow_ref,
         )
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
@@ -197,12 +202,12 @@ class SqliteStore:
             if row is not None:
                 return self._run_from_row(row), False
             db.execute(
-                f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({','.join('?' * 17)})",
+                f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({','.join('?' * 18)})",
                 (
                     run.run_id, run.workflow, run.status.value, _dumps(run.input), _dumps(run.result),
                     _dumps(run.error.to_json()) if run.error else None, run.thread_id, run.created_at,
                     run.updated_at, run.wake_at, _dumps(run.pending_callbacks), run.cancel_requested, run.epoch,
-                    None, None, 0, _dumps(run.labels),
+                    None, None, 0, _dumps(run.labels), run.workflow_ref,
                 ),
             )
         return run, True
