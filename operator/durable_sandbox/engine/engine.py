@@ -43,8 +43,6 @@ from durable_sandbox.engine.workflow import WorkflowDefinition, definition_of, r
 
 log = logging.getLogger("durable_sandbox.engine")
 
-WaitHook = Callable[[RunRuntime], Any]
-
 
 def new_run_id() -> str:
     return "run-" + uuid.uuid4().hex[:12]
@@ -515,9 +513,6 @@ class Engine:
     def inspect_sync(self, run_id: str) -> RunState:
         return asyncio.run(self.inspect(run_id))
 
-
-def now() -> float:
-    return time.time()
 
 
 def resolve_run_workflow(run: RunRecord) -> WorkflowDefinition:

@@ -8,7 +8,6 @@ children of parallel branches) shares it. Extensions (sandbox sessions) use it t
 from __future__ import annotations
 
 import asyncio
-import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -89,7 +88,6 @@ class RunRuntime:
         self.op_tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
         self._events: list[Event] = []
         self._event_flush: asyncio.Task[None] | None = None
-        self.cleanups: list[Callable[[], Any]] = []
 
     # ------------------------------------------------------------------ ids and replay
 
@@ -157,9 +155,6 @@ class RunRuntime:
 
     def lookup(self, op_id: str) -> OperationRecord | None:
         return self.latest.get(op_id)
-
-    def rows_with_prefix(self, prefix: str) -> list[OperationRecord]:
-        return [r for r in self.rows if r.op_id.startswith(prefix)]
 
     def next_attempt(self, prev: OperationRecord) -> tuple[int, float | None]:
         """(attempt number, when it may start) for an operation that has not completed; None = failed for good."""
@@ -298,10 +293,3 @@ def pending_callbacks(latest: Any) -> list[dict[str, Any]]:
         if r.kind == OpKind.CALLBACK.value and r.status == STARTED
     ]
 
-
-def suspend_wake_at(exc: Suspend) -> float | None:
-    return exc.wake_at
-
-
-def now() -> float:
-    return time.time()
