@@ -399,3 +399,22 @@ def test_docs_cli_examples_work(home: Path) -> None:
     for command in commands:
         done = sh(home, *shlex.split(command)[1:])
         assert done.returncode in (0, 3), f"{command}: exit {done.returncode}\n{done.stderr}"
+
+
+def test_output_and_store_options_also_work_after_the_command(tmp_path: Path) -> None:
+    """`dsb runs -o json` and `dsb inspect RUN --store F` behave like the global forms, as in kubectl."""
+    store = tmp_path / "elsewhere.db"
+    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(tmp_path / "home")}
+    dsb = str(Path(sys.executable).parent / "dsb")
+    root = Path(__file__).resolve().parents[2]
+    first = subprocess.run([dsb, "run", "examples/hello-workflow.yaml", "--store", str(store), "-o", "json"],
+                           cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    listed = subprocess.run([dsb, "runs", "--store", str(store), "-o", "json"],
+                            cwd=root, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert listed.returncode == 0, listed.stderr
+    [run] = json.loads(listed.stdout)
+    assert run["status"] == "succeeded"
+    default_store = subprocess.run([dsb, "runs", "-o", "json"], cwd=root, env=env, capture_output=True, text=True,
+                                   timeout=60, check=False)
+    assert json.loads(default_store.stdout) == [], "--store after the command chose the other store"

@@ -131,3 +131,23 @@ async def test_stream_reports_retries(tmp_path: Path) -> None:
     types = [e["type"] for e in [e async for e in engine.stream("s3")] if e.get("opId") == "call"]
     assert types == ["step.started", "step.retrying", "step.started", "step.completed"]
     await engine.aclose()
+
+
+async def test_each_sandbox_lifecycle_operation_is_one_event(tmp_path: Path) -> None:
+    from durable_sandbox.providers.local import LocalProvider
+
+    engine = ds.Engine(SqliteStore(tmp_path / "runs.db"), providers={"local": LocalProvider(tmp_path / "home")})
+    spec = {
+        "toolCalls": [{"type": "shell", "command": f"echo {i}"} for i in range(3)],
+        "snapshotEveryNCalls": 1,
+        "injectLossAfterNCalls": 2,
+    }
+    state = await engine.run("sandbox-agent", spec, run_id="ev")
+    assert state.status == "succeeded", state.error
+    types = [e["type"] for e in [e async for e in engine.stream("ev")]]
+    assert types.count("sandbox.provisioned") == 1
+    assert types.count("sandbox.snapshot") == 3
+    assert types.count("sandbox.loss_injected") == 1
+    assert types.count("sandbox.lost") == 1, "the loss itself, with its reason, once"
+    assert types.count("sandbox.recovered") == 1
+    await engine.aclose()

@@ -7,6 +7,7 @@ unknown run or workflow), 3 waiting on a callback or a timer.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,11 @@ class DsbGroup(click.Group):
             _fail(ctx, str(exc), EXIT_USAGE)
         except LeaseHeld as exc:
             _fail(ctx, str(exc), EXIT_FAILED)
+        except BrokenPipeError:
+            # `dsb logs RUN | head`: the reader went away; stop quietly like other Unix tools.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            ctx.exit(EXIT_FAILED)
         except KeyboardInterrupt:
             _fail(ctx, "interrupted; the run keeps its journal: continue it with `dsb resume RUN`", 130)
         except Exception as exc:
@@ -83,6 +89,30 @@ def cli(ctx: click.Context, store: Path | None, output: str) -> None:
     ctx.obj = Settings(store=store, output=output, store_given=store is not None)
 
 
+def _set_output(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.find_object(Settings).output = value  # type: ignore[union-attr]
+
+
+def _set_store(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        settings = ctx.find_object(Settings)
+        assert settings is not None
+        settings.store, settings.store_given = value, True
+
+
+def _accept_global_options(command: click.Command) -> None:
+    """`dsb runs -o json` works like `dsb -o json runs`, as kubectl users expect."""
+    command.params.append(
+        click.Option(["-o", "--output"], type=click.Choice(["table", "json", "yaml"]), default=None,
+                     expose_value=False, callback=_set_output, help="Output format (same as before the command).")
+    )
+    command.params.append(
+        click.Option(["--store"], type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     expose_value=False, callback=_set_store, help="SQLite store file (same as before the command).")
+    )
+
+
 def _register() -> None:
     from durable_sandbox.cli.commands import control, inspect, logs, run, runs
 
@@ -96,6 +126,7 @@ def _register() -> None:
         runs.runs,
         logs.logs,
     ):
+        _accept_global_options(command)
         cli.add_command(command)
 
 

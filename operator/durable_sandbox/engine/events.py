@@ -1,4 +1,7 @@
-"""Turning journal rows into the events users stream (`Engine.stream`, `dsb logs -f`)."""
+"""Turning journal rows into the events users stream (`Engine.stream`, `dsb logs -f`).
+
+Lifecycle events come from the journal only (one event per recorded operation); extensions emit
+separately just what the journal does not say (why a sandbox was lost, that it was hibernated)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ _SANDBOX_EVENTS = {
     "sandbox.snapshot": "sandbox.snapshot",
     "sandbox.snapshot_delete": "sandbox.snapshot_deleted",
     "sandbox.restore": "sandbox.recovered",
-    "sandbox.inject_loss": "sandbox.lost",
+    "sandbox.inject_loss": "sandbox.loss_injected",
     "sandbox.destroy": "sandbox.destroyed",
 }
 

@@ -450,7 +450,6 @@ class SandboxSession:
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "completed", result=_handle_json(handle), meta=meta)
         self.state.handle = handle
         self.state.provider = self.provider.name
-        self.rt.emit("sandbox.provisioned", session=self.sid, sandboxId=handle.id, provider=self.provider.name)
 
     def _options(self) -> dict[str, Any]:
         # Never the env: it may hold secrets.
@@ -500,7 +499,6 @@ class SandboxSession:
                                 meta={"count": count, "operationId": provider_op})
             faults.reach(f"snapshot-recorded:{op_id}")
             self.state.checkpoints.append(Checkpoint(count, snapshot_id, op_id))
-            self.rt.emit("sandbox.snapshot", session=self.sid, snapshotId=snapshot_id, count=count)
         for old in [c for c in self.state.checkpoints if c.count < count]:
             await self._delete_snapshot(old)
 
@@ -523,7 +521,6 @@ class SandboxSession:
             await self.provider.inject_loss(handle)
         await self._journal(op_id, OpKind.SANDBOX_INJECT_LOSS, "inject_loss", "completed",
                             meta={"count": count, "sandboxId": handle.id if handle else None})
-        self.rt.emit("sandbox.lost", session=self.sid, injected=True)
         await self._recover("loss injected")
 
     async def _recover(self, why: str) -> None:
@@ -540,7 +537,6 @@ class SandboxSession:
                 why = str(again)
                 continue
             break
-        self.rt.emit("sandbox.recovered", session=self.sid, sandboxId=self.state.handle.id if self.state.handle else None)
 
     async def _restore(self, *, reason: str) -> None:
         """Make a replacement sandbox from the newest checkpoint (or fresh), replay the calls since it."""
