@@ -168,11 +168,12 @@ async def test_sigkill_in_child_process_then_resume_elsewhere(tmp_path: Path) ->
 @durable_sandbox.workflow(name="tests.agent-concurrent")
 async def concurrent_flow(ctx: durable_sandbox.Context, params: dict[str, Any]) -> list[str]:
     finished: list[str] = []
+    fast_done = asyncio.Event()
 
     @tool
     async def slow(label: str) -> str:
-        """Finishes late."""
-        await asyncio.sleep(0.05)
+        """Finishes only after the fast one: a fixed completion order, with no timing involved."""
+        await fast_done.wait()
         finished.append(label)
         return label
 
@@ -180,6 +181,7 @@ async def concurrent_flow(ctx: durable_sandbox.Context, params: dict[str, Any]) 
     async def fast(label: str) -> str:
         """Finishes at once."""
         finished.append(label)
+        fast_done.set()
         return label
 
     script = [
