@@ -12,7 +12,6 @@ from durable_sandbox.engine import (
     DuplicateOperationError,
     RetryPolicy,
     RunNotFound,
-    SerializationError,
     StepFailed,
     StepTimeout,
     workflow,
@@ -105,16 +104,19 @@ async def test_non_json_result_raises_serialization_error_naming_the_step(engine
     async def wf(ctx):
         try:
             await ctx.step("bad-result", Opaque)
-        except SerializationError as exc:
-            return {"caught": str(exc)}
-        return {"caught": None}
+        except StepFailed as exc:
+            caught = {"type": exc.error_type, "message": str(exc)}
+        await ctx.callback("go")
+        return caught
 
     st = await engine.run(wf, run_id="nonjson")
+    assert st.status == "waiting", st.error
+    assert ops(st)["bad-result"].status == "failed"
+    await engine.signal("nonjson", "go", True)
+    st = await engine.resume("nonjson")  # the replay raises the very same error from the journal
     assert st.status == "succeeded", st.error
-    msg = st.result["caught"]
-    assert msg is not None
-    assert "'bad-result'" in msg and "not JSON-serializable" in msg
-    assert ops(st)["bad-result"].status != "completed"
+    assert st.result["type"] == "SerializationError"
+    assert "'bad-result'" in st.result["message"] and "not JSON-serializable" in st.result["message"]
 
 
 async def test_non_json_result_fails_the_run_with_serialization_error(engine):
@@ -124,8 +126,8 @@ async def test_non_json_result_fails_the_run_with_serialization_error(engine):
 
     st = await engine.run(wf, run_id="nonjson2")
     assert st.status == "failed"
-    assert st.error["type"] == "SerializationError"
-    assert "'bad'" in st.error["message"]
+    assert st.error["type"] == "StepFailed"
+    assert "'bad'" in st.error["message"] and "SerializationError" in st.error["message"]
 
 
 async def test_pydantic_results_round_trip_and_are_revalidated_on_replay(engine):

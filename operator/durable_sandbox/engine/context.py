@@ -193,14 +193,13 @@ class Context:
             try:
                 result = to_jsonable(value, what=f"The result of step {op_id!r}")
             except SerializationError as exc:
-                # Not retryable: the same code returns the same kind of value again.
+                # Not retryable: the same code returns the same kind of value again. Raised as
+                # StepFailed, exactly as a replay of this record will raise it.
+                info = ErrorInfo.from_exception(exc, retryable=False)
                 await rt.write(
-                    OperationRecord(
-                        op_id, OpKind.STEP.value, name, FAILED, attempt, digest,
-                        error=ErrorInfo.from_exception(exc, retryable=False), epoch=rt.epoch,
-                    )
+                    OperationRecord(op_id, OpKind.STEP.value, name, FAILED, attempt, digest, error=info, epoch=rt.epoch)
                 )
-                raise
+                raise StepFailed(op_id, info.type, info.message, attempt, False) from exc
             cache = None
             if cache_key is not None:
                 cache = (cache_key, result, None if cache_ttl is None else time.time() + cache_ttl)
