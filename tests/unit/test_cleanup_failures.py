@@ -69,3 +69,35 @@ async def test_a_persistent_refusal_fails_the_run_and_resume_finishes_the_cleanu
     assert state.snapshots == []
     assert provider.leftovers() == [], "nothing was dropped: the retry deleted what the first attempt could not"
     await engine.aclose()
+
+
+class FlakyDuringReplay(LocalProvider):
+    """Loses the sandbox after the 2nd call, then answers the first replayed call with a transient error."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__(home)
+        self.executed = 0
+        self.flaked = False
+
+    async def execute(self, handle, call):  # type: ignore[no-untyped-def]
+        self.executed += 1
+        if self.executed == 3 and not self.flaked:  # the replay of call 1 into the replacement
+            self.flaked = True
+            raise ProviderError("503 from the sandbox host; try again")
+        return await super().execute(handle, call)
+
+
+async def test_a_transient_error_while_replaying_into_a_replacement_is_retried(tmp_path: Path) -> None:
+    provider = FlakyDuringReplay(tmp_path / "home")
+    engine = ds.Engine(SqliteStore(tmp_path / "runs.db"), providers={"local": provider})
+    spec = {
+        "toolCalls": [{"type": "shell", "command": f"echo {i} >> log.txt; cat log.txt"} for i in range(3)],
+        "injectLossAfterNCalls": 2,
+    }
+    state = await engine.run("sandbox-agent", spec, run_id="flaky-replay")
+    assert state.status == "succeeded", state.error
+    assert provider.flaked, "the transient error happened during the replay"
+    assert state.recovery_count == 1
+    assert state.result["toolResults"][2]["stdout"] == "0\n1\n2\n", "the replacement was rebuilt faithfully"
+    assert provider.leftovers() == []
+    await engine.aclose()

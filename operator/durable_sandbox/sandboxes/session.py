@@ -18,6 +18,7 @@ Order of effects, each journaled before the next begins:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -563,7 +564,8 @@ class SandboxSession:
             for index in range(cp.count if cp else 0, self.state.completed):
                 op, recorded = self.state.calls[index]
                 call = self._recorded_call(op, index)
-                outcome = await self.provider.execute(handle, call)
+                # Transient provider errors are retried here too; a loss escapes to _recover (try again).
+                outcome = await self._transient("replay", functools.partial(self.provider.execute, handle, call))
                 if outcome.outcome != recorded.outcome:
                     raise ReconstructionError(op[len(self.sid) + 1 :], recorded, outcome)
                 replayed.append(op)
