@@ -279,6 +279,7 @@ class WorkflowStatus(_Status):
 
 class SandboxResourceStatus(_Status):
     conditions: list[Condition] = Field(default_factory=list)
+    phase: str | None = None  # printer convenience, as on Workflow
     provider_id: str | None = None
     capabilities: dict[str, Any] | None = None
     lease_expires_at: str | None = None

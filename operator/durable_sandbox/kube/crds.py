@@ -1,0 +1,495 @@
+"""CustomResourceDefinitions for ``Workflow`` and ``Sandbox``, generated from the resource models.
+
+The ``openAPIV3Schema`` of each CRD is the pydantic JSON schema of :mod:`durable_sandbox.kube.models`
+(``model_json_schema(by_alias=True)``) rewritten into a *structural* schema, the form the API server
+requires: every ``$ref`` inlined, ``anyOf [X, null]`` reduced to ``X`` (a null field is pruned, i.e.
+absent, which is what ``None`` means in the models), the discriminated union of tool calls merged into
+one object whose ``type`` is an enum, and free JSON values marked ``x-kubernetes-preserve-unknown-fields``.
+
+What a JSON schema cannot say (the models' validators) is added as CEL rules (``x-kubernetes-validations``),
+so ``kubectl apply`` rejects a bad manifest with a clear message. Checks CEL cannot make at admission
+(a provider installed in the operator, a path that climbs out and back in) are left to the operator,
+which loads every object through the same models.
+
+``python -m durable_sandbox.kube.crds --write crds/`` regenerates the committed YAML;
+``--check crds/`` exits 1 with a diff when it is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from durable_sandbox.kube.models import _ENTRYPOINT, GROUP, VERSION, SandboxResource, WorkflowResource
+from durable_sandbox.sandboxes.session import _RESERVED_HEADS
+
+Schema = dict[str, Any]
+
+REGENERATE = "python -m durable_sandbox.kube.crds --write crds/"
+HEADER = (
+    f"# Generated from durable_sandbox.kube.models by `{REGENERATE}`; do not edit.\n"
+    "# tests/unit/test_crds.py fails when this file differs from what the models generate.\n"
+)
+
+PRESERVE = "x-kubernetes-preserve-unknown-fields"
+VALIDATIONS = "x-kubernetes-validations"
+
+
+def rule(expr: str, message: str, **extra: str) -> dict[str, str]:
+    return {"rule": expr, "message": message, **extra}
+
+
+# ------------------------------------------------------------------------------------------- CEL rules
+
+# Messages are part of the interface: docs/kubernetes.md quotes them and tests/e2e/test_crds.py expects them.
+ONE_PROGRAM = "set exactly one of toolCalls or entrypoint"
+ONE_SANDBOX = "set at most one of sandbox or sandboxRef"
+CANCEL_FINAL = "spec.cancel cannot be set back to false once true"
+UNIQUE_OPERATION_IDS = "operationId values must be unique across toolCalls"
+ENV_ONE_SOURCE = "set exactly one of value or valueFrom"
+RESERVED_OPERATION_ID = (
+    "operationId is reserved for the sandbox session's own records "
+    f"(ids starting with {', '.join(sorted(_RESERVED_HEADS))})"
+)
+
+
+# Workspace paths are limited at admission (not in the models) so that the path rules, evaluated for each of up
+# to 10,000 tool calls, fit the API server's CEL cost budget: string functions cost in proportion to the
+# declared maxLength, and a regex match also in proportion to the pattern's length.
+PATH_MAX_LENGTH = 1024
+
+
+def path_rules(field: str) -> Schema:
+    """Workspace paths (``path``, ``cwd``): what ``safe_relative_path`` enforces, as far as CEL can say it.
+
+    Stricter than the models in one respect: any ``..`` segment is refused, while ``dsb run`` accepts one
+    that stays inside the workspace (``a/../b``). CEL has no path normalisation to tell the two apart.
+    """
+    return {
+        "minLength": 1,
+        "maxLength": PATH_MAX_LENGTH,
+        VALIDATIONS: [
+            rule(
+                "!self.startsWith('/') && !self.startsWith('\\\\')",
+                f"{field} must be relative to the workspace, not absolute",
+            ),
+            rule(
+                "self != '..' && !self.startsWith('../') && !self.endsWith('/..') && !self.contains('/../')",
+                f"{field} must not contain '..' segments",
+            ),
+            # Without '..' segments, a path leaves nothing to name only when it is all '.' and '/'.
+            rule(
+                "self.matches('[^./]')",
+                f"{field} must name something inside the workspace, not the workspace itself",
+            ),
+        ],
+    }
+
+
+# Rules attached to a model (by its JSON-schema title) wherever it appears.
+MODEL_RULES: dict[str, list[dict[str, str]]] = {
+    "WorkflowSpec": [
+        rule("has(self.toolCalls) != has(self.entrypoint)", ONE_PROGRAM),
+        rule("!(has(self.sandbox) && has(self.sandboxRef))", ONE_SANDBOX),
+        # A transition rule: evaluated on update only, against the stored object.
+        rule(
+            "!has(oldSelf.cancel) || !oldSelf.cancel || (has(self.cancel) && self.cancel)",
+            CANCEL_FINAL,
+            fieldPath=".cancel",
+        ),
+    ],
+    "EnvVar": [rule("has(self.value) != has(self.valueFrom)", ENV_ONE_SOURCE)],
+}
+
+# Keywords added to one property of a model (model title, property alias).
+_OPERATION_ID = {
+    VALIDATIONS: [
+        rule(
+            " && ".join(f"self != '{h}' && !self.startsWith('{h}/')" for h in sorted(_RESERVED_HEADS)),
+            RESERVED_OPERATION_ID,
+        )
+    ]
+}
+FIELD_EXTRAS: dict[tuple[str, str], Schema] = {
+    ("WorkflowSpec", "entrypoint"): {
+        "pattern": _ENTRYPOINT.pattern,
+        "description": "A 'package.module:function' reference to a workflow function.",
+    },
+    ("ShellCall", "cwd"): path_rules("cwd"),
+    ("WriteFileCall", "path"): path_rules("path"),
+    ("ReadFileCall", "path"): path_rules("path"),
+    ("ShellCall", "operationId"): _OPERATION_ID,
+    ("WriteFileCall", "operationId"): _OPERATION_ID,
+    ("ReadFileCall", "operationId"): _OPERATION_ID,
+}
+
+
+# ------------------------------------------------------------------------------------------- structural
+
+_DROP = {"title", "default", "additionalProperties", "discriminator", "propertyNames"}
+
+
+class _Converter:
+    """Rewrites one pydantic JSON schema (with its ``$defs``) into a structural schema."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.defs: dict[str, Schema] = schema.get("$defs", {})
+        self.used_model_rules: set[str] = set()
+        self.used_field_extras: set[tuple[str, str]] = set()
+
+    def deref(self, node: Schema) -> Schema:
+        while "$ref" in node:
+            name = node["$ref"].removeprefix("#/$defs/")
+            siblings = {k: v for k, v in node.items() if k != "$ref"}
+            node = {**self.defs[name], **siblings}
+        return node
+
+    def convert(self, node: Schema) -> Schema:
+        node = self.deref(node)
+        if "anyOf" in node or "oneOf" in node:
+            return self.union(node)
+        if "type" not in node:
+            # JsonValue / Any: a free JSON value of any type.
+            described = {"description": node["description"]} if "description" in node else {}
+            return {**described, PRESERVE: True}
+
+        out: Schema = {}
+        if "description" in node:
+            out["description"] = node["description"].strip()
+        default = node.get("default")
+        if default is not None and not isinstance(default, dict | list):
+            # Applied by the models (the operator and `dsb run`), not by the API server.
+            out["description"] = (out.get("description", "") + f" Default: {json.dumps(default)}.").strip()
+        for key, value in node.items():
+            if key in _DROP or key in ("description", "properties", "items", "required", "const"):
+                continue
+            if key == "exclusiveMinimum":
+                out["minimum"], out["exclusiveMinimum"] = value, True
+            elif key == "exclusiveMaximum":
+                out["maximum"], out["exclusiveMaximum"] = value, True
+            else:
+                out[key] = value
+        if "const" in node:
+            out["enum"] = [node["const"]]
+
+        title = node.get("title")
+        if node.get("type") == "object":
+            if "properties" in node:
+                props: Schema = {}
+                for name, prop in node["properties"].items():
+                    converted = self.convert(prop)
+                    extras = FIELD_EXTRAS.get((title or "", name))
+                    if extras is not None:
+                        self.used_field_extras.add((title or "", name))
+                        converted = _with_extras(converted, extras)
+                    props[name] = converted
+                out["properties"] = props
+                if node.get("required"):
+                    out["required"] = list(node["required"])
+            elif isinstance(node.get("additionalProperties"), dict):
+                out["additionalProperties"] = self.convert(node["additionalProperties"])
+            else:
+                out[PRESERVE] = True
+        if node.get("type") == "array":
+            out["items"] = self.convert(node.get("items", {}))
+        if title in MODEL_RULES:
+            self.used_model_rules.add(title)
+            out[VALIDATIONS] = copy.deepcopy(MODEL_RULES[title])
+        # description and type first: the YAML reads like a hand-written CRD.
+        head: Schema = {k: out[k] for k in ("description", "type") if k in out}
+        return {**head, **out}
+
+    def union(self, node: Schema) -> Schema:
+        alternatives: list[Schema] = node.get("anyOf") or node.get("oneOf") or []
+        branches = [self.deref(b) for b in alternatives if b != {"type": "null"}]
+        siblings = {k: v for k, v in node.items() if k not in ("anyOf", "oneOf")}
+        if len(branches) == 1:
+            # `X | None`: null is pruned by the API server, i.e. the field is absent, as None means in the models.
+            return self.convert({**branches[0], **siblings})
+        discriminator = node.get("discriminator", {}).get("propertyName")
+        if discriminator is None:
+            raise ValueError(f"cannot express a non-discriminated union structurally: {node}")
+        return self.discriminated(branches, discriminator, siblings)
+
+    def discriminated(self, variants: list[Schema], key: str, siblings: Schema) -> Schema:
+        """One object with every variant's fields optional and ``key`` an enum, plus CEL rules for the rest."""
+        tags = [v["properties"][key]["const"] for v in variants]
+        fields: dict[str, Schema] = {}
+        owners: dict[str, list[str]] = {}
+        rules: list[dict[str, str]] = []
+        for tag, variant in zip(tags, variants, strict=True):
+            converted = self.convert(variant)
+            for name, prop in converted["properties"].items():
+                if name == key:
+                    continue
+                if name in fields and fields[name] != prop:
+                    raise ValueError(f"field {name!r} differs between variants of the {key!r} union")
+                fields[name] = prop
+                owners.setdefault(name, []).append(tag)
+            needed = [r for r in converted.get("required", []) if r != key]
+            if needed:
+                rules.append(
+                    rule(
+                        f"self.{key} != '{tag}' || ({' && '.join(f'has(self.{r})' for r in needed)})",
+                        f"a {tag} call requires {_and(needed)}",
+                    )
+                )
+            rules.extend(converted.get(VALIDATIONS, []))
+        # Fields that only some variants have: refused on the others (the models forbid extra fields).
+        by_owners: dict[tuple[str, ...], list[str]] = {}
+        for name, tagged in owners.items():
+            if len(tagged) < len(tags):
+                by_owners.setdefault(tuple(tagged), []).append(name)
+        for owning, names in by_owners.items():
+            allowed = ", ".join(f"'{t}'" for t in owning)
+            present = " || ".join(f"has(self.{n})" for n in names)
+            rules.append(
+                rule(
+                    f"self.{key} in [{allowed}] || !({present})",
+                    f"{_and(names)} {'applies' if len(names) == 1 else 'apply'} only to {_or(list(owning))} calls",
+                )
+            )
+        out: Schema = {}
+        if "description" in siblings:
+            out["description"] = siblings["description"]
+        out["type"] = "object"
+        out["required"] = [key]
+        out["properties"] = {
+            key: {"type": "string", "enum": tags, "description": "The kind of call."},
+            **fields,
+        }
+        out[VALIDATIONS] = rules
+        return out
+
+
+def _with_extras(schema: Schema, extras: Schema) -> Schema:
+    out = dict(schema)
+    for key, value in extras.items():
+        out[key] = [*out.get(key, []), *value] if key == VALIDATIONS else value
+    return out
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _or(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+# ------------------------------------------------------------------------------------------- CRDs
+
+
+def structural_schema(model: type[BaseModel], description: str) -> Schema:
+    """The resource's openAPIV3Schema: spec and status from the model; apiVersion/kind/metadata as Kubernetes has them."""
+    schema = model.model_json_schema(by_alias=True)
+    converter = _Converter(schema)
+    props = schema["properties"]
+    spec = converter.convert(props["spec"])
+    status = converter.convert(props["status"])
+    # metav1.Condition lists are maps keyed by type (as +listType=map +listMapKey=type in Go).
+    conditions = status["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    out: Schema = {
+        "description": description,
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+    if "spec" in schema.get("required", []):
+        out["required"] = ["spec"]
+    return out
+
+
+_AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+
+
+def _crd(
+    kind: str, plural: str, short: str, schema: Schema, columns: list[dict[str, str]], categories: list[str]
+) -> Schema:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short],
+                "categories": categories,
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+def generate_crds() -> list[Schema]:
+    """The Workflow and Sandbox CRDs (apiextensions.k8s.io/v1), in that order."""
+    workflow = _crd(
+        "Workflow",
+        "workflows",
+        "dwf",
+        structural_schema(
+            WorkflowResource,
+            "A durable run: the built-in sandbox-agent over spec.toolCalls, or a workflow function "
+            "(spec.entrypoint), journaled so that it survives operator restarts and sandbox loss.",
+        ),
+        [
+            {
+                "name": "Phase",
+                "type": "string",
+                "jsonPath": ".status.phase",
+                "description": "Where the run is.",
+            },
+            {
+                "name": "Calls",
+                "type": "integer",
+                "jsonPath": ".status.calls.completed",
+                "description": "Tool calls completed (status.calls.total has the total).",
+            },
+            {
+                "name": "Snapshot",
+                "type": "string",
+                "jsonPath": ".status.latestSnapshot",
+                "description": "The latest sandbox snapshot taken.",
+            },
+            _AGE,
+        ],
+        ["durable-sandbox"],
+    )
+    sandbox = _crd(
+        "Sandbox",
+        "sandboxes",
+        "dsbx",
+        structural_schema(
+            SandboxResource,
+            "A sandbox held by a provider, which Workflows can share through spec.sandboxRef.",
+        ),
+        [
+            {
+                "name": "Phase",
+                "type": "string",
+                "jsonPath": ".status.phase",
+                "description": "Where the sandbox is.",
+            },
+            {
+                "name": "Provider",
+                "type": "string",
+                "jsonPath": ".spec.provider",
+                "description": "The sandbox provider.",
+            },
+            _AGE,
+        ],
+        ["durable-sandbox"],
+    )
+    return [workflow, sandbox]
+
+
+def _check_coverage() -> None:
+    """Every hand-written rule must land somewhere: a renamed model or field must not drop one silently."""
+    used_rules: set[str] = set()
+    used_extras: set[tuple[str, str]] = set()
+    for model in (WorkflowResource, SandboxResource):
+        converter = _Converter(model.model_json_schema(by_alias=True))
+        props = model.model_json_schema(by_alias=True)["properties"]
+        converter.convert(props["spec"])
+        converter.convert(props["status"])
+        used_rules |= converter.used_model_rules
+        used_extras |= converter.used_field_extras
+    missing = (set(MODEL_RULES) - used_rules) | {f"{m}.{f}" for m, f in set(FIELD_EXTRAS) - used_extras}
+    if missing:
+        raise RuntimeError(f"CEL rules/extras for models or fields that no longer exist: {sorted(missing)}")
+
+
+# ------------------------------------------------------------------------------------------- files
+
+
+def render(crd: Schema) -> str:
+    return HEADER + yaml.safe_dump(crd, sort_keys=False, width=120, allow_unicode=True)
+
+
+def rendered_files() -> dict[str, str]:
+    """File name -> YAML text, for every CRD."""
+    _check_coverage()
+    return {f"{crd['metadata']['name']}.yaml": render(crd) for crd in generate_crds()}
+
+
+def write(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in rendered_files().items():
+        path = directory / name
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def diff(directory: Path) -> str:
+    """A unified diff from the files in ``directory`` to what the models generate ('' when up to date)."""
+    out: list[str] = []
+    for name, text in rendered_files().items():
+        path = directory / name
+        current = path.read_text() if path.exists() else ""
+        if current != text:
+            out.extend(
+                difflib.unified_diff(
+                    current.splitlines(keepends=True),
+                    text.splitlines(keepends=True),
+                    fromfile=str(path),
+                    tofile=f"{path} (generated)",
+                )
+            )
+    return "".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m durable_sandbox.kube.crds", description=(__doc__ or "").split("\n\n")[0]
+    )
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--write", metavar="DIR", type=Path, help="write the CRD YAML files into DIR")
+    group.add_argument(
+        "--check", metavar="DIR", type=Path, help="exit 1 with a diff when DIR's files are stale"
+    )
+    args = parser.parse_args(argv)
+    if args.write is not None:
+        for path in write(args.write):
+            print(path)
+        return 0
+    stale = diff(args.check)
+    if stale:
+        sys.stdout.write(stale)
+        print(f"CRDs in {args.check} are stale; regenerate with: {REGENERATE}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The committed CRDs are what the models generate, their schemas are structural, and their names and printer
+columns are as DESIGN section 2/7 specifies. (tests/e2e/test_crds.py proves them at a real API server.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from durable_sandbox.kube import crds
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_DIR = ROOT / "crds"
+
+# Keywords a structural schema node may carry (apiextensions.k8s.io/v1 JSONSchemaProps, minus what we never use).
+ALLOWED = {
+    "description", "type", "format", "enum", "pattern", "minLength", "maxLength", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems", "properties", "required", "items",
+    "additionalProperties", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-validations",
+    "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+}  # fmt: skip
+
+
+def structural_problems(node: Any, path: str = "") -> list[str]:
+    """Why ``node`` is not a structural schema ([] when it is), in the API server's sense, as far as we use it."""
+    if not isinstance(node, dict):
+        return [f"{path or '<root>'}: not a schema object"]
+    problems = [f"{path}: keyword {k!r} not allowed" for k in node if k not in ALLOWED]
+    for combinator in ("oneOf", "anyOf", "allOf", "not"):
+        if combinator in node:
+            problems.append(f"{path}: {combinator} (value validation with types is not structural)")
+    if "type" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        problems.append(f"{path}: no type and not x-kubernetes-preserve-unknown-fields")
+    if "properties" in node and "additionalProperties" in node:
+        problems.append(f"{path}: both properties and additionalProperties")
+    if isinstance(node.get("additionalProperties"), bool):
+        problems.append(f"{path}: additionalProperties must be a schema")
+    if node.get("type") == "array" and "items" not in node:
+        problems.append(f"{path}: array without items")
+    if node.get("type") not in (None, "object") and ("properties" in node or "additionalProperties" in node):
+        problems.append(f"{path}: properties on a non-object")
+    for name, prop in node.get("properties", {}).items():
+        problems += structural_problems(prop, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            problems += structural_problems(node[key], f"{path}.{key}")
+    for required in node.get("required", []):
+        if required not in node.get("properties", {}):
+            problems.append(f"{path}: required {required!r} is not a property")
+    return problems
+
+
+def schema_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [node]
+    for prop in node.get("properties", {}).values():
+        out += schema_nodes(prop)
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            out += schema_nodes(node[key])
+    return out
+
+
+def by_kind() -> dict[str, dict[str, Any]]:
+    return {crd["spec"]["names"]["kind"]: crd for crd in crds.generate_crds()}
+
+
+def openapi(kind: str) -> dict[str, Any]:
+    schema: dict[str, Any] = by_kind()[kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_committed_crds_match_the_models() -> None:
+    stale = crds.diff(CRD_DIR)
+    assert not stale, f"crds/ is stale; regenerate with `{crds.REGENERATE}`\n{stale}"
+    assert sorted(p.name for p in CRD_DIR.glob("*.yaml")) == sorted(crds.rendered_files())
+
+
+def test_check_exits_1_with_a_diff_when_stale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert crds.main(["--write", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert crds.main(["--check", str(tmp_path)]) == 0
+    target = tmp_path / "workflows.durable-sandbox.dev.yaml"
+    target.write_text(target.read_text().replace("shortNames:\n    - dwf", "shortNames:\n    - wf"))
+    assert crds.main(["--check", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "-    - dwf" not in captured.out and "+    - dwf" in captured.out
+    assert crds.REGENERATE in captured.err
+
+
+def test_committed_files_are_the_crds_as_yaml() -> None:
+    for crd in crds.generate_crds():
+        text = (CRD_DIR / f"{crd['metadata']['name']}.yaml").read_text()
+        assert text.startswith("# Generated") and crds.REGENERATE in text
+        assert yaml.safe_load(text) == crd
+
+
+@pytest.mark.parametrize("kind", ["Workflow", "Sandbox"])
+def test_schema_is_structural(kind: str) -> None:
+    schema = openapi(kind)
+    assert structural_problems(schema) == []
+    assert "$ref" not in yaml.safe_dump(schema)
+
+
+def test_checker_rejects_what_is_not_structural() -> None:
+    assert structural_problems({"type": "object", "properties": {"a": {}}})
+    assert structural_problems({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}})
+    assert structural_problems({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}})
+    assert structural_problems({"type": "array"})
+    assert structural_problems({"type": "object", "properties": {}, "additionalProperties": False})
+    assert (
+        structural_problems(
+            {"type": "object", "properties": {"a": {"x-kubernetes-preserve-unknown-fields": True}}}
+        )
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "plural", "short", "columns"),
+    [
+        ("Workflow", "workflows", "dwf", [
+            ("Phase", "string", ".status.phase"), ("Calls", "integer", ".status.calls.completed"),
+            ("Snapshot", "string", ".status.latestSnapshot"), ("Age", "date", ".metadata.creationTimestamp"),
+        ]),
+        ("Sandbox", "sandboxes", "dsbx", [
+            ("Phase", "string", ".status.phase"), ("Provider", "string", ".spec.provider"),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ]),
+    ],
+)  # fmt: skip
+def test_names_versions_and_printer_columns(
+    kind: str, plural: str, short: str, columns: list[tuple[str, str, str]]
+) -> None:
+    crd = by_kind()[kind]
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert crd["metadata"]["name"] == f"{plural}.durable-sandbox.dev"
+    spec = crd["spec"]
+    assert (spec["group"], spec["scope"]) == ("durable-sandbox.dev", "Namespaced")
+    assert spec["names"]["plural"] == plural
+    assert spec["names"]["shortNames"] == [short]
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"] == {"status": {}}
+    got = [(c["name"], c["type"], c["jsonPath"]) for c in version["additionalPrinterColumns"]]
+    assert got == columns
+    # Every printer column points at a field the schema declares (metadata is the server's).
+    for _, _, json_path in columns:
+        node = version["schema"]["openAPIV3Schema"]
+        for part in json_path.strip(".").split("."):
+            if node.get("type") == "object" and "properties" not in node:
+                break
+            node = node["properties"][part]
+
+
+def test_preserve_unknown_fields_only_for_free_json() -> None:
+    spec = openapi("Workflow")["properties"]["spec"]["properties"]
+    status = openapi("Workflow")["properties"]["status"]["properties"]
+    free = [n for n in schema_nodes(openapi("Workflow")) if n.get("x-kubernetes-preserve-unknown-fields")]
+    assert free == [
+        spec["input"],
+        spec["signals"]["additionalProperties"],
+        status["pendingCallbacks"]["items"]["properties"]["payload"],
+        status["result"],
+    ]
+    assert all("type" not in n for n in free)
+
+
+def test_tool_calls_are_one_object_with_a_type_enum() -> None:
+    items = openapi("Workflow")["properties"]["spec"]["properties"]["toolCalls"]["items"]
+    assert items["type"] == "object"
+    assert items["required"] == ["type"]
+    assert items["properties"]["type"]["enum"] == ["shell", "write_file", "read_file"]
+    assert set(items["properties"]) == {
+        "type",
+        "operationId",
+        "command",
+        "timeout",
+        "cwd",
+        "env",
+        "path",
+        "contents",
+    }
+    messages = [r["message"] for r in items["x-kubernetes-validations"]]
+    assert "a shell call requires command" in messages
+    assert "a write_file call requires path and contents" in messages
+    assert "a read_file call requires path" in messages
+    assert openapi("Workflow")["properties"]["spec"]["properties"]["toolCalls"]["maxItems"] == 10_000
+
+
+def test_constraints_come_from_the_models() -> None:
+    spec = openapi("Workflow")["properties"]["spec"]["properties"]
+    assert (spec["snapshotEveryNCalls"]["minimum"], spec["snapshotEveryNCalls"]["maximum"]) == (0, 10_000)
+    timeout = spec["toolCalls"]["items"]["properties"]["timeout"]
+    assert (timeout["minimum"], timeout["exclusiveMinimum"], timeout["maximum"]) == (0, True, 86_400)
+    assert spec["sandbox"]["properties"]["leaseSeconds"]["minimum"] == 60
+
+
+def test_spec_rules_and_the_cancel_transition() -> None:
+    rules = {r["message"]: r for r in openapi("Workflow")["properties"]["spec"]["x-kubernetes-validations"]}
+    assert rules[crds.ONE_PROGRAM]["rule"] == "has(self.toolCalls) != has(self.entrypoint)"
+    cancel = rules["spec.cancel cannot be set back to false once true"]
+    assert "oldSelf.cancel" in cancel["rule"]
+    assert crds.ONE_SANDBOX in rules
+
+
+def test_conditions_have_the_metav1_shape() -> None:
+    for kind in ("Workflow", "Sandbox"):
+        conditions = openapi(kind)["properties"]["status"]["properties"]["conditions"]
+        assert conditions["x-kubernetes-list-type"] == "map"
+        assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+        item = conditions["items"]
+        assert set(item["properties"]) == {
+            "type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"
+        }  # fmt: skip
+        assert item["properties"]["status"]["enum"] == ["True", "False", "Unknown"]
