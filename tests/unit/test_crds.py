@@ -215,3 +215,17 @@ def test_conditions_have_the_metav1_shape() -> None:
             "type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"
         }  # fmt: skip
         assert item["properties"]["status"]["enum"] == ["True", "False", "Unknown"]
+
+
+def test_docs_quote_every_admission_message() -> None:
+    docs = (ROOT / "docs" / "kubernetes.md").read_text()
+    messages = {
+        r["message"]
+        for crd in crds.generate_crds()
+        for node in schema_nodes(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+        for r in node.get("x-kubernetes-validations", [])
+    }
+    assert len(messages) == 17
+    missing = [m for m in sorted(messages) if f"`{m}`" not in docs]
+    assert not missing, f"docs/kubernetes.md does not quote: {missing}"
+    assert crds.REGENERATE in docs
