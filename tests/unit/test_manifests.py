@@ -260,3 +260,14 @@ def test_unreadable_file(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe\x00bad")
     with pytest.raises(ManifestError, match=r"bin.yaml: not UTF-8 text"):
         load_manifests(path)
+
+
+@pytest.mark.parametrize("path", ["a/../b", "..", "x/..", "a" * 1025])
+def test_paths_admission_refuses_are_refused_by_dsb_run_too(path: str) -> None:
+    """The CRD refuses any '..' segment and paths over 1024 characters; the models agree (docs/kubernetes.md)."""
+    from pydantic import ValidationError
+
+    from durable_sandbox.workflows.sandbox_agent import SandboxAgentInput
+
+    with pytest.raises(ValidationError, match=r"path"):
+        SandboxAgentInput.model_validate({"toolCalls": [{"type": "read_file", "path": path}]})

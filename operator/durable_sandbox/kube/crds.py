@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from durable_sandbox.kube.models import _ENTRYPOINT, GROUP, VERSION, SandboxResource, WorkflowResource
 from durable_sandbox.sandboxes.session import _RESERVED_HEADS
+from durable_sandbox.workflows.sandbox_agent import PATH_MAX_LENGTH
 
 Schema = dict[str, Any]
 
@@ -61,10 +62,10 @@ RESERVED_OPERATION_ID = (
 )
 
 
-# Workspace paths are limited at admission (not in the models) so that the path rules, evaluated for each of up
-# to 10,000 tool calls, fit the API server's CEL cost budget: string functions cost in proportion to the
-# declared maxLength, and a regex match also in proportion to the pattern's length.
-PATH_MAX_LENGTH = 1024
+# Workspace paths are limited (PATH_MAX_LENGTH, declared by the models, so `dsb run` agrees) so that the
+# path rules, evaluated for each of up to 10,000 tool calls, fit the API server's CEL cost budget: string
+# functions cost in proportion to the declared maxLength, and a regex match also in proportion to the
+# pattern's length.
 
 
 def path_rules(field: str) -> Schema:

@@ -24,6 +24,18 @@ class _Spec(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", serialize_by_alias=True)
 
 
+PATH_MAX_LENGTH = 1024  # the CRD declares the same, so admission and `dsb run` agree
+
+
+def manifest_path(value: str) -> str:
+    """A workspace path in a manifest: relative, and no `..` segment at all (admission cannot normalise
+    paths, so `dsb run` refuses what `kubectl apply` refuses)."""
+    safe_relative_path(value)
+    if ".." in value.replace("\\", "/").split("/"):
+        raise ValueError(f"unsafe path {value!r}: '..' segments are not allowed in a manifest")
+    return value
+
+
 class _ToolCallBase(_Spec):
     operation_id: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")] | None = None
 
@@ -42,37 +54,37 @@ class ShellCall(_ToolCallBase):
     type: Literal["shell"]
     command: Annotated[str, Field(min_length=1)]
     timeout: Annotated[float, Field(gt=0, le=86_400)] | None = None
-    cwd: str | None = None
+    cwd: Annotated[str, Field(max_length=PATH_MAX_LENGTH)] | None = None
     env: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("cwd")
     @classmethod
     def _safe_cwd(cls, value: str | None) -> str | None:
         if value is not None:
-            safe_relative_path(value)
+            manifest_path(value)
         return value
 
 
 class WriteFileCall(_ToolCallBase):
     type: Literal["write_file"]
-    path: str
+    path: Annotated[str, Field(max_length=PATH_MAX_LENGTH)]
     contents: str
 
     @field_validator("path")
     @classmethod
     def _safe_path(cls, value: str) -> str:
-        safe_relative_path(value)
+        manifest_path(value)
         return value
 
 
 class ReadFileCall(_ToolCallBase):
     type: Literal["read_file"]
-    path: str
+    path: Annotated[str, Field(max_length=PATH_MAX_LENGTH)]
 
     @field_validator("path")
     @classmethod
     def _safe_path(cls, value: str) -> str:
-        safe_relative_path(value)
+        manifest_path(value)
         return value
 
 
