@@ -198,6 +198,9 @@ async def test_tool_numbers_follow_the_models_request_order_not_completion(eng: 
     assert st.status == RunStatus.SUCCEEDED, st.error
     assert st.result == ["f", "s"]  # strands ran them concurrently
     assert "a/tool/1-slow" in ops(st) and "a/tool/2-fast" in ops(st)
+    names = {o.op_id: o.name for o in st.operations}
+    assert names["a/tool/1-slow"] == "agent-tool:slow", "the journal names what ran, for replay checks and humans"
+    assert names["a/model/1"].startswith("agent-model:")
 
 
 PROMPT = {"text": "Write a and b."}

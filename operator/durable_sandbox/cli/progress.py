@@ -27,7 +27,8 @@ from rich.text import Text
 
 from durable_sandbox.cli.render import op_detail
 from durable_sandbox.engine import Store
-from durable_sandbox.engine.events import journal_event
+from durable_sandbox.engine.events import tail
+from durable_sandbox.engine.records import OperationRecord
 
 # Shown while a run is driven: the outcome of each operation, not its start.
 _QUIET_SUFFIXES = (".started",)
@@ -80,30 +81,22 @@ async def poll_events(
     store: Store, run_id: str, stop: asyncio.Event, *, after: tuple[int, int] = (0, 0), interval: float = 0.1
 ) -> AsyncIterator[dict[str, Any]]:
     """Journal rows and run events in time order until ``stop`` is set (then one last drain)."""
-    op_seq, ev_seq = after
-    while True:
-        stopping = stop.is_set()
-        rows = await store.journal_since(run_id, op_seq)
-        events = await store.read_events(run_id, ev_seq)
-        merged: list[tuple[float, int, dict[str, Any]]] = []
-        for r in rows:
-            op_seq = max(op_seq, r.seq)
-            ev = journal_event(run_id, r)
-            if r.status != "started":
-                detail = op_detail(r.kind, r.status, r.result, None, r.meta)
-                if detail and "exitCode" not in ev:
-                    ev["detail"] = detail
-            merged.append((r.ts, 0, ev))
-        for e in events:
-            ev_seq = max(ev_seq, e.seq)
-            merged.append((e.ts, 1, e.to_json()))
-        merged.sort(key=lambda m: (m[0], m[1]))
-        for _, _, item in merged:
-            yield item
-        if stopping:
-            return
+
+    async def done() -> bool:
+        return stop.is_set()
+
+    async def pause() -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
+
+    def add_detail(row: OperationRecord, event: dict[str, Any]) -> None:
+        if row.status != "started":
+            detail = op_detail(row.kind, row.status, row.result, None, row.meta)
+            if detail and "exitCode" not in event:
+                event["detail"] = detail
+
+    async for event in tail(store, run_id, done=done, pause=pause, after=after, on_row=add_detail):
+        yield event
 
 
 class Display(Protocol):

@@ -26,6 +26,7 @@ from durable_sandbox.engine.errors import (
     Suspend,
     WorkflowNotFound,
 )
+from durable_sandbox.engine.events import tail
 from durable_sandbox.engine.records import (
     Commit,
     ErrorInfo,
@@ -425,33 +426,17 @@ class Engine:
 
         Works from any process on the same store. With ``follow``, ends when the run finishes or waits.
         """
-        from durable_sandbox.engine.events import journal_event
-
         await self._get(run_id)
-        op_seq = 0
-        ev_seq = 0
-        while True:
-            run = await self._get(run_id)
-            rows = await self.store.journal_since(run_id, op_seq)
-            events = await self.store.read_events(run_id, ev_seq)
-            merged: list[tuple[float, int, dict[str, Any]]] = []
-            for r in rows:
-                op_seq = max(op_seq, r.seq)
-                merged.append((r.ts, 0, journal_event(run_id, r)))
-            for e in events:
-                ev_seq = max(ev_seq, e.seq)
-                merged.append((e.ts, 1, e.to_json()))
-            merged.sort(key=lambda m: (m[0], m[1]))
-            for _, _, item in merged:
-                yield item
-            if not follow:
-                return
-            if not rows and not events and run.status in (
-                RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.WAITING,
-            ):
-                return
-            if not rows and not events:
-                await asyncio.sleep(poll_interval)
+        settled = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.WAITING)
+
+        async def done() -> bool:
+            return not follow or (await self._get(run_id)).status in settled
+
+        async def pause() -> None:
+            await asyncio.sleep(poll_interval)
+
+        async for event in tail(self.store, run_id, done=done, pause=pause):
+            yield event
 
     # ------------------------------------------------------------------ workers
 

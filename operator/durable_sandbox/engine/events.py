@@ -5,9 +5,13 @@ separately just what the journal does not say (why a sandbox was lost, that it w
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from durable_sandbox.engine.records import OperationRecord
+
+if TYPE_CHECKING:
+    from durable_sandbox.engine.store import Store
 
 _SANDBOX_EVENTS = {
     "sandbox.provision": "sandbox.provisioned",
@@ -48,3 +52,41 @@ def journal_event(run_id: str, row: OperationRecord) -> dict[str, Any]:
     if kind == "sandbox.call" and row.status == "completed" and isinstance(row.result, dict):
         out["exitCode"] = row.result.get("exitCode")
     return out
+
+
+async def tail(
+    store: Store,
+    run_id: str,
+    *,
+    done: Callable[[], Awaitable[bool]],
+    pause: Callable[[], Awaitable[None]],
+    after: tuple[int, int] = (0, 0),
+    on_row: Callable[[OperationRecord, dict[str, Any]], None] | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """Journal rows (as operation events) and run events in time order, from ``after`` =
+    (journal seq, event seq) on. ``done`` is asked *before* each read, and the tail ends at the first
+    empty read after it said yes, so everything committed before the end condition is delivered.
+    ``pause`` waits between empty reads; ``on_row`` may decorate each row's event."""
+    op_seq, ev_seq = after
+    while True:
+        finished = await done()
+        rows = await store.journal_since(run_id, op_seq)
+        events = await store.read_events(run_id, ev_seq)
+        merged: list[tuple[float, int, dict[str, Any]]] = []
+        for r in rows:
+            op_seq = max(op_seq, r.seq)
+            event = journal_event(run_id, r)
+            if on_row is not None:
+                on_row(r, event)
+            merged.append((r.ts, 0, event))
+        for e in events:
+            ev_seq = max(ev_seq, e.seq)
+            merged.append((e.ts, 1, e.to_json()))
+        merged.sort(key=lambda m: (m[0], m[1]))
+        for _, _, item in merged:
+            yield item
+        if rows or events:
+            continue
+        if finished:
+            return
+        await pause()

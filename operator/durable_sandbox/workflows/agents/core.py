@@ -28,7 +28,7 @@ import contextvars
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from durable_sandbox.engine import Context, RetryPolicy
@@ -170,13 +170,7 @@ class DurableAgentRun:
         op = self.model_op(self.model_calls)
         req = digest(request) if (self.check_input and request is not None) else None
 
-        async def call(request_digest: str | None) -> Any:
-            value = fn()
-            if hasattr(value, "__await__"):
-                value = await value
-            return encode(value)
-
-        call.__qualname__ = f"agent-model:{name}"
+        call = _encoded_call(fn, f"agent-model:{name}")
         recorded = await self._step(op, call, req, retry=self.model_retry, timeout=self.model_timeout)
         return decode(recorded)
 
@@ -197,13 +191,7 @@ class DurableAgentRun:
         op = self.tool_op(self._tool_number(call_id), name)
         req = digest(input) if self.check_input and input is not None else None
 
-        async def call(tool_input_digest: str | None) -> Any:
-            value = fn()
-            if hasattr(value, "__await__"):
-                value = await value
-            return encode(value)
-
-        call.__qualname__ = f"agent-tool:{tool_slug(name)}"
+        call = _encoded_call(fn, f"agent-tool:{tool_slug(name)}")
         recorded = await self._step(op, call, req, retry=self.tool_retry, timeout=self.tool_timeout)
         return decode(recorded)
 
@@ -257,3 +245,17 @@ class DurableAgent(Protocol):
 
 
 __all__ = ["DurableAgent", "DurableAgentRun", "current_run", "decode", "digest", "encode", "tool_slug"]
+
+
+def _encoded_call(fn: Callable[[], Any], name: str) -> Callable[[str | None], Awaitable[Any]]:
+    """A step function for one model or tool call. Its argument is the request digest, which only feeds
+    the step's input check; ``name`` is what the journal records (and replay compares)."""
+
+    async def call(_request_digest: str | None) -> Any:
+        value = fn()
+        if hasattr(value, "__await__"):
+            value = await value
+        return encode(value)
+
+    call.__name__ = call.__qualname__ = name
+    return call
