@@ -45,3 +45,9 @@ async def approval(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[s
     prepared = await ctx.step("prepare", _double, int(data.get("x", 1)))
     verdict = await ctx.callback("approve", {"prepared": prepared})
     return {"prepared": prepared, "verdict": verdict}
+
+
+@durable_sandbox.workflow
+async def napper(ctx: durable_sandbox.Context, data: dict[str, Any]) -> str:
+    await ctx.sleep("nap", float(data["seconds"]))
+    return "rested"

@@ -418,3 +418,28 @@ def test_output_and_store_options_also_work_after_the_command(tmp_path: Path) ->
     default_store = subprocess.run([dsb, "runs", "-o", "json"], cwd=root, env=env, capture_output=True, text=True,
                                    timeout=60, check=False)
     assert json.loads(default_store.stdout) == [], "--store after the command chose the other store"
+
+
+def test_dsb_worker_wakes_a_due_durable_timer_and_finishes_the_run(tmp_path: Path) -> None:
+    """`dsb worker --until-idle` executes runnable runs, here one whose durable sleep is due."""
+    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(tmp_path / "home")}
+    dsb = str(Path(sys.executable).parent / "dsb")
+    root = Path(__file__).resolve().parents[2]
+    store = str(tmp_path / "runs.db")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([dsb, "--store", store, *args], cwd=root, env=env, capture_output=True, text=True,
+                              timeout=120, check=False)
+
+    started = run("run", "tests.unit.cli_flows:napper", "--input", '{"seconds": 3600}', "--run-id", "nap")
+    assert started.returncode == 3, started.stdout + started.stderr  # waiting on its timer
+    # The timer is made due through the store, as time passing would (no waiting in a test).
+    import sqlite3
+
+    with sqlite3.connect(store) as db:
+        db.execute("UPDATE ops SET meta=json_set(meta, '$.wakeAt', 0) WHERE op_id='nap'")
+        db.execute("UPDATE runs SET wake_at=0 WHERE run_id='nap'")
+    served = run("worker", "--until-idle", "--poll-interval", "0.05")
+    assert served.returncode == 0, served.stderr
+    state = json.loads(run("-o", "json", "inspect", "nap").stdout)
+    assert state["status"] == "succeeded" and state["result"] == "rested"

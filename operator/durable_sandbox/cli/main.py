@@ -114,7 +114,7 @@ def _accept_global_options(command: click.Command) -> None:
 
 
 def _register() -> None:
-    from durable_sandbox.cli.commands import control, inspect, logs, run, runs
+    from durable_sandbox.cli.commands import control, inspect, logs, run, runs, worker
 
     for command in (
         run.run,
@@ -125,6 +125,7 @@ def _register() -> None:
         control.resume,
         runs.runs,
         logs.logs,
+        worker.worker,
     ):
         _accept_global_options(command)
         cli.add_command(command)

@@ -1,0 +1,47 @@
+"""`dsb worker`: execute runnable runs of the local store (pending, due timers, orphaned by a dead process)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+import click
+
+from durable_sandbox.cli.commands.common import pass_settings, run_async
+from durable_sandbox.cli.errors import EXIT_OK
+from durable_sandbox.cli.session import Settings, open_engine
+
+
+@click.command()
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256), help="Runs executed at once.")
+@click.option("--poll-interval", default=0.5, show_default=True, type=click.FloatRange(0.01, 60.0),
+              help="Seconds between looks for runnable runs.")
+@click.option("--workflow", "workflows", multiple=True, help="Only runs of this workflow (repeatable).")
+@click.option("--until-idle", is_flag=True, help="Exit once nothing is runnable (instead of serving until Ctrl-C).")
+@pass_settings
+def worker(settings: Settings, concurrency: int, poll_interval: float, workflows: tuple[str, ...], until_idle: bool) -> None:
+    """Execute runnable runs: pending ones, runs whose durable timer is due, runs a dead process left behind.
+
+    Workflows are imported by the path their runs recorded (run it from the directory your code imports
+    from). Waiting runs that hold a sandbox are hibernated after the engine's hibernate_after.
+    """
+
+    async def go() -> None:
+        async with open_engine(settings) as engine:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, stop.set)
+            click.echo(f"worker {engine.worker_id} serving {settings.store_path}", err=True)
+            await engine.worker(
+                concurrency=concurrency,
+                poll_interval=poll_interval,
+                workflows=list(workflows) or None,
+                stop=stop,
+                idle_exit=until_idle,
+            )
+
+    run_async(go())
+    click.get_current_context().exit(EXIT_OK)
