@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import json
 import os
 import platform
 import shutil
@@ -155,3 +156,9 @@ async def lg_async_saver(db: Path, synchronous: str) -> Any:
         yield saver
     finally:
         await conn.close()
+
+
+def write_results(res: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    print(f"results written to {out}")

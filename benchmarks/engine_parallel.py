@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from _common import (
     ratio,
     sqlite_bytes,
     summarize,
+    write_results,
 )
 from durable_sandbox.engine import Engine, workflow
 from durable_sandbox.stores import SqliteStore
@@ -347,10 +347,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         grows,
     )
     res["ratios"] = ratios
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1, default=str) + "\n")
-    print(f"results written to {out}")
+    write_results(res, Path(args.out))
     return res
 
 

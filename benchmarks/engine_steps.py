@@ -43,6 +43,7 @@ from _common import (
     ratio,
     repeat,
     sqlite_bytes,
+    write_results,
 )
 from durable_sandbox.engine import Engine, workflow
 from durable_sandbox.stores import SqliteStore
@@ -512,10 +513,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("\nratios:", json.dumps(res["ratios"], indent=1))
     print("targets met:", targets)
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1, default=str) + "\n")
-    print(f"results written to {out}")
+    write_results(res, Path(args.out))
     return res
 
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from durable_sandbox.engine import Engine as BareEngine
+import durable_sandbox
 from durable_sandbox.stores import SqliteStore, default_home
 
 log = logging.getLogger("durable_sandbox.cli")
@@ -38,21 +36,10 @@ def _quote(text: str) -> str:
     return shlex.quote(text)
 
 
-def _engine_class() -> Any:
-    # durable_sandbox.Engine wires ctx.sandbox to the sandbox sessions. Without them (a partial
-    # install) code-first workflows that use no sandbox still run on the bare engine.
-    if importlib.util.find_spec("durable_sandbox.sandboxes.session") is None:
-        log.debug("sandbox sessions unavailable; using the bare engine")
-        return BareEngine
-    import durable_sandbox
-
-    return durable_sandbox.Engine
-
-
 @contextlib.asynccontextmanager
-async def open_engine(settings: Settings) -> AsyncIterator[BareEngine]:
+async def open_engine(settings: Settings) -> AsyncIterator[durable_sandbox.Engine]:
     store = SqliteStore(settings.store_path)
-    engine = _engine_class()(store)
+    engine = durable_sandbox.Engine(store)
     try:
         yield engine
     finally:

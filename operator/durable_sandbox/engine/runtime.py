@@ -8,7 +8,6 @@ children of parallel branches) shares it. Extensions (sandbox sessions) use it t
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +84,6 @@ class RunRuntime:
         self._idle.set()
         self.draining = False
         self.cancel_reason: str | None = None
-        self.op_tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
         self._events: list[Event] = []
         self._event_flush: asyncio.Task[None] | None = None
 
@@ -117,9 +115,6 @@ class RunRuntime:
                 return latest
         if self.draining and not while_draining:
             raise Suspend([])
-        task = asyncio.current_task()
-        if task is not None:
-            self.op_tasks.add(task)
         return self.latest.get(op_id)
 
     def check_all_reached(self) -> None:

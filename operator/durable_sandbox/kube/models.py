@@ -187,11 +187,8 @@ class WorkflowSpec(_Model):
         return self
 
 
-class SandboxResourceSpec(_Model):
-    provider: Annotated[str, Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9_.-]*$")] = "local"
-    template: str | None = None
-    env: list[EnvVar] = Field(default_factory=list)
-    lease_seconds: Annotated[int, Field(ge=60, le=86_400)] = 3600
+# A Workflow's inline `sandbox` settings plus what only a standalone Sandbox has.
+class SandboxResourceSpec(SandboxSettings):
     suspend: bool = False
     from_snapshot: Annotated[str, Field(min_length=1)] | None = None
 

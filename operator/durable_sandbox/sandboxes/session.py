@@ -182,8 +182,6 @@ class SessionState:
                 st.checkpoints = [c for c in st.checkpoints if c.snapshot_id != meta.get("snapshotId")]
             elif r.kind == OpKind.SANDBOX_CALL.value:
                 st.calls[int(meta["index"])] = (r.op_id, _result_from(r.result))
-            elif r.kind == OpKind.SANDBOX_INJECT_LOSS.value:
-                pass
             if meta.get("finalized"):
                 st.finalized = True
                 st.retained = meta.get("retained")
