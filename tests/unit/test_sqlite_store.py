@@ -382,29 +382,3 @@ async def test_list_runs(store):
     assert [r.run_id for r in await store.list_runs(status=[RunStatus.PENDING])] == ["b"]
     assert [r.run_id for r in await store.list_runs(workflow="x")] == ["a"]
 
-
-async def test_delete_run_removes_journal_events_and_signals_fenced(store):
-    from durable_sandbox.engine.records import Event
-
-    await _new_run(store, "gone")
-    await _new_run(store, "kept")
-    for run_id in ("gone", "kept"):
-        lease = await store.claim(run_id, "w1", 30)
-        await store.commit(run_id, lease.fence, Commit([_rec("a", "started"), _rec("a")]))
-        await store.put_signal(run_id, "cb", {"v": 1})
-        await store.append_events([Event(run_id, "progress", {"message": "m"})])
-        await store.release(lease)
-    lease = await store.claim("gone", "w1", 30)
-    await store.claim("gone", "w1", 30)  # a newer claim: the first lease's fence is stale
-    with pytest.raises(LeaseLost):
-        await store.delete_run("gone", fence=lease.fence)
-    assert await store.get_run("gone") is not None and len(await store.load_journal("gone")) == 2
-    current = await store.claim("gone", "w1", 30)
-    assert await store.delete_run("gone", fence=current.fence) is True
-    assert await store.get_run("gone") is None
-    assert await store.load_journal("gone") == [] and await store.read_events("gone") == []
-    assert await store.get_signals("gone") == {}
-    assert await store.delete_run("gone") is False
-    # Another run's records are untouched.
-    assert len(await store.load_journal("kept")) == 2 and await store.get_signals("kept") == {"cb": {"v": 1}}
-    assert len(await store.read_events("kept")) == 1 and [r.run_id for r in await store.list_runs()] == ["kept"]
