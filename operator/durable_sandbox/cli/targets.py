@@ -6,9 +6,11 @@ half-started run (or a provisioned sandbox) behind.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +28,20 @@ from durable_sandbox.kube.models import (
     WorkflowResource,
     to_sandbox_agent_input,
 )
+from durable_sandbox.kube.preflight import sandbox_problems
 from durable_sandbox.workflows import sandbox_agent
 
 WORKFLOW_LABEL = "durable-sandbox.dev/workflow"
+# Run ids appear in commands, labels and file names: printable, no spaces, not empty.
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+
+
+def check_run_id(run_id: str | None) -> None:
+    if run_id is not None and not RUN_ID.match(run_id):
+        raise CliError(
+            f"--run-id {run_id!r} is not a valid run id: use 1 to 253 letters, digits, '.', '_', ':' or '-', "
+            f"starting with a letter or digit"
+        )
 
 
 @dataclass
@@ -43,6 +56,7 @@ class RunPlan:
     retry: RetrySpec | None = None
     timeout: float | None = None
     warnings: list[str] = field(default_factory=list)
+    env_values: dict[str, str] = field(default_factory=dict)  # kept out of the store (sandbox_agent.detach_env)
 
 
 def add_cwd_to_path() -> None:
@@ -81,12 +95,14 @@ def short_hash(*parts: Any) -> str:
 
 
 def plan_entrypoint(target: str, value: Any, run_id: str | None) -> RunPlan:
+    check_run_id(run_id)
     definition = _resolve(target, "")
     check_input(definition, value, "")
     return RunPlan(label=definition.name, definition=definition, input=value, run_id=run_id)
 
 
 def plan_manifest(target: str, run_id: str | None) -> list[RunPlan]:
+    check_run_id(run_id)
     if target == "-":
         resources = load_manifests(sys.stdin.read(), source="<stdin>")
         source = "<stdin>"
@@ -140,24 +156,40 @@ def _plan_workflow(
                     f"cluster; for dsb run give env var {var.name} a value"
                 )
     if spec.tool_calls is not None:
+        problems = asyncio.run(
+            sandbox_problems(
+                settings or SandboxSettings(),
+                snapshot_every=spec.snapshot_every_n_calls,
+                inject_loss_after=spec.inject_loss_after_n_calls,
+            )
+        )
+        if problems:
+            raise CliError("\n".join(f"{where}{problem}" for problem in problems))
         definition = _resolve(sandbox_agent.NAME, where)
-        value: Any = to_sandbox_agent_input(spec, settings).model_dump(mode="json", by_alias=True, exclude_none=True)
+        agent_input = to_sandbox_agent_input(spec, settings)
+        # The run id is derived from the whole input, values included (another value is another run);
+        # what is stored is the input without them.
+        identity: Any = agent_input.model_dump(mode="json", by_alias=True, exclude_none=True)
+        stored, env_values = sandbox_agent.detach_env(agent_input)
+        value: Any = stored.model_dump(mode="json", by_alias=True, exclude_none=True)
     else:
         assert spec.entrypoint is not None
         definition = _resolve(spec.entrypoint, f"{where}spec.entrypoint: ")
-        value = spec.input
+        value = identity = spec.input
+        env_values = {}
         check_input(definition, value, f"{where}spec.")
     return RunPlan(
         label=f"Workflow/{name}",
         definition=definition,
         input=value,
-        run_id=run_id or f"{name}-{short_hash(definition.name, value)}",
+        run_id=run_id or f"{name}-{short_hash(definition.name, identity)}",
         labels={WORKFLOW_LABEL: name},
         signals=dict(spec.signals),
         cancel=spec.cancel,
         retry=spec.retry,
         timeout=float(spec.timeout_seconds) if spec.timeout_seconds is not None else None,
         warnings=warnings,
+        env_values=env_values,
     )
 
 

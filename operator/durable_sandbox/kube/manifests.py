@@ -24,8 +24,15 @@ from durable_sandbox.kube.models import (
     SandboxResource,
     WorkflowResource,
 )
+from durable_sandbox.workflows.sandbox_agent import ENV_NAME_PATTERN, NO_NUL_PATTERN
 
 _TOOL_TYPES = ("shell", "write_file", "read_file")
+
+# What a pattern means, for the patterns whose regex would tell a manifest author nothing.
+_PATTERN_MEANINGS = {
+    ENV_NAME_PATTERN: "is not an environment variable name (letters, digits and '_', not starting with a digit)",
+    NO_NUL_PATTERN: "contains a NUL character, which no environment value can hold",
+}
 
 
 class ManifestError(ValueError):
@@ -124,6 +131,14 @@ def describe_error(err: Any) -> tuple[str, str]:
     elif etype == "union_tag_not_found":
         loc.append("type")
         msg = f"Field required (one of {', '.join(_TOOL_TYPES)})"
+    elif etype == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_MEANINGS:
+        pattern = ctx["pattern"]
+        subject = repr(err.get("input"))
+        if loc and loc[-1] == "[key]":  # a mapping's key: point at the mapping, name the key in the reason
+            loc = loc[:-2]
+        elif pattern == NO_NUL_PATTERN:
+            subject = "the value"  # it may be a secret: never echo it
+        msg = f"{subject} {_PATTERN_MEANINGS[pattern]}"
     elif etype == "literal_error" and loc and loc[-1] in ("apiVersion", "kind"):
         msg = f"expected {ctx.get('expected')}, got {err.get('input')!r}"
     return format_loc(loc), msg
