@@ -181,8 +181,11 @@ def test_tool_calls_are_one_object_with_a_type_enum() -> None:
         "env",
         "path",
         "contents",
+        "failurePolicy",
     }
+    assert items["properties"]["failurePolicy"]["properties"]["onTimeout"]["enum"] == ["continue", "fail"]
     messages = [r["message"] for r in items["x-kubernetes-validations"]]
+    assert crds.TIMEOUT_POLICY_SHELL_ONLY in messages
     assert "a shell call requires command" in messages
     assert "a write_file call requires path and contents" in messages
     assert "a read_file call requires path" in messages

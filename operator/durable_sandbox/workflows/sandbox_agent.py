@@ -315,6 +315,10 @@ def _failure(where: str, policy: FailurePolicy, result: ToolResult) -> str | Non
 async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]:
     spec = _attached(ctx, spec)
     secrets = ctx.operations.services.get("secrets")
+    if callable(secrets):
+        # The operator serves several namespaces from one process: the values a run may see are looked up
+        # by its run id (read from its namespace's Secrets just before it executes; never journaled).
+        secrets = secrets(ctx.run_id)
     options: dict[str, Any] = {
         "template": spec.sandbox.template,
         "env": resolve_env(spec.sandbox, secrets),
