@@ -19,15 +19,14 @@ from durable_sandbox.kube.manifests import ManifestError, load_manifests
 from durable_sandbox.kube.plan import WORKFLOW_LABEL, RunPlan
 from durable_sandbox.kube.preflight import sandbox_problems
 
-# Run ids appear in commands, labels and file names: printable, no spaces, not empty.
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+# Run ids are typed back in commands (`dsb resume ID`): not empty, no whitespace or control characters.
+RUN_ID = re.compile(r"^[^\s\x00-\x1f\x7f]{1,253}$")
 
 
 def check_run_id(run_id: str | None) -> None:
     if run_id is not None and not RUN_ID.match(run_id):
         raise CliError(
-            f"--run-id {run_id!r} is not a valid run id: use 1 to 253 letters, digits, '.', '_', ':' or '-', "
-            f"starting with a letter or digit"
+            f"--run-id {run_id!r} is not a valid run id: give 1 to 253 characters without spaces or control characters"
         )
 
 
