@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import durable_sandbox
+from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.stores import SqliteStore, default_home
 
 log = logging.getLogger("durable_sandbox.cli")
@@ -39,7 +40,7 @@ def _quote(text: str) -> str:
 @contextlib.asynccontextmanager
 async def open_engine(settings: Settings) -> AsyncIterator[durable_sandbox.Engine]:
     store = SqliteStore(settings.store_path)
-    engine = durable_sandbox.Engine(store)
+    engine = durable_sandbox.Engine(store, services={"env_values": LocalEnvValues(settings.store_path)})
     try:
         yield engine
     finally:
