@@ -300,6 +300,10 @@ async def create_sandbox(request: web.Request) -> web.StreamResponse:
                                  status=fault.status, headers=headers)
     if key is not None:
         seen = state.idempotency.get(key)
+        if seen is not None and state.creates_in_progress > 0:
+            state.creates_in_progress -= 1
+            return web.json_response({"code": 409, "message": "a request with this Idempotency-Key is in progress",
+                                      "error_code": "idempotency_in_progress"}, status=409)
         if seen is not None:
             if seen.fingerprint != fingerprint:
                 return web.json_response({"code": 422, "message": "Idempotency-Key was used with a different request",

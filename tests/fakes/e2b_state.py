@@ -119,6 +119,7 @@ class FakeState:
     requests: list[RecordedRequest] = field(default_factory=list)
     create_faults: list[CreateFault] = field(default_factory=list)
     create_drops: int = 0
+    creates_in_progress: int = 0
     snapshot_drops: int = 0
     idempotency: dict[str, IdempotentCreate] = field(default_factory=dict)
     page_size: int = MAX_PAGE_LIMIT  # the server's own cap per page; tests lower it to force paging
@@ -160,6 +161,11 @@ class FakeState:
     def drop_connection_after_create(self, times: int = 1) -> None:
         """Create the next sandbox(es) but close the connection instead of answering (a lost response)."""
         self.create_drops += times
+
+    def report_create_in_progress(self, times: int = 1) -> None:
+        """The next ``times`` creates under an already used Idempotency-Key answer 409
+        ``idempotency_in_progress``, as while the first request is still being processed."""
+        self.creates_in_progress += times
 
     def drop_connection_after_snapshot(self, times: int = 1) -> None:
         """Persist the next snapshot(s) but close the connection instead of answering (a lost response)."""

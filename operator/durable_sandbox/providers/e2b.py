@@ -130,6 +130,16 @@ def _retry_after(response: httpx.Response, now: float) -> float | None:
 _M = TypeVar("_M", bound=pydantic.BaseModel)
 
 
+def _error_code(response: httpx.Response) -> str | None:
+    """E2B's machine-readable ``error_code`` of an error answer, if it has one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    code = body.get("error_code") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
+
+
 def _configuration_problems(key: str | None, api_url: str, sandbox_url: str | None) -> list[str]:
     """One check for the constructor and for the pre-run check (``configuration_problems``)."""
     problems = []
@@ -257,6 +267,10 @@ class E2BProvider(SandboxProvider):
                 await response.aread()
                 raise _Transient(f"{op}: E2B answered {status}: {self._server_message(response)}",
                                  _retry_after(response, self._clock()))
+        if status == 409 and _error_code(response) == "idempotency_in_progress":
+            # A create under the same Idempotency-Key is still being processed: ask again for its answer.
+            raise _Transient(f"{op}: E2B is still processing the first request with this Idempotency-Key",
+                             _retry_after(response, self._clock()))
         return response
 
     async def _backoff(self, attempt: int, failure: _Transient) -> bool:
