@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from durable_sandbox.providers.contract import SandboxSpec, ToolCall
+from durable_sandbox.providers.contract import SandboxHandle, SandboxSpec, ToolCall
 from durable_sandbox.providers.e2b import E2BProvider
 from tests.contract.e2b_support import RecordingSleep
 from tests.fakes import e2b_server
@@ -34,48 +34,39 @@ class Rerouting(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-@pytest.mark.parametrize(("domain", "envd"), [
-    ("e2b.app", "https://sandbox.e2b.app"),
-    ("e2b.dev", "https://sandbox.e2b.dev"),
-    ("sandboxes.corp.example", "https://49983-{id}.sandboxes.corp.example"),
-])
-async def test_urls_follow_e2b_domain(fake_e2b: FakeState, domain: str, envd: str) -> None:
-    transport = Rerouting(fake_e2b)
-    provider = E2BProvider(environ={"E2B_API_KEY": fake_e2b.api_key, "E2B_DOMAIN": domain}, transport=transport,
+async def urls_of_a_create_and_a_file_call(fake: FakeState, environ: dict[str, str]) -> tuple[list[str], SandboxHandle]:
+    transport = Rerouting(fake)
+    provider = E2BProvider(environ={"E2B_API_KEY": fake.api_key, **environ}, transport=transport,
                            sleep=RecordingSleep())
     try:
         handle = await provider.provision(SandboxSpec(), lease_seconds=60)
         await provider.execute(handle, ToolCall(operation_id="w", type="write_file", args={"path": "a", "contents": "x"}))
     finally:
         await provider.aclose()
-    assert transport.urls == [f"https://api.{domain}/v2/sandboxes", envd.format(id=handle.id) + "/files"]
-    [write] = fake_e2b.calls("POST", "/files")
+    [write] = fake.calls("POST", "/files")
     assert write.headers["E2b-Sandbox-Id"] == handle.id and write.headers["E2b-Sandbox-Port"] == "49983"
+    return transport.urls, handle
+
+
+@pytest.mark.parametrize(("domain", "envd"), [
+    ("e2b.app", "https://sandbox.e2b.app"),
+    ("e2b.dev", "https://sandbox.e2b.dev"),
+    ("sandboxes.corp.example", "https://49983-{id}.sandboxes.corp.example"),
+])
+async def test_urls_follow_e2b_domain(fake_e2b: FakeState, domain: str, envd: str) -> None:
+    urls, handle = await urls_of_a_create_and_a_file_call(fake_e2b, {"E2B_DOMAIN": domain})
+    assert urls == [f"https://api.{domain}/v2/sandboxes", envd.format(id=handle.id) + "/files"]
 
 
 async def test_e2b_sandbox_url_wins_over_the_domain(fake_e2b: FakeState) -> None:
-    transport = Rerouting(fake_e2b)
-    provider = E2BProvider(environ={"E2B_API_KEY": fake_e2b.api_key, "E2B_DOMAIN": "e2b.dev",
-                                    "E2B_SANDBOX_URL": "https://envd.proxy.example"}, transport=transport,
-                           sleep=RecordingSleep())
-    try:
-        handle = await provider.provision(SandboxSpec(), lease_seconds=60)
-        await provider.execute(handle, ToolCall(operation_id="r", type="read_file", args={"path": "missing"}))
-    finally:
-        await provider.aclose()
-    assert transport.urls == ["https://api.e2b.dev/v2/sandboxes", "https://envd.proxy.example/files"]
+    urls, _ = await urls_of_a_create_and_a_file_call(
+        fake_e2b, {"E2B_DOMAIN": "e2b.dev", "E2B_SANDBOX_URL": "https://envd.proxy.example"})
+    assert urls == ["https://api.e2b.dev/v2/sandboxes", "https://envd.proxy.example/files"]
 
 
 async def test_the_domain_in_the_create_answer_wins(fake_e2b: FakeState, monkeypatch: pytest.MonkeyPatch) -> None:
     created = e2b_server._created
     monkeypatch.setattr(e2b_server, "_created", lambda sandbox: {**created(sandbox), "domain": "e2b.dev"})
-    transport = Rerouting(fake_e2b)
-    provider = E2BProvider(environ={"E2B_API_KEY": fake_e2b.api_key, "E2B_DOMAIN": "corp.example"},
-                           transport=transport, sleep=RecordingSleep())
-    try:
-        handle = await provider.provision(SandboxSpec(), lease_seconds=60)
-        await provider.execute(handle, ToolCall(operation_id="r", type="read_file", args={"path": "missing"}))
-    finally:
-        await provider.aclose()
-    assert transport.urls == ["https://api.corp.example/v2/sandboxes", "https://sandbox.e2b.dev/files"]
+    urls, handle = await urls_of_a_create_and_a_file_call(fake_e2b, {"E2B_DOMAIN": "corp.example"})
+    assert urls == ["https://api.corp.example/v2/sandboxes", "https://sandbox.e2b.dev/files"]
     assert handle.metadata["domain"] == "e2b.dev"
