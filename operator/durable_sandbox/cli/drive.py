@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import click
 
 from durable_sandbox.cli import render
+from durable_sandbox.cli.errors import Interrupted
 from durable_sandbox.cli.progress import make_display, positions, watch
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.cli.targets import RunPlan
@@ -56,16 +57,26 @@ async def run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_
     async def first() -> RunState:
         return await engine.run(plan.definition, plan.input, run_id=run_id, thread_id=thread_id, labels=plan.labels)
 
-    state = await _attempt(engine, settings, run_id, plan, first)
-    attempts = plan.retry.max_attempts if plan.retry else 1
-    attempt = 1
-    while state.status == "failed" and plan.retry is not None and attempt < attempts:
-        attempt += 1
-        delay = plan.retry.interval(attempt)
-        warn(f"run {run_id} failed; retrying (attempt {attempt}/{attempts}) in {delay:g}s (spec.retry)")
-        await asyncio.sleep(delay)
-        state = await _attempt(engine, settings, run_id, plan, lambda: engine.resume(run_id))
+    with interruption_names(run_id):
+        state = await _attempt(engine, settings, run_id, plan, first)
+        attempts = plan.retry.max_attempts if plan.retry else 1
+        attempt = 1
+        while state.status == "failed" and plan.retry is not None and attempt < attempts:
+            attempt += 1
+            delay = plan.retry.interval(attempt)
+            warn(f"run {run_id} failed; retrying (attempt {attempt}/{attempts}) in {delay:g}s (spec.retry)")
+            await asyncio.sleep(delay)
+            state = await _attempt(engine, settings, run_id, plan, lambda: engine.resume(run_id))
     return state
+
+
+@contextlib.contextmanager
+def interruption_names(run_id: str) -> Iterator[None]:
+    """A signal that stops the run being driven ends the command naming that run (to resume it)."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        raise Interrupted(run_id) from None
 
 
 async def _attempt(
@@ -94,4 +105,5 @@ async def resume_run(engine: Engine, settings: Settings, run_id: str) -> RunStat
         return state
     if settings.output == "table":
         click.echo(f"resuming run {run_id} ({state.workflow})")
-    return await with_display(engine, settings, run_id, run_id, lambda: engine.resume(run_id))
+    with interruption_names(run_id):
+        return await with_display(engine, settings, run_id, run_id, lambda: engine.resume(run_id))

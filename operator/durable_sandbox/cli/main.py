@@ -7,13 +7,15 @@ unknown run or workflow), 3 waiting on a callback or a timer.
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_USAGE, CliError
+from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, Interrupted
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.cli.targets import add_cwd_to_path
 from durable_sandbox.engine import (
@@ -55,8 +57,16 @@ class DsbGroup(click.Group):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             ctx.exit(EXIT_FAILED)
+        except Interrupted as exc:
+            name = signal.Signals(exc.signum).name
+            if exc.run_id is None:
+                _fail(ctx, f"interrupted ({name})", exc.code)
+            settings = ctx.find_object(Settings)
+            dsb = settings.dsb() if settings is not None else "dsb"
+            _fail(ctx, f"interrupted ({name}); run {exc.run_id} stopped and stays resumable (its sandbox is "
+                       f"hibernated): continue it with `{dsb} resume {shlex.quote(str(exc.run_id))}`", exc.code)
         except KeyboardInterrupt:
-            _fail(ctx, "interrupted; the run keeps its journal: continue it with `dsb resume RUN`", 130)
+            _fail(ctx, "interrupted", 130)
         except Exception as exc:
             if os.environ.get("DSB_DEBUG"):
                 raise

@@ -215,16 +215,14 @@ class Engine:
                 }
                 rt.emit("run.waiting", callbacks=[p["id"] for p in pending], wakeAt=changes["wake_at"])
             except asyncio.CancelledError:
-                if rt.cancel_reason is None:
-                    fresh = await store.get_run(run.run_id)
-                    rt.cancel_reason = fresh.cancel_requested if fresh else None
-                if rt.cancel_reason is None:
-                    raise  # this process is shutting down: leave the run for another worker
-                changes = {
-                    "status": RunStatus.CANCELLED,
-                    "error": ErrorInfo("RunCancelled", rt.cancel_reason),
-                }
-                rt.emit("run.cancelled", reason=rt.cancel_reason)
+                reason = await rt.cancel_requested()
+                if reason is None:
+                    # Interrupted, not cancelled (Ctrl-C, SIGTERM, shutdown): sandbox sessions have
+                    # hibernated; the run goes back to pending, resumable here or by any worker.
+                    await self._interrupted(lease, rt)
+                    raise
+                changes = {"status": RunStatus.CANCELLED, "error": ErrorInfo("RunCancelled", reason)}
+                rt.emit("run.cancelled", reason=reason)
             except LeaseLost:
                 log.warning("lost the lease on run %s; stopping without writing", run.run_id)
                 return None
@@ -256,6 +254,14 @@ class Engine:
             self._tasks.pop(run.run_id, None)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await keeper
+
+    async def _interrupted(self, lease: Lease, rt: RunRuntime) -> None:
+        rt.emit("run.interrupted", worker=self.worker_id)
+        try:
+            await self.store.commit(rt.run_id, lease.fence, Commit(rt.pending_records(), run={"status": RunStatus.PENDING}))
+            await rt.flush_events()
+        except LeaseLost:
+            pass  # another worker has it already
 
     async def open_runtime(
         self, run: RunRecord, lease: Lease, *, epoch: int | None = None, signals: dict[str, Any] | None = None

@@ -215,6 +215,15 @@ class RunRuntime:
             self.latest[rec.op_id] = rec
             self.first.setdefault(rec.op_id, rec)
 
+    async def cancel_requested(self) -> str | None:
+        """Why the run was cancelled, if a user cancelled it (here or through the store). A task
+        cancellation without it is an interruption (Ctrl-C, SIGTERM, a process shutting down): the run
+        is not over and must stay resumable."""
+        if self.cancel_reason is None:
+            fresh = await self.store.get_run(self.run_id)
+            self.cancel_reason = fresh.cancel_requested if fresh is not None else None
+        return self.cancel_reason
+
     def pending_records(self) -> list[OperationRecord]:
         recs, self._deferred = self._deferred, []
         return recs
