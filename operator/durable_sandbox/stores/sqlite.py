@@ -264,6 +264,18 @@ class SqliteStore:
                 self._check_fence(db, run_id, fence, False)
             db.execute(f"UPDATE runs SET {sets} WHERE run_id=?", (*vals, run_id))
 
+    async def delete_run(self, run_id: str, *, fence: int | None = None) -> bool:
+        # One transaction: a reader sees the whole run or nothing of it, never a run without its journal.
+        with self._tx() as db:
+            row = db.execute("SELECT fence FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            if row is None:
+                return False
+            if fence is not None and row[0] != fence:
+                raise LeaseLost(run_id, fence)
+            for table in ("ops", "events", "signals", "runs"):
+                db.execute(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
+        return True
+
     # ------------------------------------------------------------------ journal
 
     @staticmethod
