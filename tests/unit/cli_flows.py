@@ -69,3 +69,16 @@ async def brackets(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[s
     if data.get("fail"):
         await ctx.step("[fail]", _provider_error, retry=RetryPolicy(max_attempts=1))
     return {"out": out, "stdout": call.stdout}
+
+
+def _filler(i: int, size: int) -> str:
+    return f"{i}:" + "x" * size
+
+
+@durable_sandbox.workflow
+async def big_steps(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[str, Any]:
+    """Steps with big results (for filling a small disk)."""
+    total = 0
+    for i in range(int(data["n"])):
+        total += len(await ctx.step(f"big-{i}", _filler, i, int(data["size"])))
+    return {"steps": int(data["n"]), "bytes": total}

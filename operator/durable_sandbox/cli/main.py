@@ -24,6 +24,7 @@ from durable_sandbox.engine import (
     RunNotFound,
     SerializationError,
     SignalConflict,
+    StoreError,
     WorkflowNotFound,
 )
 from durable_sandbox.kube.manifests import ManifestError
@@ -51,6 +52,8 @@ class DsbGroup(click.Group):
         except _USAGE_ERRORS as exc:
             _fail(ctx, str(exc), EXIT_USAGE)
         except LeaseHeld as exc:
+            _fail(ctx, str(exc), EXIT_FAILED)
+        except StoreError as exc:
             _fail(ctx, str(exc), EXIT_FAILED)
         except BrokenPipeError:
             # `dsb logs RUN | head`: the reader went away; stop quietly like other Unix tools.

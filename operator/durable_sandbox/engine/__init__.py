@@ -15,6 +15,7 @@ from durable_sandbox.engine.errors import (
     SignalConflict,
     StepFailed,
     StepTimeout,
+    StoreError,
     WorkflowNotFound,
 )
 from durable_sandbox.engine.policies import RetryPolicy
@@ -47,6 +48,7 @@ __all__ = [
     "StepFailed",
     "StepTimeout",
     "Store",
+    "StoreError",
     "WorkflowDefinition",
     "WorkflowNotFound",
     "new_run_id",

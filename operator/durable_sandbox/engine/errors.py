@@ -137,6 +137,11 @@ class SerializationError(DurableError, TypeError):
     pass
 
 
+class StoreError(DurableError):
+    """The store cannot be used (not a store, not writable, full, deleted under the process, damaged).
+    The message names the store and says what to do; nothing is written past this error."""
+
+
 class Suspend(BaseException):
     """Raised through workflow code when the run must wait (a callback or a long sleep).
 
