@@ -14,7 +14,8 @@ from durable_sandbox.cli.errors import Interrupted
 from durable_sandbox.cli.progress import make_display, positions, watch
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.cli.targets import RunPlan
-from durable_sandbox.engine import Engine, RunState
+from durable_sandbox.engine import Engine, LeaseHeld, RunState
+from durable_sandbox.engine.owner import describe_owner
 
 
 def warn(message: str) -> None:
@@ -99,11 +100,23 @@ async def _attempt(
     return await engine.inspect(run_id) if pending else state
 
 
-async def resume_run(engine: Engine, settings: Settings, run_id: str) -> RunState:
+async def resume_run(engine: Engine, settings: Settings, run_id: str, *, wait: bool = False) -> RunState:
     state = await engine.inspect(run_id)
     if state.status in ("succeeded", "cancelled"):
         return state
     if settings.output == "table":
         click.echo(f"resuming run {run_id} ({state.workflow})")
+    told = False
     with interruption_names(run_id):
-        return await with_display(engine, settings, run_id, run_id, lambda: engine.resume(run_id))
+        while True:
+            try:
+                return await with_display(engine, settings, run_id, run_id, lambda: engine.resume(run_id))
+            except LeaseHeld as held:
+                if not wait:
+                    raise
+                if not told:
+                    click.echo(f"run {run_id} is being executed by {describe_owner(held.owner)}; waiting for it "
+                               f"(Ctrl-C stops waiting)", err=True)
+                    told = True
+                # Polling the lease: the holder may be another process, which can tell us nothing.
+                await asyncio.sleep(min(1.0, max(0.05, held.remaining)))

@@ -1,7 +1,8 @@
 """`dsb`: run Workflow manifests and Python workflows locally, and inspect, signal, resume and cancel runs.
 
 Exit codes: 0 succeeded, 1 failed or cancelled, 2 usage or invalid input (bad manifest, malformed JSON,
-unknown run or workflow), 3 waiting on a callback or a timer.
+unknown run or workflow), 3 waiting on a callback or a timer, 4 another live worker executes the run,
+130/143 interrupted by SIGINT/SIGTERM (the run stays resumable).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import click
 
-from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, Interrupted
+from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_LEASE_HELD, EXIT_USAGE, CliError, Interrupted
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.cli.targets import add_cwd_to_path
 from durable_sandbox.engine import (
@@ -52,7 +53,7 @@ class DsbGroup(click.Group):
         except _USAGE_ERRORS as exc:
             _fail(ctx, str(exc), EXIT_USAGE)
         except LeaseHeld as exc:
-            _fail(ctx, str(exc), EXIT_FAILED)
+            _fail(ctx, str(exc), EXIT_LEASE_HELD)
         except StoreError as exc:
             _fail(ctx, str(exc), EXIT_FAILED)
         except BrokenPipeError:

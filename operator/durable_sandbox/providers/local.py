@@ -656,7 +656,8 @@ class LocalProvider(SandboxProvider):
 
 def _process_start(pid: int) -> str | None:
     """The start time of process ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat): with
-    the pid it names one process for good, even after the pid is reused."""
+    the pid it names one process for good, even after the pid is reused. (engine/owner.py reads it the
+    same way for lease holders; providers import nothing of the engine, so each layer has its own.)"""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat_line = f.read()

@@ -507,7 +507,7 @@ class SqliteStore:
         fence = db.execute("SELECT fence FROM runs WHERE run_id=?", (run_id,)).fetchone()[0]
         return Lease(run_id, owner, fence, now + ttl)
 
-    async def claim(self, run_id: str, owner: str, ttl: float) -> Lease:
+    async def claim(self, run_id: str, owner: str, ttl: float, *, take_over_from: str | None = None) -> Lease:
         with self._tx() as db:
             row = db.execute("SELECT lease_owner, lease_expires_at FROM runs WHERE run_id=?", (run_id,)).fetchone()
             if row is None:
@@ -515,7 +515,8 @@ class SqliteStore:
 
                 raise RunNotFound(run_id)
             holder, expires = row
-            if holder is not None and holder != owner and expires is not None and expires > time.time():
+            held = holder is not None and holder != owner and expires is not None and expires > time.time()
+            if held and (take_over_from is None or holder != take_over_from):
                 raise LeaseHeld(run_id, holder, expires)
             return self._take(db, run_id, owner, ttl)
 
