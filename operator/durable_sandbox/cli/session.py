@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import durable_sandbox
+from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.errors import CliError
 from durable_sandbox.engine import StoreError
 from durable_sandbox.stores import SqliteStore, default_home
@@ -44,7 +45,7 @@ async def open_engine(settings: Settings) -> AsyncIterator[durable_sandbox.Engin
         store = SqliteStore(settings.store_path)
     except StoreError as exc:  # a --store that is no store is a usage error
         raise CliError(str(exc)) from None
-    engine = durable_sandbox.Engine(store)
+    engine = durable_sandbox.Engine(store, services={"env_values": LocalEnvValues(settings.store_path)})
     try:
         yield engine
     finally:

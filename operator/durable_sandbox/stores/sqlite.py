@@ -13,6 +13,7 @@ Durability modes:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -181,6 +182,23 @@ def _explain(error: sqlite3.Error) -> str:
     return text
 
 
+def _owner_only(path: Path) -> None:
+    """Create the store file readable by its owner only (workflow inputs, results and tool output are in
+    it), and tighten one made before this rule. SQLite creates the -wal and -shm files with the
+    database file's mode, so they follow."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077 and os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        extra = path.with_name(path.name + suffix)
+        with contextlib.suppress(OSError):
+            if extra.stat().st_mode & 0o077 and extra.stat().st_uid == os.geteuid():
+                extra.chmod(0o600)
+
+
 class SqliteStore:
     def __init__(self, path: str | os.PathLike[str] | None = None, *, durability: Durability = "process") -> None:
         if durability not in ("process", "fsync"):
@@ -199,6 +217,10 @@ class SqliteStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"Cannot create the store's directory {self.path.parent}: {e.strerror or e}") from None
+        try:
+            _owner_only(self.path)
+        except OSError as e:
+            raise StoreError(f"Cannot open the store {self.path}: {e.strerror or e}") from None
         try:
             self._open()
         except sqlite3.Error as e:
