@@ -45,12 +45,15 @@ async def open_engine(settings: Settings) -> AsyncIterator[durable_sandbox.Engin
         store = SqliteStore(settings.store_path)
     except StoreError as exc:  # a --store that is no store is a usage error
         raise CliError(str(exc)) from None
-    engine = durable_sandbox.Engine(store, services={"env_values": LocalEnvValues(settings.store_path)})
+    env_values = LocalEnvValues(settings.store_path)
+    engine = durable_sandbox.Engine(store, services={"env_values": env_values})
     try:
         yield engine
     finally:
         # aclose hibernates or finalizes sandboxes held by runs this process drove (DESIGN 6).
         with contextlib.suppress(Exception):
             await engine.aclose()
+        with contextlib.suppress(Exception):
+            await env_values.forget_settled(store)
         with contextlib.suppress(Exception):
             await store.close()
