@@ -2,7 +2,7 @@
 #
 #   docker build -t durable-sandbox:0.1.0 .          (or: buildah bud -t durable-sandbox:0.1.0 .)
 #
-# Two stages: `build` makes the wheel and installs it with its dependencies into /opt/durable-sandbox;
+# Stages: `build` makes the wheel and installs it with its dependencies into /opt/durable-sandbox;
 # the final stage has Debian's python3 and that virtualenv, nothing else (no pip, no compilers, no caches,
 # no apt lists). It runs as the numeric non-root UID 10001, so Kubernetes' runAsNonRoot can verify it.
 #
@@ -12,28 +12,36 @@
 # The tests build this same file: scripts/image-build.
 ARG BASE_IMAGE=docker.io/library/debian:bookworm-slim
 
-FROM ${BASE_IMAGE} AS build
+FROM ${BASE_IMAGE} AS python
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+
+# The runtime requirements (dependencies + the `kubernetes` extra), extracted from pyproject.toml in a stage
+# of their own: the build stage copies only this list, so a pyproject.toml change that leaves them alone
+# (test extras, tool settings) does not download every dependency again.
+FROM python AS requirements
+COPY pyproject.toml /src/pyproject.toml
+RUN python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["kubernetes"]))' > /requirements.txt
+
+FROM python AS build
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_CERT
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_ROOT_USER_ACTION=ignore \
-    DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv \
- && rm -rf /var/lib/apt/lists/*
+    PIP_ROOT_USER_ACTION=ignore
+COPY --from=requirements /requirements.txt /tmp/requirements.txt
+RUN python3 -m venv /opt/durable-sandbox \
+ && /opt/durable-sandbox/bin/pip install -r /tmp/requirements.txt
 WORKDIR /src
-# Dependencies first, from pyproject.toml alone (a placeholder package stands in for the sources), so a
-# change to the sources reuses this layer instead of downloading every dependency again.
 COPY pyproject.toml README.md ./
-RUN mkdir -p operator/durable_sandbox && touch operator/durable_sandbox/__init__.py \
- && python3 -m venv /opt/durable-sandbox \
- && /opt/durable-sandbox/bin/pip install '.[kubernetes]' \
- && rm -rf operator
 COPY operator ./operator
 RUN /opt/durable-sandbox/bin/pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/durable-sandbox/bin/pip install --no-deps --force-reinstall /wheels/*.whl \
+ && /opt/durable-sandbox/bin/pip install --no-deps /wheels/*.whl \
+ && /opt/durable-sandbox/bin/pip check \
  && /opt/durable-sandbox/bin/pip uninstall -y pip setuptools wheel \
  && find /opt/durable-sandbox -name '__pycache__' -prune -exec rm -rf {} + \
  && /opt/durable-sandbox/bin/python -m compileall -q -j 0 /opt/durable-sandbox/lib

@@ -123,15 +123,6 @@ def test_lint_strict(helm: Path, helm_home: Path, values: str | None) -> None:
     assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
 
 
-def test_chart_crds_are_the_repository_crds() -> None:
-    chart_crds = sorted(p.name for p in (CHART / "crds").iterdir())
-    assert chart_crds == sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
-    for name in chart_crds:
-        assert (CHART / "crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), (
-            f"charts/durable-sandbox/crds/{name} differs from crds/{name}: cp crds/*.yaml charts/durable-sandbox/crds/"
-        )
-
-
 def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, helm_home: Path) -> None:
     docs = render(helm, helm_home)
     kinds = sorted(d["kind"] for d in docs)
