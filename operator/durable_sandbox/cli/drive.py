@@ -30,9 +30,9 @@ async def with_display(
     # Only what happens from now on: a resumed run's earlier operations are in `dsb history`.
     after = await positions(engine.store, run_id)
     tty = render.is_tty()
-    display = make_display(title, tty=tty, console=render.console() if tty else None)
+    display = make_display(title, tty=tty, console=render.console() if tty else None, wide=settings.wide)
     stop = asyncio.Event()
-    watcher = asyncio.create_task(watch(engine.store, run_id, display, stop, after=after))
+    watcher = asyncio.create_task(watch(engine.store, run_id, display, stop, after=after, wide=settings.wide))
     try:
         return await drive()
     finally:

@@ -26,6 +26,8 @@ from durable_sandbox.engine import (
 )
 from durable_sandbox.kube.manifests import ManifestError
 
+OUTPUTS = ["table", "wide", "json", "yaml"]
+
 # Errors that mean "what you asked for is wrong", as opposed to "the run went wrong".
 _USAGE_ERRORS = (ManifestError, RunNotFound, WorkflowNotFound, RunConflict, SignalConflict, SerializationError)
 
@@ -74,10 +76,10 @@ class DsbGroup(click.Group):
 @click.option(
     "-o",
     "--output",
-    type=click.Choice(["table", "json", "yaml"]),
+    type=click.Choice(OUTPUTS),
     default="table",
     show_default=True,
-    help="Output format.",
+    help="Output format (wide: tables with full ids).",
 )
 @click.version_option(package_name="durable-sandbox", prog_name="dsb")
 @click.pass_context
@@ -86,12 +88,13 @@ def cli(ctx: click.Context, store: Path | None, output: str) -> None:
     # module:function references resolve from the current directory, as with `python -m`;
     # resume/cancel need this too, to re-import a run's workflow.
     add_cwd_to_path()
-    ctx.obj = Settings(store=store, output=output, store_given=store is not None)
+    ctx.obj = Settings(store=store, store_given=store is not None)
+    ctx.obj.set_output(output)
 
 
 def _set_output(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     if value is not None:
-        ctx.find_object(Settings).output = value  # type: ignore[union-attr]
+        ctx.find_object(Settings).set_output(value)  # type: ignore[union-attr]
 
 
 def _set_store(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
@@ -104,7 +107,7 @@ def _set_store(ctx: click.Context, _param: click.Parameter, value: Path | None) 
 def _accept_global_options(command: click.Command) -> None:
     """`dsb runs -o json` works like `dsb -o json runs`, as kubectl users expect."""
     command.params.append(
-        click.Option(["-o", "--output"], type=click.Choice(["table", "json", "yaml"]), default=None,
+        click.Option(["-o", "--output"], type=click.Choice(OUTPUTS), default=None,
                      expose_value=False, callback=_set_output, help="Output format (same as before the command).")
     )
     command.params.append(

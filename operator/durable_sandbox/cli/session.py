@@ -17,9 +17,13 @@ log = logging.getLogger("durable_sandbox.cli")
 @dataclass
 class Settings:
     store: Path | None = None  # None: $DURABLE_SANDBOX_HOME/runs.db
-    output: str = "table"
+    output: str = "table"  # table, json or yaml; `-o wide` is the table with full ids (wide=True)
+    wide: bool = False
     store_given: bool = False  # echo --store in the commands we print, so they work as printed
     warnings: list[str] = field(default_factory=list)
+
+    def set_output(self, value: str) -> None:
+        self.output, self.wide = ("table", True) if value == "wide" else (value, False)
 
     @property
     def store_path(self) -> Path:

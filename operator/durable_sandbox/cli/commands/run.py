@@ -8,7 +8,7 @@ from durable_sandbox.cli import drive
 from durable_sandbox.cli.commands.common import outcome_code, pass_settings, report_outcome, run_async, worst
 from durable_sandbox.cli.errors import CliError
 from durable_sandbox.cli.jsonarg import read_input
-from durable_sandbox.cli.render import emit_data
+from durable_sandbox.cli.render import emit_data, state_doc
 from durable_sandbox.cli.session import Settings, open_engine
 from durable_sandbox.cli.targets import RunPlan, is_manifest, plan_entrypoint, plan_manifest
 from durable_sandbox.engine import RunState
@@ -45,7 +45,7 @@ def run(
     if settings.output == "table":
         codes = [report_outcome(settings, s) for s in states]
     else:
-        emit_data(settings, states[0].to_json() if len(states) == 1 else [s.to_json() for s in states])
+        emit_data(settings, state_doc(states[0]) if len(states) == 1 else [state_doc(s) for s in states])
         codes = [outcome_code(settings, s) for s in states]
     click.get_current_context().exit(worst(codes))
 
