@@ -170,6 +170,10 @@ def resolve_env(settings: SandboxSettings, secrets: dict[tuple[str, str], str] |
 @workflow(name=NAME, version="1")
 async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]:
     secrets = ctx.operations.services.get("secrets")
+    if callable(secrets):
+        # The operator serves several namespaces from one process: the values a run may see are looked up
+        # by its run id (read from its namespace's Secrets just before it executes; never journaled).
+        secrets = secrets(ctx.run_id)
     options: dict[str, Any] = {
         "template": spec.sandbox.template,
         "env": resolve_env(spec.sandbox, secrets),
