@@ -15,9 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from durable_sandbox.cli.session import Settings
-from durable_sandbox.cli.targets import WORKFLOW_LABEL
 from durable_sandbox.engine import OperationRecord, RunRecord, RunState
 from durable_sandbox.engine.events import call_target
+from durable_sandbox.kube.plan import WORKFLOW_LABEL
 
 _STATUS_STYLE = {
     "succeeded": "green",
