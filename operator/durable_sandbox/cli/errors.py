@@ -8,6 +8,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the run failed or was cancelled
 EXIT_USAGE = 2  # bad arguments, invalid manifest or input, unknown run or workflow
 EXIT_WAITING = 3  # the run waits on a callback or a timer
+EXIT_TIMEOUT = 4  # `dsb wait --timeout` gave up before the run finished or waited
 
 
 class CliError(Exception):

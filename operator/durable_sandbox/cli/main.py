@@ -1,7 +1,8 @@
 """`dsb`: run Workflow manifests and Python workflows locally, and inspect, signal, resume and cancel runs.
 
 Exit codes: 0 succeeded, 1 failed or cancelled, 2 usage or invalid input (bad manifest, malformed JSON,
-unknown run or workflow), 3 waiting on a callback or a timer.
+unknown run or workflow, missing --store file), 3 waiting on a callback or a timer, 4 `dsb wait --timeout`
+gave up, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from durable_sandbox.cli.targets import add_cwd_to_path
 from durable_sandbox.engine import (
     LeaseHeld,
     RunConflict,
+    RunNotFinished,
     RunNotFound,
     SerializationError,
     SignalConflict,
@@ -29,7 +31,7 @@ from durable_sandbox.kube.manifests import ManifestError
 OUTPUTS = ["table", "wide", "json", "yaml"]
 
 # Errors that mean "what you asked for is wrong", as opposed to "the run went wrong".
-_USAGE_ERRORS = (ManifestError, RunNotFound, WorkflowNotFound, RunConflict, SignalConflict, SerializationError)
+_USAGE_ERRORS = (ManifestError, RunNotFound, RunNotFinished, WorkflowNotFound, RunConflict, SignalConflict, SerializationError)
 
 
 def _fail(ctx: click.Context, message: str, code: int) -> None:
@@ -117,7 +119,7 @@ def _accept_global_options(command: click.Command) -> None:
 
 
 def _register() -> None:
-    from durable_sandbox.cli.commands import control, inspect, logs, run, runs, worker
+    from durable_sandbox.cli.commands import control, inspect, lifecycle, logs, run, runs, worker
 
     for command in (
         run.run,
@@ -128,6 +130,9 @@ def _register() -> None:
         control.resume,
         runs.runs,
         logs.logs,
+        lifecycle.wait,
+        lifecycle.delete,
+        lifecycle.prune,
         worker.worker,
     ):
         _accept_global_options(command)

@@ -264,7 +264,7 @@ def run_summary(run: RunRecord) -> dict[str, Any]:
     }
 
 
-def render_runs(settings: Settings, runs: list[RunRecord]) -> None:
+def render_runs(settings: Settings, runs: list[RunRecord], *, empty: str = "no runs") -> None:
     if settings.output != "table":
         emit_data(settings, [run_summary(r) for r in runs])
         return
@@ -283,8 +283,8 @@ def render_runs(settings: Settings, runs: list[RunRecord]) -> None:
     con = console(wide=settings.wide)
     if runs:
         con.print(table)
-    else:
-        con.print("no runs")
+    elif empty:
+        con.print(empty)
 
 
 def state_doc(state: RunState) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import durable_sandbox
+from durable_sandbox.cli.errors import CliError
 from durable_sandbox.stores import SqliteStore, default_home
 
 log = logging.getLogger("durable_sandbox.cli")
@@ -40,8 +41,19 @@ def _quote(text: str) -> str:
     return shlex.quote(text)
 
 
+def check_store(settings: Settings, *, create: bool) -> None:
+    """A --store that does not exist is a mistake (a typo would otherwise show an empty store, and
+    create one), except for `dsb run`, which creates the store it records runs in. The default store is
+    created on first use by any command."""
+    if settings.store_given and not create and not settings.store_path.exists():
+        raise CliError(
+            f"--store {settings.store_path}: no such store file; check the path (`dsb run --store PATH ...` creates one)"
+        )
+
+
 @contextlib.asynccontextmanager
-async def open_engine(settings: Settings) -> AsyncIterator[durable_sandbox.Engine]:
+async def open_engine(settings: Settings, *, create: bool = False) -> AsyncIterator[durable_sandbox.Engine]:
+    check_store(settings, create=create)
     store = SqliteStore(settings.store_path)
     engine = durable_sandbox.Engine(store)
     try:
