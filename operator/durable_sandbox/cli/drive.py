@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from durable_sandbox.cli import render
+from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.progress import make_display, positions, watch
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.cli.targets import RunPlan
@@ -58,6 +59,17 @@ async def submit(engine: Engine, plan: RunPlan, *, thread_id: str | None) -> Run
 
 
 async def run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_id: str | None) -> RunState:
+    env_files = engine.services.get("env_values")
+    if plan.env_values and isinstance(env_files, LocalEnvValues):
+        assert plan.run_id is not None  # manifests derive one
+        env_files.save(plan.run_id, plan.env_values)
+    state = await _run_plan(engine, settings, plan, thread_id=thread_id)
+    if isinstance(env_files, LocalEnvValues) and state.status in ("succeeded", "cancelled"):
+        env_files.forget(state.run_id)  # nothing will run again: the values are no longer needed
+    return state
+
+
+async def _run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_id: str | None) -> RunState:
     run = await submit(engine, plan, thread_id=thread_id)
     run_id = run.run_id
     if run.status in FINISHED:

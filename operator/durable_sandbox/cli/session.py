@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import durable_sandbox
+from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.errors import CliError
 from durable_sandbox.stores import SqliteStore, default_home
 
@@ -55,7 +56,7 @@ def check_store(settings: Settings, *, create: bool) -> None:
 async def open_engine(settings: Settings, *, create: bool = False) -> AsyncIterator[durable_sandbox.Engine]:
     check_store(settings, create=create)
     store = SqliteStore(settings.store_path)
-    engine = durable_sandbox.Engine(store)
+    engine = durable_sandbox.Engine(store, services={"env_values": LocalEnvValues(settings.store_path)})
     try:
         yield engine
     finally:

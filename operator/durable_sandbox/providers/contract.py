@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import posixpath
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -191,6 +192,13 @@ class SandboxProvider:
 
     def capabilities(self) -> ProviderCapabilities:
         return ProviderCapabilities()
+
+    @classmethod
+    def configuration_problems(cls, environ: Mapping[str, str]) -> list[str]:
+        """What is missing or malformed in the configuration this provider reads from ``environ``, one
+        line each (never echoing a secret). Checked before a run is created, so a run is never started
+        against a provider that cannot be constructed. The default: nothing is required."""
+        return []
 
     def require(self, capability: Capability) -> None:
         if not self.capabilities().supports(capability):

@@ -52,6 +52,7 @@ from durable_sandbox.providers.e2b_connect import (
     encode_envelope,
     read_process_stream,
 )
+from durable_sandbox.providers.redaction import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,23 @@ def _parse_time(value: Any) -> float | None:
         return None
 
 
+def _configuration_problems(key: str | None, api_url: str, sandbox_url: str | None) -> list[str]:
+    """One check for the constructor and for the pre-run check (``configuration_problems``)."""
+    problems = []
+    if not key:
+        problems.append("Sandbox provider [e2b] needs an API key: set E2B_API_KEY or pass api_key=")
+    elif not all("!" <= ch <= "~" for ch in key):
+        # Sent as an HTTP header: a CR, a space or a non-ASCII character cannot be sent (or is an injection).
+        problems.append(
+            "Sandbox provider [e2b]: E2B_API_KEY must be printable ASCII without spaces or line breaks "
+            "(check for a stray newline or a copy-paste artefact)"
+        )
+    for what, url in (("E2B_API_URL", api_url), ("E2B_SANDBOX_URL", sandbox_url)):
+        if url is not None and urlsplit(url).scheme not in ("http", "https"):
+            problems.append(f"Sandbox provider [e2b]: {what} must be an http(s) URL, got {redact_url(url)!r}")
+    return problems
+
+
 class E2BProvider(SandboxProvider):
     name = "e2b"
 
@@ -140,14 +158,14 @@ class E2BProvider(SandboxProvider):
     ) -> None:
         env = os.environ if environ is None else environ
         key = api_key if api_key is not None else env.get("E2B_API_KEY")
-        if not key:
-            raise ConfigurationError("Sandbox provider [e2b] needs an API key: set E2B_API_KEY or pass api_key=")
+        api_url = (api_url or env.get("E2B_API_URL") or DEFAULT_API_URL).rstrip("/")
+        sandbox_url = (sandbox_url or env.get("E2B_SANDBOX_URL") or "").rstrip("/") or None
+        problems = _configuration_problems(key, api_url, sandbox_url)
+        if problems or not key:
+            raise ConfigurationError("; ".join(problems))
         self._api_key = key
-        self.api_url = (api_url or env.get("E2B_API_URL") or DEFAULT_API_URL).rstrip("/")
-        self.sandbox_url = (sandbox_url or env.get("E2B_SANDBOX_URL") or "").rstrip("/") or None
-        for what, url in (("E2B_API_URL", self.api_url), ("E2B_SANDBOX_URL", self.sandbox_url)):
-            if url is not None and urlsplit(url).scheme not in ("http", "https"):
-                raise ConfigurationError(f"Sandbox provider [e2b]: {what} must be an http(s) URL, got {url!r}")
+        self.api_url = api_url
+        self.sandbox_url = sandbox_url
         self.template = template
         self.retry = retry or RetryPolicy()
         self._clock = clock
@@ -157,7 +175,14 @@ class E2BProvider(SandboxProvider):
         self._client = httpx.AsyncClient(timeout=timeout, transport=transport, follow_redirects=False)
 
     def __repr__(self) -> str:
-        return f"E2BProvider(api_url={self.api_url!r}, sandbox_url={self.sandbox_url!r}, template={self.template!r})"
+        sandbox_url = redact_url(self.sandbox_url) if self.sandbox_url else None
+        return f"E2BProvider(api_url={redact_url(self.api_url)!r}, sandbox_url={sandbox_url!r}, template={self.template!r})"
+
+    @classmethod
+    def configuration_problems(cls, environ: Mapping[str, str]) -> list[str]:
+        return _configuration_problems(
+            environ.get("E2B_API_KEY"), environ.get("E2B_API_URL") or DEFAULT_API_URL, environ.get("E2B_SANDBOX_URL") or None
+        )
 
     def capabilities(self) -> ProviderCapabilities:
         return ProviderCapabilities(

@@ -7,9 +7,18 @@ import click
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, report_outcome, run_async
 from durable_sandbox.cli.duration import parse_duration
+from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, CliError
 from durable_sandbox.cli.session import Settings, open_engine
-from durable_sandbox.engine import RunState
+from durable_sandbox.engine import Engine, RunState
+
+
+def forget_env_values(engine: Engine, run_ids: list[str]) -> None:
+    """A deleted run's env values (kept for `dsb resume` next to the store) go with it."""
+    env_files = engine.services.get("env_values")
+    if isinstance(env_files, LocalEnvValues):
+        for run_id in run_ids:
+            env_files.forget(run_id)
 
 
 @click.command("wait")
@@ -56,6 +65,7 @@ def delete(settings: Settings, run_ids: tuple[str, ...], force: bool) -> None:
         async with open_engine(settings) as engine:
             for run_id in run_ids:
                 await engine.delete(run_id, force=force)
+                forget_env_values(engine, [run_id])
                 if settings.output == "table":
                     click.echo(f"run {run_id} deleted")
 
@@ -76,7 +86,9 @@ def prune(settings: Settings, older_than: str) -> None:
 
     async def go() -> tuple[list[str], dict[str, str]]:
         async with open_engine(settings) as engine:
-            return await engine.prune(seconds)
+            deleted, kept = await engine.prune(seconds)
+            forget_env_values(engine, deleted)
+            return deleted, kept
 
     deleted, kept = run_async(go())
     if settings.output != "table":
