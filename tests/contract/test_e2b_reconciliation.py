@@ -9,7 +9,7 @@ import httpx
 
 from durable_sandbox.providers.contract import SandboxSpec, ToolCall
 from durable_sandbox.providers.e2b import OWNER_METADATA_KEY, E2BProvider, snapshot_name
-from tests.contract.e2b_support import make_provider
+from tests.contract.e2b_support import RecordingSleep, make_provider
 from tests.fakes.e2b_state import TEAM_SLUG, FakeState
 
 SPEC = SandboxSpec(owner="reconcile", labels={"run": "r1"}, operation_id="run-1/ws/provision")
@@ -23,6 +23,17 @@ async def test_a_lost_create_answer_retried_yields_exactly_one_sandbox(e2b: E2BP
     assert creates[0].headers["Idempotency-Key"] == creates[1].headers["Idempotency-Key"]
     assert fake_e2b.live_sandboxes() == [handle.id], "the retry got the first sandbox back, not a second one"
     assert (await e2b.execute(handle, ToolCall(operation_id="s", type="shell", args={"command": "echo one"}))).stdout == "one\n"
+
+
+async def test_a_retry_while_the_first_create_is_in_progress_waits_for_its_answer(fake_e2b: FakeState) -> None:
+    sleep = RecordingSleep()
+    provider = make_provider(fake_e2b, sleep=sleep)
+    fake_e2b.drop_connection_after_create()
+    fake_e2b.report_create_in_progress(2)
+    handle = await provider.provision(SPEC, lease_seconds=300)
+    await provider.aclose()
+    assert [r.status for r in fake_e2b.calls("POST", "/v2/sandboxes")] == [0, 409, 409, 201]
+    assert fake_e2b.live_sandboxes() == [handle.id] and len(sleep.delays) == 3
 
 
 async def test_a_retried_operation_gets_its_sandbox_back(e2b: E2BProvider, fake_e2b: FakeState) -> None:

@@ -121,6 +121,10 @@ class SandboxSpec(_Frozen):
     env: dict[str, str] = Field(default_factory=dict, repr=False)  # may hold secrets: never logged
     owner: str | None = None  # owner tag for orphan sweeps (cluster id / run id)
     labels: dict[str, str] = Field(default_factory=dict)  # non-secret metadata (run id, workflow, ...)
+    # Stable id of the provision/restore operation this spec is for (the same on every retry of it).
+    # Providers whose create API deduplicates (e2b: Idempotency-Key) use it so that a create retried
+    # after a lost answer yields one sandbox; others ignore it. Never put in handles or sandbox metadata.
+    operation_id: str | None = None
 
 
 class SandboxHandle(_Frozen):

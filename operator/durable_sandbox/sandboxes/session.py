@@ -490,10 +490,16 @@ class SandboxSession:
         self.rt.enter(op_id, OpKind.SANDBOX_PROVISION.value, self.provider.name, None)
         meta = {"provider": self.provider.name, "options": self._options()}
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "started", meta=meta, check_cancel=True)
-        handle = await self._transient("provision", lambda: self.provider.provision(self.spec, lease_seconds=self.lease_seconds))
+        spec = self._spec_for(op_id)
+        handle = await self._transient("provision", lambda: self.provider.provision(spec, lease_seconds=self.lease_seconds))
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "completed", result=_handle_json(handle), meta=meta)
         self.state.handle = handle
         self.state.provider = self.provider.name
+
+    def _spec_for(self, op_id: str) -> SandboxSpec:
+        """The spec for one provision/restore: its operation id lets a provider with an idempotent create
+        answer the engine's retry of it with the same sandbox."""
+        return self.spec.model_copy(update={"operation_id": f"{self.rt.run_id}/{op_id}"})
 
     def _options(self) -> dict[str, Any]:
         # Never the env: it may hold secrets.
@@ -595,10 +601,11 @@ class SandboxSession:
             for h in self.state.pending_handles:  # a half-finished restore from before a crash
                 await self._destroy(h, reason="abandoned")
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta=meta)
+        spec = self._spec_for(op_id)
         if cp is not None:
-            handle = await self._transient("restore", lambda: self.provider.restore(cp.snapshot_id, self.spec, lease_seconds=self.lease_seconds))
+            handle = await self._transient("restore", lambda: self.provider.restore(cp.snapshot_id, spec, lease_seconds=self.lease_seconds))
         else:
-            handle = await self._transient("provision", lambda: self.provider.provision(self.spec, lease_seconds=self.lease_seconds))
+            handle = await self._transient("provision", lambda: self.provider.provision(spec, lease_seconds=self.lease_seconds))
         # Record the new sandbox before replaying into it, so a crash mid-replay cannot leak it.
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta={**meta, "handle": _handle_json(handle)})
         self.state.pending_handles.append(handle)
