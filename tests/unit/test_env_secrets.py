@@ -82,6 +82,47 @@ def test_env_values_reach_the_sandbox_but_not_the_store_or_inspect(
         assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, f"{path} is readable by others"
 
 
+def test_a_failed_run_resumes_with_its_env_values_kept_beside_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dsb resume` (another engine, as a later process would open) still hands the value to the sandbox:
+    it is kept in an owner-only file beside the store while the run can execute again, and deleted once
+    the run has succeeded."""
+    monkeypatch.setenv("DURABLE_SANDBOX_HOME", str(tmp_path / "home"))
+    store = tmp_path / "runs.db"
+    marker = tmp_path / "attempted"
+    path = tmp_path / "flaky.yaml"
+    path.write_text(
+        f"apiVersion: {API_VERSION}\nkind: Workflow\nmetadata:\n  name: flaky\nspec:\n"
+        "  failurePolicy: {onNonZeroExit: fail}\n"
+        f"  sandbox:\n    env:\n      - {{name: API_TOKEN, value: {SANDBOX_CANARY}}}\n"
+        "  toolCalls:\n"
+        f"    - {{type: shell, command: 'test -f {marker} || {{ touch {marker}; exit 1; }}'}}\n"
+        f"    - {{type: shell, command: 'test \"$API_TOKEN\" = \"$EXPECT\"', env: {{EXPECT: {SANDBOX_CANARY}}}}}\n"
+    )
+    failed = dsb("--store", str(store), "-o", "json", "run", str(path))
+    assert failed.exit_code == 1, failed.output
+    run_id = json.loads(failed.stdout)["runId"]
+    env_dir = store.parent / (store.name + ".env")
+    (kept,) = list(env_dir.iterdir())
+    assert stat.S_IMODE(env_dir.stat().st_mode) == 0o700 and stat.S_IMODE(kept.stat().st_mode) == 0o600
+
+    # Elsewhere (no values file), the run says what is missing and how to continue, instead of running
+    # the sandbox without its env.
+    aside = kept.rename(tmp_path / "aside.json")
+    elsewhere = dsb("--store", str(store), "-o", "json", "resume", run_id)
+    assert elsewhere.exit_code == 1
+    error = json.loads(elsewhere.stdout)["error"]
+    assert error["type"] == "EnvValuesUnavailable" and "dsb run <manifest>" in error["message"]
+    aside.rename(kept)
+
+    resumed = dsb("--store", str(store), "-o", "json", "resume", run_id)
+    assert resumed.exit_code == 0, resumed.output
+    assert [r["exitCode"] for r in json.loads(resumed.stdout)["result"]["toolResults"]] == [0, 0]
+    assert list(env_dir.iterdir()) == []  # the run succeeded: its values are gone
+    assert SANDBOX_CANARY.encode() not in store_bytes(store)
+
+
 def test_code_first_call_env_is_not_journaled(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "runs.db")
     engine = durable_sandbox.Engine(store)

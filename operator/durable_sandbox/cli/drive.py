@@ -53,23 +53,16 @@ async def submit(engine: Engine, plan: RunPlan, *, thread_id: str | None) -> Run
     run = await engine.create(plan.definition, plan.input, run_id=plan.run_id, thread_id=thread_id, labels=plan.labels)
     if run.status in FINISHED:
         return run
+    env_files = engine.services.get("env_values")
+    if plan.env_values and isinstance(env_files, LocalEnvValues):
+        # After create: a values file always belongs to a run that exists (see LocalEnvValues.forget_settled).
+        env_files.save(run.run_id, plan.env_values)
     for callback_id, value in plan.signals.items():
         await engine.signal(run.run_id, callback_id, value)
     return run
 
 
 async def run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_id: str | None) -> RunState:
-    env_files = engine.services.get("env_values")
-    if plan.env_values and isinstance(env_files, LocalEnvValues):
-        assert plan.run_id is not None  # manifests derive one
-        env_files.save(plan.run_id, plan.env_values)
-    state = await _run_plan(engine, settings, plan, thread_id=thread_id)
-    if isinstance(env_files, LocalEnvValues) and state.status in ("succeeded", "cancelled"):
-        env_files.forget(state.run_id)  # nothing will run again: the values are no longer needed
-    return state
-
-
-async def _run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_id: str | None) -> RunState:
     run = await submit(engine, plan, thread_id=thread_id)
     run_id = run.run_id
     if run.status in FINISHED:

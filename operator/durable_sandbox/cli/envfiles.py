@@ -3,7 +3,8 @@
 `spec.sandbox.env[].value` and a call's `env` may be secrets, so the run's stored input has them replaced
 by ``***`` (``sandbox_agent.detach_env``). Until the run finishes, `dsb resume`, `dsb worker` and run
 retries on this machine still need them for the provider: they live in ``<store>.env/``, a directory
-only its owner can enter, one owner-only file per run, deleted when the run succeeds or is cancelled.
+only its owner can enter, one owner-only file per run, deleted by the first `dsb` command that finds the
+run succeeded, cancelled or deleted (every command that opens the store checks when it closes it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+
+from durable_sandbox.engine import RunStatus, Store
 
 
 class LocalEnvValues:
@@ -43,5 +46,18 @@ class LocalEnvValues:
         values = data.get("values") if isinstance(data, dict) and data.get("runId") == run_id else None
         return {str(k): str(v) for k, v in values.items()} if isinstance(values, dict) else None
 
-    def forget(self, run_id: str) -> None:
-        self._path(run_id).unlink(missing_ok=True)
+    async def forget_settled(self, store: Store) -> list[str]:
+        """Delete the values of runs that will not execute again; returns their run ids."""
+        if not self.directory.is_dir():
+            return []
+        forgotten = []
+        for path in self.directory.glob("*.json"):
+            try:
+                run_id = json.loads(path.read_text(encoding="utf-8"))["runId"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            run = await store.get_run(run_id)
+            if run is None or run.status in (RunStatus.SUCCEEDED, RunStatus.CANCELLED):
+                path.unlink(missing_ok=True)
+                forgotten.append(run_id)
+        return forgotten

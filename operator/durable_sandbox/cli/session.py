@@ -56,12 +56,15 @@ def check_store(settings: Settings, *, create: bool) -> None:
 async def open_engine(settings: Settings, *, create: bool = False) -> AsyncIterator[durable_sandbox.Engine]:
     check_store(settings, create=create)
     store = SqliteStore(settings.store_path)
-    engine = durable_sandbox.Engine(store, services={"env_values": LocalEnvValues(settings.store_path)})
+    env_values = LocalEnvValues(settings.store_path)
+    engine = durable_sandbox.Engine(store, services={"env_values": env_values})
     try:
         yield engine
     finally:
         # aclose hibernates or finalizes sandboxes held by runs this process drove (DESIGN 6).
         with contextlib.suppress(Exception):
             await engine.aclose()
+        with contextlib.suppress(Exception):
+            await env_values.forget_settled(store)
         with contextlib.suppress(Exception):
             await store.close()

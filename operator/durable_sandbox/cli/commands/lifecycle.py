@@ -1,4 +1,5 @@
-"""`dsb wait`, `dsb delete` and `dsb prune`: waiting for a run started elsewhere, and removing finished runs."""
+"""`dsb wait`, `dsb delete` and `dsb prune`: waiting for a run started elsewhere, and removing finished runs
+(a deleted run's env values go too: the engine session forgets the values of runs that no longer exist)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,9 @@ import click
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, report_outcome, run_async
 from durable_sandbox.cli.duration import parse_duration
-from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, CliError
 from durable_sandbox.cli.session import Settings, open_engine
-from durable_sandbox.engine import Engine, RunState
-
-
-def forget_env_values(engine: Engine, run_ids: list[str]) -> None:
-    """A deleted run's env values (kept for `dsb resume` next to the store) go with it."""
-    env_files = engine.services.get("env_values")
-    if isinstance(env_files, LocalEnvValues):
-        for run_id in run_ids:
-            env_files.forget(run_id)
+from durable_sandbox.engine import RunState
 
 
 @click.command("wait")
@@ -65,7 +57,6 @@ def delete(settings: Settings, run_ids: tuple[str, ...], force: bool) -> None:
         async with open_engine(settings) as engine:
             for run_id in run_ids:
                 await engine.delete(run_id, force=force)
-                forget_env_values(engine, [run_id])
                 if settings.output == "table":
                     click.echo(f"run {run_id} deleted")
 
@@ -86,9 +77,7 @@ def prune(settings: Settings, older_than: str) -> None:
 
     async def go() -> tuple[list[str], dict[str, str]]:
         async with open_engine(settings) as engine:
-            deleted, kept = await engine.prune(seconds)
-            forget_env_values(engine, deleted)
-            return deleted, kept
+            return await engine.prune(seconds)
 
     deleted, kept = run_async(go())
     if settings.output != "table":
