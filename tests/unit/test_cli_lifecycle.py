@@ -101,7 +101,7 @@ def test_wait_timeout_and_an_orphaned_run(home: Path) -> None:
     dsb("runs")  # creates the default store
     store_call(home, make)
     gave_up = dsb("wait", "nobody", "--timeout", "0.3s")  # pending, and no worker serves this store
-    assert gave_up.exit_code == 4
+    assert gave_up.exit_code == 5
     assert gave_up.stderr.startswith("error: run nobody is still pending after 0.3s")
     orphan = dsb("wait", "orphan")
     assert orphan.exit_code == 3 and "run orphan is running" in orphan.stdout

@@ -8,13 +8,13 @@ spec-to-store mapping and code that drives runs elsewhere. Execution is :mod:`en
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from durable_sandbox.engine.errors import InvalidInput, RunConflict, RunNotFound
 from durable_sandbox.engine.events import tail
+from durable_sandbox.engine.owner import run_is_stale
 from durable_sandbox.engine.records import Event, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.engine.state import RunState, build_state
@@ -23,11 +23,6 @@ from durable_sandbox.engine.workflow import definition_of
 
 # A run in one of these has settled for a follower: it finished or waits for something outside it.
 SETTLED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.WAITING)
-
-
-def orphaned(run: RunRecord, now: float) -> bool:
-    """Marked running, but no live lease: the process executing it died (a worker takes it over)."""
-    return run.status == RunStatus.RUNNING and (run.lease_expires_at is None or run.lease_expires_at < now)
 
 
 def new_run_id() -> str:
@@ -97,12 +92,12 @@ class RunClient:
 
     async def wait(self, run_id: str, *, timeout: float | None = None, poll_interval: float = 0.2) -> RunRecord:
         """Poll the store until the run finishes or waits (``SETTLED``), or nobody executes it any more
-        (running with an expired lease: a worker died); ``TimeoutError`` after ``timeout`` seconds."""
+        (stale: its worker died); ``TimeoutError`` after ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             run = await self.get(run_id)
-            if run.status in SETTLED or orphaned(run, time.time()):
+            if run.status in SETTLED or run_is_stale(run):
                 return run
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"run {run_id!r} is still {run.status.value} after {timeout:g}s")

@@ -15,7 +15,7 @@ from durable_sandbox.engine import RunState
 
 @click.command("wait")
 @click.argument("run_id", metavar="RUN")
-@click.option("--timeout", metavar="DURATION", help="Give up after DURATION (e.g. 90s, 10m, 1h): exit 4.")
+@click.option("--timeout", metavar="DURATION", help="Give up after DURATION (e.g. 90s, 10m, 1h): exit 5.")
 @pass_settings
 def wait(settings: Settings, run_id: str, timeout: str | None) -> None:
     """Wait until a run finishes or waits (on a callback or a timer), then report it as `dsb run` does and
