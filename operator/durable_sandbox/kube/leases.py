@@ -84,6 +84,11 @@ class RunLeases:
         seen = self._seen[lease.metadata.name]  # type: ignore[union-attr, index]
         return max(0.0, (spec.lease_duration_seconds or 0) - (self.clock() - seen.at))
 
+    def vacant(self, lease: m.V1Lease) -> bool:
+        """Nobody holds it, or the holder's time ran out."""
+        spec = lease.spec
+        return spec is None or not spec.holder_identity or self.remaining(lease) <= 0
+
     def free_for(self, lease: m.V1Lease, holder: str) -> bool:
         spec = lease.spec
         return spec is None or spec.holder_identity in (None, "", holder) or self.remaining(lease) <= 0

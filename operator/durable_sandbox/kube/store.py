@@ -674,8 +674,8 @@ class KubernetesStore:
             if workflows and json.loads(data.get("run.workflow", "null")) not in workflows:
                 continue
             lease = leases.get(head["metadata"]["name"])
-            if lease is not None and not self.leases.free_for(lease, owner):
-                continue
+            if lease is not None and not self.leases.vacant(lease):
+                continue  # held, by another worker or by this one: not ours to hand out again
             meta = head["metadata"]
             run_id = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
             candidates.append((json.loads(data.get("run.updated_at", "0")), run_id))
