@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from durable_sandbox.providers.contract import (
@@ -30,13 +28,6 @@ SPEC = SandboxSpec(owner="fault-tests")
 
 def shell(command: str, op: str = "op-1", **args: object) -> ToolCall:
     return ToolCall(operation_id=op, type="shell", args={"command": command, **args})
-
-
-@pytest.fixture
-async def e2b(fake_e2b: FakeState) -> AsyncIterator[E2BProvider]:
-    provider = make_provider(fake_e2b)
-    yield provider
-    await provider.aclose()
 
 
 # ------------------------------------------------------------------------------------------ kill / expiry

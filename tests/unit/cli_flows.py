@@ -51,3 +51,21 @@ async def approval(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[s
 async def napper(ctx: durable_sandbox.Context, data: dict[str, Any]) -> str:
     await ctx.sleep("nap", float(data["seconds"]))
     return "rested"
+
+
+def _provider_error() -> None:
+    raise RuntimeError("Sandbox provider [e2b] needs an API key")
+
+
+@durable_sandbox.workflow(name="[e2b] brackets")
+async def brackets(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[str, Any]:
+    """Brackets everywhere a user, a provider or a tool puts text: names, results, output, errors."""
+    out = await ctx.step("[red]step[/red]", lambda: "[red]x[/red]")
+    ctx.progress("[bold]half[/bold] :smile:", percent=50)
+    async with ctx.sandbox("box", provider="local") as sbx:
+        call = await sbx.shell("echo '[red]x[/red]'; echo '[e2b] err' >&2")
+    if data.get("wait"):
+        await ctx.callback("[cb]", {"q": "[red]x[/red]"})
+    if data.get("fail"):
+        await ctx.step("[fail]", _provider_error, retry=RetryPolicy(max_attempts=1))
+    return {"out": out, "stdout": call.stdout}

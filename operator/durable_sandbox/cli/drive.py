@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from durable_sandbox.cli import render
+from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.progress import make_display, positions, watch
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.cli.targets import RunPlan
@@ -46,6 +47,10 @@ async def run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_
         warn(message)
     run = await engine.create(plan.definition, plan.input, run_id=plan.run_id, thread_id=thread_id, labels=plan.labels)
     run_id = run.run_id
+    env_files = engine.services.get("env_values")
+    if plan.env_values and isinstance(env_files, LocalEnvValues):
+        # After create: a values file always belongs to a run that exists (see LocalEnvValues.forget_settled).
+        env_files.save(run_id, plan.env_values)
     for callback_id, value in plan.signals.items():
         await engine.signal(run_id, callback_id, value)
     if plan.cancel:

@@ -42,11 +42,25 @@ def _isatty(stream: Any) -> bool:
 
 
 def console(*, stderr: bool = False) -> Console:
+    """The one console every `dsb` output goes through (tables, progress, outcome lines).
+
+    Markup and emoji codes are off: what we print comes from users, providers and tools (a run id, an
+    error such as ``Sandbox provider [e2b] needs an API key``, a command's ``[red]x[/red]`` output), and
+    rich would otherwise read brackets as styles and eat them. Styles are applied with ``Text``/``style=``.
+    """
     # Resolved per call: click's test runner swaps sys.stdout, and rich must write to the live one.
     stream = sys.stderr if stderr else sys.stdout
     tty = _isatty(stream)
     # Off a terminal rich would wrap tables at 80 columns; piped output reads better unwrapped.
-    return Console(file=stream, width=None if tty else 160, no_color=not tty, highlight=False, soft_wrap=not tty)
+    return Console(
+        file=stream,
+        width=None if tty else 160,
+        no_color=not tty,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        soft_wrap=not tty,
+    )
 
 
 def styled(status: str) -> Text:

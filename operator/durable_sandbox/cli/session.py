@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import durable_sandbox
+from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.stores import SqliteStore, default_home
 
 log = logging.getLogger("durable_sandbox.cli")
@@ -39,12 +40,15 @@ def _quote(text: str) -> str:
 @contextlib.asynccontextmanager
 async def open_engine(settings: Settings) -> AsyncIterator[durable_sandbox.Engine]:
     store = SqliteStore(settings.store_path)
-    engine = durable_sandbox.Engine(store)
+    env_values = LocalEnvValues(settings.store_path)
+    engine = durable_sandbox.Engine(store, services={"env_values": env_values})
     try:
         yield engine
     finally:
         # aclose hibernates or finalizes sandboxes held by runs this process drove (DESIGN 6).
         with contextlib.suppress(Exception):
             await engine.aclose()
+        with contextlib.suppress(Exception):
+            await env_values.forget_settled(store)
         with contextlib.suppress(Exception):
             await store.close()

@@ -129,6 +129,27 @@ class WorkflowNotFound(DurableError):
     pass
 
 
+class NotRunnableHere(WorkflowNotFound):
+    """This process cannot import the run's workflow; the run is left as it is for a process that can
+    (another operator replica with the code installed), instead of being failed."""
+
+    def __init__(self, run_id: str, cause: WorkflowNotFound) -> None:
+        self.run_id = run_id
+        self.cause = cause
+        super().__init__(
+            f"Run {run_id!r} is not runnable in this process: {cause} It was left unchanged for a worker that "
+            f"has the workflow's code installed."
+        )
+
+
+class AlreadyExecuting(DurableError):
+    """The run is already being executed by this process; a duplicate request to execute it is refused."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"Run {run_id!r} is already executing in this process.")
+
+
 class InvalidInput(DurableError, ValueError):
     """The input does not match the workflow's declared input type."""
 

@@ -34,6 +34,13 @@ class Store(Protocol):
         """Change run fields; with ``fence``, only while that fence is current (else ``LeaseLost``)."""
         ...
 
+    async def delete_run(self, run_id: str, *, fence: int | None = None) -> bool:
+        """Delete the run with its journal, events and signals, atomically; False if there is no such run.
+        With ``fence``, only while that fence is current (else ``LeaseLost``): callers claim the run's lease
+        first, so a run is never deleted under a worker executing it. Thread state and cache entries are
+        shared between runs and stay. Deleting says nothing to providers: finalize the run's sandboxes first."""
+        ...
+
     async def load_journal(self, run_id: str) -> list[OperationRecord]:
         """Every journal row of the run in commit order."""
         ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import posixpath
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -120,6 +121,10 @@ class SandboxSpec(_Frozen):
     env: dict[str, str] = Field(default_factory=dict, repr=False)  # may hold secrets: never logged
     owner: str | None = None  # owner tag for orphan sweeps (cluster id / run id)
     labels: dict[str, str] = Field(default_factory=dict)  # non-secret metadata (run id, workflow, ...)
+    # Stable id of the provision/restore operation this spec is for (the same on every retry of it).
+    # Providers whose create API deduplicates (e2b: Idempotency-Key) use it so that a create retried
+    # after a lost answer yields one sandbox; others ignore it. Never put in handles or sandbox metadata.
+    operation_id: str | None = None
 
 
 class SandboxHandle(_Frozen):
@@ -191,6 +196,13 @@ class SandboxProvider:
 
     def capabilities(self) -> ProviderCapabilities:
         return ProviderCapabilities()
+
+    @classmethod
+    def configuration_problems(cls, environ: Mapping[str, str]) -> list[str]:
+        """What is missing or malformed in the configuration this provider reads from ``environ``, one
+        line each (never echoing a secret). Checked before a run is created, so a run is never started
+        against a provider that cannot be constructed. The default: nothing is required."""
+        return []
 
     def require(self, capability: Capability) -> None:
         if not self.capabilities().supports(capability):

@@ -45,6 +45,7 @@ from durable_sandbox.providers.contract import (
     ToolResult,
     UnsupportedCapability,
 )
+from durable_sandbox.providers.redaction import REDACTED
 
 log = logging.getLogger("durable_sandbox.sandboxes")
 
@@ -85,6 +86,10 @@ class CleanupFailed(DurableError):
 _RESERVED_HEADS = frozenset({"provision", "finalize", "snapshot", "restore", "destroy", "inject_loss"})
 
 
+class ToolCallFailed(DurableError):
+    """A tool call's outcome failed the run under its failure policy (not retried within the run)."""
+
+
 def reserved_operation_id(operation_id: str) -> bool:
     """Operation ids that would collide with the session's own journal ids (``<session>/provision``...)."""
     return operation_id.split("/", 1)[0] in _RESERVED_HEADS
@@ -93,6 +98,15 @@ def reserved_operation_id(operation_id: str) -> bool:
 def derived_operation_id(run_id: str, session: str, index: int) -> str:
     digest = hashlib.sha256(f"{run_id}\0{session}\0{index}".encode()).hexdigest()
     return "dsv1_" + digest[:40]
+
+
+def journaled_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's arguments as the journal keeps them: env values replaced by a marker (they may be
+    secrets, and the journal is stored and shown); the names stay, so `dsb history` says what was set."""
+    env = args.get("env")
+    if not isinstance(env, Mapping) or not env:
+        return dict(args)
+    return {**args, "env": dict.fromkeys(env, REDACTED)}
 
 
 def _result_json(result: ToolResult) -> dict[str, Any]:
@@ -132,6 +146,7 @@ class SessionState:
     recovery_attempts: int = 0  # recoveries begun and finished either way: what the budget counts
     restores: int = 0
     finalized: bool = False
+    failed_epoch: int | None = None  # the run epoch whose failure finalized the session
     retained: str | None = None
 
     @property
@@ -185,7 +200,17 @@ class SessionState:
             if meta.get("finalized"):
                 st.finalized = True
                 st.retained = meta.get("retained")
+                st.failed_epoch = None if meta.get("succeeded") else r.epoch
         return st
+
+    def reopen(self) -> None:
+        """After a failed run's finalization, for its retry: nothing is held any more."""
+        self.finalized = False
+        self.failed_epoch = None
+        self.retained = None
+        self.handle = None
+        self.pending_handles = []
+        self.checkpoints = []
 
 
 def sessions_in(rows: Sequence[OperationRecord]) -> list[str]:
@@ -240,6 +265,7 @@ class SandboxSession:
             labels={"durable-sandbox.dev/run-id": rt.run_id, "durable-sandbox.dev/session": sid},
         )
         self._operation_ids = list(operation_ids or [])
+        self._calls: dict[str, ToolCall] = {}
         self._next_index = 0
         self.state = SessionState.derive(sid, rt.rows)
         self._suspended = False
@@ -254,14 +280,20 @@ class SandboxSession:
     def handle(self) -> SandboxHandle | None:
         return self.state.handle
 
-    async def call(self, call: ToolCall) -> ToolResult:
+    async def call(self, call: ToolCall, *, fails: Callable[[ToolResult], str | None] | None = None) -> ToolResult:
+        """Execute ``call`` (or return its recorded outcome). ``fails`` judges the outcome: a reason fails the
+        call (journaled as failed, :class:`ToolCallFailed` raised), so the run fails and a retry of the run
+        executes it again; None (the default for every outcome) makes it a completed call."""
         index = self._next_index
         self._next_index += 1
         if reserved_operation_id(call.operation_id):
             raise ValueError(f"Sandbox {self.sid!r}: operation id {call.operation_id!r} is reserved; choose another id")
         op_id = f"{self.sid}/{call.operation_id}"
+        self._calls[op_id] = call  # with its env values, which the journal does not keep (for replay)
         digest = value_digest([call.type, call.args])
         prev = self.rt.enter(op_id, OpKind.SANDBOX_CALL.value, call.type, digest)
+        if prev is not None and prev.status == "failed" and prev.epoch >= self.rt.epoch:
+            raise ToolCallFailed(prev.error.message if prev.error else f"call {op_id} failed")
         if prev is not None and prev.status == "completed":
             result = _result_from(prev.result)
             self.state.calls[index] = (op_id, result)
@@ -270,13 +302,21 @@ class SandboxSession:
         elif self.state.finalized:
             raise DurableError(f"Sandbox {self.sid!r} was already finalized; open a new session for more calls")
         else:
-            if prev is None:
+            if prev is None or prev.status == "failed":  # new, or failed in an earlier attempt of the run
                 await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "started", digest=digest,
                                     meta={"index": index, "operationId": call.operation_id,
-                                          "call": {"type": call.type, "args": call.args}},
+                                          "call": {"type": call.type, "args": journaled_args(call.args)}},
                                     check_cancel=True)
             result = await self._with_recovery(lambda: self._execute(call))
             sandbox_id = self.state.handle.id if self.state.handle else None
+            reason = fails(result) if fails is not None else None
+            if reason is not None:
+                failure = ToolCallFailed(reason)
+                await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "failed", digest=digest,
+                                    error=ErrorInfo.from_exception(failure, retryable=False),
+                                    meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id,
+                                          "outcome": _result_json(result)})
+                raise failure
             await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "completed", digest=digest,
                                 result=_result_json(result),
                                 meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id})
@@ -323,6 +363,11 @@ class SandboxSession:
 
     async def __aenter__(self) -> SandboxSession:
         self._validate()
+        if self.state.finalized and self.state.failed_epoch is not None and self.state.failed_epoch < self.rt.epoch:
+            # The run failed and is retried: finalization released the sandbox and its snapshots, so the
+            # session starts over from its journal (a new sandbox, the completed calls replayed in order
+            # when the next call needs it), as after a sandbox loss.
+            self.state.reopen()
         if self.state.finalized:
             return self
         rec = self.rt.lookup(f"{self.sid}/provision")
@@ -445,10 +490,16 @@ class SandboxSession:
         self.rt.enter(op_id, OpKind.SANDBOX_PROVISION.value, self.provider.name, None)
         meta = {"provider": self.provider.name, "options": self._options()}
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "started", meta=meta, check_cancel=True)
-        handle = await self._transient("provision", lambda: self.provider.provision(self.spec, lease_seconds=self.lease_seconds))
+        spec = self._spec_for(op_id)
+        handle = await self._transient("provision", lambda: self.provider.provision(spec, lease_seconds=self.lease_seconds))
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "completed", result=_handle_json(handle), meta=meta)
         self.state.handle = handle
         self.state.provider = self.provider.name
+
+    def _spec_for(self, op_id: str) -> SandboxSpec:
+        """The spec for one provision/restore: its operation id lets a provider with an idempotent create
+        answer the engine's retry of it with the same sandbox."""
+        return self.spec.model_copy(update={"operation_id": f"{self.rt.run_id}/{op_id}"})
 
     def _options(self) -> dict[str, Any]:
         # Never the env: it may hold secrets.
@@ -550,10 +601,11 @@ class SandboxSession:
             for h in self.state.pending_handles:  # a half-finished restore from before a crash
                 await self._destroy(h, reason="abandoned")
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta=meta)
+        spec = self._spec_for(op_id)
         if cp is not None:
-            handle = await self._transient("restore", lambda: self.provider.restore(cp.snapshot_id, self.spec, lease_seconds=self.lease_seconds))
+            handle = await self._transient("restore", lambda: self.provider.restore(cp.snapshot_id, spec, lease_seconds=self.lease_seconds))
         else:
-            handle = await self._transient("provision", lambda: self.provider.provision(self.spec, lease_seconds=self.lease_seconds))
+            handle = await self._transient("provision", lambda: self.provider.provision(spec, lease_seconds=self.lease_seconds))
         # Record the new sandbox before replaying into it, so a crash mid-replay cannot leak it.
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta={**meta, "handle": _handle_json(handle)})
         self.state.pending_handles.append(handle)
@@ -585,10 +637,19 @@ class SandboxSession:
             self.state.recovery_attempts += 1
 
     def _recorded_call(self, op_id: str, index: int) -> ToolCall:
+        # The workflow re-issues its calls in order before any later one can need a recovery, so every
+        # call to replay was seen in this process, env values included; the journal is the fallback.
+        if op_id in self._calls:
+            return self._calls[op_id]
         rec = self.rt.first.get(op_id)
         args = (rec.meta or {}).get("call") if rec else None
         if args is None:
             raise DurableError(f"Sandbox {self.sid!r}: call {op_id} has no recorded arguments to replay")
+        if args["args"].get("env"):
+            raise DurableError(
+                f"Sandbox {self.sid!r}: call {op_id} set env values, which the journal does not keep; it can only "
+                f"be replayed after the workflow issues it again"
+            )
         return ToolCall(operation_id=op_id[len(self.sid) + 1 :], type=args["type"], args=args["args"])
 
     async def _destroy(self, handle: SandboxHandle, *, reason: str) -> None:

@@ -13,6 +13,7 @@ Durability modes:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -127,12 +128,30 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def _owner_only(path: Path) -> None:
+    """Create the store file readable by its owner only (workflow inputs, results and tool output are in
+    it), and tighten one made before this rule. SQLite creates the -wal and -shm files with the
+    database file's mode, so they follow."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077 and os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        extra = path.with_name(path.name + suffix)
+        with contextlib.suppress(OSError):
+            if extra.stat().st_mode & 0o077 and extra.stat().st_uid == os.geteuid():
+                extra.chmod(0o600)
+
+
 class SqliteStore:
     def __init__(self, path: str | os.PathLike[str] | None = None, *, durability: Durability = "process") -> None:
         if durability not in ("process", "fsync"):
             raise ValueError(f"durability must be 'process' or 'fsync', not {durability!r}")
         self.path = Path(path) if path is not None else default_home() / "runs.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _owner_only(self.path)
         self.durability = durability
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -263,6 +282,18 @@ class SqliteStore:
             if fence is not None:
                 self._check_fence(db, run_id, fence, False)
             db.execute(f"UPDATE runs SET {sets} WHERE run_id=?", (*vals, run_id))
+
+    async def delete_run(self, run_id: str, *, fence: int | None = None) -> bool:
+        # One transaction: a reader sees the whole run or nothing of it, never a run without its journal.
+        with self._tx() as db:
+            row = db.execute("SELECT fence FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            if row is None:
+                return False
+            if fence is not None and row[0] != fence:
+                raise LeaseLost(run_id, fence)
+            for table in ("ops", "events", "signals", "runs"):
+                db.execute(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
+        return True
 
     # ------------------------------------------------------------------ journal
 

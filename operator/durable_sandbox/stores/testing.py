@@ -28,7 +28,8 @@ atomic (journal rows, run changes, thread state and cache entry together) and fe
 nothing, ``LeaseLost``); ``check_cancel`` refuses once cancel was requested; seqs grow in commit order and
 ``journal_since`` returns exactly the rows after a seq; claim/renew/release with fencing (every claim moves
 the fence; a stale lease can neither renew nor release); ``claim_next`` picks pending, due and orphaned runs
-and nothing else; signals are idempotent for the same value and conflict for a different one; events are
+and nothing else; ``delete_run`` removes a run with its journal, events and signals, fenced; signals are
+idempotent for the same value and conflict for a different one; events are
 ordered per run; cache entries expire by ``now`` and clear by key, prefix or all; ``list_runs`` filters.
 """
 
@@ -135,6 +136,31 @@ class StoreContractSuite:
         assert [r.run_id for r in await store.list_runs(workflow="x", status=[RunStatus.WAITING])] == [c.run_id]
         assert [r.run_id for r in await store.list_runs(limit=2)] == [c.run_id, b.run_id]
         assert await store.list_runs(workflow="nobody") == []
+
+    async def test_delete_run_removes_its_journal_events_and_signals_and_is_fenced(self, store: Store) -> None:
+        gone = await self.new_run(store, "gone")
+        kept = await self.new_run(store, "kept")
+        for run in (gone, kept):
+            lease = await store.claim(run.run_id, "w1", TTL)
+            await store.commit(run.run_id, lease.fence, Commit([_rec("a", "started"), _rec("a")]))
+            await store.put_signal(run.run_id, "cb", {"v": 1})
+            await store.append_events([Event(run.run_id, "progress", {"message": "m"})])
+            await store.release(lease)
+        stale = await store.claim(gone.run_id, "w1", TTL)
+        current = await store.claim(gone.run_id, "w1", TTL)  # a newer claim: the first lease is stale
+        with pytest.raises(LeaseLost):
+            await store.delete_run(gone.run_id, fence=stale.fence)
+        assert await store.get_run(gone.run_id) is not None and len(await store.load_journal(gone.run_id)) == 2
+        assert await store.delete_run(gone.run_id, fence=current.fence) is True
+        assert await store.get_run(gone.run_id) is None
+        assert await store.load_journal(gone.run_id) == [] and await store.read_events(gone.run_id) == []
+        assert await store.get_signals(gone.run_id) == {}
+        assert await store.delete_run(gone.run_id) is False  # already gone: nothing to do, no error
+        # The other run is untouched.
+        assert _shape(await store.load_journal(kept.run_id)) == [("a", "started", None), ("a", "completed", None)]
+        assert await store.get_signals(kept.run_id) == {"cb": {"v": 1}}
+        assert len(await store.read_events(kept.run_id)) == 1
+        assert [r.run_id for r in await store.list_runs()] == [kept.run_id]
 
     async def test_update_run_changes_fields_and_is_fenced_when_asked(self, store: Store) -> None:
         run = await self.new_run(store)
