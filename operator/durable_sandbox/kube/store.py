@@ -373,6 +373,46 @@ class KubernetesStore:
         runs = await asyncio.gather(*(self._run_from_head(h) for h in heads))
         return sorted(runs, key=lambda r: r.created_at, reverse=True)[:limit]
 
+    async def delete_run(self, run_id: str, *, fence: int | None = None) -> bool:
+        """Delete the head first (the run disappears for every reader at once, conditional on the version
+        whose fence we checked), then the run's other objects by label. Its events object goes before the
+        head, so a run created again under the same id never inherits old events; leftovers of a crash in
+        between (chunks, blobs) are never read: a new head lists no chunks."""
+        key = run_key(run_id)
+        name = f"dsb.{key}"
+        for _ in range(_RETRIES):
+            head = await self._get(name)
+            if head is None:
+                return False
+            if fence is not None and int((head.get("data") or {}).get("fence", "0")) != fence:
+                raise LeaseLost(run_id, fence)
+            await self._delete(f"{name}.events")
+            self.writes["delete configmap"] += 1
+            try:
+                await self._raw(self.api.core.delete_namespaced_config_map_without_preload_content(
+                    name, self.namespace, body=m.V1DeleteOptions(preconditions=m.V1Preconditions(
+                        resource_version=head["metadata"]["resourceVersion"]))))
+            except ApiException as exc:
+                if is_not_found(exc):
+                    return False
+                if is_conflict(exc):
+                    continue  # written since we checked the fence: check again
+                raise
+            break
+        else:
+            raise RuntimeError(f"Could not delete run {run_id!r}: its head kept changing")
+        self._runs.pop(run_id, None)
+        self.writes["deletecollection configmap"] += 1
+        await self._raw(self.api.core.delete_collection_namespaced_config_map_without_preload_content(
+            self.namespace, label_selector=f"{LABEL_RUN}={key}"))
+        self.leases.writes += 1
+        try:
+            await self.api.coordination.delete_namespaced_lease(name, self.namespace)
+        except ApiException as exc:
+            if not is_not_found(exc):
+                raise
+        return True
+
     async def _field_ops(self, run_id: str, changes: dict[str, Any], owners: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key = run_key(run_id)
         ops: list[dict[str, Any]] = []
