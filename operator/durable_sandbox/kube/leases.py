@@ -118,10 +118,13 @@ class RunLeases:
         now = datetime.now(UTC)  # informational only (kubectl get lease); never compared
         return now.replace(microsecond=1) if now.microsecond == 0 else now
 
-    async def acquire(self, name: str, holder: str, ttl: float, *, floor: int = 0,
+    async def acquire(self, name: str, holder: str, ttl: float, *, floor: int = 0, take_over_from: str | None = None,
                       labels: dict[str, str] | None = None,
                       owners: Sequence[m.V1OwnerReference] | None = None) -> int:
-        """Take the lease for ``holder``; returns the new epoch (> ``floor``). Raises ``LeaseBusy``."""
+        """Take the lease for ``holder``; returns the new epoch (> ``floor``). Raises ``LeaseBusy``.
+
+        ``take_over_from``: also take it while exactly that holder has it live (one the caller proved dead);
+        the conditional replace still fails if anyone else got it in between."""
         duration = max(1, math.ceil(ttl))
         lease = await self.read(name)
         if lease is None:
@@ -147,7 +150,7 @@ class RunLeases:
             self._took(created)
             return floor + 1
         spec = lease.spec or m.V1LeaseSpec()
-        if not self.free_for(lease, holder):
+        if not self.free_for(lease, holder) and not (take_over_from and spec.holder_identity == take_over_from):
             raise LeaseBusy(name, spec.holder_identity or "?", self.remaining(lease))
         epoch = max(spec.lease_transitions or 0, floor) + 1
         now = self._now()

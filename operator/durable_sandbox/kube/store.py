@@ -640,7 +640,7 @@ class KubernetesStore:
 
     # ------------------------------------------------------------------ leases
 
-    async def claim(self, run_id: str, owner: str, ttl: float) -> Lease:
+    async def claim(self, run_id: str, owner: str, ttl: float, *, take_over_from: str | None = None) -> Lease:
         head = await self._head(run_id)
         if head is None:
             raise RunNotFound(run_id)
@@ -648,7 +648,7 @@ class KubernetesStore:
         key = run_key(run_id)
         try:
             fence = await self.leases.acquire(
-                f"dsb.{key}", owner, ttl, floor=st.fence, labels={**MANAGED_BY, LABEL_RUN: key, LABEL_PART: "lease"},
+                f"dsb.{key}", owner, ttl, floor=st.fence, take_over_from=take_over_from, labels={**MANAGED_BY, LABEL_RUN: key, LABEL_PART: "lease"},
                 owners=[m.V1OwnerReference(**{_snake(k): v for k, v in o.items()}) for o in st.owners],
             )
         except LeaseBusy as busy:
