@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from e2b import AsyncSandbox, CommandExitException, FileType, SandboxQuery, SandboxState
+from e2b import AsyncSandbox, CommandExitException, FileType, SandboxException, SandboxQuery, SandboxState
 from e2b.connection_config import ConnectionConfig
 
 from durable_sandbox.providers import e2b_api
@@ -73,7 +73,9 @@ async def test_commands_files_and_timeout(sandbox: AsyncSandbox, fake_e2b: FakeS
     assert [r.query["path"] for r in octet] == ["dir/raw.bin"]
 
     await sandbox.set_timeout(600)
-    assert fake_e2b.sandboxes[sandbox.sandbox_id].end_at == pytest.approx(fake_e2b.now() + 600, abs=5)
+    assert fake_e2b.calls("POST", f"/sandboxes/{sandbox.sandbox_id}/timeout")[0].json == {"timeout": 600}
+    fake_e2b.advance(300)  # past the create's 300 s, within the new 600 s
+    assert sandbox.sandbox_id in fake_e2b.live_sandboxes()
 
 
 async def test_list_by_metadata_and_state_with_paging(sdk: dict[str, Any], sandbox: AsyncSandbox,
@@ -145,6 +147,15 @@ async def test_pause_connect_kill(sdk: dict[str, Any], sandbox: AsyncSandbox, fa
     assert await resumed.kill() is True
     assert await AsyncSandbox.kill(sandbox.sandbox_id, **sdk) is False
     assert sandbox.sandbox_id not in fake_e2b.live_sandboxes()
+
+
+async def test_the_fake_still_rejects_what_it_does_not_emulate(sdk: dict[str, Any], fake_e2b: FakeState) -> None:
+    """Auto-pause on timeout is a real E2B feature, but the fake cannot honour it (a paused sandbox would
+    outlive its timeout unnoticed), so it refuses it loudly instead of pretending."""
+    fake_e2b.rejections_expected = True
+    with pytest.raises(SandboxException, match="does not emulate autoPause"):
+        await AsyncSandbox.create(lifecycle={"on_timeout": "pause"}, **sdk)
+    assert fake_e2b.rejections()[-1].json["autoPause"] is True and fake_e2b.live_sandboxes() == []
 
 
 @pytest.mark.parametrize("domain", ["e2b.app", "e2b.dev", "e2b-staging.dev", "sandboxes.example.com", "localhost.test"])

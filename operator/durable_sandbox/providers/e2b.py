@@ -130,6 +130,11 @@ def _retry_after(response: httpx.Response, now: float) -> float | None:
 _M = TypeVar("_M", bound=pydantic.BaseModel)
 
 
+def _problems(exc: pydantic.ValidationError) -> str:
+    """Which fields of E2B's answer were missing or malformed (never their values: they may be tokens)."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors(include_input=False))
+
+
 def _error_code(response: httpx.Response) -> str | None:
     """E2B's machine-readable ``error_code`` of an error answer, if it has one."""
     try:
@@ -322,8 +327,7 @@ class E2BProvider(SandboxProvider):
         try:
             return model.model_validate(self._json(op, response))
         except pydantic.ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
-            raise ProviderError(f"{op}: E2B's answer does not match its {model.__name__} model ({problems})") from None
+            raise ProviderError(f"{op}: E2B's answer does not match its {model.__name__} model ({_problems(exc)})") from None
 
     def _parse_list(self, op: str, response: httpx.Response, model: type[_M]) -> list[_M]:
         data = self._json(op, response)
@@ -332,8 +336,9 @@ class E2BProvider(SandboxProvider):
         try:
             return [model.model_validate(item) for item in data]
         except pydantic.ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors())
-            raise ProviderError(f"{op}: E2B listed an entry that does not match its {model.__name__} model ({problems})") from None
+            raise ProviderError(
+                f"{op}: E2B listed an entry that does not match its {model.__name__} model ({_problems(exc)})"
+            ) from None
 
     async def _pages(self, op: str, path: str, params: dict[str, str]) -> AsyncIterator[httpx.Response]:
         """Every page of a cursor-paged list: ``nextToken`` in, ``X-Next-Token`` out. No ``limit``, as the SDK
