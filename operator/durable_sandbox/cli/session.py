@@ -10,6 +10,8 @@ from pathlib import Path
 
 import durable_sandbox
 from durable_sandbox.cli.envfiles import LocalEnvValues
+from durable_sandbox.cli.errors import CliError
+from durable_sandbox.engine import StoreError
 from durable_sandbox.stores import SqliteStore, default_home
 
 log = logging.getLogger("durable_sandbox.cli")
@@ -39,7 +41,10 @@ def _quote(text: str) -> str:
 
 @contextlib.asynccontextmanager
 async def open_engine(settings: Settings) -> AsyncIterator[durable_sandbox.Engine]:
-    store = SqliteStore(settings.store_path)
+    try:
+        store = SqliteStore(settings.store_path)
+    except StoreError as exc:  # a --store that is no store is a usage error
+        raise CliError(str(exc)) from None
     env_values = LocalEnvValues(settings.store_path)
     engine = durable_sandbox.Engine(store, services={"env_values": env_values})
     try:

@@ -18,6 +18,7 @@ from durable_sandbox.engine.errors import (
     SignalConflict,
     StepFailed,
     StepTimeout,
+    StoreError,
     WorkflowNotFound,
 )
 from durable_sandbox.engine.executor import RunExecutor
@@ -55,6 +56,7 @@ __all__ = [
     "StepFailed",
     "StepTimeout",
     "Store",
+    "StoreError",
     "WorkflowDefinition",
     "WorkflowNotFound",
     "new_run_id",

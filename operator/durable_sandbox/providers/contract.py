@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from durable_sandbox.providers.output import cap_text
+
 CONTRACT_VERSION = 1
 
 
@@ -150,6 +152,25 @@ class ToolResult(_Frozen):
     exit_code: int
     stdout: str = ""
     stderr: str = ""
+    # The full size in bytes of a stream that was truncated (see providers/output.py); None when whole.
+    stdout_size: int | None = None
+    stderr_size: int | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout_size is not None or self.stderr_size is not None
+
+    def capped(self) -> ToolResult:
+        """This result with stdout and stderr cut to their first and last 64 KiB (sizes recorded)."""
+        out, out_size = cap_text(self.stdout)
+        err, err_size = cap_text(self.stderr)
+        if out_size is None and err_size is None:
+            return self
+        return self.model_copy(update={
+            "stdout": out, "stderr": err,
+            "stdout_size": out_size if out_size is not None else self.stdout_size,
+            "stderr_size": err_size if err_size is not None else self.stderr_size,
+        })
 
     @property
     def outcome(self) -> tuple[int, str, str]:

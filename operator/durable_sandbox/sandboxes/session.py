@@ -110,11 +110,20 @@ def journaled_args(args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _result_json(result: ToolResult) -> dict[str, Any]:
-    return {"exitCode": result.exit_code, "stdout": result.stdout, "stderr": result.stderr}
+    """What the journal keeps of a result: output capped to its first and last 64 KiB per stream, with
+    the full size of a truncated stream (``stdoutBytes``/``stderrBytes``)."""
+    result = result.capped()
+    data: dict[str, Any] = {"exitCode": result.exit_code, "stdout": result.stdout, "stderr": result.stderr}
+    if result.stdout_size is not None:
+        data["stdoutBytes"] = result.stdout_size
+    if result.stderr_size is not None:
+        data["stderrBytes"] = result.stderr_size
+    return data
 
 
 def _result_from(data: Mapping[str, Any]) -> ToolResult:
-    return ToolResult(exit_code=int(data["exitCode"]), stdout=data.get("stdout", ""), stderr=data.get("stderr", ""))
+    return ToolResult(exit_code=int(data["exitCode"]), stdout=data.get("stdout", ""), stderr=data.get("stderr", ""),
+                      stdout_size=data.get("stdoutBytes"), stderr_size=data.get("stderrBytes"))
 
 
 def _handle_json(handle: SandboxHandle) -> dict[str, Any]:
@@ -146,8 +155,10 @@ class SessionState:
     recovery_attempts: int = 0  # recoveries begun and finished either way: what the budget counts
     restores: int = 0
     finalized: bool = False
-    failed_epoch: int | None = None  # the run epoch whose failure finalized the session
     retained: str | None = None
+    # (epoch, succeeded) of every finalization, oldest first: a session finalized because its run
+    # failed is re-opened when the run is retried (a later epoch); see SandboxSession.__init__.
+    finalizations: list[tuple[int, bool]] = field(default_factory=list)
 
     @property
     def completed(self) -> int:
@@ -200,17 +211,21 @@ class SessionState:
             if meta.get("finalized"):
                 st.finalized = True
                 st.retained = meta.get("retained")
-                st.failed_epoch = None if meta.get("succeeded") else r.epoch
+                st.finalizations.append((r.epoch, bool(meta.get("succeeded", True))))
         return st
 
-    def reopen(self) -> None:
-        """After a failed run's finalization, for its retry: nothing is held any more."""
-        self.finalized = False
-        self.failed_epoch = None
-        self.retained = None
-        self.handle = None
-        self.pending_handles = []
-        self.checkpoints = []
+    def reopen_for(self, epoch: int) -> int:
+        """Re-open a session finalized because its run failed, when the run is retried (``epoch`` later
+        than the failure's); returns the session's generation: how many failed finalizations precede
+        this epoch. Nothing of the failed attempt's sandbox remains (finalization destroyed it and
+        deleted its snapshots), so the next call rebuilds the workspace: a fresh sandbox, every
+        completed call replayed in order with its outcome checked. A run that is never retried leaks
+        nothing; one that is retried continues exactly as if it had not failed."""
+        generation = sum(1 for e, ok in self.finalizations if not ok and e < epoch)
+        if self.finalized and self.finalizations and not self.finalizations[-1][1] and self.finalizations[-1][0] < epoch:
+            self.finalized = False
+            self.retained = None
+        return generation
 
 
 def sessions_in(rows: Sequence[OperationRecord]) -> list[str]:
@@ -268,6 +283,7 @@ class SandboxSession:
         self._calls: dict[str, ToolCall] = {}
         self._next_index = 0
         self.state = SessionState.derive(sid, rt.rows)
+        self.generation = self.state.reopen_for(rt.epoch)
         self._suspended = False
 
     # ------------------------------------------------------------------ public API
@@ -307,7 +323,10 @@ class SandboxSession:
                                     meta={"index": index, "operationId": call.operation_id,
                                           "call": {"type": call.type, "args": journaled_args(call.args)}},
                                     check_cancel=True)
-            result = await self._with_recovery(lambda: self._execute(call))
+            # Capped here, whatever the provider returned: the caller sees what the journal keeps, so a
+            # replay returns the same result as the first execution.
+            faults.reach(f"before:{op_id}")
+            result = (await self._with_recovery(lambda: self._execute(call))).capped()
             sandbox_id = self.state.handle.id if self.state.handle else None
             reason = fails(result) if fails is not None else None
             if reason is not None:
@@ -320,6 +339,7 @@ class SandboxSession:
             await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "completed", digest=digest,
                                 result=_result_json(result),
                                 meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id})
+            faults.reach(f"after:{op_id}")
             self.state.calls[index] = (op_id, result)
         await self._after_call(index + 1)
         return result
@@ -363,11 +383,6 @@ class SandboxSession:
 
     async def __aenter__(self) -> SandboxSession:
         self._validate()
-        if self.state.finalized and self.state.failed_epoch is not None and self.state.failed_epoch < self.rt.epoch:
-            # The run failed and is retried: finalization released the sandbox and its snapshots, so the
-            # session starts over from its journal (a new sandbox, the completed calls replayed in order
-            # when the next call needs it), as after a sandbox loss.
-            self.state.reopen()
         if self.state.finalized:
             return self
         rec = self.rt.lookup(f"{self.sid}/provision")
@@ -382,6 +397,12 @@ class SandboxSession:
             return
         if exc is not None and isinstance(exc, LeaseLost):
             return  # another worker owns the run (and the sandbox) now
+        if isinstance(exc, asyncio.CancelledError) and not await self.rt.cancel_requested():
+            # Interrupted (Ctrl-C, SIGTERM, the process shutting down), not cancelled: the run is not
+            # over, so keep the session resumable. The call in flight was abandoned (its processes are
+            # killed); it runs again on resume, as after a crash.
+            await self.hibernate()
+            return
         succeeded = exc is None
         await self.finalize(succeeded=succeeded)
 
@@ -527,15 +548,21 @@ class SandboxSession:
                 await self.provider.destroy(h)
 
     async def _after_call(self, count: int) -> None:
+        # While replaying calls completed further on (a re-opened session), no sandbox holds exactly
+        # ``count`` calls: only recorded checkpoints apply, nothing new is taken or injected.
+        current = count >= self.state.completed
         if self.snapshot_every and count % self.snapshot_every == 0:
-            await self._checkpoint(count)
-        if self.inject_loss_after is not None and count == self.inject_loss_after:
+            await self._checkpoint(count, fresh=current)
+        if self.inject_loss_after is not None and count == self.inject_loss_after and current:
             await self._inject_loss(count)
 
-    async def _checkpoint(self, count: int) -> None:
+    async def _checkpoint(self, count: int, *, fresh: bool = True) -> None:
         """Snapshot at ``count`` calls, record it, then delete the checkpoint it supersedes."""
-        op_id = f"{self.sid}/snapshot/{count}"
+        # A re-opened session's snapshots get ids of their own: the failed attempt's were deleted.
+        op_id = f"{self.sid}/snapshot/{count}" + (f"~{self.generation}" if self.generation else "")
         rec = self.rt.lookup(op_id)
+        if not fresh and (rec is None or rec.status != "completed"):
+            return
         if rec is None or rec.status != "completed":
             provider_op = "dsv1s_" + hashlib.sha256(f"{self.rt.run_id}\0{op_id}".encode()).hexdigest()[:40]
 
@@ -615,7 +642,7 @@ class SandboxSession:
                 op, recorded = self.state.calls[index]
                 call = self._recorded_call(op, index)
                 # Transient provider errors are retried here too; a loss escapes to _recover (try again).
-                outcome = await self._transient("replay", functools.partial(self.provider.execute, handle, call))
+                outcome = (await self._transient("replay", functools.partial(self.provider.execute, handle, call))).capped()
                 if outcome.outcome != recorded.outcome:
                     raise ReconstructionError(op[len(self.sid) + 1 :], recorded, outcome)
                 replayed.append(op)
@@ -711,7 +738,8 @@ class SandboxSession:
                 await self._delete_snapshot(cp)
         await self.rt.write(
             OperationRecord(
-                f"{self.sid}/finalize", OpKind.SANDBOX_DESTROY.value, "finalize", "completed", 1, None, None,
+                f"{self.sid}/finalize" + (f"~{self.generation}" if self.generation else ""),
+                OpKind.SANDBOX_DESTROY.value, "finalize", "completed", 1, None, None,
                 meta={"finalized": True, "retained": keep.snapshot_id if keep else None, "succeeded": succeeded},
                 epoch=self.rt.epoch,
             )
@@ -765,6 +793,7 @@ class SessionFactory:
     async def _cleanup_sessions(self, rt: RunRuntime, action: str) -> None:
         for sid in sessions_in(rt.rows):
             state = SessionState.derive(sid, rt.rows)
+            state.reopen_for(rt.epoch)
             if state.finalized or state.provider is None:
                 continue
             session = SandboxSession(rt, sid, self.providers(state.provider), lease_seconds=int(state.options.get("leaseSeconds", 3600)))
