@@ -1,7 +1,7 @@
 """The store protocol: everything the engine needs from persistence.
 
-Implementations: ``stores.sqlite.SqliteStore`` (the embedded default); ``stores.testing.StoreContractSuite`` is
-the test suite any implementation (such as the cluster's store in the API server) must pass.
+Implementations: ``stores.sqlite.SqliteStore`` (embedded default) and ``kube.store.KubernetesStore``;
+``stores.testing.StoreContractSuite`` is the test suite every implementation must pass.
 The engine defines the protocol so that it depends on no store (imports flow one way).
 
 Contract highlights:
