@@ -37,7 +37,16 @@ def manifest_path(value: str) -> str:
 
 
 class _ToolCallBase(_Spec):
-    operation_id: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")] | None = None
+    operation_id: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=253,
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+            description="A stable id for this call in the journal (default: derived from its position). Unique across "
+            "toolCalls; keeping ids stable when editing a manifest keeps the history matched by id.",
+        ),
+    ] | None = None
 
     @field_validator("operation_id")
     @classmethod
@@ -50,12 +59,28 @@ class _ToolCallBase(_Spec):
         return value
 
 
+_PATH = "A file, relative to the sandbox workspace (no leading '/', no '..' segments)."
+
+
 class ShellCall(_ToolCallBase):
+    """Run a shell command in the sandbox. A nonzero exit is a completed call (recorded with its exit code)."""
+
     type: Literal["shell"]
-    command: Annotated[str, Field(min_length=1)]
-    timeout: Annotated[float, Field(gt=0, le=86_400)] | None = None
-    cwd: Annotated[str, Field(max_length=PATH_MAX_LENGTH)] | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    command: Annotated[str, Field(min_length=1, description="The command line, run by bash in the workspace (shell calls).")]
+    timeout: Annotated[
+        float,
+        Field(gt=0, le=86_400, description="Seconds the command may run before it is stopped (exit 124) (shell calls)."),
+    ] | None = None
+    cwd: Annotated[
+        str,
+        Field(
+            max_length=PATH_MAX_LENGTH,
+            description="Working directory, relative to the workspace (default: the workspace) (shell calls).",
+        ),
+    ] | None = None
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Environment variables for this command only (shell calls)."
+    )
 
     @field_validator("cwd")
     @classmethod
@@ -66,9 +91,11 @@ class ShellCall(_ToolCallBase):
 
 
 class WriteFileCall(_ToolCallBase):
+    """Write a file in the sandbox workspace (parent directories are created)."""
+
     type: Literal["write_file"]
-    path: Annotated[str, Field(max_length=PATH_MAX_LENGTH)]
-    contents: str
+    path: Annotated[str, Field(max_length=PATH_MAX_LENGTH, description=_PATH)]
+    contents: str = Field(description="The text to write, as UTF-8 (write_file calls).")
 
     @field_validator("path")
     @classmethod
@@ -78,8 +105,10 @@ class WriteFileCall(_ToolCallBase):
 
 
 class ReadFileCall(_ToolCallBase):
+    """Read a file of the sandbox workspace; its contents are the call's result."""
+
     type: Literal["read_file"]
-    path: Annotated[str, Field(max_length=PATH_MAX_LENGTH)]
+    path: Annotated[str, Field(max_length=PATH_MAX_LENGTH, description=_PATH)]
 
     @field_validator("path")
     @classmethod
@@ -92,18 +121,29 @@ ToolCallSpec = Annotated[ShellCall | WriteFileCall | ReadFileCall, Field(discrim
 
 
 class SecretKeyRef(_Spec):
-    name: Annotated[str, Field(min_length=1)]
-    key: Annotated[str, Field(min_length=1)]
+    """A key of a Secret in the Workflow's namespace."""
+
+    name: Annotated[str, Field(min_length=1, description="The Secret's name.")]
+    key: Annotated[str, Field(min_length=1, description="The key within the Secret's data.")]
 
 
 class EnvVarSource(_Spec):
-    secret_key_ref: SecretKeyRef
+    """Where an environment variable's value comes from."""
+
+    secret_key_ref: SecretKeyRef = Field(
+        description="A key of a Secret in the Workflow's namespace. The operator reads it when it provisions "
+        "the sandbox; the value is never stored in the journal, status, events or logs."
+    )
 
 
 class EnvVar(_Spec):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-    value: str | None = None
-    value_from: EnvVarSource | None = None
+    """An environment variable of the sandbox: a literal value or a reference to a Secret."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="The variable's name.")]
+    value: str | None = Field(default=None, description="A literal value (set exactly one of value or valueFrom).")
+    value_from: EnvVarSource | None = Field(
+        default=None, description="The value from a Secret (set exactly one of value or valueFrom)."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvVar:
@@ -113,10 +153,30 @@ class EnvVar(_Spec):
 
 
 class SandboxSettings(_Spec):
-    provider: Annotated[str, Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9_.-]*$")] = "local"
-    template: str | None = None
-    env: list[EnvVar] = Field(default_factory=list)
-    lease_seconds: Annotated[int, Field(ge=60, le=86_400)] = 3600
+    """The sandbox a run works in."""
+
+    provider: Annotated[
+        str,
+        Field(
+            min_length=1,
+            pattern=r"^[a-z0-9][a-z0-9_.-]*$",
+            description="The sandbox provider: 'e2b', or 'local' (subprocess workspaces; the operator accepts it "
+            "only with --allow-local-provider), or one installed as a plugin.",
+        ),
+    ] = "local"
+    template: str | None = Field(
+        default=None, description="The provider's template (image) for the sandbox; the provider's default if unset."
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Environment variables of the sandbox.")
+    lease_seconds: Annotated[
+        int,
+        Field(
+            ge=60,
+            le=86_400,
+            description="How long the provider keeps the sandbox alive without renewal; the run renews it while "
+            "it works, so this bounds how long a sandbox outlives a crashed worker.",
+        ),
+    ] = 3600
 
 
 class SandboxAgentInput(_Spec):
