@@ -381,3 +381,4 @@ async def test_list_runs(store):
     assert {r.run_id for r in await store.list_runs()} == {"a", "b"}
     assert [r.run_id for r in await store.list_runs(status=[RunStatus.PENDING])] == ["b"]
     assert [r.run_id for r in await store.list_runs(workflow="x")] == ["a"]
+

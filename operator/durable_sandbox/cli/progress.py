@@ -123,7 +123,8 @@ class RichDisplay:
         self.everything = everything
         self.progress = Progress(
             SpinnerColumn(),
-            TextColumn("{task.description}"),
+            # The description is a run id or a ctx.progress message: plain text, never markup.
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             TaskProgressColumn(),
             TimeElapsedColumn(),

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.engine import OperationRecord, RunRecord, RunState
+from durable_sandbox.engine.owner import run_is_stale
 
 _STATUS_STYLE = {
     "succeeded": "green",
@@ -42,11 +43,25 @@ def _isatty(stream: Any) -> bool:
 
 
 def console(*, stderr: bool = False) -> Console:
+    """The one console every `dsb` output goes through (tables, progress, outcome lines).
+
+    Markup and emoji codes are off: what we print comes from users, providers and tools (a run id, an
+    error such as ``Sandbox provider [e2b] needs an API key``, a command's ``[red]x[/red]`` output), and
+    rich would otherwise read brackets as styles and eat them. Styles are applied with ``Text``/``style=``.
+    """
     # Resolved per call: click's test runner swaps sys.stdout, and rich must write to the live one.
     stream = sys.stderr if stderr else sys.stdout
     tty = _isatty(stream)
     # Off a terminal rich would wrap tables at 80 columns; piped output reads better unwrapped.
-    return Console(file=stream, width=None if tty else 160, no_color=not tty, highlight=False, soft_wrap=not tty)
+    return Console(
+        file=stream,
+        width=None if tty else 160,
+        no_color=not tty,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        soft_wrap=not tty,
+    )
 
 
 def styled(status: str) -> Text:
@@ -184,6 +199,7 @@ def run_summary(run: RunRecord) -> dict[str, Any]:
         "runId": run.run_id,
         "workflow": run.workflow,
         "status": run.status.value,
+        "stale": run_is_stale(run),
         "createdAt": run.created_at,
         "updatedAt": run.updated_at,
         "threadId": run.thread_id,
@@ -204,7 +220,7 @@ def render_runs(settings: Settings, runs: list[RunRecord]) -> None:
         table.add_row(
             r.run_id,
             r.workflow,
-            styled(r.status.value),
+            styled(r.status.value) if not run_is_stale(r) else Text("running (stale: its worker is gone)", style="yellow"),
             fmt_time(r.created_at),
             fmt_time(r.updated_at),
             ", ".join(r.pending_callbacks) if r.status.value == "waiting" else "",

@@ -1,13 +1,16 @@
 """The durable execution engine: runs, journal, replay, context API, store protocol."""
 
+from durable_sandbox.engine.client import RunClient
 from durable_sandbox.engine.context import Context
 from durable_sandbox.engine.engine import Engine, new_run_id
 from durable_sandbox.engine.errors import (
+    AlreadyExecuting,
     CallbackTimeout,
     DuplicateOperationError,
     LeaseHeld,
     LeaseLost,
     NonDeterminismError,
+    NotRunnableHere,
     ParallelError,
     RunConflict,
     RunNotFound,
@@ -15,8 +18,10 @@ from durable_sandbox.engine.errors import (
     SignalConflict,
     StepFailed,
     StepTimeout,
+    StoreError,
     WorkflowNotFound,
 )
+from durable_sandbox.engine.executor import RunExecutor
 from durable_sandbox.engine.policies import RetryPolicy
 from durable_sandbox.engine.records import Event, OperationRecord, OpKind, OpStatus, RunRecord, RunStatus
 from durable_sandbox.engine.state import RunState
@@ -24,6 +29,7 @@ from durable_sandbox.engine.store import Store
 from durable_sandbox.engine.workflow import WorkflowDefinition, resolve, workflow
 
 __all__ = [
+    "AlreadyExecuting",
     "CallbackTimeout",
     "Context",
     "DuplicateOperationError",
@@ -32,12 +38,15 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "NonDeterminismError",
+    "NotRunnableHere",
     "OpKind",
     "OpStatus",
     "OperationRecord",
     "ParallelError",
     "RetryPolicy",
+    "RunClient",
     "RunConflict",
+    "RunExecutor",
     "RunNotFound",
     "RunRecord",
     "RunState",
@@ -47,6 +56,7 @@ __all__ = [
     "StepFailed",
     "StepTimeout",
     "Store",
+    "StoreError",
     "WorkflowDefinition",
     "WorkflowNotFound",
     "new_run_id",

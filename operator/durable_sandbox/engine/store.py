@@ -34,14 +34,23 @@ class Store(Protocol):
         """Change run fields; with ``fence``, only while that fence is current (else ``LeaseLost``)."""
         ...
 
+    async def delete_run(self, run_id: str, *, fence: int | None = None) -> bool:
+        """Delete the run with its journal, events and signals, atomically; False if there is no such run.
+        With ``fence``, only while that fence is current (else ``LeaseLost``): callers claim the run's lease
+        first, so a run is never deleted under a worker executing it. Thread state and cache entries are
+        shared between runs and stay. Deleting says nothing to providers: finalize the run's sandboxes first."""
+        ...
+
     async def load_journal(self, run_id: str) -> list[OperationRecord]:
         """Every journal row of the run in commit order."""
         ...
 
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None: ...
 
-    async def claim(self, run_id: str, owner: str, ttl: float) -> Lease:
-        """Take the run's lease (free, expired or already ours); raises ``LeaseHeld`` otherwise."""
+    async def claim(self, run_id: str, owner: str, ttl: float, *, take_over_from: str | None = None) -> Lease:
+        """Take the run's lease (free, expired or already ours); raises ``LeaseHeld`` otherwise.
+        ``take_over_from``: also take it while it is held, unexpired, by exactly that owner (one the
+        caller proved dead); if someone else holds it by then, ``LeaseHeld`` as usual."""
         ...
 
     async def renew(self, lease: Lease, ttl: float) -> Lease: ...

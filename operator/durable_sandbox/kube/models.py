@@ -13,18 +13,20 @@ import importlib
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from durable_sandbox.workflows.sandbox_agent import (
     EnvVar,
+    FailurePolicy,
     ReadFileCall,
     SandboxAgentInput,
     SandboxSettings,
     ShellCall,
     ToolCallSpec,
     WriteFileCall,
+    check_loss_within_calls,
 )
 
 GROUP = "durable-sandbox.dev"
@@ -107,12 +109,12 @@ class SandboxRef(_Model):
 class RetrySpec(_Model):
     """Retry of the whole run when it fails (each retry resumes the journal: completed work is kept)."""
 
-    max_attempts: Annotated[int, Field(ge=1, le=100, description="Attempts in all, the first included.")] = 3
+    max_attempts: Annotated[int, Field(ge=1, le=100, strict=True, description="Attempts in all, the first included.")] = 3
     initial_interval_seconds: Annotated[
-        float, Field(ge=0, le=86_400, description="Seconds before the first retry.")
+        float, Field(ge=0, le=86_400, strict=True, description="Seconds before the first retry.")
     ] = 1.0
-    backoff: Annotated[float, Field(ge=1, le=10, description="Each further interval is the last one times this.")] = 2.0
-    max_interval_seconds: Annotated[float, Field(ge=0, le=86_400, description="Upper bound of an interval.")] = 60.0
+    backoff: Annotated[float, Field(ge=1, le=10, strict=True, description="Each further interval is the last one times this.")] = 2.0
+    max_interval_seconds: Annotated[float, Field(ge=0, le=86_400, strict=True, description="Upper bound of an interval.")] = 60.0
 
     def interval(self, attempt: int) -> float:
         """Delay before attempt ``attempt`` (2 is the first retry)."""
@@ -169,12 +171,13 @@ class WorkflowSpec(_Model):
         Field(
             ge=0,
             le=10_000,
+            strict=True,
             description="Snapshot the sandbox after every N completed tool calls (0: never). After a sandbox is "
             "lost, the run restores the newest snapshot and replays only the calls after it; superseded "
             "snapshots are deleted.",
         ),
     ] = 0
-    retain_latest_snapshot: bool = Field(
+    retain_latest_snapshot: StrictBool = Field(
         default=False,
         description="Keep the newest snapshot when the run succeeds (status.latestSnapshot names it); otherwise "
         "every snapshot is deleted when the run finishes.",
@@ -183,6 +186,7 @@ class WorkflowSpec(_Model):
         int,
         Field(
             ge=1,
+            strict=True,
             description="Testing: destroy the sandbox behind the run's back after this many calls, once, to "
             "exercise recovery (providers with loss injection only).",
         ),
@@ -192,20 +196,26 @@ class WorkflowSpec(_Model):
         description="Retry the run when it fails. A retry resumes from the journal: completed calls are not "
         "run again. Unset: one attempt.",
     )
+    failure_policy: FailurePolicy | None = Field(
+        default=None,
+        description="Which tool-call outcomes fail the run, for every call (a call's own failurePolicy "
+        "overrides it). Unset: every outcome is a completed call.",
+    )
     timeout_seconds: Annotated[
         int,
         Field(
             ge=1,
+            strict=True,
             description="Fail the run (reason Timeout) when it has not finished this many seconds after it "
             "started; waiting and suspended time count. Unset: no limit.",
         ),
     ] | None = None
-    suspend: bool = Field(
+    suspend: StrictBool = Field(
         default=False,
         description="true pauses the run at the next call boundary and hibernates its sandbox (a snapshot, no "
         "live sandbox); false resumes it from there. Like batch/v1 Job's suspend.",
     )
-    cancel: bool = Field(
+    cancel: StrictBool = Field(
         default=False,
         description="true cancels the run and deletes its sandbox and snapshots. Can only go from false to true.",
     )
@@ -218,6 +228,7 @@ class WorkflowSpec(_Model):
         int,
         Field(
             ge=0,
+            strict=True,
             description="Delete the Workflow this many seconds after it finished (succeeded, failed or "
             "cancelled), cleanup included, as a Job's TTL does. Unset: kept.",
         ),
@@ -226,6 +237,7 @@ class WorkflowSpec(_Model):
         int,
         Field(
             ge=0,
+            strict=True,
             description="Seconds a waiting run (for a signal or a timer) keeps its sandbox live before it "
             "hibernates it (snapshot, then destroy; restored when the run continues). 0: at once. Unset: 300.",
         ),
@@ -275,12 +287,23 @@ class WorkflowSpec(_Model):
             raise ValueError("set at most one of sandbox or sandboxRef")
         return self
 
+    @model_validator(mode="after")
+    def _loss_within_calls(self) -> WorkflowSpec:
+        if self.tool_calls is not None:
+            try:
+                check_loss_within_calls(self.inject_loss_after_n_calls, len(self.tool_calls))
+            except ValueError as exc:
+                raise PydanticCustomError(
+                    "loss_after_calls", "{reason}", {"reason": str(exc), "subloc": ["injectLossAfterNCalls"]}
+                ) from None
+        return self
+
 
 # A Workflow's inline `sandbox` settings plus what only a standalone Sandbox has.
 class SandboxResourceSpec(SandboxSettings):
     """A sandbox's settings; Workflows use them through spec.sandboxRef."""
 
-    suspend: bool = Field(default=False, description="true suspends the sandbox (providers that can suspend).")
+    suspend: StrictBool = Field(default=False, description="true suspends the sandbox (providers that can suspend).")
     from_snapshot: Annotated[
         str, Field(min_length=1, description="Create the sandbox from this provider snapshot id.")
     ] | None = None
@@ -498,6 +521,7 @@ def to_sandbox_agent_input(spec: WorkflowSpec, sandbox: SandboxSettings | None =
         retain_latest_snapshot=spec.retain_latest_snapshot,
         inject_loss_after_n_calls=spec.inject_loss_after_n_calls,
         hibernate_after_seconds=spec.hibernate_after_seconds,
+        failure_policy=spec.failure_policy,
     )
 
 
@@ -519,6 +543,7 @@ __all__ = [
     "Condition",
     "CurrentCall",
     "EnvVar",
+    "FailurePolicy",
     "JournalRef",
     "ObjectMeta",
     "OperationSummary",

@@ -1,0 +1,400 @@
+"""The worker side of the engine: execute a run under its lease.
+
+A run is executed by re-executing the workflow function from the top; the journal makes every
+completed operation return its recorded result, so "resume" and "replay" are the same thing.
+
+Where runs come from is not decided here: ``Engine.run``/``resume`` drive one run, the SQLite poller
+(:func:`engine.sources.poll_store`, behind ``dsb worker``) claims runnable runs, and the operator
+executes the run of each Workflow its kopf daemon drives. Whatever the source, a run already
+executing in this process is never claimed a second time by it (a second claim by the same owner
+would advance the fence and cut off the execution that is running).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from durable_sandbox.engine.client import require_run, state_of
+from durable_sandbox.engine.context import Context
+from durable_sandbox.engine.errors import (
+    LeaseHeld,
+    LeaseLost,
+    NotRunnableHere,
+    Suspend,
+    WorkflowNotFound,
+)
+from durable_sandbox.engine.owner import holder_is_dead, new_worker_id
+from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRecord, RunRecord, RunStatus
+from durable_sandbox.engine.runtime import RunRuntime
+from durable_sandbox.engine.serialization import to_jsonable
+from durable_sandbox.engine.state import RunState, build_state
+from durable_sandbox.engine.store import Store
+from durable_sandbox.engine.workflow import WorkflowDefinition, resolve
+
+log = logging.getLogger("durable_sandbox.engine")
+
+# What to do with a run whose workflow this process cannot import: "fail" it (dsb: the local store has
+# no other worker that could, and `resume` retries it once the code is importable), or "leave" it
+# untouched for another process (the operator: another replica may have the code) and raise NotRunnableHere.
+Unresolvable = Literal["fail", "leave"]
+
+
+def default_worker_id() -> str:
+    """``<host>:<pid>:<process start>:<nonce>``: names this process for good (see engine/owner.py)."""
+    return new_worker_id()
+
+
+class RunExecutor:
+    """Executes runs of ``store`` under leases held by ``worker_id``.
+
+    ``sandbox_factory`` is the extension point behind ``ctx.sandbox``; ``services`` is handed to
+    extensions (providers, hibernation settings, cleanup hooks).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        worker_id: str | None = None,
+        lease_ttl: float = 30.0,
+        inline_sleep_limit: float = 5.0,
+        sandbox_factory: Callable[..., Any] | None = None,
+        services: dict[str, Any] | None = None,
+        unresolvable: Unresolvable = "fail",
+    ) -> None:
+        self.store = store
+        self.worker_id = worker_id or default_worker_id()
+        self.lease_ttl = lease_ttl
+        self.inline_sleep_limit = inline_sleep_limit
+        self.sandbox_factory = sandbox_factory
+        self.services: dict[str, Any] = services if services is not None else {}
+        self.unresolvable: Unresolvable = unresolvable
+        self._tasks: dict[str, asyncio.Task[Any]] = {}  # run id -> workflow task executing here
+        self._active: dict[str, asyncio.Event] = {}  # run id -> set when this process stops executing it
+        self.driven: set[str] = set()  # runs this process executed (to hibernate on close if they wait)
+
+    # ------------------------------------------------------------------ the in-process guard
+
+    def is_executing(self, run_id: str) -> bool:
+        """True while this process holds (or is taking) the run's lease to execute it."""
+        return run_id in self._active
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, run_id: str, *, wait: bool) -> Any:
+        """Mark ``run_id`` as executing here; yields False (and marks nothing) if it already is and
+        ``wait`` is false, else waits for the other execution to end first."""
+        while (busy := self._active.get(run_id)) is not None:
+            if not wait:
+                yield False
+                return
+            await busy.wait()
+        done = asyncio.Event()
+        self._active[run_id] = done
+        try:
+            yield True
+        finally:
+            self._active.pop(run_id, None)
+            done.set()
+
+    # ------------------------------------------------------------------ driving
+
+    async def drive(
+        self, run_id: str, definition: WorkflowDefinition | None = None, *, if_busy: Literal["wait", "skip"] = "wait"
+    ) -> RunState | None:
+        """Execute the run until it finishes or waits (claiming its lease each time); a signal that
+        races the run into waiting makes it runnable again, so driving goes on.
+
+        If this process is executing the run already, ``if_busy="wait"`` waits for that to end and
+        then drives it; ``"skip"`` returns None at once (a duplicate event from a run source).
+        """
+        async with self._exclusive(run_id, wait=if_busy == "wait") as mine:
+            if not mine:
+                return None
+            run = await self._get(run_id)
+            if run.status in (RunStatus.SUCCEEDED, RunStatus.CANCELLED):
+                return build_state(run, await self.store.load_journal(run_id))
+            self.driven.add(run_id)
+            while True:
+                lease = await self.claim(run_id)
+                try:
+                    rows = await self.execute(lease, definition)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await self.store.release(lease)
+                if rows is None:
+                    return state_of(await self._get(run_id), await self.store.load_journal(run_id))
+                run = await self._get(run_id)
+                if run.status != RunStatus.PENDING:
+                    # The journal is already in memory: build the state from it rather than reading it again.
+                    return state_of(run, rows)
+
+    async def claim(self, run_id: str) -> Lease:
+        """The run's lease for this worker. A lease held by a process of this host that has died (a
+        crash, SIGKILL) is taken over at once rather than after its TTL; a live holder, or one on
+        another host, is never displaced (``LeaseHeld`` says for how long it holds the lease)."""
+        try:
+            return await self.store.claim(run_id, self.worker_id, self.lease_ttl)
+        except LeaseHeld as held:
+            if not holder_is_dead(held.owner):
+                raise
+            log.warning("run %s: its lease holder %s is dead; taking the run over", run_id, held.owner)
+            return await self.store.claim(run_id, self.worker_id, self.lease_ttl, take_over_from=held.owner)
+
+    async def run_claimed(self, lease: Lease) -> None:
+        """Execute a run whose lease a run source claimed for this worker, then release the lease."""
+        async with self._exclusive(lease.run_id, wait=False) as mine:
+            if not mine:
+                # Already executing here: this claim advanced the fence past the execution's, so give
+                # it back at once (release is fenced: it only clears this claim).
+                with contextlib.suppress(Exception):
+                    await self.store.release(lease)
+                return
+            self.driven.add(lease.run_id)
+            try:
+                await self.execute(lease, None)
+            except NotRunnableHere as exc:
+                log.info("%s", exc)
+            except Exception:
+                log.exception("worker %s failed executing run %s", self.worker_id, lease.run_id)
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.store.release(lease)
+
+    async def execute(self, lease: Lease, definition: WorkflowDefinition | None) -> list[OperationRecord] | None:
+        """Execute the run once under ``lease``; returns its journal rows (None if nothing ran)."""
+        store = self.store
+        run = await self._get(lease.run_id)
+        if run.status.terminal and run.status != RunStatus.FAILED:
+            return None
+        if run.cancel_requested:
+            await self.finish_cancelled(lease, run)
+            return None
+        if definition is None:
+            try:
+                definition = resolve_run_workflow(run)
+            except WorkflowNotFound as exc:
+                if self.unresolvable == "leave":
+                    raise NotRunnableHere(run.run_id, exc) from exc
+                # Failing (rather than leaving it runnable) stops workers from claiming it forever;
+                # `resume` retries it once the code is importable.
+                await store.update_run(
+                    run.run_id, {"status": RunStatus.FAILED, "error": ErrorInfo.from_exception(exc)}, fence=lease.fence
+                )
+                raise
+        epoch = run.epoch + 1 if run.status == RunStatus.FAILED else run.epoch
+        rt = await self.open_runtime(run, lease, epoch=epoch, signals=await store.get_signals(run.run_id))
+        rows = rt.rows
+        await store.update_run(
+            run.run_id,
+            {"status": RunStatus.RUNNING, "epoch": epoch, "wake_at": None, "pending_callbacks": [], "error": None},
+            fence=lease.fence,
+        )
+        rt.emit("run.resumed" if rows else "run.started", workflow=run.workflow, worker=self.worker_id)
+        ctx = Context(rt)
+        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, ctx, run.input), name=run.run_id)
+        self._tasks[run.run_id] = wf
+        keeper = asyncio.create_task(self._keep_lease(lease, rt, wf))
+        changes: dict[str, Any]
+        try:
+            try:
+                result = await wf
+                rt.check_all_reached()  # raises NonDeterminismError for a recorded op the code skipped
+            except Suspend as s:
+                await rt.drain()
+                pending = rt.pending_callbacks()
+                changes = {
+                    "status": RunStatus.WAITING,
+                    "wake_at": self._wake_at(rt, s),
+                    "pending_callbacks": [p["id"] for p in pending],
+                }
+                rt.emit("run.waiting", callbacks=[p["id"] for p in pending], wakeAt=changes["wake_at"])
+            except asyncio.CancelledError:
+                reason = await rt.cancel_requested()
+                if reason is None:
+                    # Interrupted, not cancelled (Ctrl-C, SIGTERM, shutdown): sandbox sessions have
+                    # hibernated; the run goes back to pending, resumable here or by any worker.
+                    await self._interrupted(lease, rt)
+                    raise
+                changes = {"status": RunStatus.CANCELLED, "error": ErrorInfo("RunCancelled", reason)}
+                rt.emit("run.cancelled", reason=reason)
+            except LeaseLost:
+                log.warning("lost the lease on run %s; stopping without writing", run.run_id)
+                return None
+            except Exception as exc:
+                rt.draining = True
+                await rt.drain()
+                changes = {"status": RunStatus.FAILED, "error": ErrorInfo.from_exception(exc)}
+                rt.emit("run.failed", error=str(exc))
+            else:
+                changes = {
+                    "status": RunStatus.SUCCEEDED,
+                    "result": to_jsonable(result, what=f"The result of workflow {run.workflow!r}"),
+                }
+                rt.emit("run.succeeded")
+            after_run = self.services.get("after_run")
+            if after_run is not None and changes["status"] in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SUCCEEDED):
+                await after_run(rt, changes["status"])
+            final = rt.pending_records()
+            await store.commit(run.run_id, lease.fence, Commit(final, run=changes, thread_state=rt.state_change()))
+            rt.rows.extend(final)
+            if changes["status"] == RunStatus.WAITING and changes["pending_callbacks"]:
+                signals = await store.get_signals(run.run_id)
+                if any(cb in signals for cb in changes["pending_callbacks"]):
+                    await store.update_run(run.run_id, {"status": RunStatus.PENDING}, fence=lease.fence)
+            await rt.flush_events()
+            return rt.rows
+        finally:
+            keeper.cancel()
+            self._tasks.pop(run.run_id, None)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await keeper
+
+    async def _interrupted(self, lease: Lease, rt: RunRuntime) -> None:
+        rt.emit("run.interrupted", worker=self.worker_id)
+        try:
+            await self.store.commit(rt.run_id, lease.fence, Commit(rt.pending_records(), run={"status": RunStatus.PENDING}))
+            await rt.flush_events()
+        except LeaseLost:
+            pass  # another worker has it already
+
+    async def open_runtime(
+        self, run: RunRecord, lease: Lease, *, epoch: int | None = None, signals: dict[str, Any] | None = None
+    ) -> RunRuntime:
+        """The journal of ``run`` opened for writing under ``lease`` (workflow execution, cleanup, hibernation)."""
+        return RunRuntime(
+            store=self.store,
+            run_id=run.run_id,
+            workflow=run.workflow,
+            fence=lease.fence,
+            epoch=run.epoch if epoch is None else epoch,
+            rows=await self.store.load_journal(run.run_id),
+            signals=signals or {},
+            thread_id=run.thread_id,
+            thread_state=(await self.store.get_thread_state(run.thread_id)) if run.thread_id else None,
+            sandbox_factory=self.sandbox_factory,
+            inline_sleep_limit=self.inline_sleep_limit,
+            services=self.services,
+        )
+
+    def _wake_at(self, rt: RunRuntime, s: Suspend) -> float | None:
+        times = [s.wake_at] if s.wake_at is not None else []
+        for rec in rt.latest.values():
+            if rec.status == "started" and rec.meta:
+                for key in ("deadline", "wakeAt"):
+                    if rec.meta.get(key) is not None:
+                        times.append(float(rec.meta[key]))
+        return min(times) if times else None
+
+    async def _keep_lease(self, lease: Lease, rt: RunRuntime, wf: asyncio.Task[Any]) -> None:
+        """Renew the lease and notice cancellation requested from another process."""
+        interval = max(self.lease_ttl / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                lease = await self.store.renew(lease, self.lease_ttl)
+            except LeaseLost:
+                log.error("lease on run %s lost; cancelling its execution here", lease.run_id)
+                wf.cancel()
+                return
+            run = await self.store.get_run(lease.run_id)
+            if run is not None and run.cancel_requested and rt.cancel_reason is None:
+                rt.cancel_reason = run.cancel_requested
+                wf.cancel()
+
+    # ------------------------------------------------------------------ cancel and hibernation
+
+    async def cancel_here(self, run_id: str, reason: str) -> bool:
+        """Cancel the run's execution in this process (cleanup runs in it); False if it does not execute here."""
+        task = self._tasks.get(run_id)
+        if task is None:
+            return False
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(task), timeout=self.lease_ttl)
+        return True
+
+    async def finish_cancelled(self, lease: Lease, run: RunRecord) -> None:
+        """Cancel a run that is not executing: finalize its sandboxes from the journal, then mark it."""
+        cleanup = self.services.get("cancel_cleanup")
+        if cleanup is not None:
+            await cleanup(self, run, lease)
+        await self.store.commit(
+            run.run_id,
+            lease.fence,
+            Commit(
+                [],
+                run={"status": RunStatus.CANCELLED, "error": ErrorInfo("RunCancelled", run.cancel_requested or "")},
+            ),
+        )
+
+    async def drive_cancel(self, run_id: str) -> None:
+        """Take the lease of a run that is not executing and finish its cancellation (cleanup included)."""
+        async with self._exclusive(run_id, wait=True):
+            lease = await self.claim(run_id)
+            try:
+                run = await self._get(run_id)
+                if not run.status.terminal:
+                    await self.finish_cancelled(lease, run)
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.store.release(lease)
+
+    async def hibernate(self, run_id: str) -> bool:
+        """Hibernate the sandboxes of a waiting run now (snapshot and destroy them); True if it ran."""
+        hook = self.services.get("hibernate_run")
+        run = await self._get(run_id)
+        if hook is None or run.status != RunStatus.WAITING:
+            return False
+        async with self._exclusive(run_id, wait=False) as mine:
+            if not mine:
+                return False  # executing here: it is not idle
+            lease = await self.claim(run_id)
+            try:
+                await hook(self, run, lease)
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.store.release(lease)
+        return True
+
+    async def hibernate_idle(self, older_than: float) -> list[str]:
+        """Hibernate the sandboxes of runs that have been waiting longer than ``older_than`` seconds."""
+        done = []
+        cutoff = time.time() - older_than
+        for run in await self.store.list_runs(status=[RunStatus.WAITING], limit=1000):
+            if run.updated_at > cutoff:
+                continue
+            try:
+                if await self.hibernate(run.run_id):
+                    done.append(run.run_id)
+            except LeaseHeld:
+                continue  # someone is working on it; it is not idle
+        return done
+
+    async def _get(self, run_id: str) -> RunRecord:
+        return await require_run(self.store, run_id)
+
+
+def resolve_run_workflow(run: RunRecord) -> WorkflowDefinition:
+    """By registered name, else by the import path recorded when the run was created."""
+    try:
+        return resolve(run.workflow)
+    except WorkflowNotFound:
+        if not run.workflow_ref or run.workflow_ref == run.workflow:
+            raise
+        definition = resolve(run.workflow_ref)
+        if definition.name != run.workflow:
+            raise WorkflowNotFound(
+                f"Run {run.run_id!r} is of workflow {run.workflow!r}, but {run.workflow_ref} is now registered as "
+                f"{definition.name!r}; restore the name or start a new run."
+            ) from None
+        return definition
+
+
+async def _call_workflow(definition: WorkflowDefinition, ctx: Context, raw_input: Any) -> Any:
+    # Input validation happens inside the task so that a failure fails the run (it never hangs in "running").
+    return await definition.fn(ctx, *definition.prepare_input(raw_input))

@@ -1,0 +1,268 @@
+"""What a Workflow spec means: the run it asks for (workflow, input, run id) and how to drive it
+(signals, cancel, suspend, retry, timeout, TTL).
+
+One meaning for `dsb run` (local) and for the operator (cluster), so a manifest does the same thing in
+both places. Everything is checked here, before any run is created, so an invalid spec never leaves a
+half-started run (or a provisioned sandbox) behind. Where the two differ, it is said here:
+
+- run id: locally ``<name>-<hash of workflow and input>`` (running the same file again continues the
+  same run); in the cluster ``<name>-<uid[:8]>`` (one Workflow object = one run, a re-created object
+  is a new run).
+- ``sandbox.env[].valueFrom.secretKeyRef`` only resolves in the cluster; the run input keeps the
+  reference, never the value (the operator hands values to the sandbox at provision time). Literal
+  ``value``s (and a call's ``env``) are kept out of the input too (``RunPlan.env_values``): the engine
+  that drives the run needs an ``env_values`` service returning them by run id (`dsb run` keeps them
+  beside its store, see ``cli/envfiles.py``; the operator re-plans the Workflow object).
+- ``ttlSecondsAfterFinished``/``suspend`` only mean something in the cluster.
+- the operator imports workflow code only from the modules it is configured with
+  (``allowed_modules``); the check happens before anything is imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from durable_sandbox.engine import WorkflowDefinition, WorkflowNotFound, resolve
+from durable_sandbox.kube.manifests import format_loc
+from durable_sandbox.kube.models import (
+    RetrySpec,
+    SandboxResource,
+    SandboxSettings,
+    WorkflowResource,
+    to_sandbox_agent_input,
+)
+from durable_sandbox.workflows import sandbox_agent
+
+WORKFLOW_LABEL = "durable-sandbox.dev/workflow"
+RUN_ID_LABEL = "durable-sandbox.dev/run-id"
+
+
+class PlanError(ValueError):
+    """The spec cannot be run as written; the message names the place (``<source>: Workflow/<name>: spec.x``)."""
+
+    reason = "InvalidSpec"  # the condition reason the operator reports
+
+
+class WorkflowNotAllowed(PlanError):
+    """The entrypoint is outside the modules this operator may import (nothing was imported)."""
+
+    reason = "WorkflowNotAllowed"
+
+
+class WorkflowUnavailable(PlanError):
+    """The entrypoint could not be imported in this process."""
+
+    reason = "WorkflowNotFound"
+
+
+@dataclass
+class RunPlan:
+    label: str  # how messages name it: "Workflow/hello" or "pkg.mod:fn"
+    definition: WorkflowDefinition
+    input: Any
+    run_id: str | None
+    labels: dict[str, str] = field(default_factory=dict)
+    signals: dict[str, Any] = field(default_factory=dict)
+    cancel: bool = False
+    suspend: bool = False
+    retry: RetrySpec | None = None
+    timeout: float | None = None
+    ttl_seconds_after_finished: int | None = None
+    provider: str | None = None  # the sandbox provider a toolCalls Workflow uses (None: chosen by the code)
+    warnings: list[str] = field(default_factory=list)
+    # A toolCalls Workflow's literal env values, kept out of `input` (which is stored): the engine's
+    # `env_values` service must hand them back by run id (sandbox_agent.detach_env).
+    env_values: dict[str, str] = field(default_factory=dict)
+    where: str = ""  # "<source>: Workflow/<name>: ", for messages about the spec
+    sandbox: SandboxSettings | None = None  # a toolCalls Workflow's sandbox, for the provider pre-run check
+    snapshot_every: int = 0
+    inject_loss_after: int | None = None
+
+    @property
+    def max_attempts(self) -> int:
+        return self.retry.max_attempts if self.retry is not None else 1
+
+
+def cluster_run_id(name: str, uid: str) -> str:
+    """The run id of a Workflow object in a cluster: one object, one run; a re-created object is a new run."""
+    return f"{name}-{uid[:8]}"
+
+
+def short_hash(*parts: Any) -> str:
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
+def local_run_id(name: str, definition: WorkflowDefinition, value: Any) -> str:
+    """The run id `dsb run` gives a manifest's Workflow: the same file continues the same run."""
+    return f"{name}-{short_hash(definition.name, value)}"
+
+
+def entrypoint_allowed(entrypoint: str, allowed_modules: Sequence[str]) -> bool:
+    """``pkg.flows:fn`` is allowed by ``pkg.flows`` (and by ``pkg``: a package allows its submodules)."""
+    module = entrypoint.partition(":")[0]
+    return any(module == m or module.startswith(m + ".") for m in allowed_modules)
+
+
+def resolve_workflow(ref: str, where: str) -> WorkflowDefinition:
+    try:
+        return resolve(ref)
+    except WorkflowNotFound as exc:
+        raise WorkflowUnavailable(f"{where}{exc}") from exc
+
+
+def check_input(definition: WorkflowDefinition, value: Any, where: str) -> None:
+    """Validate the input against the workflow's declared type now, not inside the run."""
+    try:
+        definition.prepare_input(value)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = format_loc(["input", *err.get("loc", ())])
+            lines.append(f"{where}{loc}: {err.get('msg')}")
+        raise PlanError("\n".join(lines)) from exc
+
+
+def plan_workflow(
+    wf: WorkflowResource,
+    *,
+    source: str,
+    sandboxes: Mapping[str, SandboxResource] | None = None,
+    run_id: str | None = None,
+    cluster: bool = False,
+    allowed_modules: Sequence[str] | None = None,
+) -> RunPlan:
+    """The run plan of one Workflow.
+
+    ``sandboxes`` are the Sandbox resources ``spec.sandboxRef`` may name (the same file locally, the
+    namespace in the cluster). ``cluster`` selects the cluster's meaning (see the module doc); it needs
+    ``metadata.uid``. ``allowed_modules`` (operator policy) limits which entrypoints may be imported.
+    """
+    spec = wf.spec
+    name = wf.metadata.name
+    where = f"{source}: Workflow/{name}: "
+    warnings: list[str] = []
+    settings: SandboxSettings | None = spec.sandbox
+    if spec.sandbox_ref is not None:
+        ref = (sandboxes or {}).get(spec.sandbox_ref.name)
+        if ref is not None:
+            settings = ref.spec.settings()
+        elif cluster:
+            raise PlanError(
+                f"{where}spec.sandboxRef: Sandbox {spec.sandbox_ref.name!r} does not exist in this namespace; "
+                f"create it or use spec.sandbox"
+            )
+        else:
+            warnings.append(
+                f"{where}spec.sandboxRef: Sandbox {spec.sandbox_ref.name!r} is not in this file; "
+                f"ignored locally (using a default local sandbox)"
+            )
+    if not cluster:
+        for field_name, active in (
+            ("ttlSecondsAfterFinished", spec.ttl_seconds_after_finished is not None),
+            ("suspend", spec.suspend),
+        ):
+            if active:
+                warnings.append(f"{where}spec.{field_name}: only meaningful in a cluster; ignored by dsb run")
+        if settings is not None:
+            for i, var in enumerate(settings.env):
+                if var.value_from is not None:
+                    ref_ = var.value_from.secret_key_ref
+                    raise PlanError(
+                        f"{where}spec.sandbox.env[{i}].valueFrom: Secret {ref_.name}/{ref_.key} can only be read in a "
+                        f"cluster; for dsb run give env var {var.name} a value"
+                    )
+    provider: str | None = None
+    if spec.tool_calls is not None:
+        definition = resolve_workflow(sandbox_agent.NAME, where)
+        agent_input = to_sandbox_agent_input(spec, settings)
+        provider = agent_input.sandbox.provider
+        # The run id is derived from the whole input, values included (another value is another run);
+        # the stored input has them replaced by *** and the values travel beside it.
+        identity: Any = agent_input.model_dump(mode="json", by_alias=True, exclude_none=True)
+        stored, env_values = sandbox_agent.detach_env(agent_input)
+        value: Any = stored.model_dump(mode="json", by_alias=True, exclude_none=True)
+    else:
+        assert spec.entrypoint is not None
+        if allowed_modules is not None and not entrypoint_allowed(spec.entrypoint, allowed_modules):
+            configured = ", ".join(allowed_modules) or "none"
+            raise WorkflowNotAllowed(
+                f"{where}spec.entrypoint: {spec.entrypoint!r} is not in a module this operator may import "
+                f"(configured: {configured}); add its module to `dsb operator --workflows`, or use toolCalls. "
+                f"Nothing was imported."
+            )
+        definition = resolve_workflow(spec.entrypoint, f"{where}spec.entrypoint: ")
+        value = identity = spec.input
+        env_values = {}
+        check_input(definition, value, f"{where}spec.")
+    if cluster:
+        if not wf.metadata.uid:
+            raise PlanError(f"{where}metadata.uid is missing; the cluster assigns it (read the object back from the API)")
+        the_run_id = cluster_run_id(name, wf.metadata.uid)
+    else:
+        the_run_id = run_id or local_run_id(name, definition, identity)
+    return RunPlan(
+        label=f"Workflow/{name}",
+        definition=definition,
+        input=value,
+        run_id=the_run_id,
+        labels={WORKFLOW_LABEL: name},
+        signals=dict(spec.signals),
+        cancel=spec.cancel,
+        suspend=spec.suspend,
+        retry=spec.retry,
+        timeout=float(spec.timeout_seconds) if spec.timeout_seconds is not None else None,
+        ttl_seconds_after_finished=spec.ttl_seconds_after_finished,
+        provider=provider,
+        warnings=warnings,
+        env_values=env_values,
+        where=where,
+        sandbox=(settings or SandboxSettings()) if spec.tool_calls is not None else None,
+        snapshot_every=spec.snapshot_every_n_calls,
+        inject_loss_after=spec.inject_loss_after_n_calls,
+    )
+
+
+def plan_resources(resources: Sequence[Any], *, source: str, run_id: str | None = None) -> list[RunPlan]:
+    """The local plans of a manifest's Workflows (its Sandboxes serve their sandboxRefs)."""
+    workflows = [r for r in resources if isinstance(r, WorkflowResource)]
+    sandboxes = {r.metadata.name: r for r in resources if isinstance(r, SandboxResource)}
+    if not workflows:
+        raise PlanError(f"{source}: no Workflow in this manifest (a Sandbox alone has nothing to run locally)")
+    if run_id is not None and len(workflows) > 1:
+        raise PlanError(f"--run-id needs a manifest with one Workflow; {source} has {len(workflows)}")
+    plans = [plan_workflow(wf, source=source, sandboxes=sandboxes, run_id=run_id) for wf in workflows]
+    names = [p.label for p in plans]
+    if len(set(names)) != len(names):
+        raise PlanError(f"{source}: two Workflows have the same name; names must be unique")
+    return plans
+
+
+def plan_entrypoint(target: str, value: Any, run_id: str | None) -> RunPlan:
+    """The plan of `dsb run module:function` (or a registered workflow name)."""
+    definition = resolve_workflow(target, "")
+    check_input(definition, value, "")
+    return RunPlan(label=definition.name, definition=definition, input=value, run_id=run_id)
+
+
+__all__ = [
+    "RUN_ID_LABEL",
+    "WORKFLOW_LABEL",
+    "PlanError",
+    "RunPlan",
+    "WorkflowNotAllowed",
+    "WorkflowUnavailable",
+    "check_input",
+    "cluster_run_id",
+    "entrypoint_allowed",
+    "local_run_id",
+    "plan_entrypoint",
+    "plan_resources",
+    "plan_workflow",
+]

@@ -1,0 +1,96 @@
+"""kube/plan.py: one meaning of a Workflow spec for `dsb run` and the operator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from durable_sandbox.kube.models import WorkflowResource
+from durable_sandbox.kube.plan import (
+    PlanError,
+    WorkflowNotAllowed,
+    cluster_run_id,
+    entrypoint_allowed,
+    plan_workflow,
+)
+
+
+def workflow(spec: dict[str, Any], uid: str | None = "0123456789abcdef") -> WorkflowResource:
+    meta: dict[str, Any] = {"name": "demo", "namespace": "team"}
+    if uid:
+        meta["uid"] = uid
+    return WorkflowResource.model_validate({"metadata": meta, "spec": spec})
+
+
+TOOL_CALLS = [{"type": "shell", "command": "echo hi"}]
+
+
+def test_cluster_run_id_is_name_and_uid_prefix() -> None:
+    plan = plan_workflow(workflow({"toolCalls": TOOL_CALLS}), source="cluster", cluster=True)
+    assert plan.run_id == cluster_run_id("demo", "0123456789abcdef") == "demo-01234567"
+    assert plan.provider == "local"
+
+
+def test_local_run_id_depends_on_content_not_uid() -> None:
+    a = plan_workflow(workflow({"toolCalls": TOOL_CALLS}, uid=None), source="f.yaml")
+    b = plan_workflow(workflow({"toolCalls": TOOL_CALLS}, uid="ffffffff-0000"), source="f.yaml")
+    c = plan_workflow(workflow({"toolCalls": [{"type": "shell", "command": "echo other"}]}, uid=None), source="f.yaml")
+    assert a.run_id == b.run_id != c.run_id
+    assert a.run_id is not None and a.run_id.startswith("demo-")
+
+
+def test_cluster_needs_the_uid() -> None:
+    with pytest.raises(PlanError, match=r"metadata.uid"):
+        plan_workflow(workflow({"toolCalls": TOOL_CALLS}, uid=None), source="cluster", cluster=True)
+
+
+def test_secret_references_stay_references_in_the_cluster_and_are_refused_locally() -> None:
+    spec = {
+        "toolCalls": TOOL_CALLS,
+        "sandbox": {"provider": "local", "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
+    }
+    plan = plan_workflow(workflow(spec), source="cluster", cluster=True)
+    assert plan.input["sandbox"]["env"] == [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    with pytest.raises(PlanError, match=r"spec.sandbox.env\[0\].valueFrom: Secret s/k can only be read in a cluster"):
+        plan_workflow(workflow(spec, uid=None), source="f.yaml")
+
+
+def test_entrypoint_outside_the_allowed_modules_is_refused_before_import() -> None:
+    spec = {"entrypoint": "never_imported_module_xyz:flow", "input": {}}
+    with pytest.raises(WorkflowNotAllowed, match=r"spec.entrypoint: 'never_imported_module_xyz:flow' is not in a module") as info:
+        plan_workflow(workflow(spec), source="cluster", cluster=True, allowed_modules=["examples.flows"])
+    assert info.value.reason == "WorkflowNotAllowed"
+    import sys
+
+    assert "never_imported_module_xyz" not in sys.modules
+
+
+def test_entrypoint_allow_list_matches_modules_and_packages() -> None:
+    assert entrypoint_allowed("pkg.flows:fn", ["pkg.flows"])
+    assert entrypoint_allowed("pkg.flows.sub:fn", ["pkg"])
+    assert not entrypoint_allowed("pkg.flowsextra:fn", ["pkg.flows"])
+    assert not entrypoint_allowed("other:fn", [])
+
+
+def test_cluster_fields_carry_their_meaning() -> None:
+    spec = {
+        "toolCalls": TOOL_CALLS,
+        "suspend": True,
+        "timeoutSeconds": 30,
+        "ttlSecondsAfterFinished": 5,
+        "retry": {"maxAttempts": 4},
+        "signals": {"approve": True},
+    }
+    plan = plan_workflow(workflow(spec), source="cluster", cluster=True)
+    assert (plan.suspend, plan.timeout, plan.ttl_seconds_after_finished, plan.max_attempts) == (True, 30.0, 5, 4)
+    assert plan.signals == {"approve": True} and plan.warnings == []
+    local = plan_workflow(workflow(spec, uid=None), source="f.yaml")
+    assert any("spec.suspend: only meaningful in a cluster" in w for w in local.warnings)
+
+
+def test_missing_sandbox_ref_is_an_error_in_the_cluster() -> None:
+    spec = {"toolCalls": TOOL_CALLS, "sandboxRef": {"name": "box"}}
+    with pytest.raises(PlanError, match=r"spec.sandboxRef: Sandbox 'box' does not exist"):
+        plan_workflow(workflow(spec), source="cluster", cluster=True, sandboxes={})
+    assert plan_workflow(workflow(spec, uid=None), source="f.yaml").warnings
