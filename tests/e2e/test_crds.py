@@ -495,3 +495,20 @@ def test_docs_commands_work(control_plane: ControlPlane, installed: None, tmp_pa
         assert "workflow.durable-sandbox.dev/hello" in listed
     finally:
         control_plane.kubectl("delete", "-f", str(HELLO), "--ignore-not-found")
+
+
+def test_anchors_and_aliases_are_accepted_by_both(control_plane: ControlPlane, namespace: str) -> None:
+    """Anchors and aliases that expand moderately: `dsb run`'s bounded loader accepts what kubectl accepts."""
+    from durable_sandbox.kube.manifests import load_manifests
+
+    anchored = (
+        "apiVersion: durable-sandbox.dev/v1alpha1\nkind: Workflow\nmetadata:\n  name: anchored\nspec:\n"
+        "  toolCalls:\n    - &ls {type: shell, command: ls}\n    - *ls\n"
+        "  signals:\n    base: &base {by: ops}\n    again: *base\n"
+    )
+    (wf,) = load_manifests(anchored)
+    proc = control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=anchored, check=False)
+    assert proc.returncode == 0, proc.stderr
+    got = control_plane.kubectl_json("get", "dwf", "anchored", "-n", namespace)
+    assert got["spec"]["signals"] == {"base": {"by": "ops"}, "again": {"by": "ops"}}
+    assert len(got["spec"]["toolCalls"]) == len(wf.spec.tool_calls or []) == 2
