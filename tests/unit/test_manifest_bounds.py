@@ -1,5 +1,5 @@
 """Loading a manifest is bounded: alias expansion, size and nesting are measured before anything is
-built from the YAML, and a key given twice in one mapping is an error (kubectl's strict decoding).
+built from the YAML, and a key given twice in one mapping is an error (it says two things; kubectl would silently keep the last).
 A refused manifest never leaves a run behind."""
 
 from __future__ import annotations
