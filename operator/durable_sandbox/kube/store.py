@@ -43,6 +43,7 @@ from typing import Any
 
 from kubernetes.aio.client import models as m
 
+from durable_sandbox.engine import faults
 from durable_sandbox.engine.errors import LeaseHeld, LeaseLost, RunCancelledError, RunNotFound, SignalConflict
 from durable_sandbox.engine.records import (
     Commit,
@@ -432,9 +433,15 @@ class KubernetesStore:
                             "value": RunStatus(value).value})
         return ops
 
-    async def update_run(self, run_id: str, changes: dict[str, Any], *, fence: int | None = None) -> None:
+    async def _owners(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's owner references (for objects it creates), read from its head once per instance."""
         st = self._runs.get(run_id)
-        owners = st.owners if st is not None else []
+        if st is None and await self._head(run_id) is not None:
+            st = self._runs[run_id]
+        return st.owners if st is not None else []
+
+    async def update_run(self, run_id: str, changes: dict[str, Any], *, fence: int | None = None) -> None:
+        owners = await self._owners(run_id)
         ops = await self._field_ops(run_id, changes, owners)
         if fence is not None:
             ops.insert(0, {"op": "test", "path": "/data/fence", "value": str(fence)})
@@ -513,6 +520,7 @@ class KubernetesStore:
                     st.tail.pop(s, None)
             st.seq = seq
             if redo is not None:
+                faults.reach("kube.store.before_side_writes")  # crash tests: the head has the redo, nothing else
                 await self._apply_redo(redo)
             return
         raise RuntimeError(f"Could not append to the journal of run {run_id!r}: the head kept changing under a valid fence")
@@ -793,8 +801,7 @@ class KubernetesStore:
         for _ in range(_RETRIES):
             obj = await self._get(name)
             if obj is None:
-                st = self._runs.get(run_id)
-                owners = st.owners if st is not None else []
+                owners = await self._owners(run_id)  # so the events go with the Workflow too
                 data = {"seq": str(len(events))}
                 for i, e in enumerate(events, 1):
                     e.seq = i
