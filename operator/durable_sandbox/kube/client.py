@@ -17,6 +17,8 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
+from durable_sandbox.kube.metrics import METRICS
+
 __all__ = ["ApiException", "KubeClient", "is_conflict", "is_gone", "is_not_found", "is_precondition_failed"]
 
 # A JSON Patch whose `test` op fails is answered 422 (Unprocessable Entity); a stale resourceVersion 409.
@@ -47,6 +49,7 @@ class KubeClient:
     api_client: k8s.ApiClient
 
     def __post_init__(self) -> None:
+        METRICS.instrument_api_client(self.api_client)  # requests by verb, resource and status code
         self.core = k8s.CoreV1Api(self.api_client)
         self.coordination = k8s.CoordinationV1Api(self.api_client)
         self.custom = k8s.CustomObjectsApi(self.api_client)

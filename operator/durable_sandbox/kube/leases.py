@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from kubernetes.aio.client import models as m
 
 from durable_sandbox.kube.client import KubeClient, is_conflict, is_not_found
+from durable_sandbox.kube.metrics import METRICS
 
 __all__ = ["LeaseBusy", "LeaseGone", "RunLeases"]
 
@@ -169,6 +170,9 @@ class RunLeases:
             who = current.spec.holder_identity if current is not None and current.spec else None
             raise LeaseBusy(name, who or "?", self.remaining(current) if current is not None else 0.0) from None
         self._took(updated)
+        if spec.holder_identity not in (None, "", holder):
+            # Released leases have no holder: taking one that still names another worker is a takeover.
+            METRICS.lease_takeovers.inc()
         return epoch
 
     def _took(self, lease: m.V1Lease) -> None:

@@ -47,7 +47,7 @@ from durable_sandbox.providers.contract import (
 
 PREFIX = "durable_sandbox"
 # The phases status.phase takes; always exported (as 0) so dashboards and alerts see every series.
-PHASES = ("Pending", "Running", "WaitingForSignal", "Suspended", "Succeeded", "Failed", "Cancelled")
+PHASES = ("Pending", "Running", "Waiting", "Suspended", "Succeeded", "Failed", "Cancelled")
 # Tool calls take from milliseconds (local) to many minutes (a build in a cloud sandbox).
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
@@ -200,6 +200,15 @@ class OperatorMetrics:
         return api_client
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("durable-sandbox")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
     import inspect
 
@@ -349,3 +358,9 @@ class InstrumentedProvider(SandboxProvider):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+# The process's metrics: what `dsb operator` serves on --metrics-port, and what the client, the leases and
+# the operator count into. Tests that need a clean slate make their own OperatorMetrics.
+METRICS = OperatorMetrics()
+METRICS.info.labels(version=_version()).set(1)

@@ -64,3 +64,21 @@ async def start_metrics_server(
     bound = int(runner.addresses[0][1]) if runner.addresses else port
     log.info("serving /metrics and /healthz on %s:%d", host, bound)
     return MetricsServer(runner=runner, host=host, port=bound)
+
+
+def operator_startup_hook(metrics: OperatorMetrics, *, port: int, host: str = "0.0.0.0") -> Callable[..., Awaitable[None]]:
+    """A startup hook for `dsb operator` (``kube.handlers.STARTUP_HOOKS``): serve ``metrics`` on ``host:port``
+    for as long as the operator's event loop runs. Liveness is the loop itself answering."""
+
+    async def start(*_: object) -> None:
+        _servers.append(await start_metrics_server(metrics, port=port, host=host))
+
+    return start
+
+
+async def stop_servers() -> None:
+    while _servers:
+        await _servers.pop().stop()
+
+
+_servers: list[MetricsServer] = []
