@@ -25,6 +25,7 @@ from typing import Any, Literal
 from durable_sandbox.engine.client import require_run, state_of
 from durable_sandbox.engine.context import Context
 from durable_sandbox.engine.errors import (
+    Handover,
     LeaseHeld,
     LeaseLost,
     NotRunnableHere,
@@ -76,6 +77,7 @@ class RunExecutor:
         self.services: dict[str, Any] = services if services is not None else {}
         self.unresolvable: Unresolvable = unresolvable
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # run id -> workflow task executing here
+        self._runtimes: dict[str, RunRuntime] = {}  # run id -> its runtime while executing here
         self._active: dict[str, asyncio.Event] = {}  # run id -> set when this process stops executing it
         self.driven: set[str] = set()  # runs this process executed (to hibernate on close if they wait)
 
@@ -187,6 +189,7 @@ class RunExecutor:
         ctx = Context(rt)
         wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, ctx, run.input), name=run.run_id)
         self._tasks[run.run_id] = wf
+        self._runtimes[run.run_id] = rt
         keeper = asyncio.create_task(self._keep_lease(lease, rt, wf))
         changes: dict[str, Any]
         try:
@@ -216,6 +219,9 @@ class RunExecutor:
             except LeaseLost:
                 log.warning("lost the lease on run %s; stopping without writing", run.run_id)
                 return None
+            except Handover as h:
+                await self._handed_over(lease, rt, h)
+                return None
             except Exception as exc:
                 rt.draining = True
                 await rt.drain()
@@ -242,8 +248,29 @@ class RunExecutor:
         finally:
             keeper.cancel()
             self._tasks.pop(run.run_id, None)
+            self._runtimes.pop(run.run_id, None)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await keeper
+
+    async def _handed_over(self, lease: Lease, rt: RunRuntime, h: Handover) -> None:
+        """Leave the run runnable for the next worker: completed records committed, status pending,
+        sandboxes untouched (the next worker re-attaches to them); the caller releases the lease."""
+        await rt.drain()
+        rt.emit("run.handed_over", worker=self.worker_id, reason=h.why)
+        try:
+            await self.store.commit(rt.run_id, lease.fence, Commit(rt.pending_records(), run={"status": RunStatus.PENDING}))
+            await rt.flush_events()
+        except LeaseLost:
+            pass  # someone else has it already: nothing of ours to hand over
+
+    def hand_over(self, run_id: str, why: str) -> bool:
+        """Stop executing ``run_id`` here at its next operation boundary (the operation in flight
+        completes and is committed first) and leave it runnable; False if it does not execute here."""
+        rt = self._runtimes.get(run_id)
+        if rt is None:
+            return False
+        rt.handover = why
+        return True
 
     async def open_runtime(
         self, run: RunRecord, lease: Lease, *, epoch: int | None = None, signals: dict[str, Any] | None = None
