@@ -256,12 +256,32 @@ class SandboxStatusRef(_Status):
     provider_id: str | None = None
 
 
+class CurrentCall(_Status):
+    """The operation in flight (a tool call or a step) while the run is Running."""
+
+    op_id: str
+    kind: str
+    name: str
+    index: int | None = None
+
+
+class StatusError(_Status):
+    """Why the run failed or was cancelled (the journal has every attempt's error)."""
+
+    type: str
+    message: str
+
+
 class WorkflowStatus(_Status):
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
     phase: str | None = None
     run_id: str | None = None
     calls: CallsStatus | None = None
+    current_call: CurrentCall | None = None
+    attempt: int | None = None  # the run attempt (spec.retry), 1 for the first
+    wake_at: str | None = None  # when a waiting run's durable timer is due (RFC 3339)
+    error: StatusError | None = None
     pending_callbacks: list[PendingCallbackStatus] = Field(default_factory=list)
     recent_operations: list[OperationSummary] = Field(default_factory=list)
     journal: list[JournalRef] = Field(default_factory=list)
@@ -272,6 +292,8 @@ class WorkflowStatus(_Status):
     result_ref: str | None = None  # where a result too large for status is kept
     started_at: str | None = None
     finished_at: str | None = None
+    # kopf's own progress and diff-base storage (the operator keeps it here, not in annotations on users' objects).
+    kopf: dict[str, Any] | None = None
 
 
 class SandboxResourceStatus(_Status):
