@@ -89,8 +89,9 @@ class OperatorProcess:
 
 
 @pytest.fixture
-def operators(tmp_path: Path) -> Iterator[Any]:
-    """A factory of operator replicas; every one still running is stopped at the end of the test."""
+def operators(tmp_path: Path, namespace: str) -> Iterator[Any]:
+    """A factory of operator replicas serving the test's namespace (other tests' Workflows are not theirs);
+    every one still running is stopped at the end of the test."""
     started: list[OperatorProcess] = []
 
     def make(*args: str, home: Path | None = None, env: dict[str, str] | None = None,
@@ -98,7 +99,7 @@ def operators(tmp_path: Path) -> Iterator[Any]:
         name = name or f"operator-{len(started) + 1}"
         op = OperatorProcess(
             home=home or tmp_path / "home", log_path=tmp_path / f"{name}.log",
-            args=["--lease-seconds", "6", "--worker-id", name, *args], env=env or {},
+            args=["--lease-seconds", "6", "--worker-id", name, "--namespace", namespace, *args], env=env or {},
         )
         op.home.mkdir(parents=True, exist_ok=True)
         started.append(op)

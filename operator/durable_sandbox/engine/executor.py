@@ -78,6 +78,7 @@ class RunExecutor:
         self.unresolvable: Unresolvable = unresolvable
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # run id -> workflow task executing here
         self._runtimes: dict[str, RunRuntime] = {}  # run id -> its runtime while executing here
+        self._cancelling: set[str] = set()  # runs whose workflow task was cancelled (cleanup in progress)
         self._active: dict[str, asyncio.Event] = {}  # run id -> set when this process stops executing it
         self.driven: set[str] = set()  # runs this process executed (to hibernate on close if they wait)
 
@@ -323,7 +324,12 @@ class RunExecutor:
         task = self._tasks.get(run_id)
         if task is None:
             return False
-        task.cancel()
+        if run_id not in self._cancelling:
+            # Once only: a second cancel would interrupt the cleanup the first one started (sandbox
+            # finalization runs inside the cancelled task).
+            self._cancelling.add(run_id)
+            task.add_done_callback(lambda _: self._cancelling.discard(run_id))
+            task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(asyncio.shield(task), timeout=self.lease_ttl)
         return True

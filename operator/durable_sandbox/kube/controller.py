@@ -100,6 +100,16 @@ class RunView:
     signals_sent: dict[str, Any] = field(default_factory=dict)
     cancel_sent: bool = False
     executing: bool = False  # this process holds the lease and writes status/events
+    body_of: Callable[[], Mapping[str, Any]] | None = None  # kopf's live view of the object
+
+    def latest(self) -> Mapping[str, Any]:
+        if self.body_of is not None:
+            self.body = self.body_of()
+        return self.body
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.latest().get("metadata", {}).get("deletionTimestamp"))
 
     @property
     def owner(self) -> str:
@@ -271,7 +281,7 @@ class Operator:
         meta = body["metadata"]
         view = RunView(
             namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
-            run_id=cluster_run_id(meta["name"], meta["uid"]), body=body,
+            run_id=cluster_run_id(meta["name"], meta["uid"]), body=body, body_of=body_of,
         )
         self._views[view.run_id] = view
 
@@ -290,8 +300,8 @@ class Operator:
     async def _serve(self, view: RunView, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
         engine = self.engine_for(view.namespace)
         plan: RunPlan | None = None
-        while not stopped.is_set() and not self.stopping:
-            view.body = body_of()
+        while not stopped.is_set() and not self.stopping and not view.deleting:
+            view.latest()
             view.generation = view.body.get("metadata", {}).get("generation")
             view.wake.clear()
             view.extra.generation = view.generation
@@ -496,6 +506,12 @@ class Operator:
                         w.cancel()
                 if task.done():
                     break
+                if view.deleting and not view.cancel_sent:
+                    # Deleted mid-run: cancel now (cleanup runs here, at once) rather than hand the run over.
+                    await engine.client.request_cancel(view.run_id, "the Workflow was deleted")
+                    view.cancel_sent = True
+                    await executor.cancel_here(view.run_id, "the Workflow was deleted")
+                    continue
                 if stopped.is_set() or self.stopping:
                     if not handed_over:
                         executor.hand_over(view.run_id, "the operator replica is stopping")
@@ -508,7 +524,7 @@ class Operator:
                     continue
                 if view.wake.is_set():
                     view.wake.clear()
-                    view.body = view.body  # refreshed by notice()
+                    view.latest()
                     wf = await self._sync_spec(view, engine)
                     run = await engine.store.get_run(view.run_id)
                     if run is not None and run.cancel_requested:

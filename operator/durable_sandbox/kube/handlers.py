@@ -42,7 +42,10 @@ log = logging.getLogger("durable_sandbox.kube.handlers")
 
 WATCH_SERVER_TIMEOUT = 300  # seconds the API server keeps one watch open before kopf starts the next
 WATCH_CLIENT_TIMEOUT = 330
-DAEMON_CANCELLATION_TIMEOUT = 60.0  # a daemon hands its run over within the handover grace, well before this
+# A stopping daemon (Workflow deleted, operator exiting) is given this long to hand its run over or cancel
+# it (the call in flight may finish first; sandbox cleanup runs) before kopf cancels it by force.
+DAEMON_GRACEFUL_EXIT = 60.0
+DAEMON_CANCELLATION_TIMEOUT = 30.0
 
 StartupHook = Callable[[Operator, kopf.OperatorSettings], Any]
 STARTUP_HOOKS: list[StartupHook] = []
@@ -104,7 +107,8 @@ async def cleanup(**_: Any) -> None:
     await op.api.close()
 
 
-@kopf.daemon(GROUP, VERSION, "workflows", cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT)
+@kopf.daemon(GROUP, VERSION, "workflows", cancellation_backoff=DAEMON_GRACEFUL_EXIT,
+             cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT)
 async def drive(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
     # kopf's `body` is a live view: it follows the watch, so the controller reads the newest spec from it.
     op = current()
