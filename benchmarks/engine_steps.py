@@ -57,6 +57,11 @@ async def noop(i: int) -> int:
     return i
 
 
+def noop_sync(i: int) -> int:
+    CALLS["n"] += 1
+    return i
+
+
 @workflow(name="bench.engine_steps")
 async def steps_wf(ctx: Any, n: int) -> int:
     for i in range(n):
@@ -64,15 +69,23 @@ async def steps_wf(ctx: Any, n: int) -> int:
     return n
 
 
+@workflow(name="bench.engine_steps_sync")
+async def steps_sync_wf(ctx: Any, n: int) -> int:
+    """The same with a plain (sync) step function, the kind most users write."""
+    for i in range(n):
+        await ctx.step(f"s{i}", noop_sync, i)
+    return n
+
+
 # ---------------------------------------------------------------------------------------- this engine
 
 
-def engine_throughput_once(n: int, *, durability: str = "process", base: str | None = None) -> float:
+def engine_throughput_once(n: int, *, durability: str = "process", base: str | None = None, sync: bool = False) -> float:
     async def go(db: Path) -> float:
         store = SqliteStore(db, durability=durability)  # type: ignore[arg-type]
         engine = Engine(store)
         t0 = time.perf_counter()
-        state = await engine.run(steps_wf, n, run_id="r1")
+        state = await engine.run(steps_sync_wf if sync else steps_wf, n, run_id="r1")
         dt = time.perf_counter() - t0
         assert state.status == "succeeded" and state.result == n, state.status
         await store.close()
@@ -134,9 +147,12 @@ def engine_replay_once(n: int, *, base: str | None = None, profile: cProfile.Pro
         return asyncio.run(go(d / "engine.db"))
 
 
-def bench_engine(steps: int, repeats: int, warmup: int, base: str | None = None, durability: str = "process") -> dict[str, Any]:
-    t = repeat(lambda warm: engine_throughput_once(max(steps // 4, 1) if warm else steps, durability=durability, base=base), repeats, warmup)
-    return {"steps": steps, "seconds": t, "steps_per_s": steps / t["median"], "durability": durability}
+def bench_engine(steps: int, repeats: int, warmup: int, base: str | None = None, durability: str = "process",
+                 sync: bool = False) -> dict[str, Any]:
+    t = repeat(lambda warm: engine_throughput_once(max(steps // 4, 1) if warm else steps, durability=durability, base=base,
+                                                   sync=sync), repeats, warmup)
+    return {"steps": steps, "seconds": t, "steps_per_s": steps / t["median"], "durability": durability,
+            "step_function": "sync" if sync else "async"}
 
 
 def bench_engine_replay(steps: int, repeats: int, warmup: int, base: str | None = None) -> dict[str, Any]:
@@ -441,6 +457,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res: dict[str, Any] = {"machine": machine_info(), "params": vars(args) | {"crash_child": None}}
     print(f"engine: {args.steps} steps x {args.repeats} (+{args.warmup} warm-up) ...", flush=True)
     res["engine"] = bench_engine(args.steps, args.repeats, args.warmup, base)
+    res["engine_sync"] = bench_engine(args.steps, args.repeats, args.warmup, base, sync=True)
     res["engine_fsync"] = bench_engine(args.steps, args.slow_repeats, args.warmup, base, durability="fsync")
     print(f"engine replay: {args.replay_steps} steps ...", flush=True)
     res["engine_replay"] = bench_engine_replay(args.replay_steps, args.repeats, args.warmup, base)
@@ -474,8 +491,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lg_full = max((v.get("steps_per_s") or 0 for k, v in lg_vars.items() if k.endswith("synchronous=FULL")), default=None)
     lgr_vars = res.get("langgraph_replay", {}).get("variants") or {}
     lgr_full = min((v["replay_ms"] for k, v in lgr_vars.items() if k.endswith("synchronous=FULL") and "replay_ms" in v), default=None)
+    eng_sync = res["engine_sync"]["steps_per_s"]
     res["ratios"] = {
         "throughput_vs_langgraph": ratio(eng, lg),
+        "sync_throughput_vs_langgraph": ratio(eng_sync, lg),
+        "sync_vs_async_steps": ratio(eng_sync, eng),
         "throughput_vs_langgraph_shipped_sqlite_settings": ratio(eng, lg_full or None),
         "replay_speedup_vs_langgraph_shipped_sqlite_settings": ratio(lgr_full, rep),
         "throughput_vs_dbos_default": ratio(eng, db),
@@ -485,6 +505,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     targets = {
         "throughput_10x_langgraph": None if lg is None else res["ratios"]["throughput_vs_langgraph"] >= 10,
+        "sync_throughput_10x_langgraph": None if lg is None else res["ratios"]["sync_throughput_vs_langgraph"] >= 10,
         "replay_10x_langgraph": None if lg_rep is None else res["ratios"]["replay_speedup_vs_langgraph"] >= 10,
     }
     res["targets_met"] = targets
@@ -499,6 +520,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     rows = [
         ["durable-sandbox (durability=process, default)", fmt(eng, digits=0), "1.0x"],
+        ["durable-sandbox, sync step function", fmt(eng_sync, digits=0), fmt(ratio(eng_sync, eng), "x", 2)],
         ["durable-sandbox (durability=fsync)", fmt(res["engine_fsync"]["steps_per_s"], digits=0), fmt(ratio(res["engine_fsync"]["steps_per_s"], eng), "x", 2)],
     ]
     for label, v in (res.get("langgraph", {}).get("variants") or {}).items():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from durable_sandbox.providers.contract import (
@@ -23,20 +21,14 @@ from durable_sandbox.providers.e2b_connect import (
     ConnectStreamTruncated,
 )
 from tests.contract.e2b_support import RecordingSleep, make_provider
-from tests.fakes.e2b_state import FakeState, StreamFault
+from tests.fakes import e2b_server
+from tests.fakes.e2b_state import FakeState, Sandbox, StreamFault
 
 SPEC = SandboxSpec(owner="fault-tests")
 
 
 def shell(command: str, op: str = "op-1", **args: object) -> ToolCall:
     return ToolCall(operation_id=op, type="shell", args={"command": command, **args})
-
-
-@pytest.fixture
-async def e2b(fake_e2b: FakeState) -> AsyncIterator[E2BProvider]:
-    provider = make_provider(fake_e2b)
-    yield provider
-    await provider.aclose()
 
 
 # ------------------------------------------------------------------------------------------ kill / expiry
@@ -266,3 +258,17 @@ async def test_lease_beyond_the_maximum_is_refused_before_any_request(e2b: E2BPr
     with pytest.raises(ValueError, match=r"lease must be a whole number of seconds in \[1, 86400\]"):
         await e2b.provision(SPEC, lease_seconds=86_401)
     assert fake_e2b.requests == []
+
+
+async def test_an_answer_without_a_field_e2b_documents_is_a_clear_error(e2b: E2BProvider, fake_e2b: FakeState,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answers are validated against the SDK's models: the missing field is named, no value is quoted."""
+    def listed_without_state(sandbox: Sandbox) -> dict[str, object]:
+        return {k: v for k, v in listed(sandbox).items() if k != "state"}
+
+    listed = e2b_server._listed
+    await e2b.provision(SPEC, lease_seconds=60)
+    monkeypatch.setattr(e2b_server, "_listed", listed_without_state)
+    with pytest.raises(ProviderError, match=r"E2B listed an entry that does not match its ListedSandbox model \(state: Field required\)") as exc:
+        await e2b.list_sandboxes(SPEC.owner or "")
+    assert SPEC.owner not in str(exc.value).split(": ", 1)[1], "values from the answer are not quoted"

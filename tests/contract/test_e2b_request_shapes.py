@@ -1,12 +1,13 @@
-"""The fake E2B server checks every request against the documented shape (and answers 400 with the reason),
-so these tests prove both sides: the adapter's requests are exactly as documented, and drift is caught."""
+"""The fake E2B server checks every request against the protocol as E2B's SDK speaks it (and answers 400 with
+the reason), so these tests prove both sides: the adapter's requests have that shape, and drift is caught.
+The comparison with the SDK's own requests is in test_e2b_sdk_request_shapes.py."""
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -14,14 +15,8 @@ import pytest
 from durable_sandbox.providers.contract import SandboxSpec, ToolCall
 from durable_sandbox.providers.e2b import OWNER_METADATA_KEY, E2BProvider
 from tests.contract.e2b_support import make_provider
+from tests.fakes import e2b_server
 from tests.fakes.e2b_state import FakeState
-
-
-@pytest.fixture
-async def e2b(fake_e2b: FakeState) -> AsyncIterator[E2BProvider]:
-    provider = make_provider(fake_e2b)
-    yield provider
-    await provider.aclose()
 
 
 async def test_adapter_requests_match_the_documented_shapes(e2b: E2BProvider, fake_e2b: FakeState) -> None:
@@ -34,12 +29,14 @@ async def test_adapter_requests_match_the_documented_shapes(e2b: E2BProvider, fa
     await e2b.destroy(handle)
     assert fake_e2b.rejections() == []
 
-    create, listing, delete = fake_e2b.calls("POST", "/sandboxes")[0], fake_e2b.calls("GET", "/sandboxes")[0], \
+    create, listing, delete = fake_e2b.calls("POST", "/v2/sandboxes")[0], fake_e2b.calls("GET", "/v2/sandboxes")[0], \
         fake_e2b.calls("DELETE", "/sandboxes")[0]
     assert create.server == "api" and create.headers["X-API-Key"] == fake_e2b.api_key
-    assert create.json == {"templateID": "base", "timeout": 120, "secure": True,
+    assert create.json == {"templateID": "base", "timeout": 120,
                            "metadata": {"run": "r1", OWNER_METADATA_KEY: "cluster-1"}, "envVars": {"TOKEN": "t"}}
-    assert listing.query == {"metadata": "durable-sandbox.dev%2Fowner=cluster-1"}
+    assert re.fullmatch(r"dsb-[0-9a-f]{48}", create.headers["Idempotency-Key"])
+    # Keys and values are quoted before the pairs are form-encoded, as the SDK does ('/' stays, '%' doubles).
+    assert listing.query == {"metadata": "durable-sandbox.dev%2Fowner=cluster-1", "state": "running,paused"}
     assert delete.path == f"/sandboxes/{handle.id}"
 
     write, read = fake_e2b.calls("POST", "/files")[0], fake_e2b.calls("GET", "/files")[0]
@@ -47,12 +44,25 @@ async def test_adapter_requests_match_the_documented_shapes(e2b: E2BProvider, fa
         assert envd.server == "envd"
         assert envd.headers["E2b-Sandbox-Id"] == handle.id and envd.headers["E2b-Sandbox-Port"] == "49983"
         assert "X-API-Key" not in envd.headers, "the API key never goes to the sandbox host"
-        assert envd.query == {"path": "a/b.txt", "username": "user"}
+        assert envd.query == {"path": "a/b.txt"}, "envd >= 0.4.0 has a default user: none is named"
     assert write.headers["Content-Type"].startswith("multipart/form-data")
 
     start = fake_e2b.calls("POST", "/process.Process/Start")[0]
     assert start.headers["Content-Type"] == "application/connect+json"
     assert start.headers["Connect-Protocol-Version"] == "1"
+    assert "Authorization" not in start.headers and "Connect-Timeout-Ms" not in start.headers
+
+
+async def test_an_old_envd_gets_the_user_named(fake_e2b: FakeState, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before envd 0.4.0 there is no default user: /files takes username=, RPCs Authorization: Basic."""
+    monkeypatch.setattr(e2b_server, "ENVD_VERSION", "0.3.9")
+    provider = make_provider(fake_e2b)
+    handle = await provider.provision(SandboxSpec(), lease_seconds=60)
+    await provider.execute(handle, ToolCall(operation_id="w", type="write_file", args={"path": "a", "contents": "x"}))
+    await provider.execute(handle, ToolCall(operation_id="s", type="shell", args={"command": "true"}))
+    await provider.aclose()
+    assert fake_e2b.calls("POST", "/files")[0].query == {"path": "a", "username": "user"}
+    start = fake_e2b.calls("POST", "/process.Process/Start")[0]
     assert start.headers["Authorization"] == "Basic " + base64.b64encode(b"user:").decode()
 
 
@@ -72,7 +82,7 @@ async def test_process_start_body_is_one_connect_envelope(fake_e2b: FakeState) -
     [body] = captured
     flags, length = struct.unpack(">BI", body[:5])
     assert flags == 0 and length == len(body) - 5
-    assert json.loads(body[5:]) == {"process": {"cmd": "/bin/bash", "args": ["-lc", "echo hi"], "cwd": "/home/user"},
+    assert json.loads(body[5:]) == {"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo hi"]},
                                     "tag": "op-42", "stdin": False}
 
 
@@ -85,18 +95,25 @@ def _envelope(payload: object) -> bytes:
 
 
 MALFORMED_API: list[tuple[str, str, dict[str, object], str]] = [
-    ("POST", "/sandboxes", {"json": {"templateID": "base", "timeout": 60, "metadata": {}}}, "missing field(s) ['secure']"),
-    ("POST", "/sandboxes", {"json": {"templateID": "base", "timeout": 60, "secure": False, "metadata": {}}},
-     "secure must be true"),
-    ("POST", "/sandboxes", {"json": {"templateID": "base", "timeout": 60, "secure": True, "metadata": {}, "ttl": 1}},
+    ("POST", "/v2/sandboxes", {"json": {"timeout": 60, "metadata": {}}}, "missing field(s) ['templateID']"),
+    ("POST", "/v2/sandboxes", {"json": {"templateID": "base", "secure": True}}, "unknown field(s) ['secure']"),
+    ("POST", "/v2/sandboxes", {"json": {"templateID": "base", "timeout": 60, "metadata": {}, "ttl": 1}},
      "unknown field(s) ['ttl']"),
-    ("POST", "/sandboxes", {"json": {"templateID": "base", "timeout": 90000, "secure": True, "metadata": {}}},
+    ("POST", "/v2/sandboxes", {"json": {"templateID": "base", "timeout": 90000}},
      "timeout must be an integer number of seconds in [0, 86400]"),
-    ("POST", "/sandboxes", {"content": b"templateID=base"}, "needs Content-Type application/json"),
+    ("POST", "/v2/sandboxes", {"json": {"templateID": "base"}, "headers": {"Idempotency-Key": "Op_1"}},
+     "Idempotency-Key must be 1-255 lowercase letters, digits or hyphens"),
+    ("POST", "/v2/sandboxes", {"content": b"templateID=base"}, "needs Content-Type application/json"),
+    ("POST", "/sandboxes", {"json": {"templateID": "base", "secure": True}},
+     "no such route in E2B's protocol: POST /sandboxes"),
+    ("GET", "/sandboxes", {}, "no such route in E2B's protocol: GET /sandboxes"),
+    ("GET", "/v2/sandboxes", {"params": {"state": "stopped"}}, "state must be a comma-separated list"),
+    ("GET", "/v2/sandboxes", {"params": {"nextToken": "bogus"}}, "was not handed out by this server"),
+    ("POST", "/sandboxes/x/pause", {"json": {"keepMemory": True}}, "unknown field(s) ['keepMemory']"),
     ("POST", "/sandboxes/x/timeout", {"json": {"seconds": 5}}, "missing field(s) ['timeout']"),
     ("POST", "/sandboxes/x/snapshots", {"json": {"name": "a/b"}}, "without '/' or ':'"),
     ("GET", "/snapshots", {"params": {"limit": "500"}}, "limit must be an integer in [1, 100]"),
-    ("GET", "/sandboxes", {"params": {"owner": "x"}}, "unknown query parameter(s) ['owner']"),
+    ("GET", "/v2/sandboxes", {"params": {"owner": "x"}}, "unknown query parameter(s) ['owner']"),
     ("DELETE", "/templates/team/name:default", {}, "template id must be URL-encoded"),
     ("POST", "/sandbox", {"json": {}}, "no such route in E2B's protocol: POST /sandbox"),
 ]
@@ -116,8 +133,8 @@ async def test_fake_rejects_malformed_api_requests(fake_e2b: FakeState, method: 
 
 async def test_fake_requires_the_api_key(fake_e2b: FakeState) -> None:
     async with httpx.AsyncClient(base_url=fake_e2b.api_url) as client:
-        assert (await client.get("/sandboxes")).json() == {"code": 401, "message": "missing X-API-Key header"}
-        assert (await client.get("/sandboxes", headers={"X-API-Key": "nope"})).status_code == 401
+        assert (await client.get("/v2/sandboxes")).json() == {"code": 401, "message": "missing X-API-Key header"}
+        assert (await client.get("/v2/sandboxes", headers={"X-API-Key": "nope"})).status_code == 401
 
 
 async def test_fake_rejects_malformed_envd_requests(fake_e2b: FakeState) -> None:
@@ -134,8 +151,18 @@ async def test_fake_rejects_malformed_envd_requests(fake_e2b: FakeState) -> None
             (await client.get("/files", params={"path": "a"}, headers=routing), 401, "missing or invalid X-Access-Token"),
             (await client.get("/files", headers=auth), 400, "missing query parameter(s) ['path']"),
             (await client.post("/files", params={"path": "a"}, files={"upload": ("a", b"x")}, headers=auth), 400,
-             "one part named 'file'"),
-            (await client.post("/files", params={"path": "a"}, content=b"x", headers=auth), 400, "multipart/form-data"),
+             "parts named 'file'"),
+            (await client.post("/files", params={"path": "a"}, content=b"x", headers={**auth, "Content-Type": "text/plain"}),
+             400, "application/octet-stream or multipart/form-data"),
+            (await client.post("/files", content=b"x", headers={**auth, "Content-Type": "application/octet-stream"}),
+             400, "needs ?path="),
+            (await client.get("/files", params={"path": "a", "username": "root"}, headers=auth), 400,
+             "only runs as user 'user'"),
+            (await client.post("/filesystem.Filesystem/ListDir", json={"path": "a", "recursive": True},
+                               headers={**auth, "Connect-Protocol-Version": "1"}), 400, "unknown field(s) ['recursive']"),
+            (await client.post("/filesystem.Filesystem/Stat", content=_envelope({"path": "a"}),
+                               headers={**auth, "Content-Type": "application/connect+json"}), 400,
+             "Connect unary, JSON codec"),
             (await client.get("/files", params={"path": "/etc/passwd"}, headers=auth), 400, "only serves paths under"),
             (await client.post("/process.Process/Start", content=_envelope(good),
                                headers={**auth, "Content-Type": "application/json"}), 400, "application/connect+json"),
@@ -147,7 +174,7 @@ async def test_fake_rejects_malformed_envd_requests(fake_e2b: FakeState) -> None
              400, "stdin: false"),
             (await client.post("/process.Process/Start", content=_envelope(good),
                                headers={**connect, "Connect-Timeout-Ms": "soon"}), 400, "Connect-Timeout-Ms"),
-            (await client.get("/health", headers=auth), 400, "no such route"),
+            (await client.get("/envd/health", headers=auth), 400, "no such route"),
         ]
     for response, status, reason in cases:
         assert (response.status_code, reason in response.text) == (status, True), response.text

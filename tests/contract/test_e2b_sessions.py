@@ -129,7 +129,7 @@ async def test_recovery_after_an_out_of_band_kill_replays_a_nonzero_exit(engine:
     assert restore.meta["snapshotId"] == snap2 and restore.meta["reason"] == "recovery"
     assert restore.meta["replayed"] == [f"sandbox/{derived_id('killed', 2)}"]
     # The replacement was created from the snapshot, and the interrupted call 3 ran on it with its op id.
-    creates = [r.json["templateID"] for r in fake_e2b.calls("POST", "/sandboxes") if r.path == "/sandboxes"]
+    creates = [r.json["templateID"] for r in fake_e2b.calls("POST", "/v2/sandboxes") if r.path == "/v2/sandboxes"]
     assert creates[-1] == snap2
     run_calls = e2b.calls("execute")[len(CALLS):]
     assert run_calls == [derived_id("killed", i) for i in (0, 1, 2, 3, 2, 3, 4, 5)]
@@ -211,3 +211,20 @@ async def test_nothing_is_retained_when_the_run_fails(engine: durable_sandbox.En
     assert state.status == "failed" and "the agent gave up" in state.error["message"]
     assert len(e2b.calls("snapshot")) == 2 and fake_e2b.deleted_templates == e2b.calls("snapshot")
     assert e2b.calls("destroy") == e2b.calls("provision")
+
+
+async def test_a_lost_create_answer_and_a_provider_that_gives_up_leave_one_sandbox(
+        engine: durable_sandbox.Engine, e2b: Hooked, fake_e2b: FakeState) -> None:
+    """E2B answers 503 four times, then creates the sandbox but its answer is lost: the provider's five
+    attempts are spent and it gives up, so the session retries the provision. Every create carried the key
+    derived from the provision's operation id, so the session's retry is answered with the sandbox E2B made:
+    one sandbox for the whole run (the fixture checks it is destroyed at the end)."""
+    fake_e2b.fail_create(503, times=4)
+    fake_e2b.drop_connection_after_create()
+    state = await engine.run(AGENT, spec(CALLS[:2]), run_id="lost-create")
+    assert state.status == "succeeded", state.error
+    creates = fake_e2b.calls("POST", "/v2/sandboxes")
+    assert [r.status for r in creates] == [503] * 4 + [0, 201], "the 5th answer lost; the session's retry got it"
+    assert len({r.headers["Idempotency-Key"] for r in creates}) == 1
+    assert fake_e2b.seq == 1, "E2B made exactly one sandbox"
+    assert len(e2b.calls("provision")) == 1 and e2b.calls("provision") == e2b.calls("destroy")

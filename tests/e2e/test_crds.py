@@ -193,6 +193,23 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         "spec.snapshotEveryNCalls in body should be less than or equal to 10000",
     ),
     "unknown field": (with_spec("unknown", retrys={"maxAttempts": 2}), 'unknown field "spec.retrys"'),
+    "loss after more calls than there are": (with_spec("loss", injectLossAfterNCalls=10_000), crds.LOSS_WITHIN_CALLS),
+    "timeout: true": (
+        with_call("bool-timeout", {"type": "shell", "command": "ls", "timeout": True}),
+        "must be of type number",
+    ),
+    "onTimeout on a file call": (
+        with_call("file-timeout", {"type": "read_file", "path": "a", "failurePolicy": {"onTimeout": "fail"}}),
+        crds.TIMEOUT_POLICY_SHELL_ONLY,
+    ),
+    "unknown failurePolicy value": (
+        with_spec("bad-policy", failurePolicy={"onNonZeroExit": "abort"}),
+        'Unsupported value: "abort": supported values: "continue", "fail"',
+    ),
+    "NUL in an env value": (
+        with_call("nul-env", {"type": "shell", "command": "ls", "env": {"A": "x\u0000y"}}),
+        "in body should match",
+    ),
 }
 
 

@@ -6,16 +6,21 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-TEAM_ID = "fake-team"
+TEAM_SLUG = "fake-team"  # snapshot names are namespaced by the team: "<team>/<name>:<tag>"
+SNAPSHOT_TAG = "default"
 HOME = "/home/user"
 ENVD_PORT = "49983"
-ENVD_VERSION = "0.2.0"
+# A current envd: >= 0.4.0 means a default user (no username / Basic auth needed), >= 0.5.7 octet-stream
+# uploads; the SDK changes what it sends by this version, so an old one would hide requests we must accept.
+ENVD_VERSION = "0.6.4"
 MAX_TIMEOUT_SECONDS = 86_400
+DEFAULT_TIMEOUT_SECONDS = 300  # NewSandboxV2.timeout's default in E2B's API
+MAX_PAGE_LIMIT = 100
 
 StreamFault = Literal["malformed", "compressed", "truncated", "missing_end", "bad_event"]
 
@@ -30,15 +35,42 @@ class Sandbox:
     env_vars: dict[str, str]
     started_at: float
     end_at: float
+    seq: int = 0  # creation order: the listing order and what page tokens point at
+    state: Literal["running", "paused"] = "running"
 
 
 @dataclass
 class Snapshot:
     id: str
-    name: str
+    name: str | None  # the bare name the client chose (None: unnamed)
     sandbox_id: str
     files: Path
     builds: int = 1
+    seq: int = 0
+
+    @property
+    def names(self) -> list[str]:
+        """Full names as E2B reports them: team namespace and tag included."""
+        return [f"{TEAM_SLUG}/{self.name}:{SNAPSHOT_TAG}"] if self.name else []
+
+    def matches(self, query: str) -> bool:
+        """``GET /snapshots?name=``: a name or an id, optionally namespaced and/or tag-qualified."""
+        if query == self.id or self.name is None:
+            return query == self.id
+        bare = query.split("/", 1)[1] if "/" in query else query
+        if "/" in query and query.split("/", 1)[0] != TEAM_SLUG:
+            return False
+        name, _, tag = bare.partition(":")
+        return name == self.name and tag in ("", SNAPSHOT_TAG)
+
+
+@dataclass
+class IdempotentCreate:
+    """What E2B remembers for an Idempotency-Key: the request it came with and the answer it got."""
+
+    fingerprint: str
+    status: int
+    body: dict[str, Any]
 
 
 @dataclass
@@ -60,8 +92,10 @@ class RecordedRequest:
     path: str
     raw_path: str
     query: dict[str, str]
-    headers: dict[str, str]
+    headers: Mapping[str, str]  # case-insensitive
     json: Any = None
+    raw_query: str = ""  # as sent, before decoding: what query-encoding comparisons look at
+    envelope: Any = None  # the JSON message of a Connect streaming request's single envelope
     status: int = 0
     rejection: str | None = None
 
@@ -84,7 +118,13 @@ class FakeState:
     snapshot_store: dict[str, Snapshot] = field(default_factory=dict)  # keyed by snapshot id
     requests: list[RecordedRequest] = field(default_factory=list)
     create_faults: list[CreateFault] = field(default_factory=list)
+    create_drops: int = 0
+    creates_in_progress: int = 0
     snapshot_drops: int = 0
+    idempotency: dict[str, IdempotentCreate] = field(default_factory=dict)
+    page_size: int = MAX_PAGE_LIMIT  # the server's own cap per page; tests lower it to force paging
+    filter_after_paging: bool = False  # filter each page, not the whole list: short and empty pages
+    seq: int = 0
     stream_faults: list[StreamFault | EosError] = field(default_factory=list)
     deleted_templates: list[str] = field(default_factory=list)
     rejections_expected: bool = False  # set by tests that send malformed requests on purpose
@@ -103,8 +143,9 @@ class FakeState:
         self.sandboxes[sandbox_id].end_at = self.now() - 1
 
     def reap_expired(self) -> None:
+        """Running sandboxes die at their timeout; paused ones are not bounded by it (E2B keeps them)."""
         now = self.now()
-        for sid in [s.id for s in self.sandboxes.values() if s.end_at <= now]:
+        for sid in [s.id for s in self.sandboxes.values() if s.state == "running" and s.end_at <= now]:
             self._remove(sid)
 
     # ----------------------------------------------------------------------------------- faults
@@ -114,8 +155,17 @@ class FakeState:
         self._remove(sandbox_id)
 
     def fail_create(self, status: int = 429, *, times: int = 1, retry_after: str | None = None) -> None:
-        """The next ``times`` ``POST /sandboxes`` answer ``status`` (with ``Retry-After`` when given)."""
+        """The next ``times`` ``POST /v2/sandboxes`` answer ``status`` (with ``Retry-After`` when given)."""
         self.create_faults.extend(CreateFault(status, retry_after) for _ in range(times))
+
+    def drop_connection_after_create(self, times: int = 1) -> None:
+        """Create the next sandbox(es) but close the connection instead of answering (a lost response)."""
+        self.create_drops += times
+
+    def report_create_in_progress(self, times: int = 1) -> None:
+        """The next ``times`` creates under an already used Idempotency-Key answer 409
+        ``idempotency_in_progress``, as while the first request is still being processed."""
+        self.creates_in_progress += times
 
     def drop_connection_after_snapshot(self, times: int = 1) -> None:
         """Persist the next snapshot(s) but close the connection instead of answering (a lost response)."""
@@ -132,6 +182,7 @@ class FakeState:
     # ----------------------------------------------------------------------------------- views
 
     def live_sandboxes(self) -> list[str]:
+        """Every sandbox that still exists, running or paused."""
         self.reap_expired()
         return sorted(self.sandboxes)
 
@@ -155,9 +206,14 @@ class FakeState:
         else:
             shutil.copytree(source, workspace, symlinks=True)
         now = self.now()
-        sandbox = Sandbox(sid, template_id, workspace, secrets.token_hex(16), metadata, env_vars, now, now + timeout)
+        sandbox = Sandbox(sid, template_id, workspace, secrets.token_hex(16), metadata, env_vars, now, now + timeout,
+                          seq=self._next_seq())
         self.sandboxes[sid] = sandbox
         return sandbox
+
+    def _next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
 
     def template_exists(self, template_id: str) -> bool:
         return template_id in self.base_templates or template_id in self.snapshot_store
@@ -167,8 +223,8 @@ class FakeState:
         return snap.files if snap else None
 
     def take_snapshot(self, sandbox: Sandbox, name: str | None) -> Snapshot:
-        name = name or "snapshot-" + secrets.token_hex(6)
-        sid = f"{TEAM_ID}/{name}:default"
+        # A named snapshot's id is its namespaced, tagged name; an unnamed one gets a template id.
+        sid = f"{TEAM_SLUG}/{name}:{SNAPSHOT_TAG}" if name else f"{secrets.token_hex(10)}:{SNAPSHOT_TAG}"
         target = self.root / "snapshots" / secrets.token_hex(8)
         shutil.copytree(sandbox.workspace, target, symlinks=True)
         existing = self.snapshot_store.get(sid)
@@ -178,7 +234,7 @@ class FakeState:
             existing.files, existing.sandbox_id = target, sandbox.id
             existing.builds += 1
             return existing
-        snap = Snapshot(sid, name, sandbox.id, target)
+        snap = Snapshot(sid, name, sandbox.id, target, seq=self._next_seq())
         self.snapshot_store[sid] = snap
         return snap
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from pydantic import BaseModel
@@ -69,3 +71,30 @@ async def brackets(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[s
     if data.get("fail"):
         await ctx.step("[fail]", _provider_error, retry=RetryPolicy(max_attempts=1))
     return {"out": out, "stdout": call.stdout}
+
+
+def _filler(i: int, size: int) -> str:
+    return f"{i}:" + "x" * size
+
+
+@durable_sandbox.workflow
+async def big_steps(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[str, Any]:
+    """Steps with big results (for filling a small disk)."""
+    total = 0
+    for i in range(int(data["n"])):
+        total += len(await ctx.step(f"big-{i}", _filler, i, int(data["size"])))
+    return {"steps": int(data["n"]), "bytes": total}
+
+
+def _gate(flag: str, go: str) -> str:
+    with open(flag, "a") as f:
+        f.write("entered\n")
+    while not os.path.exists(go):  # the step's own work: hold until the test opens the gate
+        time.sleep(0.02)
+    return "through"
+
+
+@durable_sandbox.workflow
+async def gated(ctx: durable_sandbox.Context, data: dict[str, Any]) -> str:
+    """One step that holds until a file exists (tests of leases: a worker that is alive mid-step)."""
+    return await ctx.step("gate", _gate, data["flag"], data["go"])

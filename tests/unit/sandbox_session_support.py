@@ -9,7 +9,9 @@
   child process; ``DSB_TEST_CRASH_AFTER_EXECUTE=<operation id>[@<n>]`` makes it SIGKILL itself right after
   the provider executed that call (the n-th time) (the effect happened, its completion is not journaled), and
   ``DSB_TEST_CRASH_AFTER_PROVISION=1`` right after the provider made the sandbox (before it is journaled);
-  ``DURABLE_SANDBOX_FAULT`` works as everywhere (``durable_sandbox.engine.faults``).
+  ``DSB_TEST_CRASH_IN_SNAPSHOT_WRITE=1`` half-way through writing a snapshot's temp file and
+  ``DSB_TEST_CRASH_IN_TRASH=1`` while a destroyed workspace's trash is being deleted (what a real kill
+  leaves on disk); ``DURABLE_SANDBOX_FAULT`` works as everywhere (``durable_sandbox.engine.faults``).
 """
 
 from __future__ import annotations
@@ -233,6 +235,23 @@ async def _child(db: Path, run_id: str, workflow_name: str, spec: Any) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     provider.after_execute = maybe_crash
+    import durable_sandbox.providers.local as local_mod
+
+    if os.environ.get("DSB_TEST_CRASH_IN_SNAPSHOT_WRITE"):
+        def write_half_then_die(workspace: Path, destination: Path) -> None:
+            destination.write_bytes(b"half a tar")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        local_mod._write_tar = write_half_then_die  # type: ignore[assignment]
+    if os.environ.get("DSB_TEST_CRASH_IN_TRASH"):
+        real_rmtree = local_mod._rmtree
+
+        def die_in_trash(path: Path) -> None:
+            if path.name.startswith(".trash-"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_rmtree(path)
+
+        local_mod._rmtree = die_in_trash  # type: ignore[assignment]
     if os.environ.get("DSB_TEST_CRASH_AFTER_PROVISION"):
         inner_provision = provider.inner.provision
 

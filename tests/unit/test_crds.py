@@ -183,8 +183,11 @@ def test_tool_calls_are_one_object_with_a_type_enum() -> None:
         "env",
         "path",
         "contents",
+        "failurePolicy",
     }
+    assert items["properties"]["failurePolicy"]["properties"]["onTimeout"]["enum"] == ["continue", "fail"]
     messages = [r["message"] for r in items["x-kubernetes-validations"]]
+    assert crds.TIMEOUT_POLICY_SHELL_ONLY in messages
     assert "a shell call requires command" in messages
     assert "a write_file call requires path and contents" in messages
     assert "a read_file call requires path" in messages
@@ -227,7 +230,7 @@ def test_docs_quote_every_admission_message() -> None:
         for node in schema_nodes(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
         for r in node.get("x-kubernetes-validations", [])
     }
-    assert len(messages) == 17
+    assert len(messages) == 19
     missing = [m for m in sorted(messages) if f"`{m}`" not in docs]
     assert not missing, f"docs/kubernetes.md does not quote: {missing}"
     assert crds.REGENERATE in docs

@@ -2,8 +2,10 @@
 resuming only the failed branches."""
 
 import asyncio
+import functools
 
 import pytest
+from pydantic import BaseModel
 
 from durable_sandbox.engine import ParallelError, workflow
 from tests.unit.engine_support import ops
@@ -228,3 +230,37 @@ async def test_empty_parallel(engine, form):
     st = await engine.run(wf, run_id="pe0")
     assert st.status == "succeeded", st.error
     assert st.result == ([] if form == "list" else {})
+
+
+class Verdict(BaseModel):
+    ok: bool
+    note: str
+
+
+def _judge(note: str) -> Verdict:
+    return Verdict(ok=True, note=note)
+
+
+async def _judge_in_branch(ctx) -> Verdict:
+    return Verdict(ok=False, note=await ctx.step("inner", lambda: "inner"))
+
+
+@pytest.mark.parametrize("form", ["dict", "list"])
+async def test_parallel_results_keep_their_type_after_replay(engine, form):
+    """ctx.parallel revalidates each branch's recorded result through its return annotation, as
+    ctx.step does: a pydantic model before a suspension is still a model after the replay."""
+    branches = {"plain": functools.partial(_judge, "plain"), "ctx": _judge_in_branch}
+
+    @workflow(name=f"par-types-{form}")
+    async def wf(ctx):
+        out = await ctx.parallel("p", branches if form == "dict" else list(branches.values()))
+        await ctx.callback("go")  # suspends: the resume replays the completed parallel from the journal
+        values = out.values() if form == "dict" else out
+        return [type(v).__name__ for v in values] + [v.note for v in values]
+
+    first = await engine.run(wf, run_id=f"pt-{form}")
+    assert first.status == "waiting"
+    await engine.signal(f"pt-{form}", "go", True)
+    st = await engine.resume(f"pt-{form}")
+    assert st.status == "succeeded", st.error
+    assert st.result == ["Verdict", "Verdict", "plain", "inner"]

@@ -4,10 +4,13 @@ duplicate ids, RunState shape, history, inspect, cancel, and the cross-run step 
 import asyncio
 import json
 import sqlite3
+import threading
+import time
 
 import pytest
 from pydantic import BaseModel
 
+import durable_sandbox.engine.context as context_mod
 from durable_sandbox.engine import (
     DuplicateOperationError,
     RetryPolicy,
@@ -515,3 +518,60 @@ async def test_clear_cache(engine):
     assert calls == [1, 2, 1, 2]
     assert await engine.clear_cache() == 1
     assert await engine.clear_cache() == 0
+
+
+# ---------------------------------------------------------------------------------------------- sync steps inline
+
+
+def _where(log: list[str], slow: threading.Event) -> int:
+    log.append("loop" if threading.current_thread() is threading.main_thread() else "thread")
+    if slow.is_set():
+        time.sleep(context_mod.SLOW_SECONDS * 4)  # the work itself is slow here, not a wait for something
+    return len(log)
+
+
+async def test_a_quick_sync_step_runs_inline_and_a_slow_one_goes_back_to_threads(engine):
+    """A sync step function runs in a thread until it has been quick QUICK_RUNS times, then inline (no
+    thread hop per step); one slow inline run sends it back to threads for good."""
+    log: list[str] = []
+    slow = threading.Event()
+
+    @workflow(name="steps-inline")
+    async def wf(ctx, n):
+        for i in range(n):
+            await ctx.step(f"s{i}", _where, log, slow)
+
+    quick = context_mod.QUICK_RUNS
+    assert (await engine.run(wf, quick + 2, run_id="inline-1")).status == "succeeded"
+    assert log == ["thread"] * quick + ["loop"] * 2
+    slow.set()
+    log.clear()
+    assert (await engine.run(wf, 1, run_id="inline-2")).status == "succeeded"
+    slow.clear()
+    assert (await engine.run(wf, 2, run_id="inline-3")).status == "succeeded"
+    assert log == ["loop", "thread", "thread"], "demoted after one slow inline run"
+
+
+def _tick(counter: list[int], reached: threading.Event) -> int:
+    counter[0] += 1
+    if counter[0] == 50:
+        reached.set()
+    return counter[0]
+
+
+async def test_inline_sync_steps_still_let_the_loop_run_so_cancel_gets_through(engine):
+    counter = [0]
+    total = 200_000
+    reached = threading.Event()
+
+    @workflow(name="steps-inline-cancel")
+    async def wf(ctx):
+        for i in range(total):
+            await ctx.step(f"t{i}", _tick, counter, reached)
+
+    run_id = await engine.start(wf, run_id="inline-cancel")
+    # This test task only gets a turn if the inline steps let the loop run.
+    assert await asyncio.to_thread(reached.wait, 60)
+    st = await engine.cancel(run_id, "stop")
+    assert st.status == "cancelled"
+    assert counter[0] < total, "cancelled part-way, not after every step ran"

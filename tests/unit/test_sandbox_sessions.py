@@ -474,3 +474,38 @@ async def test_a_worker_crash_between_provisioning_and_journaling_leaks_nothing(
         await engine.aclose()
     assert state.status == "succeeded", state.error
     assert orphan.name in local.calls("destroy"), "found by its run/session labels and destroyed"
+
+
+@pytest.mark.parametrize("kill", ["DSB_TEST_CRASH_IN_SNAPSHOT_WRITE", "DSB_TEST_CRASH_IN_TRASH"])
+async def test_a_kill_while_writing_a_snapshot_or_deleting_a_sandbox_leaves_no_temp_or_trash(
+        db: Path, home: Path, local: Hooked, kill: str) -> None:
+    child = run_child(db, "half-done", AGENT, agent_spec(CALLS, snapshotEveryNCalls=2), env={kill: "1"})
+    assert child.returncode == -9, child.stderr
+    left = [p for d in local.inner.directories() for p in d.iterdir() if p.name.startswith(".")]
+    assert left and all(p.name.endswith(".tmp") or p.name.startswith(".trash-") for p in left), left
+    engine = engine_for(db, {"local": Hooked(LocalProvider(home))})  # a provider starting: it sweeps
+    try:
+        state = await engine.resume("half-done")
+    finally:
+        await engine.aclose()
+    assert state.status == "succeeded", state.error
+    assert results(state) == EXPECTED
+    # The fixture's teardown checks that the directories hold nothing at all: temp and trash files included.
+
+
+async def test_the_journal_keeps_the_first_and_last_64_kib_of_a_big_output(engine: durable_sandbox.Engine,
+                                                                            db: Path) -> None:
+    size = 8 * 1024 * 1024
+    calls = [{"type": "shell", "command": f"head -c {size} /dev/zero | tr '\\0' x; echo; echo done"}]
+    state = await engine.run(AGENT, agent_spec(calls), run_id="big")
+    assert state.status == "succeeded", state.error
+    [result] = state.result["toolResults"]
+    assert result["stdoutBytes"] == size + 6 and "output truncated" in result["stdout"]
+    assert result["stdout"].endswith("x\ndone\n") and len(result["stdout"]) < 140_000
+    [row] = [r for r in await engine.history("big") if r.kind == "sandbox.call" and r.status == "completed"]
+    assert row.result == {k: v for k, v in result.items() if k != "operationId"}
+    assert _store_bytes(db) < 2 * 1024 * 1024, "the store stays small"
+
+
+def _store_bytes(db: Path) -> int:
+    return sum(p.stat().st_size for p in (db, Path(str(db) + "-wal")) if p.exists())

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import click
 
 from durable_sandbox.cli import render
+from durable_sandbox.cli.envfiles import LocalEnvValues
+from durable_sandbox.cli.errors import Interrupted
 from durable_sandbox.cli.progress import make_display, positions, watch
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.cli.targets import RunPlan
-from durable_sandbox.engine import Engine, RunState
+from durable_sandbox.engine import Engine, LeaseHeld, RunState
+from durable_sandbox.engine.owner import describe_owner
 
 
 def warn(message: str) -> None:
@@ -46,6 +49,10 @@ async def run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_
         warn(message)
     run = await engine.create(plan.definition, plan.input, run_id=plan.run_id, thread_id=thread_id, labels=plan.labels)
     run_id = run.run_id
+    env_files = engine.services.get("env_values")
+    if plan.env_values and isinstance(env_files, LocalEnvValues):
+        # After create: a values file always belongs to a run that exists (see LocalEnvValues.forget_settled).
+        env_files.save(run_id, plan.env_values)
     for callback_id, value in plan.signals.items():
         await engine.signal(run_id, callback_id, value)
     if plan.cancel:
@@ -56,16 +63,26 @@ async def run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_
     async def first() -> RunState:
         return await engine.run(plan.definition, plan.input, run_id=run_id, thread_id=thread_id, labels=plan.labels)
 
-    state = await _attempt(engine, settings, run_id, plan, first)
-    attempts = plan.retry.max_attempts if plan.retry else 1
-    attempt = 1
-    while state.status == "failed" and plan.retry is not None and attempt < attempts:
-        attempt += 1
-        delay = plan.retry.interval(attempt)
-        warn(f"run {run_id} failed; retrying (attempt {attempt}/{attempts}) in {delay:g}s (spec.retry)")
-        await asyncio.sleep(delay)
-        state = await _attempt(engine, settings, run_id, plan, lambda: engine.resume(run_id))
+    with interruption_names(run_id):
+        state = await _attempt(engine, settings, run_id, plan, first)
+        attempts = plan.retry.max_attempts if plan.retry else 1
+        attempt = 1
+        while state.status == "failed" and plan.retry is not None and attempt < attempts:
+            attempt += 1
+            delay = plan.retry.interval(attempt)
+            warn(f"run {run_id} failed; retrying (attempt {attempt}/{attempts}) in {delay:g}s (spec.retry)")
+            await asyncio.sleep(delay)
+            state = await _attempt(engine, settings, run_id, plan, lambda: engine.resume(run_id))
     return state
+
+
+@contextlib.contextmanager
+def interruption_names(run_id: str) -> Iterator[None]:
+    """A signal that stops the run being driven ends the command naming that run (to resume it)."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        raise Interrupted(run_id) from None
 
 
 async def _attempt(
@@ -88,10 +105,23 @@ async def _attempt(
     return await engine.inspect(run_id) if pending else state
 
 
-async def resume_run(engine: Engine, settings: Settings, run_id: str) -> RunState:
+async def resume_run(engine: Engine, settings: Settings, run_id: str, *, wait: bool = False) -> RunState:
     state = await engine.inspect(run_id)
     if state.status in ("succeeded", "cancelled"):
         return state
     if settings.output == "table":
         click.echo(f"resuming run {run_id} ({state.workflow})")
-    return await with_display(engine, settings, run_id, run_id, lambda: engine.resume(run_id))
+    told = False
+    with interruption_names(run_id):
+        while True:
+            try:
+                return await with_display(engine, settings, run_id, run_id, lambda: engine.resume(run_id))
+            except LeaseHeld as held:
+                if not wait:
+                    raise
+                if not told:
+                    click.echo(f"run {run_id} is being executed by {describe_owner(held.owner)}; waiting for it "
+                               f"(Ctrl-C stops waiting)", err=True)
+                    told = True
+                # Polling the lease: the holder may be another process, which can tell us nothing.
+                await asyncio.sleep(min(1.0, max(0.05, held.remaining)))

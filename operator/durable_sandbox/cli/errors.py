@@ -8,6 +8,22 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the run failed or was cancelled
 EXIT_USAGE = 2  # bad arguments, invalid manifest or input, unknown run or workflow
 EXIT_WAITING = 3  # the run waits on a callback or a timer
+EXIT_LEASE_HELD = 4  # another live worker executes the run (its lease is held); `dsb resume --wait` waits
+# Interrupted by a signal: 128 + its number (130 for Ctrl-C, 143 for SIGTERM), as shells report it.
+
+
+class Interrupted(Exception):
+    """A signal (Ctrl-C, SIGTERM) stopped the command; ``run_id`` names the run it was driving, which
+    is left resumable (its sandboxes hibernated, its status pending)."""
+
+    def __init__(self, run_id: str | None = None, signum: int = 2) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
+        self.signum = signum
+
+    @property
+    def code(self) -> int:
+        return 128 + self.signum
 
 
 class CliError(Exception):

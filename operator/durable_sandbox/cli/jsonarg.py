@@ -8,13 +8,39 @@ from pathlib import Path
 from typing import Any
 
 from durable_sandbox.cli.errors import CliError
+from durable_sandbox.kube.manifests import MAX_DEPTH
+
+
+def nesting_depth(value: Any) -> int:
+    """How deeply lists and objects nest in ``value`` (iteratively: the value may be hostile)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_DEPTH:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def parse_json(text: str, what: str) -> Any:
+    too_deep = CliError(f"{what} nests lists/objects more than {MAX_DEPTH} levels deep; flatten it")
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    except RecursionError:
+        raise too_deep from None
+    if nesting_depth(value) > MAX_DEPTH:
+        raise too_deep
+    return value
 
 
 def read_input(inline: str | None, path: str | None) -> tuple[bool, Any]:

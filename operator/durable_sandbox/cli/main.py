@@ -1,19 +1,22 @@
 """`dsb`: run Workflow manifests and Python workflows locally, and inspect, signal, resume and cancel runs.
 
 Exit codes: 0 succeeded, 1 failed or cancelled, 2 usage or invalid input (bad manifest, malformed JSON,
-unknown run or workflow), 3 waiting on a callback or a timer.
+unknown run or workflow), 3 waiting on a callback or a timer, 4 another live worker executes the run,
+130/143 interrupted by SIGINT/SIGTERM (the run stays resumable).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_USAGE, CliError
+from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_LEASE_HELD, EXIT_USAGE, CliError, Interrupted
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.cli.targets import add_cwd_to_path
 from durable_sandbox.engine import (
@@ -22,6 +25,7 @@ from durable_sandbox.engine import (
     RunNotFound,
     SerializationError,
     SignalConflict,
+    StoreError,
     WorkflowNotFound,
 )
 from durable_sandbox.kube.manifests import ManifestError
@@ -49,14 +53,24 @@ class DsbGroup(click.Group):
         except _USAGE_ERRORS as exc:
             _fail(ctx, str(exc), EXIT_USAGE)
         except LeaseHeld as exc:
+            _fail(ctx, str(exc), EXIT_LEASE_HELD)
+        except StoreError as exc:
             _fail(ctx, str(exc), EXIT_FAILED)
         except BrokenPipeError:
             # `dsb logs RUN | head`: the reader went away; stop quietly like other Unix tools.
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             ctx.exit(EXIT_FAILED)
+        except Interrupted as exc:
+            name = signal.Signals(exc.signum).name
+            if exc.run_id is None:
+                _fail(ctx, f"interrupted ({name})", exc.code)
+            settings = ctx.find_object(Settings)
+            dsb = settings.dsb() if settings is not None else "dsb"
+            _fail(ctx, f"interrupted ({name}); run {exc.run_id} stopped and stays resumable (its sandbox is "
+                       f"hibernated): continue it with `{dsb} resume {shlex.quote(str(exc.run_id))}`", exc.code)
         except KeyboardInterrupt:
-            _fail(ctx, "interrupted; the run keeps its journal: continue it with `dsb resume RUN`", 130)
+            _fail(ctx, "interrupted", 130)
         except Exception as exc:
             if os.environ.get("DSB_DEBUG"):
                 raise

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.engine import OperationRecord, RunRecord, RunState
+from durable_sandbox.engine.owner import run_is_stale
 
 _STATUS_STYLE = {
     "succeeded": "green",
@@ -198,6 +199,7 @@ def run_summary(run: RunRecord) -> dict[str, Any]:
         "runId": run.run_id,
         "workflow": run.workflow,
         "status": run.status.value,
+        "stale": run_is_stale(run),
         "createdAt": run.created_at,
         "updatedAt": run.updated_at,
         "threadId": run.thread_id,
@@ -218,7 +220,7 @@ def render_runs(settings: Settings, runs: list[RunRecord]) -> None:
         table.add_row(
             r.run_id,
             r.workflow,
-            styled(r.status.value),
+            styled(r.status.value) if not run_is_stale(r) else Text("running (stale: its worker is gone)", style="yellow"),
             fmt_time(r.created_at),
             fmt_time(r.updated_at),
             ", ".join(r.pending_callbacks) if r.status.value == "waiting" else "",

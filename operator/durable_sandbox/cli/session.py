@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import durable_sandbox
+from durable_sandbox.cli.envfiles import LocalEnvValues
+from durable_sandbox.cli.errors import CliError
+from durable_sandbox.engine import StoreError
 from durable_sandbox.stores import SqliteStore, default_home
 
 log = logging.getLogger("durable_sandbox.cli")
@@ -38,13 +41,19 @@ def _quote(text: str) -> str:
 
 @contextlib.asynccontextmanager
 async def open_engine(settings: Settings) -> AsyncIterator[durable_sandbox.Engine]:
-    store = SqliteStore(settings.store_path)
-    engine = durable_sandbox.Engine(store)
+    try:
+        store = SqliteStore(settings.store_path)
+    except StoreError as exc:  # a --store that is no store is a usage error
+        raise CliError(str(exc)) from None
+    env_values = LocalEnvValues(settings.store_path)
+    engine = durable_sandbox.Engine(store, services={"env_values": env_values})
     try:
         yield engine
     finally:
         # aclose hibernates or finalizes sandboxes held by runs this process drove (DESIGN 6).
         with contextlib.suppress(Exception):
             await engine.aclose()
+        with contextlib.suppress(Exception):
+            await env_values.forget_settled(store)
         with contextlib.suppress(Exception):
             await store.close()

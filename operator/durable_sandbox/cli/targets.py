@@ -6,7 +6,9 @@ shared with the operator; this module reads the target and turns plan errors int
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,17 @@ from durable_sandbox.cli.errors import CliError
 from durable_sandbox.kube import plan
 from durable_sandbox.kube.manifests import ManifestError, load_manifests
 from durable_sandbox.kube.plan import WORKFLOW_LABEL, RunPlan
+from durable_sandbox.kube.preflight import sandbox_problems
+
+# Run ids are typed back in commands (`dsb resume ID`): not empty, no whitespace or control characters.
+RUN_ID = re.compile(r"^[^\s\x00-\x1f\x7f]{1,253}$")
+
+
+def check_run_id(run_id: str | None) -> None:
+    if run_id is not None and not RUN_ID.match(run_id):
+        raise CliError(
+            f"--run-id {run_id!r} is not a valid run id: give 1 to 253 characters without spaces or control characters"
+        )
 
 
 def add_cwd_to_path() -> None:
@@ -29,6 +42,7 @@ def is_manifest(target: str) -> bool:
 
 
 def plan_entrypoint(target: str, value: Any, run_id: str | None) -> RunPlan:
+    check_run_id(run_id)
     try:
         return plan.plan_entrypoint(target, value, run_id)
     except plan.PlanError as exc:
@@ -36,6 +50,7 @@ def plan_entrypoint(target: str, value: Any, run_id: str | None) -> RunPlan:
 
 
 def plan_manifest(target: str, run_id: str | None) -> list[RunPlan]:
+    check_run_id(run_id)
     if target == "-":
         resources = load_manifests(sys.stdin.read(), source="<stdin>")
         source = "<stdin>"
@@ -45,9 +60,21 @@ def plan_manifest(target: str, run_id: str | None) -> list[RunPlan]:
         resources = load_manifests(Path(target))
         source = target
     try:
-        return plan.plan_resources(resources, source=source, run_id=run_id)
+        plans = plan.plan_resources(resources, source=source, run_id=run_id)
     except plan.PlanError as exc:
         raise CliError(str(exc)) from exc
+    # What only the provider registry can judge (configuration, capabilities), before any run exists.
+    problems = [
+        f"{p.where}{problem}"
+        for p in plans
+        if p.sandbox is not None
+        for problem in asyncio.run(
+            sandbox_problems(p.sandbox, snapshot_every=p.snapshot_every, inject_loss_after=p.inject_loss_after)
+        )
+    ]
+    if problems:
+        raise CliError("\n".join(problems))
+    return plans
 
 
 __all__ = [

@@ -19,6 +19,7 @@ from durable_sandbox.engine.errors import (
     SignalConflict,
     StepFailed,
     StepTimeout,
+    StoreError,
     WorkflowNotFound,
 )
 from durable_sandbox.engine.executor import RunExecutor
@@ -57,6 +58,7 @@ __all__ = [
     "StepFailed",
     "StepTimeout",
     "Store",
+    "StoreError",
     "WorkflowDefinition",
     "WorkflowNotFound",
     "new_run_id",

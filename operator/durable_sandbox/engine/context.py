@@ -66,13 +66,49 @@ def _takes_context(fn: Callable[..., Any]) -> bool:
     ) or getattr(target, "__durable_branch__", False)
 
 
-async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None, op_id: str) -> Any:
+# Sync step functions: a thread hop costs more than a whole no-op step, and most steps are short glue.
+# A sync function runs inline on the loop once it has shown it is quick: after QUICK_RUNS thread runs
+# that took under QUICK_SECONDS (slower runs do not count; a preempted thread can look slow). One inline
+# run that takes longer than SLOW_SECONDS sends it back to threads for good (for the life of the process). Functions with a timeout always run in a thread (a
+# timeout must be able to abandon them), and so do callables without code (no identity to judge by).
+# Why this is safe: a quick function serialised with its parallel siblings costs nothing; a long one
+# runs in a thread, so it cannot stall lease renewal, signals or other runs. What remains: a function
+# that was quick and suddenly blocks stalls the loop that once (then it is demoted); the lease then
+# renews late, and fencing keeps a worker that lost its lease from writing (at-least-once, as always).
+QUICK_RUNS = 3
+QUICK_SECONDS = 0.001
+SLOW_SECONDS = 0.02
+YIELD_EVERY = 0.005  # inline work lets the loop run (lease renewal, signals, cancel) at least this often
+_observed: dict[Any, int] = {}  # code object -> quick thread runs seen (-1: demoted)
+_DEMOTED = -1
+
+
+def _code_of(fn: Callable[..., Any]) -> Any:
+    target = fn
+    while isinstance(target, partial):
+        target = target.func
+    return getattr(target, "__code__", None)
+
+
+async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None,
+                  op_id: str, rt: RunRuntime) -> Any:
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
         aw: Awaitable[Any] = fn(*args, **kwargs)
     else:
-        # Sync functions run in a thread so that parallel branches really run in parallel and a
-        # blocking call cannot stall the lease renewal.
-        aw = asyncio.to_thread(fn, *args, **kwargs)
+        code = _code_of(fn) if timeout is None else None
+        quick_runs = _observed.get(code, 0) if code is not None else 0
+        if quick_runs >= QUICK_RUNS:
+            await rt.let_loop_run(YIELD_EVERY)
+            started = time.perf_counter()
+            result = fn(*args, **kwargs)
+            if time.perf_counter() - started > SLOW_SECONDS:
+                _observed[code] = _DEMOTED
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        # Otherwise in a thread, so that parallel branches really run in parallel and a blocking call
+        # cannot stall the lease renewal; timed, to learn whether it is quick.
+        aw = asyncio.to_thread(_timed, fn, args, kwargs, code)
     if timeout is None:
         result = await aw
     else:
@@ -82,6 +118,16 @@ async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
             raise StepTimeout(op_id, timeout) from None
     if inspect.isawaitable(result):  # a sync callable that returned a coroutine (e.g. a lambda over an async fn)
         result = await result
+    return result
+
+
+def _timed(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], code: Any) -> Any:
+    started = time.perf_counter()
+    result = fn(*args, **kwargs)
+    if code is not None and time.perf_counter() - started < QUICK_SECONDS:
+        runs = _observed.get(code, 0)
+        if runs != _DEMOTED:
+            _observed[code] = runs + 1
     return result
 
 
@@ -168,7 +214,7 @@ class Context:
             faults.reach(f"inside:{op_id}")
             rt.active_begin()
             try:
-                value = await _invoke(fn, args, kwargs, timeout, op_id)
+                value = await _invoke(fn, args, kwargs, timeout, op_id, rt)
             except (Suspend, asyncio.CancelledError):
                 raise
             except Exception as exc:
@@ -246,7 +292,7 @@ class Context:
         keys = [k for k, _ in items]
         prev = rt.enter(op_id, OpKind.PARALLEL.value, id, value_digest(keys))
         if prev is not None and prev.status == COMPLETED:
-            return prev.result
+            return _revalidate_branches(items, prev.result, as_list)
         if prev is None:
             await rt.write(
                 OperationRecord(op_id, OpKind.PARALLEL.value, id, STARTED, 1, value_digest(keys), meta={"branches": keys}, epoch=rt.epoch),
@@ -396,6 +442,17 @@ class Context:
                 "(which wires the sandbox sessions in) rather than durable_sandbox.engine.Engine."
             )
         return factory(self, id, provider=provider, **options)
+
+
+def _revalidate_branches(items: list[tuple[str, Callable[..., Any]]], recorded: Any, as_list: bool) -> Any:
+    """A replayed parallel's result, each branch's value revalidated through that branch's return
+    annotation: the same rule as ``ctx.step``, so a branch returning a pydantic model gives the model
+    on replay too, not the JSON it was recorded as."""
+    if as_list and isinstance(recorded, list) and len(recorded) == len(items):
+        return [revalidate(branch, value) for (_, branch), value in zip(items, recorded, strict=True)]
+    if not as_list and isinstance(recorded, dict):
+        return {key: revalidate(branch, recorded[key]) if key in recorded else None for key, branch in items}
+    return recorded
 
 
 def nondeterminism(op_id: str, rec: OperationRecord, kind: str, name: str, digest: str | None) -> NonDeterminismError:

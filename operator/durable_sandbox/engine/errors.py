@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from durable_sandbox.engine.owner import describe_owner
 
 
 class DurableError(Exception):
@@ -103,12 +106,28 @@ class RunConflict(DurableError):
 
 
 class LeaseHeld(DurableError):
+    """Another worker holds the run's lease (and is not known to be dead)."""
+
     def __init__(self, run_id: str, owner: str, expires_at: float) -> None:
+        self.run_id = run_id
         self.owner = owner
+        self.expires_at = expires_at
+        self.remaining = max(0.0, expires_at - time.time())
         super().__init__(
-            f"Run {run_id!r} is being executed by worker {owner!r} (lease valid until {expires_at:.0f}); "
-            f"only one worker executes a run at a time. Wait for it or let the lease expire."
+            f"Run {run_id!r} is being executed by {describe_owner(owner)}; its lease runs for another "
+            f"{_duration(self.remaining)} and is renewed while that worker lives. Only one worker executes a run "
+            f"at a time: wait for it to finish (`dsb resume --wait {run_id}` waits and then continues the run), "
+            f"or stop that worker."
         )
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 90 * 60:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 class LeaseLost(DurableError):
@@ -156,6 +175,11 @@ class InvalidInput(DurableError, ValueError):
 
 class SerializationError(DurableError, TypeError):
     pass
+
+
+class StoreError(DurableError):
+    """The store cannot be used (not a store, not writable, full, deleted under the process, damaged).
+    The message names the store and says what to do; nothing is written past this error."""
 
 
 class Suspend(BaseException):

@@ -15,10 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -32,6 +29,7 @@ from durable_sandbox.engine.errors import (
     Suspend,
     WorkflowNotFound,
 )
+from durable_sandbox.engine.owner import holder_is_dead, new_worker_id
 from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import to_jsonable
@@ -48,7 +46,8 @@ Unresolvable = Literal["fail", "leave"]
 
 
 def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    """``<host>:<pid>:<process start>:<nonce>``: names this process for good (see engine/owner.py)."""
+    return new_worker_id()
 
 
 class RunExecutor:
@@ -124,7 +123,7 @@ class RunExecutor:
                 return build_state(run, await self.store.load_journal(run_id))
             self.driven.add(run_id)
             while True:
-                lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
+                lease = await self.claim(run_id)
                 try:
                     rows = await self.execute(lease, definition)
                 finally:
@@ -136,6 +135,18 @@ class RunExecutor:
                 if run.status != RunStatus.PENDING:
                     # The journal is already in memory: build the state from it rather than reading it again.
                     return state_of(run, rows)
+
+    async def claim(self, run_id: str) -> Lease:
+        """The run's lease for this worker. A lease held by a process of this host that has died (a
+        crash, SIGKILL) is taken over at once rather than after its TTL; a live holder, or one on
+        another host, is never displaced (``LeaseHeld`` says for how long it holds the lease)."""
+        try:
+            return await self.store.claim(run_id, self.worker_id, self.lease_ttl)
+        except LeaseHeld as held:
+            if not holder_is_dead(held.owner):
+                raise
+            log.warning("run %s: its lease holder %s is dead; taking the run over", run_id, held.owner)
+            return await self.store.claim(run_id, self.worker_id, self.lease_ttl, take_over_from=held.owner)
 
     async def run_claimed(self, lease: Lease) -> None:
         """Execute a run whose lease a run source claimed for this worker, then release the lease."""
@@ -207,21 +218,20 @@ class RunExecutor:
                 }
                 rt.emit("run.waiting", callbacks=[p["id"] for p in pending], wakeAt=changes["wake_at"])
             except asyncio.CancelledError:
-                if rt.cancel_reason is None:
-                    fresh = await store.get_run(run.run_id)
-                    rt.cancel_reason = fresh.cancel_requested if fresh else None
-                if rt.cancel_reason is None:
-                    raise  # this process is shutting down: leave the run for another worker
-                changes = {
-                    "status": RunStatus.CANCELLED,
-                    "error": ErrorInfo("RunCancelled", rt.cancel_reason),
-                }
-                rt.emit("run.cancelled", reason=rt.cancel_reason)
+                reason = await rt.cancel_requested()
+                if reason is None:
+                    # Interrupted, not cancelled (Ctrl-C, SIGTERM, shutdown): sandbox sessions have
+                    # hibernated; the run goes back to pending, resumable here or by any worker.
+                    await self._leave_pending(lease, rt, "run.interrupted")
+                    raise
+                changes = {"status": RunStatus.CANCELLED, "error": ErrorInfo("RunCancelled", reason)}
+                rt.emit("run.cancelled", reason=reason)
             except LeaseLost:
                 log.warning("lost the lease on run %s; stopping without writing", run.run_id)
                 return None
             except Handover as h:
-                await self._handed_over(lease, rt, h)
+                await rt.drain()
+                await self._leave_pending(lease, rt, "run.handed_over", reason=h.why)
                 return None
             except Exception as exc:
                 rt.draining = True
@@ -253,20 +263,20 @@ class RunExecutor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await keeper
 
-    async def _handed_over(self, lease: Lease, rt: RunRuntime, h: Handover) -> None:
-        """Leave the run runnable for the next worker: completed records committed, status pending,
-        sandboxes untouched (the next worker re-attaches to them); the caller releases the lease."""
-        await rt.drain()
-        rt.emit("run.handed_over", worker=self.worker_id, reason=h.why)
+    async def _leave_pending(self, lease: Lease, rt: RunRuntime, event: str, **data: Any) -> None:
+        """Leave the run runnable for the next worker: completed records committed, status pending;
+        the caller releases the lease."""
+        rt.emit(event, worker=self.worker_id, **data)
         try:
             await self.store.commit(rt.run_id, lease.fence, Commit(rt.pending_records(), run={"status": RunStatus.PENDING}))
             await rt.flush_events()
         except LeaseLost:
-            pass  # someone else has it already: nothing of ours to hand over
+            pass  # another worker has it already
 
     def hand_over(self, run_id: str, why: str) -> bool:
         """Stop executing ``run_id`` here at its next operation boundary (the operation in flight
-        completes and is committed first) and leave it runnable; False if it does not execute here."""
+        completes and is committed first) and leave it runnable with its sandboxes live (the next
+        worker re-attaches to them); False if it does not execute here."""
         rt = self._runtimes.get(run_id)
         if rt is None:
             return False
@@ -351,7 +361,7 @@ class RunExecutor:
     async def drive_cancel(self, run_id: str) -> None:
         """Take the lease of a run that is not executing and finish its cancellation (cleanup included)."""
         async with self._exclusive(run_id, wait=True):
-            lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
+            lease = await self.claim(run_id)
             try:
                 run = await self._get(run_id)
                 if not run.status.terminal:
@@ -369,7 +379,7 @@ class RunExecutor:
         async with self._exclusive(run_id, wait=False) as mine:
             if not mine:
                 return False  # executing here: it is not idle
-            lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
+            lease = await self.claim(run_id)
             try:
                 await hook(self, run, lease)
             finally:

@@ -8,6 +8,7 @@ children of parallel branches) shares it. Extensions (sandbox sessions) use it t
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +90,7 @@ class RunRuntime:
         self.handover: str | None = None
         self._events: list[Event] = []
         self._event_flush: asyncio.Task[None] | None = None
+        self._last_yield = time.perf_counter()
 
     # ------------------------------------------------------------------ ids and replay
 
@@ -220,6 +222,15 @@ class RunRuntime:
             self.latest[rec.op_id] = rec
             self.first.setdefault(rec.op_id, rec)
 
+    async def cancel_requested(self) -> str | None:
+        """Why the run was cancelled, if a user cancelled it (here or through the store). A task
+        cancellation without it is an interruption (Ctrl-C, SIGTERM, a process shutting down): the run
+        is not over and must stay resumable."""
+        if self.cancel_reason is None:
+            fresh = await self.store.get_run(self.run_id)
+            self.cancel_reason = fresh.cancel_requested if fresh is not None else None
+        return self.cancel_reason
+
     def pending_records(self) -> list[OperationRecord]:
         recs, self._deferred = self._deferred, []
         return recs
@@ -239,6 +250,14 @@ class RunRuntime:
             return None
         self._state_digest = digest
         return (self.thread_id, data)
+
+    async def let_loop_run(self, every: float) -> None:
+        """Yield to the event loop if this run has not for ``every`` seconds: work that never suspends
+        (inline steps, synchronous commits) must still let lease renewal, signals and cancel through."""
+        now = time.perf_counter()
+        if now - self._last_yield >= every:
+            self._last_yield = now
+            await asyncio.sleep(0)
 
     # ------------------------------------------------------------------ activity (for suspension)
 

@@ -47,8 +47,10 @@ class Store(Protocol):
 
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None: ...
 
-    async def claim(self, run_id: str, owner: str, ttl: float) -> Lease:
-        """Take the run's lease (free, expired or already ours); raises ``LeaseHeld`` otherwise."""
+    async def claim(self, run_id: str, owner: str, ttl: float, *, take_over_from: str | None = None) -> Lease:
+        """Take the run's lease (free, expired or already ours); raises ``LeaseHeld`` otherwise.
+        ``take_over_from``: also take it while it is held, unexpired, by exactly that owner (one the
+        caller proved dead); if someone else holds it by then, ``LeaseHeld`` as usual."""
         ...
 
     async def renew(self, lease: Lease, ttl: float) -> Lease: ...

@@ -115,7 +115,13 @@ def resolve(ref: str) -> WorkflowDefinition:
         obj = getattr(obj, part, None)
         if obj is None:
             raise WorkflowNotFound(f"Module {module_name!r} has no attribute {attr!r} (workflow {ref!r}).")
-    return definition_of(obj)
+    try:
+        return definition_of(obj)
+    except TypeError:
+        raise WorkflowNotFound(
+            f"{ref} is not a workflow (it is {type(obj).__name__} {getattr(obj, '__qualname__', '')}); point at an "
+            f"async function decorated with @durable_sandbox.workflow."
+        ) from None
 
 
 def registered() -> dict[str, WorkflowDefinition]:

@@ -532,6 +532,8 @@ class Operator:
                     elif wf is not None and wf.spec.suspend and not handed_over:
                         executor.hand_over(view.run_id, "spec.suspend is true")
                         handed_over = True
+            if task.cancelled():
+                return "again"  # abandoned after the handover grace: the run was left pending
             try:
                 task.result()
             except LeaseHeld:

@@ -56,6 +56,8 @@ ONE_SANDBOX = "set at most one of sandbox or sandboxRef"
 CANCEL_FINAL = "spec.cancel cannot be set back to false once true"
 UNIQUE_OPERATION_IDS = "operationId values must be unique across toolCalls"
 ENV_ONE_SOURCE = "set exactly one of value or valueFrom"
+TIMEOUT_POLICY_SHELL_ONLY = "failurePolicy.onTimeout applies only to shell calls (only they have a timeout)"
+LOSS_WITHIN_CALLS = "injectLossAfterNCalls must be at most the number of toolCalls (the loss would never happen)"
 RESERVED_OPERATION_ID = (
     "operationId is reserved for the sandbox session's own records "
     f"(ids starting with {', '.join(sorted(_RESERVED_HEADS))})"
@@ -100,6 +102,11 @@ MODEL_RULES: dict[str, list[dict[str, str]]] = {
     "WorkflowSpec": [
         rule("has(self.toolCalls) != has(self.entrypoint)", ONE_PROGRAM),
         rule("!(has(self.sandbox) && has(self.sandboxRef))", ONE_SANDBOX),
+        rule(
+            "!has(self.injectLossAfterNCalls) || !has(self.toolCalls) || self.injectLossAfterNCalls <= size(self.toolCalls)",
+            LOSS_WITHIN_CALLS,
+            fieldPath=".injectLossAfterNCalls",
+        ),
         # A transition rule: evaluated on update only, against the stored object.
         rule(
             "!has(oldSelf.cancel) || !oldSelf.cancel || (has(self.cancel) && self.cancel)",
@@ -108,6 +115,13 @@ MODEL_RULES: dict[str, list[dict[str, str]]] = {
         ),
     ],
     "EnvVar": [rule("has(self.value) != has(self.valueFrom)", ENV_ONE_SOURCE)],
+    # Merged into the one tool-call object (see _Converter.discriminated), hence the type test.
+    "ShellCall": [
+        rule(
+            "self.type == 'shell' || !has(self.failurePolicy) || !has(self.failurePolicy.onTimeout)",
+            TIMEOUT_POLICY_SHELL_ONLY,
+        )
+    ],
 }
 
 # Keywords added to one property of a model (model title, property alias).
@@ -135,7 +149,7 @@ FIELD_EXTRAS: dict[tuple[str, str], Schema] = {
 
 # ------------------------------------------------------------------------------------------- structural
 
-_DROP = {"title", "default", "additionalProperties", "discriminator", "propertyNames"}
+_DROP = {"title", "default", "additionalProperties", "discriminator", "propertyNames", "patternProperties"}
 
 
 class _Converter:
@@ -197,6 +211,11 @@ class _Converter:
                     out["required"] = list(node["required"])
             elif isinstance(node.get("additionalProperties"), dict):
                 out["additionalProperties"] = self.convert(node["additionalProperties"])
+            elif len(node.get("patternProperties", {})) == 1:
+                # A map whose keys have a pattern (env names): structural schemas cannot constrain keys,
+                # so admission checks the values and the models (operator, `dsb run`) check the keys.
+                (values,) = node["patternProperties"].values()
+                out["additionalProperties"] = self.convert(values)
             else:
                 out[PRESERVE] = True
         if node.get("type") == "array":

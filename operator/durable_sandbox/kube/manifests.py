@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,15 @@ from durable_sandbox.kube.models import (
     SandboxResource,
     WorkflowResource,
 )
+from durable_sandbox.workflows.sandbox_agent import ENV_NAME_PATTERN, NO_NUL_PATTERN
 
 _TOOL_TYPES = ("shell", "write_file", "read_file")
+
+# What a pattern means, for the patterns whose regex would tell a manifest author nothing.
+_PATTERN_MEANINGS = {
+    ENV_NAME_PATTERN: "is not an environment variable name (letters, digits and '_', not starting with a digit)",
+    NO_NUL_PATTERN: "contains a NUL character, which no environment value can hold",
+}
 
 
 class ManifestError(ValueError):
@@ -123,6 +131,14 @@ def describe_error(err: Any) -> tuple[str, str]:
     elif etype == "union_tag_not_found":
         loc.append("type")
         msg = f"Field required (one of {', '.join(_TOOL_TYPES)})"
+    elif etype == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_MEANINGS:
+        pattern = ctx["pattern"]
+        subject = repr(err.get("input"))
+        if loc and loc[-1] == "[key]":  # a mapping's key: point at the mapping, name the key in the reason
+            loc = loc[:-2]
+        elif pattern == NO_NUL_PATTERN:
+            subject = "the value"  # it may be a secret: never echo it
+        msg = f"{subject} {_PATTERN_MEANINGS[pattern]}"
     elif etype == "literal_error" and loc and loc[-1] in ("apiVersion", "kind"):
         msg = f"expected {ctx.get('expected')}, got {err.get('input')!r}"
     return format_loc(loc), msg
@@ -151,14 +167,126 @@ def _source(path_or_text: str | os.PathLike[str]) -> tuple[str, str]:
         raise ManifestError([f"{path}: not UTF-8 text: {exc}"]) from exc
 
 
+# Bounds on what a manifest may be, checked while loading and before anything is built from it.
+# kube-apiserver refuses request bodies over 3 MiB (and etcd objects over 1.5 MiB), so no manifest
+# that could ever be applied is larger; a valid 10,000-call Workflow is about 120,000 YAML nodes.
+MAX_MANIFEST_BYTES = 3 * 1024 * 1024
+MAX_EXPANDED_NODES = 250_000  # per document, counting every alias at its expanded size
+MAX_DEPTH = 100  # nesting of mappings and sequences, the same bound as --input's JSON
+
+
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The safe loader plus kubectl's strict decoding: a key given twice in one mapping is an error
+    (a merged ``<<`` key may still be overridden, as YAML's merge semantics say)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:
+                continue  # an unhashable key: SafeConstructor reports it
+            if first is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} in a mapping (first given at line {first.start_mark.line + 1}); "
+                    f"each key may appear once",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+@dataclass
+class _Extent:
+    nodes: int = 0  # YAML nodes
+    chars: int = 0  # characters of scalars (keys included)
+    depth: int = 0  # nesting of mappings and sequences
+
+
+def _expanded_extent(root: yaml.Node) -> _Extent:
+    """How big a document is with every alias expanded, computed on the node graph (where an alias is
+    a shared node) without expanding it: an alias bomb of a few hundred bytes is measured in
+    microseconds instead of being built into gigabytes. Stops early once a bound is passed."""
+    done: dict[int, _Extent] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in done:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in done)
+            continue
+        parts = [done[id(c)] for c in children]
+        extent = _Extent(
+            nodes=1 + sum(p.nodes for p in parts),
+            chars=(len(node.value) if isinstance(node, yaml.ScalarNode) else 0) + sum(p.chars for p in parts),
+            depth=(1 + max((p.depth for p in parts), default=0)) if children or not isinstance(node, yaml.ScalarNode) else 0,
+        )
+        done[id(node)] = extent
+        if extent.nodes > MAX_EXPANDED_NODES or extent.chars > MAX_MANIFEST_BYTES or extent.depth > MAX_DEPTH:
+            return extent
+    return done[id(root)]
+
+
+def _check_extent(name: str, index: int, node: yaml.Node) -> None:
+    extent = _expanded_extent(node)
+    where = f"{name}: document {index}: "
+    if extent.depth > MAX_DEPTH:
+        raise ManifestError([f"{where}nested more than {MAX_DEPTH} levels deep"])
+    if extent.nodes > MAX_EXPANDED_NODES or extent.chars > MAX_MANIFEST_BYTES:
+        what = (
+            f"more than {MAX_EXPANDED_NODES} YAML nodes"
+            if extent.nodes > MAX_EXPANDED_NODES
+            else f"more than {MAX_MANIFEST_BYTES} bytes"
+        )
+        raise ManifestError(
+            [f"{where}expands to {what} once its aliases (*name) are replaced by what they repeat; refused "
+             f"before loading it (kubectl sends the expanded document, and the API server refuses requests "
+             f"over {MAX_MANIFEST_BYTES} bytes). Use fewer aliases, or keep large data out of the manifest"]
+        )
+
+
+def _yaml_problem(name: str, exc: yaml.YAMLError) -> ManifestError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc)
+    return ManifestError([f"{name}: invalid YAML: {where}{problem}"])
+
+
 def _documents(name: str, text: str) -> list[tuple[int, Any]]:
+    """Every document of ``text``, refusing (before building any of it) what no cluster would accept:
+    more than MAX_MANIFEST_BYTES, aliases expanding past MAX_EXPANDED_NODES, nesting deeper than
+    MAX_DEPTH, and duplicate mapping keys."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_MANIFEST_BYTES:
+        raise ManifestError(
+            [f"{name}: {size} bytes is larger than a manifest may be ({MAX_MANIFEST_BYTES} bytes, the API "
+             f"server's request limit); keep large data out of the manifest"]
+        )
+    raw: list[Any] = []
+    loader = _StrictLoader(text)
     try:
-        raw = list(yaml.safe_load_all(text))
+        while loader.check_node():
+            node = loader.get_node()
+            _check_extent(name, len(raw) + 1, node)
+            raw.append(loader.construct_document(node))
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ManifestError([f"{name}: invalid YAML: {where}{problem}"]) from exc
+        raise _yaml_problem(name, exc) from exc
+    except RecursionError:
+        # The YAML composer recurses once per nesting level: deeper than Python allows is far past MAX_DEPTH.
+        raise ManifestError([f"{name}: nested more than {MAX_DEPTH} levels deep"]) from None
+    finally:
+        loader.dispose()
     return [(i, doc) for i, doc in enumerate(raw, start=1) if doc is not None]
 
 

@@ -13,18 +13,20 @@ import importlib
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from durable_sandbox.workflows.sandbox_agent import (
     EnvVar,
+    FailurePolicy,
     ReadFileCall,
     SandboxAgentInput,
     SandboxSettings,
     ShellCall,
     ToolCallSpec,
     WriteFileCall,
+    check_loss_within_calls,
 )
 
 GROUP = "durable-sandbox.dev"
@@ -105,10 +107,10 @@ class SandboxRef(_Model):
 class RetrySpec(_Model):
     """Retry of the whole run when it fails (each retry resumes the journal: completed work is kept)."""
 
-    max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
-    initial_interval_seconds: Annotated[float, Field(ge=0, le=86_400)] = 1.0
-    backoff: Annotated[float, Field(ge=1, le=10)] = 2.0
-    max_interval_seconds: Annotated[float, Field(ge=0, le=86_400)] = 60.0
+    max_attempts: Annotated[int, Field(ge=1, le=100, strict=True)] = 3
+    initial_interval_seconds: Annotated[float, Field(ge=0, le=86_400, strict=True)] = 1.0
+    backoff: Annotated[float, Field(ge=1, le=10, strict=True)] = 2.0
+    max_interval_seconds: Annotated[float, Field(ge=0, le=86_400, strict=True)] = 60.0
 
     def interval(self, attempt: int) -> float:
         """Delay before attempt ``attempt`` (2 is the first retry)."""
@@ -131,16 +133,17 @@ class WorkflowSpec(_Model):
     input: JsonValue = None
     sandbox: SandboxSettings | None = None
     sandbox_ref: SandboxRef | None = None
-    snapshot_every_n_calls: Annotated[int, Field(ge=0, le=10_000)] = 0
-    retain_latest_snapshot: bool = False
-    inject_loss_after_n_calls: Annotated[int, Field(ge=1)] | None = None
+    snapshot_every_n_calls: Annotated[int, Field(ge=0, le=10_000, strict=True)] = 0
+    retain_latest_snapshot: StrictBool = False
+    inject_loss_after_n_calls: Annotated[int, Field(ge=1, strict=True)] | None = None
     retry: RetrySpec | None = None
-    timeout_seconds: Annotated[int, Field(ge=1)] | None = None
-    suspend: bool = False
-    cancel: bool = False
+    failure_policy: FailurePolicy | None = None
+    timeout_seconds: Annotated[int, Field(ge=1, strict=True)] | None = None
+    suspend: StrictBool = False
+    cancel: StrictBool = False
     signals: dict[Annotated[str, Field(min_length=1)], JsonValue] = Field(default_factory=dict)
-    ttl_seconds_after_finished: Annotated[int, Field(ge=0)] | None = None
-    hibernate_after_seconds: Annotated[int, Field(ge=0)] | None = None
+    ttl_seconds_after_finished: Annotated[int, Field(ge=0, strict=True)] | None = None
+    hibernate_after_seconds: Annotated[int, Field(ge=0, strict=True)] | None = None
 
     @field_validator("entrypoint")
     @classmethod
@@ -186,10 +189,21 @@ class WorkflowSpec(_Model):
             raise ValueError("set at most one of sandbox or sandboxRef")
         return self
 
+    @model_validator(mode="after")
+    def _loss_within_calls(self) -> WorkflowSpec:
+        if self.tool_calls is not None:
+            try:
+                check_loss_within_calls(self.inject_loss_after_n_calls, len(self.tool_calls))
+            except ValueError as exc:
+                raise PydanticCustomError(
+                    "loss_after_calls", "{reason}", {"reason": str(exc), "subloc": ["injectLossAfterNCalls"]}
+                ) from None
+        return self
+
 
 # A Workflow's inline `sandbox` settings plus what only a standalone Sandbox has.
 class SandboxResourceSpec(SandboxSettings):
-    suspend: bool = False
+    suspend: StrictBool = False
     from_snapshot: Annotated[str, Field(min_length=1)] | None = None
 
     @field_validator("provider")
@@ -343,6 +357,7 @@ def to_sandbox_agent_input(spec: WorkflowSpec, sandbox: SandboxSettings | None =
         retain_latest_snapshot=spec.retain_latest_snapshot,
         inject_loss_after_n_calls=spec.inject_loss_after_n_calls,
         hibernate_after_seconds=spec.hibernate_after_seconds,
+        failure_policy=spec.failure_policy,
     )
 
 
@@ -363,6 +378,7 @@ __all__ = [
     "CallsStatus",
     "Condition",
     "EnvVar",
+    "FailurePolicy",
     "JournalRef",
     "ObjectMeta",
     "OperationSummary",

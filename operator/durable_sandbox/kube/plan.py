@@ -9,7 +9,10 @@ half-started run (or a provisioned sandbox) behind. Where the two differ, it is 
   same run); in the cluster ``<name>-<uid[:8]>`` (one Workflow object = one run, a re-created object
   is a new run).
 - ``sandbox.env[].valueFrom.secretKeyRef`` only resolves in the cluster; the run input keeps the
-  reference, never the value (the operator hands values to the sandbox at provision time).
+  reference, never the value (the operator hands values to the sandbox at provision time). Literal
+  ``value``s (and a call's ``env``) are kept out of the input too (``RunPlan.env_values``): the engine
+  that drives the run needs an ``env_values`` service returning them by run id (`dsb run` keeps them
+  beside its store, see ``cli/envfiles.py``; the operator re-plans the Workflow object).
 - ``ttlSecondsAfterFinished``/``suspend`` only mean something in the cluster.
 - the operator imports workflow code only from the modules it is configured with
   (``allowed_modules``); the check happens before anything is imported.
@@ -73,6 +76,13 @@ class RunPlan:
     ttl_seconds_after_finished: int | None = None
     provider: str | None = None  # the sandbox provider a toolCalls Workflow uses (None: chosen by the code)
     warnings: list[str] = field(default_factory=list)
+    # A toolCalls Workflow's literal env values, kept out of `input` (which is stored): the engine's
+    # `env_values` service must hand them back by run id (sandbox_agent.detach_env).
+    env_values: dict[str, str] = field(default_factory=dict)
+    where: str = ""  # "<source>: Workflow/<name>: ", for messages about the spec
+    sandbox: SandboxSettings | None = None  # a toolCalls Workflow's sandbox, for the provider pre-run check
+    snapshot_every: int = 0
+    inject_loss_after: int | None = None
 
     @property
     def max_attempts(self) -> int:
@@ -173,7 +183,11 @@ def plan_workflow(
         definition = resolve_workflow(sandbox_agent.NAME, where)
         agent_input = to_sandbox_agent_input(spec, settings)
         provider = agent_input.sandbox.provider
-        value: Any = agent_input.model_dump(mode="json", by_alias=True, exclude_none=True)
+        # The run id is derived from the whole input, values included (another value is another run);
+        # the stored input has them replaced by *** and the values travel beside it.
+        identity: Any = agent_input.model_dump(mode="json", by_alias=True, exclude_none=True)
+        stored, env_values = sandbox_agent.detach_env(agent_input)
+        value: Any = stored.model_dump(mode="json", by_alias=True, exclude_none=True)
     else:
         assert spec.entrypoint is not None
         if allowed_modules is not None and not entrypoint_allowed(spec.entrypoint, allowed_modules):
@@ -184,14 +198,15 @@ def plan_workflow(
                 f"Nothing was imported."
             )
         definition = resolve_workflow(spec.entrypoint, f"{where}spec.entrypoint: ")
-        value = spec.input
+        value = identity = spec.input
+        env_values = {}
         check_input(definition, value, f"{where}spec.")
     if cluster:
         if not wf.metadata.uid:
             raise PlanError(f"{where}metadata.uid is missing; the cluster assigns it (read the object back from the API)")
         the_run_id = cluster_run_id(name, wf.metadata.uid)
     else:
-        the_run_id = run_id or local_run_id(name, definition, value)
+        the_run_id = run_id or local_run_id(name, definition, identity)
     return RunPlan(
         label=f"Workflow/{name}",
         definition=definition,
@@ -206,6 +221,11 @@ def plan_workflow(
         ttl_seconds_after_finished=spec.ttl_seconds_after_finished,
         provider=provider,
         warnings=warnings,
+        env_values=env_values,
+        where=where,
+        sandbox=(settings or SandboxSettings()) if spec.tool_calls is not None else None,
+        snapshot_every=spec.snapshot_every_n_calls,
+        inject_loss_after=spec.inject_loss_after_n_calls,
     )
 
 

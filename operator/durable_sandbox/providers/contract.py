@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import enum
 import posixpath
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from durable_sandbox.providers.output import cap_text
 
 CONTRACT_VERSION = 1
 
@@ -120,6 +123,10 @@ class SandboxSpec(_Frozen):
     env: dict[str, str] = Field(default_factory=dict, repr=False)  # may hold secrets: never logged
     owner: str | None = None  # owner tag for orphan sweeps (cluster id / run id)
     labels: dict[str, str] = Field(default_factory=dict)  # non-secret metadata (run id, workflow, ...)
+    # Stable id of the provision/restore operation this spec is for (the same on every retry of it).
+    # Providers whose create API deduplicates (e2b: Idempotency-Key) use it so that a create retried
+    # after a lost answer yields one sandbox; others ignore it. Never put in handles or sandbox metadata.
+    operation_id: str | None = None
 
 
 class SandboxHandle(_Frozen):
@@ -145,6 +152,25 @@ class ToolResult(_Frozen):
     exit_code: int
     stdout: str = ""
     stderr: str = ""
+    # The full size in bytes of a stream that was truncated (see providers/output.py); None when whole.
+    stdout_size: int | None = None
+    stderr_size: int | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout_size is not None or self.stderr_size is not None
+
+    def capped(self) -> ToolResult:
+        """This result with stdout and stderr cut to their first and last 64 KiB (sizes recorded)."""
+        out, out_size = cap_text(self.stdout)
+        err, err_size = cap_text(self.stderr)
+        if out_size is None and err_size is None:
+            return self
+        return self.model_copy(update={
+            "stdout": out, "stderr": err,
+            "stdout_size": out_size if out_size is not None else self.stdout_size,
+            "stderr_size": err_size if err_size is not None else self.stderr_size,
+        })
 
     @property
     def outcome(self) -> tuple[int, str, str]:
@@ -191,6 +217,13 @@ class SandboxProvider:
 
     def capabilities(self) -> ProviderCapabilities:
         return ProviderCapabilities()
+
+    @classmethod
+    def configuration_problems(cls, environ: Mapping[str, str]) -> list[str]:
+        """What is missing or malformed in the configuration this provider reads from ``environ``, one
+        line each (never echoing a secret). Checked before a run is created, so a run is never started
+        against a provider that cannot be constructed. The default: nothing is required."""
+        return []
 
     def require(self, capability: Capability) -> None:
         if not self.capabilities().supports(capability):

@@ -1,9 +1,9 @@
-"""The ``e2b`` provider: E2B sandboxes over E2B's documented HTTP APIs (management API + envd).
+"""The ``e2b`` provider: E2B sandboxes over E2B's HTTP APIs (management API + envd), as E2B's SDK speaks them.
 
 Configuration (constructor arguments win over the environment): ``E2B_API_KEY`` (required),
-``E2B_API_URL`` (default ``https://api.e2b.app``), ``E2B_SANDBOX_URL`` (a shared envd host routed by the
-``E2b-Sandbox-Id``/``E2b-Sandbox-Port`` headers; default ``https://49983-<id>.<domain>``), ``template``
-and the HTTP ``timeout``.
+``E2B_DOMAIN`` (default ``e2b.app``), ``E2B_API_URL`` (default ``https://api.<domain>``), ``E2B_SANDBOX_URL``
+(one envd host for every sandbox; by default ``https://sandbox.<domain>`` for E2B's own domains and
+``https://49983-<id>.<domain>`` for others, see :func:`e2b_api.sandbox_url`), ``template`` and the HTTP ``timeout``.
 
 Secrets (the API key and each sandbox's envd access token) live only in this object's memory: they are
 never put in handles, log lines or exception messages, and :meth:`_redact` scrubs them from any text the
@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime as dt
 import email.utils
 import hashlib
 import logging
 import os
+import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
-from urllib.parse import quote, urlencode, urlsplit
+from typing import Any, NoReturn, TypeVar
+from urllib.parse import quote, urlsplit
 
 import httpx
+import pydantic
 
 from durable_sandbox.providers.contract import (
     TOOL_TYPES,
@@ -45,6 +46,20 @@ from durable_sandbox.providers.contract import (
     unsupported_tool_result,
     wrote_file_result,
 )
+from durable_sandbox.providers.e2b_api import (
+    DEFAULT_DOMAIN,
+    ENVD_PORT,
+    CreatedSandbox,
+    ListedSandbox,
+    SandboxDetail,
+    SnapshotInfo,
+    bare_snapshot_name,
+    envd_version,
+    idempotency_key,
+    metadata_query,
+    needs_explicit_user,
+    sandbox_url,
+)
 from durable_sandbox.providers.e2b_connect import (
     ConnectProtocolError,
     ConnectStreamError,
@@ -52,13 +67,13 @@ from durable_sandbox.providers.e2b_connect import (
     encode_envelope,
     read_process_stream,
 )
+from durable_sandbox.providers.redaction import redact_url
 
 log = logging.getLogger(__name__)
 
-DEFAULT_API_URL = "https://api.e2b.app"
 DEFAULT_TEMPLATE = "base"
-ENVD_PORT = 49983
 ENVD_USER = "user"
+KEEPALIVE_PING_SECONDS = 50  # asks envd for keepalive events, so idle proxies keep long commands' streams open
 HOME = "/home/user"
 MAXIMUM_LEASE_SECONDS = 86_400
 OWNER_METADATA_KEY = "durable-sandbox.dev/owner"
@@ -112,13 +127,39 @@ def _retry_after(response: httpx.Response, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
-def _parse_time(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
+_M = TypeVar("_M", bound=pydantic.BaseModel)
+
+
+def _problems(exc: pydantic.ValidationError) -> str:
+    """Which fields of E2B's answer were missing or malformed (never their values: they may be tokens)."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors(include_input=False))
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    """E2B's machine-readable ``error_code`` of an error answer, if it has one."""
     try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        body = response.json()
     except ValueError:
         return None
+    code = body.get("error_code") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def _configuration_problems(key: str | None, api_url: str, sandbox_url: str | None) -> list[str]:
+    """One check for the constructor and for the pre-run check (``configuration_problems``)."""
+    problems = []
+    if not key:
+        problems.append("Sandbox provider [e2b] needs an API key: set E2B_API_KEY or pass api_key=")
+    elif not all("!" <= ch <= "~" for ch in key):
+        # Sent as an HTTP header: a CR, a space or a non-ASCII character cannot be sent (or is an injection).
+        problems.append(
+            "Sandbox provider [e2b]: E2B_API_KEY must be printable ASCII without spaces or line breaks "
+            "(check for a stray newline or a copy-paste artefact)"
+        )
+    for what, url in (("E2B_API_URL", api_url), ("E2B_SANDBOX_URL", sandbox_url)):
+        if url is not None and urlsplit(url).scheme not in ("http", "https"):
+            problems.append(f"Sandbox provider [e2b]: {what} must be an http(s) URL, got {redact_url(url)!r}")
+    return problems
 
 
 class E2BProvider(SandboxProvider):
@@ -130,6 +171,7 @@ class E2BProvider(SandboxProvider):
         api_key: str | None = None,
         api_url: str | None = None,
         sandbox_url: str | None = None,
+        domain: str | None = None,
         template: str = DEFAULT_TEMPLATE,
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
@@ -140,24 +182,39 @@ class E2BProvider(SandboxProvider):
     ) -> None:
         env = os.environ if environ is None else environ
         key = api_key if api_key is not None else env.get("E2B_API_KEY")
-        if not key:
-            raise ConfigurationError("Sandbox provider [e2b] needs an API key: set E2B_API_KEY or pass api_key=")
+        self.domain = domain or env.get("E2B_DOMAIN") or DEFAULT_DOMAIN
+        api_url = (api_url or env.get("E2B_API_URL") or f"https://api.{self.domain}").rstrip("/")
+        sandbox_url = (sandbox_url or env.get("E2B_SANDBOX_URL") or "").rstrip("/") or None
+        problems = _configuration_problems(key, api_url, sandbox_url)
+        if problems or not key:
+            raise ConfigurationError("; ".join(problems))
         self._api_key = key
-        self.api_url = (api_url or env.get("E2B_API_URL") or DEFAULT_API_URL).rstrip("/")
-        self.sandbox_url = (sandbox_url or env.get("E2B_SANDBOX_URL") or "").rstrip("/") or None
-        for what, url in (("E2B_API_URL", self.api_url), ("E2B_SANDBOX_URL", self.sandbox_url)):
-            if url is not None and urlsplit(url).scheme not in ("http", "https"):
-                raise ConfigurationError(f"Sandbox provider [e2b]: {what} must be an http(s) URL, got {url!r}")
+        self.api_url = api_url
+        self.sandbox_url = sandbox_url
         self.template = template
         self.retry = retry or RetryPolicy()
         self._clock = clock
         self._sleep = sleep
         self._tokens: dict[str, str | None] = {}  # sandbox id -> envd access token (never leaves this object)
         self._domains: dict[str, str] = {}
+        self._envd_versions: dict[str, tuple[int, ...] | None] = {}
+        # Create idempotency keys are scoped to this object: a new process (after a crash) has already reaped
+        # what the old one may have created, so it must not be handed the old sandbox back by E2B.
+        self._instance = secrets.token_hex(8)
+        self._key_generation: dict[str, int] = {}  # operation id -> bumped when its sandbox is destroyed
+        self._created_by: dict[str, str] = {}  # sandbox id -> operation id that created it
         self._client = httpx.AsyncClient(timeout=timeout, transport=transport, follow_redirects=False)
 
     def __repr__(self) -> str:
-        return f"E2BProvider(api_url={self.api_url!r}, sandbox_url={self.sandbox_url!r}, template={self.template!r})"
+        sandbox_url = redact_url(self.sandbox_url) if self.sandbox_url else None
+        return (f"E2BProvider(domain={self.domain!r}, api_url={redact_url(self.api_url)!r}, "
+                f"sandbox_url={sandbox_url!r}, template={self.template!r})")
+
+    @classmethod
+    def configuration_problems(cls, environ: Mapping[str, str]) -> list[str]:
+        domain = environ.get("E2B_DOMAIN") or DEFAULT_DOMAIN
+        return _configuration_problems(environ.get("E2B_API_KEY"), environ.get("E2B_API_URL") or f"https://api.{domain}",
+                                       environ.get("E2B_SANDBOX_URL") or None)
 
     def capabilities(self) -> ProviderCapabilities:
         return ProviderCapabilities(
@@ -215,6 +272,10 @@ class E2BProvider(SandboxProvider):
                 await response.aread()
                 raise _Transient(f"{op}: E2B answered {status}: {self._server_message(response)}",
                                  _retry_after(response, self._clock()))
+        if status == 409 and _error_code(response) == "idempotency_in_progress":
+            # A create under the same Idempotency-Key is still being processed: ask again for its answer.
+            raise _Transient(f"{op}: E2B is still processing the first request with this Idempotency-Key",
+                             _retry_after(response, self._clock()))
         return response
 
     async def _backoff(self, attempt: int, failure: _Transient) -> bool:
@@ -262,34 +323,82 @@ class E2BProvider(SandboxProvider):
         except ValueError:
             raise ProviderError(f"{op}: E2B answered {response.status_code} with a body that is not JSON") from None
 
+    def _parse(self, op: str, response: httpx.Response, model: type[_M]) -> _M:
+        try:
+            return model.model_validate(self._json(op, response))
+        except pydantic.ValidationError as exc:
+            raise ProviderError(f"{op}: E2B's answer does not match its {model.__name__} model ({_problems(exc)})") from None
+
+    def _parse_list(self, op: str, response: httpx.Response, model: type[_M]) -> list[_M]:
+        data = self._json(op, response)
+        if not isinstance(data, list):
+            raise ProviderError(f"{op}: E2B's answer is not a list")
+        try:
+            return [model.model_validate(item) for item in data]
+        except pydantic.ValidationError as exc:
+            raise ProviderError(
+                f"{op}: E2B listed an entry that does not match its {model.__name__} model ({_problems(exc)})"
+            ) from None
+
+    async def _pages(self, op: str, path: str, params: dict[str, str]) -> AsyncIterator[httpx.Response]:
+        """Every page of a cursor-paged list: ``nextToken`` in, ``X-Next-Token`` out. No ``limit``, as the SDK
+        sends none: E2B's default page is its largest."""
+        seen: set[str] = set()
+        token: str | None = None
+        while True:
+            query = {**params, **({"nextToken": token} if token else {})}
+            response = await self._request(op, "GET", f"{self.api_url}{path}", params=query,
+                                           headers=self._api_headers())
+            if response.status_code != 200:
+                self._fail(op, response)
+            yield response
+            token = response.headers.get("X-Next-Token") or None
+            if token is None:
+                return
+            if token in seen:  # a server that hands out the same cursor again would loop forever
+                raise ProviderError(f"{op}: E2B repeated a page token; the listing cannot be completed")
+            seen.add(token)
+
     # ------------------------------------------------------------------------------------- management
 
     def _check_lease(self, seconds: int) -> None:
         if not isinstance(seconds, int) or not 1 <= seconds <= MAXIMUM_LEASE_SECONDS:
             raise ValueError(f"lease must be a whole number of seconds in [1, {MAXIMUM_LEASE_SECONDS}], got {seconds!r}")
 
+    def _create_key(self, op: str, spec: SandboxSpec) -> str:
+        """The ``Idempotency-Key`` of a create: derived from the spec's operation id (a retry of the same
+        operation is answered with the same sandbox), or fresh for a caller that gave none (then only this
+        call's own retries share it)."""
+        if spec.operation_id is None:
+            return idempotency_key(self._instance, op, secrets.token_hex(8))
+        generation = self._key_generation.get(spec.operation_id, 0)
+        return idempotency_key(self._instance, spec.operation_id, str(generation))
+
     async def _create(self, op: str, template: str, spec: SandboxSpec, lease_seconds: int) -> SandboxHandle:
         self._check_lease(lease_seconds)
         metadata = dict(spec.labels)
         if spec.owner is not None:
             metadata[OWNER_METADATA_KEY] = spec.owner
-        body: dict[str, Any] = {"templateID": template, "timeout": lease_seconds, "secure": True, "metadata": metadata}
-        if spec.env:
-            body["envVars"] = dict(spec.env)
-        response = await self._request(op, "POST", f"{self.api_url}/sandboxes", provisioning=True,
-                                       json=body, headers=self._api_headers())
+        body: dict[str, Any] = {"templateID": template, "timeout": lease_seconds, "metadata": metadata,
+                                "envVars": dict(spec.env)}
+        # With the key, E2B answers a repeated create with the sandbox of the first one, so a create whose
+        # answer was lost is safe to send again: exactly one sandbox.
+        headers = {**self._api_headers(), "Idempotency-Key": self._create_key(op, spec)}
+        response = await self._request(op, "POST", f"{self.api_url}/v2/sandboxes", provisioning=True,
+                                       json=body, headers=headers)
         if response.status_code != 201:
             self._fail(op, response, provisioning=True)
-        data = self._json(op, response)
-        sandbox_id = data.get("sandboxID") if isinstance(data, dict) else None
-        if not isinstance(sandbox_id, str) or not sandbox_id:
-            raise ProvisionError(f"{op}: E2B's answer has no sandboxID", retryable=True)
-        token = data.get("envdAccessToken")
-        self._tokens[sandbox_id] = token if isinstance(token, str) and token else None
-        meta: dict[str, Any] = {"templateID": template, "envdVersion": data.get("envdVersion")}
-        if isinstance(data.get("domain"), str):
-            self._domains[sandbox_id] = data["domain"]
-            meta["domain"] = data["domain"]
+        try:
+            created = self._parse(op, response, CreatedSandbox)
+        except ProviderError as exc:
+            raise ProvisionError(str(exc), retryable=True) from None
+        sandbox_id = created.sandbox_id
+        self._remember(sandbox_id, created.envd_access_token, created.domain, created.envd_version)
+        if spec.operation_id is not None:
+            self._created_by[sandbox_id] = spec.operation_id
+        meta: dict[str, Any] = {"templateID": template, "envdVersion": created.envd_version}
+        if created.domain:
+            meta["domain"] = created.domain
         if spec.owner is not None:
             meta["owner"] = spec.owner
         if spec.labels:
@@ -297,6 +406,12 @@ class E2BProvider(SandboxProvider):
         log.debug("e2b created sandbox %s from template %s", sandbox_id, template)
         return SandboxHandle(id=sandbox_id, provider=self.name, metadata=meta,
                              lease_expires_at=self._clock() + lease_seconds)
+
+    def _remember(self, sandbox_id: str, token: str | None, domain: str | None, version: str | None) -> None:
+        self._tokens[sandbox_id] = token or None
+        if domain:
+            self._domains[sandbox_id] = domain
+        self._envd_versions[sandbox_id] = envd_version(version)
 
     async def provision(self, spec: SandboxSpec, *, lease_seconds: int) -> SandboxHandle:
         return await self._create("create sandbox", spec.template or self.template, spec, lease_seconds)
@@ -327,45 +442,41 @@ class E2BProvider(SandboxProvider):
             self._fail(op, response)
         self._tokens.pop(handle.id, None)
         self._domains.pop(handle.id, None)
+        self._envd_versions.pop(handle.id, None)
+        operation = self._created_by.pop(handle.id, None)
+        if operation is not None:
+            # A later create for the same operation (after this sandbox was reaped) must get a new sandbox,
+            # not E2B's remembered answer pointing at the one just destroyed.
+            self._key_generation[operation] = self._key_generation.get(operation, 0) + 1
 
     async def list_sandboxes(self, owner: str) -> list[SandboxHandle]:
+        """Every sandbox tagged with ``owner``, running or paused, across all pages (``GET /v2/sandboxes``;
+        the v1 listing shows running sandboxes only, so an orphan sweep on it would miss paused ones)."""
         op = f"list sandboxes of owner {owner}"
-        response = await self._request(op, "GET", f"{self.api_url}/sandboxes",
-                                       params={"metadata": urlencode({OWNER_METADATA_KEY: owner})},
-                                       headers=self._api_headers())
-        if response.status_code != 200:
-            self._fail(op, response)
-        data = self._json(op, response)
-        if not isinstance(data, list):
-            raise ProviderError(f"{op}: E2B's answer is not a list")
+        params = {"metadata": metadata_query({OWNER_METADATA_KEY: owner}), "state": "running,paused"}
         handles = []
-        for item in data:
-            if not isinstance(item, dict) or not isinstance(item.get("sandboxID"), str):
-                raise ProviderError(f"{op}: E2B listed an entry without a sandboxID")
-            metadata = item.get("metadata") or {}
-            if metadata.get(OWNER_METADATA_KEY) != owner:  # never sweep what the filter should have excluded
-                continue
-            handles.append(SandboxHandle(
-                id=item["sandboxID"], provider=self.name,
-                metadata={"templateID": item.get("templateID"), "owner": owner, "state": item.get("state"),
-                          "labels": {k: v for k, v in metadata.items() if k != OWNER_METADATA_KEY}},
-                lease_expires_at=_parse_time(item.get("endAt")),
-            ))
+        async for response in self._pages(op, "/v2/sandboxes", params):
+            for item in self._parse_list(op, response, ListedSandbox):
+                metadata = item.metadata or {}
+                if metadata.get(OWNER_METADATA_KEY) != owner:  # never sweep what the filter should have excluded
+                    continue
+                handles.append(SandboxHandle(
+                    id=item.sandbox_id, provider=self.name,
+                    metadata={"templateID": item.template_id, "owner": owner, "state": item.state,
+                              "labels": {k: v for k, v in metadata.items() if k != OWNER_METADATA_KEY}},
+                    lease_expires_at=item.end_at.timestamp(),
+                ))
         return handles
 
     # ------------------------------------------------------------------------------------- snapshots
 
     async def _find_snapshot(self, op: str, name: str) -> str | None:
-        response = await self._send_once(op, "GET", f"{self.api_url}/snapshots", replay_safe=True,
-                                         params={"name": name}, headers=self._api_headers())
-        if response.status_code != 200:
-            self._fail(op, response)
-        data = self._json(op, response)
-        if not isinstance(data, list):
-            raise ProviderError(f"{op}: E2B's snapshot list is not a list")
-        for item in data:
-            if isinstance(item, dict) and name in (item.get("names") or []) and isinstance(item.get("snapshotID"), str):
-                return str(item["snapshotID"])
+        """The snapshot named ``name``, looked for on every page. E2B reports full names
+        (``team-slug/<name>:<tag>``), so the namespace and tag are set aside before comparing."""
+        async for response in self._pages(op, "/snapshots", {"name": name}):
+            for item in self._parse_list(op, response, SnapshotInfo):
+                if any(bare_snapshot_name(full) == name for full in item.names):
+                    return item.snapshot_id
         return None
 
     async def snapshot(self, handle: SandboxHandle, *, operation_id: str) -> str:
@@ -390,10 +501,7 @@ class E2BProvider(SandboxProvider):
                 continue
             if response.status_code != 201:
                 self._fail(op, response, sandbox_id=handle.id)
-            data = self._json(op, response)
-            snapshot_id = data.get("snapshotID") if isinstance(data, dict) else None
-            if not isinstance(snapshot_id, str) or not snapshot_id:
-                raise ProviderError(f"{op}: E2B's answer has no snapshotID")
+            snapshot_id = self._parse(op, response, SnapshotInfo).snapshot_id
             log.debug("e2b snapshot %s taken of sandbox %s", snapshot_id, handle.id)
             return snapshot_id
 
@@ -414,23 +522,26 @@ class E2BProvider(SandboxProvider):
                                            headers=self._api_headers())
             if response.status_code != 200:
                 self._fail(op, response, sandbox_id=handle.id)
-            data = self._json(op, response)
-            token = data.get("envdAccessToken") if isinstance(data, dict) else None
-            self._tokens[handle.id] = token if isinstance(token, str) and token else None
-            if isinstance(data, dict) and isinstance(data.get("domain"), str):
-                self._domains[handle.id] = data["domain"]
+            detail = self._parse(op, response, SandboxDetail)
+            self._remember(handle.id, detail.envd_access_token, detail.domain, detail.envd_version)
+        # The routing headers go with every envd request, whichever host serves it (as the SDK does).
         headers = {"E2b-Sandbox-Id": handle.id, "E2b-Sandbox-Port": str(ENVD_PORT)}
         token = self._tokens[handle.id]
         if token:
             headers["X-Access-Token"] = token
-        if self.sandbox_url:
-            return self.sandbox_url, headers
-        domain = self._domains.get(handle.id) or handle.metadata.get("domain") or self._default_domain()
-        return f"https://{ENVD_PORT}-{handle.id}.{domain}", headers
+        domain = self._domains.get(handle.id) or handle.metadata.get("domain") or self.domain
+        return sandbox_url(handle.id, domain, self.sandbox_url), headers
 
-    def _default_domain(self) -> str:
-        host = urlsplit(self.api_url).hostname or "e2b.app"
-        return host.removeprefix("api.")
+    def _explicit_user(self, handle: SandboxHandle) -> bool:
+        """Whether envd needs the user named (envd < 0.4.0 has no default user)."""
+        version = self._envd_versions.get(handle.id) or envd_version(handle.metadata.get("envdVersion"))
+        return needs_explicit_user(version)
+
+    def _files_params(self, handle: SandboxHandle, path: str) -> dict[str, str]:
+        params = {"path": safe_relative_path(path)}
+        if self._explicit_user(handle):
+            params["username"] = ENVD_USER
+        return params
 
     def _envd_fail(self, op: str, response: httpx.Response, handle: SandboxHandle) -> NoReturn:
         if response.status_code == 401:
@@ -458,8 +569,8 @@ class E2BProvider(SandboxProvider):
         op = f"write {path} in sandbox {handle.id}"
         base, headers = await self._envd(handle)
         response = await self._request(
-            op, "POST", f"{base}/files", params={"path": safe_relative_path(path), "username": ENVD_USER},
-            files={"file": (path.rsplit("/", 1)[-1], data, "application/octet-stream")}, headers=headers,
+            op, "POST", f"{base}/files", params=self._files_params(handle, path),
+            files={"file": (safe_relative_path(path), data, "application/octet-stream")}, headers=headers,
         )
         if response.status_code != 200:
             self._envd_fail(op, response, handle)
@@ -469,8 +580,7 @@ class E2BProvider(SandboxProvider):
         path = _path_arg(call)
         op = f"read {path} in sandbox {handle.id}"
         base, headers = await self._envd(handle)
-        response = await self._request(op, "GET", f"{base}/files",
-                                       params={"path": safe_relative_path(path), "username": ENVD_USER},
+        response = await self._request(op, "GET", f"{base}/files", params=self._files_params(handle, path),
                                        headers=headers)
         if response.status_code == 200:
             return ToolResult(exit_code=0, stdout=response.content.decode("utf-8", errors="replace"), stderr="")
@@ -483,16 +593,21 @@ class E2BProvider(SandboxProvider):
 
     async def _shell(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
         command, timeout, cwd, env = _shell_args(call)
-        process: dict[str, Any] = {"cmd": "/bin/bash", "args": ["-lc", command], "cwd": cwd}
+        # As the SDK starts commands: a login bash with -l -c; cwd only when asked (envd defaults to home).
+        process: dict[str, Any] = {"cmd": "/bin/bash", "args": ["-l", "-c", command]}
         if env:
             process["envs"] = env
+        if cwd is not None:
+            process["cwd"] = cwd
         base, headers = await self._envd(handle)
         headers = {
             **headers,
             "Content-Type": "application/connect+json",
             "Connect-Protocol-Version": "1",
-            "Authorization": "Basic " + base64.b64encode(f"{ENVD_USER}:".encode()).decode(),
+            "Keepalive-Ping-Interval": str(KEEPALIVE_PING_SECONDS),
         }
+        if self._explicit_user(handle):
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{ENVD_USER}:".encode()).decode()
         if timeout is not None:
             headers["Connect-Timeout-Ms"] = str(max(1, round(timeout * 1000)))
         body = encode_envelope({"process": process, "tag": call.operation_id, "stdin": False})
@@ -575,7 +690,7 @@ def _path_arg(call: ToolCall) -> str:
     return path
 
 
-def _shell_args(call: ToolCall) -> tuple[str, float | None, str, dict[str, str]]:
+def _shell_args(call: ToolCall) -> tuple[str, float | None, str | None, dict[str, str]]:
     command = call.args.get("command")
     if not isinstance(command, str) or not command:
         raise _InvalidCall("shell needs a non-empty string 'command'")
@@ -583,7 +698,7 @@ def _shell_args(call: ToolCall) -> tuple[str, float | None, str, dict[str, str]]
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
         raise _InvalidCall("shell 'timeout' must be a positive number of seconds")
     cwd_arg = call.args.get("cwd")
-    cwd = HOME
+    cwd = None
     if cwd_arg is not None:
         if not isinstance(cwd_arg, str):
             raise _InvalidCall("shell 'cwd' must be a string")

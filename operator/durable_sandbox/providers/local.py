@@ -24,10 +24,14 @@ Behaviour worth knowing:
   memory, keyed by sandbox id, and must be supplied again (through the spec) on restore. A handle used
   from a different process or provider instance runs its tool calls without the spec env; the call's own
   ``env`` argument still applies.
-* Each shell call runs ``<shell> -lc <command>`` in its own process group, and that group is killed when
-  the call ends: background processes do not outlive a call. This matches what a snapshot can restore
-  (files, not processes), so replaying calls after a restore sees the same world. Because it is a login
-  shell, ``/etc/profile`` may reset ``PATH``.
+* Each shell call runs ``<shell> -lc <command>`` in its own process group under a small supervisor
+  process (``_call_supervisor.py``): when the call ends (exit, timeout, cancellation, destroy) or the
+  worker dies (even by SIGKILL: the supervisor has a parent-death signal), the supervisor kills the group
+  and every descendant, including processes that left the group with ``setsid`` (it is a child
+  subreaper, so they stay its descendants). Background processes do not outlive a call. This matches
+  what a snapshot can restore (files, not processes), so replaying calls after a restore sees the same
+  world. What remains possible: a process started by another service on the call's behalf (``at``,
+  ``systemd-run``). Because it is a login shell, ``/etc/profile`` may reset ``PATH``.
 * Snapshots are restored with tarfile's ``data`` filter. Symlinks that point outside the workspace
   (an absolute ``.venv/bin/python`` link, say) are legitimate workspace content, so they are recreated
   after every other member has been extracted, when no later member can be written through them.
@@ -52,6 +56,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -77,6 +82,7 @@ from durable_sandbox.providers.contract import (
     unsupported_tool_result,
     wrote_file_result,
 )
+from durable_sandbox.providers.output import OutputBuffer
 
 __all__ = [
     "LocalDirectories",
@@ -93,6 +99,9 @@ _TIMEOUT_EXIT_CODE = 124
 # How long to keep reading output after a call's process group was killed. Only a process that escaped
 # the group (setsid) can still hold the pipes open; its output is not worth hanging the call for.
 _DRAIN_GRACE_SECONDS = 1.0
+# How long a call's supervisor may take to kill the call's processes before it is killed itself.
+_STOP_GRACE_SECONDS = 5.0
+_SUPERVISOR = Path(__file__).with_name("_call_supervisor.py")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 _CAPABILITIES = ProviderCapabilities(
@@ -180,6 +189,7 @@ class LocalProvider(SandboxProvider):
         self._root.mkdir(parents=True, exist_ok=True, mode=0o700)
         for directory in self.directories():
             directory.mkdir(exist_ok=True, mode=0o700)
+        self.sweep_leftovers()
 
     # ------------------------------------------------------------------------------------ layout
 
@@ -213,6 +223,25 @@ class LocalProvider(SandboxProvider):
             if directory.is_dir():
                 found.extend(sorted(directory.iterdir()))
         return found
+
+    def sweep_leftovers(self) -> list[Path]:
+        """Remove what a killed process left half-done: temp files of snapshots and leases whose writer
+        is dead, trash of destroyed workspaces, and staged restores without a lease. Runs when the
+        provider starts; returns what it removed."""
+        removed: list[Path] = []
+        for directory in (self.snapshots_dir, self.leases_dir):
+            for entry in directory.glob(".*.tmp"):
+                if not _writer_alive(entry.name):
+                    entry.unlink(missing_ok=True)
+                    removed.append(entry)
+        for entry in self.workspaces_dir.glob(".*"):
+            name = entry.name
+            # Trash is only ever deleted, so deleting it alongside a live process's delete is harmless.
+            orphaned_restore = name.startswith(".restore-") and not self._lease_path(name[len(".restore-"):]).exists()
+            if name.startswith(".trash-") or orphaned_restore:
+                _rmtree(entry)
+                removed.append(entry)
+        return removed
 
     def workspace_path(self, sandbox_id: str) -> Path:
         return self.workspaces_dir / sandbox_id
@@ -284,7 +313,7 @@ class LocalProvider(SandboxProvider):
             return snapshot_id
         await self._require_live(handle.id)
         workspace = self.workspace_path(handle.id)
-        tmp = self.snapshots_dir / f".{snapshot_id}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp = self.snapshots_dir / f".{snapshot_id}.{_WRITER_TAG}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             try:
                 await asyncio.to_thread(_write_tar, workspace, tmp)
@@ -437,7 +466,7 @@ class LocalProvider(SandboxProvider):
 
     def _write_lease(self, lease: dict[str, Any]) -> None:
         target = self._lease_path(lease["id"])
-        tmp = self.leases_dir / f".{lease['id']}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp = self.leases_dir / f".{lease['id']}.{_WRITER_TAG}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             tmp.write_text(json.dumps(lease, sort_keys=True), encoding="utf-8")
             os.replace(tmp, target)
@@ -494,8 +523,8 @@ class LocalProvider(SandboxProvider):
             renamed = True
         except FileNotFoundError:
             renamed = False
-        for pgid in self._running.pop(sandbox_id, set()):
-            _kill_group(pgid)
+        for supervisor in self._running.pop(sandbox_id, set()):
+            _stop_call(supervisor)
         # The lease goes last, so a crash part-way leaves a lease that expiry will clean up.
         self._lease_path(sandbox_id).unlink(missing_ok=True)
         self._env.pop(sandbox_id, None)
@@ -549,13 +578,23 @@ class LocalProvider(SandboxProvider):
                     )
             env.update(call_env)
 
+        shell = shutil.which(self._shell)
+        if shell is None:
+            raise ConfigurationError(f"The local provider's shell {self._shell!r} was not found")
         loop = asyncio.get_running_loop()
         # A protocol rather than asyncio.subprocess.Process: Process.wait() also waits for the pipes to
         # close, so a backgrounded child holding stdout would stall the call until it exited.
+        # The call runs under a supervisor (see _call_supervisor.py) that kills every process of the
+        # call when the call ends, and when this worker dies, even processes that left its group.
         spawn = asyncio.ensure_future(
             loop.subprocess_exec(
                 lambda: _CallProtocol(loop),
-                self._shell,
+                sys.executable,
+                "-I",
+                "-S",
+                str(_SUPERVISOR),
+                str(os.getpid()),
+                shell,
                 "-lc",
                 command,
                 cwd=run_dir,
@@ -563,7 +602,7 @@ class LocalProvider(SandboxProvider):
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group, so the whole tree can be killed
+                start_new_session=True,  # a terminal's Ctrl-C reaches the worker, which stops the call
             )
         )
         try:
@@ -577,44 +616,68 @@ class LocalProvider(SandboxProvider):
             if not run_dir.is_dir():
                 raise SandboxGone(sandbox_id, "its workspace is missing") from e
             raise ConfigurationError(f"The local provider's shell {self._shell!r} was not found") from e
-        pgid = transport.get_pid()
-        self._running.setdefault(sandbox_id, set()).add(pgid)
+        supervisor = transport.get_pid()
+        self._running.setdefault(sandbox_id, set()).add(supervisor)
         if not self._exists(sandbox_id):
-            # Destroyed while the process was starting, before there was a group for destroy to kill.
-            _kill_group(pgid)
+            # Destroyed while the process was starting, before destroy could know of it.
+            _stop_call(supervisor)
         try:
             done, _ = await asyncio.wait([protocol.exited], timeout=timeout)
             timed_out = not done
         finally:
             # Also on cancellation: a cancelled step must not leave its command running.
-            _kill_group(pgid)
             running = self._running.get(sandbox_id)
             if running is not None:
-                running.discard(pgid)
+                running.discard(supervisor)
                 if not running:
                     self._running.pop(sandbox_id, None)
             try:
-                await asyncio.wait([protocol.exited, protocol.pipes_closed], timeout=_DRAIN_GRACE_SECONDS)
+                await _finish_call(supervisor, protocol)
             finally:
                 transport.close()
 
-        stdout, stderr = protocol.stdout, protocol.stderr
-        out = stdout.decode("utf-8", errors="replace")
-        err = stderr.decode("utf-8", errors="replace")
+        out, err = protocol.stdout.text(), protocol.stderr.text()
+        sizes = {"stdout_size": protocol.stdout.full_size, "stderr_size": protocol.stderr.full_size}
         if timed_out:
             assert timeout is not None
             message = f"Command timed out after {timeout:g} seconds"
             separator = "\n" if err and not err.endswith("\n") else ""
             err = f"{err}{separator}{message}"
-            return ToolResult(exit_code=_TIMEOUT_EXIT_CODE, stdout=out, stderr=err)
+            return ToolResult(exit_code=_TIMEOUT_EXIT_CODE, stdout=out, stderr=err, **sizes)
         code = transport.get_returncode()
         if code is None:  # unreachable after SIGKILL unless the kernel is very slow; never report success
             raise ProviderError(f"The shell of {sandbox_id} did not exit after being killed")
         # Report death by signal the way a shell does (128 + signal), not as a negative number.
-        return ToolResult(exit_code=code if code >= 0 else 128 - code, stdout=out, stderr=err)
+        return ToolResult(exit_code=code if code >= 0 else 128 - code, stdout=out, stderr=err, **sizes)
 
 
 # ---------------------------------------------------------------------------------------- helpers
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat): with
+    the pid it names one process for good, even after the pid is reused. (engine/owner.py reads it the
+    same way for lease holders; providers import nothing of the engine, so each layer has its own.)"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read()
+    except OSError:
+        return None
+    return stat_line[stat_line.rfind(b")") + 2 :].split()[19].decode()
+
+
+# Temp files carry "<pid>-<start time>" of the process writing them, so a later start can tell the
+# temp file of a live writer (leave it) from a killed one's (remove it).
+_WRITER_TAG = f"{os.getpid()}-{_process_start(os.getpid())}"
+
+
+def _writer_alive(name: str) -> bool:
+    parts = name.split(".")
+    tag = parts[-3] if len(parts) >= 4 else ""
+    pid, _, start = tag.partition("-")
+    if not pid.isdigit():
+        return False  # not written by this version: nobody will finish it
+    return _process_start(int(pid)) == start
 
 
 def _new_sandbox_id() -> str:
@@ -669,6 +732,22 @@ def _resolve_inside(workspace: Path, path: str) -> Path:
     return target
 
 
+# Opening never blocks (a FIFO without a writer would block forever) and never follows a last-moment
+# symlink; what was opened is then checked to be a regular file before a byte is read or written.
+_OPEN_FLAGS = os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _not_regular(path: str, mode: int, verb: str) -> _Refused:
+    if stat.S_ISDIR(mode):
+        return _Refused(f"Cannot {verb[:-2] if verb == 'written' else verb} {path}: Is a directory")
+    kind = (
+        "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+        else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
+    )
+    return _Refused(f"Cannot {'write' if verb == 'written' else verb} {path}: it is {kind}, not a regular file; "
+                    f"only regular files can be {verb}")
+
+
 def _write_file(sandbox_id: str, workspace: Path, path: str, contents: str) -> ToolResult:
     target = _resolve_inside(workspace, path)
     data = contents.encode("utf-8")
@@ -677,7 +756,16 @@ def _write_file(sandbox_id: str, workspace: Path, path: str, contents: str) -> T
         raise SandboxGone(sandbox_id, "its workspace is missing")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        with contextlib.suppress(FileNotFoundError):
+            mode = os.lstat(target).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # before opening: never O_TRUNC a FIFO or device
+                raise _not_regular(path, mode, "written")
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _OPEN_FLAGS, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                raise _not_regular(path, mode, "written")
+            f.write(data)
     except OSError as e:
         raise _Refused(f"Cannot write {path}: {e.strerror or e}") from e
     return wrote_file_result(path, len(data))
@@ -686,14 +774,31 @@ def _write_file(sandbox_id: str, workspace: Path, path: str, contents: str) -> T
 def _read_file(sandbox_id: str, workspace: Path, path: str) -> ToolResult:
     target = _resolve_inside(workspace, path)
     try:
-        data = target.read_bytes()
+        fd = os.open(target, os.O_RDONLY | _OPEN_FLAGS)
     except FileNotFoundError:
         if not workspace.is_dir():
             raise SandboxGone(sandbox_id, "its workspace is missing") from None
         return file_not_found_result(path)
     except OSError as e:
         raise _Refused(f"Cannot read {path}: {e.strerror or e}") from e
-    return ToolResult(exit_code=0, stdout=data.decode("utf-8", errors="replace"), stderr="")
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise _not_regular(path, info.st_mode, "read")
+    with os.fdopen(fd, "rb") as f:
+        # Streaming and bounded: the first and last 64 KiB of a big file, never all of it in memory.
+        buffer = OutputBuffer()
+        try:
+            buffer.feed(f.read(buffer.keep))
+            rest = info.st_size - f.tell()
+            if rest > buffer.keep:
+                buffer.skip(rest - buffer.keep)
+                f.seek(-buffer.keep, os.SEEK_END)
+            while chunk := f.read(1 << 16):
+                buffer.feed(chunk)
+        except OSError as e:
+            raise _Refused(f"Cannot read {path}: {e.strerror or e}") from e
+    return ToolResult(exit_code=0, stdout=buffer.text(), stderr="", stdout_size=buffer.full_size)
 
 
 async def _discard_spawn(spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, _CallProtocol]]) -> None:
@@ -702,7 +807,7 @@ async def _discard_spawn(spawn: asyncio.Future[tuple[asyncio.SubprocessTransport
         transport, _ = await spawn
     except Exception:
         return  # nothing was started
-    _kill_group(transport.get_pid())
+    _stop_call(transport.get_pid())
     transport.close()
 
 
@@ -710,14 +815,15 @@ class _CallProtocol(asyncio.SubprocessProtocol):
     """Collects a call's output and reports process exit and pipe closure separately."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.stdout = bytearray()
-        self.stderr = bytearray()
+        # Bounded: a call printing gigabytes costs 2 x 64 KiB per stream here (providers/output.py).
+        self.stdout = OutputBuffer()
+        self.stderr = OutputBuffer()
         self.exited: asyncio.Future[None] = loop.create_future()
         self.pipes_closed: asyncio.Future[None] = loop.create_future()
         self._open_pipes = {1, 2}
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
-        (self.stdout if fd == 1 else self.stderr).extend(data)
+        (self.stdout if fd == 1 else self.stderr).feed(data)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         self._open_pipes.discard(fd)
@@ -729,9 +835,21 @@ class _CallProtocol(asyncio.SubprocessProtocol):
             self.exited.set_result(None)
 
 
-def _kill_group(pgid: int) -> None:
+def _stop_call(supervisor: int) -> None:
+    """Ask a call's supervisor to kill every process of the call and exit (it does so at once)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+        os.kill(supervisor, signal.SIGTERM)
+
+
+async def _finish_call(supervisor: int, protocol: _CallProtocol) -> None:
+    """Make sure nothing of a call is left running, then collect what remains of its output."""
+    if not protocol.exited.done():
+        _stop_call(supervisor)
+        done, _ = await asyncio.wait([protocol.exited], timeout=_STOP_GRACE_SECONDS)
+        if not done:  # the supervisor is stuck: kill it; its shell then dies by its parent-death signal
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(supervisor, signal.SIGKILL)
+    await asyncio.wait([protocol.exited, protocol.pipes_closed], timeout=_DRAIN_GRACE_SECONDS)
 
 
 def _write_tar(workspace: Path, destination: Path) -> None:

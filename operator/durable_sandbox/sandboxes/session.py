@@ -45,6 +45,7 @@ from durable_sandbox.providers.contract import (
     ToolResult,
     UnsupportedCapability,
 )
+from durable_sandbox.providers.redaction import REDACTED
 
 log = logging.getLogger("durable_sandbox.sandboxes")
 
@@ -85,6 +86,10 @@ class CleanupFailed(DurableError):
 _RESERVED_HEADS = frozenset({"provision", "finalize", "snapshot", "restore", "destroy", "inject_loss"})
 
 
+class ToolCallFailed(DurableError):
+    """A tool call's outcome failed the run under its failure policy (not retried within the run)."""
+
+
 def reserved_operation_id(operation_id: str) -> bool:
     """Operation ids that would collide with the session's own journal ids (``<session>/provision``...)."""
     return operation_id.split("/", 1)[0] in _RESERVED_HEADS
@@ -102,12 +107,30 @@ def derived_operation_id(run_id: str, session: str, index: int) -> str:
     return "dsv1_" + digest[:40]
 
 
+def journaled_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's arguments as the journal keeps them: env values replaced by a marker (they may be
+    secrets, and the journal is stored and shown); the names stay, so `dsb history` says what was set."""
+    env = args.get("env")
+    if not isinstance(env, Mapping) or not env:
+        return dict(args)
+    return {**args, "env": dict.fromkeys(env, REDACTED)}
+
+
 def _result_json(result: ToolResult) -> dict[str, Any]:
-    return {"exitCode": result.exit_code, "stdout": result.stdout, "stderr": result.stderr}
+    """What the journal keeps of a result: output capped to its first and last 64 KiB per stream, with
+    the full size of a truncated stream (``stdoutBytes``/``stderrBytes``)."""
+    result = result.capped()
+    data: dict[str, Any] = {"exitCode": result.exit_code, "stdout": result.stdout, "stderr": result.stderr}
+    if result.stdout_size is not None:
+        data["stdoutBytes"] = result.stdout_size
+    if result.stderr_size is not None:
+        data["stderrBytes"] = result.stderr_size
+    return data
 
 
 def _result_from(data: Mapping[str, Any]) -> ToolResult:
-    return ToolResult(exit_code=int(data["exitCode"]), stdout=data.get("stdout", ""), stderr=data.get("stderr", ""))
+    return ToolResult(exit_code=int(data["exitCode"]), stdout=data.get("stdout", ""), stderr=data.get("stderr", ""),
+                      stdout_size=data.get("stdoutBytes"), stderr_size=data.get("stderrBytes"))
 
 
 def _handle_json(handle: SandboxHandle) -> dict[str, Any]:
@@ -140,6 +163,9 @@ class SessionState:
     restores: int = 0
     finalized: bool = False
     retained: str | None = None
+    # (epoch, succeeded) of every finalization, oldest first: a session finalized because its run
+    # failed is re-opened when the run is retried (a later epoch); see SandboxSession.__init__.
+    finalizations: list[tuple[int, bool]] = field(default_factory=list)
 
     @property
     def completed(self) -> int:
@@ -192,7 +218,21 @@ class SessionState:
             if meta.get("finalized"):
                 st.finalized = True
                 st.retained = meta.get("retained")
+                st.finalizations.append((r.epoch, bool(meta.get("succeeded", True))))
         return st
+
+    def reopen_for(self, epoch: int) -> int:
+        """Re-open a session finalized because its run failed, when the run is retried (``epoch`` later
+        than the failure's); returns the session's generation: how many failed finalizations precede
+        this epoch. Nothing of the failed attempt's sandbox remains (finalization destroyed it and
+        deleted its snapshots), so the next call rebuilds the workspace: a fresh sandbox, every
+        completed call replayed in order with its outcome checked. A run that is never retried leaks
+        nothing; one that is retried continues exactly as if it had not failed."""
+        generation = sum(1 for e, ok in self.finalizations if not ok and e < epoch)
+        if self.finalized and self.finalizations and not self.finalizations[-1][1] and self.finalizations[-1][0] < epoch:
+            self.finalized = False
+            self.retained = None
+        return generation
 
 
 def sessions_in(rows: Sequence[OperationRecord]) -> list[str]:
@@ -247,8 +287,10 @@ class SandboxSession:
             labels={"durable-sandbox.dev/run-id": rt.run_id, "durable-sandbox.dev/session": sid},
         )
         self._operation_ids = list(operation_ids or [])
+        self._calls: dict[str, ToolCall] = {}
         self._next_index = 0
         self.state = SessionState.derive(sid, rt.rows)
+        self.generation = self.state.reopen_for(rt.epoch)
         self._suspended = False
 
     # ------------------------------------------------------------------ public API
@@ -261,14 +303,20 @@ class SandboxSession:
     def handle(self) -> SandboxHandle | None:
         return self.state.handle
 
-    async def call(self, call: ToolCall) -> ToolResult:
+    async def call(self, call: ToolCall, *, fails: Callable[[ToolResult], str | None] | None = None) -> ToolResult:
+        """Execute ``call`` (or return its recorded outcome). ``fails`` judges the outcome: a reason fails the
+        call (journaled as failed, :class:`ToolCallFailed` raised), so the run fails and a retry of the run
+        executes it again; None (the default for every outcome) makes it a completed call."""
         index = self._next_index
         self._next_index += 1
         if reserved_operation_id(call.operation_id):
             raise ValueError(f"Sandbox {self.sid!r}: operation id {call.operation_id!r} is reserved; choose another id")
         op_id = f"{self.sid}/{call.operation_id}"
+        self._calls[op_id] = call  # with its env values, which the journal does not keep (for replay)
         digest = value_digest([call.type, call.args])
         prev = self.rt.enter(op_id, OpKind.SANDBOX_CALL.value, call.type, digest)
+        if prev is not None and prev.status == "failed" and prev.epoch >= self.rt.epoch:
+            raise ToolCallFailed(prev.error.message if prev.error else f"call {op_id} failed")
         if prev is not None and prev.status == "completed":
             result = _result_from(prev.result)
             self.state.calls[index] = (op_id, result)
@@ -277,16 +325,28 @@ class SandboxSession:
         elif self.state.finalized:
             raise DurableError(f"Sandbox {self.sid!r} was already finalized; open a new session for more calls")
         else:
-            if prev is None:
+            if prev is None or prev.status == "failed":  # new, or failed in an earlier attempt of the run
                 await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "started", digest=digest,
                                     meta={"index": index, "operationId": call.operation_id,
-                                          "call": {"type": call.type, "args": call.args}},
+                                          "call": {"type": call.type, "args": journaled_args(call.args)}},
                                     check_cancel=True)
-            result = await self._with_recovery(lambda: self._execute(call))
+            # Capped here, whatever the provider returned: the caller sees what the journal keeps, so a
+            # replay returns the same result as the first execution.
+            faults.reach(f"before:{op_id}")
+            result = (await self._with_recovery(lambda: self._execute(call))).capped()
             sandbox_id = self.state.handle.id if self.state.handle else None
+            reason = fails(result) if fails is not None else None
+            if reason is not None:
+                failure = ToolCallFailed(reason)
+                await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "failed", digest=digest,
+                                    error=ErrorInfo.from_exception(failure, retryable=False),
+                                    meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id,
+                                          "outcome": _result_json(result)})
+                raise failure
             await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "completed", digest=digest,
                                 result=_result_json(result),
                                 meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id})
+            faults.reach(f"after:{op_id}")
             self.state.calls[index] = (op_id, result)
         await self._after_call(index + 1)
         return result
@@ -344,6 +404,12 @@ class SandboxSession:
             return
         if exc is not None and isinstance(exc, LeaseLost | Handover):
             return  # another worker owns (or is about to continue) the run, and the live sandbox with it
+        if isinstance(exc, asyncio.CancelledError) and not await self.rt.cancel_requested():
+            # Interrupted (Ctrl-C, SIGTERM, the process shutting down), not cancelled: the run is not
+            # over, so keep the session resumable. The call in flight was abandoned (its processes are
+            # killed); it runs again on resume, as after a crash.
+            await self.hibernate()
+            return
         succeeded = exc is None
         await self.finalize(succeeded=succeeded)
 
@@ -452,10 +518,16 @@ class SandboxSession:
         self.rt.enter(op_id, OpKind.SANDBOX_PROVISION.value, self.provider.name, None)
         meta = {"provider": self.provider.name, "options": self._options()}
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "started", meta=meta, check_cancel=True)
-        handle = await self._transient("provision", lambda: self.provider.provision(self.spec, lease_seconds=self.lease_seconds))
+        spec = self._spec_for(op_id)
+        handle = await self._transient("provision", lambda: self.provider.provision(spec, lease_seconds=self.lease_seconds))
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "completed", result=_handle_json(handle), meta=meta)
         self.state.handle = handle
         self.state.provider = self.provider.name
+
+    def _spec_for(self, op_id: str) -> SandboxSpec:
+        """The spec for one provision/restore: its operation id lets a provider with an idempotent create
+        answer the engine's retry of it with the same sandbox."""
+        return self.spec.model_copy(update={"operation_id": f"{self.rt.run_id}/{op_id}"})
 
     def _options(self) -> dict[str, Any]:
         # Never the env: it may hold secrets.
@@ -483,15 +555,21 @@ class SandboxSession:
                 await self.provider.destroy(h)
 
     async def _after_call(self, count: int) -> None:
+        # While replaying calls completed further on (a re-opened session), no sandbox holds exactly
+        # ``count`` calls: only recorded checkpoints apply, nothing new is taken or injected.
+        current = count >= self.state.completed
         if self.snapshot_every and count % self.snapshot_every == 0:
-            await self._checkpoint(count)
-        if self.inject_loss_after is not None and count == self.inject_loss_after:
+            await self._checkpoint(count, fresh=current)
+        if self.inject_loss_after is not None and count == self.inject_loss_after and current:
             await self._inject_loss(count)
 
-    async def _checkpoint(self, count: int) -> None:
+    async def _checkpoint(self, count: int, *, fresh: bool = True) -> None:
         """Snapshot at ``count`` calls, record it, then delete the checkpoint it supersedes."""
-        op_id = f"{self.sid}/snapshot/{count}"
+        # A re-opened session's snapshots get ids of their own: the failed attempt's were deleted.
+        op_id = f"{self.sid}/snapshot/{count}" + (f"~{self.generation}" if self.generation else "")
         rec = self.rt.lookup(op_id)
+        if not fresh and (rec is None or rec.status != "completed"):
+            return
         if rec is None or rec.status != "completed":
             provider_op = "dsv1s_" + hashlib.sha256(f"{self.rt.run_id}\0{op_id}".encode()).hexdigest()[:40]
 
@@ -557,10 +635,11 @@ class SandboxSession:
             for h in self.state.pending_handles:  # a half-finished restore from before a crash
                 await self._destroy(h, reason="abandoned")
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta=meta)
+        spec = self._spec_for(op_id)
         if cp is not None:
-            handle = await self._transient("restore", lambda: self.provider.restore(cp.snapshot_id, self.spec, lease_seconds=self.lease_seconds))
+            handle = await self._transient("restore", lambda: self.provider.restore(cp.snapshot_id, spec, lease_seconds=self.lease_seconds))
         else:
-            handle = await self._transient("provision", lambda: self.provider.provision(self.spec, lease_seconds=self.lease_seconds))
+            handle = await self._transient("provision", lambda: self.provider.provision(spec, lease_seconds=self.lease_seconds))
         # Record the new sandbox before replaying into it, so a crash mid-replay cannot leak it.
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta={**meta, "handle": _handle_json(handle)})
         self.state.pending_handles.append(handle)
@@ -570,7 +649,7 @@ class SandboxSession:
                 op, recorded = self.state.calls[index]
                 call = self._recorded_call(op, index)
                 # Transient provider errors are retried here too; a loss escapes to _recover (try again).
-                outcome = await self._transient("replay", functools.partial(self.provider.execute, handle, call))
+                outcome = (await self._transient("replay", functools.partial(self.provider.execute, handle, call))).capped()
                 if outcome.outcome != recorded.outcome:
                     raise ReconstructionError(op[len(self.sid) + 1 :], recorded, outcome)
                 replayed.append(op)
@@ -592,10 +671,19 @@ class SandboxSession:
             self.state.recovery_attempts += 1
 
     def _recorded_call(self, op_id: str, index: int) -> ToolCall:
+        # The workflow re-issues its calls in order before any later one can need a recovery, so every
+        # call to replay was seen in this process, env values included; the journal is the fallback.
+        if op_id in self._calls:
+            return self._calls[op_id]
         rec = self.rt.first.get(op_id)
         args = (rec.meta or {}).get("call") if rec else None
         if args is None:
             raise DurableError(f"Sandbox {self.sid!r}: call {op_id} has no recorded arguments to replay")
+        if args["args"].get("env"):
+            raise DurableError(
+                f"Sandbox {self.sid!r}: call {op_id} set env values, which the journal does not keep; it can only "
+                f"be replayed after the workflow issues it again"
+            )
         return ToolCall(operation_id=op_id[len(self.sid) + 1 :], type=args["type"], args=args["args"])
 
     async def _destroy(self, handle: SandboxHandle, *, reason: str) -> None:
@@ -657,7 +745,8 @@ class SandboxSession:
                 await self._delete_snapshot(cp)
         await self.rt.write(
             OperationRecord(
-                f"{self.sid}/finalize", OpKind.SANDBOX_DESTROY.value, "finalize", "completed", 1, None, None,
+                f"{self.sid}/finalize" + (f"~{self.generation}" if self.generation else ""),
+                OpKind.SANDBOX_DESTROY.value, "finalize", "completed", 1, None, None,
                 meta={"finalized": True, "retained": keep.snapshot_id if keep else None, "succeeded": succeeded},
                 epoch=self.rt.epoch,
             )
@@ -711,6 +800,7 @@ class SessionFactory:
     async def _cleanup_sessions(self, rt: RunRuntime, action: str) -> None:
         for sid in sessions_in(rt.rows):
             state = SessionState.derive(sid, rt.rows)
+            state.reopen_for(rt.epoch)
             if state.finalized or state.provider is None:
                 continue
             session = SandboxSession(rt, sid, self.providers(state.provider), lease_seconds=int(state.options.get("leaseSeconds", 3600)))

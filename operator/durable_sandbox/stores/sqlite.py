@@ -13,16 +13,18 @@ Durability modes:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from durable_sandbox.engine.errors import LeaseHeld, LeaseLost, RunCancelledError, SignalConflict
+from durable_sandbox.engine.errors import LeaseHeld, LeaseLost, RunCancelledError, SignalConflict, StoreError
 from durable_sandbox.engine.records import (
     Commit,
     ErrorInfo,
@@ -127,16 +129,138 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+_SQLITE_HEADER = b"SQLite format 3\0"
+
+
+def _path_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a store, judged before SQLite touches it (SQLite would create
+    ``/dev/null-journal`` next to a device, or report a bare "file is not a database")."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None  # a new store
+    except OSError as e:
+        return f"it cannot be examined ({e.strerror or e})"
+    if stat.S_ISDIR(info.st_mode):
+        return f"it is a directory; give a store file's path, e.g. {path / 'runs.db'}"
+    if not stat.S_ISREG(info.st_mode):
+        return "it is not a regular file (a device, FIFO or socket); give the path of a store file"
+    if info.st_size:
+        try:
+            with path.open("rb") as f:
+                header = f.read(len(_SQLITE_HEADER))
+        except OSError as e:
+            return f"it cannot be read ({e.strerror or e})"
+        if header != _SQLITE_HEADER:
+            return "it is not a SQLite database (it lacks SQLite's header); give a store's path, or a new file name"
+    return None
+
+
+def _read_only(path: Path) -> bool:
+    directory = path.parent if path.parent.exists() else None
+    if directory is None:
+        return False
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return True
+    except OSError:
+        return False
+    return not os.access(directory, os.W_OK) or (path.exists() and not os.access(path, os.W_OK))
+
+
+def _explain(error: sqlite3.Error) -> str:
+    text = str(error)
+    if "readonly" in text or "read-only" in text:
+        return (f"it is read-only ({text}); make the file and its directory writable (SQLite also writes "
+                f"the -wal and -shm files beside it)")
+    if "disk is full" in text or "database or disk is full" in text:
+        return f"the disk is full ({text}); free space, then resume the run (`dsb resume RUN`): nothing committed is lost"
+    if "unable to open" in text:
+        return f"SQLite cannot open it ({text}); check that its directory exists and is writable"
+    if "not a database" in text or "malformed" in text:
+        return f"it is damaged or not a store ({text}); restore it from a backup (docs/reliability.md)"
+    return text
+
+
+def _owner_only(path: Path) -> None:
+    """Create the store file readable by its owner only (workflow inputs, results and tool output are in
+    it), and tighten one made before this rule. SQLite creates the -wal and -shm files with the
+    database file's mode, so they follow."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077 and os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        extra = path.with_name(path.name + suffix)
+        with contextlib.suppress(OSError):
+            if extra.stat().st_mode & 0o077 and extra.stat().st_uid == os.geteuid():
+                extra.chmod(0o600)
+
+
 class SqliteStore:
     def __init__(self, path: str | os.PathLike[str] | None = None, *, durability: Durability = "process") -> None:
         if durability not in ("process", "fsync"):
             raise ValueError(f"durability must be 'process' or 'fsync', not {durability!r}")
         self.path = Path(path) if path is not None else default_home() / "runs.db"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.durability = durability
+        problem = _path_problem(self.path)
+        if problem is not None:
+            raise StoreError(f"Cannot use {self.path} as a store: {problem}")
+        if _read_only(self.path):
+            raise StoreError(
+                f"Cannot open the store {self.path}: it is read-only; make the file and its directory writable "
+                f"(SQLite writes the -wal and -shm files beside it, even to read)"
+            )
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"Cannot create the store's directory {self.path.parent}: {e.strerror or e}") from None
+        try:
+            _owner_only(self.path)
+        except OSError as e:
+            raise StoreError(f"Cannot open the store {self.path}: {e.strerror or e}") from None
+        try:
+            self._open()
+        except sqlite3.Error as e:
+            raise StoreError(f"Cannot open the store {self.path}: {_explain(e)}") from None
+        # Which file this process writes to: if the path stops naming it (the file or its directory
+        # deleted or replaced), every later write would go to a file nobody will ever read again.
+        self._identity = self._file_identity()
+
+    def _file_identity(self) -> tuple[int, int]:
+        info = os.stat(self.path)
+        return info.st_dev, info.st_ino
+
+    def _check_file(self) -> None:
+        try:
+            same = self._file_identity() == self._identity
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise StoreError(
+                f"The store file {self.path} was deleted or replaced while this process was using it; "
+                f"what this process writes now could never be read again, so it stops here. Restore the "
+                f"store from a backup (docs/reliability.md) or start the runs again."
+            )
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """SQLite's errors, said with the store's path and what to do."""
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise StoreError(f"Store {self.path}: {_explain(e)}") from None
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        with self._errors():
+            return self._db.execute(sql, args).fetchall()
+
+    def _open(self) -> None:
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={'FULL' if durability == 'fsync' else 'NORMAL'}")
+        self._db.execute(f"PRAGMA synchronous={'FULL' if self.durability == 'fsync' else 'NORMAL'}")
         self._db.execute("PRAGMA busy_timeout=30000")
         # Checkpointing the WAL back into the database file fsyncs; at SQLite's default (every 1,000
         # pages) that fsync is a large share of a small commit. 4,096 pages amortises it over a few
@@ -152,7 +276,7 @@ class SqliteStore:
         if row is None:
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) > SCHEMA_VERSION:
-            raise RuntimeError(
+            raise StoreError(
                 f"{self.path} was written by a newer durable-sandbox (schema {row[0]} > {SCHEMA_VERSION}); upgrade."
             )
 
@@ -161,38 +285,74 @@ class SqliteStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._check_file()
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        with self._errors():
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:  # SQLite may have rolled back already (disk full does)
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     # ------------------------------------------------------------------ runs
 
     def _run_from_row(self, row: Sequence[Any]) -> RunRecord:
+        """A run from its row. A damaged cell (JSON that does not parse, an unknown status) does not
+        make the run, or a listing of every run, unreadable: the cell reads as empty and the run's
+        error says which cell is damaged, so the rest stays visible."""
         (run_id, workflow, status, inp, result, error, thread_id, created, updated, wake_at, pending,
          cancel, epoch, owner, expires, fence, labels, workflow_ref) = row
+        damaged: list[str] = []
+
+        def cell(column: str, text: str | None, empty: Any) -> Any:
+            try:
+                return _loads(text) if text is not None else empty
+            except ValueError:
+                damaged.append(column)
+                return empty
+
+        try:
+            run_status = RunStatus(status)
+        except ValueError:
+            damaged.append("status")
+            run_status = RunStatus.FAILED
+        error_json = cell("error", error, None)
+        try:
+            error_info = ErrorInfo.from_json(error_json) if error_json else None
+        except (TypeError, KeyError, AttributeError):
+            damaged.append("error")
+            error_info = None
+        pending_ids = cell("pending_callbacks", pending, [])
+        run_labels = cell("labels", labels, {})
+        run_input = cell("input", inp, None)
+        run_result = cell("result", result, None)
+        if damaged:
+            error_info = ErrorInfo(
+                "StoreDamaged",
+                f"Run {run_id!r} in {self.path} has damaged column(s) {', '.join(damaged)} (not valid JSON or "
+                f"not a known value); they read as empty. Restore the store from a backup to recover them.",
+            )
         return RunRecord(
             run_id=run_id,
             workflow=workflow,
-            status=RunStatus(status),
-            input=_loads(inp),
-            result=_loads(result),
-            error=ErrorInfo.from_json(json.loads(error)) if error else None,
+            status=run_status,
+            input=run_input,
+            result=run_result,
+            error=error_info,
             thread_id=thread_id,
             created_at=created,
             updated_at=updated,
             wake_at=wake_at,
-            pending_callbacks=json.loads(pending),
+            pending_callbacks=pending_ids if isinstance(pending_ids, list) else [],
             cancel_requested=cancel,
             epoch=epoch,
             lease_owner=owner,
             lease_expires_at=expires,
             fence=fence,
-            labels=json.loads(labels),
+            labels=run_labels if isinstance(run_labels, dict) else {},
             workflow_ref=workflow_ref,
         )
 
@@ -213,8 +373,8 @@ class SqliteStore:
         return run, True
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        row = self._db.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id=?", (run_id,)).fetchone()
-        return None if row is None else self._run_from_row(row)
+        rows = self._query(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id=?", (run_id,))
+        return self._run_from_row(rows[0]) if rows else None
 
     async def list_runs(
         self, *, status: Sequence[RunStatus] | None = None, workflow: str | None = None, limit: int = 100
@@ -232,7 +392,7 @@ class SqliteStore:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC LIMIT ?"
         args.append(limit)
-        return [self._run_from_row(r) for r in self._db.execute(sql, args).fetchall()]
+        return [self._run_from_row(r) for r in self._query(sql, args)]
 
     @staticmethod
     def _run_changes(changes: dict[str, Any]) -> tuple[str, list[Any]]:
@@ -295,7 +455,10 @@ class SqliteStore:
             # statements of BEGIN/SELECT/INSERT/COMMIT. The fence (and cancellation) is checked by
             # the same statement that writes, so a stale worker can never slip a row in.
             rec = commit.records[0]
-            cur = db.execute(_OP_FENCED_CANCEL if commit.check_cancel else _OP_FENCED, (*self._op_values(run_id, rec), run_id, fence))
+            self._check_file()
+            with self._errors():
+                cur = db.execute(_OP_FENCED_CANCEL if commit.check_cancel else _OP_FENCED,
+                                 (*self._op_values(run_id, rec), run_id, fence))
             if cur.rowcount != 1:
                 with self._tx() as tx:
                     self._check_fence(tx, run_id, fence, commit.check_cancel)
@@ -320,34 +483,40 @@ class SqliteStore:
                 key, value, expires = commit.cache
                 tx.execute("INSERT OR REPLACE INTO cache VALUES (?,?,?,?)", (key, _dumps(value), time.time(), expires))
 
-    @staticmethod
-    def _op_from_row(row: Sequence[Any]) -> OperationRecord:
+    def _op_from_row(self, run_id: str, row: Sequence[Any]) -> OperationRecord:
         seq, op_id, kind, name, status, attempt, digest, result, error, meta, ts, epoch = row
-        return OperationRecord(
-            op_id=op_id,
-            kind=kind,
-            name=name,
-            status=status,
-            attempt=attempt,
-            input_digest=digest,
-            result=_loads(result),
-            error=ErrorInfo.from_json(json.loads(error)) if error else None,
-            meta=_loads(meta),
-            ts=ts,
-            epoch=epoch,
-            seq=seq,
-        )
+        try:
+            return OperationRecord(
+                op_id=op_id,
+                kind=kind,
+                name=name,
+                status=status,
+                attempt=attempt,
+                input_digest=digest,
+                result=_loads(result),
+                error=ErrorInfo.from_json(json.loads(error)) if error else None,
+                meta=_loads(meta),
+                ts=ts,
+                epoch=epoch,
+                seq=seq,
+            )
+        except (ValueError, TypeError, KeyError) as e:
+            # A journal cannot be replayed around a hole: say exactly where it is.
+            raise StoreError(
+                f"Store {self.path}: journal row {seq} ({op_id!r}) of run {run_id!r} is damaged ({e}); the run "
+                f"cannot be replayed or shown. Restore the store from a backup (docs/reliability.md)."
+            ) from None
 
     async def load_journal(self, run_id: str) -> list[OperationRecord]:
         return await self.journal_since(run_id, 0)
 
     async def journal_since(self, run_id: str, after_seq: int) -> list[OperationRecord]:
-        rows = self._db.execute(
+        rows = self._query(
             "SELECT seq, op_id, kind, name, status, attempt, digest, result, error, meta, ts, epoch "
             "FROM ops WHERE run_id=? AND seq>? ORDER BY seq",
             (run_id, after_seq),
-        ).fetchall()
-        return [self._op_from_row(r) for r in rows]
+        )
+        return [self._op_from_row(run_id, r) for r in rows]
 
     # ------------------------------------------------------------------ leases
 
@@ -360,7 +529,7 @@ class SqliteStore:
         fence = db.execute("SELECT fence FROM runs WHERE run_id=?", (run_id,)).fetchone()[0]
         return Lease(run_id, owner, fence, now + ttl)
 
-    async def claim(self, run_id: str, owner: str, ttl: float) -> Lease:
+    async def claim(self, run_id: str, owner: str, ttl: float, *, take_over_from: str | None = None) -> Lease:
         with self._tx() as db:
             row = db.execute("SELECT lease_owner, lease_expires_at FROM runs WHERE run_id=?", (run_id,)).fetchone()
             if row is None:
@@ -368,7 +537,8 @@ class SqliteStore:
 
                 raise RunNotFound(run_id)
             holder, expires = row
-            if holder is not None and holder != owner and expires is not None and expires > time.time():
+            held = holder is not None and holder != owner and expires is not None and expires > time.time()
+            if held and (take_over_from is None or holder != take_over_from):
                 raise LeaseHeld(run_id, holder, expires)
             return self._take(db, run_id, owner, ttl)
 
@@ -423,14 +593,14 @@ class SqliteStore:
         return True
 
     async def get_signals(self, run_id: str) -> dict[str, Any]:
-        rows = self._db.execute("SELECT callback_id, value FROM signals WHERE run_id=?", (run_id,)).fetchall()
+        rows = self._query("SELECT callback_id, value FROM signals WHERE run_id=?", (run_id,))
         return {cb: json.loads(v) for cb, v in rows}
 
     async def cache_get(self, key: str, now: float) -> tuple[Any, float] | None:
-        row = self._db.execute(
+        rows = self._query(
             "SELECT value, created_at FROM cache WHERE key=? AND (expires_at IS NULL OR expires_at > ?)", (key, now)
-        ).fetchone()
-        return None if row is None else (json.loads(row[0]), row[1])
+        )
+        return (json.loads(rows[0][0]), rows[0][1]) if rows else None
 
     async def cache_clear(self, key: str | None = None, *, prefix: str | None = None) -> int:
         with self._tx() as db:
@@ -443,8 +613,8 @@ class SqliteStore:
             return cur.rowcount
 
     async def get_thread_state(self, thread_id: str) -> Any:
-        row = self._db.execute("SELECT state FROM threads WHERE thread_id=?", (thread_id,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        rows = self._query("SELECT state FROM threads WHERE thread_id=?", (thread_id,))
+        return json.loads(rows[0][0]) if rows else None
 
     # ------------------------------------------------------------------ events
 
@@ -458,10 +628,10 @@ class SqliteStore:
             )
 
     async def read_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[Event]:
-        rows = self._db.execute(
+        rows = self._query(
             "SELECT seq, type, data, ts FROM events WHERE run_id=? AND seq>? ORDER BY seq LIMIT ?",
             (run_id, after, limit),
-        ).fetchall()
+        )
         return [Event(run_id, t, json.loads(d), ts, seq) for seq, t, d, ts in rows]
 
     # ------------------------------------------------------------------ housekeeping

@@ -336,6 +336,18 @@ class StoreContractSuite:
         with pytest.raises(RunNotFound):
             await store.claim(self.run_id("missing"), "w1", TTL)
 
+    async def test_take_over_from_takes_a_lease_only_from_the_named_holder(self, store: Store) -> None:
+        run = await self.new_run(store)
+        dead = await store.claim(run.run_id, "w1", TTL)
+        with pytest.raises(LeaseHeld):
+            await store.claim(run.run_id, "w2", TTL, take_over_from="w3")  # not who holds it
+        taken = await store.claim(run.run_id, "w2", TTL, take_over_from="w1")  # the holder the caller proved dead
+        assert taken.owner == "w2" and taken.fence > dead.fence
+        with pytest.raises(LeaseLost):
+            await store.renew(dead, TTL)
+        with pytest.raises(LeaseHeld):
+            await store.claim(run.run_id, "w3", TTL, take_over_from="w1")  # w2 holds it now: never displaced
+
     async def test_expired_lease_can_be_claimed_and_fences_the_old_holder(self, store: Store) -> None:
         run = await self.new_run(store)
         old = await store.claim(run.run_id, "w1", TTL)

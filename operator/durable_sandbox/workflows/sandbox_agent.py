@@ -8,13 +8,17 @@ manifest is validated identically by ``dsb run`` and by ``kubectl apply``'s admi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from durable_sandbox.engine import Context, workflow
-from durable_sandbox.providers.contract import ToolCall, safe_relative_path
+from durable_sandbox.engine.errors import DurableError
+from durable_sandbox.providers.contract import ToolCall, ToolResult, safe_relative_path
+from durable_sandbox.providers.redaction import REDACTED
 from durable_sandbox.sandboxes.session import reserved_operation_id
 
 NAME = "sandbox-agent"
@@ -26,6 +30,16 @@ class _Spec(BaseModel):
 
 PATH_MAX_LENGTH = 1024  # the CRD declares the same, so admission and `dsb run` agree
 
+# Environment variables: what execve and every provider accept. A name with '=' or an empty name cannot
+# be set at all, and a NUL ends a C string (a value would be cut short or refused by the provider).
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+NO_NUL_PATTERN = r"^[^\x00]*$"
+EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
+EnvValue = Annotated[str, Field(pattern=NO_NUL_PATTERN)]
+
+# Numbers and flags are strict (`strict=True`, StrictBool), as the CRD's `type: integer/number/boolean`
+# is: `timeout: true` or `snapshotEveryNCalls: "2"` is an error rather than 1 s or 2.
+
 
 def manifest_path(value: str) -> str:
     """A workspace path in a manifest: relative, and no `..` segment at all (admission cannot normalise
@@ -36,8 +50,53 @@ def manifest_path(value: str) -> str:
     return value
 
 
+Outcome = Literal["continue", "fail"]
+
+
+class FailurePolicy(_Spec):
+    """Which outcomes of a tool call fail the run. Unset fields fall back to the Workflow's policy, and
+    then to ``continue``: by default every outcome is a completed call (a nonzero exit can change the
+    workspace, so it is recorded, not an error)."""
+
+    on_non_zero_exit: Outcome | None = None
+    on_timeout: Outcome | None = None  # a shell call that ran past its timeout (exit 124)
+
+    def over(self, base: FailurePolicy | None) -> FailurePolicy:
+        """This policy with its unset fields taken from ``base``."""
+        if base is None:
+            return self
+        return FailurePolicy(
+            on_non_zero_exit=self.on_non_zero_exit or base.on_non_zero_exit,
+            on_timeout=self.on_timeout or base.on_timeout,
+        )
+
+    def failure(self, result: ToolResult) -> str | None:
+        """Why ``result`` fails the run under this policy (None: it is a completed call)."""
+        if timed_out(result):
+            return "it timed out (failurePolicy.onTimeout: fail)" if self.on_timeout == "fail" else None
+        if result.exit_code != 0 and self.on_non_zero_exit == "fail":
+            return f"it exited with exit code {result.exit_code} (failurePolicy.onNonZeroExit: fail)"
+        return None
+
+
+def timed_out(result: ToolResult) -> bool:
+    """Both built-in providers report a shell call stopped at its timeout as exit 124 (coreutils'
+    timeout(1)) with the reason as stderr's last line."""
+    lines = result.stderr.rstrip("\n").rsplit("\n", 1)
+    return result.exit_code == 124 and lines[-1].startswith("Command timed out after ")
+
+
 class _ToolCallBase(_Spec):
     operation_id: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")] | None = None
+    failure_policy: FailurePolicy | None = None
+
+    @model_validator(mode="after")
+    def _timeout_policy_for_shell_only(self) -> _ToolCallBase:
+        if self.failure_policy is not None and self.failure_policy.on_timeout is not None and getattr(self, "type", None) != "shell":
+            raise PydanticCustomError(
+                "timeout_policy", "only shell calls have a timeout; remove onTimeout", {"subloc": ["failurePolicy", "onTimeout"]}
+            )
+        return self
 
     @field_validator("operation_id")
     @classmethod
@@ -53,9 +112,9 @@ class _ToolCallBase(_Spec):
 class ShellCall(_ToolCallBase):
     type: Literal["shell"]
     command: Annotated[str, Field(min_length=1)]
-    timeout: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    timeout: Annotated[float, Field(gt=0, le=86_400, strict=True)] | None = None
     cwd: Annotated[str, Field(max_length=PATH_MAX_LENGTH)] | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
 
     @field_validator("cwd")
     @classmethod
@@ -88,6 +147,15 @@ class ReadFileCall(_ToolCallBase):
         return value
 
 
+def check_loss_within_calls(inject_after: int | None, calls: int) -> None:
+    """Loss injected after more calls than there are would silently never happen."""
+    if inject_after is not None and inject_after > calls:
+        raise ValueError(
+            f"injectLossAfterNCalls is {inject_after}, but there {'is' if calls == 1 else 'are'} only {calls} "
+            f"tool call{'' if calls == 1 else 's'}: the loss would never be injected; use at most {calls}"
+        )
+
+
 ToolCallSpec = Annotated[ShellCall | WriteFileCall | ReadFileCall, Field(discriminator="type")]
 
 
@@ -101,8 +169,8 @@ class EnvVarSource(_Spec):
 
 
 class EnvVar(_Spec):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-    value: str | None = None
+    name: EnvName
+    value: EnvValue | None = None
     value_from: EnvVarSource | None = None
 
     @model_validator(mode="after")
@@ -116,16 +184,25 @@ class SandboxSettings(_Spec):
     provider: Annotated[str, Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9_.-]*$")] = "local"
     template: str | None = None
     env: list[EnvVar] = Field(default_factory=list)
-    lease_seconds: Annotated[int, Field(ge=60, le=86_400)] = 3600
+    lease_seconds: Annotated[int, Field(ge=60, le=86_400, strict=True)] = 3600
 
 
 class SandboxAgentInput(_Spec):
     tool_calls: Annotated[list[ToolCallSpec], Field(min_length=1, max_length=10_000)]
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
-    snapshot_every_n_calls: Annotated[int, Field(ge=0, le=10_000)] = 0
-    retain_latest_snapshot: bool = False
-    inject_loss_after_n_calls: Annotated[int, Field(ge=1)] | None = None
-    hibernate_after_seconds: Annotated[int, Field(ge=0)] | None = None
+    snapshot_every_n_calls: Annotated[int, Field(ge=0, le=10_000, strict=True)] = 0
+    retain_latest_snapshot: StrictBool = False
+    inject_loss_after_n_calls: Annotated[int, Field(ge=1, strict=True)] | None = None
+    hibernate_after_seconds: Annotated[int, Field(ge=0, strict=True)] | None = None
+    # "detached": the literal env values were taken out of this input (which the store keeps and `dsb
+    # inspect` shows) and the engine's `env_values` service hands them back by run id (see detach_env).
+    env_values: Literal["inline", "detached"] = "inline"
+    failure_policy: FailurePolicy | None = None
+
+    @model_validator(mode="after")
+    def _loss_within_calls(self) -> SandboxAgentInput:
+        check_loss_within_calls(self.inject_loss_after_n_calls, len(self.tool_calls))
+        return self
 
     @model_validator(mode="after")
     def _unique_operation_ids(self) -> SandboxAgentInput:
@@ -143,7 +220,7 @@ class SandboxAgentInput(_Spec):
 
 
 def to_tool_call(spec: ShellCall | WriteFileCall | ReadFileCall, operation_id: str) -> ToolCall:
-    args = spec.model_dump(exclude={"type", "operation_id"}, exclude_none=True, by_alias=False)
+    args = spec.model_dump(exclude={"type", "operation_id", "failure_policy"}, exclude_none=True, by_alias=False)
     if isinstance(spec, ShellCall) and not spec.env:
         args.pop("env", None)
     return ToolCall(operation_id=operation_id, type=spec.type, args=args)
@@ -167,8 +244,76 @@ def resolve_env(settings: SandboxSettings, secrets: dict[tuple[str, str], str] |
     return env
 
 
+def _env_keys(spec: SandboxAgentInput) -> list[tuple[str, str]]:
+    """(where, value) of every literal env value in ``spec``, ``where`` naming its place in the manifest."""
+    found = [(f"sandbox.env.{var.name}", var.value) for var in spec.sandbox.env if var.value is not None]
+    for i, call in enumerate(spec.tool_calls):
+        if isinstance(call, ShellCall):
+            found.extend((f"toolCalls[{i}].env.{name}", value) for name, value in call.env.items())
+    return found
+
+
+def _with_env(spec: SandboxAgentInput, value_of: Callable[[str, str], str], mode: str) -> SandboxAgentInput:
+    env = [
+        var.model_copy(update={"value": value_of(f"sandbox.env.{var.name}", var.value)}) if var.value is not None else var
+        for var in spec.sandbox.env
+    ]
+    calls = [
+        call.model_copy(update={"env": {k: value_of(f"toolCalls[{i}].env.{k}", v) for k, v in call.env.items()}})
+        if isinstance(call, ShellCall) and call.env
+        else call
+        for i, call in enumerate(spec.tool_calls)
+    ]
+    sandbox = spec.sandbox.model_copy(update={"env": env})
+    return spec.model_copy(update={"tool_calls": calls, "sandbox": sandbox, "env_values": mode})
+
+
+def detach_env(spec: SandboxAgentInput) -> tuple[SandboxAgentInput, dict[str, str]]:
+    """``spec`` with every literal env value (``sandbox.env[].value``, ``toolCalls[].env``) replaced by
+    ``***``, and the values by place. The first is what a run stores; the second goes only to the
+    provider, through the engine's ``env_values`` service (`dsb run` keeps them beside the store in an
+    owner-only file while the run may still need them; the operator re-reads them from the Workflow)."""
+    values = dict(_env_keys(spec))
+    if not values:
+        return spec, {}
+    return _with_env(spec, lambda _where, _value: REDACTED, "detached"), values
+
+
+def attach_env(spec: SandboxAgentInput, values: Mapping[str, str]) -> SandboxAgentInput:
+    missing = [where for where, _ in _env_keys(spec) if where not in values]
+    if missing:
+        raise ValueError(f"env values for {', '.join(missing)} are missing")
+    return _with_env(spec, lambda where, _value: values[where], "inline")
+
+
+class EnvValuesUnavailable(DurableError):
+    """A run whose env values were kept out of the store is executed where they are not available."""
+
+
+def _attached(ctx: Context, spec: SandboxAgentInput) -> SandboxAgentInput:
+    if spec.env_values == "inline":
+        return spec
+    source = ctx.operations.services.get("env_values")
+    values = source(ctx.run_id) if source is not None else None
+    if values is None:
+        raise EnvValuesUnavailable(
+            f"run {ctx.run_id}: its env values are not kept in the store (they may be secrets) and this process "
+            f"does not have them; continue it with `dsb run <manifest>` on the machine that started it"
+        )
+    try:
+        return attach_env(spec, values)
+    except ValueError as exc:
+        raise EnvValuesUnavailable(f"run {ctx.run_id}: {exc}; continue it with `dsb run <manifest>`") from None
+
+
+def _failure(where: str, policy: FailurePolicy, result: ToolResult) -> str | None:
+    reason = policy.failure(result)
+    return f"{where} failed the run: {reason}" if reason else None
+
+
 @workflow(name=NAME, version="1")
 async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]:
+    spec = _attached(ctx, spec)
     secrets = ctx.operations.services.get("secrets")
     if callable(secrets):
         # The operator serves several namespaces from one process: the values a run may see are looked up
@@ -187,6 +332,11 @@ async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]
         options["hibernate_after"] = spec.hibernate_after_seconds
     async with ctx.sandbox("sandbox", provider=spec.sandbox.provider, **options) as sbx:
         for index, call in enumerate(spec.tool_calls):
-            await sbx.call(to_tool_call(call, sbx.operation_id(index)))
+            policy = (call.failure_policy or FailurePolicy()).over(spec.failure_policy)
+            where = f"toolCalls[{index}]"
+            await sbx.call(
+                to_tool_call(call, sbx.operation_id(index)),
+                fails=lambda result, policy=policy, where=where: _failure(where, policy, result),
+            )
             ctx.progress(f"call {index + 1}/{len(spec.tool_calls)}", percent=100.0 * (index + 1) / len(spec.tool_calls))
     return sbx.result()

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import click
 
 from durable_sandbox.cli import render
-from durable_sandbox.cli.errors import EXIT_WAITING, exit_code_for
+from durable_sandbox.cli.errors import EXIT_WAITING, Interrupted, exit_code_for
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.engine import RunState
 
@@ -20,7 +23,38 @@ pass_settings = click.make_pass_decorator(Settings)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    """Run a command's coroutine. SIGINT and SIGTERM cancel it (so a run being driven stops at a call
+    boundary and stays resumable) and end the command with :class:`Interrupted`; a second signal exits
+    at once (a run is crash-safe; the processes of its calls die with this process)."""
+    received: list[int] = []
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            if received:
+                click.echo(f"error: interrupted again ({signal.Signals(signum).name}); stopping now", err=True)
+                os._exit(128 + signum)
+            received.append(signum)
+            task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            if received:
+                raise Interrupted(None, received[0]) from None
+            raise
+        except Interrupted as exc:
+            if received:
+                exc.signum = received[0]
+            raise
+
+    return asyncio.run(main())
 
 
 def report_outcome(settings: Settings, state: RunState, *, full: bool = False) -> int:

@@ -83,12 +83,18 @@ def signal(settings: Settings, run_id: str, callback_id: str, value_json: str, t
 
 @click.command()
 @click.argument("run_id", metavar="RUN")
+@click.option("--wait", is_flag=True,
+              help="If another live worker executes the run, wait for it to let go, then continue the run.")
 @pass_settings
-def resume(settings: Settings, run_id: str) -> None:
-    """Drive a run again: after a signal, a due timer, a crash, or to retry a failed run."""
+def resume(settings: Settings, run_id: str, wait: bool) -> None:
+    """Drive a run again: after a signal, a due timer, a crash, or to retry a failed run.
+
+    A run whose worker died on this machine is taken over at once. One that a live worker executes
+    exits 4 saying for how long that worker holds it, unless --wait.
+    """
 
     async def go() -> RunState:
         async with open_engine(settings) as engine:
-            return await drive.resume_run(engine, settings, run_id)
+            return await drive.resume_run(engine, settings, run_id, wait=wait)
 
     click.get_current_context().exit(report_outcome(settings, run_async(go())))
