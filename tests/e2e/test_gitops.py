@@ -50,7 +50,7 @@ def test_git_copy_reapplies_cleanly_after_the_operator_ran_it(
 
     again = apply_from_git(control_plane, namespace)
     assert again.returncode == 0 and "conflict" not in (again.stdout + again.stderr).lower(), again.stderr
-    after = control_plane.kubectl_json("get", "workflow", "hello-gitops", "-n", namespace)
+    after = control_plane.kubectl_json("get", "workflow", "hello-gitops", "-n", namespace, "--show-managed-fields")
     assert after["spec"] == before["spec"]
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
     assert after["status"]["phase"] == "Succeeded", "re-applying Git did not restart or disturb the run"

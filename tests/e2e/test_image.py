@@ -46,6 +46,8 @@ def test_image_config(image: Image) -> None:
 def test_runs_as_the_non_root_uid_with_its_dependencies(ctr: str) -> None:
     proc = run_in(ctr, ["id", "-u"])
     assert proc.stdout.split()[-1:] == ["10001"], f"stdout: {proc.stdout!r}\nstderr: {proc.stderr}"
+    proc = run_in(ctr, ["dsb", "operator", "--help"])
+    assert proc.returncode == 0 and "--metrics-port" in proc.stdout, proc.stdout + proc.stderr
     proc = run_in(ctr, ["dsb", "--version"])
     assert proc.returncode == 0 and "0.1.0" in proc.stdout, proc.stderr
     imports = "import kopf, kubernetes, prometheus_client, aiohttp, durable_sandbox.kube.metrics_server; print('ok')"

@@ -133,14 +133,14 @@ def test_operator_from_the_image_reconciles_hello_as_the_charts_service_account(
     secrets = tmp_path / "sa"
     secrets.mkdir()
     sa_kubeconfig(control_plane, op_ns, sa, secrets / "kubeconfig")
-    mounts = {secrets: "/var/run/durable-sandbox:ro"}
+    mounts = {secrets: "/etc/durable-sandbox/credentials:ro"}
     for mount in spec["volumeMounts"]:
         host = tmp_path / "volumes" / mount["name"]
         host.mkdir(parents=True)
         os.chown(host, uid, gid)
         mounts[host] = mount["mountPath"]
     os.chmod(secrets / "kubeconfig", 0o644)
-    env = {**pod_env(spec, f"{deploy['metadata']['name']}-0", op_ns), "KUBECONFIG": "/var/run/durable-sandbox/kubeconfig"}
+    env = {**pod_env(spec, f"{deploy['metadata']['name']}-0", op_ns), "KUBECONFIG": "/etc/durable-sandbox/credentials/kubeconfig"}
     argv = [*image.config()["Entrypoint"], *spec["args"]]
     assert f"--namespace={ns}" in argv and "--allow-local-provider" in argv and f"--metrics-port={port}" in argv
 
@@ -151,11 +151,15 @@ def test_operator_from_the_image_reconciles_hello_as_the_charts_service_account(
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
-            wait_until(lambda: http_get(port, "/healthz")[0] == 200 or process.poll() is not None, 120,
-                       "the operator's /healthz")
-            assert process.poll() is None, (tmp_path / "operator.log").read_text()[-4000:]
-            control_plane.kubectl("apply", "-n", ns, "-f", str(HELLO))
-            control_plane.kubectl("wait", "--for=condition=Succeeded", "workflow/hello", "-n", ns, "--timeout=180s")
+            try:
+                wait_until(lambda: http_get(port, "/healthz")[0] == 200 or process.poll() is not None, 120,
+                           "the operator's /healthz")
+                assert process.poll() is None, "the operator exited"
+                control_plane.kubectl("apply", "-n", ns, "-f", str(HELLO))
+                control_plane.kubectl("wait", "--for=condition=Succeeded", "workflow/hello", "-n", ns,
+                                      "--timeout=180s")
+            except (AssertionError, TimeoutError) as exc:
+                raise AssertionError(f"{exc}\n--- operator log:\n{(tmp_path / 'operator.log').read_text()[-6000:]}") from exc
             status = control_plane.kubectl_json("get", "workflow", "hello", "-n", ns)["status"]
             assert status["phase"] == "Succeeded" and status["calls"] == {"completed": 4, "total": 4}
             assert [r["exitCode"] for r in status["result"]["toolResults"]] == [0, 0, 0, 2]

@@ -36,6 +36,7 @@ from durable_sandbox.kube.controller import (
     OperatorPolicy,
     OperatorSettings,
 )
+from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.models import GROUP, VERSION
 
 log = logging.getLogger("durable_sandbox.kube.handlers")
@@ -121,6 +122,9 @@ async def drive(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
     watcher = asyncio.create_task(bridge())
     try:
         await op.daemon(lambda: body, stop)
+    except Exception:
+        METRICS.reconcile_errors.labels(kind="Workflow").inc()
+        raise
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -128,7 +132,12 @@ async def drive(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, "workflows")
-async def watched(body: kopf.Body, **_: Any) -> None:
+async def watched(body: kopf.Body, type: str | None, **_: Any) -> None:
+    uid = body.get("metadata", {}).get("uid", "")
+    if type == "DELETED":
+        METRICS.forget_workflow(uid)
+    else:
+        METRICS.observe_workflow(uid, body.get("status"))
     if _operator is not None:
         _operator.notice(body)
 
@@ -139,6 +148,9 @@ async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
         await current().cleanup(body, attempt=retry)
     except CleanupPending as exc:
         raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
+    except Exception:
+        METRICS.reconcile_errors.labels(kind="Workflow").inc()
+        raise
 
 
 def run(*, namespaces: list[str], liveness: str | None) -> None:

@@ -29,6 +29,10 @@ def _modules(value: str) -> tuple[str, ...]:
 @click.option("--worker-id", default=None, help="This replica's identity in run leases [default: host:pid:random].")
 @click.option("--liveness", metavar="URL", default=None,
               help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics (/metrics) and liveness (/healthz) on this port "
+                   "(docs/operations.md) [default: not served].")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address for --metrics-port.")
 @click.option("-v", "--verbose", is_flag=True, help="Log kopf's own activity too.")
 def operator(
     allow_local_provider: bool,
@@ -38,6 +42,8 @@ def operator(
     hibernate_after: float,
     worker_id: str | None,
     liveness: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
     verbose: bool,
 ) -> None:
     """Run the operator: reconcile Workflow resources of the cluster in $KUBECONFIG (or in-cluster).
@@ -48,6 +54,9 @@ def operator(
     try:
         from durable_sandbox.kube import handlers
         from durable_sandbox.kube.controller import OperatorPolicy, OperatorSettings
+        from durable_sandbox.kube.metrics import METRICS
+        from durable_sandbox.kube.metrics_server import operator_startup_hook
+        from durable_sandbox.providers.registry import create_provider
     except ImportError as exc:
         raise CliError(f"dsb operator needs the Kubernetes extra: pip install 'durable-sandbox[kubernetes]' ({exc})") from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -60,4 +69,8 @@ def operator(
     if worker_id:
         settings.worker_id = worker_id
     handlers.config.settings = settings
+    # Every provider the operator uses is counted (tool calls, latency, snapshots, losses, cleanup failures).
+    handlers.config.providers = lambda name: METRICS.instrument(create_provider(name))
+    if metrics_port is not None:
+        handlers.STARTUP_HOOKS.append(operator_startup_hook(METRICS, port=metrics_port, host=metrics_host))
     handlers.run(namespaces=list(namespaces), liveness=liveness)
