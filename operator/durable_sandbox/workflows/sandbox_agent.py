@@ -400,12 +400,15 @@ async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]
     if spec.hibernate_after_seconds is not None:
         options["hibernate_after"] = spec.hibernate_after_seconds
     async with ctx.sandbox("sandbox", provider=spec.sandbox.provider, **options) as sbx:
+        total = len(spec.tool_calls)
         for index, call in enumerate(spec.tool_calls):
+            # Said before the call, so a display shows the call in flight; percent counts finished calls.
+            ctx.progress(f"call {index + 1}/{total}", percent=100.0 * index / total)
             policy = (call.failure_policy or FailurePolicy()).over(spec.failure_policy)
             where = f"toolCalls[{index}]"
             await sbx.call(
                 to_tool_call(call, sbx.operation_id(index)),
                 fails=lambda result, policy=policy, where=where: _failure(where, policy, result),
             )
-            ctx.progress(f"call {index + 1}/{len(spec.tool_calls)}", percent=100.0 * (index + 1) / len(spec.tool_calls))
+        ctx.progress(f"{total} calls done", percent=100.0)
     return sbx.result()
