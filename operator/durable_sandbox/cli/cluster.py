@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -20,11 +22,16 @@ from typing import Any
 
 import click
 
+from durable_sandbox.cli.drive import with_display
 from durable_sandbox.cli.errors import CliError
+from durable_sandbox.cli.render import emit_data
+from durable_sandbox.cli.session import Settings
 from durable_sandbox.engine import OperationRecord, RunNotFound, RunRecord, RunState, RunStatus
 from durable_sandbox.engine.client import RunClient
 from durable_sandbox.engine.records import ErrorInfo
 from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.manifests import load_manifests
+from durable_sandbox.kube.models import Resource
 from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.kube.workflows import NoSuchWorkflow, WorkflowClient, run_id_of
 
@@ -102,7 +109,11 @@ class ClusterEngine:
     # ------------------------------------------------------------------ what the commands call
 
     async def inspect(self, ref: str) -> RunState:
-        return await self.client.inspect(await self._existing_run(ref))
+        obj = await self.workflow(ref)
+        rid = run_id_of(obj)
+        if await self.store.get_run(rid) is None:
+            return _not_started_state(rid, obj)  # pending, or refused (its Failed condition says why)
+        return await self.client.inspect(rid)
 
     async def history(self, ref: str) -> list[OperationRecord]:
         return await self.client.history(await self._existing_run(ref))
@@ -151,11 +162,10 @@ class ClusterEngine:
     async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return await self.workflows.apply(manifest)
 
-    async def follow(self, name: str, on_run: Any = None) -> RunState:
-        """Wait until the Workflow settles (finished, waiting or suspended) and return its run's state.
-        ``on_run(run_id)`` is awaited once the operator has created the run (to start a display)."""
+    async def follow(self, name: str) -> RunState:
+        """Wait until the Workflow settles (finished, waiting or suspended) and return its run's state."""
         started = time.monotonic()
-        hinted = announced = False
+        hinted = False
         while True:
             obj = await self.workflows.get(name)
             if obj is None:
@@ -163,10 +173,6 @@ class ClusterEngine:
             rid = run_id_of(obj)
             status = obj.get("status") or {}
             run = await self.store.get_run(rid)
-            if run is not None and not announced:
-                announced = True
-                if on_run is not None:
-                    await on_run(rid)
             phase = status.get("phase")
             current = status.get("observedGeneration") in (None, obj["metadata"].get("generation"))
             if phase in SETTLED_PHASES and current:
@@ -218,3 +224,38 @@ def _not_started_state(rid: str, obj: dict[str, Any]) -> RunState:
         run_id=run.run_id, workflow=run.workflow, status=run.status.value,
         error=run.error.to_json() if run.error else None, created_at=run.created_at, updated_at=run.updated_at,
     )  # fmt: skip
+
+
+def load(target: str) -> list[Resource]:
+    """The resources of a manifest file ('-': stdin), validated by the same models as `dsb run` and the operator."""
+    if target == "-":
+        return load_manifests(sys.stdin.read(), source="<stdin>")
+    if not Path(target).is_file():
+        raise CliError(f"{target}: no such manifest file")
+    return load_manifests(Path(target))
+
+
+async def run_manifest(settings: Settings, resources: list[Resource], *, detach: bool) -> list[RunState]:
+    """`dsb --kube run FILE`: apply the manifest's resources (server-side; Sandboxes first) and follow each
+    Workflow's run until it settles, shown as a local run is. With ``detach``, apply and return []."""
+    # What the manifest says, as written (validated by the same models as `dsb run` and the operator).
+    ordered = sorted(resources, key=lambda r: r.kind != "Sandbox")
+    docs = [r.model_dump(mode="json", by_alias=True, exclude_unset=True) for r in ordered]
+    states: list[RunState] = []
+    async with ClusterEngine.open(settings.namespace) as cluster:
+        applied = [await cluster.apply(doc) for doc in docs]
+        workflows = [obj for obj in applied if obj.get("kind") == "Workflow"]
+        for obj in workflows:
+            name, rid = obj["metadata"]["name"], run_id_of(obj)
+            if settings.output == "table":
+                click.echo(f"run {rid} (Workflow/{name} in namespace {cluster.namespace}{', applied' if detach else ''})")
+            if detach:
+                continue
+            states.append(
+                await with_display(cluster, settings, rid, f"Workflow/{name}", functools.partial(cluster.follow, name))
+            )
+        if detach and settings.output == "table":
+            click.echo(f"follow with `{settings.dsb()} logs -f NAME`, inspect with `{settings.dsb()} inspect NAME`")
+        elif detach:
+            emit_data(settings, [{"runId": run_id_of(o), "workflow": o["metadata"]["name"]} for o in workflows])
+    return states

@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from durable_sandbox.engine.errors import SignalConflict
-from durable_sandbox.kube.client import JSON_PATCH, ApiException, KubeClient, is_not_found, is_precondition_failed
+from durable_sandbox.kube.client import (
+    JSON_PATCH,
+    ApiException,
+    KubeClient,
+    is_not_found,
+    is_precondition_failed,
+    json_body,
+)
 from durable_sandbox.kube.models import GROUP, VERSION
 from durable_sandbox.kube.plan import cluster_run_id
 
@@ -53,15 +60,22 @@ class WorkflowClient:
 
     async def get(self, name: str) -> dict[str, Any] | None:
         try:
-            obj = await self.api.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "workflows", name)
+            return await json_body(
+                self.api.custom.get_namespaced_custom_object_without_preload_content(
+                    GROUP, VERSION, self.namespace, "workflows", name
+                )
+            )
         except ApiException as exc:
             if is_not_found(exc):
                 return None
             raise
-        return dict(obj)  # type: ignore[call-overload]  # the client types custom objects as `object`
 
     async def list(self) -> list[dict[str, Any]]:
-        out: Any = await self.api.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "workflows")
+        out = await json_body(
+            self.api.custom.list_namespaced_custom_object_without_preload_content(
+                GROUP, VERSION, self.namespace, "workflows"
+            )
+        )
         return list(out.get("items") or [])
 
     async def find(self, ref: str) -> dict[str, Any]:
@@ -84,11 +98,10 @@ class WorkflowClient:
         annotation, which a large spec (10,000 tool calls) takes past the 256 KiB annotation limit."""
         kind = str(manifest.get("kind"))
         body = {**manifest, "metadata": {**manifest["metadata"], "namespace": self.namespace}}
-        obj: Any = await self.api.custom.patch_namespaced_custom_object(
+        return await json_body(self.api.custom.patch_namespaced_custom_object_without_preload_content(
             GROUP, VERSION, self.namespace, PLURALS[kind], manifest["metadata"]["name"], body,
             field_manager=self.field_manager, _content_type=APPLY_PATCH,
-        )  # fmt: skip
-        return dict(obj)
+        ))  # fmt: skip
 
     async def signal(self, name: str, callback_id: str, value: Any) -> bool:
         """Set ``spec.signals[callback_id]``; False when it already has this value. A different value for a
