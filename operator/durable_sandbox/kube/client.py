@@ -44,8 +44,9 @@ def is_precondition_failed(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 422
 
 
-async def json_body(call: Awaitable[Any]) -> dict[str, Any]:
-    """The JSON body of a ``*_without_preload_content`` call, or ApiException for an error status.
+async def json_body(call: Awaitable[Any], *, parse: bool = True) -> dict[str, Any]:
+    """The JSON body of a ``*_without_preload_content`` call ({} unless ``parse``), or ApiException for an
+    error status.
 
     For large objects (no typed models are built) and for answers the generated client does not map
     (a server-side apply that creates its object answers 201, which its patch call decodes as None)."""
@@ -56,7 +57,7 @@ async def json_body(call: Awaitable[Any]) -> dict[str, Any]:
         resp.release()
     if resp.status >= 400:
         raise ApiException(status=resp.status, reason=resp.reason, body=body.decode(errors="replace"))
-    out: dict[str, Any] = json.loads(body) if body else {}
+    out: dict[str, Any] = json.loads(body) if body and parse else {}
     return out
 
 
