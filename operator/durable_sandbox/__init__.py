@@ -15,6 +15,7 @@ from durable_sandbox.engine import (
     NonDeterminismError,
     ParallelError,
     RetryPolicy,
+    RunNotFound,
     RunState,
     RunStatus,
     SignalConflict,
@@ -59,6 +60,8 @@ class Engine(_BareEngine):
                 state = await self.inspect(run_id)
                 if state.status == "waiting":
                     await self.hibernate(run_id)
+            except RunNotFound:
+                continue  # deleted meanwhile (with its Workflow): its sandboxes were finalized then
             except Exception as exc:  # a failed hibernation leaves the sandbox to its provider lease
                 logging.getLogger("durable_sandbox").warning("could not hibernate run %s: %s", run_id, exc)
         await self._session_factory.aclose()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,3 +124,100 @@ async def test_store_poller_runs_what_engine_created(store: SqliteStore) -> None
     await engine.create(gated, 6, run_id="polled")
     await poll_store(engine.executor, idle_exit=True, poll_interval=0.01)
     assert (await engine.inspect("polled")).result == 12
+
+
+effects: list[str] = []
+handover_gate: asyncio.Event | None = None
+in_b: asyncio.Event | None = None
+
+
+@workflow(name="split-handover")
+async def handover_flow(ctx: Context) -> list[str]:
+    async def effect(name: str) -> str:
+        effects.append(name)
+        if name == "b":
+            assert handover_gate is not None and in_b is not None
+            in_b.set()
+            await handover_gate.wait()
+        return name
+
+    out = [await ctx.step("a", effect, "a"), await ctx.step("b", effect, "b")]
+    async with ctx.sandbox("box", provider="local") as sbx:
+        out.append((await sbx.shell("echo one")).stdout.strip())
+        out.append(await ctx.step("c", effect, "c"))
+        out.append((await sbx.shell("echo two")).stdout.strip())
+    return out
+
+
+async def test_hand_over_stops_at_the_next_boundary_and_another_worker_continues(store: SqliteStore) -> None:
+    global handover_gate, in_b
+    effects.clear()
+    handover_gate, in_b = asyncio.Event(), asyncio.Event()
+    import durable_sandbox
+
+    first = durable_sandbox.Engine(store, worker_id="replica-1", lease_ttl=10.0)
+    second = durable_sandbox.Engine(store, worker_id="replica-2", lease_ttl=10.0)
+    try:
+        await first.create(handover_flow, run_id="ho")
+        task = asyncio.create_task(first.executor.drive("ho"))
+        await in_b.wait()
+        assert first.executor.hand_over("ho", "replica shutting down")
+        assert not second.executor.hand_over("ho", "not here")
+        handover_gate.set()  # the step in flight completes and is committed; nothing new starts
+        state = await task
+        assert state is not None and state.status == "pending"
+        assert effects == ["a", "b"]
+        run = await store.get_run("ho")
+        assert run is not None and run.lease_owner is None  # released at once, not left to expire
+        done = await second.resume("ho")
+        assert done.status == "succeeded" and done.result == ["a", "b", "one", "c", "two"]
+        assert effects == ["a", "b", "c"]  # no completed step ran again
+        kinds = [r.kind for r in await store.load_journal("ho") if r.status == "completed"]
+        assert kinds.count("sandbox.provision") == 1
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_hand_over_keeps_a_live_sandbox_for_the_next_worker(store: SqliteStore) -> None:
+    global handover_gate, in_b
+    effects.clear()
+    handover_gate, in_b = asyncio.Event(), asyncio.Event()
+    import durable_sandbox
+
+    first = durable_sandbox.Engine(store, worker_id="replica-1", lease_ttl=10.0)
+    second = durable_sandbox.Engine(store, worker_id="replica-2", lease_ttl=10.0)
+    try:
+        await first.create(handover_flow, run_id="ho2")
+        handover_gate.set()
+        # Hand over as soon as the sandbox's first call completed: stop before step c.
+        original = first.executor.store.commit
+
+        async def commit_then_hand_over(run_id: str, fence: int, commit: Any) -> None:
+            await original(run_id, fence, commit)
+            if any(r.kind == "sandbox.call" and r.status == "completed" for r in commit.records):
+                first.executor.hand_over(run_id, "suspend requested")
+
+        first.executor.store = _Proxy(store, commit=commit_then_hand_over)  # type: ignore[assignment]
+        state = await first.executor.drive("ho2")
+        assert state is not None and state.status == "pending"
+        rows = await store.load_journal("ho2")
+        assert not any(r.kind == "sandbox.destroy" for r in rows)  # not finalized, not hibernated
+        done = await second.resume("ho2")
+        assert done.status == "succeeded" and done.result == ["a", "b", "one", "c", "two"]
+        provisions = [r for r in await store.load_journal("ho2") if r.kind == "sandbox.provision" and r.status == "completed"]
+        assert len(provisions) == 1  # the second worker re-attached to the same sandbox
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+class _Proxy:
+    """The store with one method replaced (observing commits the way the operator does)."""
+
+    def __init__(self, inner: Any, **overrides: Any) -> None:
+        self._inner = inner
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)

@@ -133,7 +133,7 @@ def _accept_global_options(command: click.Command) -> None:
 
 
 def _register() -> None:
-    from durable_sandbox.cli.commands import control, inspect, lifecycle, logs, run, runs, worker
+    from durable_sandbox.cli.commands import control, inspect, lifecycle, logs, operator, run, runs, worker
 
     for command in (
         run.run,
@@ -151,6 +151,7 @@ def _register() -> None:
     ):
         _accept_global_options(command)
         cli.add_command(command)
+    cli.add_command(operator.operator)
 
 
 _register()

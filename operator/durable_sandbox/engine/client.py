@@ -35,6 +35,32 @@ class RunClient:
     def __init__(self, store: Store) -> None:
         self.store = store
 
+    def record(
+        self,
+        workflow: Any,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        thread_id: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> RunRecord:
+        """The record of a new run, checked (input against the workflow's type) but not stored: for
+        stores that take more than the record when a run is created (the cluster's owner reference)."""
+        definition = definition_of(workflow)
+        data = to_jsonable(input, what="The workflow input")
+        try:
+            definition.prepare_input(data)  # reject bad input before a run exists, not when it executes
+        except ValueError as exc:
+            raise InvalidInput(f"Input for workflow {definition.name!r} is invalid: {exc}") from None
+        return RunRecord(
+            run_id=run_id or new_run_id(),
+            workflow=definition.name,
+            input=data,
+            thread_id=thread_id,
+            labels=labels or {},
+            workflow_ref=definition.ref,
+        )
+
     async def create(
         self,
         workflow: Any,
@@ -45,20 +71,7 @@ class RunClient:
         labels: dict[str, str] | None = None,
     ) -> RunRecord:
         """Record a new run (status pending) without executing it; idempotent for the same id and input."""
-        definition = definition_of(workflow)
-        data = to_jsonable(input, what="The workflow input")
-        try:
-            definition.prepare_input(data)  # reject bad input before a run exists, not when it executes
-        except ValueError as exc:
-            raise InvalidInput(f"Input for workflow {definition.name!r} is invalid: {exc}") from None
-        run = RunRecord(
-            run_id=run_id or new_run_id(),
-            workflow=definition.name,
-            input=data,
-            thread_id=thread_id,
-            labels=labels or {},
-            workflow_ref=definition.ref,
-        )
+        run = self.record(workflow, input, run_id=run_id, thread_id=thread_id, labels=labels)
         stored, created = await self.store.create_run(run)
         if not created and (stored.workflow != run.workflow or stored.input != run.input):
             raise RunConflict(

@@ -207,6 +207,20 @@ class Suspend(BaseException):
         self.wake_at = wake_at
 
 
+class Handover(BaseException):
+    """Raised through workflow code at the next operation boundary when this process stops executing the
+    run without ending it (an operator replica shutting down, ``spec.suspend``): completed work is kept,
+    the sandbox stays live for whoever continues the run, and the lease is released at once.
+
+    A BaseException so that ``except Exception`` in user code cannot swallow it.
+    """
+
+    def __init__(self, run_id: str, why: str) -> None:
+        super().__init__(f"Run {run_id!r} is handed over: {why}")
+        self.run_id = run_id
+        self.why = why
+
+
 RETRYABLE_BY_DEFAULT = (TimeoutError, ConnectionError, StepTimeout)
 
 

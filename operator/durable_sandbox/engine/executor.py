@@ -23,6 +23,7 @@ from durable_sandbox.engine.client import require_run, state_of
 from durable_sandbox.engine.context import Context
 from durable_sandbox.engine.errors import (
     AlreadyExecuting,
+    Handover,
     LeaseHeld,
     LeaseLost,
     NotRunnableHere,
@@ -77,6 +78,8 @@ class RunExecutor:
         self.services: dict[str, Any] = services if services is not None else {}
         self.unresolvable: Unresolvable = unresolvable
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # run id -> workflow task executing here
+        self._runtimes: dict[str, RunRuntime] = {}  # run id -> its runtime while executing here
+        self._cancelling: set[str] = set()  # runs whose workflow task was cancelled (cleanup in progress)
         self._active: dict[str, asyncio.Event] = {}  # run id -> set when this process stops executing it
         self.driven: set[str] = set()  # runs this process executed (to hibernate on close if they wait)
 
@@ -200,6 +203,7 @@ class RunExecutor:
         ctx = Context(rt)
         wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, ctx, run.input), name=run.run_id)
         self._tasks[run.run_id] = wf
+        self._runtimes[run.run_id] = rt
         keeper = asyncio.create_task(self._keep_lease(lease, rt, wf))
         changes: dict[str, Any]
         try:
@@ -220,12 +224,16 @@ class RunExecutor:
                 if reason is None:
                     # Interrupted, not cancelled (Ctrl-C, SIGTERM, shutdown): sandbox sessions have
                     # hibernated; the run goes back to pending, resumable here or by any worker.
-                    await self._interrupted(lease, rt)
+                    await self._leave_pending(lease, rt, "run.interrupted")
                     raise
                 changes = {"status": RunStatus.CANCELLED, "error": ErrorInfo("RunCancelled", reason)}
                 rt.emit("run.cancelled", reason=reason)
             except LeaseLost:
                 log.warning("lost the lease on run %s; stopping without writing", run.run_id)
+                return None
+            except Handover as h:
+                await rt.drain()
+                await self._leave_pending(lease, rt, "run.handed_over", reason=h.why)
                 return None
             except Exception as exc:
                 rt.draining = True
@@ -253,16 +261,29 @@ class RunExecutor:
         finally:
             keeper.cancel()
             self._tasks.pop(run.run_id, None)
+            self._runtimes.pop(run.run_id, None)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await keeper
 
-    async def _interrupted(self, lease: Lease, rt: RunRuntime) -> None:
-        rt.emit("run.interrupted", worker=self.worker_id)
+    async def _leave_pending(self, lease: Lease, rt: RunRuntime, event: str, **data: Any) -> None:
+        """Leave the run runnable for the next worker: completed records committed, status pending;
+        the caller releases the lease."""
+        rt.emit(event, worker=self.worker_id, **data)
         try:
             await self.store.commit(rt.run_id, lease.fence, Commit(rt.pending_records(), run={"status": RunStatus.PENDING}))
             await rt.flush_events()
         except LeaseLost:
             pass  # another worker has it already
+
+    def hand_over(self, run_id: str, why: str) -> bool:
+        """Stop executing ``run_id`` here at its next operation boundary (the operation in flight
+        completes and is committed first) and leave it runnable with its sandboxes live (the next
+        worker re-attaches to them); False if it does not execute here."""
+        rt = self._runtimes.get(run_id)
+        if rt is None:
+            return False
+        rt.handover = why
+        return True
 
     async def open_runtime(
         self, run: RunRecord, lease: Lease, *, epoch: int | None = None, signals: dict[str, Any] | None = None
@@ -315,7 +336,12 @@ class RunExecutor:
         task = self._tasks.get(run_id)
         if task is None:
             return False
-        task.cancel()
+        if run_id not in self._cancelling:
+            # Once only: a second cancel would interrupt the cleanup the first one started (sandbox
+            # finalization runs inside the cancelled task).
+            self._cancelling.add(run_id)
+            task.add_done_callback(lambda _: self._cancelling.discard(run_id))
+            task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(asyncio.shield(task), timeout=self.lease_ttl)
         return True

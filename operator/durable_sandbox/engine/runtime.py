@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from durable_sandbox.engine.errors import (
     CallbackTimeout,
     DuplicateOperationError,
+    Handover,
     NonDeterminismError,
     RunCancelledError,
     StepFailed,
@@ -85,6 +86,8 @@ class RunRuntime:
         self._idle.set()
         self.draining = False
         self.cancel_reason: str | None = None
+        # Set by RunExecutor.hand_over: new operations stop the run (Handover) instead of starting.
+        self.handover: str | None = None
         self._events: list[Event] = []
         self._event_flush: asyncio.Task[None] | None = None
         self._last_yield = time.perf_counter()
@@ -115,6 +118,8 @@ class RunRuntime:
             latest = self.latest[op_id]
             if latest.status == COMPLETED:
                 return latest
+        if self.handover is not None:
+            raise Handover(self.run_id, self.handover)
         if self.draining and not while_draining:
             raise Suspend([])
         return self.latest.get(op_id)

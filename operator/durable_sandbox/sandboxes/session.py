@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from durable_sandbox.engine import Context, faults
-from durable_sandbox.engine.errors import DurableError, LeaseLost, Suspend
+from durable_sandbox.engine.errors import DurableError, Handover, LeaseLost, Suspend
 from durable_sandbox.engine.records import ErrorInfo, OperationRecord, OpKind
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
@@ -93,6 +93,13 @@ class ToolCallFailed(DurableError):
 def reserved_operation_id(operation_id: str) -> bool:
     """Operation ids that would collide with the session's own journal ids (``<session>/provision``...)."""
     return operation_id.split("/", 1)[0] in _RESERVED_HEADS
+
+
+def _service_for(rt: RunRuntime, name: str) -> Any:
+    """A service value, or its value for this run when the service is a function of the run id (the
+    operator serves many Workflows from one process: e.g. owner ``<namespace>/<workflow uid>``)."""
+    value = rt.services.get(name)
+    return value(rt.run_id) if callable(value) else value
 
 
 def derived_operation_id(run_id: str, session: str, index: int) -> str:
@@ -276,7 +283,7 @@ class SandboxSession:
         self.spec = SandboxSpec(
             template=template,
             env=dict(env or {}),
-            owner=owner or rt.services.get("owner") or "durable-sandbox-local",
+            owner=owner or _service_for(rt, "owner") or "durable-sandbox-local",
             labels={"durable-sandbox.dev/run-id": rt.run_id, "durable-sandbox.dev/session": sid},
         )
         self._operation_ids = list(operation_ids or [])
@@ -395,8 +402,8 @@ class SandboxSession:
             if self.hibernate_after <= 0:
                 await self.hibernate()
             return
-        if exc is not None and isinstance(exc, LeaseLost):
-            return  # another worker owns the run (and the sandbox) now
+        if exc is not None and isinstance(exc, LeaseLost | Handover):
+            return  # another worker owns (or is about to continue) the run, and the live sandbox with it
         if isinstance(exc, asyncio.CancelledError) and not await self.rt.cancel_requested():
             # Interrupted (Ctrl-C, SIGTERM, the process shutting down), not cancelled: the run is not
             # over, so keep the session resumable. The call in flight was abandoned (its processes are

@@ -1,0 +1,63 @@
+"""`dsb operator`: the Kubernetes operator (kopf) serving Workflow resources."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from durable_sandbox.cli.errors import CliError
+
+
+def _modules(value: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in value.split(",") if m.strip())
+
+
+@click.command("operator")
+@click.option("--allow-local-provider", is_flag=True,
+              help="Allow Workflows to use the local provider (development only: it is no isolation boundary).")
+@click.option("--workflows", "workflow_modules", metavar="MODULES", default="",
+              help="Comma-separated modules or packages Workflow entrypoints may be imported from "
+                   "(e.g. pkg.flows,other.pkg); the built-in sandbox-agent (toolCalls) is always allowed.")
+@click.option("-n", "--namespace", "namespaces", multiple=True,
+              help="Serve only this namespace (repeatable) [default: every namespace].")
+@click.option("--lease-seconds", default=15.0, show_default=True, type=click.FloatRange(2.0, 600.0),
+              help="Run lease TTL: how long a dead replica's runs wait before another replica takes them over.")
+@click.option("--hibernate-after", default=300.0, show_default=True, type=click.FloatRange(0.0),
+              help="Seconds a waiting run keeps its sandbox before it is snapshotted and destroyed "
+                   "(spec.hibernateAfterSeconds overrides it per Workflow).")
+@click.option("--worker-id", default=None, help="This replica's identity in run leases [default: host:pid:random].")
+@click.option("--liveness", metavar="URL", default=None,
+              help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
+@click.option("-v", "--verbose", is_flag=True, help="Log kopf's own activity too.")
+def operator(
+    allow_local_provider: bool,
+    workflow_modules: str,
+    namespaces: tuple[str, ...],
+    lease_seconds: float,
+    hibernate_after: float,
+    worker_id: str | None,
+    liveness: str | None,
+    verbose: bool,
+) -> None:
+    """Run the operator: reconcile Workflow resources of the cluster in $KUBECONFIG (or in-cluster).
+
+    Run several replicas at once: each run is executed by one replica at a time under a Lease, and a
+    stopping replica (SIGTERM) hands its runs to the others at a call boundary.
+    """
+    try:
+        from durable_sandbox.kube import handlers
+        from durable_sandbox.kube.controller import OperatorPolicy, OperatorSettings
+    except ImportError as exc:
+        raise CliError(f"dsb operator needs the Kubernetes extra: pip install 'durable-sandbox[kubernetes]' ({exc})") from exc
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kopf").setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    handlers.config.policy = OperatorPolicy(
+        allow_local_provider=allow_local_provider, workflow_modules=_modules(workflow_modules)
+    )
+    settings = OperatorSettings(lease_ttl=lease_seconds, hibernate_after=hibernate_after)
+    if worker_id:
+        settings.worker_id = worker_id
+    handlers.config.settings = settings
+    handlers.run(namespaces=list(namespaces), liveness=liveness)

@@ -1,0 +1,730 @@
+"""The operator's reconcile logic, without kopf: one Workflow = one run, driven by one async daemon.
+
+kopf (``kube/handlers.py``) calls three things here: :meth:`Operator.daemon` once per Workflow (it
+drives the run for as long as the object exists), :meth:`Operator.notice` when the spec changed (the
+watch brings ``signals``, ``suspend`` and ``cancel`` to the daemon) and :meth:`Operator.cleanup` from
+the delete handler (behind the ``durable-sandbox.dev/cleanup`` finalizer).
+
+Every replica runs a daemon for every Workflow (kopf in standalone peering); the run's Lease decides
+who executes it. A replica that does not hold the lease looks again every ``claim_retry`` seconds, so
+when the holder hands the run over (SIGTERM of a rolling update, ``spec.suspend``) or dies (after the
+lease's TTL) another replica continues it. Only the replica executing a run writes its status (a
+projection of the commits it makes, see ``kube/status.py``) and its lifecycle Events.
+
+Operator policy, checked before anything is imported or provisioned: the local provider only with
+``allow_local_provider``; entrypoints only from the configured workflow modules (``sandbox-agent``
+always); provider credentials from Secrets named by ``sandbox.env[].valueFrom.secretKeyRef``, read
+per run in the Workflow's namespace, handed to the sandbox and never journaled or logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kubernetes.aio.client import models as k8s_models
+from pydantic import ValidationError
+
+import durable_sandbox
+from durable_sandbox.engine import LeaseHeld, NotRunnableHere, RunStatus, SignalConflict
+from durable_sandbox.engine.executor import default_worker_id
+from durable_sandbox.engine.records import Commit, RunRecord
+from durable_sandbox.kube.client import KubeClient, is_not_found
+from durable_sandbox.kube.events import EventRecorder, LifecycleEvent, lifecycle_events, run_status_event
+from durable_sandbox.kube.manifests import format_loc
+from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, WorkflowResource
+from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, cluster_run_id, plan_workflow
+from durable_sandbox.kube.status import Extra, Projection, StatusWriter, render
+from durable_sandbox.kube.store import KubernetesStore, OwnerRef
+from durable_sandbox.workflows import sandbox_agent
+
+log = logging.getLogger("durable_sandbox.kube.controller")
+
+FINALIZER = "durable-sandbox.dev/cleanup"
+WORKFLOWS = "workflows"
+SANDBOXES = "sandboxes"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class OperatorPolicy:
+    """What this operator may do on behalf of the Workflows it serves."""
+
+    allow_local_provider: bool = False
+    # Modules (or packages) entrypoints may be imported from; the built-in sandbox-agent is always allowed.
+    workflow_modules: tuple[str, ...] = ()
+
+
+@dataclass
+class OperatorSettings:
+    worker_id: str = field(default_factory=default_worker_id)
+    lease_ttl: float = 15.0  # a dead replica's runs are taken over after this long
+    claim_retry: float = 1.0  # how often a replica that does not hold a run's lease looks again
+    status_interval: float = 1.0  # status patches are coalesced to about one per this many seconds
+    handover_grace: float = 20.0  # how long a call in flight may take to finish when a run is handed over
+    not_runnable_retry: float = 30.0
+    hibernate_after: float = 300.0  # default for runs whose spec says nothing (DESIGN 6)
+    cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class CleanupPending(Exception):
+    """Cleanup cannot finish yet (the provider refuses, or another replica executes the run); retry later."""
+
+    def __init__(self, message: str, delay: float) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+@dataclass
+class RunView:
+    """What this process knows of one Workflow's run: the projection it writes as status."""
+
+    namespace: str
+    name: str
+    uid: str
+    run_id: str
+    body: Mapping[str, Any]
+    projection: Projection = field(default_factory=Projection)
+    extra: Extra = field(default_factory=Extra)
+    run: RunRecord | None = None
+    writer: StatusWriter | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    generation: int | None = None
+    phase: str | None = None
+    signals_sent: dict[str, Any] = field(default_factory=dict)
+    cancel_sent: bool = False
+    executing: bool = False  # this process holds the lease and writes status/events
+    body_of: Callable[[], Mapping[str, Any]] | None = None  # kopf's live view of the object
+
+    def latest(self) -> Mapping[str, Any]:
+        if self.body_of is not None:
+            self.body = self.body_of()
+        return self.body
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.latest().get("metadata", {}).get("deletionTimestamp"))
+
+    @property
+    def owner(self) -> str:
+        return f"{self.namespace}/{self.uid}"
+
+
+class ObservedStore:
+    """The store as the executor sees it, with every successful commit and run update reported, so
+    status and Events are projections of what is written: nothing is read back for them."""
+
+    def __init__(self, inner: Any, on_write: Callable[[str, Commit | None, dict[str, Any] | None], None]) -> None:
+        self._inner = inner
+        self._on_write = on_write
+
+    async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
+        await self._inner.commit(run_id, fence, commit)
+        self._on_write(run_id, commit, commit.run)
+
+    async def update_run(self, run_id: str, changes: dict[str, Any], *, fence: int | None = None) -> None:
+        await self._inner.update_run(run_id, changes, fence=fence)
+        self._on_write(run_id, None, changes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class Operator:
+    def __init__(
+        self,
+        api: KubeClient,
+        *,
+        policy: OperatorPolicy | None = None,
+        settings: OperatorSettings | None = None,
+        providers: Any = None,
+    ) -> None:
+        self.api = api
+        self.policy = policy or OperatorPolicy()
+        self.settings = settings or OperatorSettings()
+        self.events = EventRecorder(api.core, instance=self.settings.worker_id)
+        self._providers = providers
+        self._engines: dict[str, durable_sandbox.Engine] = {}
+        self._views: dict[str, RunView] = {}  # run id -> view
+        self._secrets: dict[str, dict[tuple[str, str], str]] = {}  # run id -> secret values it may use
+        self._env_values: dict[str, dict[str, str]] = {}  # run id -> the spec's literal env values
+        self._background: set[asyncio.Task[Any]] = set()
+        self.stopping = False
+
+    # ------------------------------------------------------------------ engines (one store per namespace)
+
+    def engine_for(self, namespace: str) -> durable_sandbox.Engine:
+        engine = self._engines.get(namespace)
+        if engine is None:
+            store = ObservedStore(KubernetesStore(namespace, self.api), self._observed)
+            engine = durable_sandbox.Engine(
+                store,
+                worker_id=self.settings.worker_id,
+                lease_ttl=self.settings.lease_ttl,
+                providers=self._provider,
+                hibernate_after=self.settings.hibernate_after,
+                unresolvable="leave",
+                services={"secrets": self._secrets_for, "owner": self._owner_for, "env_values": self._env_values_for},
+            )
+            self._engines[namespace] = engine
+        return engine
+
+    def _provider(self, name: str) -> Any:
+        if name == "local" and not self.policy.allow_local_provider:
+            from durable_sandbox.providers.contract import ConfigurationError
+
+            raise ConfigurationError(
+                "The local provider is not allowed by this operator (it is no isolation boundary); start the "
+                "operator with --allow-local-provider for development, or use another provider."
+            )
+        if self._providers is None:
+            from durable_sandbox.providers.registry import create_provider
+
+            return create_provider(name)
+        return self._providers(name) if callable(self._providers) else self._providers[name]
+
+    def _secrets_for(self, run_id: str) -> dict[tuple[str, str], str]:
+        return self._secrets.get(run_id, {})
+
+    def _env_values_for(self, run_id: str) -> dict[str, str] | None:
+        # Literal env values are kept out of the stored input (they may be secrets): the Workflow object
+        # has them, and every daemon re-plans its object before it drives the run.
+        return self._env_values.get(run_id)
+
+    def _owner_for(self, run_id: str) -> str | None:
+        view = self._views.get(run_id)
+        return view.owner if view is not None else None
+
+    # ------------------------------------------------------------------ projection of what the executor writes
+
+    def _observed(self, run_id: str, commit: Commit | None, changes: dict[str, Any] | None) -> None:
+        view = self._views.get(run_id)
+        if view is None:
+            return
+        if commit is not None and commit.records:
+            view.projection.feed(commit.records)
+            for event in lifecycle_events(commit.records):
+                self._emit(view, event)
+        if changes and view.run is not None:
+            known = {k: v for k, v in changes.items() if hasattr(view.run, k)}
+            view.run = replace(view.run, **known)
+        self._offer(view)
+
+    def _offer(self, view: RunView) -> None:
+        if view.writer is None:
+            return
+        status = self.status_of(view)
+        phase = status.get("phase")
+        if phase != view.phase:
+            event = run_status_event(phase or "", self._phase_message(view, phase or ""))
+            if event is not None:
+                self._emit(view, event)
+            view.phase = phase
+        view.writer.offer(status)
+
+    def status_of(self, view: RunView) -> dict[str, Any]:
+        previous = (view.body.get("status") or {}).get("conditions") or []
+        status = render(view.run, view.projection, view.extra, run_id=view.run_id, previous_conditions=previous)
+        engine = self._engines.get(view.namespace)
+        if engine is not None:
+            store = engine.store
+            names = store.journal_objects(view.run_id) if hasattr(store, "journal_objects") else []
+            status["journal"] = [{"name": n} for n in names]
+        return status
+
+    @staticmethod
+    def _phase_message(view: RunView, phase: str) -> str:
+        run = view.run
+        if phase == "Waiting" and run is not None:
+            pending = ", ".join(run.pending_callbacks)
+            return f"waiting for signal(s) {pending}; set spec.signals to continue" if pending else "waiting for a timer"
+        if phase in ("Failed", "Cancelled") and run is not None and run.error is not None:
+            return f"{run.error.type}: {run.error.message}"[:1024]
+        if phase == "Succeeded":
+            calls = view.projection.calls()
+            return f"run {view.run_id} succeeded ({calls['completed']}/{calls['total']} calls)"
+        return f"run {view.run_id} is {phase.lower()}"
+
+    def _emit(self, view: RunView, event: LifecycleEvent) -> None:
+        task = asyncio.get_running_loop().create_task(self.events.emit(dict(view.body), event))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _patch_status(self, view: RunView, status: dict[str, Any]) -> None:
+        try:
+            await self.api.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, view.namespace, WORKFLOWS, view.name, {"status": status},
+                field_manager="durable-sandbox-operator", _content_type=MERGE_PATCH,
+            )
+        except Exception as exc:
+            if is_not_found(exc):
+                return  # the Workflow is gone
+            raise
+
+    # ------------------------------------------------------------------ the daemon
+
+    def notice(self, body: Mapping[str, Any]) -> None:
+        """The watch saw ``body``: wake its daemon if the spec changed (status updates do not count)."""
+        meta = body.get("metadata", {})
+        uid = meta.get("uid", "")
+        name = meta.get("name", "")
+        view = self._views.get(cluster_run_id(name, uid)) if uid else None
+        if view is None:
+            return
+        view.body = body
+        if meta.get("generation") != view.generation or meta.get("deletionTimestamp"):
+            view.wake.set()
+
+    async def daemon(self, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
+        """Drive the run of one Workflow for as long as the object exists and this process serves it."""
+        body = body_of()
+        meta = body["metadata"]
+        view = RunView(
+            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
+            run_id=cluster_run_id(meta["name"], meta["uid"]), body=body, body_of=body_of,
+        )
+        self._views[view.run_id] = view
+
+        async def patch(status: dict[str, Any]) -> None:
+            await self._patch_status(view, status)
+
+        view.writer = StatusWriter(patch, interval=self.settings.status_interval)
+        try:
+            await self._serve(view, body_of, stopped)
+        finally:
+            with contextlib.suppress(Exception):
+                await view.writer.aclose()
+            self._views.pop(view.run_id, None)
+            self._secrets.pop(view.run_id, None)
+            self._env_values.pop(view.run_id, None)
+
+    async def _serve(self, view: RunView, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
+        engine = self.engine_for(view.namespace)
+        plan: RunPlan | None = None
+        while not stopped.is_set() and not self.stopping and not view.deleting:
+            view.latest()
+            view.generation = view.body.get("metadata", {}).get("generation")
+            view.wake.clear()
+            view.extra.generation = view.generation
+            if plan is None:
+                plan = await self._admit(view)
+                if plan is None:
+                    await self._wait(view, stopped, self.settings.not_runnable_retry)
+                    continue
+                view.extra.max_attempts = plan.max_attempts
+            outcome = await self._step(view, engine, plan, stopped)
+            if outcome == "done":
+                return
+            if outcome == "rejected":
+                return
+
+    async def _admit(self, view: RunView) -> RunPlan | None:
+        """Policy and plan: returns the plan, or None after recording why the run cannot start
+        (a rejection is final and written as Failed; a missing Secret or workflow code is retried)."""
+        try:
+            wf = WorkflowResource.model_validate(dict(view.body))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            ctx = err.get("ctx") or {}
+            reason = "UnknownProvider" if err.get("type") == "unknown_provider" else "InvalidSpec"
+            loc = format_loc([*err.get("loc", ()), *ctx.get("subloc", [])])
+            await self._reject(view, reason, f"{loc}: {err.get('msg')}")
+            return None
+        provider = (wf.spec.sandbox.provider if wf.spec.sandbox is not None else None)
+        sandboxes: dict[str, SandboxResource] = {}
+        if wf.spec.sandbox_ref is not None:
+            found = await self._sandbox(view.namespace, wf.spec.sandbox_ref.name)
+            if found is not None:
+                sandboxes[found.metadata.name] = found
+                provider = found.spec.provider
+        if wf.spec.tool_calls is not None and provider is None:
+            provider = "local"  # sandbox-agent's default
+        if provider == "local" and not self.policy.allow_local_provider:
+            await self._reject(
+                view, "ProviderNotAllowed",
+                "spec.sandbox.provider: the local provider is not allowed by this operator (it is no isolation "
+                "boundary); start the operator with --allow-local-provider for development, or use another provider",
+            )
+            return None
+        try:
+            plan = plan_workflow(
+                wf, source=f"{view.namespace}", sandboxes=sandboxes, cluster=True,
+                allowed_modules=[*self.policy.workflow_modules, sandbox_agent.__name__],
+            )
+        except WorkflowUnavailable as exc:
+            view.extra.not_runnable = str(exc)
+            self._offer(view)
+            return None
+        except PlanError as exc:
+            await self._reject(view, exc.reason, str(exc))
+            return None
+        try:
+            self._secrets[view.run_id] = await self._read_secrets(view.namespace, plan)
+        except LookupError as exc:
+            view.extra.not_runnable = str(exc)
+            self._offer(view)
+            return None
+        view.extra.not_runnable = None
+        self._env_values[view.run_id] = dict(plan.env_values)
+        engine = self.engine_for(view.namespace)
+        record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=plan.labels)
+        store: Any = engine.store  # a KubernetesStore: the run's objects are owned by the Workflow
+        run, _ = await store.create_run(record, owner=OwnerRef(name=view.name, uid=view.uid))
+        view.run = run
+        view.projection = Projection(total_calls=_total_calls(plan))
+        view.projection.feed(await store.load_journal(view.run_id))
+        return plan
+
+    async def _reject(self, view: RunView, reason: str, message: str) -> None:
+        view.extra.rejected = (reason, message)
+        self._emit(view, LifecycleEvent(reason, message[:1024], "Warning"))
+        assert view.writer is not None
+        view.writer.offer(self.status_of(view))
+        await view.writer.flush()
+
+    async def _sandbox(self, namespace: str, name: str) -> SandboxResource | None:
+        try:
+            obj = await self.api.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SANDBOXES, name)
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise
+        return SandboxResource.model_validate(obj)
+
+    async def _read_secrets(self, namespace: str, plan: RunPlan) -> dict[tuple[str, str], str]:
+        """The Secret values the run's sandbox env references (values never leave this process's memory
+        except into the sandbox)."""
+        refs: set[tuple[str, str]] = set()
+        sandbox = plan.input.get("sandbox") if isinstance(plan.input, dict) else None
+        for var in (sandbox or {}).get("env") or []:
+            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                refs.add((ref["name"], ref["key"]))
+        values: dict[tuple[str, str], str] = {}
+        for name, key in sorted(refs):
+            try:
+                secret = await self.api.core.read_namespaced_secret(name, namespace)
+            except Exception as exc:
+                if is_not_found(exc):
+                    raise LookupError(
+                        f"spec.sandbox.env: Secret {namespace}/{name} does not exist; create it (the run starts then)"
+                    ) from None
+                raise
+            data = secret.data or {}
+            if key not in data:
+                raise LookupError(f"spec.sandbox.env: Secret {namespace}/{name} has no key {key!r}")
+            values[(name, key)] = base64.b64decode(data[key]).decode()
+        return values
+
+    async def _sync_spec(self, view: RunView, engine: durable_sandbox.Engine) -> WorkflowResource | None:
+        """Bring spec.signals and spec.cancel to the run (idempotent: a signal is stored once)."""
+        try:
+            wf = WorkflowResource.model_validate(dict(view.body))
+        except ValidationError:
+            return None
+        for callback_id, value in wf.spec.signals.items():
+            if view.signals_sent.get(callback_id, _MISSING) == value:
+                continue
+            try:
+                await engine.client.signal(view.run_id, callback_id, value)
+            except SignalConflict as exc:
+                self._emit(view, LifecycleEvent("SignalConflict", str(exc)[:1024], "Warning"))
+            view.signals_sent[callback_id] = value
+        if wf.spec.cancel and not view.cancel_sent:
+            await engine.client.request_cancel(view.run_id, "spec.cancel is true")
+            view.cancel_sent = True
+        return wf
+
+    async def _step(self, view: RunView, engine: durable_sandbox.Engine, plan: RunPlan, stopped: asyncio.Event) -> str:
+        """One turn of the daemon: bring the spec to the run, then drive, wait or finish."""
+        wf = await self._sync_spec(view, engine)
+        suspend = bool(wf and wf.spec.suspend)
+        run = await engine.store.get_run(view.run_id)
+        if run is None:  # the run's objects are gone (deleted with the Workflow): nothing to drive
+            return "done"
+        view.run = run
+        view.extra.attempt = run.epoch + 1
+        deadline = run.created_at + plan.timeout if plan.timeout is not None else None
+        if deadline is not None and not run.status.terminal and time.time() >= deadline and not run.cancel_requested:
+            await engine.client.request_cancel(view.run_id, f"timed out after {plan.timeout:g}s (spec.timeoutSeconds)")
+            return "again"
+        if run.status.terminal:
+            if run.status == RunStatus.FAILED and not run.cancel_requested and run.epoch + 1 < plan.max_attempts:
+                assert plan.retry is not None
+                delay = plan.retry.interval(run.epoch + 2)
+                retry_at = run.updated_at + delay
+                if time.time() < retry_at:
+                    await self._wait(view, stopped, retry_at - time.time())
+                    return "again"
+                return await self._drive(view, engine, plan, stopped, deadline)
+            return await self._finished(view, plan, stopped)
+        if run.cancel_requested:
+            return await self._drive(view, engine, plan, stopped, deadline)
+        if suspend:
+            if run.status != RunStatus.SUSPENDED:
+                await self._suspend(view, engine)
+            await self._wait(view, stopped, None)
+            return "again"
+        view.extra.suspended = False
+        if run.status == RunStatus.SUSPENDED:
+            await engine.store.update_run(view.run_id, {"status": RunStatus.PENDING})
+            self._emit(view, LifecycleEvent("Resumed", "spec.suspend is false; resuming the run"))
+            return "again"
+        if run.status == RunStatus.WAITING:
+            now = time.time()
+            due = [t for t in (run.wake_at, deadline) if t is not None]
+            if run.wake_at is not None and run.wake_at <= now:
+                return await self._drive(view, engine, plan, stopped, deadline)
+            hibernate_at = run.updated_at + self._hibernate_after(plan)
+            if hibernate_at <= now:
+                with contextlib.suppress(LeaseHeld):
+                    await engine.executor.hibernate(view.run_id)
+            else:
+                due.append(hibernate_at)
+            await self._wait(view, stopped, (min(due) - now) if due else None)
+            return "again"
+        return await self._drive(view, engine, plan, stopped, deadline)
+
+    def _hibernate_after(self, plan: RunPlan) -> float:
+        value = plan.input.get("hibernateAfterSeconds") if isinstance(plan.input, dict) else None
+        return float(value) if value is not None else self.settings.hibernate_after
+
+    async def _drive(
+        self, view: RunView, engine: durable_sandbox.Engine, plan: RunPlan, stopped: asyncio.Event, deadline: float | None
+    ) -> str:
+        """Execute the run here if its lease is free; meanwhile keep the spec flowing to it."""
+        executor = engine.executor
+        view.executing = True
+        task = asyncio.create_task(executor.drive(view.run_id, plan.definition, if_busy="skip"))
+        handed_over = False
+        try:
+            while not task.done():
+                waiters = [task, asyncio.ensure_future(view.wake.wait()), asyncio.ensure_future(stopped.wait())]
+                timeout = max(0.0, deadline - time.time()) if deadline is not None else None
+                try:
+                    await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waiters[1:]:
+                        w.cancel()
+                if task.done():
+                    break
+                if view.deleting and not view.cancel_sent:
+                    # Deleted mid-run: cancel now (cleanup runs here, at once) rather than hand the run over.
+                    await engine.client.request_cancel(view.run_id, "the Workflow was deleted")
+                    view.cancel_sent = True
+                    await executor.cancel_here(view.run_id, "the Workflow was deleted")
+                    continue
+                if stopped.is_set() or self.stopping:
+                    if not handed_over:
+                        executor.hand_over(view.run_id, "the operator replica is stopping")
+                        handed_over = True
+                        await self._finish_handover(task)
+                    continue
+                if deadline is not None and time.time() >= deadline:
+                    await engine.client.request_cancel(view.run_id, f"timed out after {plan.timeout:g}s (spec.timeoutSeconds)")
+                    await executor.cancel_here(view.run_id, "timeout")
+                    continue
+                if view.wake.is_set():
+                    view.wake.clear()
+                    view.latest()
+                    wf = await self._sync_spec(view, engine)
+                    run = await engine.store.get_run(view.run_id)
+                    if run is not None and run.cancel_requested:
+                        await executor.cancel_here(view.run_id, run.cancel_requested)
+                    elif wf is not None and wf.spec.suspend and not handed_over:
+                        executor.hand_over(view.run_id, "spec.suspend is true")
+                        handed_over = True
+            if task.cancelled():
+                return "again"  # abandoned after the handover grace: the run was left pending
+            try:
+                task.result()
+            except LeaseHeld:
+                view.executing = False  # another replica executes it; look again shortly
+                await self._wait(view, stopped, self.settings.claim_retry)
+            except NotRunnableHere as exc:
+                view.executing = False
+                view.extra.not_runnable = str(exc)
+                self._offer(view)
+                await self._wait(view, stopped, self.settings.not_runnable_retry)
+            return "again"
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _finish_handover(self, task: asyncio.Task[Any]) -> None:
+        """Let the operation in flight finish (it is committed), then the run stops at the boundary; a
+        call that outlasts the grace period is abandoned (it runs again, same operation id, elsewhere)."""
+        done, _ = await asyncio.wait([task], timeout=self.settings.handover_grace)
+        if not done:
+            task.cancel()
+
+    async def _suspend(self, view: RunView, engine: durable_sandbox.Engine) -> None:
+        """Pause a run between calls with no live sandbox: snapshot and destroy it (hibernate)."""
+        executor = engine.executor
+        try:
+            lease = await engine.store.claim(view.run_id, executor.worker_id, executor.lease_ttl)
+        except LeaseHeld:
+            return  # executing elsewhere: that replica sees spec.suspend through its own watch
+        try:
+            run = await engine.store.get_run(view.run_id)
+            if run is None or run.status.terminal:
+                return
+            hook = executor.services.get("hibernate_run")
+            if hook is not None:
+                await hook(executor, run, lease)
+            view.extra.suspended = True
+            await engine.store.update_run(view.run_id, {"status": RunStatus.SUSPENDED}, fence=lease.fence)
+        finally:
+            with contextlib.suppress(Exception):
+                await engine.store.release(lease)
+
+    async def _finished(self, view: RunView, plan: RunPlan, stopped: asyncio.Event) -> str:
+        """A finished run: write its final status once, then honour ttlSecondsAfterFinished."""
+        self._offer(view)
+        if plan.ttl_seconds_after_finished is None or view.run is None:
+            await self._wait(view, stopped, None)
+            return "again"
+        due = view.run.updated_at + plan.ttl_seconds_after_finished
+        if time.time() < due:
+            await self._wait(view, stopped, due - time.time())
+            return "again"
+        with contextlib.suppress(Exception):
+            await self.api.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, view.namespace, WORKFLOWS, view.name,
+                body=k8s_models.V1DeleteOptions(
+                    preconditions=k8s_models.V1Preconditions(uid=view.uid), propagation_policy="Background"
+                ),
+            )
+        return "done"
+
+    async def _wait(self, view: RunView, stopped: asyncio.Event, timeout: float | None) -> None:
+        waiters = [asyncio.ensure_future(view.wake.wait()), asyncio.ensure_future(stopped.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    # ------------------------------------------------------------------ deletion (behind the finalizer)
+
+    async def cleanup(self, body: Mapping[str, Any], attempt: int = 0) -> None:
+        """Cancel the run, finalize every sandbox and snapshot (from the journal), then return so the
+        finalizer can go. Raises :class:`CleanupPending` while that cannot finish (retried with backoff)."""
+        meta = body["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        run_id = cluster_run_id(name, uid)
+        engine = self.engine_for(namespace)
+        view = self._views.get(run_id) or RunView(namespace=namespace, name=name, uid=uid, run_id=run_id, body=body)
+        delay = self.settings.cleanup_backoff[min(attempt, len(self.settings.cleanup_backoff) - 1)]
+        run = await engine.store.get_run(run_id)
+        if run is None:
+            await self._cleanup_from_status(view, body, delay)
+            await self._cleanup_done(view, body)
+            return
+        if not run.status.terminal:
+            if not run.cancel_requested:
+                await engine.client.request_cancel(run_id, "the Workflow was deleted")
+            try:
+                if not await engine.executor.cancel_here(run_id, "the Workflow was deleted"):
+                    await engine.executor.drive_cancel(run_id)
+            except LeaseHeld as exc:
+                raise CleanupPending(f"run {run_id} is executing on another replica; it cancels there ({exc})", delay) from None
+            except Exception as exc:
+                await self._blocked(view, body, f"cleanup of run {run_id} is blocked: {type(exc).__name__}: {exc}", delay)
+        # Whatever ended the run (a cleanup that failed while it was cancelled included), every sandbox
+        # session its journal does not show finalized is finalized now.
+        if engine.executor.is_executing(run_id):
+            raise CleanupPending(f"run {run_id} is still stopping in this replica", delay)
+        try:
+            await self._finalize_leftovers(engine, run_id)
+        except LeaseHeld as exc:
+            raise CleanupPending(f"run {run_id} is still held by another replica ({exc})", delay) from None
+        except Exception as exc:
+            await self._blocked(view, body, f"cleanup of run {run_id} is blocked: {type(exc).__name__}: {exc}", delay)
+        await self._cleanup_done(view, body)
+
+    async def _finalize_leftovers(self, engine: durable_sandbox.Engine, run_id: str) -> None:
+        executor = engine.executor
+        hook = executor.services.get("cancel_cleanup")
+        if hook is None:
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            lease = await engine.store.claim(run_id, executor.worker_id, executor.lease_ttl)
+            stack.push_async_callback(engine.store.release, lease)
+            run = await engine.store.get_run(run_id)
+            if run is not None:
+                await hook(executor, run, lease)
+
+    async def _cleanup_from_status(self, view: RunView, body: Mapping[str, Any], delay: float) -> None:
+        """The run's objects are gone already: the ids cleanup needs are in status too."""
+        st = body.get("status") or {}
+        sandbox = st.get("sandbox") or {}
+        provider_name = sandbox.get("provider")
+        if not provider_name:
+            return
+        try:
+            provider = self._provider(provider_name)
+            from durable_sandbox.providers.contract import SandboxHandle
+
+            if st.get("latestSnapshot"):
+                await provider.delete_snapshot(st["latestSnapshot"])
+            if sandbox.get("providerId"):
+                await provider.destroy(SandboxHandle(id=sandbox["providerId"], provider=provider_name))
+        except Exception as exc:
+            await self._blocked(view, body, f"cleanup from status is blocked: {type(exc).__name__}: {exc}", delay)
+
+    async def _blocked(self, view: RunView, body: Mapping[str, Any], message: str, delay: float) -> None:
+        view.extra.cleanup_blocked = message
+        self.events_for_body(body, LifecycleEvent("CleanupBlocked", message[:1024], "Warning"))
+        await self._patch_conditions(view, body)
+        raise CleanupPending(message, delay)
+
+    async def _cleanup_done(self, view: RunView, body: Mapping[str, Any]) -> None:
+        if view.extra.cleanup_blocked is not None:
+            view.extra.cleanup_blocked = None
+            await self._patch_conditions(view, body)
+        await self.events.emit(dict(body), LifecycleEvent("CleanupDone", f"run {view.run_id}: sandboxes and snapshots deleted"))
+
+    def events_for_body(self, body: Mapping[str, Any], event: LifecycleEvent) -> None:
+        task = asyncio.get_running_loop().create_task(self.events.emit(dict(body), event))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _patch_conditions(self, view: RunView, body: Mapping[str, Any]) -> None:
+        view.body = body
+        with contextlib.suppress(Exception):
+            await self._patch_status(view, {"conditions": self.status_of(view)["conditions"]})
+
+    # ------------------------------------------------------------------ lifecycle of the process
+
+    async def shutdown(self) -> None:
+        """SIGTERM: hand every run executing here over at a call boundary (never finalize), release leases."""
+        self.stopping = True
+        for view in list(self._views.values()):
+            view.wake.set()
+        for engine in self._engines.values():
+            for run_id in list(self._views):
+                engine.executor.hand_over(run_id, "the operator replica is stopping")
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*self._background, return_exceptions=True)
+        for engine in self._engines.values():
+            with contextlib.suppress(Exception):
+                await engine.aclose()
+
+
+_MISSING = object()
+
+
+def _total_calls(plan: RunPlan) -> int | None:
+    if isinstance(plan.input, dict) and isinstance(plan.input.get("toolCalls"), list):
+        return len(plan.input["toolCalls"])
+    return None

@@ -1,0 +1,151 @@
+"""kopf registration and settings: the only module of the package that imports kopf.
+
+What kopf does for us: watch Workflows (with a server-side watch timeout, so a silently dead watch is
+replaced), run one daemon per Workflow, keep the ``durable-sandbox.dev/cleanup`` finalizer and call the
+delete handler with retries, answer a liveness probe. Everything else is :mod:`kube.controller`.
+
+Settings, and why:
+- standalone peering: every replica serves every Workflow; the per-run Lease decides who executes
+  (kopf's own peering would make the replicas active-passive).
+- progress and diff-base storage in ``status.kopf``: no ``kopf.zalando.org/*`` annotations on users'
+  objects (they break GitOps diffs and hit the 256 KiB annotation limit on big specs).
+- kopf's own Events off: the operator writes lifecycle Events itself (de-duplicated, never per call,
+  never a traceback that could carry a secret).
+
+``STARTUP_HOOKS``: functions ``hook(operator, settings)`` (async or not) run once the operator is
+configured and before any Workflow is served: the place for the metrics and health endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.controller import (
+    FINALIZER,
+    CleanupPending,
+    Operator,
+    OperatorPolicy,
+    OperatorSettings,
+)
+from durable_sandbox.kube.models import GROUP, VERSION
+
+log = logging.getLogger("durable_sandbox.kube.handlers")
+
+WATCH_SERVER_TIMEOUT = 300  # seconds the API server keeps one watch open before kopf starts the next
+WATCH_CLIENT_TIMEOUT = 330
+# A stopping daemon (Workflow deleted, operator exiting) is given this long to hand its run over or cancel
+# it (the call in flight may finish first; sandbox cleanup runs) before kopf cancels it by force.
+DAEMON_GRACEFUL_EXIT = 60.0
+DAEMON_CANCELLATION_TIMEOUT = 30.0
+
+StartupHook = Callable[[Operator, kopf.OperatorSettings], Any]
+STARTUP_HOOKS: list[StartupHook] = []
+
+
+@dataclass
+class Configuration:
+    """What `dsb operator` was started with (set before kopf runs)."""
+
+    policy: OperatorPolicy = field(default_factory=OperatorPolicy)
+    settings: OperatorSettings = field(default_factory=OperatorSettings)
+    kubeconfig: str | None = None
+    providers: Any = None
+
+
+config = Configuration()
+_operator: Operator | None = None
+
+
+def current() -> Operator:
+    if _operator is None:
+        raise RuntimeError("the operator is not started (kopf's startup handler has not run)")
+    return _operator
+
+
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    settings.peering.standalone = True
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
+    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.diffbase")
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
+    settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT
+    settings.posting.enabled = False
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global _operator
+    configure_kopf(settings)
+    api = await KubeClient.connect(kubeconfig=config.kubeconfig)
+    _operator = Operator(api, policy=config.policy, settings=config.settings, providers=config.providers)
+    for hook in STARTUP_HOOKS:
+        result = hook(_operator, settings)
+        if inspect.isawaitable(result):
+            await result
+    log.info("operator %s serving Workflows (local provider %s; workflow modules: %s)",
+             config.settings.worker_id, "allowed" if config.policy.allow_local_provider else "refused",
+             ", ".join(config.policy.workflow_modules) or "none")
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    global _operator
+    if _operator is None:
+        return
+    op, _operator = _operator, None
+    await op.shutdown()
+    await op.aclose()
+    await op.api.close()
+
+
+@kopf.daemon(GROUP, VERSION, "workflows", cancellation_backoff=DAEMON_GRACEFUL_EXIT,
+             cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT)
+async def drive(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    # kopf's `body` is a live view: it follows the watch, so the controller reads the newest spec from it.
+    op = current()
+    stop = asyncio.Event()
+
+    async def bridge() -> None:
+        await stopped.wait()  # the Workflow is being deleted, or the operator is exiting: hand the run over
+        stop.set()
+
+    watcher = asyncio.create_task(bridge())
+    try:
+        await op.daemon(lambda: body, stop)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+@kopf.on.event(GROUP, VERSION, "workflows")
+async def watched(body: kopf.Body, **_: Any) -> None:
+    if _operator is not None:
+        _operator.notice(body)
+
+
+@kopf.on.delete(GROUP, VERSION, "workflows", optional=False, retries=None)
+async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
+    try:
+        await current().cleanup(body, attempt=retry)
+    except CleanupPending as exc:
+        raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
+
+
+def run(*, namespaces: list[str], liveness: str | None) -> None:
+    """Run the operator until SIGINT/SIGTERM (kopf handles both: daemons are stopped, runs handed over)."""
+    kopf.run(
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=liveness,
+    )

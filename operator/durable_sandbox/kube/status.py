@@ -1,0 +1,327 @@
+"""Workflow status: a bounded projection of the run's journal, and when to write it.
+
+The full journal lives in the store (chunk objects in the cluster); status shows what `kubectl get`
+and `kubectl describe` need and stays small however long the run is: counts, the call in flight,
+the last 20 operations, the sandbox, the newest snapshot, conditions. :class:`Projection` folds
+journal rows incrementally (fed by every commit, so nothing is re-read), :func:`render` turns it into
+the status document, and :class:`StatusWriter` coalesces patches: at most about one per second per
+Workflow, plus one at once on every phase change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from durable_sandbox.engine.records import OperationRecord, OpKind, RunRecord, RunStatus
+
+log = logging.getLogger("durable_sandbox.kube.status")
+
+RECENT_OPERATIONS = 20
+# A result larger than this (JSON bytes) is not copied into status; resultRef says where it is.
+RESULT_INLINE_LIMIT = 4096
+# Messages in status are for people; long ones are cut (the journal has the whole text).
+MESSAGE_LIMIT = 1024
+
+PHASES = {
+    RunStatus.PENDING: "Pending",
+    RunStatus.RUNNING: "Running",
+    RunStatus.WAITING: "Waiting",
+    RunStatus.SUSPENDED: "Suspended",
+    RunStatus.SUCCEEDED: "Succeeded",
+    RunStatus.FAILED: "Failed",
+    RunStatus.CANCELLED: "Cancelled",
+}
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
+CONDITION_TYPES = ("Ready", "Succeeded", "Failed", "Suspended", "WaitingForSignal", "Recovering", "CleanupBlocked")
+
+
+def rfc3339(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cut(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass
+class Projection:
+    """What status shows of a journal, folded row by row (O(1) memory beyond the call counter)."""
+
+    total_calls: int | None = None  # known for toolCalls Workflows; entrypoints count what they reach
+    completed: set[int] = field(default_factory=set)  # indexes of completed sandbox calls
+    calls_seen: set[int] = field(default_factory=set)
+    current: dict[str, Any] | None = None
+    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_OPERATIONS))
+    sandbox: dict[str, Any] | None = None
+    snapshots: dict[str, None] = field(default_factory=dict)  # live snapshot ids, oldest first
+    recovery_count: int = 0
+    recovering: bool = False
+    last_seq: int = 0
+
+    def feed(self, rows: Iterable[OperationRecord]) -> None:
+        for row in rows:
+            if row.seq and row.seq <= self.last_seq:
+                continue  # already folded (a re-read journal overlapping what commits fed)
+            self.last_seq = max(self.last_seq, row.seq)
+            self._fold(row)
+
+    def _fold(self, row: OperationRecord) -> None:
+        kind, status = row.kind, row.status
+        meta = row.meta or {}
+        if kind == OpKind.SANDBOX_CALL.value:
+            index = meta.get("index")
+            if isinstance(index, int):
+                self.calls_seen.add(index)
+                if status == "completed":
+                    self.completed.add(index)
+        if status == "started" and kind in (OpKind.SANDBOX_CALL.value, OpKind.STEP.value):
+            self.current = {"opId": row.op_id, "kind": kind, "name": row.name}
+            if isinstance(meta.get("index"), int):
+                self.current["index"] = meta["index"]
+        elif self.current is not None and self.current["opId"] == row.op_id:
+            self.current = None
+        if status == "completed":
+            if kind in (OpKind.SANDBOX_PROVISION.value, OpKind.SANDBOX_RESTORE.value) and isinstance(row.result, dict):
+                session = row.op_id.rsplit("/", 1)[0]
+                self.sandbox = {"name": session, "provider": row.result.get("provider"), "providerId": row.result.get("id")}
+                if kind == OpKind.SANDBOX_RESTORE.value and meta.get("reason") == "recovery":
+                    self.recovery_count += 1
+                    self.recovering = False
+            elif kind == OpKind.SANDBOX_SNAPSHOT.value and isinstance(row.result, dict) and row.result.get("snapshotId"):
+                self.snapshots[row.result["snapshotId"]] = None
+            elif kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value and meta.get("snapshotId"):
+                self.snapshots.pop(meta["snapshotId"], None)
+            elif kind == OpKind.SANDBOX_DESTROY.value and meta.get("finalized") and self.sandbox is not None:
+                self.sandbox = {**self.sandbox, "providerId": None}
+        if kind == OpKind.SANDBOX_INJECT_LOSS.value or (kind == OpKind.SANDBOX_RESTORE.value and status == "started"
+                                                       and meta.get("reason") == "recovery"):
+            self.recovering = True
+        if status in ("completed", "failed"):
+            summary: dict[str, Any] = {
+                "opId": row.op_id,
+                "kind": kind,
+                "name": row.name,
+                "status": status,
+                "attempt": row.attempt,
+                "finishedAt": rfc3339(row.ts),
+            }
+            if kind == OpKind.SANDBOX_CALL.value and isinstance(row.result, dict) and "exitCode" in row.result:
+                summary["exitCode"] = row.result["exitCode"]
+            if row.error is not None:
+                summary["error"] = _cut(f"{row.error.type}: {row.error.message}", 256)
+            self.recent.append(summary)
+
+    @property
+    def latest_snapshot(self) -> str | None:
+        return next(reversed(self.snapshots), None) if self.snapshots else None
+
+    def calls(self) -> dict[str, int]:
+        total = self.total_calls if self.total_calls is not None else len(self.calls_seen)
+        return {"completed": len(self.completed), "total": total}
+
+
+def phase_of(run: RunRecord | None, *, suspended: bool = False) -> str:
+    if run is None:
+        return "Pending"
+    if suspended and not run.status.terminal:
+        return "Suspended"
+    return PHASES[run.status]
+
+
+def _condition(
+    ctype: str, on: bool, reason: str, message: str, generation: int | None, previous: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    status = "True" if on else "False"
+    prev = previous.get(ctype)
+    # lastTransitionTime moves only when the status flips (metav1.Condition semantics).
+    changed_at = prev.get("lastTransitionTime") if prev and prev.get("status") == status else None
+    return {
+        "type": ctype,
+        "status": status,
+        "reason": reason,
+        "message": _cut(message),
+        "lastTransitionTime": changed_at or rfc3339(time.time()),
+        "observedGeneration": generation,
+    }
+
+
+@dataclass
+class Extra:
+    """What status needs besides the journal: the controller's own knowledge of the object."""
+
+    generation: int | None = None
+    suspended: bool = False
+    attempt: int = 1
+    max_attempts: int = 1
+    cleanup_blocked: str | None = None  # why the provider refuses cleanup, while it does
+    rejected: tuple[str, str] | None = None  # (reason, message): the operator refused to run the spec
+    not_runnable: str | None = None  # this replica cannot import the workflow (left for another)
+    result_ref: str | None = None
+
+
+def render(
+    run: RunRecord | None,
+    projection: Projection,
+    extra: Extra,
+    *,
+    run_id: str | None,
+    previous_conditions: Iterable[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """The whole status document (everything but ``journal`` and ``kopf``, which others own)."""
+    previous = {c.get("type", ""): c for c in previous_conditions if isinstance(c, dict)}
+    gen = extra.generation
+    status: dict[str, Any] = {"observedGeneration": gen, "runId": run_id}
+    if extra.rejected is not None:
+        reason, message = extra.rejected
+        status["phase"] = "Failed"
+        status["conditions"] = [
+            _condition("Ready", False, reason, message, gen, previous),
+            _condition("Failed", True, reason, message, gen, previous),
+            _condition("Succeeded", False, reason, "the operator did not run this Workflow", gen, previous),
+        ]
+        status["error"] = {"type": reason, "message": _cut(message)}
+        return status
+    phase = phase_of(run, suspended=extra.suspended)
+    status["phase"] = phase
+    status["calls"] = projection.calls()
+    status["currentCall"] = projection.current if phase == "Running" else None
+    status["recentOperations"] = list(projection.recent)
+    status["sandbox"] = projection.sandbox
+    status["latestSnapshot"] = projection.latest_snapshot
+    status["recoveryCount"] = projection.recovery_count
+    status["attempt"] = extra.attempt
+    pending = list(run.pending_callbacks) if run is not None and run.status == RunStatus.WAITING else []
+    status["pendingCallbacks"] = [{"id": cb} for cb in pending]
+    status["wakeAt"] = rfc3339(run.wake_at) if run is not None and run.status == RunStatus.WAITING else None
+    status["startedAt"] = rfc3339(run.created_at) if run is not None else None
+    status["finishedAt"] = rfc3339(run.updated_at) if run is not None and run.status.terminal else None
+    error = run.error if run is not None and run.status in (RunStatus.FAILED, RunStatus.CANCELLED) else None
+    status["error"] = {"type": error.type, "message": _cut(error.message)} if error is not None else None
+    status["result"], status["resultRef"] = None, None
+    if run is not None and run.status == RunStatus.SUCCEEDED:
+        blob = json.dumps(run.result, separators=(",", ":"), default=str)
+        if len(blob) <= RESULT_INLINE_LIMIT:
+            status["result"] = run.result
+        else:
+            status["resultRef"] = extra.result_ref or f"dsb --kube inspect {run_id}"
+    status["conditions"] = conditions(run, projection, extra, previous, phase, pending)
+    return status
+
+
+def conditions(
+    run: RunRecord | None,
+    projection: Projection,
+    extra: Extra,
+    previous: dict[str, dict[str, Any]],
+    phase: str,
+    pending: list[str],
+) -> list[dict[str, Any]]:
+    gen = extra.generation
+    err = run.error.message if run is not None and run.error is not None else ""
+    out = []
+    if extra.not_runnable is not None:
+        ready = (False, "NotRunnableHere", extra.not_runnable)
+    elif phase in TERMINAL_PHASES:
+        ready = (False, phase, f"the run is {phase.lower()}")
+    elif phase == "Waiting":
+        ready = (True, "Waiting", "the run waits for " + (", ".join(pending) if pending else "a timer"))
+    elif phase == "Suspended":
+        ready = (True, "Suspended", "spec.suspend is true; the run is paused between calls")
+    else:
+        ready = (True, phase, f"the run is {phase.lower()}")
+    out.append(_condition("Ready", ready[0], ready[1], ready[2], gen, previous))
+    out.append(_condition("Succeeded", phase == "Succeeded", "Succeeded" if phase == "Succeeded" else "NotFinished" if phase not in TERMINAL_PHASES else phase,
+                          "the run succeeded" if phase == "Succeeded" else err or f"the run is {phase.lower()}", gen, previous))
+    failed = phase in ("Failed", "Cancelled")
+    out.append(_condition("Failed", failed, phase if failed else "NotFailed", err if failed else "", gen, previous))
+    out.append(_condition("Suspended", phase == "Suspended", "SuspendRequested" if phase == "Suspended" else "NotSuspended",
+                          "spec.suspend is true" if phase == "Suspended" else "", gen, previous))
+    waiting = bool(pending)
+    out.append(_condition("WaitingForSignal", waiting, "WaitingForSignal" if waiting else "NotWaiting",
+                          ("waiting for " + ", ".join(pending) + "; set spec.signals.<id> to continue") if waiting else "",
+                          gen, previous))
+    out.append(_condition("Recovering", projection.recovering and phase == "Running", "SandboxLost" if projection.recovering else "NotRecovering",
+                          "restoring the sandbox from its newest snapshot" if projection.recovering else "", gen, previous))
+    if extra.cleanup_blocked is not None or "CleanupBlocked" in previous:
+        blocked = extra.cleanup_blocked is not None
+        out.append(_condition("CleanupBlocked", blocked, "ProviderRefused" if blocked else "CleanupDone",
+                              extra.cleanup_blocked or "", gen, previous))
+    return out
+
+
+class StatusWriter:
+    """Coalesces status patches of one Workflow: the newest document wins, written at most about once
+    per ``interval`` seconds, except that a phase change is written at once. One task writes; a write
+    under way is never cut short (the next document waits for it)."""
+
+    def __init__(self, patch: Callable[[dict[str, Any]], Awaitable[None]], *, interval: float = 1.0) -> None:
+        self._patch = patch
+        self.interval = interval
+        self._pending: dict[str, Any] | None = None
+        self._offered_phase: str | None = None
+        self._urgent = False
+        self._wakeup = asyncio.Event()
+        self._last_write = 0.0
+        self._timer: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self.writes = 0
+
+    def offer(self, status: dict[str, Any]) -> None:
+        """Schedule ``status`` to be written (replacing anything not written yet)."""
+        self._pending = status
+        if status.get("phase") != self._offered_phase:
+            self._offered_phase = status.get("phase")
+            self._urgent = True
+            self._wakeup.set()
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.get_running_loop().create_task(self._write_loop())
+
+    async def _write_loop(self) -> None:
+        while self._pending is not None:
+            delay = self._last_write + self.interval - time.monotonic()
+            if not self._urgent and delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), delay)
+            self._urgent = False
+            self._wakeup.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write what is pending now (used on phase changes and before the daemon stops)."""
+        async with self._lock:
+            doc, self._pending = self._pending, None
+            if doc is None:
+                return
+            try:
+                await self._patch(doc)
+            except Exception as exc:  # status is a projection: the next offer writes it again
+                log.warning("status patch failed: %s", exc)
+                if self._pending is None:
+                    self._pending = doc
+                self._last_write = time.monotonic()  # try again one interval later, not in a loop
+                return
+            self.writes += 1
+            self._last_write = time.monotonic()
+
+    async def aclose(self, timeout: float = 10.0) -> None:
+        """Write what is pending now and stop."""
+        self._urgent = True
+        self._wakeup.set()
+        if self._timer is not None and not self._timer.done():
+            done, _ = await asyncio.wait([self._timer], timeout=timeout)
+            if not done:
+                self._timer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._timer
+        await self.flush()

@@ -1,0 +1,207 @@
+"""The operator as users run it: `dsb operator` as a separate process against the real control plane.
+
+``OperatorProcess`` starts one replica (its own DURABLE_SANDBOX_HOME for the local provider's sandboxes
+unless shared), with an optional fault point (engine/faults.py) so a test kills it at an exact place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import ControlPlane, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_DIR = ROOT / "crds"
+HELLO = ROOT / "examples" / "hello-workflow.yaml"
+CRD_NAMES = ["workflows.durable-sandbox.dev", "sandboxes.durable-sandbox.dev"]
+DSB = str(Path(sys.executable).parent / "dsb")
+
+
+def install_crds(cp: ControlPlane) -> None:
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
+    cp.kubectl("wait", "--for=condition=Established", *(f"crd/{n}" for n in CRD_NAMES), "--timeout=60s")
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    install_crds(control_plane)
+    name = f"op-{uuid.uuid4().hex[:8]}"
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+
+
+@dataclass
+class OperatorProcess:
+    home: Path
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, *, fault: str | None = None) -> OperatorProcess:
+        env = {**os.environ, "DURABLE_SANDBOX_HOME": str(self.home), "PYTHONUNBUFFERED": "1", **self.env}
+        env.pop("DURABLE_SANDBOX_FAULT", None)
+        if fault:
+            env["DURABLE_SANDBOX_FAULT"] = fault
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [DSB, "operator", *self.args], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_exit(self, timeout: float = 60) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout=timeout)
+
+    def terminate(self, timeout: float = 60) -> int:
+        """SIGTERM, as a rolling update does; returns the exit code."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def operators(tmp_path: Path, namespace: str) -> Iterator[Any]:
+    """A factory of operator replicas serving the test's namespace (other tests' Workflows are not theirs);
+    every one still running is stopped at the end of the test."""
+    started: list[OperatorProcess] = []
+
+    def make(*args: str, home: Path | None = None, env: dict[str, str] | None = None,
+             fault: str | None = None, name: str | None = None) -> OperatorProcess:
+        name = name or f"operator-{len(started) + 1}"
+        op = OperatorProcess(
+            home=home or tmp_path / "home", log_path=tmp_path / f"{name}.log",
+            args=["--lease-seconds", "6", "--worker-id", name, "--namespace", namespace, *args], env=env or {},
+        )
+        op.home.mkdir(parents=True, exist_ok=True)
+        started.append(op)
+        return op.start(fault=fault)
+
+    try:
+        yield make
+    finally:
+        for op in started:
+            if op.alive():
+                try:
+                    op.terminate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    op.kill()
+        for op in started:
+            if op.process is not None and op.process.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM):
+                print(f"--- {op.log_path.name} (exit {op.process.returncode})\n{op.logs()[-6000:]}", file=sys.stderr)
+
+
+def manifest(name: str, **spec: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(HELLO.read_text())
+    doc["metadata"]["name"] = name
+    for key, value in spec.items():
+        if value is None:
+            doc["spec"].pop(key, None)
+        else:
+            doc["spec"][key] = value
+    return doc
+
+
+def get(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    proc = cp.kubectl("get", "workflow", name, "-n", ns, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return None
+    obj: dict[str, Any] = json.loads(proc.stdout)
+    return obj
+
+
+def status(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    obj = get(cp, ns, name) or {}
+    st: dict[str, Any] = obj.get("status") or {}
+    return st
+
+
+def condition(cp: ControlPlane, ns: str, name: str, ctype: str) -> dict[str, Any] | None:
+    for cond in status(cp, ns, name).get("conditions") or []:
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return None
+
+
+def wait_in_flight(cp: ControlPlane, ns: str, name: str, index: int, timeout: float = 90) -> None:
+    """Wait until status says call ``index`` (0-based) is the one in flight."""
+    try:
+        wait_until(lambda: (status(cp, ns, name).get("currentCall") or {}).get("index") == index, timeout,
+                   f"call {index} of {ns}/{name} to be in flight")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; status: {json.dumps(status(cp, ns, name))[:3000]}") from None
+
+
+def wait_condition(cp: ControlPlane, ns: str, name: str, ctype: str, timeout: float = 120) -> None:
+    """`kubectl wait --for=condition=...`: what users run."""
+    proc = cp.kubectl("wait", f"--for=condition={ctype}", f"workflow/{name}", "-n", ns, f"--timeout={int(timeout)}s",
+                      check=False, timeout=timeout + 30)
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"workflow {ns}/{name} never got condition {ctype}: {proc.stderr}\nstatus: {json.dumps(status(cp, ns, name))[:3000]}"
+        )
+
+
+def events(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
+    out = cp.kubectl_json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")
+    items: list[dict[str, Any]] = out.get("items", [])
+    return items
+
+
+def event_reasons(cp: ControlPlane, ns: str, name: str) -> list[str]:
+    return [e["reason"] for e in sorted(events(cp, ns, name), key=lambda e: e.get("firstTimestamp") or "")]
+
+
+def wait_event(cp: ControlPlane, ns: str, name: str, reason: str, timeout: float = 60) -> None:
+    wait_until(lambda: reason in event_reasons(cp, ns, name), timeout, f"event {reason} on {ns}/{name}")
+
+
+def wait_gone(cp: ControlPlane, ns: str, name: str, timeout: float = 120) -> None:
+    wait_until(lambda: get(cp, ns, name) is None, timeout, f"workflow {ns}/{name} to disappear")
+
+
+def local_sandboxes(home: Path) -> list[str]:
+    """The local provider's inventory: live workspaces and snapshots under DURABLE_SANDBOX_HOME."""
+    found = []
+    for sub in ("local/workspaces", "local/snapshots"):
+        d = home / sub
+        if d.is_dir():
+            found.extend(f"{sub}/{p.name}" for p in d.iterdir() if not p.name.startswith("."))
+    return sorted(found)
+
+
+def dsb(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([DSB, *args], capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **(env or {})}, cwd=str(ROOT))
+
+
+def monotonic_deadline(seconds: float) -> float:
+    return time.monotonic() + seconds

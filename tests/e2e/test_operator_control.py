@@ -1,0 +1,107 @@
+"""Acceptance 5: signals, suspend and cancel by editing the spec; the watch brings each to the running run.
+
+Calls that must be in flight at a chosen moment block on a gate file the test creates (the local provider
+runs commands on this machine), so nothing here depends on timing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.operator_support import (
+    condition,
+    event_reasons,
+    local_sandboxes,
+    manifest,
+    namespace,
+    operators,
+    status,
+    wait_condition,
+    wait_event,
+    wait_in_flight,
+)
+
+__all__ = ["namespace", "operators"]  # fixtures
+
+
+def gated_calls(gate: Path, *, after: int = 2) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = [
+        {"type": "write_file", "path": "notes/a.txt", "contents": "kept across hibernation\n"},
+        {"type": "shell", "command": "echo one >> notes/log.txt"},
+    ][:after]
+    calls += [
+        {"type": "shell", "command": f"while [ ! -e {gate} ]; do sleep 0.05; done; echo gate passed"},
+        {"type": "read_file", "path": "notes/a.txt"},
+        {"type": "shell", "command": "cat notes/log.txt"},
+    ]
+    return calls
+
+
+def test_callback_workflow_waits_and_is_resumed_by_patching_spec_signals(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    operators("--allow-local-provider", "--workflows", "examples.flows")
+    doc = manifest("approve-me", entrypoint="examples.flows.hello_flow:hello", input={"name": "Ada", "approve": True},
+                   toolCalls=None, sandbox=None, snapshotEveryNCalls=None)
+    control_plane.apply(doc, "-n", namespace)
+    wait_condition(control_plane, namespace, "approve-me", "WaitingForSignal")
+    st = status(control_plane, namespace, "approve-me")
+    assert st["phase"] == "Waiting"
+    assert st["pendingCallbacks"] == [{"id": "approval"}]
+    wait_event(control_plane, namespace, "approve-me", "WaitingForSignal")
+
+    control_plane.kubectl("patch", "workflow", "approve-me", "-n", namespace, "--type", "merge",
+                          "-p", json.dumps({"spec": {"signals": {"approval": {"approved": True, "by": "grace"}}}}))
+    wait_condition(control_plane, namespace, "approve-me", "Succeeded")
+    st = status(control_plane, namespace, "approve-me")
+    assert st["result"]["approval"] == {"approved": True, "by": "grace"}
+    assert st["result"]["greeting"] == "Hello, Ada!"
+    assert condition(control_plane, namespace, "approve-me", "WaitingForSignal")["status"] == "False"  # type: ignore[index]
+
+
+def test_suspend_hibernates_between_calls_and_resume_restores_from_the_snapshot(
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+) -> None:
+    op = operators("--allow-local-provider")
+    gate = tmp_path / "gate"
+    doc = manifest("pausable", toolCalls=gated_calls(gate), snapshotEveryNCalls=0)
+    control_plane.apply(doc, "-n", namespace)
+    # The third call blocks on the gate: two calls completed, one in flight.
+    wait_in_flight(control_plane, namespace, "pausable", 2)
+    control_plane.kubectl("patch", "workflow", "pausable", "-n", namespace, "--type", "merge",
+                          "-p", '{"spec":{"suspend":true}}')
+    gate.touch()  # the call in flight completes; the run stops at the next boundary
+    wait_condition(control_plane, namespace, "pausable", "Suspended")
+    st = status(control_plane, namespace, "pausable")
+    assert st["phase"] == "Suspended"
+    assert st["calls"]["completed"] == 3
+    live = [s for s in local_sandboxes(op.home) if s.startswith("local/workspaces/")]
+    assert live == [], live  # hibernated: no live sandbox while suspended
+    assert any(s.startswith("local/snapshots/") for s in local_sandboxes(op.home))
+    wait_event(control_plane, namespace, "pausable", "Suspended")
+
+    control_plane.kubectl("patch", "workflow", "pausable", "-n", namespace, "--type", "merge",
+                          "-p", '{"spec":{"suspend":false}}')
+    wait_condition(control_plane, namespace, "pausable", "Succeeded")
+    results = status(control_plane, namespace, "pausable")["result"]["toolResults"]
+    assert [r["stdout"] for r in results[-3:]] == ["gate passed\n", "kept across hibernation\n", "one\n"]
+    assert "Resumed" in event_reasons(control_plane, namespace, "pausable")
+    assert local_sandboxes(op.home) == []
+
+
+def test_cancel_stops_the_run_and_cleans_up(
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+) -> None:
+    op = operators("--allow-local-provider")
+    gate = tmp_path / "never"
+    control_plane.apply(manifest("stop-me", toolCalls=gated_calls(gate), snapshotEveryNCalls=2), "-n", namespace)
+    wait_in_flight(control_plane, namespace, "stop-me", 2)
+    control_plane.kubectl("patch", "workflow", "stop-me", "-n", namespace, "--type", "merge", "-p", '{"spec":{"cancel":true}}')
+    wait_until(lambda: status(control_plane, namespace, "stop-me").get("phase") == "Cancelled", 90, "phase Cancelled")
+    failed = condition(control_plane, namespace, "stop-me", "Failed")
+    assert failed is not None and failed["status"] == "True" and failed["reason"] == "Cancelled"
+    assert "spec.cancel" in failed["message"]
+    wait_event(control_plane, namespace, "stop-me", "Cancelled")
+    assert local_sandboxes(op.home) == []
