@@ -1,6 +1,6 @@
 """The store protocol: everything the engine needs from persistence.
 
-Implementations: ``stores.sqlite.SqliteStore`` (embedded default) and ``stores.kubernetes.KubernetesStore``.
+Implementations: ``stores.sqlite.SqliteStore`` (embedded default) and ``kube.store.KubernetesStore``.
 The engine defines the protocol so that it depends on no store (imports flow one way).
 
 Contract highlights:

@@ -1,0 +1,83 @@
+"""The async Kubernetes API client every part of the package uses (store, leases, operator, ``dsb --kube``).
+
+``kubernetes.aio`` is the official client's async package (``kubernetes`` >= 37): generated typed models,
+``resourceVersion`` preconditions, and aiohttp underneath, the same stack kopf runs on, so no request ever
+blocks the event loop and no thread pool is involved. Configuration comes from ``$KUBECONFIG`` (or
+``~/.kube/config``) when there is one, else from the in-cluster service account.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes.aio import client as k8s
+from kubernetes.aio import config as k8s_config
+from kubernetes.aio.client.exceptions import ApiException
+
+__all__ = ["ApiException", "KubeClient", "is_conflict", "is_gone", "is_not_found", "is_precondition_failed"]
+
+# A JSON Patch whose `test` op fails is answered 422 (Unprocessable Entity); a stale resourceVersion 409.
+JSON_PATCH = "application/json-patch+json"
+
+
+def is_not_found(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 404
+
+
+def is_gone(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status in (404, 410)
+
+
+def is_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 409
+
+
+def is_precondition_failed(exc: BaseException) -> bool:
+    """A JSON Patch ``test`` op did not hold (the apiserver answers 422 Unprocessable Entity)."""
+    return isinstance(exc, ApiException) and exc.status == 422
+
+
+@dataclass
+class KubeClient:
+    """One aiohttp connection pool and the typed API groups on it. Close it with :meth:`close`."""
+
+    api_client: k8s.ApiClient
+
+    def __post_init__(self) -> None:
+        self.core = k8s.CoreV1Api(self.api_client)
+        self.coordination = k8s.CoordinationV1Api(self.api_client)
+        self.custom = k8s.CustomObjectsApi(self.api_client)
+
+    @classmethod
+    async def connect(cls, *, kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> KubeClient:
+        """Configuration from ``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else in-cluster."""
+        configuration = k8s.Configuration()
+        path = kubeconfig or os.environ.get("KUBECONFIG") or None
+        default = Path.home() / ".kube" / "config"
+        if path is None and not default.exists() and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        else:
+            # Read here, not at import: the kubernetes package snapshots $KUBECONFIG when it is imported.
+            chosen = str(path) if path is not None else str(default)
+            try:
+                await k8s_config.load_kube_config(
+                    config_file=chosen, context=context, client_configuration=configuration, persist_config=False
+                )
+            except (k8s_config.ConfigException, FileNotFoundError) as exc:
+                raise RuntimeError(
+                    f"Cannot configure the Kubernetes client from {chosen}: {exc}. Set KUBECONFIG to a "
+                    f"kubeconfig for the cluster, or run inside the cluster with a service account."
+                ) from exc
+        return cls(k8s.ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()

@@ -1,0 +1,833 @@
+"""``KubernetesStore``: the engine's store kept in the API server of the cluster it runs in.
+
+Objects of a run ``R`` (key ``K`` = ``R`` when ``R`` is a DNS label, else a digest of it), all ConfigMaps
+but the Lease, labelled ``durable-sandbox.dev/run-id=K`` and ``durable-sandbox.dev/part=...``, owned by the
+Workflow when the run belongs to one (garbage-collected with it):
+
+- ``dsb.K`` (part ``run``), the **head**: the run record (one data key per field, ``run.<field>``), the
+  fencing token ``fence``, the last assigned ``seq``, the list of sealed ``chunks``, the ``signals``, and
+  the journal **tail** (``j.<seq>`` keys). Everything one commit writes is in this one object, so a commit
+  is one JSON Patch: ``test fence`` (+ ``test`` no cancel request, + ``test seq``), ``add`` the records,
+  ``add`` the run fields: atomic, fenced, and one API write.
+- ``dsb.K.j<first seq>.f<fence>`` (part ``journal``): sealed journal chunks. When the tail passes
+  ``TAIL_BYTES`` (128 KiB), the next commit first creates a chunk holding the tail, then removes those keys
+  from the head in the same fenced patch as its own records. A chunk is never changed afterwards; the head's
+  ``chunks`` list is authoritative (a chunk created by a worker that lost its lease is never listed).
+- ``dsb.K.b<digest>.<part>`` (part ``blob``): values too large to keep inline (a record over 32 KiB, a run
+  field over 16 KiB: big stdout, results, a 10,000-call input), split into ≤ 512 KiB parts and referenced
+  as ``@name,name`` from the record or field. Content-addressed, so writing one twice is harmless.
+- ``dsb.K.events`` (part ``events``): run events (lifecycle, progress), appended with a JSON Patch ``test``
+  of their own counter; a bounded feed (the oldest are dropped past ``EVENTS_BYTES``).
+- Lease ``dsb.K``: who executes the run (``kube/leases.py``); ``leaseTransitions`` is the fence.
+
+Cache entries (``dsb.cache.<digest>``) and thread state (``dsb.thread.<digest>``) have their own objects.
+A commit carrying them writes them right after its head patch and records them in the head (``redo``) in
+that same patch, so a worker that dies in between has them re-applied when the run is claimed next.
+
+API writes: a commit is one write (plus one chunk create per ~128 KiB of journal, plus a blob create per
+large value); a claim is two (Lease, head fence); renew and release one each. ``writes`` counts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.aio.client import models as m
+
+from durable_sandbox.engine.errors import LeaseHeld, LeaseLost, RunCancelledError, RunNotFound, SignalConflict
+from durable_sandbox.engine.records import (
+    Commit,
+    ErrorInfo,
+    Event,
+    Lease,
+    OperationRecord,
+    RunRecord,
+    RunStatus,
+)
+from durable_sandbox.kube.client import (
+    JSON_PATCH,
+    ApiException,
+    KubeClient,
+    is_conflict,
+    is_not_found,
+    is_precondition_failed,
+)
+from durable_sandbox.kube.leases import LeaseBusy, LeaseGone, RunLeases
+
+__all__ = ["KubernetesStore", "OwnerRef"]
+
+LABEL_RUN = "durable-sandbox.dev/run-id"
+LABEL_PART = "durable-sandbox.dev/part"
+LABEL_STATUS = "durable-sandbox.dev/status"
+ANNOTATION_RUN = "durable-sandbox.dev/run-id"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "durable-sandbox"}
+
+TAIL_BYTES = 128 * 1024  # journal kept in the head before it is sealed into a chunk
+INLINE_RECORD_BYTES = 32 * 1024
+INLINE_FIELD_BYTES = 16 * 1024
+BLOB_PART_BYTES = 512 * 1024
+EVENTS_BYTES = 256 * 1024
+
+_RUN_FIELDS = (
+    "workflow", "status", "input", "result", "error", "thread_id", "created_at", "updated_at", "wake_at",
+    "pending_callbacks", "cancel_requested", "epoch", "lease_owner", "labels", "workflow_ref",
+)
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_RETRIES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    """The Workflow a run belongs to: its objects are owned by it and deleted with it."""
+
+    name: str
+    uid: str
+    api_version: str = "durable-sandbox.dev/v1alpha1"
+    kind: str = "Workflow"
+
+    def model(self) -> m.V1OwnerReference:
+        return m.V1OwnerReference(api_version=self.api_version, kind=self.kind, name=self.name, uid=self.uid)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name, "uid": self.uid}
+
+
+def run_key(run_id: str) -> str:
+    """The run's name part in object names and its label value: the id itself when it is a DNS label."""
+    if _DNS_LABEL.fullmatch(run_id):
+        return run_id
+    return "x" + hashlib.sha256(run_id.encode()).hexdigest()[:40]
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _jp(*parts: str) -> str:
+    return "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _seq_key(seq: int) -> str:
+    return f"j.{seq:012d}"
+
+
+def _encode_record(r: OperationRecord) -> str:
+    out: dict[str, Any] = {"op": r.op_id, "k": r.kind, "n": r.name, "s": r.status, "a": r.attempt, "t": r.ts}
+    if r.input_digest is not None:
+        out["d"] = r.input_digest
+    if r.status == "completed":
+        out["r"] = r.result
+    if r.error is not None:
+        out["e"] = r.error.to_json()
+    if r.meta:
+        out["m"] = r.meta
+    if r.epoch:
+        out["ep"] = r.epoch
+    return _dumps(out)
+
+
+def _decode_record(seq: int, text: str) -> OperationRecord:
+    d = json.loads(text)
+    return OperationRecord(
+        op_id=d["op"], kind=d["k"], name=d["n"], status=d["s"], attempt=d["a"], input_digest=d.get("d"),
+        result=d.get("r"), error=ErrorInfo.from_json(d["e"]) if "e" in d else None, meta=d.get("m"),
+        ts=d["t"], epoch=d.get("ep", 0), seq=seq,
+    )
+
+
+def _field_value(name: str, value: Any) -> Any:
+    if name == "status":
+        return RunStatus(value).value
+    if name == "error":
+        return value.to_json() if value is not None else None
+    return value
+
+
+@dataclass
+class _RunState:
+    """What this instance knows of a run's head (refreshed from the API whenever in doubt)."""
+
+    name: str
+    fence: int
+    seq: int
+    chunks: list[dict[str, Any]]
+    tail: dict[int, int]  # seq -> bytes of the records in the head
+    owners: list[dict[str, Any]] = field(default_factory=list)
+    events_seq: int | None = None
+
+
+class KubernetesStore:
+    """The Store protocol in one namespace. ``await KubernetesStore.connect(namespace)`` or give a client."""
+
+    def __init__(self, namespace: str, api: KubeClient, *, clock: Callable[[], float] = time.monotonic,
+                 field_manager: str = "durable-sandbox", owns_client: bool = False) -> None:
+        self.namespace = namespace
+        self.api = api
+        self.field_manager = field_manager
+        self.leases = RunLeases(api, namespace, clock=clock, field_manager=field_manager)
+        self.writes: Counter[str] = Counter()  # API writes by "verb kind", for the write budget
+        self._runs: dict[str, _RunState] = {}
+        self._owns_client = owns_client
+
+    @classmethod
+    async def connect(cls, namespace: str, *, kubeconfig: str | None = None, **kw: Any) -> KubernetesStore:
+        return cls(namespace, await KubeClient.connect(kubeconfig=kubeconfig), owns_client=True, **kw)
+
+    def __repr__(self) -> str:
+        return f"KubernetesStore(namespace={self.namespace!r})"
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self.api.close()
+
+    @property
+    def write_count(self) -> int:
+        return sum(self.writes.values()) + self.leases.writes
+
+    # ------------------------------------------------------------------ raw ConfigMap calls (JSON, no models)
+    # ConfigMaps go through the *_without_preload_content calls: a head can hold 128 KiB of journal, and
+    # building typed models of it on every commit would cost more than the request.
+
+    async def _raw(self, call: Any) -> dict[str, Any]:
+        resp = await call
+        try:
+            body = await resp.read()
+        finally:
+            resp.release()
+        if resp.status >= 400:
+            raise ApiException(status=resp.status, reason=resp.reason, body=body.decode(errors="replace"))
+        return json.loads(body) if body else {}
+
+    async def _get(self, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._raw(
+                self.api.core.read_namespaced_config_map_without_preload_content(name, self.namespace)
+            )
+        except ApiException as exc:
+            if is_not_found(exc):
+                return None
+            raise
+
+    async def _list(self, selector: str) -> list[dict[str, Any]]:
+        out = await self._raw(
+            self.api.core.list_namespaced_config_map_without_preload_content(self.namespace, label_selector=selector)
+        )
+        return list(out.get("items") or [])
+
+    async def _create(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.writes["create configmap"] += 1
+        return await self._raw(self.api.core.create_namespaced_config_map_without_preload_content(
+            self.namespace, m.V1ConfigMap.model_validate(body), field_manager=self.field_manager))
+
+    async def _replace(self, name: str, body: dict[str, Any]) -> None:
+        self.writes["update configmap"] += 1
+        await self._raw(self.api.core.replace_namespaced_config_map_without_preload_content(
+            name, self.namespace, m.V1ConfigMap.model_validate(body), field_manager=self.field_manager))
+
+    async def _patch(self, name: str, ops: list[dict[str, Any]]) -> None:
+        self.writes["patch configmap"] += 1
+        await self._raw(self.api.core.patch_namespaced_config_map_without_preload_content(
+            name, self.namespace, ops, field_manager=self.field_manager, _content_type=JSON_PATCH))
+
+    async def _delete(self, name: str) -> bool:
+        self.writes["delete configmap"] += 1
+        try:
+            await self._raw(self.api.core.delete_namespaced_config_map_without_preload_content(name, self.namespace))
+        except ApiException as exc:
+            if is_not_found(exc):
+                return False
+            raise
+        return True
+
+    def _meta(self, name: str, key: str | None, part: str, owners: list[dict[str, Any]],
+              extra_labels: dict[str, str] | None = None) -> dict[str, Any]:
+        labels = {**MANAGED_BY, LABEL_PART: part, **(extra_labels or {})}
+        if key is not None:
+            labels[LABEL_RUN] = key
+        meta: dict[str, Any] = {"name": name, "labels": labels}
+        if owners:
+            meta["ownerReferences"] = owners
+        return meta
+
+    # ------------------------------------------------------------------ blobs (values too large to inline)
+
+    async def _put_value(self, key: str, text: str, limit: int, owners: list[dict[str, Any]]) -> str:
+        """``text`` itself if small, else stored in blob objects and returned as ``@name,name``."""
+        if len(text.encode()) <= limit:
+            return text
+        ascii_text = json.dumps(json.loads(text), separators=(",", ":"))  # 1 char = 1 byte: exact parts
+        digest = hashlib.sha256(ascii_text.encode()).hexdigest()[:20]
+        parts = [ascii_text[i:i + BLOB_PART_BYTES] for i in range(0, len(ascii_text), BLOB_PART_BYTES)]
+        names = [f"dsb.{key}.b{digest}.{i}" for i in range(len(parts))]
+
+        async def put(name: str, part: str) -> None:
+            try:
+                await self._create({"metadata": self._meta(name, key, "blob", owners), "data": {"v": part},
+                                    "immutable": True})
+            except ApiException as exc:
+                if not is_conflict(exc):  # content-addressed: an existing blob holds the same bytes
+                    raise
+
+        await asyncio.gather(*(put(n, p) for n, p in zip(names, parts, strict=True)))
+        return "@" + ",".join(names)
+
+    async def _value(self, text: str) -> str:
+        if not text.startswith("@"):
+            return text
+        names = text[1:].split(",")
+        blobs = await asyncio.gather(*(self._get(n) for n in names))
+        missing = [n for n, b in zip(names, blobs, strict=True) if b is None]
+        if missing:
+            raise RuntimeError(
+                f"Journal value object(s) {missing} in namespace {self.namespace!r} are missing (deleted by hand?); "
+                f"the run's data is incomplete and it cannot be loaded."
+            )
+        return "".join(b["data"]["v"] for b in blobs if b is not None)
+
+    # ------------------------------------------------------------------ runs
+
+    def _state_from_head(self, run_id: str, head: dict[str, Any]) -> _RunState:
+        data = head.get("data") or {}
+        tail = {int(k[2:]): len(v.encode()) for k, v in data.items() if k.startswith("j.")}
+        st = _RunState(
+            name=head["metadata"]["name"], fence=int(data.get("fence", "0")), seq=int(data.get("seq", "0")),
+            chunks=json.loads(data.get("chunks", "[]")), tail=tail,
+            owners=list(head["metadata"].get("ownerReferences") or []),
+        )
+        old = self._runs.get(run_id)
+        if old is not None:
+            st.events_seq = old.events_seq
+        self._runs[run_id] = st
+        return st
+
+    async def _head(self, run_id: str) -> dict[str, Any] | None:
+        head = await self._get(f"dsb.{run_key(run_id)}")
+        if head is not None:
+            self._state_from_head(run_id, head)
+        return head
+
+    async def _run_from_head(self, head: dict[str, Any]) -> RunRecord:
+        data = head.get("data") or {}
+        meta = head["metadata"]
+        run_id = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
+        texts = await asyncio.gather(*(self._value(data.get(f"run.{f}", "null")) for f in _RUN_FIELDS))
+        values = {f: json.loads(t) for f, t in zip(_RUN_FIELDS, texts, strict=True)}
+        return RunRecord(
+            run_id=run_id, workflow=values["workflow"], status=RunStatus(values["status"]), input=values["input"],
+            result=values["result"],
+            error=ErrorInfo.from_json(values["error"]) if values["error"] else None,
+            thread_id=values["thread_id"], created_at=values["created_at"], updated_at=values["updated_at"],
+            wake_at=values["wake_at"], pending_callbacks=values["pending_callbacks"] or [],
+            cancel_requested=values["cancel_requested"], epoch=values["epoch"] or 0,
+            lease_owner=values["lease_owner"], fence=int(data.get("fence", "0")), labels=values["labels"] or {},
+            workflow_ref=values["workflow_ref"],
+        )
+
+    async def create_run(self, run: RunRecord, *, owner: OwnerRef | None = None) -> tuple[RunRecord, bool]:
+        """Insert ``run`` unless its id exists. ``owner``: the Workflow whose deletion deletes the run."""
+        key = run_key(run.run_id)
+        owners = [owner.to_json()] if owner else []
+        data: dict[str, str] = {"fence": "0", "seq": "0", "chunks": "[]", "signals": "{}"}
+        for f in _RUN_FIELDS:
+            value = _field_value(f, getattr(run, f))
+            data[f"run.{f}"] = await self._put_value(key, _dumps(value), INLINE_FIELD_BYTES, owners)
+        meta = self._meta(f"dsb.{key}", key, "run", owners, {LABEL_STATUS: run.status.value})
+        meta["annotations"] = {ANNOTATION_RUN: run.run_id}
+        try:
+            head = await self._create({"metadata": meta, "data": data})
+        except ApiException as exc:
+            if not is_conflict(exc):
+                raise
+            existing = await self._head(run.run_id)
+            if existing is None:  # deleted in between: try once more
+                return await self.create_run(run, owner=owner)
+            return await self._run_from_head(existing), False
+        self._state_from_head(run.run_id, head)
+        return run, True
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        head = await self._head(run_id)
+        return None if head is None else await self._run_from_head(head)
+
+    async def list_runs(
+        self, *, status: Sequence[RunStatus] | None = None, workflow: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        selector = f"{LABEL_PART}=run"
+        if status:
+            selector += f",{LABEL_STATUS} in ({','.join(RunStatus(s).value for s in status)})"
+        heads = await self._list(selector)
+        if workflow is not None:
+            heads = [h for h in heads if json.loads((h.get("data") or {}).get("run.workflow", "null")) == workflow]
+        runs = await asyncio.gather(*(self._run_from_head(h) for h in heads))
+        return sorted(runs, key=lambda r: r.created_at, reverse=True)[:limit]
+
+    async def delete_run(self, run_id: str, *, fence: int | None = None) -> bool:
+        """Delete the head first (the run disappears for every reader at once, conditional on the version
+        whose fence we checked), then the run's other objects by label. Its events object goes before the
+        head, so a run created again under the same id never inherits old events; leftovers of a crash in
+        between (chunks, blobs) are never read: a new head lists no chunks."""
+        key = run_key(run_id)
+        name = f"dsb.{key}"
+        for _ in range(_RETRIES):
+            head = await self._get(name)
+            if head is None:
+                return False
+            if fence is not None and int((head.get("data") or {}).get("fence", "0")) != fence:
+                raise LeaseLost(run_id, fence)
+            await self._delete(f"{name}.events")
+            self.writes["delete configmap"] += 1
+            try:
+                await self._raw(self.api.core.delete_namespaced_config_map_without_preload_content(
+                    name, self.namespace, body=m.V1DeleteOptions(preconditions=m.V1Preconditions(
+                        resource_version=head["metadata"]["resourceVersion"]))))
+            except ApiException as exc:
+                if is_not_found(exc):
+                    return False
+                if is_conflict(exc):
+                    continue  # written since we checked the fence: check again
+                raise
+            break
+        else:
+            raise RuntimeError(f"Could not delete run {run_id!r}: its head kept changing")
+        self._runs.pop(run_id, None)
+        self.writes["deletecollection configmap"] += 1
+        await self._raw(self.api.core.delete_collection_namespaced_config_map_without_preload_content(
+            self.namespace, label_selector=f"{LABEL_RUN}={key}"))
+        self.leases.writes += 1
+        try:
+            await self.api.coordination.delete_namespaced_lease(name, self.namespace)
+        except ApiException as exc:
+            if not is_not_found(exc):
+                raise
+        return True
+
+    async def _field_ops(self, run_id: str, changes: dict[str, Any], owners: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        key = run_key(run_id)
+        ops: list[dict[str, Any]] = []
+        for name, value in {**changes, "updated_at": time.time()}.items():
+            if name not in _RUN_FIELDS:
+                raise ValueError(f"{name!r} is not a run field a store can change (known: {', '.join(_RUN_FIELDS)})")
+            encoded = await self._put_value(key, _dumps(_field_value(name, value)), INLINE_FIELD_BYTES, owners)
+            ops.append({"op": "add", "path": _jp("data", f"run.{name}"), "value": encoded})
+            if name == "status":
+                ops.append({"op": "add", "path": _jp("metadata", "labels", LABEL_STATUS),
+                            "value": RunStatus(value).value})
+        return ops
+
+    async def update_run(self, run_id: str, changes: dict[str, Any], *, fence: int | None = None) -> None:
+        st = self._runs.get(run_id)
+        owners = st.owners if st is not None else []
+        ops = await self._field_ops(run_id, changes, owners)
+        if fence is not None:
+            ops.insert(0, {"op": "test", "path": "/data/fence", "value": str(fence)})
+        try:
+            await self._patch(f"dsb.{run_key(run_id)}", ops)
+        except ApiException as exc:
+            if is_not_found(exc):
+                if fence is not None:
+                    raise LeaseLost(run_id, fence) from None
+                raise RunNotFound(run_id) from None
+            if fence is not None and is_precondition_failed(exc):
+                await self._head(run_id)
+                raise LeaseLost(run_id, fence) from None
+            raise
+
+    # ------------------------------------------------------------------ journal
+
+    async def _fenced_state(self, run_id: str, fence: int, *, refresh: bool = False) -> _RunState:
+        st = self._runs.get(run_id)
+        if refresh or st is None or st.fence != fence:
+            if await self._head(run_id) is None:
+                raise LeaseLost(run_id, fence)
+            st = self._runs[run_id]
+        if st.fence != fence:
+            raise LeaseLost(run_id, fence)
+        return st
+
+    async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
+        key = run_key(run_id)
+        refresh = False
+        for _ in range(3):
+            st = await self._fenced_state(run_id, fence, refresh=refresh)
+            ops: list[dict[str, Any]] = [{"op": "test", "path": "/data/fence", "value": str(fence)}]
+            if commit.check_cancel:
+                ops.append({"op": "test", "path": "/data/run.cancel_requested", "value": "null"})
+            ops.append({"op": "test", "path": "/data/seq", "value": str(st.seq)})
+            encoded: list[str] = []
+            for r in commit.records:
+                encoded.append(await self._put_value(key, _encode_record(r), INLINE_RECORD_BYTES, st.owners))
+            new_bytes = sum(len(e.encode()) for e in encoded)
+            chunk = None
+            if st.tail and sum(st.tail.values()) + new_bytes > TAIL_BYTES:
+                chunk = await self._seal(run_id, st, fence, ops)
+            seq = st.seq
+            for text in encoded:
+                seq += 1
+                ops.append({"op": "add", "path": _jp("data", _seq_key(seq)), "value": text})
+            if commit.records:
+                ops.append({"op": "replace", "path": "/data/seq", "value": str(seq)})
+            if commit.run:
+                ops.extend(await self._field_ops(run_id, commit.run, st.owners))
+            redo = self._redo(run_id, fence, seq, commit)
+            if redo is not None:
+                ops.append({"op": "add", "path": "/data/redo", "value": _dumps(redo)})
+            try:
+                await self._patch(st.name, ops)
+            except ApiException as exc:
+                if is_not_found(exc):
+                    raise LeaseLost(run_id, fence) from None
+                if not is_precondition_failed(exc):
+                    raise
+                head = await self._head(run_id)
+                if head is None or self._runs[run_id].fence != fence:
+                    raise LeaseLost(run_id, fence) from None
+                cancel = json.loads((head.get("data") or {}).get("run.cancel_requested", "null"))
+                if commit.check_cancel and cancel is not None:
+                    raise RunCancelledError(run_id, cancel) from None
+                refresh = True  # our idea of seq or the tail was stale: try again from the head
+                continue
+            for r, text, s in zip(commit.records, encoded, range(st.seq + 1, seq + 1), strict=True):
+                r.seq = s
+                st.tail[s] = len(text.encode())
+            if chunk is not None:
+                st.chunks.append(chunk)
+                for s in range(chunk["first"], chunk["last"] + 1):
+                    st.tail.pop(s, None)
+            st.seq = seq
+            if redo is not None:
+                await self._apply_redo(redo)
+            return
+        raise RuntimeError(f"Could not append to the journal of run {run_id!r}: the head kept changing under a valid fence")
+
+    async def _seal(self, run_id: str, st: _RunState, fence: int, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """Copy the tail into a new chunk object and add the head ops that drop it from the head."""
+        key = run_key(run_id)
+        head = await self._get(st.name)
+        if head is None:
+            raise LeaseLost(run_id, fence)
+        data = head.get("data") or {}
+        tail = {k: v for k, v in data.items() if k.startswith("j.")}
+        seqs = sorted(int(k[2:]) for k in tail)
+        first, last = seqs[0], seqs[-1]
+        name = f"dsb.{key}.j{first:012d}.f{fence}"
+        body = {"metadata": self._meta(name, key, "journal", st.owners), "data": tail}
+        try:
+            await self._create(body)
+        except ApiException as exc:
+            if not is_conflict(exc):
+                raise
+            await self._replace(name, body)  # our own earlier attempt (same fence = this worker)
+        chunk = {"name": name, "first": first, "last": last}
+        ops.extend({"op": "remove", "path": _jp("data", k)} for k in sorted(tail))
+        ops.append({"op": "add", "path": "/data/chunks", "value": _dumps([*st.chunks, chunk])})
+        return chunk
+
+    async def load_journal(self, run_id: str) -> list[OperationRecord]:
+        return await self.journal_since(run_id, 0)
+
+    async def journal_since(self, run_id: str, after_seq: int) -> list[OperationRecord]:
+        head = await self._head(run_id)
+        if head is None:
+            return []
+        data = head.get("data") or {}
+        chunks = [c for c in json.loads(data.get("chunks", "[]")) if c["last"] > after_seq]
+        bodies = await asyncio.gather(*(self._get(c["name"]) for c in chunks))
+        items: dict[int, str] = {}
+        for c, body in zip(chunks, bodies, strict=True):
+            if body is None:
+                raise RuntimeError(
+                    f"Journal chunk {c['name']!r} of run {run_id!r} is missing from namespace {self.namespace!r} "
+                    f"(deleted by hand?); the journal cannot be loaded without it."
+                )
+            items.update((int(k[2:]), v) for k, v in (body.get("data") or {}).items() if k.startswith("j."))
+        items.update((int(k[2:]), v) for k, v in data.items() if k.startswith("j."))
+        seqs = [s for s in sorted(items) if s > after_seq]
+        texts = await asyncio.gather(*(self._value(items[s]) for s in seqs))
+        return [_decode_record(s, t) for s, t in zip(seqs, texts, strict=True)]
+
+    def journal_objects(self, run_id: str) -> list[str]:
+        """Names of the run's sealed journal chunks as this instance last saw them (for ``status.journal``)."""
+        st = self._runs.get(run_id)
+        return [c["name"] for c in st.chunks] if st is not None else []
+
+    # ------------------------------------------------------------------ thread state and cache (side objects)
+
+    @staticmethod
+    def _redo(run_id: str, fence: int, seq: int, commit: Commit) -> dict[str, Any] | None:
+        if commit.thread_state is None and commit.cache is None:
+            return None
+        redo: dict[str, Any] = {"writer": f"{run_id}:{fence}:{seq}:{time.time()}"}
+        if commit.thread_state is not None:
+            redo["thread"] = list(commit.thread_state)
+        if commit.cache is not None:
+            redo["cache"] = list(commit.cache)
+        return redo
+
+    async def _apply_redo(self, redo: dict[str, Any], *, only_if_ours: bool = False) -> None:
+        """Write a commit's thread state and cache entry to their objects (idempotent: a full replace)."""
+        writer: str = redo["writer"]
+        run_id = writer.rsplit(":", 3)[0]
+        writes: list[tuple[str, str, dict[str, str], Any]] = []
+        if "thread" in redo:
+            tid, state = redo["thread"]
+            writes.append((self._side_name("thread", tid), "thread", {"thread": tid}, state))
+        if "cache" in redo:
+            ckey, value, expires = redo["cache"]
+            writes.append((self._side_name("cache", ckey), "cache",
+                           {"key": ckey, "createdAt": _dumps(time.time()), "expiresAt": _dumps(expires)}, value))
+        for name, part, data, value in writes:
+            if only_if_ours:
+                current = await self._get(name)
+                was = ((current or {}).get("data") or {}).get("writer", "")
+                if current is not None and (was == writer or was.rsplit(":", 3)[0] != run_id):
+                    continue  # applied already, or another run wrote since: that write is newer
+            digest = name.rsplit(".", 1)[1]
+            data["writer"] = writer
+            data["value"] = await self._put_value(digest, _dumps(value), INLINE_FIELD_BYTES, [])
+            body = {"metadata": self._meta(name, None, part, []), "data": data}
+            try:
+                await self._replace(name, body)
+            except ApiException as exc:
+                if not is_not_found(exc):
+                    raise
+                try:
+                    await self._create(body)
+                except ApiException as again:
+                    if not is_conflict(again):
+                        raise
+                    await self._replace(name, body)
+
+    @staticmethod
+    def _side_name(kind: str, key: str) -> str:
+        return f"dsb.{kind}.{hashlib.sha256(key.encode()).hexdigest()[:40]}"
+
+    async def get_thread_state(self, thread_id: str) -> Any:
+        obj = await self._get(self._side_name("thread", thread_id))
+        if obj is None:
+            return None
+        return json.loads(await self._value((obj.get("data") or {}).get("value", "null")))
+
+    async def cache_get(self, key: str, now: float) -> tuple[Any, float] | None:
+        obj = await self._get(self._side_name("cache", key))
+        if obj is None:
+            return None
+        data = obj.get("data") or {}
+        expires = json.loads(data.get("expiresAt", "null"))
+        if expires is not None and expires <= now:
+            return None
+        return json.loads(await self._value(data.get("value", "null"))), float(json.loads(data["createdAt"]))
+
+    async def cache_clear(self, key: str | None = None, *, prefix: str | None = None) -> int:
+        if key is not None:
+            return int(await self._delete(self._side_name("cache", key)))
+        entries = await self._list(f"{LABEL_PART}=cache")
+        doomed = [e["metadata"]["name"] for e in entries
+                  if prefix is None or (e.get("data") or {}).get("key", "").startswith(prefix)]
+        deleted = await asyncio.gather(*(self._delete(n) for n in doomed))
+        return sum(deleted)
+
+    # ------------------------------------------------------------------ leases
+
+    async def claim(self, run_id: str, owner: str, ttl: float, *, take_over_from: str | None = None) -> Lease:
+        head = await self._head(run_id)
+        if head is None:
+            raise RunNotFound(run_id)
+        st = self._runs[run_id]
+        key = run_key(run_id)
+        try:
+            fence = await self.leases.acquire(
+                f"dsb.{key}", owner, ttl, floor=st.fence, take_over_from=take_over_from, labels={**MANAGED_BY, LABEL_RUN: key, LABEL_PART: "lease"},
+                owners=[m.V1OwnerReference(**{_snake(k): v for k, v in o.items()}) for o in st.owners],
+            )
+        except LeaseBusy as busy:
+            raise LeaseHeld(run_id, busy.holder, time.time() + busy.remaining) from None
+        # The Lease is ours at `fence`: move the head's fence to it, so older holders can no longer write.
+        for _ in range(_RETRIES):
+            if st.fence >= fence:  # a newer claim already moved it: we lost the race after all
+                raise LeaseHeld(run_id, json.loads((head.get("data") or {}).get("run.lease_owner", "null")) or "?",
+                                time.time() + ttl)
+            ops = [
+                {"op": "test", "path": "/data/fence", "value": str(st.fence)},
+                {"op": "replace", "path": "/data/fence", "value": str(fence)},
+                {"op": "add", "path": "/data/run.lease_owner", "value": _dumps(owner)},
+            ]
+            try:
+                await self._patch(st.name, ops)
+            except ApiException as exc:
+                if is_not_found(exc):
+                    raise RunNotFound(run_id) from None
+                if not is_precondition_failed(exc):
+                    raise
+                head = await self._head(run_id)
+                if head is None:
+                    raise RunNotFound(run_id) from None
+                st = self._runs[run_id]
+                continue
+            st.fence = fence
+            break
+        else:
+            raise LeaseHeld(run_id, "?", time.time() + ttl)
+        redo = (head.get("data") or {}).get("redo")
+        if redo:
+            await self._apply_redo(json.loads(redo), only_if_ours=True)
+        return Lease(run_id, owner, fence, time.time() + ttl)
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        try:
+            await self.leases.renew(f"dsb.{run_key(lease.run_id)}", lease.owner, lease.fence, ttl)
+        except LeaseGone:
+            raise LeaseLost(lease.run_id, lease.fence) from None
+        return Lease(lease.run_id, lease.owner, lease.fence, time.time() + ttl)
+
+    async def release(self, lease: Lease) -> None:
+        await self.leases.release(f"dsb.{run_key(lease.run_id)}", lease.owner, lease.fence)
+
+    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None) -> Lease | None:
+        selector = f"{LABEL_PART}=run,{LABEL_STATUS} in (pending,waiting,running,suspended)"
+        heads, leases = await asyncio.gather(self._list(selector), self.leases.list(f"{LABEL_PART}=lease"))
+        now = time.time()
+        candidates: list[tuple[float, str]] = []
+        for head in heads:
+            data = head.get("data") or {}
+            status = json.loads(data.get("run.status", "null"))
+            wake_at = json.loads(data.get("run.wake_at", "null"))
+            cancel = json.loads(data.get("run.cancel_requested", "null"))
+            runnable = (
+                status in ("pending", "running")
+                or (status == "waiting" and wake_at is not None and wake_at <= now)
+                or (cancel is not None and status in ("waiting", "suspended"))
+            )
+            if not runnable:
+                continue
+            if workflows and json.loads(data.get("run.workflow", "null")) not in workflows:
+                continue
+            lease = leases.get(head["metadata"]["name"])
+            if lease is not None and not self.leases.vacant(lease):
+                continue  # held, by another worker or by this one: not ours to hand out again
+            meta = head["metadata"]
+            run_id = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
+            candidates.append((json.loads(data.get("run.updated_at", "0")), run_id))
+        for _, run_id in sorted(candidates):
+            try:
+                return await self.claim(run_id, owner, ttl)
+            except (LeaseHeld, RunNotFound):
+                continue  # another replica was faster, or the run is gone
+        return None
+
+    # ------------------------------------------------------------------ signals
+
+    async def put_signal(self, run_id: str, callback_id: str, value: Any) -> bool:
+        for _ in range(_RETRIES):
+            head = await self._get(f"dsb.{run_key(run_id)}")
+            if head is None:
+                raise RunNotFound(run_id)
+            current = (head.get("data") or {}).get("signals", "{}")
+            signals = json.loads(current)
+            if callback_id in signals:
+                if _canonical(signals[callback_id]) == _canonical(value):
+                    return False
+                raise SignalConflict(run_id, callback_id)
+            signals[callback_id] = value
+            ops = [{"op": "test", "path": "/data/signals", "value": current},
+                   {"op": "replace", "path": "/data/signals", "value": _dumps(signals)}]
+            try:
+                await self._patch(head["metadata"]["name"], ops)
+            except ApiException as exc:
+                if is_precondition_failed(exc):
+                    continue  # another signal landed first: read again
+                if is_not_found(exc):
+                    raise RunNotFound(run_id) from None
+                raise
+            return True
+        raise RuntimeError(f"Could not store signal {callback_id!r} of run {run_id!r}: too many concurrent signals")
+
+    async def get_signals(self, run_id: str) -> dict[str, Any]:
+        head = await self._get(f"dsb.{run_key(run_id)}")
+        return {} if head is None else dict(json.loads((head.get("data") or {}).get("signals", "{}")))
+
+    # ------------------------------------------------------------------ events
+
+    async def append_events(self, events: Sequence[Event]) -> None:
+        by_run: dict[str, list[Event]] = {}
+        for e in events:
+            by_run.setdefault(e.run_id, []).append(e)
+        await asyncio.gather(*(self._append_run_events(run_id, evs) for run_id, evs in by_run.items()))
+
+    async def _append_run_events(self, run_id: str, events: list[Event]) -> None:
+        key = run_key(run_id)
+        name = f"dsb.{key}.events"
+        for _ in range(_RETRIES):
+            obj = await self._get(name)
+            if obj is None:
+                st = self._runs.get(run_id)
+                owners = st.owners if st is not None else []
+                data = {"seq": str(len(events))}
+                for i, e in enumerate(events, 1):
+                    e.seq = i
+                    data[f"e.{i:012d}"] = _dumps({"t": e.type, "d": e.data, "ts": e.ts})
+                try:
+                    await self._create({"metadata": self._meta(name, key, "events", owners), "data": data})
+                except ApiException as exc:
+                    if is_conflict(exc):
+                        continue
+                    raise
+                return
+            data = obj.get("data") or {}
+            seq = int(data.get("seq", "0"))
+            ops: list[dict[str, Any]] = [{"op": "test", "path": "/data/seq", "value": str(seq)}]
+            size = sum(len(v) for k, v in data.items() if k.startswith("e."))
+            assigned = []
+            for e in events:
+                seq += 1
+                text = _dumps({"t": e.type, "d": e.data, "ts": e.ts})
+                size += len(text)
+                ops.append({"op": "add", "path": _jp("data", f"e.{seq:012d}"), "value": text})
+                assigned.append(seq)
+            for k in sorted(k for k in data if k.startswith("e.")):  # bounded: drop the oldest
+                if size <= EVENTS_BYTES:
+                    break
+                size -= len(data[k])
+                ops.append({"op": "remove", "path": _jp("data", k)})
+            ops.append({"op": "replace", "path": "/data/seq", "value": str(seq)})
+            try:
+                await self._patch(name, ops)
+            except ApiException as exc:
+                if is_precondition_failed(exc) or is_not_found(exc):
+                    continue
+                raise
+            for e, s in zip(events, assigned, strict=True):
+                e.seq = s
+            return
+        raise RuntimeError(f"Could not append events of run {run_id!r}: too many concurrent writers")
+
+    async def read_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[Event]:
+        obj = await self._get(f"dsb.{run_key(run_id)}.events")
+        if obj is None:
+            return []
+        data = obj.get("data") or {}
+        seqs = sorted(int(k[2:]) for k in data if k.startswith("e."))
+        out = []
+        for s in seqs:
+            if s <= after:
+                continue
+            d = json.loads(data[f"e.{s:012d}"])
+            out.append(Event(run_id, d["t"], d["d"], d["ts"], s))
+            if len(out) >= limit:
+                break
+        return out
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
