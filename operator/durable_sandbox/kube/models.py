@@ -203,6 +203,8 @@ class WorkflowSpec(_Model):
 
 # A Workflow's inline `sandbox` settings plus what only a standalone Sandbox has.
 class SandboxResourceSpec(SandboxSettings):
+    # A standalone Sandbox renews its own lease, so a short one only makes loss detection sooner.
+    lease_seconds: Annotated[int, Field(ge=5, le=86_400, strict=True)] = 3600
     suspend: StrictBool = False
     from_snapshot: Annotated[str, Field(min_length=1)] | None = None
 
@@ -215,8 +217,9 @@ class SandboxResourceSpec(SandboxSettings):
         return value
 
     def settings(self) -> SandboxSettings:
+        # A Workflow's own lease is at least a minute; a shorter Sandbox lease is the Sandbox's to renew.
         return SandboxSettings(
-            provider=self.provider, template=self.template, env=list(self.env), lease_seconds=self.lease_seconds
+            provider=self.provider, template=self.template, env=list(self.env), lease_seconds=max(60, self.lease_seconds)
         )
 
 
@@ -310,13 +313,29 @@ class WorkflowStatus(_Status):
     kopf: dict[str, Any] | None = None
 
 
+class SandboxOperation(_Status):
+    """A provider operation recorded before it starts (intent), so a restart finishes it exactly once."""
+
+    id: str
+    kind: Literal["provision", "restore", "snapshot", "destroy"]
+    snapshot_id: str | None = None  # restore: the source; destroy: the snapshot just recorded
+
+
 class SandboxResourceStatus(_Status):
     conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
     phase: str | None = None  # printer convenience, as on Workflow
     provider_id: str | None = None
+    # The provider's handle metadata (never secrets), enough to reach the sandbox again after a restart.
+    handle: dict[str, Any] | None = None
     capabilities: dict[str, Any] | None = None
     lease_expires_at: str | None = None
-    snapshots: list[str] = Field(default_factory=list)
+    snapshots: list[str] = Field(default_factory=list)  # owned by this Sandbox, oldest first
+    operation: SandboxOperation | None = None
+    operation_count: int = 0  # numbers operation ids
+    holder: str | None = None  # the Workflow whose run uses the sandbox now
+    # kopf's own progress and diff-base storage (as on Workflow).
+    kopf: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------------------------- resources
