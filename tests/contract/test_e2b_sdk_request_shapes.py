@@ -149,3 +149,20 @@ async def test_files(e2b: E2BProvider, sdk: dict[str, Any], fake_e2b: FakeState)
     assert await sandbox.files.read("d/a.txt") == "x"
     theirs = since(fake_e2b, mark)
     assert [shape(fake_e2b, r) for r in ours] == [shape(fake_e2b, r) for r in theirs]
+
+
+async def test_the_sdk_defaults_the_provider_spells_out(sdk: dict[str, Any], fake_e2b: FakeState) -> None:
+    """The comparisons above give the SDK what the provider always sends. Left to its defaults, the SDK sends
+    no Idempotency-Key and no timeout on create, no state on list, and a 60 s Connect timeout on commands:
+    the deliberate differences listed in docs/providers.md. If the SDK changes a default, this fails and
+    the list must be re-read."""
+    sandbox = await AsyncSandbox.create(**sdk)
+    await AsyncSandbox.list(**sdk).next_items()
+    await sandbox.commands.run("true")
+    create, listing, start = (fake_e2b.calls("POST", "/v2/sandboxes")[0], fake_e2b.calls("GET", "/v2/sandboxes")[0],
+                              fake_e2b.calls("POST", "/process.Process/Start")[0])
+    assert "Idempotency-Key" not in create.headers and create.json == {"templateID": "base", "metadata": {},
+                                                                       "envVars": {}}
+    assert listing.raw_query == ""
+    assert start.headers["Connect-Timeout-Ms"] == "60000" and "cwd" not in start.envelope["process"]
+    assert start.envelope.keys() == {"process", "stdin"}

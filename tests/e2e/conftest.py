@@ -6,6 +6,7 @@ e2e tests are selected: a cold build takes many minutes and must not count again
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -125,10 +126,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if any(item.get_closest_marker("e2e") for item in session.items):
         # Outside any test, so a cold build does not count against the per-test timeout; errors surface later.
-        try:
-            build_controlplane()
-        except RuntimeError:
-            pass
+        # Output capture is off meanwhile: the build's progress lines (a cold build takes many minutes) reach
+        # the terminal as they come instead of minutes of silence.
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            try:
+                build_controlplane()
+            except RuntimeError:
+                pass
 
 
 @dataclass

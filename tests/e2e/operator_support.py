@@ -151,6 +151,15 @@ def condition(cp: ControlPlane, ns: str, name: str, ctype: str) -> dict[str, Any
     return None
 
 
+def wait_in_flight(cp: ControlPlane, ns: str, name: str, index: int, timeout: float = 90) -> None:
+    """Wait until status says call ``index`` (0-based) is the one in flight."""
+    try:
+        wait_until(lambda: (status(cp, ns, name).get("currentCall") or {}).get("index") == index, timeout,
+                   f"call {index} of {ns}/{name} to be in flight")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; status: {json.dumps(status(cp, ns, name))[:3000]}") from None
+
+
 def wait_condition(cp: ControlPlane, ns: str, name: str, ctype: str, timeout: float = 120) -> None:
     """`kubectl wait --for=condition=...`: what users run."""
     proc = cp.kubectl("wait", f"--for=condition={ctype}", f"workflow/{name}", "-n", ns, f"--timeout={int(timeout)}s",

@@ -10,6 +10,7 @@ import os
 import queue
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +29,8 @@ CRD_NAME = f"widgets.{GROUP}"
 API_VERSION = f"{GROUP}/v1"
 CEL_MESSAGE = "spec.size must be at most 10"
 
-# The garbage collector learns about new resource types by re-reading discovery every ~30 s.
-GC_TIMEOUT = "150s"
+# Once the garbage collector acts on widgets at all (gc_knows_widgets), it removes a dependent within seconds.
+GC_TIMEOUT = "60s"
 
 WIDGET_CRD: dict[str, Any] = {
     "apiVersion": "apiextensions.k8s.io/v1",
@@ -369,24 +370,42 @@ def test_helm_install_and_uninstall(
     control_plane.kubectl("wait", "--for=delete", "configmap/demo-greeting", "-n", namespace, "--timeout=30s")
 
 
-# Last in the module: the garbage collector only acts on widgets once its ~30 s discovery resync has seen the
-# CRD, and the tests above use that time.
+def owned_by(owner: dict[str, Any], name: str) -> dict[str, Any]:
+    uid = owner["metadata"]["uid"]
+    ref = {"apiVersion": API_VERSION, "kind": "Widget", "name": owner["metadata"]["name"], "uid": uid, "controller": True}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "ownerReferences": [ref]}, "data": {"k": "v"}}
+
+
+def gc_knows_widgets(control_plane: ControlPlane, namespace: str) -> None:
+    """Wait until the garbage collector acts on widgets: it learns a new resource type only at its next
+    discovery resync (~30 s), and a dependent it looked at before then is retried with an exponential backoff
+    that can outlast any sensible timeout. So probe with fresh pairs (a fresh backoff each), each given a few
+    seconds, until one is collected; then the real test's dependent is handled at once, whatever ran before."""
+    deadline = time.monotonic() + 180
+    attempt = 0
+    while True:
+        attempt += 1
+        control_plane.apply(widget(f"probe-{attempt}"), "-n", namespace)
+        owner = control_plane.kubectl_json("get", "widget", f"probe-{attempt}", "-n", namespace)
+        control_plane.apply(owned_by(owner, f"probe-{attempt}"), "-n", namespace)
+        control_plane.kubectl("delete", "widget", f"probe-{attempt}", "-n", namespace, "--cascade=background")
+        done = control_plane.kubectl(
+            "wait", "--for=delete", f"configmap/probe-{attempt}", "-n", namespace, "--timeout=5s", check=False
+        )
+        if done.returncode == 0:
+            return
+        control_plane.kubectl("delete", "configmap", f"probe-{attempt}", "-n", namespace, "--ignore-not-found")
+        assert time.monotonic() < deadline, "the garbage collector never acted on widgets within 180 s"
+
+
+# Order-independent: gc_knows_widgets waits for the garbage collector's discovery instead of relying on the
+# tests above having used up its resync period.
 def test_owned_object_is_garbage_collected(control_plane: ControlPlane, crd: str, namespace: str) -> None:
+    gc_knows_widgets(control_plane, namespace)
     control_plane.apply(widget("owner"), "-n", namespace)
-    uid = control_plane.kubectl_json("get", "widget", "owner", "-n", namespace)["metadata"]["uid"]
-    owned = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": "owned",
-            "ownerReferences": [
-                {"apiVersion": API_VERSION, "kind": "Widget", "name": "owner", "uid": uid, "controller": True}
-            ],
-        },
-        "data": {"k": "v"},
-    }
+    owner = control_plane.kubectl_json("get", "widget", "owner", "-n", namespace)
     bystander = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bystander"}}
-    control_plane.apply(owned, "-n", namespace)
+    control_plane.apply(owned_by(owner, "owned"), "-n", namespace)
     control_plane.apply(bystander, "-n", namespace)
 
     # Background propagation: the owner goes at once, the garbage collector removes the dependent afterwards.

@@ -213,6 +213,27 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
+# Where the API server reports each rejection: the field, and the rule's message after it.
+FIELD_OF = {
+    "unknown tool type": "spec.toolCalls[0].type",
+    "shell without command": "spec.toolCalls[0]",
+    "write_file without contents": "spec.toolCalls[0]",
+    "read_file without path": "spec.toolCalls[0]",
+    "field of another call type": "spec.toolCalls[0]",
+    "absolute path": "spec.toolCalls[0].path",
+    "'..' path": "spec.toolCalls[0].path",
+    "'..' cwd": "spec.toolCalls[0].cwd",
+    "workspace itself": "spec.toolCalls[0].path",
+    "reserved operation id": "spec.toolCalls[0].operationId",
+    "both toolCalls and entrypoint": "spec",
+    "neither toolCalls nor entrypoint": "spec",
+    "sandbox and sandboxRef": "spec",
+    "bad entrypoint": "spec.entrypoint",
+    "negative snapshotEveryNCalls": "spec.snapshotEveryNCalls",
+    "snapshotEveryNCalls too large": "spec.snapshotEveryNCalls",
+}
+
+
 @pytest.mark.parametrize("case", list(INVALID))
 def test_invalid_manifest_is_rejected_with_the_rule_message(
     control_plane: ControlPlane, namespace: str, case: str
@@ -221,6 +242,8 @@ def test_invalid_manifest_is_rejected_with_the_rule_message(
     proc = apply(control_plane, namespace, manifest)
     assert proc.returncode != 0, f"{case}: accepted\n{proc.stdout}"
     assert message in proc.stderr, proc.stderr
+    if case in FIELD_OF:  # the field, then the rule: `spec.toolCalls[0].path: Invalid value: "/etc/passwd": path must ...`
+        assert f"{FIELD_OF[case]}: " in proc.stderr.split(message)[0], proc.stderr
     name = manifest["metadata"]["name"]
     assert control_plane.kubectl("get", "dwf", name, "-n", namespace, check=False).returncode != 0
 
@@ -276,6 +299,163 @@ def test_status_is_written_only_through_the_status_subresource(
     assert proc.returncode != 0 and 'Unsupported value: "Maybe"' in proc.stderr
 
 
+# ------------------------------------------------------------------------------------------- as users meet it
+
+# The object fields of the schema, as kubectl explain paths: explaining each lists its fields with their descriptions.
+EXPLAINED = [
+    "workflow", "workflow.spec", "workflow.spec.toolCalls", "workflow.spec.sandbox", "workflow.spec.sandbox.env",
+    "workflow.spec.sandbox.env.valueFrom.secretKeyRef", "workflow.spec.retry", "workflow.spec.sandboxRef",
+    "workflow.status", "workflow.status.conditions", "workflow.status.calls", "workflow.status.currentCall",
+    "workflow.status.error", "workflow.status.journal", "workflow.status.recentOperations", "workflow.status.sandbox",
+    "workflow.status.pendingCallbacks", "sandbox.spec", "sandbox.status",
+]  # fmt: skip
+
+
+def schema_at(kind: str, path: list[str]) -> dict[str, Any]:
+    crd = next(c for c in crds.generate_crds() if c["spec"]["names"]["singular"] == kind)
+    node: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for part in path:
+        node = node["properties"][part]
+        node = node.get("items", node)
+    return node
+
+
+@pytest.mark.parametrize("path", EXPLAINED)
+def test_kubectl_explain_describes_every_field(control_plane: ControlPlane, installed: None, path: str) -> None:
+    out = control_plane.kubectl("explain", path).stdout
+    assert "<no description>" not in out, out
+    kind, *parts = path.split(".")
+    node = schema_at(kind, parts)
+    # Every field is listed with (the start of) its description; kubectl wraps long lines, so compare words.
+    words = " ".join(out.split())
+    for name, prop in node["properties"].items():
+        assert f"{name}\t" in out or f"{name} " in out or f"{name}\n" in out, f"{path}.{name} not listed:\n{out}"
+        if name == "metadata":  # the API server documents it (ObjectMeta); a CRD may not
+            assert "Standard object's metadata" in words, out
+            continue
+        first = " ".join(prop["description"].split()[:6])
+        assert first in words, f"{path}.{name}: {first!r} not in\n{out}"
+
+
+def test_defaults_are_applied_so_the_stored_spec_is_the_effective_one(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    manifest = with_spec("defaults", snapshotEveryNCalls=None, retry={}, sandbox={"env": []})
+    assert apply(control_plane, namespace, manifest, "--server-side").returncode == 0
+    spec = yaml.safe_load(control_plane.kubectl("get", "dwf", "defaults", "-n", namespace, "-o", "yaml").stdout)["spec"]
+    assert (spec["snapshotEveryNCalls"], spec["retainLatestSnapshot"], spec["suspend"], spec["cancel"]) == (
+        0, False, False, False,
+    )  # fmt: skip
+    assert (spec["sandbox"]["provider"], spec["sandbox"]["leaseSeconds"]) == ("local", 3600)
+    assert spec["retry"] == {"maxAttempts": 3, "initialIntervalSeconds": 1, "backoff": 2, "maxIntervalSeconds": 60}
+    # What has no default stays absent: absent means "not set" (no timeout, no TTL).
+    assert "timeoutSeconds" not in spec and "ttlSecondsAfterFinished" not in spec and "sandboxRef" not in spec
+    # The models read the stored spec the same way as the manifest.
+    from durable_sandbox.kube.models import WorkflowSpec
+
+    assert WorkflowSpec.model_validate(spec) == WorkflowSpec.model_validate(manifest["spec"] | {"retry": {}})
+
+
+@pytest.fixture(scope="module")
+def policy_active(control_plane: ControlPlane, installed: None) -> None:
+    """The admission policy (installed with the CRDs) is enforced once the API server has loaded it: a probe
+    update that breaks it is refused. Nothing else signals that the policy is live."""
+    name = f"probe-{uuid.uuid4().hex[:6]}"
+    control_plane.kubectl("create", "namespace", name)
+    try:
+        control_plane.apply(with_spec("probe", signals={"a": 1}), "-n", name)
+
+        def refused() -> bool:
+            proc = control_plane.kubectl(
+                "patch", "dwf", "probe", "-n", name, "--type=merge", "--dry-run=server",
+                "-p", '{"spec":{"signals":{"a":2}}}', check=False,
+            )  # fmt: skip
+            return proc.returncode != 0 and crds.SIGNALS_ONLY_GAIN in proc.stderr
+
+        control_plane.wait_until(refused, 60, "the Workflow admission policy to take effect")
+    finally:
+        control_plane.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def coded(name: str, **changes: Any) -> dict[str, Any]:
+    return with_spec(
+        name, toolCalls=None, snapshotEveryNCalls=None, entrypoint="examples.flows.hello_flow:hello", **changes
+    )
+
+
+# (field, the manifest, the spec changes that make it change): changed, removed, added. Each is refused on
+# update, by kubectl apply and by kubectl patch, and the stored spec keeps the original.
+PROGRAM_CHANGES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "toolCalls changed": ("toolCalls", with_spec("p"), {"toolCalls": [{"type": "shell", "command": "echo other"}]}),
+    "toolCalls replaced by an entrypoint": (
+        "toolCalls", with_spec("p"), {"toolCalls": None, "entrypoint": "examples.flows.hello_flow:hello"},
+    ),
+    "entrypoint changed": ("entrypoint", coded("p"), {"entrypoint": "examples.flows.hello_flow:greeting"}),
+    "input changed": ("input", coded("p", input={"n": 1}), {"input": {"n": 2}}),
+    "input removed": ("input", coded("p", input={"n": 1}), {"input": None}),
+    "input added": ("input", coded("p"), {"input": [1]}),
+    "sandbox changed": ("sandbox", with_spec("p"), {"sandbox": {"provider": "e2b"}}),
+    "sandbox added": ("sandbox", with_spec("p", sandbox=None), {"sandbox": {"provider": "local"}}),
+    "sandbox removed": ("sandbox", with_spec("p"), {"sandbox": None}),
+    "sandboxRef changed": ("sandboxRef", with_spec("p", sandbox=None, sandboxRef={"name": "a"}), {"sandboxRef": {"name": "b"}}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(PROGRAM_CHANGES))
+def test_the_program_cannot_change_after_creation(
+    control_plane: ControlPlane, namespace: str, policy_active: None, case: str
+) -> None:
+    field, manifest, changes = PROGRAM_CHANGES[case]
+    assert apply(control_plane, namespace, manifest).returncode == 0
+    changed = copy.deepcopy(manifest)
+    for key, value in changes.items():
+        if value is None:
+            changed["spec"].pop(key)
+        else:
+            changed["spec"][key] = value
+    message = crds.immutable_message(field)
+    before = control_plane.kubectl_json("get", "dwf", "p", "-n", namespace)["spec"]
+    patch = json.dumps({"spec": changes})  # a null removes the field (JSON merge patch)
+    for proc in (
+        apply(control_plane, namespace, changed),
+        control_plane.kubectl("patch", "dwf", "p", "-n", namespace, "--type=merge", "-p", patch, check=False),
+    ):
+        assert proc.returncode != 0, f"{case}: accepted\n{' '.join(proc.args[2:])}"
+        assert message in proc.stderr, proc.stderr
+        if field != "input":  # CRD rules report the field; the admission policy's message names it
+            assert f"spec.{field}: Invalid value" in proc.stderr, proc.stderr
+    assert control_plane.kubectl_json("get", "dwf", "p", "-n", namespace)["spec"] == before
+    # Creating a Workflow with the changed program is fine: the rules are about change only.
+    changed["metadata"]["name"] = "p-2"
+    assert apply(control_plane, namespace, changed).returncode == 0
+
+
+def test_signals_can_only_gain_keys(control_plane: ControlPlane, namespace: str, policy_active: None) -> None:
+    assert apply(control_plane, namespace, coded("signalled")).returncode == 0
+    patch = ["patch", "dwf", "signalled", "-n", namespace, "--type=merge", "-p"]
+    control_plane.kubectl(*patch, '{"spec":{"signals":{"approve":{"by":"ann","ok":true}}}}')
+    control_plane.kubectl(*patch, '{"spec":{"signals":{"second":[1,2]}}}')
+    control_plane.kubectl(*patch, '{"spec":{"signals":{"approve":{"by":"ann","ok":true}}}}')  # the same again
+    for refused in (
+        '{"spec":{"signals":{"approve":{"by":"bob","ok":true}}}}',  # a value changed
+        '{"spec":{"signals":{"second":null}}}',  # a key removed
+        '{"spec":{"signals":null}}',  # all removed
+    ):
+        proc = control_plane.kubectl(*patch, refused, check=False)
+        assert proc.returncode != 0 and crds.SIGNALS_ONLY_GAIN in proc.stderr, (refused, proc.stderr)
+    signals = control_plane.kubectl_json("get", "dwf", "signalled", "-n", namespace)["spec"]["signals"]
+    assert signals == {"approve": {"by": "ann", "ok": True}, "second": [1, 2]}
+    # Steering fields stay free: suspend both ways, cancel to true; status writes are not subject to the policy.
+    control_plane.kubectl(*patch, '{"spec":{"suspend":true}}')
+    control_plane.kubectl(*patch, '{"spec":{"suspend":false,"cancel":true}}')
+    control_plane.kubectl(
+        "patch", "dwf", "signalled", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", '{"status":{"phase":"Cancelled","kopf":{"progress":{"h":{"retries":1}}}}}',
+    )  # fmt: skip
+    got = control_plane.kubectl_json("get", "dwf", "signalled", "-n", namespace)
+    assert got["status"]["kopf"] == {"progress": {"h": {"retries": 1}}}
+
+
 def doc_commands() -> list[str]:
     """The shell commands of docs/kubernetes.md's "Custom resources" section, in order."""
     text = (ROOT / "docs" / "kubernetes.md").read_text()
@@ -315,3 +495,20 @@ def test_docs_commands_work(control_plane: ControlPlane, installed: None, tmp_pa
         assert "workflow.durable-sandbox.dev/hello" in listed
     finally:
         control_plane.kubectl("delete", "-f", str(HELLO), "--ignore-not-found")
+
+
+def test_anchors_and_aliases_are_accepted_by_both(control_plane: ControlPlane, namespace: str) -> None:
+    """Anchors and aliases that expand moderately: `dsb run`'s bounded loader accepts what kubectl accepts."""
+    from durable_sandbox.kube.manifests import load_manifests
+
+    anchored = (
+        "apiVersion: durable-sandbox.dev/v1alpha1\nkind: Workflow\nmetadata:\n  name: anchored\nspec:\n"
+        "  toolCalls:\n    - &ls {type: shell, command: ls}\n    - *ls\n"
+        "  signals:\n    base: &base {by: ops}\n    again: *base\n"
+    )
+    (wf,) = load_manifests(anchored)
+    proc = control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=anchored, check=False)
+    assert proc.returncode == 0, proc.stderr
+    got = control_plane.kubectl_json("get", "dwf", "anchored", "-n", namespace)
+    assert got["spec"]["signals"] == {"base": {"by": "ops"}, "again": {"by": "ops"}}
+    assert len(got["spec"]["toolCalls"]) == len(wf.spec.tool_calls or []) == 2

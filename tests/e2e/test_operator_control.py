@@ -20,6 +20,7 @@ from tests.e2e.operator_support import (
     status,
     wait_condition,
     wait_event,
+    wait_in_flight,
 )
 
 __all__ = ["namespace", "operators"]  # fixtures
@@ -68,8 +69,7 @@ def test_suspend_hibernates_between_calls_and_resume_restores_from_the_snapshot(
     doc = manifest("pausable", toolCalls=gated_calls(gate), snapshotEveryNCalls=0)
     control_plane.apply(doc, "-n", namespace)
     # The third call blocks on the gate: two calls completed, one in flight.
-    wait_until(lambda: (status(control_plane, namespace, "pausable").get("currentCall") or {}).get("index") == 2,
-               90, "the gated call to be in flight")
+    wait_in_flight(control_plane, namespace, "pausable", 2)
     control_plane.kubectl("patch", "workflow", "pausable", "-n", namespace, "--type", "merge",
                           "-p", '{"spec":{"suspend":true}}')
     gate.touch()  # the call in flight completes; the run stops at the next boundary
@@ -97,8 +97,7 @@ def test_cancel_stops_the_run_and_cleans_up(
     op = operators("--allow-local-provider")
     gate = tmp_path / "never"
     control_plane.apply(manifest("stop-me", toolCalls=gated_calls(gate), snapshotEveryNCalls=2), "-n", namespace)
-    wait_until(lambda: (status(control_plane, namespace, "stop-me").get("currentCall") or {}).get("index") == 2,
-               90, "the gated call to be in flight")
+    wait_in_flight(control_plane, namespace, "stop-me", 2)
     control_plane.kubectl("patch", "workflow", "stop-me", "-n", namespace, "--type", "merge", "-p", '{"spec":{"cancel":true}}')
     wait_until(lambda: status(control_plane, namespace, "stop-me").get("phase") == "Cancelled", 90, "phase Cancelled")
     failed = condition(control_plane, namespace, "stop-me", "Failed")

@@ -21,6 +21,7 @@ from tests.e2e.operator_support import (
     status,
     wait_condition,
     wait_gone,
+    wait_in_flight,
 )
 
 __all__ = ["namespace", "operators"]  # fixtures
@@ -75,8 +76,7 @@ def test_delete_mid_run_removes_sandbox_and_snapshots_before_the_object_goes(
     gate = tmp_path / "never"
     calls = [*CALLS[:3], {"type": "shell", "command": f"while [ ! -e {gate} ]; do sleep 0.05; done"}]
     control_plane.apply(manifest("doomed", toolCalls=calls, snapshotEveryNCalls=2), "-n", namespace)
-    wait_until(lambda: (status(control_plane, namespace, "doomed").get("currentCall") or {}).get("index") == 3,
-               90, "the gated call to be in flight")
+    wait_in_flight(control_plane, namespace, "doomed", 3)
     assert any(s.startswith("local/snapshots/") for s in local_sandboxes(op.home))
     obj = get(control_plane, namespace, "doomed")
     assert obj is not None and "durable-sandbox.dev/cleanup" in obj["metadata"]["finalizers"]

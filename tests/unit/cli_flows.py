@@ -73,6 +73,15 @@ async def brackets(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[s
     return {"out": out, "stdout": call.stdout}
 
 
+@durable_sandbox.workflow
+async def held(ctx: durable_sandbox.Context, data: dict[str, Any]) -> str:
+    """Waits for a signal while its sandbox block is open: the run holds a sandbox (or its snapshot)."""
+    async with ctx.sandbox("box", provider="local", snapshot_every=1) as sbx:
+        await sbx.shell("echo kept > f.txt")
+        verdict = await ctx.callback("go", None)
+    return str(verdict)
+
+
 def _filler(i: int, size: int) -> str:
     return f"{i}:" + "x" * size
 

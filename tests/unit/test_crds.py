@@ -17,7 +17,7 @@ CRD_DIR = ROOT / "crds"
 
 # Keywords a structural schema node may carry (apiextensions.k8s.io/v1 JSONSchemaProps, minus what we never use).
 ALLOWED = {
-    "description", "type", "format", "enum", "pattern", "minLength", "maxLength", "minimum", "maximum",
+    "description", "type", "default", "format", "enum", "pattern", "minLength", "maxLength", "minimum", "maximum",
     "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems", "properties", "required", "items",
     "additionalProperties", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-validations",
     "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
@@ -95,6 +95,8 @@ def test_committed_files_are_the_crds_as_yaml() -> None:
         text = (CRD_DIR / f"{crd['metadata']['name']}.yaml").read_text()
         assert text.startswith("# Generated") and crds.REGENERATE in text
         assert yaml.safe_load(text) == crd
+    text = (CRD_DIR / crds.POLICY_FILE).read_text()
+    assert list(yaml.safe_load_all(text)) == crds.generate_admission_policy()
 
 
 @pytest.mark.parametrize("kind", ["Workflow", "Sandbox"])
@@ -234,8 +236,66 @@ def test_docs_quote_every_admission_message() -> None:
         for crd in crds.generate_crds()
         for node in schema_nodes(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
         for r in node.get("x-kubernetes-validations", [])
-    }
-    assert len(messages) == 19
+    } | {v["message"] for v in crds.generate_admission_policy()[0]["spec"]["validations"]}
+    assert len(messages) == 25
     missing = [m for m in sorted(messages) if f"`{m}`" not in docs]
     assert not missing, f"docs/kubernetes.md does not quote: {missing}"
     assert crds.REGENERATE in docs
+
+
+def properties(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """(path, schema) of every declared field under ``node``, as kubectl explain walks them."""
+    out = []
+    for name, prop in node.get("properties", {}).items():
+        out.append((f"{path}.{name}", prop))
+        out += properties(prop, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            out += properties(node[key], path + ("[]" if key == "items" else ".*"))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["Workflow", "Sandbox"])
+def test_every_field_has_a_description(kind: str) -> None:
+    fields = properties(openapi(kind))
+    assert len(fields) > (60 if kind == "Workflow" else 15)
+    # metadata is the one exception: a CRD may not describe it; the API server documents it (ObjectMeta).
+    undescribed = [p for p, prop in fields if not prop.get("description", "").strip() and p != ".metadata"]
+    assert undescribed == [], f"kubectl explain would say <no description> for {undescribed}"
+
+
+def test_spec_defaults_are_declared_and_status_has_none() -> None:
+    spec = openapi("Workflow")["properties"]["spec"]["properties"]
+    assert spec["snapshotEveryNCalls"]["default"] == 0
+    assert spec["suspend"]["default"] is False and spec["cancel"]["default"] is False
+    assert spec["retainLatestSnapshot"]["default"] is False
+    assert spec["sandbox"]["properties"]["provider"]["default"] == "local"
+    assert spec["sandbox"]["properties"]["leaseSeconds"]["default"] == 3600
+    assert spec["retry"]["properties"]["maxAttempts"]["default"] == 3
+    # No defaults for what has none in the models (absent means "not set") nor for containers.
+    assert "default" not in spec["timeoutSeconds"] and "default" not in spec["signals"]
+    status = openapi("Workflow")["properties"]["status"]
+    assert [path for path, prop in properties(status) if "default" in prop] == []
+
+
+def test_the_program_is_immutable_after_creation() -> None:
+    rules = {r["message"]: r for r in openapi("Workflow")["properties"]["spec"]["x-kubernetes-validations"]}
+    for field in ("toolCalls", "entrypoint", "sandbox", "sandboxRef"):
+        rule = rules[crds.immutable_message(field)]
+        assert f"oldSelf.{field}" in rule["rule"] and rule["fieldPath"] == f".{field}"
+    policy, binding = crds.generate_admission_policy()
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (match,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    # Updates of the main resource only: the status subresource is the operator's, written often.
+    assert match["operations"] == ["UPDATE"] and match["resources"] == ["workflows"]
+    messages = [v["message"] for v in policy["spec"]["validations"]]
+    assert messages == [crds.INPUT_IMMUTABLE, crds.SIGNALS_ONLY_GAIN]
+
+
+def test_status_declares_every_field_the_operator_writes() -> None:
+    status = set(openapi("Workflow")["properties"]["status"]["properties"])
+    assert status == {
+        "conditions", "observedGeneration", "phase", "runId", "calls", "currentCall", "pendingCallbacks",
+        "wakeAt", "attempt", "error", "recentOperations", "journal", "sandbox", "latestSnapshot",
+        "recoveryCount", "result", "resultRef", "startedAt", "finishedAt", "kopf",
+    }  # fmt: skip

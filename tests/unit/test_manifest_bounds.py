@@ -1,5 +1,5 @@
 """Loading a manifest is bounded: alias expansion, size and nesting are measured before anything is
-built from the YAML, and a key given twice in one mapping is an error (kubectl's strict decoding).
+built from the YAML, and a key given twice in one mapping is an error (it says two things; kubectl would silently keep the last).
 A refused manifest never leaves a run behind."""
 
 from __future__ import annotations
@@ -105,5 +105,7 @@ def test_dsb_run_refuses_an_alias_bomb_and_creates_no_run(tmp_path: Path) -> Non
     result = runner.invoke(cli, ["--store", str(store), "run", str(manifest)])
     assert result.exit_code == 2, result.output
     assert "expands to more than" in result.stderr
+    # Refused before anything was written: not even the store file exists (so `dsb --store` it is an error).
+    assert not store.exists()
     listed = runner.invoke(cli, ["--store", str(store), "-o", "json", "runs"])
-    assert listed.exit_code == 0 and listed.stdout.strip() in ("[]", ""), listed.output
+    assert listed.exit_code == 2 and "no such store file" in listed.stderr, listed.output

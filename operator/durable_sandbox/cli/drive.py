@@ -15,8 +15,12 @@ from durable_sandbox.cli.errors import Interrupted
 from durable_sandbox.cli.progress import make_display, positions, watch
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.cli.targets import RunPlan
-from durable_sandbox.engine import Engine, LeaseHeld, RunState
+from durable_sandbox.engine import Engine, LeaseHeld, RunRecord, RunState, RunStatus
 from durable_sandbox.engine.owner import describe_owner
+
+# Finished for good: running the same manifest again reports these instead of running anything.
+# (A failed run is retried from its journal instead.)
+FINISHED = (RunStatus.SUCCEEDED, RunStatus.CANCELLED)
 
 
 def warn(message: str) -> None:
@@ -33,9 +37,9 @@ async def with_display(
     # Only what happens from now on: a resumed run's earlier operations are in `dsb history`.
     after = await positions(engine.store, run_id)
     tty = render.is_tty()
-    display = make_display(title, tty=tty, console=render.console() if tty else None)
+    display = make_display(title, tty=tty, console=render.console() if tty else None, wide=settings.wide)
     stop = asyncio.Event()
-    watcher = asyncio.create_task(watch(engine.store, run_id, display, stop, after=after))
+    watcher = asyncio.create_task(watch(engine.store, run_id, display, stop, after=after, wide=settings.wide))
     try:
         return await drive()
     finally:
@@ -44,17 +48,33 @@ async def with_display(
             await watcher
 
 
-async def run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_id: str | None) -> RunState:
+async def submit(engine: Engine, plan: RunPlan, *, thread_id: str | None) -> RunRecord:
+    """Create the plan's run (or find it) and hand it its signals; a finished run is left as it is."""
     for message in plan.warnings:
         warn(message)
     run = await engine.create(plan.definition, plan.input, run_id=plan.run_id, thread_id=thread_id, labels=plan.labels)
-    run_id = run.run_id
+    if run.status in FINISHED:
+        return run
     env_files = engine.services.get("env_values")
     if plan.env_values and isinstance(env_files, LocalEnvValues):
         # After create: a values file always belongs to a run that exists (see LocalEnvValues.forget_settled).
-        env_files.save(run_id, plan.env_values)
+        env_files.save(run.run_id, plan.env_values)
     for callback_id, value in plan.signals.items():
-        await engine.signal(run_id, callback_id, value)
+        await engine.signal(run.run_id, callback_id, value)
+    return run
+
+
+async def run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_id: str | None) -> RunState:
+    run = await submit(engine, plan, thread_id=thread_id)
+    run_id = run.run_id
+    if run.status in FINISHED:
+        # The same manifest (same program and input) was run to the end before: report it, run nothing.
+        if settings.output == "table":
+            click.echo(
+                f"run {run_id} ({plan.label}) already {run.status.value} at {render.fmt_time(run.updated_at)}; "
+                f"nothing was run again (`{settings.dsb()} delete {run_id}` to run it afresh)"
+            )
+        return await engine.inspect(run_id)
     if plan.cancel:
         return await engine.cancel(run_id, "spec.cancel is true")
     if settings.output == "table":

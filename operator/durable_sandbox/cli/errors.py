@@ -9,6 +9,7 @@ EXIT_FAILED = 1  # the run failed or was cancelled
 EXIT_USAGE = 2  # bad arguments, invalid manifest or input, unknown run or workflow
 EXIT_WAITING = 3  # the run waits on a callback or a timer
 EXIT_LEASE_HELD = 4  # another live worker executes the run (its lease is held); `dsb resume --wait` waits
+EXIT_TIMEOUT = 5  # `dsb wait --timeout` gave up before the run finished or waited (the run goes on)
 # Interrupted by a signal: 128 + its number (130 for Ctrl-C, 143 for SIGTERM), as shells report it.
 
 

@@ -1,8 +1,9 @@
 """`dsb`: run Workflow manifests and Python workflows locally, and inspect, signal, resume and cancel runs.
 
 Exit codes: 0 succeeded, 1 failed or cancelled, 2 usage or invalid input (bad manifest, malformed JSON,
-unknown run or workflow), 3 waiting on a callback or a timer, 4 another live worker executes the run,
-130/143 interrupted by SIGINT/SIGTERM (the run stays resumable).
+unknown run or workflow, a --store file that does not exist), 3 waiting on a callback or a timer, 4 another
+live worker executes the run, 5 `dsb wait --timeout` gave up, 130/143 interrupted by SIGINT/SIGTERM (the run
+stays resumable).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from durable_sandbox.cli.targets import add_cwd_to_path
 from durable_sandbox.engine import (
     LeaseHeld,
     RunConflict,
+    RunNotFinished,
     RunNotFound,
     SerializationError,
     SignalConflict,
@@ -30,8 +32,10 @@ from durable_sandbox.engine import (
 )
 from durable_sandbox.kube.manifests import ManifestError
 
+OUTPUTS = ["table", "wide", "json", "yaml"]
+
 # Errors that mean "what you asked for is wrong", as opposed to "the run went wrong".
-_USAGE_ERRORS = (ManifestError, RunNotFound, WorkflowNotFound, RunConflict, SignalConflict, SerializationError)
+_USAGE_ERRORS = (ManifestError, RunNotFound, RunNotFinished, WorkflowNotFound, RunConflict, SignalConflict, SerializationError)
 
 
 def _fail(ctx: click.Context, message: str, code: int) -> None:
@@ -88,10 +92,10 @@ class DsbGroup(click.Group):
 @click.option(
     "-o",
     "--output",
-    type=click.Choice(["table", "json", "yaml"]),
+    type=click.Choice(OUTPUTS),
     default="table",
     show_default=True,
-    help="Output format.",
+    help="Output format (wide: tables with full ids).",
 )
 @click.version_option(package_name="durable-sandbox", prog_name="dsb")
 @click.pass_context
@@ -100,12 +104,13 @@ def cli(ctx: click.Context, store: Path | None, output: str) -> None:
     # module:function references resolve from the current directory, as with `python -m`;
     # resume/cancel need this too, to re-import a run's workflow.
     add_cwd_to_path()
-    ctx.obj = Settings(store=store, output=output, store_given=store is not None)
+    ctx.obj = Settings(store=store, store_given=store is not None)
+    ctx.obj.set_output(output)
 
 
 def _set_output(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     if value is not None:
-        ctx.find_object(Settings).output = value  # type: ignore[union-attr]
+        ctx.find_object(Settings).set_output(value)  # type: ignore[union-attr]
 
 
 def _set_store(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
@@ -118,7 +123,7 @@ def _set_store(ctx: click.Context, _param: click.Parameter, value: Path | None) 
 def _accept_global_options(command: click.Command) -> None:
     """`dsb runs -o json` works like `dsb -o json runs`, as kubectl users expect."""
     command.params.append(
-        click.Option(["-o", "--output"], type=click.Choice(["table", "json", "yaml"]), default=None,
+        click.Option(["-o", "--output"], type=click.Choice(OUTPUTS), default=None,
                      expose_value=False, callback=_set_output, help="Output format (same as before the command).")
     )
     command.params.append(
@@ -128,7 +133,7 @@ def _accept_global_options(command: click.Command) -> None:
 
 
 def _register() -> None:
-    from durable_sandbox.cli.commands import control, inspect, logs, operator, run, runs, worker
+    from durable_sandbox.cli.commands import control, inspect, lifecycle, logs, operator, run, runs, worker
 
     for command in (
         run.run,
@@ -139,6 +144,9 @@ def _register() -> None:
         control.resume,
         runs.runs,
         logs.logs,
+        lifecycle.wait,
+        lifecycle.delete,
+        lifecycle.prune,
         worker.worker,
     ):
         _accept_global_options(command)

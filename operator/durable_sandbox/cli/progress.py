@@ -25,7 +25,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from durable_sandbox.cli.render import op_detail
+from durable_sandbox.cli.render import op_detail, op_label, short_id
 from durable_sandbox.engine import Store
 from durable_sandbox.engine.events import tail
 from durable_sandbox.engine.records import OperationRecord
@@ -37,7 +37,7 @@ _QUIET_TYPES = {"run.started", "run.resumed", "run.succeeded", "run.failed", "ru
 _STYLE = {"completed": "green", "failed": "red", "retrying": "yellow", "waiting": "cyan", "lost": "red"}
 
 
-def event_line(ev: dict[str, Any]) -> str:
+def event_line(ev: dict[str, Any], *, wide: bool = False) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(float(ev.get("ts") or time.time())))
     etype = str(ev.get("type", "?"))
     if etype == "progress":
@@ -45,7 +45,7 @@ def event_line(ev: dict[str, Any]) -> str:
         if ev.get("percent") is not None:
             text += f" ({float(ev['percent']):.0f}%)"
     elif "opId" in ev:
-        text = f"{ev.get('name', '')} [{ev['opId']}]"
+        text = f"{label_of(ev)} [{short_id(str(ev['opId']), wide)}]"
         if ev.get("exitCode") is not None:
             text += f" exit {ev['exitCode']}"
         if int(ev.get("attempt") or 1) > 1:
@@ -58,6 +58,19 @@ def event_line(ev: dict[str, Any]) -> str:
         skip = {"seq", "runId", "type", "ts"}
         text = " ".join(f"{k}={v}" for k, v in ev.items() if k not in skip and v is not None)
     return f"{stamp}  {etype:<26} {text}".rstrip()
+
+
+def label_of(ev: dict[str, Any]) -> str:
+    return op_label(str(ev.get("name", "")), ev.get("target"))
+
+
+def output_lines(ev: dict[str, Any]) -> list[str]:
+    """A completed call's stdout and stderr as the journal kept them, indented under its line."""
+    return [
+        f"    {stream} | {line}"
+        for stream in ("stdout", "stderr")
+        for line in str(ev.get(stream) or "").splitlines()
+    ]
 
 
 def interesting(ev: dict[str, Any]) -> bool:
@@ -78,7 +91,13 @@ async def positions(store: Store, run_id: str) -> tuple[int, int]:
 
 
 async def poll_events(
-    store: Store, run_id: str, stop: asyncio.Event, *, after: tuple[int, int] = (0, 0), interval: float = 0.1
+    store: Store,
+    run_id: str,
+    stop: asyncio.Event,
+    *,
+    after: tuple[int, int] = (0, 0),
+    interval: float = 0.1,
+    wide: bool = False,
 ) -> AsyncIterator[dict[str, Any]]:
     """Journal rows and run events in time order until ``stop`` is set (then one last drain)."""
 
@@ -91,7 +110,7 @@ async def poll_events(
 
     def add_detail(row: OperationRecord, event: dict[str, Any]) -> None:
         if row.status != "started":
-            detail = op_detail(row.kind, row.status, row.result, None, row.meta)
+            detail = op_detail(row.kind, row.status, row.result, None, row.meta, wide=wide)
             if detail and "exitCode" not in event:
                 event["detail"] = detail
 
@@ -105,25 +124,35 @@ class Display(Protocol):
 
 
 class PlainDisplay:
-    def __init__(self, *, everything: bool = False) -> None:
-        self.everything = everything
+    def __init__(self, *, everything: bool = False, wide: bool = False, call_output: bool = False) -> None:
+        self.everything, self.wide, self.call_output = everything, wide, call_output
 
     def event(self, ev: dict[str, Any]) -> None:
         if self.everything or interesting(ev):
-            click.echo(event_line(ev))
+            click.echo(event_line(ev, wide=self.wide))
+            if self.call_output:
+                for line in output_lines(ev):
+                    click.echo(line)
 
     def close(self) -> None:
         pass
 
 
 class RichDisplay:
-    """A progress bar (percent from progress events, else a spinner) with operation lines above it."""
+    """A progress bar (percent from progress events, else a spinner) with operation lines above it.
 
-    def __init__(self, console: Console, title: str, *, everything: bool = False) -> None:
-        self.everything = everything
+    The bar's text is the operation in flight (the newest started and not yet finished), after the
+    workflow's newest progress message; with nothing in flight, the message (or the title) alone."""
+
+    def __init__(
+        self, console: Console, title: str, *, everything: bool = False, wide: bool = False, call_output: bool = False
+    ) -> None:
+        self.everything, self.wide, self.call_output = everything, wide, call_output
+        self.base = title
+        self.inflight: dict[str, str] = {}  # op id -> what it is, in start order
         self.progress = Progress(
             SpinnerColumn(),
-            # The description is a run id or a ctx.progress message: plain text, never markup.
+            # The description is a run id, a ctx.progress message or a command: plain text, never markup.
             TextColumn("{task.description}", markup=False),
             BarColumn(),
             TaskProgressColumn(),
@@ -135,31 +164,56 @@ class RichDisplay:
         self.progress.start()
 
     def event(self, ev: dict[str, Any]) -> None:
-        if ev.get("type") == "progress":
+        etype = str(ev.get("type", ""))
+        if etype == "progress":
             if ev.get("percent") is not None:
                 self.progress.update(self.task, total=100, completed=float(ev["percent"]))
             if ev.get("message"):
-                self.progress.update(self.task, description=str(ev["message"]))
+                self.base = str(ev["message"])
+        elif "opId" in ev:
+            op_id = str(ev["opId"])
+            if etype.endswith(".started"):
+                self.inflight[op_id] = f"{ev.get('kind', '')} {label_of(ev)}".strip()
+            else:
+                self.inflight.pop(op_id, None)
+        current = next(reversed(self.inflight.values()), None)
+        self.progress.update(self.task, description=f"{self.base}: {current}" if current else self.base)
         if self.everything or interesting(ev):
-            etype = str(ev.get("type", ""))
             style = _STYLE.get(etype.rsplit(".", 1)[-1], "")
-            self.progress.console.print(Text(event_line(ev), style=style))
+            self.progress.console.print(Text(event_line(ev, wide=self.wide), style=style))
+            if self.call_output:
+                for line in output_lines(ev):
+                    self.progress.console.print(Text(line))
 
     def close(self) -> None:
         self.progress.stop()
 
 
-def make_display(title: str, *, tty: bool, console: Console | None = None, everything: bool = False) -> Display:
+def make_display(
+    title: str,
+    *,
+    tty: bool,
+    console: Console | None = None,
+    everything: bool = False,
+    wide: bool = False,
+    call_output: bool = False,
+) -> Display:
     if tty and console is not None:
-        return RichDisplay(console, title, everything=everything)
-    return PlainDisplay(everything=everything)
+        return RichDisplay(console, title, everything=everything, wide=wide, call_output=call_output)
+    return PlainDisplay(everything=everything, wide=wide, call_output=call_output)
 
 
 async def watch(
-    store: Store, run_id: str, display: Display, stop: asyncio.Event, *, after: tuple[int, int] = (0, 0)
+    store: Store,
+    run_id: str,
+    display: Display,
+    stop: asyncio.Event,
+    *,
+    after: tuple[int, int] = (0, 0),
+    wide: bool = False,
 ) -> None:
     try:
-        async for ev in poll_events(store, run_id, stop, after=after):
+        async for ev in poll_events(store, run_id, stop, after=after, wide=wide):
             display.event(ev)
     finally:
         display.close()

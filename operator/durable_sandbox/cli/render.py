@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -16,7 +16,9 @@ from rich.text import Text
 
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.engine import OperationRecord, RunRecord, RunState
+from durable_sandbox.engine.events import call_target
 from durable_sandbox.engine.owner import run_is_stale
+from durable_sandbox.kube.plan import WORKFLOW_LABEL
 
 _STATUS_STYLE = {
     "succeeded": "green",
@@ -42,7 +44,7 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-def console(*, stderr: bool = False) -> Console:
+def console(*, stderr: bool = False, wide: bool = False) -> Console:
     """The one console every `dsb` output goes through (tables, progress, outcome lines).
 
     Markup and emoji codes are off: what we print comes from users, providers and tools (a run id, an
@@ -52,10 +54,11 @@ def console(*, stderr: bool = False) -> Console:
     # Resolved per call: click's test runner swaps sys.stdout, and rich must write to the live one.
     stream = sys.stderr if stderr else sys.stdout
     tty = _isatty(stream)
-    # Off a terminal rich would wrap tables at 80 columns; piped output reads better unwrapped.
+    # Off a terminal rich would wrap tables at 80 columns; piped output reads better unwrapped (and -o wide
+    # output not at all: every id whole on its line, for grep).
     return Console(
         file=stream,
-        width=None if tty else 160,
+        width=None if tty else (100_000 if wide else 160),
         no_color=not tty,
         highlight=False,
         markup=False,
@@ -81,9 +84,43 @@ def fmt_duration(start: float | None, end: float | None) -> str:
     return f"{seconds * 1000:.0f}ms" if seconds < 1 else f"{seconds:.1f}s"
 
 
+def rfc3339(ts: float | None) -> str | None:
+    """JSON/YAML times: RFC 3339 in UTC with milliseconds (journal records can be less than 1 ms apart)."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def excerpt(text: str, limit: int) -> str:
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters with an ellipsis."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 def compact(value: Any, limit: int = 80) -> str:
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return excerpt(text, limit)
+
+
+def short_id(op_id: str, wide: bool = False) -> str:
+    """An op id for a table: long segments (content hashes) cut with an ellipsis; in full with -o wide."""
+    if wide:
+        return op_id
+    return "/".join(part if len(part) <= 14 else part[:10] + "…" for part in op_id.split("/"))
+
+
+def op_label(name: str, target: str | None) -> str:
+    """What an operation is: its name, and for a sandbox call its type and a short excerpt of its command or path."""
+    return f"{name}: {excerpt(target, 32)}" if target else name
+
+
+def workflow_name(workflow: str, labels: dict[str, str], *, wide: bool = False) -> str:
+    """The manifest's Workflow name for runs of a manifest (their engine workflow, e.g. sandbox-agent,
+    follows in parentheses with -o wide), else the workflow's name."""
+    name = labels.get(WORKFLOW_LABEL)
+    if not name or name == workflow:
+        return workflow
+    return f"{name} ({workflow})" if wide else name
 
 
 def emit_data(settings: Settings, data: Any) -> None:
@@ -93,22 +130,32 @@ def emit_data(settings: Settings, data: Any) -> None:
         click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-def op_detail(kind: str, status: str, result: Any, error: dict[str, Any] | None, meta: dict[str, Any] | None) -> str:
-    """The one thing worth knowing about an operation, for the tables."""
+def op_detail(
+    kind: str,
+    status: str,
+    result: Any,
+    error: dict[str, Any] | None,
+    meta: dict[str, Any] | None,
+    *,
+    wide: bool = False,
+) -> str:
+    """The one thing worth knowing about an operation, for the tables (snapshot ids cut unless ``wide``)."""
     if error:
         return str(error.get("message", ""))
     if kind == "sandbox.call" and isinstance(result, dict) and "exitCode" in result:
         detail = f"exit {result['exitCode']}"
         out = (result.get("stderr") or result.get("stdout") or "").strip().splitlines()
-        return f"{detail}: {out[0][:60]}" if out else detail
+        return f"{detail}: {excerpt(out[0], 60)}" if out else detail
+    if kind == "sandbox.destroy" and meta and meta.get("finalized"):
+        return f"finalized; kept snapshot {short_id(meta['retained'], wide)}" if meta.get("retained") else "finalized"
     if kind == "sandbox.provision" and isinstance(result, dict) and result.get("id"):
         return f"{result.get('provider', '')} sandbox {result['id']}".strip()
     if kind == "sandbox.destroy" and meta and meta.get("sandboxId"):
         return f"sandbox {meta['sandboxId']}"
     if kind == "sandbox.snapshot" and isinstance(result, dict):
-        return str(result.get("snapshotId", ""))
+        return short_id(str(result.get("snapshotId", "")), wide)
     if kind == "sandbox.snapshot_delete" and meta:
-        return str(meta.get("snapshotId", ""))
+        return short_id(str(meta.get("snapshotId", "")), wide)
     if kind == "callback" and status == "started":
         return "waiting for a signal"
     if status == "completed" and result is not None:
@@ -116,14 +163,23 @@ def op_detail(kind: str, status: str, result: Any, error: dict[str, Any] | None,
     return ""
 
 
-def state_table(state: RunState) -> list[Any]:
+def _add_column(table: Table, name: str, *, wide: bool) -> None:
+    # Ids, names and times are short (names are excerpts with an ellipsis): keep them on one line and let
+    # the detail, the free text, fold when the table is wider than the terminal. -o wide cuts nothing.
+    if name == "Detail" or wide:
+        table.add_column(name, overflow="fold", min_width=20)
+    else:
+        table.add_column(name, no_wrap=True, overflow="ellipsis")
+
+
+def state_table(state: RunState, *, wide: bool = False) -> list[Any]:
     """The renderables `dsb inspect` prints: summary, result/error, pending callbacks, operations."""
     out: list[Any] = []
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column()
     summary.add_row("Run", state.run_id)
-    summary.add_row("Workflow", state.workflow)
+    summary.add_row("Workflow", workflow_name(state.workflow, state.labels, wide=True))
     summary.add_row("Status", styled(state.status))
     summary.add_row("Created", fmt_time(state.created_at))
     summary.add_row("Updated", fmt_time(state.updated_at))
@@ -149,16 +205,16 @@ def state_table(state: RunState) -> list[Any]:
         out.append(table)
     ops = Table(title=f"Operations ({len(state.operations)})", title_justify="left", title_style="bold")
     for col in ("Op id", "Kind", "Name", "Status", "Attempt", "Duration", "Detail"):
-        ops.add_column(col, overflow="fold")
+        _add_column(ops, col, wide=wide)
     for op in state.operations:
         ops.add_row(
-            op.op_id,
+            short_id(op.op_id, wide),
             op.kind,
-            op.name,
+            op_label(op.name, op.target),
             styled(op.status),
             str(op.attempt),
             fmt_duration(op.started_at, op.finished_at),
-            op_detail(op.kind, op.status, op.result, op.error, op.meta),
+            op_detail(op.kind, op.status, op.result, op.error, op.meta, wide=wide),
         )
     out.append(ops)
     return out
@@ -166,32 +222,33 @@ def state_table(state: RunState) -> list[Any]:
 
 def render_state(settings: Settings, state: RunState) -> None:
     if settings.output != "table":
-        emit_data(settings, state.to_json())
+        emit_data(settings, state_doc(state))
         return
-    con = console()
-    for item in state_table(state):
+    con = console(wide=settings.wide)
+    for item in state_table(state, wide=settings.wide):
         con.print(item)
 
 
 def render_history(settings: Settings, run_id: str, rows: list[OperationRecord]) -> None:
     if settings.output != "table":
-        emit_data(settings, [r.to_json() for r in rows])
+        emit_data(settings, [record_doc(r) for r in rows])
         return
+    targets = {r.op_id: t for r in rows if (t := call_target(r)) is not None}
     table = Table(title=f"History of {run_id} ({len(rows)} records)", title_justify="left", title_style="bold")
     for col in ("Seq", "Time", "Op id", "Kind", "Name", "Status", "Attempt", "Detail"):
-        table.add_column(col, overflow="fold")
+        _add_column(table, col, wide=settings.wide)
     for r in rows:
         table.add_row(
             str(r.seq),
             fmt_time(r.ts),
-            r.op_id,
+            short_id(r.op_id, settings.wide),
             r.kind,
-            r.name,
+            op_label(r.name, targets.get(r.op_id)),
             styled(r.status),
             str(r.attempt),
-            op_detail(r.kind, r.status, r.result, r.error.to_json() if r.error else None, r.meta),
+            op_detail(r.kind, r.status, r.result, r.error.to_json() if r.error else None, r.meta, wide=settings.wide),
         )
-    console().print(table)
+    console(wide=settings.wide).print(table)
 
 
 def run_summary(run: RunRecord) -> dict[str, Any]:
@@ -200,8 +257,8 @@ def run_summary(run: RunRecord) -> dict[str, Any]:
         "workflow": run.workflow,
         "status": run.status.value,
         "stale": run_is_stale(run),
-        "createdAt": run.created_at,
-        "updatedAt": run.updated_at,
+        "createdAt": rfc3339(run.created_at),
+        "updatedAt": rfc3339(run.updated_at),
         "threadId": run.thread_id,
         "pendingCallbacks": list(run.pending_callbacks),
         "labels": dict(run.labels),
@@ -209,7 +266,7 @@ def run_summary(run: RunRecord) -> dict[str, Any]:
     }
 
 
-def render_runs(settings: Settings, runs: list[RunRecord]) -> None:
+def render_runs(settings: Settings, runs: list[RunRecord], *, empty: str = "no runs") -> None:
     if settings.output != "table":
         emit_data(settings, [run_summary(r) for r in runs])
         return
@@ -219,17 +276,38 @@ def render_runs(settings: Settings, runs: list[RunRecord]) -> None:
     for r in runs:
         table.add_row(
             r.run_id,
-            r.workflow,
+            workflow_name(r.workflow, r.labels, wide=settings.wide),
             styled(r.status.value) if not run_is_stale(r) else Text("running (stale: its worker is gone)", style="yellow"),
             fmt_time(r.created_at),
             fmt_time(r.updated_at),
             ", ".join(r.pending_callbacks) if r.status.value == "waiting" else "",
         )
-    con = console()
+    con = console(wide=settings.wide)
     if runs:
         con.print(table)
-    else:
-        con.print("no runs")
+    elif empty:
+        con.print(empty)
+
+
+def state_doc(state: RunState) -> dict[str, Any]:
+    """A run's state as -o json/yaml print it: RunState's JSON with RFC 3339 times."""
+    doc = state.to_json()
+    for key in ("createdAt", "updatedAt", "wakeAt"):
+        doc[key] = rfc3339(doc.get(key))
+    for op in doc.get("operations", []):
+        for key in ("startedAt", "finishedAt"):
+            op[key] = rfc3339(op.get(key))
+    return doc
+
+
+def record_doc(row: OperationRecord) -> dict[str, Any]:
+    doc = row.to_json()
+    doc["ts"] = rfc3339(row.ts)
+    return doc
+
+
+def event_doc(ev: dict[str, Any]) -> dict[str, Any]:
+    return {**ev, "ts": rfc3339(ev.get("ts"))} if isinstance(ev.get("ts"), int | float) else ev
 
 
 def continue_hint(settings: Settings, state: RunState) -> list[str]:

@@ -20,9 +20,13 @@ log = logging.getLogger("durable_sandbox.cli")
 @dataclass
 class Settings:
     store: Path | None = None  # None: $DURABLE_SANDBOX_HOME/runs.db
-    output: str = "table"
+    output: str = "table"  # table, json or yaml; `-o wide` is the table with full ids (wide=True)
+    wide: bool = False
     store_given: bool = False  # echo --store in the commands we print, so they work as printed
     warnings: list[str] = field(default_factory=list)
+
+    def set_output(self, value: str) -> None:
+        self.output, self.wide = ("table", True) if value == "wide" else (value, False)
 
     @property
     def store_path(self) -> Path:
@@ -39,8 +43,19 @@ def _quote(text: str) -> str:
     return shlex.quote(text)
 
 
+def check_store(settings: Settings, *, create: bool) -> None:
+    """A --store that does not exist is a mistake (a typo would otherwise show an empty store, and
+    create one), except for `dsb run`, which creates the store it records runs in. The default store is
+    created on first use by any command."""
+    if settings.store_given and not create and not settings.store_path.exists():
+        raise CliError(
+            f"--store {settings.store_path}: no such store file; check the path (`dsb run --store PATH ...` creates one)"
+        )
+
+
 @contextlib.asynccontextmanager
-async def open_engine(settings: Settings) -> AsyncIterator[durable_sandbox.Engine]:
+async def open_engine(settings: Settings, *, create: bool = False) -> AsyncIterator[durable_sandbox.Engine]:
+    check_store(settings, create=create)
     try:
         store = SqliteStore(settings.store_path)
     except StoreError as exc:  # a --store that is no store is a usage error

@@ -14,6 +14,7 @@ from typing import Any
 
 from durable_sandbox.engine.errors import InvalidInput, RunConflict, RunNotFound
 from durable_sandbox.engine.events import tail
+from durable_sandbox.engine.owner import run_is_stale
 from durable_sandbox.engine.records import Event, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.engine.state import RunState, build_state
@@ -101,6 +102,19 @@ class RunClient:
         if not run.status.terminal and run.cancel_requested is None:
             await self.store.update_run(run_id, {"cancel_requested": reason})
         return run
+
+    async def wait(self, run_id: str, *, timeout: float | None = None, poll_interval: float = 0.2) -> RunRecord:
+        """Poll the store until the run finishes or waits (``SETTLED``), or nobody executes it any more
+        (stale: its worker died); ``TimeoutError`` after ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            run = await self.get(run_id)
+            if run.status in SETTLED or run_is_stale(run):
+                return run
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError(f"run {run_id!r} is still {run.status.value} after {timeout:g}s")
+            await asyncio.sleep(poll_interval if deadline is None else min(poll_interval, max(deadline - loop.time(), 0)))
 
     # ------------------------------------------------------------------ reading
 

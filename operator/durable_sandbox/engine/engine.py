@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from durable_sandbox.engine.client import RunClient, new_run_id
+from durable_sandbox.engine.errors import RunNotFinished
 from durable_sandbox.engine.executor import RunExecutor, Unresolvable, default_worker_id, resolve_run_workflow
 from durable_sandbox.engine.records import OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.sources import poll_store
@@ -119,11 +121,15 @@ class Engine:
         """Drive an existing run again: after a crash, a signal, a due timer, or to retry a failed run."""
         return await self._drive(run_id, None)
 
-    async def wait(self, run_id: str) -> RunState:
-        """Wait for a run started in this process with :meth:`start` to finish or wait."""
+    async def wait(self, run_id: str, *, timeout: float | None = None) -> RunState:
+        """Wait for a run to finish or wait: one started here with :meth:`start`, or one executed by any
+        other process on the same store (polled; also returns when a dead worker left it orphaned).
+        ``TimeoutError`` after ``timeout`` seconds."""
         task = self._background.get(run_id)
         if task is not None:
-            await asyncio.shield(task)
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        else:
+            await self.client.wait(run_id, timeout=timeout)
         return await self.inspect(run_id)
 
     async def _drive(self, run_id: str, definition: Any) -> RunState:
@@ -156,6 +162,43 @@ class Engine:
         except Exception as exc:  # held by another worker: that worker notices through its lease loop
             log.info("run %s is executing elsewhere; cancellation requested (%s)", run_id, exc)
         return await self.inspect(run_id)
+
+    async def delete(self, run_id: str, *, force: bool = False) -> None:
+        """Delete a run with its journal, events and signals. A finished run's sandboxes are finalized first
+        if its journal does not show them finalized. A pending, running or waiting run raises
+        ``RunNotFinished`` unless ``force``: then it is cancelled first (its cleanup runs) and deleted once
+        cancelled; one executing in another process is only asked to cancel (``RunNotFinished`` says so)."""
+        run = await self.client.get(run_id)
+        if not run.status.terminal:
+            if not force:
+                raise RunNotFinished(run_id, run.status.value)
+            state = await self.cancel(run_id, "deleted (--force)")
+            if state.status not in ("succeeded", "failed", "cancelled"):
+                raise RunNotFinished(
+                    run_id,
+                    state.status,
+                    f"Run {run_id!r} is executing in another process; it was asked to cancel. Delete it once "
+                    f"it has stopped (`dsb wait {run_id}`).",
+                )
+        await self.executor.delete(run_id)
+
+    async def prune(self, older_than: float, *, now: float | None = None) -> tuple[list[str], dict[str, str]]:
+        """Delete finished runs last updated more than ``older_than`` seconds ago (see :meth:`delete`).
+        Returns the deleted run ids and, for runs kept, why (a sandbox cleanup that failed, a resume)."""
+        cutoff = (time.time() if now is None else now) - older_than
+        finished = [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED]
+        deleted: list[str] = []
+        kept: dict[str, str] = {}
+        for run in await self.client.runs(status=finished, limit=1_000_000):
+            if run.updated_at >= cutoff:
+                continue
+            try:
+                await self.delete(run.run_id)
+            except Exception as exc:  # one run's failed cleanup must not stop the others being pruned
+                kept[run.run_id] = f"{type(exc).__name__}: {exc}"
+                continue
+            deleted.append(run.run_id)
+        return deleted, kept
 
     async def hibernate(self, run_id: str) -> bool:
         """Hibernate the sandboxes of a waiting run now (snapshot and destroy them); True if it ran."""
@@ -198,9 +241,10 @@ class Engine:
         workflows: Sequence[str] | None = None,
         stop: asyncio.Event | None = None,
         idle_exit: bool = False,
-    ) -> None:
-        """Claim runnable runs (pending, due, or orphaned by a dead worker) and execute them."""
-        await poll_store(
+    ) -> list[str]:
+        """Claim runnable runs (pending, due, or orphaned by a dead worker) and execute them; returns the
+        ids of the runs executed."""
+        return await poll_store(
             self.executor,
             concurrency=concurrency,
             poll_interval=poll_interval,

@@ -169,6 +169,19 @@ class AlreadyExecuting(DurableError):
         super().__init__(f"Run {run_id!r} is already executing in this process.")
 
 
+class RunNotFinished(DurableError):
+    """The run is pending, running or waiting: deleting it needs a cancel first (or ``force``)."""
+
+    def __init__(self, run_id: str, status: str, detail: str = "") -> None:
+        self.run_id = run_id
+        self.status = status
+        super().__init__(
+            detail
+            or f"Run {run_id!r} is {status}; cancel it first (`dsb cancel {run_id}`), or delete it with --force, "
+            f"which cancels it (cleaning up its sandboxes) and then deletes it."
+        )
+
+
 class InvalidInput(DurableError, ValueError):
     """The input does not match the workflow's declared input type."""
 

@@ -23,12 +23,24 @@ _SANDBOX_EVENTS = {
 }
 
 
+def call_target(row: OperationRecord) -> str | None:
+    """What a sandbox call works on: a shell call's command, a file call's path (from its started record)."""
+    call = (row.meta or {}).get("call") if row.kind == "sandbox.call" else None
+    if not isinstance(call, dict) or not isinstance(call.get("args"), dict):
+        return None
+    target = call["args"].get("command" if call.get("type") == "shell" else "path")
+    return target if isinstance(target, str) else None
+
+
 def journal_event(run_id: str, row: OperationRecord) -> dict[str, Any]:
     kind = row.kind
     if kind.startswith("sandbox.") and kind != "sandbox.call" and row.status == "completed":
         etype = _SANDBOX_EVENTS.get(kind, kind)
         if kind == "sandbox.restore" and (row.meta or {}).get("reason") != "recovery":
             etype = "sandbox.restored"
+        elif kind == "sandbox.destroy" and (row.meta or {}).get("finalized"):
+            # The session's closing record (snapshots deleted, sandbox gone), not a second destroy.
+            etype = "sandbox.finalized"
     else:
         base = "callback" if kind == "callback" else ("call" if kind == "sandbox.call" else kind)
         status = row.status
@@ -49,8 +61,14 @@ def journal_event(run_id: str, row: OperationRecord) -> dict[str, Any]:
     }
     if row.error is not None:
         out["error"] = row.error.message
+    target = call_target(row)
+    if target is not None:
+        out["target"] = target
     if kind == "sandbox.call" and row.status == "completed" and isinstance(row.result, dict):
         out["exitCode"] = row.result.get("exitCode")
+        for stream in ("stdout", "stderr"):
+            if row.result.get(stream):
+                out[stream] = row.result[stream]
     return out
 
 
@@ -68,6 +86,7 @@ async def tail(
     empty read after it said yes, so everything committed before the end condition is delivered.
     ``pause`` waits between empty reads; ``on_row`` may decorate each row's event."""
     op_seq, ev_seq = after
+    targets: dict[str, str] = {}  # op id -> command or path, from started records, for their outcome's event
     while True:
         finished = await done()
         rows = await store.journal_since(run_id, op_seq)
@@ -76,6 +95,10 @@ async def tail(
         for r in rows:
             op_seq = max(op_seq, r.seq)
             event = journal_event(run_id, r)
+            if "target" in event:
+                targets[r.op_id] = event["target"]
+            elif r.op_id in targets:
+                event["target"] = targets[r.op_id]
             if on_row is not None:
                 on_row(r, event)
             merged.append((r.ts, 0, event))

@@ -22,10 +22,12 @@ from typing import Any, Literal
 from durable_sandbox.engine.client import require_run, state_of
 from durable_sandbox.engine.context import Context
 from durable_sandbox.engine.errors import (
+    AlreadyExecuting,
     Handover,
     LeaseHeld,
     LeaseLost,
     NotRunnableHere,
+    RunNotFinished,
     Suspend,
     WorkflowNotFound,
 )
@@ -369,6 +371,27 @@ class RunExecutor:
             finally:
                 with contextlib.suppress(Exception):
                     await self.store.release(lease)
+
+    async def delete(self, run_id: str) -> None:
+        """Delete a finished run from the store. Under its lease, any sandbox session its journal does not
+        show as finalized is finalized first; if that cleanup fails the run is kept (its journal is what
+        finds the sandbox again) and the error propagates."""
+        async with self._exclusive(run_id, wait=False) as mine:
+            if not mine:
+                raise AlreadyExecuting(run_id)
+            lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
+            try:
+                run = await self._get(run_id)
+                if not run.status.terminal:  # it moved on (a resume) since the caller looked
+                    raise RunNotFinished(run_id, run.status.value)
+                cleanup = self.services.get("cancel_cleanup")
+                if cleanup is not None:
+                    await cleanup(self, run, lease)
+                await self.store.delete_run(run_id, fence=lease.fence)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.store.release(lease)
+                raise
 
     async def hibernate(self, run_id: str) -> bool:
         """Hibernate the sandboxes of a waiting run now (snapshot and destroy them); True if it ran."""

@@ -29,10 +29,6 @@ def _parse(spec: str) -> tuple[str, int, signal.Signals]:
 _TARGET = _parse(_SPEC) if _SPEC else None
 
 
-def enabled() -> bool:
-    return _TARGET is not None
-
-
 def reach(point: str) -> None:
     if _TARGET is None or point != _TARGET[0]:
         return

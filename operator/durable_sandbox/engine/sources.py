@@ -24,9 +24,11 @@ async def poll_store(
     workflows: Sequence[str] | None = None,
     stop: asyncio.Event | None = None,
     idle_exit: bool = False,
-) -> None:
-    """Claim runnable runs (pending, due, or orphaned by a dead worker) and execute them."""
+) -> list[str]:
+    """Claim runnable runs (pending, due, or orphaned by a dead worker) and execute them; returns the ids
+    of the runs it executed, in the order it claimed them (a run claimed twice, e.g. woken again, twice)."""
     stop = stop or asyncio.Event()
+    executed: list[str] = []
     store = executor.store
     running: set[asyncio.Task[Any]] = set()
     hibernate_after = executor.services.get("hibernate_after")
@@ -39,14 +41,16 @@ async def poll_store(
         if len(running) < concurrency:
             lease = await store.claim_next(executor.worker_id, executor.lease_ttl, workflows=workflows)
         if lease is not None:
+            executed.append(lease.run_id)
             task = asyncio.create_task(executor.run_claimed(lease))
             running.add(task)
             task.add_done_callback(running.discard)
             continue
         if idle_exit and not running:
-            return
+            return executed
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), poll_interval)
     for task in running:
         task.cancel()
     await asyncio.gather(*running, return_exceptions=True)
+    return executed

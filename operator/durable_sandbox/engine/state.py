@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field
 from pydantic.alias_generators import to_camel
 
+from durable_sandbox.engine.events import call_target
 from durable_sandbox.engine.records import OperationRecord, OpKind, OpStatus, RunRecord
 from durable_sandbox.engine.runtime import pending_callbacks
 
@@ -35,6 +36,7 @@ class OperationState(_Camel):
     result: Any = None
     error: dict[str, Any] | None = None
     meta: dict[str, Any] | None = None
+    target: str | None = None  # a sandbox call's command or path
     started_at: float | None = None
     finished_at: float | None = None
 
@@ -50,6 +52,7 @@ class RunState(_Camel):
     snapshots: list[str] = Field(default_factory=list)
     recovery_count: int = 0
     thread_id: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
     wake_at: float | None = None
     created_at: float
     updated_at: float
@@ -117,6 +120,7 @@ def operation_states(rows: list[OperationRecord]) -> list[OperationState]:
             result=rec.result if rec.status == _COMPLETED else None,
             error=rec.error.to_json() if rec.error else None,
             meta=rec.meta,
+            target=call_target(first[op]),
             started_at=first[op].ts,
             finished_at=rec.ts if rec.status != _STARTED else None,
         )
@@ -137,6 +141,7 @@ def build_state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
         snapshots=live_snapshots(rows),
         recovery_count=recovery_count(rows),
         thread_id=run.thread_id,
+        labels=dict(run.labels),
         wake_at=run.wake_at,
         created_at=run.created_at,
         updated_at=run.updated_at,

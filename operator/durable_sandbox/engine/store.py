@@ -1,6 +1,7 @@
 """The store protocol: everything the engine needs from persistence.
 
-Implementations: ``stores.sqlite.SqliteStore`` (embedded default) and ``kube.store.KubernetesStore``.
+Implementations: ``stores.sqlite.SqliteStore`` (embedded default) and ``kube.store.KubernetesStore``;
+``stores.testing.StoreContractSuite`` is the test suite every implementation must pass.
 The engine defines the protocol so that it depends on no store (imports flow one way).
 
 Contract highlights:

@@ -123,6 +123,3 @@ def resolve(ref: str) -> WorkflowDefinition:
             f"async function decorated with @durable_sandbox.workflow."
         ) from None
 
-
-def registered() -> dict[str, WorkflowDefinition]:
-    return dict(_REGISTRY)

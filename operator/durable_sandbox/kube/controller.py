@@ -156,6 +156,7 @@ class Operator:
         self._engines: dict[str, durable_sandbox.Engine] = {}
         self._views: dict[str, RunView] = {}  # run id -> view
         self._secrets: dict[str, dict[tuple[str, str], str]] = {}  # run id -> secret values it may use
+        self._env_values: dict[str, dict[str, str]] = {}  # run id -> the spec's literal env values
         self._background: set[asyncio.Task[Any]] = set()
         self.stopping = False
 
@@ -172,7 +173,7 @@ class Operator:
                 providers=self._provider,
                 hibernate_after=self.settings.hibernate_after,
                 unresolvable="leave",
-                services={"secrets": self._secrets_for, "owner": self._owner_for,
+                services={"secrets": self._secrets_for, "owner": self._owner_for, "env_values": self._env_values_for,
                           "attached_sandbox": self._attached_sandbox},
             )
             self._engines[namespace] = engine
@@ -199,6 +200,11 @@ class Operator:
 
     def _secrets_for(self, run_id: str) -> dict[tuple[str, str], str]:
         return self._secrets.get(run_id, {})
+
+    def _env_values_for(self, run_id: str) -> dict[str, str] | None:
+        # Literal env values are kept out of the stored input (they may be secrets): the Workflow object
+        # has them, and every daemon re-plans its object before it drives the run.
+        return self._env_values.get(run_id)
 
     def _owner_for(self, run_id: str) -> str | None:
         view = self._views.get(run_id)
@@ -305,6 +311,7 @@ class Operator:
                 await view.writer.aclose()
             self._views.pop(view.run_id, None)
             self._secrets.pop(view.run_id, None)
+            self._env_values.pop(view.run_id, None)
 
     async def _serve(self, view: RunView, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
         engine = self.engine_for(view.namespace)
@@ -381,6 +388,7 @@ class Operator:
                 return None
         view.waiting_for = None
         view.extra.not_runnable, view.extra.not_runnable_reason = None, None
+        self._env_values[view.run_id] = dict(plan.env_values)
         engine = self.engine_for(view.namespace)
         record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=plan.labels)
         store: Any = engine.store  # a KubernetesStore: the run's objects are owned by the Workflow

@@ -58,6 +58,27 @@ UNIQUE_OPERATION_IDS = "operationId values must be unique across toolCalls"
 ENV_ONE_SOURCE = "set exactly one of value or valueFrom"
 TIMEOUT_POLICY_SHELL_ONLY = "failurePolicy.onTimeout applies only to shell calls (only they have a timeout)"
 LOSS_WITHIN_CALLS = "injectLossAfterNCalls must be at most the number of toolCalls (the loss would never happen)"
+# The program of a run is fixed at creation: the journal records what ran, and a replay must meet the same calls.
+PROGRAM_FIELDS = ("toolCalls", "entrypoint", "sandbox", "sandboxRef")
+
+
+def immutable_message(field: str) -> str:
+    return (
+        f"spec.{field} cannot change after creation: a run's program is fixed when it is created "
+        f"(create a new Workflow to run a changed one)"
+    )
+
+
+def immutable_rule(field: str) -> dict[str, str]:
+    """A transition rule (it refers to oldSelf, so it is evaluated on update only): ``field`` neither appears,
+    disappears nor changes. Made on spec rather than on the field, where it would not see it added or removed."""
+    return rule(
+        f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})",
+        immutable_message(field),
+        fieldPath=f".{field}",
+    )
+
+
 RESERVED_OPERATION_ID = (
     "operationId is reserved for the sandbox session's own records "
     f"(ids starting with {', '.join(sorted(_RESERVED_HEADS))})"
@@ -113,6 +134,7 @@ MODEL_RULES: dict[str, list[dict[str, str]]] = {
             CANCEL_FINAL,
             fieldPath=".cancel",
         ),
+        *(immutable_rule(field) for field in PROGRAM_FIELDS),
     ],
     "EnvVar": [rule("has(self.value) != has(self.valueFrom)", ENV_ONE_SOURCE)],
     # Merged into the one tool-call object (see _Converter.discriminated), hence the type test.
@@ -155,8 +177,11 @@ _DROP = {"title", "default", "additionalProperties", "discriminator", "propertyN
 class _Converter:
     """Rewrites one pydantic JSON schema (with its ``$defs``) into a structural schema."""
 
-    def __init__(self, schema: Schema) -> None:
+    def __init__(self, schema: Schema, *, defaults: bool = False) -> None:
         self.defs: dict[str, Schema] = schema.get("$defs", {})
+        # Declared defaults are applied by the API server (kubectl get -o yaml shows the effective spec); only
+        # in spec: status is the operator's to write, whole.
+        self.defaults = defaults
         self.used_model_rules: set[str] = set()
         self.used_field_extras: set[tuple[str, str]] = set()
 
@@ -181,8 +206,9 @@ class _Converter:
             out["description"] = node["description"].strip()
         default = node.get("default")
         if default is not None and not isinstance(default, dict | list):
-            # Applied by the models (the operator and `dsb run`), not by the API server.
             out["description"] = (out.get("description", "") + f" Default: {json.dumps(default)}.").strip()
+            if self.defaults:
+                out["default"] = default
         for key, value in node.items():
             if key in _DROP or key in ("description", "properties", "items", "required", "const"):
                 continue
@@ -282,8 +308,9 @@ class _Converter:
             out["description"] = siblings["description"]
         out["type"] = "object"
         out["required"] = [key]
+        kinds = "; ".join(f"{tag}: {v['description'].strip()}" if "description" in v else tag for tag, v in zip(tags, variants, strict=True))
         out["properties"] = {
-            key: {"type": "string", "enum": tags, "description": "The kind of call."},
+            key: {"type": "string", "enum": tags, "description": f"The kind of call. {kinds}"},
             **fields,
         }
         out[VALIDATIONS] = rules
@@ -311,10 +338,9 @@ def _or(names: list[str]) -> str:
 def structural_schema(model: type[BaseModel], description: str) -> Schema:
     """The resource's openAPIV3Schema: spec and status from the model; apiVersion/kind/metadata as Kubernetes has them."""
     schema = model.model_json_schema(by_alias=True)
-    converter = _Converter(schema)
     props = schema["properties"]
-    spec = converter.convert(props["spec"])
-    status = converter.convert(props["status"])
+    spec = _Converter(schema, defaults=True).convert(props["spec"])
+    status = _Converter(schema).convert(props["status"])
     # metav1.Condition lists are maps keyed by type (as +listType=map +listMapKey=type in Go).
     conditions = status["properties"]["conditions"]
     conditions["x-kubernetes-list-type"] = "map"
@@ -323,8 +349,9 @@ def structural_schema(model: type[BaseModel], description: str) -> Schema:
         "description": description,
         "type": "object",
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
+            "apiVersion": {"type": "string", "description": API_VERSION_DOC},
+            "kind": {"type": "string", "description": KIND_DOC},
+            # The API server allows nothing else here (kubectl explain shows ObjectMeta's own documentation).
             "metadata": {"type": "object"},
             "spec": spec,
             "status": status,
@@ -334,6 +361,16 @@ def structural_schema(model: type[BaseModel], description: str) -> Schema:
         out["required"] = ["spec"]
     return out
 
+
+# The descriptions every Kubernetes type has for these (kubectl explain shows them).
+API_VERSION_DOC = (
+    "APIVersion defines the versioned schema of this representation of an object. Servers should convert "
+    "recognized schemas to the latest internal value, and may reject unrecognized values."
+)
+KIND_DOC = (
+    "Kind is a string value representing the REST resource this object represents. Servers may infer this "
+    "from the endpoint the client submits requests to. In CamelCase."
+)
 
 _AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
@@ -438,6 +475,64 @@ def generate_crds() -> list[Schema]:
     return [workflow, sandbox]
 
 
+# ------------------------------------------------------------------------------------------- admission policy
+
+# Rules about free JSON (spec.input, the values of spec.signals): a CRD's CEL rules cannot see fields without a
+# schema (x-kubernetes-preserve-unknown-fields), so these are a ValidatingAdmissionPolicy, whose CEL sees the
+# object as plain JSON. It matches updates of the main resource only (not the status subresource, which the
+# operator writes often).
+INPUT_IMMUTABLE = immutable_message("input")
+SIGNALS_ONLY_GAIN = (
+    "spec.signals can only gain keys: a signal, once given, can neither be removed nor changed "
+    "(the run may already have acted on it)"
+)
+POLICY_NAME = f"workflows.{GROUP}"
+POLICY_RULES: list[dict[str, str]] = [
+    {
+        "expression": "has(object.spec.input) == has(oldObject.spec.input) && "
+        "(!has(object.spec.input) || object.spec.input == oldObject.spec.input)",
+        "message": INPUT_IMMUTABLE,
+        "reason": "Invalid",
+    },
+    {
+        "expression": "!has(oldObject.spec.signals) || (has(object.spec.signals) && oldObject.spec.signals.all("
+        "k, k in object.spec.signals && object.spec.signals[k] == oldObject.spec.signals[k]))",
+        "message": SIGNALS_ONLY_GAIN,
+        "reason": "Invalid",
+    },
+]
+
+
+def generate_admission_policy() -> list[Schema]:
+    """The ValidatingAdmissionPolicy for Workflow updates and its binding (Deny), in that order."""
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POLICY_NAME},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [GROUP],
+                        "apiVersions": ["*"],
+                        "operations": ["UPDATE"],
+                        "resources": ["workflows"],
+                    }
+                ]
+            },
+            "validations": copy.deepcopy(POLICY_RULES),
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": POLICY_NAME},
+        "spec": {"policyName": POLICY_NAME, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
+
+
 def _check_coverage() -> None:
     """Every hand-written rule must land somewhere: a renamed model or field must not drop one silently."""
     used_rules: set[str] = set()
@@ -457,14 +552,19 @@ def _check_coverage() -> None:
 # ------------------------------------------------------------------------------------------- files
 
 
-def render(crd: Schema) -> str:
-    return HEADER + yaml.safe_dump(crd, sort_keys=False, width=120, allow_unicode=True)
+def render(*documents: Schema) -> str:
+    return HEADER + yaml.safe_dump_all(documents, sort_keys=False, width=120, allow_unicode=True)
+
+
+POLICY_FILE = f"{POLICY_NAME}.policy.yaml"
 
 
 def rendered_files() -> dict[str, str]:
-    """File name -> YAML text, for every CRD."""
+    """File name -> YAML text: every CRD, and the admission policy."""
     _check_coverage()
-    return {f"{crd['metadata']['name']}.yaml": render(crd) for crd in generate_crds()}
+    files = {f"{crd['metadata']['name']}.yaml": render(crd) for crd in generate_crds()}
+    files[POLICY_FILE] = render(*generate_admission_policy())
+    return files
 
 
 def write(directory: Path) -> list[Path]:

@@ -176,8 +176,10 @@ MAX_DEPTH = 100  # nesting of mappings and sequences, the same bound as --input'
 
 
 class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """The safe loader plus kubectl's strict decoding: a key given twice in one mapping is an error
-    (a merged ``<<`` key may still be overridden, as YAML's merge semantics say)."""
+    """The safe loader, refusing a key given twice in one mapping: such a manifest says two things and
+    only one can be meant. (kubectl 1.37 silently keeps the last one; the API server's strict field
+    validation refuses duplicate fields only in a JSON body.) A key merged with ``<<`` may still be
+    overridden, as YAML's merge semantics say."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Node] = {}

@@ -96,7 +96,9 @@ class ObjectMeta(BaseModel):
 
 
 class SandboxRef(_Model):
-    name: str
+    """A Sandbox resource in the same namespace."""
+
+    name: str = Field(description="The Sandbox's name.")
 
     @field_validator("name")
     @classmethod
@@ -107,10 +109,12 @@ class SandboxRef(_Model):
 class RetrySpec(_Model):
     """Retry of the whole run when it fails (each retry resumes the journal: completed work is kept)."""
 
-    max_attempts: Annotated[int, Field(ge=1, le=100, strict=True)] = 3
-    initial_interval_seconds: Annotated[float, Field(ge=0, le=86_400, strict=True)] = 1.0
-    backoff: Annotated[float, Field(ge=1, le=10, strict=True)] = 2.0
-    max_interval_seconds: Annotated[float, Field(ge=0, le=86_400, strict=True)] = 60.0
+    max_attempts: Annotated[int, Field(ge=1, le=100, strict=True, description="Attempts in all, the first included.")] = 3
+    initial_interval_seconds: Annotated[
+        float, Field(ge=0, le=86_400, strict=True, description="Seconds before the first retry.")
+    ] = 1.0
+    backoff: Annotated[float, Field(ge=1, le=10, strict=True, description="Each further interval is the last one times this.")] = 2.0
+    max_interval_seconds: Annotated[float, Field(ge=0, le=86_400, strict=True, description="Upper bound of an interval.")] = 60.0
 
     def interval(self, attempt: int) -> float:
         """Delay before attempt ``attempt`` (2 is the first retry)."""
@@ -127,23 +131,117 @@ def _check_provider(name: str) -> None:
         )
 
 
+_FIXED = " Fixed at creation: a run's program cannot change under it (create a new Workflow instead)."
+
+
 class WorkflowSpec(_Model):
-    tool_calls: Annotated[list[ToolCallSpec], Field(min_length=1, max_length=10_000)] | None = None
-    entrypoint: str | None = None
-    input: JsonValue = None
-    sandbox: SandboxSettings | None = None
-    sandbox_ref: SandboxRef | None = None
-    snapshot_every_n_calls: Annotated[int, Field(ge=0, le=10_000, strict=True)] = 0
-    retain_latest_snapshot: StrictBool = False
-    inject_loss_after_n_calls: Annotated[int, Field(ge=1, strict=True)] | None = None
-    retry: RetrySpec | None = None
-    failure_policy: FailurePolicy | None = None
-    timeout_seconds: Annotated[int, Field(ge=1, strict=True)] | None = None
-    suspend: StrictBool = False
-    cancel: StrictBool = False
-    signals: dict[Annotated[str, Field(min_length=1)], JsonValue] = Field(default_factory=dict)
-    ttl_seconds_after_finished: Annotated[int, Field(ge=0, strict=True)] | None = None
-    hibernate_after_seconds: Annotated[int, Field(ge=0, strict=True)] | None = None
+    """What to run and how. The program (toolCalls or entrypoint and input, sandbox or sandboxRef) is fixed
+    at creation; suspend, cancel and signals steer the run while it goes."""
+
+    tool_calls: Annotated[
+        list[ToolCallSpec],
+        Field(
+            min_length=1,
+            max_length=10_000,
+            description="Tool calls run in order in one sandbox by the built-in sandbox-agent workflow. Each "
+            "completed call is journaled before the next starts, so a restart or a lost sandbox never repeats "
+            "one. Set exactly one of toolCalls or entrypoint." + _FIXED,
+        ),
+    ] | None = None
+    entrypoint: str | None = Field(
+        default=None,
+        description="A workflow function, 'package.module:function', from a module the operator is configured "
+        "to import (dsb operator --workflows). Set exactly one of toolCalls or entrypoint." + _FIXED,
+    )
+    input: JsonValue = Field(
+        default=None,
+        description="The entrypoint's argument, any JSON value (only with entrypoint)." + _FIXED,
+    )
+    sandbox: SandboxSettings | None = Field(
+        default=None,
+        description="The sandbox the toolCalls run in (provider 'local' when neither sandbox nor sandboxRef is "
+        "set). Set at most one of sandbox or sandboxRef." + _FIXED,
+    )
+    sandbox_ref: SandboxRef | None = Field(
+        default=None,
+        description="Use the settings of a Sandbox resource instead of inline sandbox settings." + _FIXED,
+    )
+    snapshot_every_n_calls: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=10_000,
+            strict=True,
+            description="Snapshot the sandbox after every N completed tool calls (0: never). After a sandbox is "
+            "lost, the run restores the newest snapshot and replays only the calls after it; superseded "
+            "snapshots are deleted.",
+        ),
+    ] = 0
+    retain_latest_snapshot: StrictBool = Field(
+        default=False,
+        description="Keep the newest snapshot when the run succeeds (status.latestSnapshot names it); otherwise "
+        "every snapshot is deleted when the run finishes.",
+    )
+    inject_loss_after_n_calls: Annotated[
+        int,
+        Field(
+            ge=1,
+            strict=True,
+            description="Testing: destroy the sandbox behind the run's back after this many calls, once, to "
+            "exercise recovery (providers with loss injection only).",
+        ),
+    ] | None = None
+    retry: RetrySpec | None = Field(
+        default=None,
+        description="Retry the run when it fails. A retry resumes from the journal: completed calls are not "
+        "run again. Unset: one attempt.",
+    )
+    failure_policy: FailurePolicy | None = Field(
+        default=None,
+        description="Which tool-call outcomes fail the run, for every call (a call's own failurePolicy "
+        "overrides it). Unset: every outcome is a completed call.",
+    )
+    timeout_seconds: Annotated[
+        int,
+        Field(
+            ge=1,
+            strict=True,
+            description="Fail the run (reason Timeout) when it has not finished this many seconds after it "
+            "started; waiting and suspended time count. Unset: no limit.",
+        ),
+    ] | None = None
+    suspend: StrictBool = Field(
+        default=False,
+        description="true pauses the run at the next call boundary and hibernates its sandbox (a snapshot, no "
+        "live sandbox); false resumes it from there. Like batch/v1 Job's suspend.",
+    )
+    cancel: StrictBool = Field(
+        default=False,
+        description="true cancels the run and deletes its sandbox and snapshots. Can only go from false to true.",
+    )
+    signals: dict[Annotated[str, Field(min_length=1)], JsonValue] = Field(
+        default_factory=dict,
+        description="Answers to the run's callbacks: callback id -> any JSON value (status.pendingCallbacks lists "
+        "what the run waits for). Keys can only be added, and a value cannot change once given.",
+    )
+    ttl_seconds_after_finished: Annotated[
+        int,
+        Field(
+            ge=0,
+            strict=True,
+            description="Delete the Workflow this many seconds after it finished (succeeded, failed or "
+            "cancelled), cleanup included, as a Job's TTL does. Unset: kept.",
+        ),
+    ] | None = None
+    hibernate_after_seconds: Annotated[
+        int,
+        Field(
+            ge=0,
+            strict=True,
+            description="Seconds a waiting run (for a signal or a timer) keeps its sandbox live before it "
+            "hibernates it (snapshot, then destroy; restored when the run continues). 0: at once. Unset: 300.",
+        ),
+    ] | None = None
 
     @field_validator("entrypoint")
     @classmethod
@@ -203,10 +301,19 @@ class WorkflowSpec(_Model):
 
 # A Workflow's inline `sandbox` settings plus what only a standalone Sandbox has.
 class SandboxResourceSpec(SandboxSettings):
+    """A sandbox's settings; Workflows use them through spec.sandboxRef."""
+
     # A standalone Sandbox renews its own lease, so a short one only makes loss detection sooner.
-    lease_seconds: Annotated[int, Field(ge=5, le=86_400, strict=True)] = 3600
-    suspend: StrictBool = False
-    from_snapshot: Annotated[str, Field(min_length=1)] | None = None
+    lease_seconds: Annotated[int, Field(
+        ge=5, le=86_400, strict=True,
+        description="The provider lease in seconds; the operator renews it at half its length while the Sandbox exists.",
+    )] = 3600
+    suspend: StrictBool = Field(
+        default=False, description="true snapshots the sandbox and destroys it (no live sandbox); false restores it."
+    )
+    from_snapshot: Annotated[
+        str, Field(min_length=1, description="Create the sandbox from this provider snapshot id.")
+    ] | None = None
 
     @field_validator("provider")
     @classmethod
@@ -227,121 +334,192 @@ class SandboxResourceSpec(SandboxSettings):
 
 
 class Condition(_Status):
-    """metav1.Condition."""
+    """metav1.Condition: one aspect of the run's state."""
 
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
+    type: str = Field(
+        description="Ready, Succeeded, Failed, Suspended, WaitingForSignal, Recovering or CleanupBlocked."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="A CamelCase reason for the last transition.")
+    message: str = Field(default="", description="What happened, for people.")
+    last_transition_time: str | None = Field(
+        default=None, description="When status last changed (RFC 3339)."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation of the spec this condition was set from."
+    )
 
 
 class CallsStatus(_Status):
-    completed: int = 0
-    total: int = 0
+    """Progress in tool calls."""
 
-
-class PendingCallbackStatus(_Status):
-    id: str
-    payload: JsonValue = None
-
-
-class OperationSummary(_Status):
-    op_id: str
-    kind: str
-    name: str
-    status: str
-    attempt: int = 1
-    exit_code: int | None = None
-    error: str | None = None
-    finished_at: str | None = None
-
-
-class JournalRef(_Status):
-    """One owned object holding a chunk of the journal."""
-
-    name: str
-    first_seq: int | None = None
-    last_seq: int | None = None
-    count: int = 0
-
-
-class SandboxStatusRef(_Status):
-    name: str | None = None
-    provider: str | None = None
-    provider_id: str | None = None
+    completed: int = Field(default=0, description="Tool calls completed (a nonzero exit counts as completed).")
+    total: int = Field(default=0, description="Tool calls in spec.toolCalls (0 for an entrypoint workflow).")
 
 
 class CurrentCall(_Status):
     """The operation in flight (a tool call or a step) while the run is Running."""
 
-    op_id: str
-    kind: str
-    name: str
-    index: int | None = None
+    op_id: str = Field(description="Its operation id in the journal.")
+    kind: str = Field(description="sandbox.call for a tool call, step for a workflow step.")
+    name: str = Field(description="What it is (for a tool call: its type and a summary).")
+    index: int | None = Field(default=None, description="A tool call's position in spec.toolCalls (from 0).")
+
+
+class PendingCallbackStatus(_Status):
+    """A callback the run is waiting for; answer it with spec.signals[id]."""
+
+    id: str = Field(description="The callback id: the key to set in spec.signals.")
+    payload: JsonValue = Field(default=None, description="What the workflow sent with the callback (JSON).")
 
 
 class StatusError(_Status):
     """Why the run failed or was cancelled (the journal has every attempt's error)."""
 
-    type: str
-    message: str
+    type: str = Field(description="The error's type, e.g. ProvisionError, StepFailed.")
+    message: str = Field(description="What went wrong and what to do (secrets are never included).")
+
+
+class OperationSummary(_Status):
+    """One journal operation, in short."""
+
+    op_id: str = Field(description="The operation id.")
+    kind: str = Field(description="step, callback, sleep, sandbox.call, sandbox.snapshot, ...")
+    name: str = Field(description="What it is.")
+    status: str = Field(description="started, completed or failed.")
+    attempt: int = Field(default=1, description="Which attempt of the operation this is.")
+    exit_code: int | None = Field(default=None, description="A shell call's exit code.")
+    error: str | None = Field(default=None, description="Why it failed.")
+    finished_at: str | None = Field(default=None, description="When it finished (RFC 3339).")
+
+
+class JournalRef(_Status):
+    """One owned object holding a chunk of the journal."""
+
+    name: str = Field(description="The ConfigMap's name (in the Workflow's namespace, owned by the Workflow).")
+    first_seq: int | None = Field(default=None, description="The first journal sequence number in it.")
+    last_seq: int | None = Field(default=None, description="The last journal sequence number in it.")
+    count: int = Field(default=0, description="How many journal records it holds.")
+
+
+class SandboxStatusRef(_Status):
+    """The sandbox the run works in now."""
+
+    name: str | None = Field(default=None, description="The run's name for it (a Sandbox resource's, with sandboxRef).")
+    provider: str | None = Field(default=None, description="The provider holding it.")
+    provider_id: str | None = Field(default=None, description="The provider's id of the live sandbox.")
 
 
 class WorkflowStatus(_Status):
-    conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: int | None = None
-    phase: str | None = None
-    run_id: str | None = None
-    calls: CallsStatus | None = None
-    current_call: CurrentCall | None = None
-    attempt: int | None = None  # the run attempt (spec.retry), 1 for the first
-    wake_at: str | None = None  # when a waiting run's durable timer is due (RFC 3339)
-    error: StatusError | None = None
-    pending_callbacks: list[PendingCallbackStatus] = Field(default_factory=list)
-    recent_operations: list[OperationSummary] = Field(default_factory=list)
-    journal: list[JournalRef] = Field(default_factory=list)
-    sandbox: SandboxStatusRef | None = None
-    latest_snapshot: str | None = None
-    recovery_count: int = 0
-    result: JsonValue = None
-    result_ref: str | None = None  # where a result too large for status is kept
-    started_at: str | None = None
-    finished_at: str | None = None
-    # kopf's own progress and diff-base storage (the operator keeps it here, not in annotations on users' objects).
-    kopf: dict[str, Any] | None = None
+    """Where the run is: a bounded projection of its journal (the journal itself is in the ConfigMaps
+    listed in journal), written by the operator through the status subresource."""
+
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Succeeded, Failed, Suspended, WaitingForSignal, Recovering, CleanupBlocked "
+        "(metav1.Condition; kubectl wait --for=condition=Succeeded).",
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation of the spec the operator last acted on."
+    )
+    phase: str | None = Field(
+        default=None,
+        description="One word for kubectl get: Pending, Running, Waiting, Suspended, Succeeded, Failed, "
+        "Cancelled. The conditions carry the detail.",
+    )
+    run_id: str | None = Field(default=None, description="The run's id in the journal: <name>-<uid[:8]>.")
+    calls: CallsStatus | None = Field(default=None, description="Progress in tool calls.")
+    current_call: CurrentCall | None = Field(
+        default=None, description="The operation in flight; absent between operations."
+    )
+    pending_callbacks: list[PendingCallbackStatus] = Field(
+        default_factory=list, description="Callbacks the run waits for (answer with spec.signals)."
+    )
+    wake_at: str | None = Field(
+        default=None, description="When a run that is sleeping (a durable timer or a retry backoff) wakes (RFC 3339)."
+    )
+    attempt: int | None = Field(default=None, description="The run attempt (1 is the first; spec.retry adds more).")
+    error: StatusError | None = Field(default=None, description="Why the run (or its last attempt) failed.")
+    recent_operations: list[OperationSummary] = Field(
+        default_factory=list,
+        description="The last operations of the journal (at most 20); dsb --kube history shows all of them.",
+    )
+    journal: list[JournalRef] = Field(
+        default_factory=list,
+        description="The ConfigMaps holding the journal, in order (owned by the Workflow, deleted with it).",
+    )
+    sandbox: SandboxStatusRef | None = Field(default=None, description="The sandbox the run works in now.")
+    latest_snapshot: str | None = Field(
+        default=None, description="The provider's id of the newest sandbox snapshot (older ones are deleted)."
+    )
+    recovery_count: int = Field(
+        default=0, description="How many times the run recovered from a lost sandbox (restore and replay)."
+    )
+    result: JsonValue = Field(
+        default=None, description="The run's result (JSON) when it succeeded and is small; see resultRef otherwise."
+    )
+    result_ref: str | None = Field(
+        default=None,
+        description="Where a result too large for status is kept: the ConfigMap holding it (dsb --kube inspect "
+        "prints it).",
+    )
+    started_at: str | None = Field(default=None, description="When the run started (RFC 3339).")
+    finished_at: str | None = Field(
+        default=None, description="When the run succeeded, failed or was cancelled (RFC 3339)."
+    )
+    kopf: dict[str, Any] | None = Field(
+        default=None,
+        description="The operator's own bookkeeping (kopf's handler progress), kept here rather than in "
+        "annotations so GitOps diffs stay clean. Not for users.",
+    )
 
 
 class SandboxOperation(_Status):
     """A provider operation recorded before it starts (intent), so a restart finishes it exactly once."""
 
-    id: str
-    kind: Literal["provision", "restore", "snapshot", "destroy"]
-    snapshot_id: str | None = None  # restore: the source; destroy: the snapshot just recorded
+    id: str = Field(description="The operation id (stable across retries and restarts).")
+    kind: Literal["provision", "restore", "snapshot", "destroy"] = Field(description="What the operation does.")
+    snapshot_id: str | None = Field(
+        default=None, description="restore: the snapshot restored; destroy: the snapshot just recorded."
+    )
 
 
 class SandboxResourceStatus(_Status):
-    conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: int | None = None
-    phase: str | None = None  # printer convenience, as on Workflow
-    provider_id: str | None = None
-    # The provider's handle metadata (never secrets), enough to reach the sandbox again after a restart.
-    handle: dict[str, Any] | None = None
-    capabilities: dict[str, Any] | None = None
-    lease_expires_at: str | None = None
-    snapshots: list[str] = Field(default_factory=list)  # owned by this Sandbox, oldest first
-    operation: SandboxOperation | None = None
-    operation_count: int = 0  # numbers operation ids
-    holder: str | None = None  # the Workflow whose run uses the sandbox now
-    # kopf's own progress and diff-base storage (as on Workflow).
-    kopf: dict[str, Any] | None = None
+    """Where the sandbox is, written by the operator."""
+
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Suspended, CleanupBlocked (metav1.Condition list)."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation of the spec the operator last acted on."
+    )
+    phase: str | None = Field(default=None, description="One word for kubectl get.")  # printer convenience
+    provider_id: str | None = Field(default=None, description="The provider's id of the live sandbox.")
+    handle: dict[str, Any] | None = Field(
+        default=None, description="The provider's handle metadata for the live sandbox (never secrets)."
+    )
+    capabilities: dict[str, Any] | None = Field(default=None, description="What the provider can do with it.")
+    lease_expires_at: str | None = Field(default=None, description="When the provider's lease ends (RFC 3339).")
+    snapshots: list[str] = Field(
+        default_factory=list, description="Snapshot ids the provider holds for it, oldest first (owned by this Sandbox)."
+    )
+    operation: SandboxOperation | None = Field(
+        default=None, description="The provider operation in progress, recorded before it starts."
+    )
+    operation_count: int = Field(default=0, description="How many provider operations were started (numbers their ids).")
+    holder: str | None = Field(default=None, description="The Workflow whose calls run in this sandbox now.")
+    kopf: dict[str, Any] | None = Field(
+        default=None, description="The operator's own bookkeeping (kopf's handler progress). Not for users."
+    )
 
 
 # --------------------------------------------------------------------------------------------- resources
 
 
 class WorkflowResource(_Model):
+    """A durable run: the built-in sandbox-agent over spec.toolCalls, or a workflow function
+    (spec.entrypoint), journaled so that it survives operator restarts and sandbox loss."""
+
     api_version: Literal["durable-sandbox.dev/v1alpha1"] = "durable-sandbox.dev/v1alpha1"
     kind: Literal["Workflow"] = "Workflow"
     metadata: ObjectMeta
@@ -396,6 +574,7 @@ __all__ = [
     "VERSION",
     "CallsStatus",
     "Condition",
+    "CurrentCall",
     "EnvVar",
     "FailurePolicy",
     "JournalRef",
@@ -412,6 +591,7 @@ __all__ = [
     "SandboxSettings",
     "SandboxStatusRef",
     "ShellCall",
+    "StatusError",
     "ToolCallSpec",
     "WorkflowResource",
     "WorkflowSpec",

@@ -264,13 +264,16 @@ def conditions(
 
 class StatusWriter:
     """Coalesces status patches of one Workflow: the newest document wins, written at most about once
-    per ``interval`` seconds, except that a phase change is written at once."""
+    per ``interval`` seconds, except that a phase change is written at once. One task writes; a write
+    under way is never cut short (the next document waits for it)."""
 
     def __init__(self, patch: Callable[[dict[str, Any]], Awaitable[None]], *, interval: float = 1.0) -> None:
         self._patch = patch
         self.interval = interval
         self._pending: dict[str, Any] | None = None
-        self._written_phase: str | None = None
+        self._offered_phase: str | None = None
+        self._urgent = False
+        self._wakeup = asyncio.Event()
         self._last_write = 0.0
         self._timer: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -279,18 +282,22 @@ class StatusWriter:
     def offer(self, status: dict[str, Any]) -> None:
         """Schedule ``status`` to be written (replacing anything not written yet)."""
         self._pending = status
-        urgent = status.get("phase") != self._written_phase
-        delay = 0.0 if urgent else max(0.0, self._last_write + self.interval - time.monotonic())
-        if self._timer is not None and not self._timer.done():
-            if not urgent:
-                return  # the scheduled write will pick up this newest document
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().create_task(self._write_after(delay))
+        if status.get("phase") != self._offered_phase:
+            self._offered_phase = status.get("phase")
+            self._urgent = True
+            self._wakeup.set()
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.get_running_loop().create_task(self._write_loop())
 
-    async def _write_after(self, delay: float) -> None:
-        if delay > 0:
-            await asyncio.sleep(delay)
-        await self.flush()
+    async def _write_loop(self) -> None:
+        while self._pending is not None:
+            delay = self._last_write + self.interval - time.monotonic()
+            if not self._urgent and delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), delay)
+            self._urgent = False
+            self._wakeup.clear()
+            await self.flush()
 
     async def flush(self) -> None:
         """Write what is pending now (used on phase changes and before the daemon stops)."""
@@ -304,14 +311,19 @@ class StatusWriter:
                 log.warning("status patch failed: %s", exc)
                 if self._pending is None:
                     self._pending = doc
+                self._last_write = time.monotonic()  # try again one interval later, not in a loop
                 return
             self.writes += 1
             self._last_write = time.monotonic()
-            self._written_phase = doc.get("phase")
 
-    async def aclose(self) -> None:
+    async def aclose(self, timeout: float = 10.0) -> None:
+        """Write what is pending now and stop."""
+        self._urgent = True
+        self._wakeup.set()
         if self._timer is not None and not self._timer.done():
-            self._timer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._timer
+            done, _ = await asyncio.wait([self._timer], timeout=timeout)
+            if not done:
+                self._timer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._timer
         await self.flush()

@@ -342,7 +342,7 @@ class E2BProvider(SandboxProvider):
 
     async def _pages(self, op: str, path: str, params: dict[str, str]) -> AsyncIterator[httpx.Response]:
         """Every page of a cursor-paged list: ``nextToken`` in, ``X-Next-Token`` out. No ``limit``, as the SDK
-        sends none: E2B's default page is its largest."""
+        sends none: E2B's default page size (100) applies, and a short or empty page still has a token to follow."""
         seen: set[str] = set()
         token: str | None = None
         while True:

@@ -636,14 +636,6 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ housekeeping
 
-    def size_bytes(self) -> int:
-        total = 0
-        for suffix in ("", "-wal"):
-            p = Path(str(self.path) + suffix)
-            if p.exists():
-                total += p.stat().st_size
-        return total
-
     async def close(self) -> None:
         try:
             self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")

@@ -58,8 +58,13 @@ class FailurePolicy(_Spec):
     then to ``continue``: by default every outcome is a completed call (a nonzero exit can change the
     workspace, so it is recorded, not an error)."""
 
-    on_non_zero_exit: Outcome | None = None
-    on_timeout: Outcome | None = None  # a shell call that ran past its timeout (exit 124)
+    on_non_zero_exit: Outcome | None = Field(
+        default=None, description="continue (the default) or fail: what a nonzero exit of a shell call does."
+    )
+    on_timeout: Outcome | None = Field(
+        default=None,
+        description="continue (the default) or fail: what a shell call that ran past its timeout (exit 124) does.",
+    )
 
     def over(self, base: FailurePolicy | None) -> FailurePolicy:
         """This policy with its unset fields taken from ``base``."""
@@ -87,8 +92,20 @@ def timed_out(result: ToolResult) -> bool:
 
 
 class _ToolCallBase(_Spec):
-    operation_id: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")] | None = None
-    failure_policy: FailurePolicy | None = None
+    operation_id: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=253,
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+            description="A stable id for this call in the journal (default: derived from its position). Unique across "
+            "toolCalls; keeping ids stable when editing a manifest keeps the history matched by id.",
+        ),
+    ] | None = None
+    failure_policy: FailurePolicy | None = Field(
+        default=None,
+        description="Which outcomes of this call fail the run; unset fields fall back to spec.failurePolicy.",
+    )
 
     @model_validator(mode="after")
     def _timeout_policy_for_shell_only(self) -> _ToolCallBase:
@@ -109,12 +126,28 @@ class _ToolCallBase(_Spec):
         return value
 
 
+_PATH = "A file, relative to the sandbox workspace (no leading '/', no '..' segments)."
+
+
 class ShellCall(_ToolCallBase):
+    """Run a shell command in the sandbox. A nonzero exit is a completed call (recorded with its exit code)."""
+
     type: Literal["shell"]
-    command: Annotated[str, Field(min_length=1)]
-    timeout: Annotated[float, Field(gt=0, le=86_400, strict=True)] | None = None
-    cwd: Annotated[str, Field(max_length=PATH_MAX_LENGTH)] | None = None
-    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+    command: Annotated[str, Field(min_length=1, description="The command line, run by bash in the workspace (shell calls).")]
+    timeout: Annotated[
+        float,
+        Field(gt=0, le=86_400, strict=True, description="Seconds the command may run before it is stopped (exit 124) (shell calls)."),
+    ] | None = None
+    cwd: Annotated[
+        str,
+        Field(
+            max_length=PATH_MAX_LENGTH,
+            description="Working directory, relative to the workspace (default: the workspace) (shell calls).",
+        ),
+    ] | None = None
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, description="Environment variables for this command only (shell calls)."
+    )
 
     @field_validator("cwd")
     @classmethod
@@ -125,9 +158,11 @@ class ShellCall(_ToolCallBase):
 
 
 class WriteFileCall(_ToolCallBase):
+    """Write a file in the sandbox workspace (parent directories are created)."""
+
     type: Literal["write_file"]
-    path: Annotated[str, Field(max_length=PATH_MAX_LENGTH)]
-    contents: str
+    path: Annotated[str, Field(max_length=PATH_MAX_LENGTH, description=_PATH)]
+    contents: str = Field(description="The text to write, as UTF-8 (write_file calls).")
 
     @field_validator("path")
     @classmethod
@@ -137,8 +172,10 @@ class WriteFileCall(_ToolCallBase):
 
 
 class ReadFileCall(_ToolCallBase):
+    """Read a file of the sandbox workspace; its contents are the call's result."""
+
     type: Literal["read_file"]
-    path: Annotated[str, Field(max_length=PATH_MAX_LENGTH)]
+    path: Annotated[str, Field(max_length=PATH_MAX_LENGTH, description=_PATH)]
 
     @field_validator("path")
     @classmethod
@@ -160,18 +197,29 @@ ToolCallSpec = Annotated[ShellCall | WriteFileCall | ReadFileCall, Field(discrim
 
 
 class SecretKeyRef(_Spec):
-    name: Annotated[str, Field(min_length=1)]
-    key: Annotated[str, Field(min_length=1)]
+    """A key of a Secret in the Workflow's namespace."""
+
+    name: Annotated[str, Field(min_length=1, description="The Secret's name.")]
+    key: Annotated[str, Field(min_length=1, description="The key within the Secret's data.")]
 
 
 class EnvVarSource(_Spec):
-    secret_key_ref: SecretKeyRef
+    """Where an environment variable's value comes from."""
+
+    secret_key_ref: SecretKeyRef = Field(
+        description="A key of a Secret in the Workflow's namespace. The operator reads it when it provisions "
+        "the sandbox; the value is never stored in the journal, status, events or logs."
+    )
 
 
 class EnvVar(_Spec):
-    name: EnvName
-    value: EnvValue | None = None
-    value_from: EnvVarSource | None = None
+    """An environment variable of the sandbox: a literal value or a reference to a Secret."""
+
+    name: EnvName = Field(description="The variable's name.")
+    value: EnvValue | None = Field(default=None, description="A literal value (set exactly one of value or valueFrom).")
+    value_from: EnvVarSource | None = Field(
+        default=None, description="The value from a Secret (set exactly one of value or valueFrom)."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvVar:
@@ -181,10 +229,31 @@ class EnvVar(_Spec):
 
 
 class SandboxSettings(_Spec):
-    provider: Annotated[str, Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9_.-]*$")] = "local"
-    template: str | None = None
-    env: list[EnvVar] = Field(default_factory=list)
-    lease_seconds: Annotated[int, Field(ge=60, le=86_400, strict=True)] = 3600
+    """The sandbox a run works in."""
+
+    provider: Annotated[
+        str,
+        Field(
+            min_length=1,
+            pattern=r"^[a-z0-9][a-z0-9_.-]*$",
+            description="The sandbox provider: 'e2b', or 'local' (subprocess workspaces; the operator accepts it "
+            "only with --allow-local-provider), or one installed as a plugin.",
+        ),
+    ] = "local"
+    template: str | None = Field(
+        default=None, description="The provider's template (image) for the sandbox; the provider's default if unset."
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Environment variables of the sandbox.")
+    lease_seconds: Annotated[
+        int,
+        Field(
+            ge=60,
+            le=86_400,
+            strict=True,
+            description="How long the provider keeps the sandbox alive without renewal; the run renews it while "
+            "it works, so this bounds how long a sandbox outlives a crashed worker.",
+        ),
+    ] = 3600
 
 
 class SandboxAgentInput(_Spec):
@@ -336,12 +405,15 @@ async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]
     if spec.sandbox_ref is not None:
         options["attach"] = spec.sandbox_ref
     async with ctx.sandbox("sandbox", provider=spec.sandbox.provider, **options) as sbx:
+        total = len(spec.tool_calls)
         for index, call in enumerate(spec.tool_calls):
+            # Said before the call, so a display shows the call in flight; percent counts finished calls.
+            ctx.progress(f"call {index + 1}/{total}", percent=100.0 * index / total)
             policy = (call.failure_policy or FailurePolicy()).over(spec.failure_policy)
             where = f"toolCalls[{index}]"
             await sbx.call(
                 to_tool_call(call, sbx.operation_id(index)),
                 fails=lambda result, policy=policy, where=where: _failure(where, policy, result),
             )
-            ctx.progress(f"call {index + 1}/{len(spec.tool_calls)}", percent=100.0 * (index + 1) / len(spec.tool_calls))
+        ctx.progress(f"{total} calls done", percent=100.0)
     return sbx.result()

@@ -29,7 +29,7 @@ def cancel(settings: Settings, run_id: str, reason: str) -> None:
 
     before, state = run_async(go())
     if settings.output != "table":
-        render.emit_data(settings, state.to_json())
+        render.emit_data(settings, render.state_doc(state))
     elif before in ("succeeded", "failed", "cancelled"):
         click.echo(f"run {run_id} had already finished ({before}); nothing to cancel")
     elif state.status == "cancelled":

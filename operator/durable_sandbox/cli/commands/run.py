@@ -1,17 +1,19 @@
-"""`dsb run FILE.yaml | module:function`."""
+"""`dsb run FILE.yaml | module:function [--detach | --dry-run]`."""
 
 from __future__ import annotations
 
 import click
 
-from durable_sandbox.cli import drive
+from durable_sandbox.cli import drive, dryrun
 from durable_sandbox.cli.commands.common import outcome_code, pass_settings, report_outcome, run_async, worst
-from durable_sandbox.cli.errors import CliError
+from durable_sandbox.cli.detach import spawn
+from durable_sandbox.cli.errors import EXIT_OK, CliError
 from durable_sandbox.cli.jsonarg import read_input
-from durable_sandbox.cli.render import emit_data
+from durable_sandbox.cli.render import emit_data, state_doc
 from durable_sandbox.cli.session import Settings, open_engine
 from durable_sandbox.cli.targets import RunPlan, is_manifest, plan_entrypoint, plan_manifest
-from durable_sandbox.engine import RunState
+from durable_sandbox.engine import RunRecord, RunState
+from durable_sandbox.stores import SqliteStore
 
 
 @click.command()
@@ -20,6 +22,9 @@ from durable_sandbox.engine import RunState
 @click.option("--input-file", metavar="FILE", help="Read the input JSON from FILE ('-' for stdin).")
 @click.option("--run-id", metavar="ID", help="Run id [default: generated; <metadata.name>-<hash> for manifests].")
 @click.option("--thread-id", metavar="ID", help="Thread whose state (ctx.state) the run shares.")
+@click.option("--detach", is_flag=True, help="Create the run(s) and return; a background process drives them "
+              "(then `dsb wait RUN`, `dsb logs -f RUN`).")
+@click.option("--dry-run", is_flag=True, help="Validate and print what would run; create and run nothing.")
 @pass_settings
 def run(
     settings: Settings,
@@ -28,12 +33,19 @@ def run(
     input_file: str | None,
     run_id: str | None,
     thread_id: str | None,
+    detach: bool,
+    dry_run: bool,
 ) -> None:
     """Run a Workflow manifest (FILE.yaml, '-' for stdin) or a workflow (module:function or registered name).
 
     Runs until the workflow finishes or waits. Running the same manifest again continues the same run
-    (its id is derived from the manifest), so a waiting or failed run picks up where it stopped.
+    (its id is derived from the manifest), so a waiting or failed run picks up where it stopped, and a
+    finished one is reported, not run again.
     """
+    if detach and dry_run:
+        raise CliError("give --detach or --dry-run, not both")
+    if detach and target == "-":
+        raise CliError("--detach needs a manifest file: the background process cannot read stdin again")
     given, value = read_input(input_json, input_file)
     if is_manifest(target):
         if given:
@@ -41,15 +53,52 @@ def run(
         plans = plan_manifest(target, run_id)
     else:
         plans = [plan_entrypoint(target, value, run_id)]
+    ctx = click.get_current_context()
+    if dry_run:
+        dryrun.show(settings, plans, run_async(_existing(settings, plans)))
+        ctx.exit(EXIT_OK)
+    if detach:
+        records = run_async(_submit_all(settings, plans, thread_id))
+        # A generated run id is fixed now, so the background process continues this very run.
+        only = records[0].run_id if run_id is not None or not is_manifest(target) else None
+        spawn(settings, target, run_id=only, thread_id=thread_id, input_value=value, has_input=given)
+        if settings.output != "table":
+            emit_data(settings, [_created(r) for r in records] if len(records) > 1 else _created(records[0]))
+        else:
+            for plan, record in zip(plans, records, strict=True):
+                click.echo(f"run {record.run_id} ({plan.label}) started in the background")
+            ids = " ".join(r.run_id for r in records)
+            click.echo(f"follow with `{settings.dsb()} logs -f RUN`, wait with `{settings.dsb()} wait RUN` ({ids})")
+        ctx.exit(EXIT_OK)
     states = run_async(_run_all(settings, plans, thread_id))
     if settings.output == "table":
         codes = [report_outcome(settings, s) for s in states]
     else:
-        emit_data(settings, states[0].to_json() if len(states) == 1 else [s.to_json() for s in states])
+        emit_data(settings, state_doc(states[0]) if len(states) == 1 else [state_doc(s) for s in states])
         codes = [outcome_code(settings, s) for s in states]
-    click.get_current_context().exit(worst(codes))
+    ctx.exit(worst(codes))
+
+
+def _created(run: RunRecord) -> dict[str, str]:
+    return {"runId": run.run_id, "workflow": run.workflow, "status": run.status.value}
+
+
+async def _existing(settings: Settings, plans: list[RunPlan]) -> list[RunRecord | None]:
+    """The runs the plans would continue, read without creating a store that does not exist."""
+    if not settings.store_path.exists():
+        return [None] * len(plans)
+    store = SqliteStore(settings.store_path)
+    try:
+        return [await store.get_run(p.run_id) if p.run_id else None for p in plans]
+    finally:
+        await store.close()
+
+
+async def _submit_all(settings: Settings, plans: list[RunPlan], thread_id: str | None) -> list[RunRecord]:
+    async with open_engine(settings, create=True) as engine:
+        return [await drive.submit(engine, plan, thread_id=thread_id) for plan in plans]
 
 
 async def _run_all(settings: Settings, plans: list[RunPlan], thread_id: str | None) -> list[RunState]:
-    async with open_engine(settings) as engine:
+    async with open_engine(settings, create=True) as engine:
         return [await drive.run_plan(engine, settings, plan, thread_id=thread_id) for plan in plans]

@@ -8,9 +8,11 @@ import signal
 
 import click
 
+from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
 from durable_sandbox.cli.errors import EXIT_OK
 from durable_sandbox.cli.session import Settings, open_engine
+from durable_sandbox.engine import RunRecord
 
 
 @click.command()
@@ -27,7 +29,7 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
     from). Waiting runs that hold a sandbox are hibernated after the engine's hibernate_after.
     """
 
-    async def go() -> None:
+    async def go() -> list[RunRecord]:
         async with open_engine(settings) as engine:
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -35,13 +37,19 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.add_signal_handler(sig, stop.set)
             click.echo(f"worker {engine.worker_id} serving {settings.store_path}", err=True)
-            await engine.worker(
+            executed = await engine.worker(
                 concurrency=concurrency,
                 poll_interval=poll_interval,
                 workflows=list(workflows) or None,
                 stop=stop,
                 idle_exit=until_idle,
             )
+            # Each run once, as it stands now (a run woken twice was executed twice).
+            return [await engine.client.get(run_id) for run_id in dict.fromkeys(executed)]
 
-    run_async(go())
+    ran = run_async(go())
+    # What it ran, and how each run stands: the worker's report (`dsb runs` lists the same way).
+    if settings.output == "table":
+        click.echo(f"worker executed {len(ran)} run(s)")
+    render.render_runs(settings, ran, empty="")
     click.get_current_context().exit(EXIT_OK)

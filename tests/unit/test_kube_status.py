@@ -1,0 +1,113 @@
+"""kube/status.py: the bounded status projection of a journal and the coalescing of status patches."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import durable_sandbox
+from durable_sandbox.engine.records import ErrorInfo, RunStatus
+from durable_sandbox.kube.events import lifecycle_events
+from durable_sandbox.kube.status import RECENT_OPERATIONS, Extra, Projection, StatusWriter, render
+from durable_sandbox.stores import SqliteStore
+from durable_sandbox.workflows import sandbox_agent
+
+
+async def _agent_run(store: SqliteStore, n: int, **spec: Any) -> str:
+    engine = durable_sandbox.Engine(store, worker_id="w")
+    try:
+        calls = [{"type": "shell", "command": f"echo {i}"} for i in range(n)]
+        state = await engine.run(sandbox_agent.NAME, {"toolCalls": calls, **spec}, run_id="r")
+        assert state.status == "succeeded"
+    finally:
+        await engine.aclose()
+    return state.run_id
+
+
+async def test_projection_of_a_run_with_loss_recovery(store: SqliteStore) -> None:
+    run_id = await _agent_run(store, 30, snapshotEveryNCalls=4, injectLossAfterNCalls=10)
+    rows = await store.load_journal(run_id)
+    run = await store.get_run(run_id)
+    assert run is not None
+    p = Projection(total_calls=30)
+    # Fed in commit-sized pieces, as the operator's observed store does.
+    for i in range(0, len(rows), 3):
+        p.feed(rows[i : i + 3])
+    p.feed(rows[:5])  # a re-read overlapping what was fed is ignored
+    st = render(run, p, Extra(generation=3), run_id=run_id)
+    assert st["phase"] == "Succeeded" and st["calls"] == {"completed": 30, "total": 30}
+    assert st["recoveryCount"] == 1
+    assert st["latestSnapshot"] is None  # every snapshot was deleted at finalization
+    assert len(st["recentOperations"]) == RECENT_OPERATIONS
+    assert st["recentOperations"][-1]["opId"] == "sandbox/finalize"
+    assert st["result"]["recoveryCount"] == 1  # small results are inline
+    assert st["currentCall"] is None and st["pendingCallbacks"] == []
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Succeeded"]["status"] == "True" and conds["Failed"]["status"] == "False"
+    assert all(c["observedGeneration"] == 3 for c in conds.values())
+    assert len(json.dumps(st)) < 16_000  # bounded whatever the journal's length
+    reasons = [e.reason for e in lifecycle_events(rows)]
+    assert reasons.count("Provisioned") == 1 and "SandboxLost" in reasons and "Recovered" in reasons
+    assert reasons.count("SnapshotTaken") == 30 // 4
+
+
+async def test_large_results_are_referenced_and_errors_are_cut(store: SqliteStore) -> None:
+    run_id = await _agent_run(store, 1)
+    run = await store.get_run(run_id)
+    assert run is not None
+    run.result = {"blob": "x" * 10_000}
+    st = render(run, Projection(), Extra(), run_id=run_id)
+    assert st["result"] is None and st["resultRef"]
+    run.status, run.error = RunStatus.FAILED, ErrorInfo("Boom", "y" * 5000)
+    st = render(run, Projection(), Extra(), run_id=run_id)
+    assert st["phase"] == "Failed" and len(st["error"]["message"]) <= 1024
+
+
+def test_rejection_renders_failed_with_the_reason() -> None:
+    st = render(None, Projection(), Extra(generation=1, rejected=("WorkflowNotAllowed", "spec.entrypoint: no")),
+                run_id="x-1")
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert st["phase"] == "Failed" and conds["Failed"]["reason"] == "WorkflowNotAllowed"
+    assert conds["Ready"]["status"] == "False"
+
+
+async def test_status_writes_are_coalesced_except_phase_changes() -> None:
+    written: list[dict[str, Any]] = []
+
+    async def patch(doc: dict[str, Any]) -> None:
+        written.append(doc)
+
+    writer = StatusWriter(patch, interval=3600.0)  # nothing but phase changes and the final flush may write
+    for i in range(100):
+        writer.offer({"phase": "Running", "n": i})
+    await writer.flush()  # what the first (urgent: a new phase) write would have written by now
+    writer.offer({"phase": "Running", "n": 100})
+    writer.offer({"phase": "Succeeded", "n": 101})  # a phase change is written at once
+    await writer.aclose()
+    assert [d["n"] for d in written] == [99, 101]
+    assert writer.writes == 2
+
+
+async def test_a_document_offered_during_a_write_is_written_after_it() -> None:
+    import asyncio
+
+    written: list[int] = []
+    release = asyncio.Event()
+    entered = asyncio.Event()
+    two = asyncio.Event()
+
+    async def slow_patch(doc: dict[str, Any]) -> None:
+        entered.set()
+        await release.wait()
+        written.append(doc["n"])
+        if len(written) == 2:
+            two.set()
+
+    writer = StatusWriter(slow_patch, interval=0.0)
+    writer.offer({"phase": "Running", "n": 1})
+    await entered.wait()  # the first write is under way
+    writer.offer({"phase": "Running", "n": 2})  # same phase: no new task, the running one must take it
+    release.set()
+    await asyncio.wait_for(two.wait(), 30)
+    assert written == [1, 2]
+    await writer.aclose()
