@@ -55,9 +55,13 @@ def wait_for(cp: ControlPlane, ns: str, name: str, ctype: str, value: str = "tru
     return status(cp, ns, name)
 
 
-def reasons(cp: ControlPlane, ns: str, name: str) -> list[str]:
+def event_messages(cp: ControlPlane, ns: str, name: str) -> list[tuple[str, str]]:
     out = cp.kubectl_json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name},involvedObject.kind=Sandbox")
-    return [e["reason"] for e in sorted(out.get("items", []), key=lambda e: e.get("firstTimestamp") or "")]
+    return [(e["reason"], e["message"]) for e in sorted(out.get("items", []), key=lambda e: e.get("firstTimestamp") or "")]
+
+
+def reasons(cp: ControlPlane, ns: str, name: str) -> list[str]:
+    return [reason for reason, _ in event_messages(cp, ns, name)]
 
 
 def workspaces(home: Path) -> list[str]:
@@ -228,10 +232,12 @@ def test_lease_is_renewed_and_a_sandbox_killed_out_of_band_is_recreated_from_the
     asyncio.run(LocalProvider(home=op.home).inject_loss(SandboxHandle(id=resumed, provider="local")))
 
     wait_until(lambda: "Recovered" in reasons(cp, ns, "leased"), 60, "a Recovered event")
-    events = reasons(cp, ns, "leased")
-    assert events.index("SandboxLost") < events.index("Recovered")
     st = wait_for(cp, ns, "leased", "Ready")
     recovered = st["providerId"]
+    # (Events have one-second timestamps, so their messages say the order: lost, then recovered into a new one.)
+    messages = {reason: message for reason, message in event_messages(cp, ns, "leased")}
+    assert f"sandbox {resumed} is gone" in messages["SandboxLost"] and newest in messages["SandboxLost"]
+    assert messages["Recovered"] == f"sandbox {resumed} recovered into {recovered} from snapshot {newest}"
     assert recovered not in (live, resumed) and workspaces(op.home) == [recovered]
     assert st["snapshots"] == [newest]
     assert run_call(op.home, recovered, "read_file", path="before.txt") == (0, "in the snapshot\n")
