@@ -377,6 +377,8 @@ async def list_sandboxes(request: web.Request) -> web.StreamResponse:
 
 async def delete_sandbox(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    if state.delete_fault:
+        return _error(state.delete_fault, f"injected fault {state.delete_fault}")
     _check_no_body(request, await request.read())
     _check_query(request, set())
     if _sandbox_or_none(request) is None:
@@ -463,6 +465,8 @@ async def list_snapshots(request: web.Request) -> web.StreamResponse:
 
 async def delete_template(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    if state.delete_fault:
+        return _error(state.delete_fault, f"injected fault {state.delete_fault}")
     _check_no_body(request, await request.read())
     _check_query(request, set())
     raw_id = request.raw_path.split("?", 1)[0].removeprefix("/templates/")

@@ -128,6 +128,7 @@ class FakeState:
     stream_faults: list[StreamFault | EosError] = field(default_factory=list)
     deleted_templates: list[str] = field(default_factory=list)
     rejections_expected: bool = False  # set by tests that send malformed requests on purpose
+    delete_fault: int = 0  # while set, DELETE of sandboxes and templates (snapshots) answers this status
 
     # ----------------------------------------------------------------------------------- clock
 
@@ -153,6 +154,14 @@ class FakeState:
     def kill(self, sandbox_id: str) -> None:
         """The sandbox dies behind the client's back: every later call about it answers 404."""
         self._remove(sandbox_id)
+
+    def fail_deletes(self, status: int = 503) -> None:
+        """Every DELETE of a sandbox or a snapshot answers ``status`` until :meth:`allow_deletes` (an outage
+        that outlasts the client's retries, as cleanup must survive)."""
+        self.delete_fault = status
+
+    def allow_deletes(self) -> None:
+        self.delete_fault = 0
 
     def fail_create(self, status: int = 429, *, times: int = 1, retry_after: str | None = None) -> None:
         """The next ``times`` ``POST /v2/sandboxes`` answer ``status`` (with ``Retry-After`` when given)."""

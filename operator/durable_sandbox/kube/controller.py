@@ -644,36 +644,76 @@ class Operator:
         run_id = cluster_run_id(name, uid)
         engine = self.engine_for(namespace)
         view = self._views.get(run_id) or RunView(namespace=namespace, name=name, uid=uid, run_id=run_id, body=body)
+        delay = self.settings.cleanup_backoff[min(attempt, len(self.settings.cleanup_backoff) - 1)]
         run = await engine.store.get_run(run_id)
-        if run is None or run.status.terminal:
-            await self._let_go(view)
+        if run is None:
+            await self._cleanup_from_status(view, body, delay)
             await self._cleanup_done(view, body)
             return
-        if not run.cancel_requested:
-            await engine.client.request_cancel(run_id, "the Workflow was deleted")
-        delay = self.settings.cleanup_backoff[min(attempt, len(self.settings.cleanup_backoff) - 1)]
-        if await engine.executor.cancel_here(run_id, "the Workflow was deleted"):
-            run = await engine.store.get_run(run_id)
-        else:
+        if not run.status.terminal:
+            if not run.cancel_requested:
+                await engine.client.request_cancel(run_id, "the Workflow was deleted")
             try:
-                await engine.executor.drive_cancel(run_id)
+                if not await engine.executor.cancel_here(run_id, "the Workflow was deleted"):
+                    await engine.executor.drive_cancel(run_id)
             except LeaseHeld as exc:
                 raise CleanupPending(f"run {run_id} is executing on another replica; it cancels there ({exc})", delay) from None
             except Exception as exc:
-                message = f"cleanup of run {run_id} is blocked: {type(exc).__name__}: {exc}"
-                view.extra.cleanup_blocked = message
-                self.events_for_body(body, LifecycleEvent("CleanupBlocked", message[:1024], "Warning"))
-                await self._patch_conditions(view, body)
-                raise CleanupPending(message, delay) from None
-            run = await engine.store.get_run(run_id)
-        if run is not None and not run.status.terminal:
-            raise CleanupPending(f"run {run_id} is still {run.status.value}; waiting for it to stop", delay)
-        await self._let_go(view)
+                await self._blocked(view, body, f"cleanup of run {run_id} is blocked: {type(exc).__name__}: {exc}", delay)
+        # Whatever ended the run (a cleanup that failed while it was cancelled included), every sandbox
+        # session its journal does not show finalized is finalized now.
+        if engine.executor.is_executing(run_id):
+            raise CleanupPending(f"run {run_id} is still stopping in this replica", delay)
+        try:
+            await self._finalize_leftovers(engine, run_id)
+        except LeaseHeld as exc:
+            raise CleanupPending(f"run {run_id} is still held by another replica ({exc})", delay) from None
+        except Exception as exc:
+            await self._blocked(view, body, f"cleanup of run {run_id} is blocked: {type(exc).__name__}: {exc}", delay)
         await self._cleanup_done(view, body)
 
+    async def _finalize_leftovers(self, engine: durable_sandbox.Engine, run_id: str) -> None:
+        executor = engine.executor
+        hook = executor.services.get("cancel_cleanup")
+        if hook is None:
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            lease = await engine.store.claim(run_id, executor.worker_id, executor.lease_ttl)
+            stack.push_async_callback(engine.store.release, lease)
+            run = await engine.store.get_run(run_id)
+            if run is not None:
+                await hook(executor, run, lease)
+
+    async def _cleanup_from_status(self, view: RunView, body: Mapping[str, Any], delay: float) -> None:
+        """The run's objects are gone already: the ids cleanup needs are in status too."""
+        st = body.get("status") or {}
+        sandbox = st.get("sandbox") or {}
+        provider_name = sandbox.get("provider")
+        if not provider_name:
+            return
+        try:
+            provider = self._provider(provider_name)
+            from durable_sandbox.providers.contract import SandboxHandle
+
+            if st.get("latestSnapshot"):
+                await provider.delete_snapshot(st["latestSnapshot"])
+            # A Sandbox resource's sandbox (spec.sandboxRef) outlives the Workflow: never destroyed here.
+            if sandbox.get("providerId") and not (body.get("spec") or {}).get("sandboxRef"):
+                await provider.destroy(SandboxHandle(id=sandbox["providerId"], provider=provider_name))
+        except Exception as exc:
+            await self._blocked(view, body, f"cleanup from status is blocked: {type(exc).__name__}: {exc}", delay)
+
+    async def _blocked(self, view: RunView, body: Mapping[str, Any], message: str, delay: float) -> None:
+        view.extra.cleanup_blocked = message
+        self.events_for_body(body, LifecycleEvent("CleanupBlocked", message[:1024], "Warning"))
+        await self._patch_conditions(view, body)
+        raise CleanupPending(message, delay)
+
     async def _cleanup_done(self, view: RunView, body: Mapping[str, Any]) -> None:
-        if view.extra.cleanup_blocked is not None or (body.get("status") or {}).get("conditions"):
+        await self._let_go(view)
+        if view.extra.cleanup_blocked is not None:
             view.extra.cleanup_blocked = None
+            await self._patch_conditions(view, body)
         await self.events.emit(dict(body), LifecycleEvent("CleanupDone", f"run {view.run_id}: sandboxes and snapshots deleted"))
 
     def events_for_body(self, body: Mapping[str, Any], event: LifecycleEvent) -> None:

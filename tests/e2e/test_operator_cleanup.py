@@ -1,0 +1,102 @@
+"""Acceptance 4 (second part): while the provider refuses cleanup, the finalizer stays, condition
+CleanupBlocked and an Event say why, and cleanup completes once the provider recovers. The provider is e2b
+against the fake E2B server (its documented HTTP protocol, real commands in temp workspaces) running in
+this process, so the test can switch its DELETEs to failing and back. The sandbox's env comes from a
+Secret, which must reach the sandbox and nothing else (status, Events, operator logs)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.operator_support import (
+    condition,
+    events,
+    get,
+    namespace,
+    operators,
+    status,
+    wait_in_flight,
+)
+from tests.fakes.e2b_server import FakeE2BServer
+from tests.fakes.e2b_state import FakeState
+
+__all__ = ["namespace", "operators"]  # fixtures
+
+SECRET_VALUE = "tok-" + "9f3a61c2e8d04b7f"
+
+
+@pytest.fixture
+def fake_e2b(tmp_path: Path) -> Iterator[FakeState]:
+    """The fake E2B server on its own event loop thread (the test itself blocks on kubectl)."""
+    state = FakeState(root=tmp_path / "fake-e2b")
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="fake-e2b", daemon=True)
+    thread.start()
+    server = FakeE2BServer(state)
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+    try:
+        yield state
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_cleanup_blocked_while_the_provider_refuses_then_completes(
+    control_plane: ControlPlane, namespace: str, operators: Any, fake_e2b: FakeState, tmp_path: Path
+) -> None:
+    cp = control_plane
+    cp.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tokens"},
+              "data": {"token": base64.b64encode(SECRET_VALUE.encode()).decode()}}, "-n", namespace)
+    op = operators(env={"E2B_API_KEY": fake_e2b.api_key, "E2B_API_URL": fake_e2b.api_url,
+                        "E2B_SANDBOX_URL": fake_e2b.sandbox_url})
+    gate = tmp_path / "never"
+    doc = {
+        "apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow", "metadata": {"name": "stubborn"},
+        "spec": {
+            "sandbox": {"provider": "e2b", "template": "base",
+                        "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "tokens", "key": "token"}}}]},
+            "snapshotEveryNCalls": 1,
+            "toolCalls": [
+                {"type": "shell", "command": 'test "$TOKEN" = ' + SECRET_VALUE + " && echo token-ok"},
+                {"type": "shell", "command": f"while [ ! -e {gate} ]; do sleep 0.05; done"},
+            ],
+        },
+    }
+    cp.apply(doc, "-n", namespace)
+    wait_in_flight(cp, namespace, "stubborn", 1)
+    assert status(cp, namespace, "stubborn")["recentOperations"][-1]["exitCode"] == 0  # the Secret reached the sandbox
+    assert fake_e2b.live_sandboxes() and fake_e2b.snapshots()
+
+    fake_e2b.fail_deletes(503)
+    cp.kubectl("delete", "workflow", "stubborn", "-n", namespace, "--wait=false")
+
+    def blocked() -> dict[str, Any] | None:
+        cond = condition(cp, namespace, "stubborn", "CleanupBlocked")
+        return cond if cond is not None and cond["status"] == "True" else None
+
+    cond = wait_until(blocked, 180, "condition CleanupBlocked")
+    assert "503" in cond["message"] or "injected" in cond["message"]
+    wait_until(lambda: any(e["reason"] == "CleanupBlocked" and e["type"] == "Warning" for e in events(cp, namespace, "stubborn")),
+               60, "a CleanupBlocked event")
+    obj = get(cp, namespace, "stubborn")
+    assert obj is not None and "durable-sandbox.dev/cleanup" in obj["metadata"]["finalizers"]
+    assert fake_e2b.live_sandboxes() or fake_e2b.snapshots()  # nothing was dropped silently
+
+    fake_e2b.allow_deletes()
+    wait_until(lambda: get(cp, namespace, "stubborn") is None, 180, "the Workflow to be deleted once cleanup succeeds")
+    assert fake_e2b.live_sandboxes() == []
+    assert fake_e2b.snapshots() == []
+
+    # The Secret's value reached the sandbox and nothing else.
+    assert SECRET_VALUE not in op.logs()
+    assert SECRET_VALUE not in json.dumps(cp.kubectl_json("get", "events", "-n", namespace))
