@@ -6,6 +6,7 @@ until the store refuses (LeaseLost), then reports what it committed. Driven over
 prints ``claimed <fence>``, then waits for a line on stdin before each commit (so the test decides
 exactly when each happens: no timing luck), printing ``committed <op_id> <seq>`` or ``lost <op_id>``;
 after a loss it tries renew and release and prints ``renew lost`` / ``released``, then exits 0.
+With ``--thread-state`` it makes one commit carrying thread state instead, and exits.
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ from durable_sandbox.engine.records import Commit, OperationRecord
 from durable_sandbox.kube.store import KubernetesStore
 
 
-async def main(namespace: str, run_id: str, owner: str) -> None:
+async def main(namespace: str, run_id: str, owner: str, thread_state: bool = False) -> None:
     store = await KubernetesStore.connect(namespace)
     try:
         lease = await store.claim(run_id, owner, 30)
         print(f"claimed {lease.fence}", flush=True)
+        if thread_state:  # one commit carrying thread state (a crash test kills us inside it)
+            rec = OperationRecord("with-state", "step", "fn", "completed", 1, None, "done")
+            await store.commit(run_id, lease.fence, Commit([rec], thread_state=("shared-thread", {"n": 1})))
+            print("committed with-state", flush=True)
+            return
         loop = asyncio.get_running_loop()
         i = 0
         while True:
@@ -50,4 +56,4 @@ async def main(namespace: str, run_id: str, owner: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    asyncio.run(main(*sys.argv[1:4], thread_state="--thread-state" in sys.argv[4:]))

@@ -118,3 +118,12 @@ def test_live_display_on_a_terminal_keeps_brackets(monkeypatch: pytest.MonkeyPat
     assert "[r]1 [bold]title[/bold]" in text
     assert "[bold]half[/bold]" in text
     assert "[red]s[/red] [[o]] [i]x" in text
+
+
+def test_lifecycle_commands_keep_brackets() -> None:
+    dry = dsb("run", "--dry-run", FLOW, "--input", '{"fail": true}', "--run-id", "[d]1")
+    assert lines(dry.stdout)[0] == "[e2b] brackets: run [d]1 of workflow [e2b] brackets (new run)"
+    assert dsb("run", FLOW, "--input", "{}", "--run-id", "[d]1").exit_code == 0
+    waited = dsb("wait", "[d]1")
+    assert "run [d]1 succeeded" in lines(waited.stdout) and '"out": "[red]x[/red]"' in waited.stdout
+    assert lines(dsb("delete", "[d]1").stdout) == ["run [d]1 deleted"]

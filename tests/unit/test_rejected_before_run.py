@@ -118,3 +118,18 @@ def test_e2b_api_url_with_credentials_is_refused_without_echoing_them(tmp_path: 
 )
 def test_bad_arguments_are_refused_before_any_run(args: list[str], fragment: str) -> None:
     assert_refused(dsb(*args), fragment)
+
+
+def test_a_provider_that_cannot_be_created_is_refused_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_sandbox.kube import preflight
+
+    def broken(name: str) -> None:
+        raise RuntimeError(f"{name}: no workspace directory")
+
+    monkeypatch.setattr(preflight, "create_provider", broken)
+    assert_refused(
+        dsb("run", manifest(tmp_path, CALL)),
+        "spec.sandbox.provider: sandbox provider [local] cannot be created: RuntimeError: local: no workspace directory",
+    )

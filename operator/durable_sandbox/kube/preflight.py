@@ -33,6 +33,8 @@ async def sandbox_problems(
         provider = create_provider(name)
     except ConfigurationError as exc:
         return [f"spec.sandbox.provider: {exc}"]
+    except Exception as exc:  # a third-party provider's constructor: the run would fail the same way
+        return [f"spec.sandbox.provider: sandbox provider [{name}] cannot be created: {type(exc).__name__}: {exc}"]
     try:
         return _capability_problems(name, provider.capabilities(), settings, snapshot_every, inject_loss_after)
     finally:
