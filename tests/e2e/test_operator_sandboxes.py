@@ -22,8 +22,10 @@ from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import local_sandboxes, manifest, namespace, operators
 from tests.e2e.operator_support import status as workflow_status
 from tests.e2e.operator_support import wait_condition as wait_workflow
+from tests.e2e.test_operator_cleanup import fake_e2b
+from tests.fakes.e2b_state import FakeState
 
-__all__ = ["namespace", "operators"]  # fixtures
+__all__ = ["fake_e2b", "namespace", "operators"]  # fixtures
 
 
 def sandbox(name: str, **spec: Any) -> dict[str, Any]:
@@ -325,3 +327,43 @@ def _plus(stamp: str, seconds: int) -> str:
 
     when = dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ") + dt.timedelta(seconds=seconds)
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_e2b_sandbox_shared_suspended_resumed_and_deleted_through_a_refusal(
+    control_plane: ControlPlane, namespace: str, operators: Any, fake_e2b: FakeState
+) -> None:
+    """Acceptance 5: scenarios 1, 2 and 4 with the e2b provider against the fake E2B server (suspend for
+    e2b = snapshot + destroy: E2B's own pause does not bound a paused sandbox's lifetime)."""
+    cp, ns = control_plane, namespace
+    operators(env={"E2B_API_KEY": fake_e2b.api_key, "E2B_API_URL": fake_e2b.api_url,
+                   "E2B_SANDBOX_URL": fake_e2b.sandbox_url})
+    cp.apply(sandbox("cloud-box", provider="e2b", template="base"), "-n", ns)
+    live = wait_for(cp, ns, "cloud-box", "Ready")["providerId"]
+    assert fake_e2b.live_sandboxes() == [live]
+    cp.apply(workflow("writer", "cloud-box", [{"type": "write_file", "path": "a.txt", "contents": "from writer\n"}]), "-n", ns)
+    wait_workflow(cp, ns, "writer", "Succeeded")
+    cp.apply(workflow("reader", "cloud-box", [{"type": "read_file", "path": "a.txt"}]), "-n", ns)
+    wait_workflow(cp, ns, "reader", "Succeeded")
+    result = workflow_status(cp, ns, "reader")["result"]
+    assert result["sandboxId"] == live and result["toolResults"][0]["stdout"] == "from writer\n"
+
+    set_suspend(cp, ns, "cloud-box", True)
+    st = wait_for(cp, ns, "cloud-box", "Suspended")
+    assert fake_e2b.live_sandboxes() == [] and [s.id for s in fake_e2b.snapshots()] == st["snapshots"]
+    set_suspend(cp, ns, "cloud-box", False)
+    st = wait_for(cp, ns, "cloud-box", "Ready")
+    assert fake_e2b.live_sandboxes() == [st["providerId"]] != [live]
+    cp.apply(workflow("again", "cloud-box", [{"type": "read_file", "path": "a.txt"}]), "-n", ns)
+    wait_workflow(cp, ns, "again", "Succeeded")
+    assert workflow_status(cp, ns, "again")["result"]["toolResults"][0]["stdout"] == "from writer\n"
+
+    cp.kubectl("delete", "workflow", "writer", "reader", "again", "-n", ns, "--wait=true", "--timeout=90s")
+    assert status(cp, ns, "cloud-box")["providerId"] == st["providerId"]  # the Workflows leave the Sandbox alone
+    fake_e2b.fail_deletes(503)
+    cp.kubectl("delete", "dsbx", "cloud-box", "-n", ns, "--wait=false")
+    blocked = wait_for(cp, ns, "cloud-box", "CleanupBlocked")
+    assert next(c for c in blocked["conditions"] if c["type"] == "CleanupBlocked")["reason"] == "ProviderRefused"
+    assert get(cp, ns, "cloud-box") is not None
+    fake_e2b.allow_deletes()
+    wait_until(lambda: get(cp, ns, "cloud-box") is None, 120, "the Sandbox to be deleted once E2B accepts deletes")
+    assert fake_e2b.live_sandboxes() == [] and fake_e2b.snapshots() == []
