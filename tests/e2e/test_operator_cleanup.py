@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -46,14 +47,16 @@ def fake_e2b(tmp_path: Path) -> Iterator[FakeState]:
     try:
         yield state
     finally:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+        with contextlib.suppress(TimeoutError):  # a command still streaming (a test that failed early)
+            asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
 
 
 def test_cleanup_blocked_while_the_provider_refuses_then_completes(
-    control_plane: ControlPlane, namespace: str, operators: Any, fake_e2b: FakeState, tmp_path: Path
+    fake_e2b: FakeState, control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
 ) -> None:
+    # fake_e2b first: it is torn down last, after the operators that stream from it have stopped.
     cp = control_plane
     cp.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tokens"},
               "data": {"token": base64.b64encode(SECRET_VALUE.encode()).decode()}}, "-n", namespace)
@@ -74,7 +77,8 @@ def test_cleanup_blocked_while_the_provider_refuses_then_completes(
     }
     cp.apply(doc, "-n", namespace)
     wait_in_flight(cp, namespace, "stubborn", 1)
-    assert status(cp, namespace, "stubborn")["recentOperations"][-1]["exitCode"] == 0  # the Secret reached the sandbox
+    calls = [o for o in status(cp, namespace, "stubborn")["recentOperations"] if o["kind"] == "sandbox.call"]
+    assert calls[0]["exitCode"] == 0  # the Secret's value reached the sandbox
     assert fake_e2b.live_sandboxes() and fake_e2b.snapshots()
 
     fake_e2b.fail_deletes(503)
