@@ -259,11 +259,3 @@ class Engine:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    # ------------------------------------------------------------------ sync wrappers
-
-    def run_sync(self, workflow: Any, input: Any = None, **kwargs: Any) -> RunState:
-        return asyncio.run(self.run(workflow, input, **kwargs))
-
-    def inspect_sync(self, run_id: str) -> RunState:
-        return asyncio.run(self.inspect(run_id))

@@ -54,7 +54,6 @@ def rule(expr: str, message: str, **extra: str) -> dict[str, str]:
 ONE_PROGRAM = "set exactly one of toolCalls or entrypoint"
 ONE_SANDBOX = "set at most one of sandbox or sandboxRef"
 CANCEL_FINAL = "spec.cancel cannot be set back to false once true"
-UNIQUE_OPERATION_IDS = "operationId values must be unique across toolCalls"
 ENV_ONE_SOURCE = "set exactly one of value or valueFrom"
 TIMEOUT_POLICY_SHELL_ONLY = "failurePolicy.onTimeout applies only to shell calls (only they have a timeout)"
 LOSS_WITHIN_CALLS = "injectLossAfterNCalls must be at most the number of toolCalls (the loss would never happen)"
