@@ -134,6 +134,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 build_controlplane()
             except RuntimeError:
                 pass
+    if any(item.get_closest_marker("image") for item in session.items):
+        from .image_support import build_image
+
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            try:
+                build_image()
+            except Exception:  # remembered; the tests that need the image raise it
+                pass
 
 
 @dataclass
@@ -266,6 +275,18 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         if cp.process.returncode not in (0, -signal.SIGKILL):
             # A non-zero exit means a component died during the session; the tests may have passed by luck.
             print(f"controlplane up exited with {cp.process.returncode}; logs in {cp.logs}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def private_control_plane(workdir: Path) -> Iterator[ControlPlane]:
+    """A second, fresh control plane of its own (no CRDs, nothing installed), for tests that must see a
+    cluster from scratch (e.g. what `helm install` creates and `helm uninstall` leaves). It does not touch
+    KUBECONFIG; pass ``--kubeconfig`` (``cp.kubeconfig``) explicitly."""
+    cp = _start(build_controlplane(), workdir)
+    try:
+        yield cp
+    finally:
+        _stop(cp.process)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,84 @@
+{{/* Names, labels and the pieces several templates share. */}}
+
+{{- define "durable-sandbox.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "durable-sandbox.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "durable-sandbox.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "durable-sandbox.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "durable-sandbox.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "durable-sandbox.labels" -}}
+helm.sh/chart: {{ include "durable-sandbox.chart" . }}
+{{ include "durable-sandbox.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: durable-sandbox
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "durable-sandbox.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "durable-sandbox.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "durable-sandbox.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The operator's permissions, the same rules for a ClusterRole (cluster-wide) or a Role per watched namespace. */}}
+{{- define "durable-sandbox.rules" -}}
+# Workflows and Sandboxes: watch them; patch metadata (the durable-sandbox.dev/cleanup finalizer) and delete
+# finished Workflows (ttlSecondsAfterFinished). Spec writes are refused by the ValidatingAdmissionPolicy.
+- apiGroups: ["durable-sandbox.dev"]
+  resources: ["workflows", "sandboxes"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+# Status goes through the status subresource only.
+- apiGroups: ["durable-sandbox.dev"]
+  resources: ["workflows/status", "sandboxes/status"]
+  verbs: ["get", "patch", "update"]
+# Owner references with blockOwnerDeletion on the journal ConfigMaps and Leases the operator owns.
+- apiGroups: ["durable-sandbox.dev"]
+  resources: ["workflows/finalizers", "sandboxes/finalizers"]
+  verbs: ["update"]
+# Journal chunks: append-only ConfigMaps owned by their Workflow.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# One coordination Lease per run (fencing between replicas).
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# Lifecycle Events on Workflows and Sandboxes.
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- with .Values.workflowSecrets }}
+# Only the Secrets Workflows are allowed to reference (values.workflowSecrets), by name.
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: {{ toJson . }}
+  verbs: ["get"]
+{{- end }}
+{{- end }}

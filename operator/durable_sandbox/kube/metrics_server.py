@@ -1,0 +1,66 @@
+"""One small HTTP server for the operator: ``/metrics`` (Prometheus text exposition) and ``/healthz`` (liveness).
+
+Both on one port (the chart's ``metrics.port``), served by aiohttp on the operator's event loop: a probe
+that gets an answer has also shown that the loop is not blocked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from durable_sandbox.kube.metrics import OperatorMetrics
+
+log = logging.getLogger(__name__)
+
+# Returns None when healthy, else why not (sent with a 503).
+HealthCheck = Callable[[], Awaitable[str | None]]
+
+
+@dataclass
+class MetricsServer:
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+def make_app(metrics: OperatorMetrics, health: HealthCheck | None = None) -> web.Application:
+    async def metrics_handler(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.generate(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz_handler(_: web.Request) -> web.Response:
+        problem = await health() if health is not None else None
+        if problem:
+            return web.Response(status=503, text=f"unhealthy: {problem}\n")
+        return web.Response(text="ok\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/healthz", healthz_handler)
+    return app
+
+
+async def start_metrics_server(
+    metrics: OperatorMetrics, *, port: int, host: str = "0.0.0.0", health: HealthCheck | None = None
+) -> MetricsServer:
+    """Serve ``/metrics`` and ``/healthz`` on ``host:port`` (port 0: any free port; the bound one is returned)."""
+    runner = web.AppRunner(make_app(metrics, health), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise OSError(
+            exc.errno, f"cannot serve metrics on {host}:{port}: {exc.strerror}; choose another --metrics-port"
+        ) from exc
+    bound = int(runner.addresses[0][1]) if runner.addresses else port
+    log.info("serving /metrics and /healthz on %s:%d", host, bound)
+    return MetricsServer(runner=runner, host=host, port=bound)

@@ -1,0 +1,422 @@
+"""The Helm chart (charts/durable-sandbox), rendered, linted and installed with the real helm.
+
+Rendering: `helm lint --strict` and `helm template` for the default values and for a namespaced,
+multi-replica, metrics-on set (tests/e2e/chart-values/namespaced.yaml), with assertions on what matters
+(restricted securityContext, the liveness probe, RBAC scope per watchNamespaces); bad values are refused
+by values.schema.json with the key named.
+
+Installing: on a fresh control plane of its own (so that what `helm install` creates, and what
+`helm uninstall` leaves, is all the chart's doing): CRDs, ServiceAccount, RBAC, Deployment, Service;
+`helm upgrade`; `helm uninstall` leaves the CRDs and nothing else. RBAC is proven least-privilege for the
+chart's ServiceAccount both with `kubectl auth can-i --as=...` and with real requests that the API server
+denies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import ControlPlane, private_control_plane
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "durable-sandbox"
+VALUES = Path(__file__).resolve().parent / "chart-values"
+RELEASE = "dsb"
+OPERATOR_NS = "durable-sandbox-system"
+SA_NAME = "dsb-durable-sandbox"
+
+
+def helm_env(home: Path, kubeconfig: Path | None = None) -> dict[str, str]:
+    # Private helm state; the cluster is always named explicitly.
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+    env.pop("KUBECONFIG", None)
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = str(kubeconfig)
+    return env
+
+
+def run_helm(
+    helm: Path, home: Path, *args: str, kubeconfig: Path | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, env=helm_env(home, kubeconfig), timeout=180, check=False
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def kube_version() -> str:
+    from .conftest import kubernetes_version
+
+    return kubernetes_version()
+
+
+def render(helm: Path, home: Path, *args: str) -> list[dict[str, Any]]:
+    out = run_helm(
+        helm, home, "template", RELEASE, str(CHART), "-n", OPERATOR_NS, "--kube-version", kube_version(), *args
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    [doc] = by_kind(docs, kind)
+    return doc
+
+
+def rules_by_resource(role: dict[str, Any]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                key = f"{resource}.{group}" if group else resource
+                if "resourceNames" in rule:
+                    key += "[" + ",".join(rule["resourceNames"]) + "]"
+                out.setdefault(key, set()).update(rule["verbs"])
+    return out
+
+
+# What the operator uses, and nothing else (docs/operations.md explains each line).
+EXPECTED_RULES = {
+    "workflows.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete"},
+    "sandboxes.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete"},
+    "workflows/status.durable-sandbox.dev": {"get", "patch", "update"},
+    "sandboxes/status.durable-sandbox.dev": {"get", "patch", "update"},
+    "workflows/finalizers.durable-sandbox.dev": {"update"},
+    "sandboxes/finalizers.durable-sandbox.dev": {"update"},
+    "configmaps": {"get", "list", "watch", "create", "patch", "delete"},
+    "leases.coordination.k8s.io": {"get", "list", "watch", "create", "update", "patch", "delete"},
+    "events": {"create", "patch"},
+    "events.events.k8s.io": {"create", "patch"},
+}
+
+
+@pytest.fixture(scope="module")
+def helm_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("helm-home")
+
+
+# ----------------------------------------------------------------------------------------------- rendering
+
+
+@pytest.mark.parametrize("values", [None, "namespaced.yaml"], ids=["default", "namespaced-ha-metrics"])
+def test_lint_strict(helm: Path, helm_home: Path, values: str | None) -> None:
+    args = ["-f", str(VALUES / values)] if values else []
+    proc = run_helm(helm, helm_home, "lint", "--strict", str(CHART), *args)
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+
+
+def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, helm_home: Path) -> None:
+    docs = render(helm, helm_home)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted([
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+    ]), "default values: no Role, no PodDisruptionBudget (1 replica), no ServiceMonitor"
+    for doc in docs:
+        labels = doc["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "durable-sandbox"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+
+    deploy = one(docs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    assert deploy["spec"]["replicas"] == 1
+    assert pod["serviceAccountName"] == SA_NAME
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["image"] == "durable-sandbox:0.1.0"
+    assert container["args"] == ["--metrics-port=8080"], "every namespace; the local provider is off by default"
+    probe = container["livenessProbe"]
+    assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    env = {e["name"] for e in container["env"]}
+    assert env == {"POD_NAME", "POD_NAMESPACE"}, "no provider credentials unless an existing Secret is named"
+    # A read-only root filesystem: the writable places are emptyDirs.
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp", "/var/lib/durable-sandbox"}
+    assert all("emptyDir" in v for v in pod["volumes"])
+
+    role = one(docs, "ClusterRole")
+    assert rules_by_resource(role) == EXPECTED_RULES, "no Secrets at all when workflowSecrets is empty"
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA_NAME, "namespace": OPERATOR_NS}]
+
+    service = one(docs, "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    assert policy["spec"]["matchConditions"][0]["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:{OPERATOR_NS}:{SA_NAME}"'
+    )
+
+
+def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home: Path) -> None:
+    docs = render(helm, helm_home, "-f", str(VALUES / "namespaced.yaml"))
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding"), (
+        "a namespaced install has nothing cluster-wide in RBAC"
+    )
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        expected = {**EXPECTED_RULES, "secrets[sandbox-env]": {"get"}}
+        assert rules_by_resource(role) == expected
+    bindings = by_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert all(b["roleRef"]["kind"] == "Role" for b in bindings)
+
+    deploy = one(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    [container] = deploy["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == [
+        "--namespace=team-a", "--namespace=team-b", "--allow-local-provider", "--workflows=examples.flows",
+        "--metrics-port=8080",
+    ]
+    [key] = [e for e in container["env"] if e["name"] == "E2B_API_KEY"]
+    assert key["valueFrom"] == {"secretKeyRef": {"name": "e2b-credentials", "key": "E2B_API_KEY"}}
+
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ("typo.yaml", "additional properties 'replicas' not allowed"),
+        ("wrong-type.yaml", "at '/metrics/port': got string, want integer"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_key(helm: Path, helm_home: Path, values: str, message: str) -> None:
+    proc = run_helm(
+        helm, helm_home, "template", RELEASE, str(CHART), "--kube-version", kube_version(),
+        "-f", str(VALUES / values), check=False,
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- installing
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    with private_control_plane(tmp_path_factory.mktemp("chart-controlplane")) as cp:
+        yield cp
+
+
+def chart_objects(cp: ControlPlane) -> set[str]:
+    """Everything labelled as this release's, cluster-wide and in every namespace."""
+    kinds = (
+        "deployments,services,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,"
+        "poddisruptionbudgets,validatingadmissionpolicies,validatingadmissionpolicybindings,configmaps,secrets"
+    )
+    items = cp.kubectl_json("get", kinds, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]
+    return {f"{i['kind']}/{i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in items}
+
+
+def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home: Path) -> None:
+    kc = cluster.kubeconfig
+    assert not cluster.kubectl("get", "crd", "-o", "name").stdout.strip(), "a fresh cluster has no CRDs"
+    cluster.kubectl("create", "namespace", "team-a")
+    cluster.kubectl("create", "namespace", "team-b")
+
+    proc = run_helm(
+        helm, helm_home, "install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
+        "-f", str(VALUES / "namespaced.yaml"), "--set", "metrics.serviceMonitor.enabled=false", kubeconfig=kc,
+    )
+    assert "kubectl -n durable-sandbox-system rollout status deployment/dsb-durable-sandbox" in proc.stdout, (
+        "NOTES.txt tells the user what to do next"
+    )
+    crds = set(cluster.kubectl("get", "crd", "-o", "name").stdout.split())
+    assert crds == {
+        "customresourcedefinition.apiextensions.k8s.io/workflows.durable-sandbox.dev",
+        "customresourcedefinition.apiextensions.k8s.io/sandboxes.durable-sandbox.dev",
+    }
+    installed = chart_objects(cluster)
+    assert installed == {
+        f"ServiceAccount/{OPERATOR_NS}/{SA_NAME}",
+        f"Deployment/{OPERATOR_NS}/{SA_NAME}",
+        f"Service/{OPERATOR_NS}/{SA_NAME}-metrics",
+        f"PodDisruptionBudget/{OPERATOR_NS}/{SA_NAME}",
+        f"Role/team-a/{SA_NAME}", f"RoleBinding/team-a/{SA_NAME}",
+        f"Role/team-b/{SA_NAME}", f"RoleBinding/team-b/{SA_NAME}",
+        f"ValidatingAdmissionPolicy//{SA_NAME}-no-spec-writes",
+        f"ValidatingAdmissionPolicyBinding//{SA_NAME}-no-spec-writes",
+    }
+    deploy = cluster.kubectl_json("get", "deployment", SA_NAME, "-n", OPERATOR_NS)
+    assert deploy["spec"]["replicas"] == 2
+
+    # A typo is refused by the schema, for a new release and for an upgrade, and nothing of it is made.
+    # (Helm installs crds/ before it renders templates, so that part of a first install is not undone.)
+    for verb, release in (("install", "typo"), ("upgrade", RELEASE)):
+        bad = run_helm(helm, helm_home, verb, release, str(CHART), "-n", OPERATOR_NS, "-f", str(VALUES / "typo.yaml"),
+                       kubeconfig=kc, check=False)
+        assert bad.returncode != 0 and "additional properties 'replicas' not allowed" in bad.stderr, bad.stderr
+    releases = json.loads(run_helm(helm, helm_home, "list", "-A", "-o", "json", kubeconfig=kc).stdout)
+    assert [(r["name"], r["revision"]) for r in releases] == [(RELEASE, "1")]
+    assert chart_objects(cluster) == installed
+
+    # Upgrade: one replica (the PodDisruptionBudget goes) and cluster-wide (Roles become a ClusterRole).
+    run_helm(
+        helm, helm_home, "upgrade", RELEASE, str(CHART), "-n", OPERATOR_NS, "--set", "replicaCount=1",
+        kubeconfig=kc,
+    )
+    deploy = cluster.kubectl_json("get", "deployment", SA_NAME, "-n", OPERATOR_NS)
+    assert deploy["spec"]["replicas"] == 1
+    assert not [a for a in deploy["spec"]["template"]["spec"]["containers"][0]["args"] if "--namespace" in a]
+    upgraded = chart_objects(cluster)
+    assert f"PodDisruptionBudget/{OPERATOR_NS}/{SA_NAME}" not in upgraded
+    assert f"ClusterRole//{SA_NAME}" in upgraded and f"Role/team-a/{SA_NAME}" not in upgraded
+    history = json.loads(run_helm(helm, helm_home, "history", RELEASE, "-n", OPERATOR_NS, "-o", "json",
+                                  kubeconfig=kc).stdout)
+    assert [h["revision"] for h in history] == [1, 2]
+
+    # A Workflow made while installed survives uninstall with its CRD.
+    cluster.kubectl("apply", "-n", "team-a", "-f", str(ROOT / "examples" / "hello-workflow.yaml"))
+    run_helm(helm, helm_home, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout", "60s", kubeconfig=kc)
+    assert chart_objects(cluster) == set(), "uninstall removes everything the chart made..."
+    assert set(cluster.kubectl("get", "crd", "-o", "name").stdout.split()) == crds, "...except the CRDs"
+    cluster.kubectl("get", "workflow", "hello", "-n", "team-a")
+
+
+SA_USER = f"system:serviceaccount:{OPERATOR_NS}:{SA_NAME}"
+
+
+def can_i(cp: ControlPlane, *args: str) -> bool:
+    proc = cp.kubectl("auth", "can-i", *args, f"--as={SA_USER}", check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode == 0
+
+
+def as_operator(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    return cp.kubectl(*args, as_user=SA_USER, check=False)
+
+
+@pytest.fixture
+def namespaced_install(cluster: ControlPlane, helm: Path, helm_home: Path) -> Iterator[None]:
+    for ns in ("team-a", "team-b", "team-c"):
+        if cluster.kubectl("get", "namespace", ns, check=False).returncode != 0:
+            cluster.kubectl("create", "namespace", ns)
+    run_helm(
+        helm, helm_home, "install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
+        "-f", str(VALUES / "namespaced.yaml"), "--set", "metrics.serviceMonitor.enabled=false",
+        kubeconfig=cluster.kubeconfig,
+    )
+    try:
+        yield
+    finally:
+        run_helm(helm, helm_home, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", kubeconfig=cluster.kubeconfig)
+
+
+def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None) -> None:
+    for ns in ("team-a", "team-c"):
+        cluster.kubectl("create", "secret", "generic", "sandbox-env", "-n", ns, "--from-literal=TOKEN=t")
+        cluster.kubectl("create", "secret", "generic", "other", "-n", ns, "--from-literal=TOKEN=t")
+        cluster.kubectl("apply", "-n", ns, "-f", str(ROOT / "examples" / "hello-workflow.yaml"))
+
+    allowed = [
+        ("list", "workflows.durable-sandbox.dev", "-n", "team-a"),
+        ("watch", "sandboxes.durable-sandbox.dev", "-n", "team-b"),
+        ("patch", "workflows.durable-sandbox.dev", "-n", "team-a"),
+        ("delete", "workflows.durable-sandbox.dev", "-n", "team-a"),
+        ("patch", "workflows.durable-sandbox.dev", "--subresource=status", "-n", "team-a"),
+        ("update", "workflows.durable-sandbox.dev", "--subresource=finalizers", "-n", "team-a"),
+        ("create", "configmaps", "-n", "team-a"),
+        ("create", "leases.coordination.k8s.io", "-n", "team-b"),
+        ("create", "events", "-n", "team-a"),
+        ("get", "secrets/sandbox-env", "-n", "team-a"),
+    ]
+    denied = [
+        ("get", "secrets/other", "-n", "team-a"),
+        ("list", "secrets", "-n", "team-a"),
+        ("get", "secrets/sandbox-env", "-n", "team-c"),
+        ("list", "pods", "-n", "team-a"),
+        ("create", "pods", "-n", "team-a"),
+        ("list", "workflows.durable-sandbox.dev", "-n", "team-c"),
+        ("list", "workflows.durable-sandbox.dev", "--all-namespaces"),
+        ("create", "workflows.durable-sandbox.dev", "-n", "team-a"),
+        ("update", "workflows.durable-sandbox.dev", "-n", "team-a"),
+        ("create", "configmaps", "-n", "team-c"),
+        ("create", "leases.coordination.k8s.io", "-n", OPERATOR_NS),
+        ("list", "namespaces"),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("create", "deployments.apps", "-n", "team-a"),
+        ("create", "rolebindings.rbac.authorization.k8s.io", "-n", "team-a"),
+        ("*", "*"),
+    ]
+    assert [a for a in allowed if not can_i(cluster, *a)] == []
+    assert [d for d in denied if can_i(cluster, *d)] == []
+
+    # Real requests, as the ServiceAccount: the API server refuses them.
+    for args, what in [
+        (("get", "secret", "other", "-n", "team-a"), 'secrets "other" is forbidden'),
+        (("get", "secret", "sandbox-env", "-n", "team-c"), 'secrets "sandbox-env" is forbidden'),
+        (("get", "secrets", "-n", "team-a"), "cannot list resource \"secrets\""),
+        (("get", "pods", "-n", "team-a"), "cannot list resource \"pods\""),
+        (("get", "workflows", "-n", "team-c"), "cannot list resource \"workflows\""),
+        (("create", "configmap", "sneaky", "-n", "team-c"), "cannot create resource \"configmaps\""),
+    ]:
+        proc = as_operator(cluster, *args)
+        assert proc.returncode != 0 and what in proc.stderr, (args, proc.stderr)
+    # ...and allow what the operator needs.
+    secret = as_operator(cluster, "get", "secret", "sandbox-env", "-n", "team-a", "-o", "jsonpath={.metadata.name}")
+    assert secret.returncode == 0 and secret.stdout == "sandbox-env", secret.stderr
+
+    # Spec (and labels, annotations) are off limits even though RBAC must allow patch (for the finalizer):
+    # the chart's ValidatingAdmissionPolicy refuses them. Policies take effect asynchronously: wait with
+    # server-side dry runs (admission runs, nothing is stored), then show a real request refused.
+    spec_patch = ("patch", "workflow", "hello", "-n", "team-a", "--type=merge", "-p",
+                  '{"spec":{"snapshotEveryNCalls":5}}')
+    cluster.wait_until(
+        lambda: "does not write spec" in as_operator(cluster, *spec_patch, "--dry-run=server").stderr,
+        60, "the ValidatingAdmissionPolicy to refuse the operator's spec writes",
+    )
+    refused = as_operator(cluster, *spec_patch)
+    assert refused.returncode != 0
+    assert "the durable-sandbox operator does not write spec" in refused.stderr, refused.stderr
+    labels = as_operator(cluster, "label", "workflow", "hello", "-n", "team-a", "owner=operator")
+    assert labels.returncode != 0 and "does not write labels or annotations" in labels.stderr, labels.stderr
+    after = cluster.kubectl_json("get", "workflow", "hello", "-n", "team-a")
+    assert after["spec"]["snapshotEveryNCalls"] == 2 and "owner" not in after["metadata"].get("labels", {})
+
+    # What the operator does write goes through: its finalizer, and status through the subresource.
+    finalizer = as_operator(cluster, "patch", "workflow", "hello", "-n", "team-a", "--type=merge", "-p",
+                            '{"metadata":{"finalizers":["durable-sandbox.dev/cleanup"]}}')
+    assert finalizer.returncode == 0, finalizer.stderr
+    status = as_operator(cluster, "patch", "workflow", "hello", "-n", "team-a", "--subresource=status",
+                         "--type=merge", "-p", '{"status":{"phase":"Running"}}')
+    assert status.returncode == 0, status.stderr
+    removed = as_operator(cluster, "patch", "workflow", "hello", "-n", "team-a", "--type=json", "-p",
+                          '[{"op":"remove","path":"/metadata/finalizers"}]')
+    assert removed.returncode == 0, removed.stderr
+    # Users (here the admin) still edit spec freely: the policy matches the operator's ServiceAccount only.
+    cluster.kubectl("patch", "workflow", "hello", "-n", "team-a", "--type=merge", "-p", '{"spec":{"suspend":true}}')
