@@ -151,6 +151,13 @@ def test_deleting_a_held_sandbox_waits_for_the_workflow(
     cp.apply(workflow("holder", "busy", [gated(gate)]), "-n", ns)
     wait_until(lambda: (workflow_status(cp, ns, "holder").get("currentCall") or {}).get("index") == 0, 60,
                "the holder's call to be in flight")
+    # Suspending it now would destroy the sandbox under the running Workflow: deferred, and said so.
+    set_suspend(cp, ns, "busy", True)
+    st = wait_for(cp, ns, "busy", "Suspended", "false")
+    deferred = next(c for c in st["conditions"] if c["type"] == "Suspended")
+    assert deferred["reason"] == "HeldByWorkflow" and "Workflow holder" in deferred["message"]
+    assert status(cp, ns, "busy")["providerId"] == live and workspaces(op.home) == [live]
+    set_suspend(cp, ns, "busy", False)
     cp.kubectl("delete", "dsbx", "busy", "-n", ns, "--wait=false")
     st = wait_for(cp, ns, "busy", "CleanupBlocked")
     blocked = next(c for c in st["conditions"] if c["type"] == "CleanupBlocked")

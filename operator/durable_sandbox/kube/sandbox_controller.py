@@ -351,6 +351,14 @@ class SandboxController:
     async def _keep_suspended(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> float | None:
         handle = view.handle()
         if handle is not None:
+            holder = await holding.running_holder(self.api, view.namespace, dict(view.latest()))
+            if holder is not None:
+                # Destroying the sandbox under a running Workflow would fail its calls: wait for it to end.
+                message = f"Workflow {holder} holds this sandbox (spec.sandboxRef); it is suspended once that Workflow ends"
+                if (self._condition(view, "Suspended") or {}).get("message") != message:
+                    await self._transition(view, "Ready", Suspended=(False, "HeldByWorkflow", message))
+                    await self._emit(view, "SuspendDeferred", message)
+                return self.settings.held_retry
             if not provider.capabilities().supports(Capability.SNAPSHOT):
                 message = (f"provider {res.spec.provider} cannot snapshot, so spec.suspend cannot be honoured without "
                            f"losing the workspace; the sandbox stays live. Set spec.suspend to false, or use a provider "
