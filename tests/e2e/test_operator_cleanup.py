@@ -76,6 +76,13 @@ def test_cleanup_blocked_while_the_provider_refuses_then_completes(
         },
     }
     cp.apply(doc, "-n", namespace)
+    try:
+        _blocked_then_cleaned(cp, namespace, fake_e2b, op)
+    finally:
+        gate.touch()  # the fake E2B does not kill a deleted sandbox's commands: let this one end
+
+
+def _blocked_then_cleaned(cp: ControlPlane, namespace: str, fake_e2b: FakeState, op: Any) -> None:
     wait_in_flight(cp, namespace, "stubborn", 1)
     calls = [o for o in status(cp, namespace, "stubborn")["recentOperations"] if o["kind"] == "sandbox.call"]
     assert calls[0]["exitCode"] == 0  # the Secret's value reached the sandbox

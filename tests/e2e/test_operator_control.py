@@ -49,7 +49,7 @@ def test_callback_workflow_waits_and_is_resumed_by_patching_spec_signals(
     wait_condition(control_plane, namespace, "approve-me", "WaitingForSignal")
     st = status(control_plane, namespace, "approve-me")
     assert st["phase"] == "Waiting"
-    assert st["pendingCallbacks"] == [{"id": "approval"}]
+    assert st["pendingCallbacks"] == [{"id": "approval", "payload": {"question": "Send 'Hello, Ada!'?"}}]
     wait_event(control_plane, namespace, "approve-me", "WaitingForSignal")
 
     control_plane.kubectl("patch", "workflow", "approve-me", "-n", namespace, "--type", "merge",

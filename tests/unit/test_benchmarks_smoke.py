@@ -31,6 +31,7 @@ def test_engine_steps_engine_part(tmp_path: Path) -> None:
          "--no-langgraph", "--no-dbos", "--tmp", str(tmp_path), "--out", str(out)]
     )
     assert res["engine"]["steps_per_s"] > 0
+    assert res["engine_sync"]["steps_per_s"] > 0 and res["engine_sync"]["step_function"] == "sync"
     assert res["engine_fsync"]["steps_per_s"] > 0
     assert res["engine_replay"]["replay_ms"] > 0  # the crashed child's run was resumed with no step re-run
     assert json.loads(out.read_text())["engine"]["steps"] == 20
@@ -62,6 +63,15 @@ def test_langgraph_parts(tmp_path: Path) -> None:
     for kind in ("fanout", "callbacks", "sequential"):
         dt, live, compacted = par._lg_flow(kind, 4, base, False)
         assert dt > 0 and live > 0 and compacted > 0
+
+
+def test_sync_steps_interleaved(tmp_path: Path) -> None:
+    pytest.importorskip("langgraph.func")
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    out = tmp_path / "sync.json"
+    res = _load("sync_steps").main(["--steps", "5", "--rounds", "1", "--tmp", str(tmp_path), "--out", str(out)])
+    assert set(res["ratios"]) == {"async_vs_langgraph_fastest", "sync_vs_langgraph_fastest", "sync_vs_async"}
+    assert all(len(s) == 1 for s in res["samples_seconds"].values()) and out.exists()
 
 
 def test_dbos_part(tmp_path: Path) -> None:

@@ -191,3 +191,45 @@ async def test_a_run_failed_inside_a_sandbox_block_is_retried_into_a_rebuilt_san
     assert rebuild.meta["replayed"] == [f"ws/{derived_operation_id('fi', 'ws', i)}" for i in range(3)], (
         "the failed attempt's calls were replayed into a fresh sandbox, outcomes checked")
     assert provider.inner.leftovers() == []
+
+
+# ------------------------------------------------------------------------------------------ dsb worker
+
+
+async def test_sigterm_to_dsb_worker_hibernates_its_runs_and_leaves_them_pending(tmp_path: Path) -> None:
+    """A rolling update sends SIGTERM to the process driving many runs: each stays resumable."""
+    home, store = Path(os.environ["DURABLE_SANDBOX_HOME"]), tmp_path / "runs.db"
+    flag, go = tmp_path / "in-flight", tmp_path / "go"
+    calls = [*CALLS[:2], {"type": "shell", "command": f"echo in > {flag}; while [ ! -e {go} ]; do sleep 0.05; done; "
+                                                    "echo gated >> notes.txt"}, CALLS[4]]
+    engine = engine_for(store, {"local": LocalProvider(home)})
+    try:
+        await engine.create("sandbox-agent", {"toolCalls": calls, "snapshotEveryNCalls": 2}, run_id="served")
+    finally:
+        await engine.aclose()
+    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(home)}
+    env.pop("DURABLE_SANDBOX_FAULT", None)
+    worker = await asyncio.create_subprocess_exec(
+        dsb_script(), "--store", str(store), "worker", "--poll-interval", "0.05", cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        while not flag.exists():  # the gated call is in flight
+            assert worker.returncode is None, await worker.communicate()
+            await asyncio.sleep(0.02)
+        worker.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(worker.communicate(), 120)
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+    assert worker.returncode == 0, err.decode()
+    state = json.loads(dsb(home, store, "-o", "json", "inspect", "served").stdout)
+    assert state["status"] == "pending", "back to runnable, not running and not finalized"
+    assert not [o for o in state["operations"] if o["opId"].startswith("sandbox/finalize")]
+    provider = LocalProvider(home)
+    assert [p.name for p in provider.workspaces_dir.iterdir()] == [], "its sandbox was hibernated"
+    go.touch()
+    resumed = dsb(home, store, "-o", "json", "resume", "served")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["result"]["toolResults"][-1]["stdout"] == "one\ntwo\ngated\n"
+    assert provider.leftovers() == []

@@ -111,3 +111,21 @@ async def test_a_document_offered_during_a_write_is_written_after_it() -> None:
     await asyncio.wait_for(two.wait(), 30)
     assert written == [1, 2]
     await writer.aclose()
+
+
+async def test_pending_callbacks_show_their_payload(store: SqliteStore) -> None:
+    from examples.flows import hello_flow
+
+    engine = durable_sandbox.Engine(store, worker_id="w")
+    try:
+        state = await engine.run(hello_flow.hello, {"name": "Ada", "approve": True}, run_id="cb")
+    finally:
+        await engine.aclose()
+    assert state.status == "waiting"
+    run = await store.get_run("cb")
+    p = Projection()
+    p.feed(await store.load_journal("cb"))
+    st = render(run, p, Extra(), run_id="cb")
+    assert st["phase"] == "Waiting"
+    assert st["pendingCallbacks"] == [{"id": "approval", "payload": {"question": "Send 'Hello, Ada!'?"}}]
+    assert {c["type"]: c["status"] for c in st["conditions"]}["WaitingForSignal"] == "True"

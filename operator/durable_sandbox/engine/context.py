@@ -92,20 +92,22 @@ def _code_of(fn: Callable[..., Any]) -> Any:
 
 async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None,
                   op_id: str, rt: RunRuntime) -> Any:
+    code = _code_of(fn) if timeout is None else None
+    if code is not None and _observed.get(code, 0) >= QUICK_RUNS:
+        # A sync function known to be quick (only sync functions are ever counted): inline.
+        started = time.perf_counter()
+        if started - rt.last_yield >= YIELD_EVERY:
+            await rt.let_loop_run()
+            started = time.perf_counter()
+        result = fn(*args, **kwargs)
+        if time.perf_counter() - started > SLOW_SECONDS:
+            _observed[code] = _DEMOTED
+        if inspect.isawaitable(result):
+            result = await result
+        return result
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
         aw: Awaitable[Any] = fn(*args, **kwargs)
     else:
-        code = _code_of(fn) if timeout is None else None
-        quick_runs = _observed.get(code, 0) if code is not None else 0
-        if quick_runs >= QUICK_RUNS:
-            await rt.let_loop_run(YIELD_EVERY)
-            started = time.perf_counter()
-            result = fn(*args, **kwargs)
-            if time.perf_counter() - started > SLOW_SECONDS:
-                _observed[code] = _DEMOTED
-            if inspect.isawaitable(result):
-                result = await result
-            return result
         # Otherwise in a thread, so that parallel branches really run in parallel and a blocking call
         # cannot stall the lease renewal; timed, to learn whether it is quick.
         aw = asyncio.to_thread(_timed, fn, args, kwargs, code)

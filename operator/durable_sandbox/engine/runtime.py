@@ -90,7 +90,7 @@ class RunRuntime:
         self.handover: str | None = None
         self._events: list[Event] = []
         self._event_flush: asyncio.Task[None] | None = None
-        self._last_yield = time.perf_counter()
+        self.last_yield = time.perf_counter()
 
     # ------------------------------------------------------------------ ids and replay
 
@@ -251,13 +251,11 @@ class RunRuntime:
         self._state_digest = digest
         return (self.thread_id, data)
 
-    async def let_loop_run(self, every: float) -> None:
-        """Yield to the event loop if this run has not for ``every`` seconds: work that never suspends
-        (inline steps, synchronous commits) must still let lease renewal, signals and cancel through."""
-        now = time.perf_counter()
-        if now - self._last_yield >= every:
-            self._last_yield = now
-            await asyncio.sleep(0)
+    async def let_loop_run(self) -> None:
+        """Yield to the event loop: work that never suspends (inline steps, synchronous commits) must
+        still let lease renewal, signals and cancel through (callers check ``last_yield`` first)."""
+        self.last_yield = time.perf_counter()
+        await asyncio.sleep(0)
 
     # ------------------------------------------------------------------ activity (for suspension)
 

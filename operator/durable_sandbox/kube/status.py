@@ -67,6 +67,7 @@ class Projection:
     snapshots: dict[str, None] = field(default_factory=dict)  # live snapshot ids, oldest first
     recovery_count: int = 0
     recovering: bool = False
+    callbacks: dict[str, Any] = field(default_factory=dict)  # pending callback id -> its payload
     last_seq: int = 0
 
     def feed(self, rows: Iterable[OperationRecord]) -> None:
@@ -79,6 +80,11 @@ class Projection:
     def _fold(self, row: OperationRecord) -> None:
         kind, status = row.kind, row.status
         meta = row.meta or {}
+        if kind == OpKind.CALLBACK.value:
+            if status == "started":
+                self.callbacks[row.op_id] = meta.get("payload")
+            else:
+                self.callbacks.pop(row.op_id, None)
         if kind == OpKind.SANDBOX_CALL.value:
             index = meta.get("index")
             if isinstance(index, int):
@@ -129,6 +135,14 @@ class Projection:
     def calls(self) -> dict[str, int]:
         total = self.total_calls if self.total_calls is not None else len(self.calls_seen)
         return {"completed": len(self.completed), "total": total}
+
+
+def _pending(callback_id: str, payload: Any) -> dict[str, Any]:
+    """A pending callback as status shows it: its payload too, unless that is large (the journal has it)."""
+    out: dict[str, Any] = {"id": callback_id}
+    if payload is not None and len(json.dumps(payload, default=str)) <= RESULT_INLINE_LIMIT:
+        out["payload"] = payload
+    return out
 
 
 def phase_of(run: RunRecord | None, *, suspended: bool = False) -> str:
@@ -204,7 +218,7 @@ def render(
     status["recoveryCount"] = projection.recovery_count
     status["attempt"] = extra.attempt
     pending = list(run.pending_callbacks) if run is not None and run.status == RunStatus.WAITING else []
-    status["pendingCallbacks"] = [{"id": cb} for cb in pending]
+    status["pendingCallbacks"] = [_pending(cb, projection.callbacks.get(cb)) for cb in pending]
     status["wakeAt"] = rfc3339(run.wake_at) if run is not None and run.status == RunStatus.WAITING else None
     status["startedAt"] = rfc3339(run.created_at) if run is not None else None
     status["finishedAt"] = rfc3339(run.updated_at) if run is not None and run.status.terminal else None

@@ -412,7 +412,11 @@ class SandboxSession:
             # Interrupted (Ctrl-C, SIGTERM, the process shutting down), not cancelled: the run is not
             # over, so keep the session resumable. The call in flight was abandoned (its processes are
             # killed); it runs again on resume, as after a crash.
-            await self.hibernate()
+            try:
+                await self.hibernate()
+            except Exception as err:  # the journal still names the live sandbox: resume re-attaches to it
+                log.warning("sandbox %s: could not hibernate on interruption (%s); the sandbox is kept for "
+                            "the resumed run (its provider lease is the backstop)", self.sid, err)
             return
         succeeded = exc is None
         await self.finalize(succeeded=succeeded)
