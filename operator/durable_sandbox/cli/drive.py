@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import click
 
@@ -15,7 +15,7 @@ from durable_sandbox.cli.errors import Interrupted
 from durable_sandbox.cli.progress import make_display, positions, watch
 from durable_sandbox.cli.session import Settings
 from durable_sandbox.cli.targets import RunPlan
-from durable_sandbox.engine import Engine, LeaseHeld, RunRecord, RunState, RunStatus
+from durable_sandbox.engine import Engine, LeaseHeld, RunRecord, RunState, RunStatus, Store
 from durable_sandbox.engine.owner import describe_owner
 
 # Finished for good: running the same manifest again reports these instead of running anything.
@@ -27,8 +27,15 @@ def warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
 
 
+class _Watchable(Protocol):
+    """An engine, or the cluster's runs (`dsb --kube`): anything whose store a display can poll."""
+
+    @property
+    def store(self) -> Store: ...
+
+
 async def with_display(
-    engine: Engine, settings: Settings, run_id: str, title: str, drive: Callable[[], Awaitable[RunState]]
+    engine: _Watchable, settings: Settings, run_id: str, title: str, drive: Callable[[], Awaitable[RunState]]
 ) -> RunState:
     """Run ``drive`` while showing the run's operations as they complete (table output only: with
     -o json/yaml stdout carries just the final document)."""

@@ -97,14 +97,21 @@ class DsbGroup(click.Group):
     show_default=True,
     help="Output format (wide: tables with full ids).",
 )
+@click.option(
+    "--kube",
+    is_flag=True,
+    help="Work on the Workflows of a Kubernetes cluster (the operator executes them), not the local store; "
+    "the cluster from $KUBECONFIG.",
+)
+@click.option("-n", "--namespace", metavar="NS", help="With --kube: the namespace [default: the kubeconfig's].")
 @click.version_option(package_name="durable-sandbox", prog_name="dsb")
 @click.pass_context
-def cli(ctx: click.Context, store: Path | None, output: str) -> None:
-    """Durable sandbox workflows on your machine: run, inspect, signal, resume, cancel."""
+def cli(ctx: click.Context, store: Path | None, output: str, kube: bool, namespace: str | None) -> None:
+    """Durable sandbox workflows on your machine (or, with --kube, in a cluster): run, inspect, signal, resume, cancel."""
     # module:function references resolve from the current directory, as with `python -m`;
     # resume/cancel need this too, to re-import a run's workflow.
     add_cwd_to_path()
-    ctx.obj = Settings(store=store, store_given=store is not None)
+    ctx.obj = Settings(store=store, store_given=store is not None, kube=kube, namespace=namespace)
     ctx.obj.set_output(output)
 
 
@@ -120,6 +127,16 @@ def _set_store(ctx: click.Context, _param: click.Parameter, value: Path | None) 
         settings.store, settings.store_given = value, True
 
 
+def _set_kube(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_object(Settings).kube = True  # type: ignore[union-attr]
+
+
+def _set_namespace(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.find_object(Settings).namespace = value  # type: ignore[union-attr]
+
+
 def _accept_global_options(command: click.Command) -> None:
     """`dsb runs -o json` works like `dsb -o json runs`, as kubectl users expect."""
     command.params.append(
@@ -130,6 +147,17 @@ def _accept_global_options(command: click.Command) -> None:
         click.Option(["--store"], type=click.Path(dir_okay=False, path_type=Path), default=None,
                      expose_value=False, callback=_set_store, help="SQLite store file (same as before the command).")
     )
+    taken = {name for param in command.params for name in getattr(param, "opts", [])}
+    if "--kube" not in taken:
+        command.params.append(
+            click.Option(["--kube"], is_flag=True, default=False, expose_value=False, callback=_set_kube,
+                         help="The cluster's Workflows (same as before the command).")
+        )
+    if "--namespace" not in taken:  # a command with its own --namespace (dsb operator) keeps it
+        command.params.append(
+            click.Option(["-n", "--namespace"], metavar="NS", default=None, expose_value=False,
+                         callback=_set_namespace, help="With --kube: the namespace (same as before the command).")
+        )
 
 
 def _register() -> None:

@@ -324,10 +324,15 @@ def continue_hint(settings: Settings, state: RunState) -> list[str]:
         lines.append("continue with:")
         for cb in state.pending_callbacks:
             lines.append(f"  {dsb} signal {rid} {shlex.quote(cb.id)} '<JSON value>'")
-        lines.append(f"  {dsb} resume {rid}")
+        if not settings.kube:  # in a cluster the operator continues a signalled run by itself
+            lines.append(f"  {dsb} resume {rid}")
     elif state.wake_at is not None:
         lines.append(f"run {state.run_id} is waiting on a timer until {fmt_time(state.wake_at)}")
-        lines.append(f"continue after that with: {dsb} resume {rid}")
+        if not settings.kube:
+            lines.append(f"continue after that with: {dsb} resume {rid}")
+    elif settings.kube:
+        lines.append(f"run {state.run_id} is {state.status}; the operator continues it (spec.suspend: false resumes "
+                     f"a suspended one)")
     else:
         lines.append(f"run {state.run_id} is {state.status}; continue with: {dsb} resume {rid}")
     return lines

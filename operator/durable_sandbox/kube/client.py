@@ -8,7 +8,9 @@ blocks the event loop and no thread pool is involved. Configuration comes from `
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
-__all__ = ["ApiException", "KubeClient", "is_conflict", "is_gone", "is_not_found", "is_precondition_failed"]
+__all__ = [
+    "ApiException", "KubeClient", "is_conflict", "is_gone", "is_not_found", "is_precondition_failed", "json_body",
+]  # fmt: skip
 
 # A JSON Patch whose `test` op fails is answered 422 (Unprocessable Entity); a stale resourceVersion 409.
 JSON_PATCH = "application/json-patch+json"
@@ -38,6 +42,23 @@ def is_conflict(exc: BaseException) -> bool:
 def is_precondition_failed(exc: BaseException) -> bool:
     """A JSON Patch ``test`` op did not hold (the apiserver answers 422 Unprocessable Entity)."""
     return isinstance(exc, ApiException) and exc.status == 422
+
+
+async def json_body(call: Awaitable[Any], *, parse: bool = True) -> dict[str, Any]:
+    """The JSON body of a ``*_without_preload_content`` call ({} unless ``parse``), or ApiException for an
+    error status.
+
+    For large objects (no typed models are built) and for answers the generated client does not map
+    (a server-side apply that creates its object answers 201, which its patch call decodes as None)."""
+    resp = await call
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    if resp.status >= 400:
+        raise ApiException(status=resp.status, reason=resp.reason, body=body.decode(errors="replace"))
+    out: dict[str, Any] = json.loads(body) if body and parse else {}
+    return out
 
 
 @dataclass

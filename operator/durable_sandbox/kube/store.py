@@ -61,6 +61,7 @@ from durable_sandbox.kube.client import (
     is_conflict,
     is_not_found,
     is_precondition_failed,
+    json_body,
 )
 from durable_sandbox.kube.leases import LeaseBusy, LeaseGone, RunLeases
 
@@ -207,14 +208,7 @@ class KubernetesStore:
     # building typed models of it on every commit would cost more than the request.
 
     async def _raw(self, call: Any, *, parse: bool = True) -> dict[str, Any]:
-        resp = await call
-        try:
-            body = await resp.read()
-        finally:
-            resp.release()
-        if resp.status >= 400:
-            raise ApiException(status=resp.status, reason=resp.reason, body=body.decode(errors="replace"))
-        return json.loads(body) if body and parse else {}
+        return await json_body(call, parse=parse)
 
     async def _get(self, name: str) -> dict[str, Any] | None:
         try:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
+import durable_sandbox
 from durable_sandbox.cli import drive, render
 from durable_sandbox.cli.commands.common import pass_settings, report_outcome, run_async
 from durable_sandbox.cli.errors import EXIT_OK, CliError
 from durable_sandbox.cli.jsonarg import parse_json
-from durable_sandbox.cli.session import Settings, open_engine
+from durable_sandbox.cli.session import Settings, open_client, open_engine
 from durable_sandbox.engine import RunState
 
 
@@ -23,7 +24,7 @@ def cancel(settings: Settings, run_id: str, reason: str) -> None:
     """
 
     async def go() -> tuple[str, RunState]:
-        async with open_engine(settings) as engine:
+        async with open_client(settings) as engine:
             before = (await engine.inspect(run_id)).status
             return before, await engine.cancel(run_id, reason)
 
@@ -35,7 +36,7 @@ def cancel(settings: Settings, run_id: str, reason: str) -> None:
     elif state.status == "cancelled":
         click.echo(f"run {run_id} cancelled: {reason}")
     else:
-        # Held by a live worker elsewhere: it sees the request through its lease loop.
+        # Held by a live worker elsewhere (in a cluster: the operator, through spec.cancel).
         click.echo(f"run {run_id}: cancellation requested; the worker executing it will stop it")
     click.get_current_context().exit(EXIT_OK)
 
@@ -52,15 +53,19 @@ def signal(settings: Settings, run_id: str, callback_id: str, value_json: str, t
     Signalling the same value twice is a no-op; a different value for a signalled callback is an error.
     """
     value = parse_json(value_json, "VALUE_JSON")
+    if then_resume and settings.kube:
+        raise CliError("--resume is for local runs: in a cluster the operator continues a signalled run by itself")
 
     async def go() -> tuple[bool, list[str], RunState | None]:
-        async with open_engine(settings) as engine:
+        async with open_client(settings) as engine:
             state = await engine.inspect(run_id)
             if state.status in ("succeeded", "failed", "cancelled"):
                 raise CliError(f"run {run_id} has {state.status}; it no longer takes signals")
             pending = [cb.id for cb in state.pending_callbacks]
             new = await engine.signal(run_id, callback_id, value)
-            after = await drive.resume_run(engine, settings, run_id) if then_resume else None
+            after = None
+            if then_resume and isinstance(engine, durable_sandbox.Engine):
+                after = await drive.resume_run(engine, settings, run_id)
             return new, pending, after
 
     new, pending, after = run_async(go())
@@ -77,7 +82,10 @@ def signal(settings: Settings, run_id: str, callback_id: str, value_json: str, t
         render.emit_data(settings, {"runId": run_id, "callbackId": callback_id, "value": value, "new": new})
     else:
         click.echo(f"signalled {callback_id} of run {run_id}" + ("" if new else " (already had this value)"))
-        click.echo(f"continue with: {settings.dsb()} resume {run_id}")
+        if settings.kube:
+            click.echo(f"the operator continues the run; follow it with: {settings.dsb()} logs -f {run_id}")
+        else:
+            click.echo(f"continue with: {settings.dsb()} resume {run_id}")
     ctx.exit(EXIT_OK)
 
 

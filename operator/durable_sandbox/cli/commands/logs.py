@@ -9,7 +9,7 @@ import click
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
 from durable_sandbox.cli.progress import make_display
-from durable_sandbox.cli.session import Settings, open_engine
+from durable_sandbox.cli.session import Settings, open_client
 
 
 @click.command()
@@ -24,7 +24,7 @@ def logs(settings: Settings, run_id: str, follow: bool, call_output: bool) -> No
 
 
 async def _logs(settings: Settings, run_id: str, follow: bool, call_output: bool) -> None:
-    async with open_engine(settings) as engine:
+    async with open_client(settings) as engine:
         if settings.output != "table":
             async for ev in engine.stream(run_id, follow=follow):
                 if settings.output == "json":

@@ -10,7 +10,7 @@ from durable_sandbox.cli.detach import spawn
 from durable_sandbox.cli.errors import EXIT_OK, CliError
 from durable_sandbox.cli.jsonarg import read_input
 from durable_sandbox.cli.render import emit_data, state_doc
-from durable_sandbox.cli.session import Settings, open_engine
+from durable_sandbox.cli.session import Settings, cluster_module, open_engine
 from durable_sandbox.cli.targets import RunPlan, is_manifest, plan_entrypoint, plan_manifest
 from durable_sandbox.engine import RunRecord, RunState
 from durable_sandbox.stores import SqliteStore
@@ -44,6 +44,8 @@ def run(
     """
     if detach and dry_run:
         raise CliError("give --detach or --dry-run, not both")
+    if settings.kube:
+        _run_in_cluster(settings, target, input_json or input_file, run_id, thread_id, detach, dry_run)
     if detach and target == "-":
         raise CliError("--detach needs a manifest file: the background process cannot read stdin again")
     given, value = read_input(input_json, input_file)
@@ -71,6 +73,32 @@ def run(
             click.echo(f"follow with `{settings.dsb()} logs -f RUN`, wait with `{settings.dsb()} wait RUN` ({ids})")
         ctx.exit(EXIT_OK)
     states = run_async(_run_all(settings, plans, thread_id))
+    if settings.output == "table":
+        codes = [report_outcome(settings, s) for s in states]
+    else:
+        emit_data(settings, state_doc(states[0]) if len(states) == 1 else [state_doc(s) for s in states])
+        codes = [outcome_code(settings, s) for s in states]
+    ctx.exit(worst(codes))
+
+
+def _run_in_cluster(
+    settings: Settings, target: str, given_input: str | None, run_id: str | None, thread_id: str | None,
+    detach: bool, dry_run: bool,
+) -> None:
+    """`dsb --kube run FILE`: apply the manifest and follow its runs (the operator executes them)."""
+    if not is_manifest(target):
+        raise CliError("with --kube, dsb run takes a Workflow manifest (FILE.yaml or '-'): the operator runs it")
+    unsupported = {"--input/--input-file": given_input, "--run-id": run_id, "--thread-id": thread_id,
+                   "--dry-run": dry_run}  # fmt: skip
+    given = [flag for flag, value in unsupported.items() if value]
+    if given:
+        raise CliError(f"{', '.join(given)}: not with --kube (the run id is <name>-<uid[:8]>; the manifest "
+                       f"carries spec.input; `kubectl apply --dry-run=server -f FILE` checks a manifest)")
+    cluster = cluster_module()
+    states = run_async(cluster.run_manifest(settings, cluster.load(target), detach=detach))
+    ctx = click.get_current_context()
+    if detach:
+        ctx.exit(EXIT_OK)
     if settings.output == "table":
         codes = [report_outcome(settings, s) for s in states]
     else:

@@ -6,7 +6,7 @@ import click
 
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
-from durable_sandbox.cli.session import Settings, open_engine
+from durable_sandbox.cli.session import Settings, open_client
 from durable_sandbox.engine import RunRecord, RunStatus
 
 
@@ -25,7 +25,7 @@ def runs(settings: Settings, statuses: tuple[str, ...], workflow: str | None, li
     """List runs, newest first."""
 
     async def go() -> list[RunRecord]:
-        async with open_engine(settings) as engine:
+        async with open_client(settings) as engine:
             return await engine.runs(status=[RunStatus(s) for s in statuses] or None, workflow=workflow, limit=limit)
 
     render.render_runs(settings, run_async(go()))

@@ -1,0 +1,261 @@
+"""`dsb --kube`: the same commands against a cluster, where the operator executes the runs.
+
+:class:`ClusterEngine` offers what the commands call on a local engine (inspect, history, stream, runs,
+signal, cancel) for the runs of one namespace. Runs are read through ``KubernetesStore`` with the engine's
+own ``RunClient``, exactly as the operator writes them, so inspect, history and logs print what they print
+locally. What steers a run is the Workflow's spec, as with kubectl: ``signal`` adds a key to
+``spec.signals``, ``cancel`` sets ``spec.cancel``; ``run`` applies the manifest (server-side) and follows the
+run. A run is named by its Workflow's name or by its run id (``<name>-<uid[:8]>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from durable_sandbox.cli.drive import with_display
+from durable_sandbox.cli.errors import CliError
+from durable_sandbox.cli.render import emit_data
+from durable_sandbox.cli.session import Settings
+from durable_sandbox.engine import OperationRecord, RunNotFound, RunRecord, RunState, RunStatus
+from durable_sandbox.engine.client import RunClient
+from durable_sandbox.engine.records import ErrorInfo
+from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.manifests import load_manifests
+from durable_sandbox.kube.models import Resource
+from durable_sandbox.kube.store import KubernetesStore
+from durable_sandbox.kube.workflows import NoSuchWorkflow, WorkflowClient, run_id_of
+
+# How often a follower reads the run's objects: each read is a GET of the run's head ConfigMap.
+POLL_SECONDS = 0.5
+# Phases after which `dsb --kube run` stops following (the operator keeps a waiting run and resumes it).
+SETTLED_PHASES = frozenset({"Succeeded", "Failed", "Cancelled", "Waiting", "Suspended"})
+# How long `run` waits before saying that no operator has picked the Workflow up yet (it keeps waiting).
+NO_OPERATOR_HINT_SECONDS = 15.0
+
+
+def default_namespace() -> str:
+    """The namespace of the kubeconfig's current context, else ``default`` (as kubectl chooses)."""
+    import os
+
+    import yaml
+
+    path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path.home() / ".kube" / "config")
+    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError, TypeError):
+        config = yaml.safe_load(Path(path).read_text()) or {}
+        current = config.get("current-context")
+        for ctx in config.get("contexts") or []:
+            if ctx.get("name") == current:
+                return str((ctx.get("context") or {}).get("namespace") or "default")
+    return "default"
+
+
+@dataclass
+class ClusterEngine:
+    """The engine as `dsb` commands use it, for the runs of one namespace of a cluster."""
+
+    namespace: str
+    api: KubeClient
+    store: KubernetesStore
+    workflows: WorkflowClient
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, namespace: str | None) -> AsyncIterator[ClusterEngine]:
+        ns = namespace or default_namespace()
+        try:
+            api = await KubeClient.connect()
+        except RuntimeError as exc:
+            raise CliError(str(exc)) from None
+        try:
+            yield cls(ns, api, KubernetesStore(ns, api), WorkflowClient(api, ns))
+        finally:
+            await api.close()
+
+    @property
+    def client(self) -> RunClient:
+        return RunClient(self.store)
+
+    # ------------------------------------------------------------------ naming
+
+    async def workflow(self, ref: str) -> dict[str, Any]:
+        try:
+            return await self.workflows.find(ref)
+        except NoSuchWorkflow as exc:
+            raise CliError(str(exc)) from None
+
+    async def run_id(self, ref: str) -> str:
+        """The run id of the Workflow named ``ref`` (or whose run id ``ref`` is)."""
+        return run_id_of(await self.workflow(ref))
+
+    async def _existing_run(self, ref: str) -> str:
+        rid = await self.run_id(ref)
+        if await self.store.get_run(rid) is None:
+            raise RunNotFound(
+                f"Workflow {self.namespace}/{ref} has no run yet (run id {rid}): is an operator running? "
+                f"`kubectl describe workflow {ref} -n {self.namespace}` shows its conditions"
+            )
+        return rid
+
+    # ------------------------------------------------------------------ what the commands call
+
+    async def inspect(self, ref: str) -> RunState:
+        obj = await self.workflow(ref)
+        rid = run_id_of(obj)
+        if await self.store.get_run(rid) is None:
+            return _not_started_state(rid, obj)  # pending, or refused (its Failed condition says why)
+        return await self.client.inspect(rid)
+
+    async def history(self, ref: str) -> list[OperationRecord]:
+        return await self.client.history(await self._existing_run(ref))
+
+    async def stream(self, ref: str, *, follow: bool = True) -> AsyncIterator[dict[str, Any]]:
+        rid = await self._existing_run(ref)
+        async for event in self.client.stream(rid, follow=follow, poll_interval=POLL_SECONDS):
+            yield event
+
+    async def runs(
+        self, *, status: Sequence[RunStatus] | None = None, workflow: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """One run per Workflow, newest first: its run as the operator recorded it, or a pending one
+        for a Workflow the operator has not started yet."""
+        objects = await self.workflows.list()
+        recorded = {r.run_id: r for r in await self.store.list_runs(limit=100_000)}
+        out: list[RunRecord] = []
+        for obj in objects:
+            rid = run_id_of(obj)
+            run = recorded.get(rid) or _not_started(rid, obj)
+            if (not status or run.status in status) and (workflow is None or run.workflow == workflow):
+                out.append(run)
+        return sorted(out, key=lambda r: r.created_at, reverse=True)[:limit]
+
+    async def signal(self, ref: str, callback_id: str, value: Any = None) -> bool:
+        obj = await self.workflow(ref)
+        return await self.workflows.signal(obj["metadata"]["name"], callback_id, value)
+
+    async def cancel(self, ref: str, reason: str) -> RunState:
+        """Set spec.cancel; the operator cancels the run and cleans up. Returns the run as it is now."""
+        obj = await self.workflow(ref)
+        await self.workflows.cancel(obj["metadata"]["name"])
+        rid = await self.run_id(ref)
+        if await self.store.get_run(rid) is None:
+            return _not_started_state(rid, obj)
+        return await self.client.inspect(rid)
+
+    async def resume(self, ref: str, **_: Any) -> RunState:
+        raise CliError(
+            f"in a cluster the operator continues runs by itself (after a signal, a timer, a crash); "
+            f"`dsb --kube -n {self.namespace} logs -f {ref}` follows it"
+        )
+
+    # ------------------------------------------------------------------ run: apply and follow
+
+    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return await self.workflows.apply(manifest)
+
+    async def follow(self, name: str) -> RunState:
+        """Wait until the Workflow settles (finished, waiting or suspended) and return its run's state."""
+        started = time.monotonic()
+        hinted = False
+        while True:
+            obj = await self.workflows.get(name)
+            if obj is None:
+                raise CliError(f"Workflow {self.namespace}/{name} was deleted while it ran", code=1)
+            rid = run_id_of(obj)
+            status = obj.get("status") or {}
+            run = await self.store.get_run(rid)
+            phase = status.get("phase")
+            current = status.get("observedGeneration") in (None, obj["metadata"].get("generation"))
+            if phase in SETTLED_PHASES and current:
+                if run is None:  # rejected before a run existed (a policy, an invalid spec)
+                    return _not_started_state(rid, obj)
+                state = await self.client.inspect(rid)
+                if phase not in ("Waiting", "Suspended") or state.status not in ("pending", "running"):
+                    return state
+            if run is None and not hinted and time.monotonic() - started > NO_OPERATOR_HINT_SECONDS:
+                hinted = True
+                click.echo(
+                    f"warning: no operator has started Workflow {self.namespace}/{name} yet; is `dsb operator` "
+                    f"running for this cluster? (still waiting; Ctrl-C stops waiting, the Workflow stays)",
+                    err=True,
+                )
+            await asyncio.sleep(POLL_SECONDS)
+
+
+def _created_at(obj: dict[str, Any]) -> float:
+    import datetime as dt
+
+    stamp = obj["metadata"].get("creationTimestamp")
+    if not stamp:
+        return time.time()
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _workflow_name(obj: dict[str, Any]) -> str:
+    spec = obj.get("spec") or {}
+    return str(spec.get("entrypoint") or "sandbox-agent")
+
+
+def _not_started(rid: str, obj: dict[str, Any]) -> RunRecord:
+    """A Workflow the operator has not started (or has refused): its status says why."""
+    status = obj.get("status") or {}
+    failed = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Failed" and c.get("status") == "True"), None
+    )
+    created = _created_at(obj)
+    if failed is not None:
+        error = ErrorInfo(type=str(failed.get("reason") or "Failed"), message=str(failed.get("message") or ""))
+        return RunRecord(rid, _workflow_name(obj), RunStatus.FAILED, error=error, created_at=created, updated_at=created)
+    return RunRecord(rid, _workflow_name(obj), RunStatus.PENDING, created_at=created, updated_at=created)
+
+
+def _not_started_state(rid: str, obj: dict[str, Any]) -> RunState:
+    run = _not_started(rid, obj)
+    return RunState(
+        run_id=run.run_id, workflow=run.workflow, status=run.status.value,
+        error=run.error.to_json() if run.error else None, created_at=run.created_at, updated_at=run.updated_at,
+    )  # fmt: skip
+
+
+def load(target: str) -> list[Resource]:
+    """The resources of a manifest file ('-': stdin), validated by the same models as `dsb run` and the operator."""
+    if target == "-":
+        return load_manifests(sys.stdin.read(), source="<stdin>")
+    if not Path(target).is_file():
+        raise CliError(f"{target}: no such manifest file")
+    return load_manifests(Path(target))
+
+
+async def run_manifest(settings: Settings, resources: list[Resource], *, detach: bool) -> list[RunState]:
+    """`dsb --kube run FILE`: apply the manifest's resources (server-side; Sandboxes first) and follow each
+    Workflow's run until it settles, shown as a local run is. With ``detach``, apply and return []."""
+    # What the manifest says, as written (validated by the same models as `dsb run` and the operator).
+    ordered = sorted(resources, key=lambda r: r.kind != "Sandbox")
+    docs = [r.model_dump(mode="json", by_alias=True, exclude_unset=True) for r in ordered]
+    states: list[RunState] = []
+    async with ClusterEngine.open(settings.namespace) as cluster:
+        applied = [await cluster.apply(doc) for doc in docs]
+        workflows = [obj for obj in applied if obj.get("kind") == "Workflow"]
+        for obj in workflows:
+            name, rid = obj["metadata"]["name"], run_id_of(obj)
+            if settings.output == "table":
+                click.echo(f"run {rid} (Workflow/{name} in namespace {cluster.namespace}{', applied' if detach else ''})")
+            if detach:
+                continue
+            states.append(
+                await with_display(cluster, settings, rid, f"Workflow/{name}", functools.partial(cluster.follow, name))
+            )
+        if detach and settings.output == "table":
+            click.echo(f"follow with `{settings.dsb()} logs -f NAME`, inspect with `{settings.dsb()} inspect NAME`")
+        elif detach:
+            emit_data(settings, [{"runId": run_id_of(o), "workflow": o["metadata"]["name"]} for o in workflows])
+    return states

@@ -1,0 +1,142 @@
+"""Workflow objects as a client uses them: apply a manifest, find a Workflow by name or run id, signal it,
+cancel it, list them. ``dsb --kube`` talks to a cluster through this (and reads runs through
+``KubernetesStore``, as the operator writes them); the operator never writes spec, so these are the only
+spec writes the package makes.
+
+Every spec write is one request the API server judges with the CRD's rules and the admission policy:
+signals only gain keys, ``cancel`` only goes to true.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from durable_sandbox.engine.errors import SignalConflict
+from durable_sandbox.kube.client import (
+    JSON_PATCH,
+    ApiException,
+    KubeClient,
+    is_not_found,
+    is_precondition_failed,
+    json_body,
+)
+from durable_sandbox.kube.models import GROUP, VERSION
+from durable_sandbox.kube.plan import cluster_run_id
+
+__all__ = ["APPLY_PATCH", "FIELD_MANAGER", "NoSuchWorkflow", "WorkflowClient", "run_id_of"]
+
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (a JSON body is YAML too)
+MERGE_PATCH = "application/merge-patch+json"
+FIELD_MANAGER = "dsb"
+PLURALS = {"Workflow": "workflows", "Sandbox": "sandboxes"}
+# A signal races another writer of spec.signals (a second `dsb signal`, kubectl patch): the JSON Patch
+# tests the resourceVersion it read, and a lost race is retried against the new object.
+SIGNAL_ATTEMPTS = 10
+
+
+class NoSuchWorkflow(LookupError):
+    """No Workflow has this name or run id in the namespace."""
+
+
+def run_id_of(obj: Mapping[str, Any]) -> str:
+    """The run id of a Workflow object: ``<name>-<uid[:8]>`` (status.runId says the same once the operator ran)."""
+    meta = obj["metadata"]
+    return str((obj.get("status") or {}).get("runId") or cluster_run_id(meta["name"], meta["uid"]))
+
+
+def _pointer(key: str) -> str:
+    """A JSON Pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+class WorkflowClient:
+    """Workflows (and Sandboxes) of one namespace."""
+
+    def __init__(self, api: KubeClient, namespace: str, *, field_manager: str = FIELD_MANAGER) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.field_manager = field_manager
+
+    async def get(self, name: str) -> dict[str, Any] | None:
+        try:
+            return await json_body(
+                self.api.custom.get_namespaced_custom_object_without_preload_content(
+                    GROUP, VERSION, self.namespace, "workflows", name
+                )
+            )
+        except ApiException as exc:
+            if is_not_found(exc):
+                return None
+            raise
+
+    async def list(self) -> list[dict[str, Any]]:
+        out = await json_body(
+            self.api.custom.list_namespaced_custom_object_without_preload_content(
+                GROUP, VERSION, self.namespace, "workflows"
+            )
+        )
+        return list(out.get("items") or [])
+
+    async def find(self, ref: str) -> dict[str, Any]:
+        """The Workflow named ``ref``, or the one whose run id is ``ref``."""
+        obj = await self.get(ref)
+        if obj is not None:
+            return obj
+        for candidate in await self.list():
+            if run_id_of(candidate) == ref:
+                return candidate
+        raise NoSuchWorkflow(
+            f"No Workflow named {ref!r} and none whose run id is {ref!r} in namespace {self.namespace!r} "
+            f"(`dsb --kube -n {self.namespace} runs` lists them)"
+        )
+
+    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply of one Workflow or Sandbox manifest (field manager ``dsb``); returns the object.
+
+        Server-side, like ``kubectl apply --server-side``: a client-side apply keeps the whole manifest in an
+        annotation, which a large spec (10,000 tool calls) takes past the 256 KiB annotation limit."""
+        kind = str(manifest.get("kind"))
+        body = {**manifest, "metadata": {**manifest["metadata"], "namespace": self.namespace}}
+        return await json_body(self.api.custom.patch_namespaced_custom_object_without_preload_content(
+            GROUP, VERSION, self.namespace, PLURALS[kind], manifest["metadata"]["name"], body,
+            field_manager=self.field_manager, _content_type=APPLY_PATCH,
+        ))  # fmt: skip
+
+    async def signal(self, name: str, callback_id: str, value: Any) -> bool:
+        """Set ``spec.signals[callback_id]``; False when it already has this value. A different value for a
+        signalled callback raises SignalConflict (admission would refuse it too)."""
+        for _ in range(SIGNAL_ATTEMPTS):
+            obj = await self.get(name)
+            if obj is None:
+                raise NoSuchWorkflow(f"Workflow {self.namespace}/{name} is gone")
+            signals = (obj.get("spec") or {}).get("signals")
+            if signals is not None and callback_id in signals:
+                if signals[callback_id] == value:
+                    return False
+                raise SignalConflict(run_id_of(obj), callback_id)
+            rv = obj["metadata"]["resourceVersion"]
+            op = (
+                {"op": "add", "path": "/spec/signals", "value": {callback_id: value}}
+                if signals is None
+                else {"op": "add", "path": f"/spec/signals/{_pointer(callback_id)}", "value": value}
+            )
+            try:
+                await self.api.custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "workflows", name,
+                    [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, op],
+                    field_manager=self.field_manager, _content_type=JSON_PATCH,
+                )  # fmt: skip
+            except ApiException as exc:
+                if is_precondition_failed(exc) and "resourceVersion" in str(exc.body):
+                    continue  # changed since we read it: judge again against the new object
+                raise
+            return True
+        raise RuntimeError(f"spec.signals of Workflow {self.namespace}/{name} kept changing; try again")
+
+    async def cancel(self, name: str) -> None:
+        """Set ``spec.cancel: true`` (it can never go back)."""
+        await self.api.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "workflows", name, {"spec": {"cancel": True}},
+            field_manager=self.field_manager, _content_type=MERGE_PATCH,
+        )  # fmt: skip

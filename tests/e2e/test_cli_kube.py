@@ -1,0 +1,135 @@
+"""`dsb --kube`: the same commands against a real API server, writing Workflow specs as kubectl would.
+
+These need no operator: applying, signalling, cancelling and listing act on the Workflow objects, and the
+API server's admission judges every write. (test_cli_kube_operator.py follows runs the operator executes.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+if TYPE_CHECKING:
+    from .conftest import ControlPlane
+
+ROOT = Path(__file__).resolve().parents[2]
+HELLO = ROOT / "examples" / "hello-workflow.yaml"
+DSB = str(Path(sys.executable).parent / "dsb")
+CRD_NAMES = ["workflows.durable-sandbox.dev", "sandboxes.durable-sandbox.dev"]
+
+
+@pytest.fixture
+def ns(control_plane: ControlPlane) -> Iterator[str]:
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    control_plane.kubectl("wait", "--for=condition=Established", *(f"crd/{n}" for n in CRD_NAMES), "--timeout=60s")
+    name = f"kcli-{uuid.uuid4().hex[:8]}"
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+
+
+def dsb(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    # KUBECONFIG is the control plane's (set by the fixture), as a user's shell would have it.
+    return subprocess.run(
+        [DSB, *args], capture_output=True, text=True, timeout=120, check=False, input=input, cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+
+
+def coded(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "durable-sandbox.dev/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": name},
+        "spec": {"entrypoint": "examples.flows.hello_flow:hello", "input": {"name": "ann", "approve": True}},
+    }
+
+
+def test_run_detach_applies_the_manifest_server_side(control_plane: ControlPlane, ns: str) -> None:
+    proc = dsb("--kube", "-n", ns, "run", "--detach", str(HELLO))
+    assert proc.returncode == 0, proc.stderr
+    obj = control_plane.kubectl_json("get", "workflow", "hello", "-n", ns, "--show-managed-fields")
+    run_id = f"hello-{obj['metadata']['uid'][:8]}"
+    assert f"run {run_id} (Workflow/hello in namespace {ns}, applied)" in proc.stdout
+    # Server-side apply by field manager dsb: no last-applied annotation (a big spec would not fit in one).
+    managers = {(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]}
+    assert ("dsb", "Apply") in managers
+    assert "kubectl.kubernetes.io/last-applied-configuration" not in obj["metadata"].get("annotations", {})
+    manifest = yaml.safe_load(HELLO.read_text())
+    assert obj["spec"]["toolCalls"] == manifest["spec"]["toolCalls"]
+    # Applying again changes nothing and names the same run.
+    again = dsb("--kube", "-n", ns, "run", "--detach", str(HELLO), "-o", "json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == [{"runId": run_id, "workflow": "hello"}]
+    after = control_plane.kubectl_json("get", "workflow", "hello", "-n", ns)
+    assert after["metadata"]["generation"] == obj["metadata"]["generation"]
+
+
+def test_an_invalid_manifest_is_refused_before_anything_is_applied(control_plane: ControlPlane, ns: str) -> None:
+    bad = yaml.safe_load(HELLO.read_text())
+    bad["spec"]["toolCalls"][0]["path"] = "/etc/passwd"
+    proc = dsb("--kube", "-n", ns, "run", "-", input=yaml.safe_dump(bad))
+    assert proc.returncode == 2, proc.stderr
+    assert "spec.toolCalls[0].path" in proc.stderr
+    assert control_plane.kubectl("get", "workflow", "hello", "-n", ns, check=False).returncode != 0
+
+
+def test_signal_adds_to_spec_signals_once(control_plane: ControlPlane, ns: str) -> None:
+    control_plane.apply(coded("approve"), "-n", ns)
+    uid = control_plane.kubectl_json("get", "workflow", "approve", "-n", ns)["metadata"]["uid"]
+    proc = dsb("--kube", "-n", ns, "signal", "approve", "approval", '{"ok": true}')
+    assert proc.returncode == 0, proc.stderr
+    assert "signalled approval of run approve" in proc.stdout
+    assert f"dsb --kube -n {ns} logs -f approve" in proc.stdout  # no `resume`: the operator continues it
+    # By run id, the same value again: nothing changes.
+    proc = dsb("--kube", "-n", ns, "signal", f"approve-{uid[:8]}", "approval", '{"ok": true}')
+    assert proc.returncode == 0 and "(already had this value)" in proc.stdout, proc.stderr
+    proc = dsb("--kube", "-n", ns, "signal", "approve", "approval", '{"ok": false}')
+    assert proc.returncode == 2 and "already signalled with a different value" in proc.stderr, proc.stderr
+    proc = dsb("--kube", "-n", ns, "signal", "approve", "second/with~chars", "[1, 2]")
+    assert proc.returncode == 0, proc.stderr
+    spec = control_plane.kubectl_json("get", "workflow", "approve", "-n", ns)["spec"]
+    assert spec["signals"] == {"approval": {"ok": True}, "second/with~chars": [1, 2]}
+    assert dsb("--kube", "-n", ns, "signal", "approve", "x", "1", "--resume").returncode == 2
+
+
+def test_cancel_sets_spec_cancel(control_plane: ControlPlane, ns: str) -> None:
+    control_plane.apply(coded("stop-me"), "-n", ns)
+    proc = dsb("--kube", "-n", ns, "cancel", "stop-me")
+    assert proc.returncode == 0, proc.stderr
+    assert "cancellation requested" in proc.stdout
+    assert control_plane.kubectl_json("get", "workflow", "stop-me", "-n", ns)["spec"]["cancel"] is True
+
+
+def test_runs_and_inspect_show_workflows_the_operator_has_not_started(control_plane: ControlPlane, ns: str) -> None:
+    for name in ("first", "second"):
+        control_plane.apply(coded(name), "-n", ns)
+    uids = {n: control_plane.kubectl_json("get", "workflow", n, "-n", ns)["metadata"]["uid"] for n in ("first", "second")}
+    proc = dsb("--kube", "-n", ns, "runs", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    listed = {r["runId"]: r["status"] for r in json.loads(proc.stdout)}
+    assert listed == {f"{n}-{u[:8]}": "pending" for n, u in uids.items()}
+    proc = dsb("--kube", "-n", ns, "inspect", "first", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    state = json.loads(proc.stdout)
+    assert (state["runId"], state["status"]) == (f"first-{uids['first'][:8]}", "pending")
+    # The namespace can also come after the command, as with kubectl.
+    assert dsb("runs", "--kube", "-n", ns, "-o", "json").stdout == dsb("--kube", "-n", ns, "runs", "-o", "json").stdout
+
+
+def test_unknown_names_and_local_only_commands_are_usage_errors(control_plane: ControlPlane, ns: str) -> None:
+    proc = dsb("--kube", "-n", ns, "inspect", "nope")
+    assert proc.returncode == 2 and f"No Workflow named 'nope' and none whose run id is 'nope' in namespace '{ns}'" in proc.stderr
+    for args in (("resume", "nope"), ("worker",), ("run", "examples.flows.hello_flow:hello")):
+        proc = dsb("--kube", "-n", ns, *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "--kube" in proc.stderr or "cluster" in proc.stderr, proc.stderr
