@@ -2,6 +2,8 @@
 
 Every test ends by asserting that the local provider's workspace, snapshot and lease directories are
 empty (a test that is handed a retained snapshot deletes it first): nothing a run owned outlives it.
+Empty means every entry counts, hidden ones too: a snapshot's temp file (``.lsnap-*.tmp``), a lease's temp
+file and a destroyed workspace's trash (``.trash-*``) are leaks like any other (``LocalProvider.leftovers``).
 Crashes are real process deaths (SIGKILL at a deterministic point in a child process); losses are
 injected at deterministic points through a provider wrapper; nothing waits on a timer.
 """

@@ -217,7 +217,8 @@ class LocalProvider(SandboxProvider):
         return LocalDirectories(self.workspaces_dir, self.snapshots_dir, self.leases_dir)
 
     def leftovers(self) -> list[Path]:
-        """Every entry in the provider's directories (temp and trash files included): empty when clean."""
+        """Every entry in the provider's directories, hidden temp (``.*.tmp``) and trash (``.trash-*``)
+        entries included: empty when clean. The crash tests' leak check."""
         found: list[Path] = []
         for directory in self.directories():
             if directory.is_dir():
