@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 
+import aiohttp
 import pytest
 
 from durable_sandbox.engine.errors import LeaseHeld
@@ -237,3 +238,31 @@ async def test_every_object_of_a_run_is_owned_by_its_workflow_and_goes_with_it(
     control_plane.wait_until(
         lambda: not control_plane.kubectl_json("get", "configmaps,leases", "-n", namespace, "-l", selector)["items"],
         60, "the garbage collector to delete the run's objects with their owner")
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["answer-lost", "request-failed"])
+async def test_a_commit_whose_outcome_is_unknown_is_neither_lost_nor_doubled(
+    namespace: str, store: KubernetesStore, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    """The connection drops on a commit, after the apiserver applied it (``answer-lost``) or before
+    (``request-failed``): the store finds out from the head which, and the journal has each record once."""
+    run, _ = await store.create_run(RunRecord(run_id=f"flaky-{int(landed)}", workflow="wf"))
+    lease = await store.claim(run.run_id, "w", 30)
+    await store.commit(run.run_id, lease.fence, Commit([_rec("before", 0)]))
+    real_patch = store._patch
+    failures = iter([True])
+
+    async def flaky_patch(name: str, ops: list[dict[str, object]]) -> None:
+        if next(failures, False):
+            if landed:
+                await real_patch(name, ops)
+            raise aiohttp.ServerDisconnectedError()
+        await real_patch(name, ops)
+
+    monkeypatch.setattr(store, "_patch", flaky_patch)
+    records = [_rec("flaky-1", 1), _rec("flaky-2", 2)]
+    await store.commit(run.run_id, lease.fence, Commit(records))
+    assert [r.seq for r in records] == [2, 3]
+    await store.commit(run.run_id, lease.fence, Commit([_rec("after", 3)]))
+    rows = await store.load_journal(run.run_id)
+    assert [(r.seq, r.op_id) for r in rows] == [(1, "before"), (2, "flaky-1"), (3, "flaky-2"), (4, "after")]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from durable_sandbox.kube.metrics import OperatorMetrics
 from durable_sandbox.kube.orphans import RUN_ID_LABEL, LiveRun, Orphan, plan_sweep, sweep_once
 from durable_sandbox.providers.contract import (
     ProviderError,
@@ -91,14 +92,20 @@ async def test_sweep_of_the_local_provider_destroys_only_tagged_orphans(tmp_path
     untagged = await provider.provision(_spec(None, owner=None), lease_seconds=600)
     live = {"live-run": LiveRun("live-run", frozenset({current.id})), "other-live": LiveRun("other-live")}
     reported: list[Orphan] = []
+    metrics = OperatorMetrics(process_collectors=False)
+
+    def on_destroyed(orphan: Orphan) -> None:  # what the operator's sweep timer does: a metric (and an Event)
+        reported.append(orphan)
+        metrics.orphans_destroyed.labels(provider=orphan.handle.provider).inc()
 
     first = await sweep_once(provider, owner=OURS, live=live, first_seen={}, now=T0, grace=GRACE,
-                             on_destroyed=reported.append)
+                             on_destroyed=on_destroyed)
     assert first.destroyed == () and set(first.plan.waiting) == {orphan.id, replaced.id}
     second = await sweep_once(provider, owner=OURS, live=live, first_seen=first.plan.waiting, now=T0 + GRACE,
-                              grace=GRACE, on_destroyed=reported.append)
+                              grace=GRACE, on_destroyed=on_destroyed)
     assert {o.handle.id for o in second.destroyed} == {orphan.id, replaced.id} == {o.handle.id for o in reported}
     assert second.failed == () and second.plan.waiting == {}
+    assert b'durable_sandbox_orphan_sandboxes_destroyed_total{provider="local"} 2.0' in metrics.generate()
 
     assert {h.id for h in await provider.list_sandboxes(OURS)} == {current.id, other_run.id}
     for gone in (orphan, replaced):

@@ -8,6 +8,7 @@ blocks the event loop and no thread pool is involved. Configuration comes from `
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Awaitable
@@ -15,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
 __all__ = [
-    "ApiException", "KubeClient", "is_conflict", "is_gone", "is_not_found", "is_precondition_failed", "json_body",
+    "ApiException", "KubeClient", "is_conflict", "is_gone", "is_not_found", "is_precondition_failed", "is_transient",
+    "json_body",
 ]  # fmt: skip
 
 # A JSON Patch whose `test` op fails is answered 422 (Unprocessable Entity); a stale resourceVersion 409.
@@ -37,6 +40,13 @@ def is_gone(exc: BaseException) -> bool:
 
 def is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 409
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying: the connection failed or timed out, or the server is overloaded or failing."""
+    if isinstance(exc, ApiException):
+        return exc.status in (429, 500, 502, 503, 504)
+    return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError)
 
 
 def is_precondition_failed(exc: BaseException) -> bool:

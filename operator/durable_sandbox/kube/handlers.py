@@ -24,7 +24,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -73,11 +73,29 @@ def current() -> Operator:
     return _operator
 
 
+# The spec fields kopf's diff-base keeps: the ones that steer a run. The program (toolCalls: up to 10,000) would
+# make status.kopf.diffbase as large as the spec, far past the 64 KiB status budget (a 10,000-call spec is
+# ~650 KB); it is immutable after creation (admission) and no handler here reacts to a diff of it.
+DIFFBASE_SPEC_FIELDS = frozenset({"suspend", "cancel", "signals", "ttlSecondsAfterFinished", "timeoutSeconds"})
+
+
+class SteeringDiffBase(kopf.StatusDiffBaseStorage):
+    """kopf's diff-base in ``status.kopf.diffbase``, without the program."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        essence = super().build(body=body, extra_fields=extra_fields)
+        mapping = cast(dict[str, Any], essence)
+        spec = mapping.get("spec")
+        if isinstance(spec, dict):
+            mapping["spec"] = {k: v for k, v in spec.items() if k in DIFFBASE_SPEC_FIELDS}
+        return essence
+
+
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.peering.standalone = True
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
-    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.diffbase")
+    settings.persistence.diffbase_storage = SteeringDiffBase(field="status.kopf.diffbase")
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT
     settings.posting.enabled = False

@@ -121,6 +121,10 @@ class OperatorMetrics:
             f"{PREFIX}_cleanup_failures", "Sandbox or snapshot deletions the provider refused (retried with backoff).",
             ["provider", "operation"], registry=r,
         )
+        self.orphans_destroyed = Counter(
+            f"{PREFIX}_orphan_sandboxes_destroyed", "Sandboxes with this installation's owner tag that no live run "
+            "claimed, destroyed by the orphan sweep (kube/orphans.py).", ["provider"], registry=r,
+        )
         self.lease_takeovers = Counter(
             f"{PREFIX}_lease_takeovers", "Runs taken over from another worker whose Lease had expired.", registry=r,
         )

@@ -61,6 +61,7 @@ from durable_sandbox.kube.client import (
     is_conflict,
     is_not_found,
     is_precondition_failed,
+    is_transient,
     json_body,
 )
 from durable_sandbox.kube.leases import LeaseBusy, LeaseGone, RunLeases
@@ -89,6 +90,7 @@ _RUN_FIELDS = (
 )
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _RETRIES = 20
+TRANSIENT_RETRIES = 5  # a commit whose answer was lost, or that the API server failed (5xx, 429), is retried
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,7 +468,8 @@ class KubernetesStore:
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
         key = run_key(run_id)
         refresh = False
-        for _ in range(3):
+        uncertain = 0  # attempts whose outcome we do not know (the answer was lost or the server failed)
+        for _ in range(3 + TRANSIENT_RETRIES):
             st = await self._fenced_state(run_id, fence, refresh=refresh)
             ops: list[dict[str, Any]] = [{"op": "test", "path": "/data/fence", "value": str(fence)}]
             if commit.check_cancel:
@@ -479,7 +482,7 @@ class KubernetesStore:
             sealed: tuple[list[dict[str, Any]], list[int]] | None = None
             if st.tail and sum(st.tail.values()) + new_bytes > TAIL_BYTES:
                 sealed = await self._seal(run_id, st, fence, ops)
-            seq = st.seq
+            first, seq = st.seq + 1, st.seq
             for text in encoded:
                 seq += 1
                 ops.append({"op": "add", "path": _jp("data", _seq_key(seq)), "value": text})
@@ -492,9 +495,24 @@ class KubernetesStore:
                 ops.append({"op": "add", "path": "/data/redo", "value": _dumps(redo)})
             try:
                 await self._patch(st.name, ops)
-            except ApiException as exc:
+            except Exception as exc:
                 if is_not_found(exc):
                     raise LeaseLost(run_id, fence) from None
+                if is_transient(exc) and uncertain < TRANSIENT_RETRIES:
+                    # It may or may not have landed. Only the holder of `fence` moves `seq`, so the head
+                    # tells: seq at our last record = it landed; unchanged = it did not (send it again).
+                    uncertain += 1
+                    await asyncio.sleep(0.2 * 2**uncertain)
+                    head = await self._head_retrying(run_id)
+                    if head is None or self._runs[run_id].fence != fence:
+                        raise LeaseLost(run_id, fence) from None
+                    if commit.records and self._runs[run_id].seq == seq:
+                        st = self._runs[run_id]
+                        for r, s in zip(commit.records, range(first, seq + 1), strict=True):
+                            r.seq = s
+                        break
+                    refresh = True
+                    continue
                 if not is_precondition_failed(exc):
                     raise
                 head = await self._head(run_id)
@@ -505,7 +523,7 @@ class KubernetesStore:
                     raise RunCancelledError(run_id, cancel) from None
                 refresh = True  # our idea of seq or the tail was stale: try again from the head
                 continue
-            for r, text, s in zip(commit.records, encoded, range(st.seq + 1, seq + 1), strict=True):
+            for r, text, s in zip(commit.records, encoded, range(first, seq + 1), strict=True):
                 r.seq = s
                 st.tail[s] = len(text.encode())
             if sealed is not None:
@@ -513,11 +531,26 @@ class KubernetesStore:
                 for s in sealed[1]:
                     st.tail.pop(s, None)
             st.seq = seq
-            if redo is not None:
-                faults.reach("kube.store.before_side_writes")  # crash tests: the head has the redo, nothing else
-                await self._apply_redo(redo)
-            return
-        raise RuntimeError(f"Could not append to the journal of run {run_id!r}: the head kept changing under a valid fence")
+            break
+        else:
+            raise RuntimeError(
+                f"Could not append to the journal of run {run_id!r} in namespace {self.namespace!r}: the head "
+                f"kept changing under a valid fence, or the API server kept failing; the worker stops here and "
+                f"the run resumes from its journal when claimed again."
+            )
+        if redo is not None:
+            faults.reach("kube.store.before_side_writes")  # crash tests: the head has the redo, nothing else
+            await self._apply_redo(redo)
+
+    async def _head_retrying(self, run_id: str) -> dict[str, Any] | None:
+        for attempt in range(TRANSIENT_RETRIES):
+            try:
+                return await self._head(run_id)
+            except Exception as exc:
+                if not is_transient(exc) or attempt == TRANSIENT_RETRIES - 1:
+                    raise
+                await asyncio.sleep(0.2 * 2**attempt)
+        return None  # pragma: no cover - the loop returns or raises
 
     async def _seal(self, run_id: str, st: _RunState, fence: int,
                     ops: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
