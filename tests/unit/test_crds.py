@@ -3,6 +3,7 @@ columns are as DESIGN section 2/7 specifies. (tests/e2e/test_crds.py proves them
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,7 @@ def test_checker_rejects_what_is_not_structural() -> None:
         ]),
         ("Sandbox", "sandboxes", "dsbx", [
             ("Phase", "string", ".status.phase"), ("Provider", "string", ".spec.provider"),
+            ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
             ("Age", "date", ".metadata.creationTimestamp"),
         ]),
     ],
@@ -150,7 +152,10 @@ def test_names_versions_and_printer_columns(
     # Every printer column points at a field the schema declares (metadata is the server's).
     for _, _, json_path in columns:
         node = version["schema"]["openAPIV3Schema"]
-        for part in json_path.strip(".").split("."):
+        # A filter (`conditions[?(@.type=="Ready")]`) selects list items: follow the list's item schema.
+        for part in re.sub(r"\[[^\]]*\]", "", json_path).strip(".").split("."):
+            if node.get("type") == "array":
+                node = node["items"]
             if node.get("type") == "object" and "properties" not in node:
                 break
             node = node["properties"][part]

@@ -20,7 +20,6 @@ per run in the Workflow's namespace, handed to the sandbox and never journaled o
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import time
@@ -35,11 +34,13 @@ import durable_sandbox
 from durable_sandbox.engine import LeaseHeld, NotRunnableHere, RunStatus, SignalConflict
 from durable_sandbox.engine.executor import default_worker_id
 from durable_sandbox.engine.records import Commit, RunRecord
+from durable_sandbox.kube import holding
 from durable_sandbox.kube.client import KubeClient, is_not_found
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent, lifecycle_events, run_status_event
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, WorkflowResource
 from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, cluster_run_id, plan_workflow
+from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.status import Extra, Projection, StatusWriter, render
 from durable_sandbox.kube.store import KubernetesStore, OwnerRef
 from durable_sandbox.workflows import sandbox_agent
@@ -101,6 +102,8 @@ class RunView:
     cancel_sent: bool = False
     executing: bool = False  # this process holds the lease and writes status/events
     body_of: Callable[[], Mapping[str, Any]] | None = None  # kopf's live view of the object
+    waiting_for: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
+    released: bool = False  # the Sandbox this run held has been let go
 
     def latest(self) -> Mapping[str, Any]:
         if self.body_of is not None:
@@ -170,7 +173,8 @@ class Operator:
                 providers=self._provider,
                 hibernate_after=self.settings.hibernate_after,
                 unresolvable="leave",
-                services={"secrets": self._secrets_for, "owner": self._owner_for, "env_values": self._env_values_for},
+                services={"secrets": self._secrets_for, "owner": self._owner_for, "env_values": self._env_values_for,
+                          "attached_sandbox": self._attached_sandbox},
             )
             self._engines[namespace] = engine
         return engine
@@ -188,6 +192,11 @@ class Operator:
 
             return create_provider(name)
         return self._providers(name) if callable(self._providers) else self._providers[name]
+
+    def provider_for(self, name: str) -> Any:
+        """Provider ``name`` under this operator's policy (the local provider only when allowed); Sandbox
+        resources get theirs here too."""
+        return self._provider(name)
 
     def _secrets_for(self, run_id: str) -> dict[tuple[str, str], str]:
         return self._secrets.get(run_id, {})
@@ -370,7 +379,15 @@ class Operator:
             view.extra.not_runnable = str(exc)
             self._offer(view)
             return None
-        view.extra.not_runnable = None
+        if wf.spec.sandbox_ref is not None:
+            waits = await holding.hold(self.api, view.namespace, wf.spec.sandbox_ref.name, view.name)
+            if waits is not None:
+                view.waiting_for = wf.spec.sandbox_ref.name
+                view.extra.not_runnable, view.extra.not_runnable_reason = waits, "WaitingForSandbox"
+                self._offer(view)
+                return None
+        view.waiting_for = None
+        view.extra.not_runnable, view.extra.not_runnable_reason = None, None
         self._env_values[view.run_id] = dict(plan.env_values)
         engine = self.engine_for(view.namespace)
         record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=plan.labels)
@@ -388,6 +405,27 @@ class Operator:
         view.writer.offer(self.status_of(view))
         await view.writer.flush()
 
+    async def _attached_sandbox(self, run_id: str, name: str) -> Any:
+        view = self._views.get(run_id)
+        if view is None:
+            raise RuntimeError(f"run {run_id} is not served by this operator")
+        return await holding.live_handle(self.api, view.namespace, name)
+
+    def sandbox_changed(self, namespace: str, name: str) -> None:
+        """A Sandbox changed: wake the runs waiting for it (it may be Ready, or let go by its holder)."""
+        for view in self._views.values():
+            if view.namespace == namespace and view.waiting_for == name:
+                view.wake.set()
+
+    async def _let_go(self, view: RunView) -> None:
+        """A finished (or deleted) Workflow lets go of the Sandbox it held through spec.sandboxRef."""
+        if view.released:
+            return
+        ref = ((view.latest().get("spec") or {}).get("sandboxRef") or {}).get("name")
+        if ref:
+            await holding.release(self.api, view.namespace, ref, view.name)
+        view.released = True
+
     async def _sandbox(self, namespace: str, name: str) -> SandboxResource | None:
         try:
             obj = await self.api.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SANDBOXES, name)
@@ -400,27 +438,9 @@ class Operator:
     async def _read_secrets(self, namespace: str, plan: RunPlan) -> dict[tuple[str, str], str]:
         """The Secret values the run's sandbox env references (values never leave this process's memory
         except into the sandbox)."""
-        refs: set[tuple[str, str]] = set()
         sandbox = plan.input.get("sandbox") if isinstance(plan.input, dict) else None
-        for var in (sandbox or {}).get("env") or []:
-            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
-            if ref:
-                refs.add((ref["name"], ref["key"]))
-        values: dict[tuple[str, str], str] = {}
-        for name, key in sorted(refs):
-            try:
-                secret = await self.api.core.read_namespaced_secret(name, namespace)
-            except Exception as exc:
-                if is_not_found(exc):
-                    raise LookupError(
-                        f"spec.sandbox.env: Secret {namespace}/{name} does not exist; create it (the run starts then)"
-                    ) from None
-                raise
-            data = secret.data or {}
-            if key not in data:
-                raise LookupError(f"spec.sandbox.env: Secret {namespace}/{name} has no key {key!r}")
-            values[(name, key)] = base64.b64decode(data[key]).decode()
-        return values
+        refs = secret_refs((sandbox or {}).get("env") or [])
+        return await read_secret_values(self.api.core, namespace, refs, where="spec.sandbox.env")
 
     async def _sync_spec(self, view: RunView, engine: durable_sandbox.Engine) -> WorkflowResource | None:
         """Bring spec.signals and spec.cancel to the run (idempotent: a signal is stored once)."""
@@ -589,6 +609,7 @@ class Operator:
     async def _finished(self, view: RunView, plan: RunPlan, stopped: asyncio.Event) -> str:
         """A finished run: write its final status once, then honour ttlSecondsAfterFinished."""
         self._offer(view)
+        await self._let_go(view)
         if plan.ttl_seconds_after_finished is None or view.run is None:
             await self._wait(view, stopped, None)
             return "again"
@@ -676,7 +697,8 @@ class Operator:
 
             if st.get("latestSnapshot"):
                 await provider.delete_snapshot(st["latestSnapshot"])
-            if sandbox.get("providerId"):
+            # A Sandbox resource's sandbox (spec.sandboxRef) outlives the Workflow: never destroyed here.
+            if sandbox.get("providerId") and not (body.get("spec") or {}).get("sandboxRef"):
                 await provider.destroy(SandboxHandle(id=sandbox["providerId"], provider=provider_name))
         except Exception as exc:
             await self._blocked(view, body, f"cleanup from status is blocked: {type(exc).__name__}: {exc}", delay)
@@ -688,6 +710,7 @@ class Operator:
         raise CleanupPending(message, delay)
 
     async def _cleanup_done(self, view: RunView, body: Mapping[str, Any]) -> None:
+        await self._let_go(view)
         if view.extra.cleanup_blocked is not None:
             view.extra.cleanup_blocked = None
             await self._patch_conditions(view, body)

@@ -461,6 +461,12 @@ def generate_crds() -> list[Schema]:
                 "jsonPath": ".spec.provider",
                 "description": "The sandbox provider.",
             },
+            {
+                "name": "Ready",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+                "description": "Whether the live sandbox is ready for tool calls.",
+            },
             _AGE,
         ],
         ["durable-sandbox"],

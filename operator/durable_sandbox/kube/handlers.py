@@ -22,9 +22,9 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -38,6 +38,7 @@ from durable_sandbox.kube.controller import (
 )
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.models import GROUP, VERSION
+from durable_sandbox.kube.sandbox_controller import SandboxController
 
 log = logging.getLogger("durable_sandbox.kube.handlers")
 
@@ -64,6 +65,7 @@ class Configuration:
 
 config = Configuration()
 _operator: Operator | None = None
+_sandboxes: SandboxController | None = None
 
 
 def current() -> Operator:
@@ -72,11 +74,29 @@ def current() -> Operator:
     return _operator
 
 
+# The spec fields kopf's diff-base keeps: the ones that steer a run. The program (toolCalls: up to 10,000) would
+# make status.kopf.diffbase as large as the spec, far past the 64 KiB status budget (a 10,000-call spec is
+# ~650 KB); it is immutable after creation (admission) and no handler here reacts to a diff of it.
+DIFFBASE_SPEC_FIELDS = frozenset({"suspend", "cancel", "signals", "ttlSecondsAfterFinished", "timeoutSeconds"})
+
+
+class SteeringDiffBase(kopf.StatusDiffBaseStorage):
+    """kopf's diff-base in ``status.kopf.diffbase``, without the program."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        essence = super().build(body=body, extra_fields=extra_fields)
+        mapping = cast(dict[str, Any], essence)
+        spec = mapping.get("spec")
+        if isinstance(spec, dict):
+            mapping["spec"] = {k: v for k, v in spec.items() if k in DIFFBASE_SPEC_FIELDS}
+        return essence
+
+
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.peering.standalone = True
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
-    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.diffbase")
+    settings.persistence.diffbase_storage = SteeringDiffBase(field="status.kopf.diffbase")
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT
     settings.posting.enabled = False
@@ -84,10 +104,11 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global _operator
+    global _operator, _sandboxes
     configure_kopf(settings)
     api = await KubeClient.connect(kubeconfig=config.kubeconfig)
     _operator = Operator(api, policy=config.policy, settings=config.settings, providers=config.providers)
+    _sandboxes = SandboxController(api, _operator.events, _operator.provider_for)
     for hook in STARTUP_HOOKS:
         result = hook(_operator, settings)
         if inspect.isawaitable(result):
@@ -99,10 +120,13 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
-    global _operator
+    global _operator, _sandboxes
     if _operator is None:
         return
     op, _operator = _operator, None
+    if _sandboxes is not None:
+        await _sandboxes.aclose()
+        _sandboxes = None
     await op.shutdown()
     await op.aclose()
     await op.api.close()
@@ -113,17 +137,24 @@ async def cleanup(**_: Any) -> None:
 async def drive(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
     # kopf's `body` is a live view: it follows the watch, so the controller reads the newest spec from it.
     op = current()
+    await _until_stopped(stopped, lambda stop: op.daemon(lambda: body, stop))
+
+
+async def _until_stopped(stopped: kopf.DaemonStopped, serve: Callable[[asyncio.Event], Awaitable[None]],
+                         kind: str = "Workflow") -> None:
+    """Run a daemon body with an asyncio.Event set once kopf stops the daemon (the object is being
+    deleted, or the operator is exiting: runs are handed over, Sandboxes left as they are)."""
     stop = asyncio.Event()
 
     async def bridge() -> None:
-        await stopped.wait()  # the Workflow is being deleted, or the operator is exiting: hand the run over
+        await stopped.wait()
         stop.set()
 
     watcher = asyncio.create_task(bridge())
     try:
-        await op.daemon(lambda: body, stop)
+        await serve(stop)
     except Exception:
-        METRICS.reconcile_errors.labels(kind="Workflow").inc()
+        METRICS.reconcile_errors.labels(kind=kind).inc()
         raise
     finally:
         watcher.cancel()
@@ -151,6 +182,36 @@ async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
     except Exception:
         METRICS.reconcile_errors.labels(kind="Workflow").inc()
         raise
+
+
+def sandboxes() -> SandboxController:
+    if _sandboxes is None:
+        raise RuntimeError("the operator is not started (kopf's startup handler has not run)")
+    return _sandboxes
+
+
+@kopf.daemon(GROUP, VERSION, "sandboxes", cancellation_backoff=DAEMON_GRACEFUL_EXIT,
+             cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT)
+async def keep_sandbox(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    # One daemon per Sandbox: provisions, renews the provider lease, suspends and restores it.
+    controller = sandboxes()
+    await _until_stopped(stopped, lambda stop: controller.daemon(lambda: body, stop), kind="Sandbox")
+
+
+@kopf.on.event(GROUP, VERSION, "sandboxes")
+async def sandbox_watched(body: kopf.Body, **_: Any) -> None:
+    if _sandboxes is not None:
+        _sandboxes.notice(body)
+    if _operator is not None:  # Workflows waiting for this Sandbox (spec.sandboxRef) look again
+        _operator.sandbox_changed(body.get("metadata", {}).get("namespace", ""), body.get("metadata", {}).get("name", ""))
+
+
+@kopf.on.delete(GROUP, VERSION, "sandboxes", optional=False, retries=None)
+async def delete_sandbox(body: kopf.Body, retry: int, **_: Any) -> None:
+    try:
+        await sandboxes().cleanup(body, attempt=retry)
+    except CleanupPending as exc:
+        raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
 
 
 def run(*, namespaces: list[str], liveness: str | None) -> None:

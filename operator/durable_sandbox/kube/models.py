@@ -303,7 +303,14 @@ class WorkflowSpec(_Model):
 class SandboxResourceSpec(SandboxSettings):
     """A sandbox's settings; Workflows use them through spec.sandboxRef."""
 
-    suspend: StrictBool = Field(default=False, description="true suspends the sandbox (providers that can suspend).")
+    # A standalone Sandbox renews its own lease, so a short one only makes loss detection sooner.
+    lease_seconds: Annotated[int, Field(
+        ge=5, le=86_400, strict=True,
+        description="The provider lease in seconds; the operator renews it at half its length while the Sandbox exists.",
+    )] = 3600
+    suspend: StrictBool = Field(
+        default=False, description="true snapshots the sandbox and destroys it (no live sandbox); false restores it."
+    )
     from_snapshot: Annotated[
         str, Field(min_length=1, description="Create the sandbox from this provider snapshot id.")
     ] | None = None
@@ -317,8 +324,9 @@ class SandboxResourceSpec(SandboxSettings):
         return value
 
     def settings(self) -> SandboxSettings:
+        # A Workflow's own lease is at least a minute; a shorter Sandbox lease is the Sandbox's to renew.
         return SandboxSettings(
-            provider=self.provider, template=self.template, env=list(self.env), lease_seconds=self.lease_seconds
+            provider=self.provider, template=self.template, env=list(self.env), lease_seconds=max(60, self.lease_seconds)
         )
 
 
@@ -466,15 +474,40 @@ class WorkflowStatus(_Status):
     )
 
 
+class SandboxOperation(_Status):
+    """A provider operation recorded before it starts (intent), so a restart finishes it exactly once."""
+
+    id: str = Field(description="The operation id (stable across retries and restarts).")
+    kind: Literal["provision", "restore", "snapshot", "destroy"] = Field(description="What the operation does.")
+    snapshot_id: str | None = Field(
+        default=None, description="restore: the snapshot restored; destroy: the snapshot just recorded."
+    )
+
+
 class SandboxResourceStatus(_Status):
     """Where the sandbox is, written by the operator."""
 
-    conditions: list[Condition] = Field(default_factory=list, description="metav1.Condition list.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Suspended, CleanupBlocked (metav1.Condition list)."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation of the spec the operator last acted on."
+    )
     phase: str | None = Field(default=None, description="One word for kubectl get.")  # printer convenience
-    provider_id: str | None = Field(default=None, description="The provider's id of the sandbox.")
+    provider_id: str | None = Field(default=None, description="The provider's id of the live sandbox.")
+    handle: dict[str, Any] | None = Field(
+        default=None, description="The provider's handle metadata for the live sandbox (never secrets)."
+    )
     capabilities: dict[str, Any] | None = Field(default=None, description="What the provider can do with it.")
     lease_expires_at: str | None = Field(default=None, description="When the provider's lease ends (RFC 3339).")
-    snapshots: list[str] = Field(default_factory=list, description="Snapshot ids the provider holds for it.")
+    snapshots: list[str] = Field(
+        default_factory=list, description="Snapshot ids the provider holds for it, oldest first (owned by this Sandbox)."
+    )
+    operation: SandboxOperation | None = Field(
+        default=None, description="The provider operation in progress, recorded before it starts."
+    )
+    operation_count: int = Field(default=0, description="How many provider operations were started (numbers their ids).")
+    holder: str | None = Field(default=None, description="The Workflow whose calls run in this sandbox now.")
     kopf: dict[str, Any] | None = Field(
         default=None, description="The operator's own bookkeeping (kopf's handler progress). Not for users."
     )

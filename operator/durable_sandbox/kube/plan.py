@@ -182,6 +182,9 @@ def plan_workflow(
     if spec.tool_calls is not None:
         definition = resolve_workflow(sandbox_agent.NAME, where)
         agent_input = to_sandbox_agent_input(spec, settings)
+        if cluster and spec.sandbox_ref is not None:
+            # In the cluster the calls run in the Sandbox's own live sandbox (attached, never provisioned).
+            agent_input = agent_input.model_copy(update={"sandbox_ref": spec.sandbox_ref.name})
         provider = agent_input.sandbox.provider
         # The run id is derived from the whole input, values included (another value is another run);
         # the stored input has them replaced by *** and the values travel beside it.

@@ -153,9 +153,10 @@ def phase_of(run: RunRecord | None, *, suspended: bool = False) -> str:
     return PHASES[run.status]
 
 
-def _condition(
+def condition(
     ctype: str, on: bool, reason: str, message: str, generation: int | None, previous: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
+    """One metav1.Condition (Workflows and Sandboxes); ``previous`` maps type -> the condition as last written."""
     status = "True" if on else "False"
     prev = previous.get(ctype)
     # lastTransitionTime moves only when the status flips (metav1.Condition semantics).
@@ -181,6 +182,7 @@ class Extra:
     cleanup_blocked: str | None = None  # why the provider refuses cleanup, while it does
     rejected: tuple[str, str] | None = None  # (reason, message): the operator refused to run the spec
     not_runnable: str | None = None  # this replica cannot import the workflow (left for another)
+    not_runnable_reason: str | None = None  # the Ready condition's reason while not runnable (default NotRunnableHere)
     result_ref: str | None = None
 
 
@@ -200,9 +202,9 @@ def render(
         reason, message = extra.rejected
         status["phase"] = "Failed"
         status["conditions"] = [
-            _condition("Ready", False, reason, message, gen, previous),
-            _condition("Failed", True, reason, message, gen, previous),
-            _condition("Succeeded", False, reason, "the operator did not run this Workflow", gen, previous),
+            condition("Ready", False, reason, message, gen, previous),
+            condition("Failed", True, reason, message, gen, previous),
+            condition("Succeeded", False, reason, "the operator did not run this Workflow", gen, previous),
         ]
         status["error"] = {"type": reason, "message": _cut(message)}
         return status
@@ -245,7 +247,7 @@ def conditions(
     err = run.error.message if run is not None and run.error is not None else ""
     out = []
     if extra.not_runnable is not None:
-        ready = (False, "NotRunnableHere", extra.not_runnable)
+        ready = (False, extra.not_runnable_reason or "NotRunnableHere", extra.not_runnable)
     elif phase in TERMINAL_PHASES:
         ready = (False, phase, f"the run is {phase.lower()}")
     elif phase == "Waiting":
@@ -254,22 +256,22 @@ def conditions(
         ready = (True, "Suspended", "spec.suspend is true; the run is paused between calls")
     else:
         ready = (True, phase, f"the run is {phase.lower()}")
-    out.append(_condition("Ready", ready[0], ready[1], ready[2], gen, previous))
-    out.append(_condition("Succeeded", phase == "Succeeded", "Succeeded" if phase == "Succeeded" else "NotFinished" if phase not in TERMINAL_PHASES else phase,
+    out.append(condition("Ready", ready[0], ready[1], ready[2], gen, previous))
+    out.append(condition("Succeeded", phase == "Succeeded", "Succeeded" if phase == "Succeeded" else "NotFinished" if phase not in TERMINAL_PHASES else phase,
                           "the run succeeded" if phase == "Succeeded" else err or f"the run is {phase.lower()}", gen, previous))
     failed = phase in ("Failed", "Cancelled")
-    out.append(_condition("Failed", failed, phase if failed else "NotFailed", err if failed else "", gen, previous))
-    out.append(_condition("Suspended", phase == "Suspended", "SuspendRequested" if phase == "Suspended" else "NotSuspended",
+    out.append(condition("Failed", failed, phase if failed else "NotFailed", err if failed else "", gen, previous))
+    out.append(condition("Suspended", phase == "Suspended", "SuspendRequested" if phase == "Suspended" else "NotSuspended",
                           "spec.suspend is true" if phase == "Suspended" else "", gen, previous))
     waiting = bool(pending)
-    out.append(_condition("WaitingForSignal", waiting, "WaitingForSignal" if waiting else "NotWaiting",
+    out.append(condition("WaitingForSignal", waiting, "WaitingForSignal" if waiting else "NotWaiting",
                           ("waiting for " + ", ".join(pending) + "; set spec.signals.<id> to continue") if waiting else "",
                           gen, previous))
-    out.append(_condition("Recovering", projection.recovering and phase == "Running", "SandboxLost" if projection.recovering else "NotRecovering",
+    out.append(condition("Recovering", projection.recovering and phase == "Running", "SandboxLost" if projection.recovering else "NotRecovering",
                           "restoring the sandbox from its newest snapshot" if projection.recovering else "", gen, previous))
     if extra.cleanup_blocked is not None or "CleanupBlocked" in previous:
         blocked = extra.cleanup_blocked is not None
-        out.append(_condition("CleanupBlocked", blocked, "ProviderRefused" if blocked else "CleanupDone",
+        out.append(condition("CleanupBlocked", blocked, "ProviderRefused" if blocked else "CleanupDone",
                               extra.cleanup_blocked or "", gen, previous))
     return out
 

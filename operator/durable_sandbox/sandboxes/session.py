@@ -266,6 +266,7 @@ class SandboxSession:
         hibernate_after: float | None = None,
         operation_ids: Sequence[str | None] | None = None,
         owner: str | None = None,
+        attach: str | None = None,
     ) -> None:
         if snapshot_every < 0:
             raise ValueError(f"snapshot_every must be >= 0, not {snapshot_every}")
@@ -280,6 +281,9 @@ class SandboxSession:
         self.suspend_between_calls = suspend_between_calls
         self.hibernate_after = hibernate_after if hibernate_after is not None else float(rt.services.get("hibernate_after", 300.0))
         self.lease_seconds = lease_seconds
+        # The name of a Sandbox resource whose live sandbox this session uses instead of provisioning one:
+        # never destroyed, hibernated or recovered here (the Sandbox's controller owns its lifecycle).
+        self.attach = attach
         self.spec = SandboxSpec(
             template=template,
             env=dict(env or {}),
@@ -517,16 +521,36 @@ class SandboxSession:
 
     async def _provision(self, prev: OperationRecord | None) -> None:
         op_id = f"{self.sid}/provision"
-        if prev is not None:
+        if prev is not None and self.attach is None:
             await self._reap_unrecorded()
         self.rt.enter(op_id, OpKind.SANDBOX_PROVISION.value, self.provider.name, None)
         meta = {"provider": self.provider.name, "options": self._options()}
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "started", meta=meta, check_cancel=True)
-        spec = self._spec_for(op_id)
-        handle = await self._transient("provision", lambda: self.provider.provision(spec, lease_seconds=self.lease_seconds))
+        if self.attach is not None:
+            handle = await self._attached_handle(self.attach)
+        else:
+            spec = self._spec_for(op_id)
+            handle = await self._transient("provision", lambda: self.provider.provision(spec, lease_seconds=self.lease_seconds))
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "completed", result=_handle_json(handle), meta=meta)
         self.state.handle = handle
         self.state.provider = self.provider.name
+
+    async def _attached_handle(self, name: str) -> SandboxHandle:
+        """The live sandbox of Sandbox resource ``name`` (the ``attached_sandbox`` service finds it)."""
+        find = self.rt.services.get("attached_sandbox")
+        if find is None:
+            raise ConfigurationError(
+                f"Sandbox {self.sid!r}: sandboxRef {name!r} names a Sandbox resource, which only the operator can "
+                f"attach; run this Workflow in a cluster, or give it spec.sandbox"
+            )
+        handle: SandboxHandle = await find(self.rt.run_id, name)
+        return handle
+
+    def _attached_id(self) -> str | None:
+        """The id of the attached Sandbox resource's sandbox (None for a session's own sandbox)."""
+        if not (self.attach or self.state.options.get("attach")):
+            return None
+        return self._first_sandbox_id()
 
     def _spec_for(self, op_id: str) -> SandboxSpec:
         """The spec for one provision/restore: its operation id lets a provider with an idempotent create
@@ -541,6 +565,7 @@ class SandboxSession:
             "snapshotEvery": self.snapshot_every,
             "retainLatestSnapshot": self.retain_latest_snapshot,
             "injectLossAfter": self.inject_loss_after,
+            "attach": self.attach,
         }
 
     async def _reap_unrecorded(self) -> None:
@@ -612,6 +637,12 @@ class SandboxSession:
         await self._recover("loss injected")
 
     async def _recover(self, why: str) -> None:
+        if self._attached_id() is not None:
+            raise DurableError(
+                f"Sandbox {self.sid!r}: the sandbox of Sandbox resource {self.attach or self.state.options.get('attach')!r} "
+                f"was lost ({why}); its controller re-creates it from its newest snapshot. Run the Workflow again "
+                f"(or give it spec.retry) to continue in the re-created sandbox."
+            )
         while True:
             if self.state.recovery_attempts >= MAX_RECOVERIES:
                 raise RecoveryBudgetExhausted(self.sid, MAX_RECOVERIES)
@@ -695,7 +726,14 @@ class SandboxSession:
         rec = self.rt.lookup(op_id)
         if rec is not None and rec.status == "completed":
             return
-        meta = {"sandboxId": handle.id, "reason": reason}
+        meta: dict[str, Any] = {"sandboxId": handle.id, "reason": reason}
+        if handle.id == self._attached_id():
+            # A Sandbox resource's sandbox is let go, not destroyed: it outlives the run.
+            meta["detached"] = True
+            await self._journal(op_id, OpKind.SANDBOX_DESTROY, "detach", "completed", meta=meta)
+            if self.state.handle is not None and self.state.handle.id == handle.id:
+                self.state.handle = None
+            return
         await self._journal(op_id, OpKind.SANDBOX_DESTROY, "destroy", "started", meta=meta)
         await self._retry_cleanup(f"destroy sandbox {handle.id}", lambda: self.provider.destroy(handle))
         await self._journal(op_id, OpKind.SANDBOX_DESTROY, "destroy", "completed", meta=meta)
@@ -722,8 +760,8 @@ class SandboxSession:
     async def hibernate(self) -> bool:
         """Checkpoint and destroy the sandbox while the run waits; it is restored when the run goes on."""
         caps = self.provider.capabilities()
-        if self.state.handle is None or self.state.finalized:
-            return False
+        if self.state.handle is None or self.state.finalized or self._attached_id() is not None:
+            return False  # an attached sandbox is suspended by its Sandbox resource, not by the run
         if not (caps.supports(Capability.SNAPSHOT) and caps.supports(Capability.RESTORE)):
             return False
         count = self.state.completed

@@ -267,6 +267,9 @@ class SandboxAgentInput(_Spec):
     # inspect` shows) and the engine's `env_values` service hands them back by run id (see detach_env).
     env_values: Literal["inline", "detached"] = "inline"
     failure_policy: FailurePolicy | None = None
+    # In a cluster, a Workflow's spec.sandboxRef: the Sandbox resource whose live sandbox the calls run in
+    # (``sandbox`` then holds that Sandbox's settings).
+    sandbox_ref: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _loss_within_calls(self) -> SandboxAgentInput:
@@ -399,6 +402,8 @@ async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]
     }
     if spec.hibernate_after_seconds is not None:
         options["hibernate_after"] = spec.hibernate_after_seconds
+    if spec.sandbox_ref is not None:
+        options["attach"] = spec.sandbox_ref
     async with ctx.sandbox("sandbox", provider=spec.sandbox.provider, **options) as sbx:
         total = len(spec.tool_calls)
         for index, call in enumerate(spec.tool_calls):

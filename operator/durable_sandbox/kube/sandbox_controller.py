@@ -1,0 +1,508 @@
+"""Reconciliation of ``Sandbox`` resources, without kopf: one long-lived provider sandbox per object.
+
+kopf (``kube/handlers.py``) calls :meth:`SandboxController.daemon` once per Sandbox (it keeps the
+sandbox as the spec asks for as long as the object exists), :meth:`notice` on every watch event and
+:meth:`cleanup` from the delete handler behind the ``durable-sandbox.dev/cleanup`` finalizer.
+
+What the daemon keeps true:
+- ``spec.suspend: false``: one live provider sandbox, recorded in ``status.providerId``/``handle``,
+  provisioned fresh, restored from ``spec.fromSnapshot`` at first, or restored from the newest owned
+  snapshot; its provider lease renewed at half its length. A sandbox the provider reports gone is a
+  loss: ``SandboxLost`` Event, ``Ready=False``, then re-created from the newest snapshot (``Recovered``).
+- ``spec.suspend: true``: snapshot, record it in ``status.snapshots``, destroy the live sandbox; a
+  provider without the snapshot capability refuses with ``Suspended=False`` (reason SnapshotUnsupported).
+  A superseded snapshot is deleted only after the new one is recorded.
+
+Crash safety: every provider side effect is preceded by a status write of its intent
+(``status.operation``: kind and a stable operation id). A restart finishes the recorded operation: a
+provision or restore looks for the sandbox by owner tag and operation label first (and destroys any
+other sandbox this Sandbox owns), a snapshot is taken again under the same operation id (reconciling
+providers return the same snapshot), a destroy is repeated (idempotent). So a SIGKILL anywhere leaves
+exactly one live sandbox, or exactly one snapshot, after the restart.
+
+Status is written only here, through the status subresource (merge patches), one write per transition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from durable_sandbox.engine import faults
+from durable_sandbox.kube import holding
+from durable_sandbox.kube.client import KubeClient, is_not_found
+from durable_sandbox.kube.controller import CleanupPending
+from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
+from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource
+from durable_sandbox.kube.secrets import read_secret_values, secret_refs
+from durable_sandbox.kube.status import condition, rfc3339
+from durable_sandbox.providers.contract import (
+    Capability,
+    ProviderError,
+    ProvisionError,
+    SandboxGone,
+    SandboxHandle,
+    SandboxProvider,
+    SandboxSpec,
+    UnsupportedCapability,
+)
+from durable_sandbox.workflows.sandbox_agent import resolve_env
+
+log = logging.getLogger("durable_sandbox.kube.sandbox_controller")
+
+SANDBOXES = "sandboxes"
+MERGE_PATCH = "application/merge-patch+json"
+SANDBOX_LABEL = "durable-sandbox.dev/sandbox"
+OPERATION_LABEL = "durable-sandbox.dev/operation"
+
+
+@dataclass
+class SandboxControllerSettings:
+    retry: float = 5.0  # after a transient provider error
+    failed_retry: float = 60.0  # after a refused provision (the spec may change meanwhile)
+    held_retry: float = 2.0  # deletion of a Sandbox a Workflow holds looks again this often
+    cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+def owner_tag(namespace: str, uid: str) -> str:
+    """The owner tag of a Sandbox's provider sandboxes (orphans are found by it)."""
+    return f"{namespace}/{uid}"
+
+
+@dataclass
+class SandboxView:
+    """One Sandbox as this process serves it: the newest body and the status it wrote last."""
+
+    namespace: str
+    name: str
+    uid: str
+    body: Mapping[str, Any]
+    status: dict[str, Any]
+    body_of: Callable[[], Mapping[str, Any]] | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    generation: int | None = None
+
+    def latest(self) -> Mapping[str, Any]:
+        if self.body_of is not None:
+            self.body = self.body_of()
+        return self.body
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.latest().get("metadata", {}).get("deletionTimestamp"))
+
+    @property
+    def owner(self) -> str:
+        return owner_tag(self.namespace, self.uid)
+
+    @property
+    def snapshots(self) -> list[str]:
+        return list(self.status.get("snapshots") or [])
+
+    def handle(self) -> SandboxHandle | None:
+        pid = self.status.get("providerId")
+        if not pid:
+            return None
+        return SandboxHandle(id=pid, provider=self.provider_name, metadata=dict(self.status.get("handle") or {}))
+
+    @property
+    def provider_name(self) -> str:
+        return str((self.body.get("spec") or {}).get("provider") or "local")
+
+
+class SandboxController:
+    def __init__(
+        self,
+        api: KubeClient,
+        events: EventRecorder,
+        provider: Callable[[str], SandboxProvider],
+        settings: SandboxControllerSettings | None = None,
+    ) -> None:
+        self.api = api
+        self.events = events
+        self._provider_of = provider
+        self._providers: dict[str, SandboxProvider] = {}
+        self.settings = settings or SandboxControllerSettings()
+        self._views: dict[str, SandboxView] = {}  # uid -> view
+
+    def provider(self, name: str) -> SandboxProvider:
+        found = self._providers.get(name)
+        if found is None:
+            found = self._providers[name] = self._provider_of(name)
+        return found
+
+    # ------------------------------------------------------------------ status and events
+
+    async def _patch(self, view: SandboxView, changes: dict[str, Any]) -> None:
+        """Write ``changes`` (merge patch; None deletes) to status, and keep them as what we know."""
+        changes = {**changes, "observedGeneration": view.generation}
+        for key, value in changes.items():
+            if value is None:
+                view.status.pop(key, None)
+            else:
+                view.status[key] = value
+        try:
+            await self.api.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, view.namespace, SANDBOXES, view.name, {"status": changes},
+                field_manager="durable-sandbox-operator", _content_type=MERGE_PATCH,
+            )
+        except Exception as exc:
+            if not is_not_found(exc):
+                raise
+
+    def _conditions(self, view: SandboxView, **states: tuple[bool, str, str]) -> list[dict[str, Any]]:
+        """The conditions with ``states`` (type -> (on, reason, message)) applied over the current ones."""
+        previous = {c.get("type", ""): c for c in view.status.get("conditions") or [] if isinstance(c, dict)}
+        merged = dict(previous)
+        for ctype, (on, reason, message) in states.items():
+            merged[ctype] = condition(ctype, on, reason, message, view.generation, previous)
+        order = ["Ready", "Suspended", "CleanupBlocked"]
+        return [merged[t] for t in order if t in merged] + [c for t, c in merged.items() if t not in order]
+
+    async def _transition(self, view: SandboxView, phase: str, changes: dict[str, Any] | None = None,
+                          **states: tuple[bool, str, str]) -> None:
+        await self._patch(view, {**(changes or {}), "phase": phase, "conditions": self._conditions(view, **states)})
+
+    async def _emit(self, view: SandboxView, reason: str, message: str, kind: str = "Normal") -> None:
+        await self.events.emit(dict(view.latest()), LifecycleEvent(reason, message[:1024], kind))
+
+    # ------------------------------------------------------------------ the daemon
+
+    def notice(self, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        view = self._views.get(meta.get("uid", ""))
+        if view is None:
+            return
+        view.body = body
+        if meta.get("generation") != view.generation or meta.get("deletionTimestamp"):
+            view.wake.set()
+
+    async def daemon(self, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
+        """Keep one Sandbox as its spec asks until it is deleted or this process stops."""
+        body = body_of()
+        meta = body["metadata"]
+        view = SandboxView(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], body=body,
+                           status=dict(body.get("status") or {}), body_of=body_of)
+        self._views[view.uid] = view
+        try:
+            while not stopped.is_set() and not view.deleting:
+                view.wake.clear()
+                async with view.lock:
+                    if view.deleting:
+                        return
+                    delay = await self._turn(view)
+                await self._wait(view, stopped, delay)
+        finally:
+            self._views.pop(view.uid, None)
+
+    @staticmethod
+    async def _wait(view: SandboxView, stopped: asyncio.Event, timeout: float | None) -> None:
+        waiters = [asyncio.ensure_future(view.wake.wait()), asyncio.ensure_future(stopped.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def _turn(self, view: SandboxView) -> float | None:
+        """One reconciliation; returns how long until the next one is due (None: on the next spec change)."""
+        body = view.latest()
+        view.generation = body.get("metadata", {}).get("generation")
+        try:
+            res = SandboxResource.model_validate(dict(body))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            message = f"spec: {'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg')}"
+            await self._transition(view, "Failed", Ready=(False, "InvalidSpec", message))
+            await self._emit(view, "InvalidSpec", message, "Warning")
+            return None
+        try:
+            provider = self.provider(res.spec.provider)
+        except Exception as exc:
+            message = f"spec.provider: {exc}"
+            await self._transition(view, "Failed", Ready=(False, "ProviderNotAllowed", message))
+            await self._emit(view, "ProviderNotAllowed", message, "Warning")
+            return None
+        if view.status.get("capabilities") is None:
+            caps = provider.capabilities()
+            await self._patch(view, {"capabilities": {
+                "supported": sorted(c.value for c in caps.supported),
+                "deliveryGuarantee": caps.delivery_guarantee,
+                "maximumLeaseSeconds": caps.maximum_lease_seconds,
+                "toolTypes": list(caps.tool_types),
+            }})
+        try:
+            await self._finish_operation(view, res, provider)
+            if res.spec.suspend:
+                return await self._keep_suspended(view, res, provider)
+            return await self._keep_live(view, res, provider)
+        except LookupError as exc:  # a Secret named by spec.env is missing
+            await self._transition(view, "Pending", Ready=(False, "SecretMissing", str(exc)))
+            return self.settings.failed_retry
+        except ProvisionError as exc:
+            if exc.retryable:
+                log.warning("sandbox %s/%s: %s", view.namespace, view.name, exc)
+                return self.settings.retry
+            await self._transition(view, "Failed", Ready=(False, "ProvisionFailed", str(exc)))
+            await self._emit(view, "ProvisionFailed", str(exc), "Warning")
+            return self.settings.failed_retry
+        except (ProviderError, OSError) as exc:
+            # Transient: the recorded operation (if any) is finished on the next turn, same operation id.
+            log.warning("sandbox %s/%s: provider error, retrying: %s: %s", view.namespace, view.name, type(exc).__name__, exc)
+            return self.settings.retry
+
+    # ------------------------------------------------------------------ live
+
+    async def _keep_live(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> float | None:
+        handle = view.handle()
+        if handle is None:
+            await self._bring_up(view, res, provider, reason="resume" if view.snapshots else "create")
+            handle = view.handle()
+            assert handle is not None
+        lease = res.spec.lease_seconds
+        expires = handle.lease_expires_at or _parse_time(view.status.get("leaseExpiresAt"))
+        now = time.time()
+        if expires is None or expires - now <= lease / 2:
+            try:
+                handle = await provider.renew_lease(handle, lease)
+            except SandboxGone as exc:
+                return await self._lost(view, res, provider, str(exc))
+            await self._patch(view, {"leaseExpiresAt": rfc3339(handle.lease_expires_at),
+                                     "handle": _metadata(handle)})
+            expires = handle.lease_expires_at
+        if view.status.get("phase") != "Ready":
+            await self._transition(view, "Ready", Ready=(True, "SandboxReady", f"sandbox {handle.id} is live"),
+                                   Suspended=(False, "NotSuspended", ""))
+        # Renew at half the lease; look again at least that often (renewal is the liveness check).
+        due = (expires - lease / 2 - time.time()) if expires is not None else lease / 2
+        return max(1.0, min(due, lease / 2))
+
+    async def _bring_up(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider, *, reason: str) -> None:
+        """Provision, or restore the newest owned snapshot (else ``spec.fromSnapshot`` on first creation)."""
+        source = view.snapshots[-1] if view.snapshots else None
+        if source is None and reason == "create" and not view.status.get("operationCount") and res.spec.from_snapshot:
+            source = res.spec.from_snapshot
+        phase = {"create": "Provisioning", "resume": "Resuming", "recover": "Recovering"}[reason]
+        kind = "restore" if source is not None else "provision"
+        await self._begin(view, kind, phase, snapshot_id=source,
+                          Ready=(False, phase, f"{kind} of a sandbox" + (f" from snapshot {source}" if source else "")))
+        await self._run_provision(view, res, provider)
+
+    async def _run_provision(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> None:
+        op = view.status["operation"]
+        spec = SandboxSpec(
+            template=res.spec.template,
+            env=resolve_env(res.spec, await self._secrets(view, res)),
+            owner=view.owner,
+            labels={SANDBOX_LABEL: view.name, OPERATION_LABEL: op["id"]},
+            operation_id=op["id"],
+        )
+        adopted = await self._adopt(view, provider, op["id"])
+        if adopted is not None:
+            handle = adopted
+        elif op["kind"] == "restore":
+            handle = await provider.restore(op["snapshotId"], spec, lease_seconds=res.spec.lease_seconds)
+        else:
+            handle = await provider.provision(spec, lease_seconds=res.spec.lease_seconds)
+        faults.reach(f"inside:sandbox.{op['kind']}")  # made, not yet recorded: the crash window
+        await self._patch(view, {"providerId": handle.id, "handle": _metadata(handle),
+                                 "leaseExpiresAt": rfc3339(handle.lease_expires_at), "operation": None})
+        source = f" from snapshot {op['snapshotId']}" if op.get("snapshotId") else ""
+        await self._emit(view, "Provisioned", f"sandbox {handle.id} provisioned{source}")
+
+    async def _adopt(self, view: SandboxView, provider: SandboxProvider, op_id: str) -> SandboxHandle | None:
+        """The sandbox an interrupted provision/restore already made (found by owner tag and operation
+        label); every other sandbox this Sandbox owns and has not recorded is destroyed."""
+        if not provider.capabilities().supports(Capability.LEASE_RECONCILIATION):
+            return None
+        found = await provider.list_sandboxes(view.owner)
+        keep = next((h for h in found if (h.metadata.get("labels") or {}).get(OPERATION_LABEL) == op_id), None)
+        for handle in found:
+            if handle is not keep and handle.id != view.status.get("providerId"):
+                log.info("sandbox %s/%s: destroying unrecorded sandbox %s", view.namespace, view.name, handle.id)
+                await provider.destroy(handle)
+        return keep
+
+    async def _lost(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider, detail: str) -> float:
+        lost = view.status.get("providerId")
+        message = f"sandbox {lost} is gone ({detail}); re-creating it" + (
+            f" from snapshot {view.snapshots[-1]}" if view.snapshots else " fresh (no snapshot to restore)")
+        await self._transition(view, "Recovering", {"providerId": None, "handle": None, "leaseExpiresAt": None},
+                               Ready=(False, "SandboxLost", message))
+        await self._emit(view, "SandboxLost", message, "Warning")
+        await self._bring_up(view, res, provider, reason="recover")
+        handle = view.handle()
+        assert handle is not None
+        source = f"snapshot {view.snapshots[-1]}" if view.snapshots else "a fresh sandbox"
+        await self._emit(view, "Recovered", f"sandbox {lost} recovered into {handle.id} from {source}")
+        await self._transition(view, "Ready", Ready=(True, "Recovered", f"sandbox {handle.id} is live (recovered)"))
+        return 1.0
+
+    # ------------------------------------------------------------------ suspended
+
+    async def _keep_suspended(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> float | None:
+        handle = view.handle()
+        if handle is not None:
+            holder = await holding.running_holder(self.api, view.namespace, dict(view.latest()))
+            if holder is not None:
+                # Destroying the sandbox under a running Workflow would fail its calls: wait for it to end.
+                message = f"Workflow {holder} holds this sandbox (spec.sandboxRef); it is suspended once that Workflow ends"
+                if (self._condition(view, "Suspended") or {}).get("message") != message:
+                    await self._transition(view, "Ready", Suspended=(False, "HeldByWorkflow", message))
+                    await self._emit(view, "SuspendDeferred", message)
+                return self.settings.held_retry
+            if not provider.capabilities().supports(Capability.SNAPSHOT):
+                message = (f"provider {res.spec.provider} cannot snapshot, so spec.suspend cannot be honoured without "
+                           f"losing the workspace; the sandbox stays live. Set spec.suspend to false, or use a provider "
+                           f"with the snapshot capability")
+                if (self._condition(view, "Suspended") or {}).get("reason") != "SnapshotUnsupported":
+                    await self._transition(view, "Ready", Suspended=(False, "SnapshotUnsupported", message))
+                    await self._emit(view, "SuspendRefused", message, "Warning")
+                return await self._keep_live(view, res, provider)
+            await self._begin(view, "snapshot", "Suspending", Ready=(False, "Suspending", "taking a snapshot to suspend"))
+            await self._finish_operation(view, res, provider)
+        if view.status.get("phase") != "Suspended":
+            latest = view.snapshots[-1] if view.snapshots else None
+            await self._transition(
+                view, "Suspended",
+                Ready=(False, "Suspended", "spec.suspend is true; no live sandbox"),
+                Suspended=(True, "SuspendRequested", f"suspended in snapshot {latest}" if latest else "suspended before provisioning"),
+            )
+        return None
+
+    @staticmethod
+    def _condition(view: SandboxView, ctype: str) -> dict[str, Any] | None:
+        return next((c for c in view.status.get("conditions") or [] if c.get("type") == ctype), None)
+
+    # ------------------------------------------------------------------ intent, then effect
+
+    async def _begin(self, view: SandboxView, kind: str, phase: str, *, snapshot_id: str | None = None,
+                     **states: tuple[bool, str, str]) -> None:
+        count = int(view.status.get("operationCount") or 0) + 1
+        op: dict[str, Any] = {"id": f"dsbx-{view.uid[:8]}-{count}-{kind}", "kind": kind}
+        if snapshot_id is not None:
+            op["snapshotId"] = snapshot_id
+        await self._transition(view, phase, {"operation": op, "operationCount": count}, **states)
+
+    async def _finish_operation(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> None:
+        """Finish the operation recorded before a crash (or a provider error), with its operation id."""
+        op = view.status.get("operation")
+        if not op:
+            await self._delete_superseded(view, provider)
+            return
+        kind = op["kind"]
+        if kind in ("provision", "restore"):
+            await self._run_provision(view, res, provider)
+        elif kind == "snapshot":
+            handle = view.handle()
+            assert handle is not None
+            snapshot_id = await provider.snapshot(handle, operation_id=op["id"])
+            faults.reach("inside:sandbox.suspend")  # taken, not yet recorded: the crash window
+            # Record the new snapshot (the old ones stay listed until the new one is recorded).
+            snapshots = [s for s in view.snapshots if s != snapshot_id] + [snapshot_id]
+            await self._patch(view, {"snapshots": snapshots,
+                                     "operation": {"id": op["id"], "kind": "destroy", "snapshotId": snapshot_id}})
+            await self._emit(view, "SnapshotTaken", f"snapshot {snapshot_id} of sandbox {handle.id} taken")
+            await self._finish_operation(view, res, provider)
+            return
+        elif kind == "destroy":
+            handle = view.handle()
+            if handle is not None:
+                await provider.destroy(handle)
+            await self._patch(view, {"providerId": None, "handle": None, "leaseExpiresAt": None, "operation": None})
+        await self._delete_superseded(view, provider)
+
+    async def _delete_superseded(self, view: SandboxView, provider: SandboxProvider) -> None:
+        """Every owned snapshot but the newest (the newest is recorded, so they are superseded)."""
+        snapshots = view.snapshots
+        for old in snapshots[:-1]:
+            await provider.delete_snapshot(old)
+            remaining = [s for s in view.snapshots if s != old]
+            await self._patch(view, {"snapshots": remaining})
+            await self._emit(view, "SnapshotDeleted", f"snapshot {old} deleted (superseded by {snapshots[-1]})")
+
+    async def _secrets(self, view: SandboxView, res: SandboxResource) -> dict[tuple[str, str], str]:
+        return await read_secret_values(self.api.core, view.namespace, secret_refs(res.spec.env), where="spec.env")
+
+    # ------------------------------------------------------------------ deletion (behind the finalizer)
+
+    async def cleanup(self, body: Mapping[str, Any], attempt: int = 0) -> None:
+        """Destroy the live sandbox and every owned snapshot; :class:`CleanupPending` while the provider refuses."""
+        meta = body["metadata"]
+        view = self._views.get(meta["uid"]) or SandboxView(
+            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], body=body,
+            status=dict(body.get("status") or {}),
+        )
+        view.body = body
+        view.generation = meta.get("generation")
+        delay = self.settings.cleanup_backoff[min(attempt, len(self.settings.cleanup_backoff) - 1)]
+        async with view.lock:
+            holder = await holding.running_holder(self.api, view.namespace, dict(body))
+            if holder is not None:
+                message = (f"Workflow {holder} holds this sandbox (spec.sandboxRef); deletion waits until it finishes "
+                           f"or is cancelled")
+                if (self._condition(view, "CleanupBlocked") or {}).get("message") != message:
+                    await self._transition(view, "Deleting", CleanupBlocked=(True, "HeldByWorkflow", message))
+                    await self._emit(view, "CleanupBlocked", message, "Warning")
+                raise CleanupPending(message, self.settings.held_retry)
+            provider = self.provider(view.provider_name)
+            try:
+                await self._destroy_everything(view, provider)
+            except (ProviderError, OSError) as exc:
+                if isinstance(exc, UnsupportedCapability):
+                    raise
+                message = f"deleting the provider's sandbox or snapshots failed: {type(exc).__name__}: {exc}; retrying in {delay:g}s"
+                await self._transition(view, "Deleting", CleanupBlocked=(True, "ProviderRefused", message))
+                await self._emit(view, "CleanupBlocked", message, "Warning")
+                raise CleanupPending(message, delay) from None
+            if self._condition(view, "CleanupBlocked") is not None:
+                await self._transition(view, "Deleting", CleanupBlocked=(False, "CleanupDone", ""))
+            await self._emit(view, "CleanupDone", "sandbox and snapshots deleted")
+
+    async def _destroy_everything(self, view: SandboxView, provider: SandboxProvider) -> None:
+        handle = view.handle()
+        op = view.status.get("operation")
+        caps = provider.capabilities()
+        if handle is not None and op and op["kind"] == "snapshot" and caps.supports(Capability.SNAPSHOT_RECONCILIATION):
+            # A suspend was interrupted: its snapshot may exist unrecorded; the same operation id finds it.
+            with contextlib.suppress(SandboxGone):
+                taken = await provider.snapshot(handle, operation_id=op["id"])
+                await self._patch(view, {"snapshots": [*view.snapshots, taken]})
+        if handle is not None:
+            await provider.destroy(handle)
+            await self._patch(view, {"providerId": None, "handle": None, "leaseExpiresAt": None})
+        if caps.supports(Capability.LEASE_RECONCILIATION):
+            for orphan in await provider.list_sandboxes(view.owner):  # e.g. made by an interrupted provision
+                await provider.destroy(orphan)
+        for snapshot_id in view.snapshots:
+            await provider.delete_snapshot(snapshot_id)
+            await self._patch(view, {"snapshots": [s for s in view.snapshots if s != snapshot_id]})
+        await self._patch(view, {"operation": None})
+
+    async def aclose(self) -> None:
+        for provider in self._providers.values():
+            with contextlib.suppress(Exception):
+                await provider.aclose()
+
+
+def _metadata(handle: SandboxHandle) -> dict[str, Any]:
+    return dict(handle.metadata)
+
+
+def _parse_time(value: Any) -> float | None:
+    if not value:
+        return None
+    import datetime as dt
+
+    try:
+        return dt.datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,376 @@
+"""Sandbox resources (issue 11): a long-lived sandbox as a custom resource, kept by `dsb operator`.
+
+Acceptance 2 (suspend = snapshot + destroy, resume = restore, superseded snapshot deleted after the new
+one is recorded), 3 (lease renewal; a sandbox killed out of band re-created from its newest snapshot),
+4 (delete while the provider refuses cleanup: CleanupBlocked, then success) and 6 (operator SIGKILLed
+during provision and during suspend: exactly one sandbox or one snapshot after the restart). The local
+provider's inventory is read from DURABLE_SANDBOX_HOME, and tool calls reach the sandbox through the
+provider's own API from this process (as a Workflow's session would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from durable_sandbox.providers.contract import SandboxHandle, ToolCall
+from durable_sandbox.providers.local import LocalProvider
+from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.operator_support import local_sandboxes, manifest, namespace, operators
+from tests.e2e.operator_support import status as workflow_status
+from tests.e2e.operator_support import wait_condition as wait_workflow
+from tests.e2e.test_operator_cleanup import fake_e2b
+from tests.fakes.e2b_state import FakeState
+
+__all__ = ["fake_e2b", "namespace", "operators"]  # fixtures
+
+
+def sandbox(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "durable-sandbox.dev/v1alpha1",
+        "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {"provider": "local", **spec},
+    }
+
+
+def get(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    proc = cp.kubectl("get", "dsbx", name, "-n", ns, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def status(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    st: dict[str, Any] = (get(cp, ns, name) or {}).get("status") or {}
+    return st
+
+
+def wait_for(cp: ControlPlane, ns: str, name: str, ctype: str, value: str = "true", timeout: float = 90) -> dict[str, Any]:
+    """`kubectl wait --for=condition=<type>=<value>` on the Sandbox; returns its status."""
+    proc = cp.kubectl("wait", f"--for=condition={ctype}={value}", f"dsbx/{name}", "-n", ns, f"--timeout={int(timeout)}s",
+                      check=False, timeout=timeout + 30)
+    if proc.returncode != 0:
+        raise AssertionError(f"Sandbox {ns}/{name} never got {ctype}={value}: {proc.stderr}\n"
+                             f"status: {json.dumps(status(cp, ns, name))[:3000]}")
+    return status(cp, ns, name)
+
+
+def event_messages(cp: ControlPlane, ns: str, name: str) -> list[tuple[str, str]]:
+    out = cp.kubectl_json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name},involvedObject.kind=Sandbox")
+    return [(e["reason"], e["message"]) for e in sorted(out.get("items", []), key=lambda e: e.get("firstTimestamp") or "")]
+
+
+def reasons(cp: ControlPlane, ns: str, name: str) -> list[str]:
+    return [reason for reason, _ in event_messages(cp, ns, name)]
+
+
+def workspaces(home: Path) -> list[str]:
+    return [s.split("/")[-1] for s in local_sandboxes(home) if s.startswith("local/workspaces/")]
+
+
+def snapshots(home: Path) -> list[str]:
+    return [s.split("/")[-1].removesuffix(".tar") for s in local_sandboxes(home) if s.startswith("local/snapshots/")]
+
+
+def run_call(home: Path, provider_id: str, call_type: str, **args: Any) -> tuple[int, str]:
+    """A tool call in the Sandbox's live sandbox, through the local provider's API."""
+    async def go() -> tuple[int, str]:
+        provider = LocalProvider(home=home)
+        result = await provider.execute(SandboxHandle(id=provider_id, provider="local"),
+                                        ToolCall(operation_id=f"test-{call_type}-{args.get('path')}", type=call_type, args=args))
+        return result.exit_code, result.stdout
+
+    return asyncio.run(go())
+
+
+def set_suspend(cp: ControlPlane, ns: str, name: str, value: bool) -> None:
+    cp.kubectl("patch", "dsbx", name, "-n", ns, "--type=merge", "-p", json.dumps({"spec": {"suspend": value}}))
+
+
+def delete_and_wait(cp: ControlPlane, ns: str, name: str) -> None:
+    cp.kubectl("delete", "dsbx", name, "-n", ns, "--wait=false")
+    wait_until(lambda: get(cp, ns, name) is None, 90, f"Sandbox {ns}/{name} to be deleted")
+
+
+def workflow(name: str, sandbox_name: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    return manifest(name, toolCalls=calls, sandbox=None, sandboxRef={"name": sandbox_name}, snapshotEveryNCalls=None)
+
+
+def gated(gate: Path) -> dict[str, Any]:
+    """A call that runs until the test creates ``gate`` (so a Workflow holds the Sandbox meanwhile)."""
+    return {"type": "shell", "command": f"while [ ! -e {gate} ]; do sleep 0.05; done"}
+
+
+def test_workflows_share_a_sandbox_one_at_a_time_and_leave_it_alive(
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+) -> None:
+    cp, ns = control_plane, namespace
+    op = operators("--allow-local-provider")
+    cp.apply(sandbox("shared"), "-n", ns)
+    live = wait_for(cp, ns, "shared", "Ready")["providerId"]
+    gate = tmp_path / "gate"
+    cp.apply(workflow("writer", "shared", [{"type": "write_file", "path": "out/a.txt", "contents": "from writer\n"},
+                                           gated(gate)]), "-n", ns)
+    wait_until(lambda: status(cp, ns, "shared").get("holder") == "writer", 60, "the writer to hold the Sandbox")
+    cp.apply(workflow("reader", "shared", [{"type": "read_file", "path": "out/a.txt"}]), "-n", ns)
+
+    def reader_waits() -> dict[str, Any] | None:
+        ready = next((c for c in workflow_status(cp, ns, "reader").get("conditions") or [] if c["type"] == "Ready"), None)
+        return ready if ready and ready["reason"] == "WaitingForSandbox" else None
+
+    ready = wait_until(reader_waits, 60, "the reader to wait for the Sandbox")
+    assert "'writer'" in ready["message"] and ready["status"] == "False"
+    gate.touch()
+    wait_workflow(cp, ns, "writer", "Succeeded")
+    wait_workflow(cp, ns, "reader", "Succeeded")
+    result = workflow_status(cp, ns, "reader")["result"]
+    assert result["sandboxId"] == live and result["toolResults"][0]["stdout"] == "from writer\n"
+    assert workflow_status(cp, ns, "writer")["result"]["sandboxId"] == live
+
+    # Deleting the Workflows leaves the Sandbox and its live sandbox alone.
+    cp.kubectl("delete", "workflow", "writer", "reader", "-n", ns, "--wait=true", "--timeout=90s")
+    st = status(cp, ns, "shared")
+    assert st["providerId"] == live and st["phase"] == "Ready" and not st.get("holder")
+    assert workspaces(op.home) == [live]
+    assert run_call(op.home, live, "read_file", path="out/a.txt") == (0, "from writer\n")
+
+    delete_and_wait(cp, ns, "shared")
+    assert local_sandboxes(op.home) == []
+
+
+def test_deleting_a_held_sandbox_waits_for_the_workflow(
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+) -> None:
+    cp, ns = control_plane, namespace
+    op = operators("--allow-local-provider")
+    cp.apply(sandbox("busy"), "-n", ns)
+    live = wait_for(cp, ns, "busy", "Ready")["providerId"]
+    gate = tmp_path / "gate"
+    cp.apply(workflow("holder", "busy", [gated(gate)]), "-n", ns)
+    wait_until(lambda: (workflow_status(cp, ns, "holder").get("currentCall") or {}).get("index") == 0, 60,
+               "the holder's call to be in flight")
+    # Suspending it now would destroy the sandbox under the running Workflow: deferred, and said so.
+    set_suspend(cp, ns, "busy", True)
+    st = wait_for(cp, ns, "busy", "Suspended", "false")
+    deferred = next(c for c in st["conditions"] if c["type"] == "Suspended")
+    assert deferred["reason"] == "HeldByWorkflow" and "Workflow holder" in deferred["message"]
+    assert status(cp, ns, "busy")["providerId"] == live and workspaces(op.home) == [live]
+    set_suspend(cp, ns, "busy", False)
+    cp.kubectl("delete", "dsbx", "busy", "-n", ns, "--wait=false")
+    st = wait_for(cp, ns, "busy", "CleanupBlocked")
+    blocked = next(c for c in st["conditions"] if c["type"] == "CleanupBlocked")
+    assert blocked["reason"] == "HeldByWorkflow" and "Workflow holder" in blocked["message"]
+    assert "CleanupBlocked" in reasons(cp, ns, "busy")
+    assert get(cp, ns, "busy") is not None and workspaces(op.home) == [live]
+
+    gate.touch()
+    wait_workflow(cp, ns, "holder", "Succeeded")
+    wait_until(lambda: get(cp, ns, "busy") is None, 120, "the Sandbox to be deleted once the Workflow ended")
+    assert local_sandboxes(op.home) == []
+
+
+def test_suspend_snapshots_and_destroys_resume_restores_and_superseded_snapshot_goes(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    cp, ns = control_plane, namespace
+    op = operators("--allow-local-provider")
+    cp.apply(sandbox("dev-box"), "-n", ns)
+    st = wait_for(cp, ns, "dev-box", "Ready")
+    first = st["providerId"]
+    assert workspaces(op.home) == [first] and snapshots(op.home) == []
+    assert "snapshot" in st["capabilities"]["supported"]
+    assert st["leaseExpiresAt"] and st["observedGeneration"] == 1
+    table = cp.kubectl("get", "dsbx", "-n", ns).stdout.splitlines()
+    assert table[0].split() == ["NAME", "PHASE", "PROVIDER", "READY", "AGE"], table
+    assert table[1].split()[:4] == ["dev-box", "Ready", "local", "True"], table
+
+    assert run_call(op.home, first, "write_file", path="notes.txt", contents="kept across suspend\n")[0] == 0
+
+    set_suspend(cp, ns, "dev-box", True)
+    st = wait_for(cp, ns, "dev-box", "Suspended")
+    assert st["phase"] == "Suspended" and not st.get("providerId")
+    assert workspaces(op.home) == [] and snapshots(op.home) == st["snapshots"] and len(st["snapshots"]) == 1
+    first_snapshot = st["snapshots"][0]
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["observedGeneration"] == 2
+
+    set_suspend(cp, ns, "dev-box", False)
+    st = wait_for(cp, ns, "dev-box", "Ready")
+    second = st["providerId"]
+    assert second != first and workspaces(op.home) == [second]
+    assert run_call(op.home, second, "read_file", path="notes.txt") == (0, "kept across suspend\n")
+
+    # Suspend again: the new snapshot is recorded, then the superseded one is deleted.
+    set_suspend(cp, ns, "dev-box", True)
+    wait_until(lambda: status(cp, ns, "dev-box").get("phase") == "Suspended"
+               and status(cp, ns, "dev-box").get("snapshots", [first_snapshot]) != [first_snapshot], 90, "a second suspend")
+    st = status(cp, ns, "dev-box")
+    assert len(st["snapshots"]) == 1 and st["snapshots"] != [first_snapshot]
+    assert snapshots(op.home) == st["snapshots"] and workspaces(op.home) == []
+    events = reasons(cp, ns, "dev-box")
+    assert events.count("SnapshotTaken") == 2 and "SnapshotDeleted" in events
+
+    delete_and_wait(cp, ns, "dev-box")
+    assert local_sandboxes(op.home) == []
+
+
+def test_lease_is_renewed_and_a_sandbox_killed_out_of_band_is_recreated_from_the_newest_snapshot(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    cp, ns = control_plane, namespace
+    op = operators("--allow-local-provider")
+    cp.apply(sandbox("leased", leaseSeconds=5), "-n", ns)
+    st = wait_for(cp, ns, "leased", "Ready")
+    live, first_expiry = st["providerId"], st["leaseExpiresAt"]
+    # Several lease periods later the same sandbox is alive: its lease was renewed each time.
+    wait_until(lambda: status(cp, ns, "leased").get("leaseExpiresAt", "") >= _plus(first_expiry, 15), 60,
+               "the lease to be renewed over three lease periods")
+    assert asyncio.run(LocalProvider(home=op.home).cleanup_expired()) == []  # nothing expired
+    assert status(cp, ns, "leased")["providerId"] == live and workspaces(op.home) == [live]
+
+    # Take a snapshot (suspend + resume), write after it, then kill the sandbox behind the operator's back.
+    run_call(op.home, live, "write_file", path="before.txt", contents="in the snapshot\n")
+    set_suspend(cp, ns, "leased", True)
+    wait_for(cp, ns, "leased", "Suspended")
+    set_suspend(cp, ns, "leased", False)
+    st = wait_for(cp, ns, "leased", "Ready")
+    resumed, newest = st["providerId"], st["snapshots"][-1]
+    run_call(op.home, resumed, "write_file", path="after.txt", contents="not in the snapshot\n")
+    asyncio.run(LocalProvider(home=op.home).inject_loss(SandboxHandle(id=resumed, provider="local")))
+
+    wait_until(lambda: "Recovered" in reasons(cp, ns, "leased"), 60, "a Recovered event")
+    st = wait_for(cp, ns, "leased", "Ready")
+    recovered = st["providerId"]
+    # (Events have one-second timestamps, so their messages say the order: lost, then recovered into a new one.)
+    messages = {reason: message for reason, message in event_messages(cp, ns, "leased")}
+    assert f"sandbox {resumed} is gone" in messages["SandboxLost"] and newest in messages["SandboxLost"]
+    assert messages["Recovered"] == f"sandbox {resumed} recovered into {recovered} from snapshot {newest}"
+    assert recovered not in (live, resumed) and workspaces(op.home) == [recovered]
+    assert st["snapshots"] == [newest]
+    assert run_call(op.home, recovered, "read_file", path="before.txt") == (0, "in the snapshot\n")
+    assert run_call(op.home, recovered, "read_file", path="after.txt")[0] == 1
+
+    delete_and_wait(cp, ns, "leased")
+    assert local_sandboxes(op.home) == []
+
+
+def test_delete_while_the_provider_refuses_cleanup_is_blocked_then_completes(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    cp, ns = control_plane, namespace
+    op = operators("--allow-local-provider")
+    cp.apply(sandbox("stubborn"), "-n", ns)
+    wait_for(cp, ns, "stubborn", "Ready")
+    set_suspend(cp, ns, "stubborn", True)
+    st = wait_for(cp, ns, "stubborn", "Suspended")
+    (snap,) = st["snapshots"]
+    # Make the provider refuse: the snapshot's file becomes a non-empty directory it cannot unlink.
+    path = op.home / "local" / "snapshots" / f"{snap}.tar"
+    aside = path.with_name("aside")
+    path.rename(aside)
+    path.mkdir()
+    (path / "blocker").write_text("x")
+
+    cp.kubectl("delete", "dsbx", "stubborn", "-n", ns, "--wait=false")
+    st = wait_for(cp, ns, "stubborn", "CleanupBlocked")
+    blocked = next(c for c in st["conditions"] if c["type"] == "CleanupBlocked")
+    assert snap in blocked["message"] and "retrying" in blocked["message"]
+    assert "CleanupBlocked" in reasons(cp, ns, "stubborn")
+    assert get(cp, ns, "stubborn") is not None  # the finalizer holds the object
+
+    shutil.rmtree(path)
+    aside.rename(path)  # the provider recovers
+    wait_until(lambda: get(cp, ns, "stubborn") is None, 120, "the Sandbox to be deleted once cleanup succeeds")
+    assert local_sandboxes(op.home) == []
+
+
+def test_operator_killed_during_provision_leaves_exactly_one_sandbox(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    cp, ns = control_plane, namespace
+    crashing = operators("--allow-local-provider", fault="inside:sandbox.provision", name="crashing")
+    cp.apply(sandbox("crashy"), "-n", ns)
+    assert crashing.wait_exit(90) == -9
+    # The sandbox was made but not recorded: the intent was.
+    assert len(workspaces(crashing.home)) == 1
+    st = status(cp, ns, "crashy")
+    assert st["operation"]["kind"] == "provision" and not st.get("providerId")
+
+    op = operators("--allow-local-provider", name="restarted")
+    st = wait_for(cp, ns, "crashy", "Ready")
+    assert workspaces(op.home) == [st["providerId"]] and not st.get("operation")
+
+    delete_and_wait(cp, ns, "crashy")
+    assert local_sandboxes(op.home) == []
+
+
+def test_operator_killed_during_suspend_leaves_exactly_one_snapshot(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    cp, ns = control_plane, namespace
+    crashing = operators("--allow-local-provider", fault="inside:sandbox.suspend", name="crashing")
+    cp.apply(sandbox("pausing"), "-n", ns)
+    st = wait_for(cp, ns, "pausing", "Ready")
+    run_call(crashing.home, st["providerId"], "write_file", path="work.txt", contents="survives\n")
+    set_suspend(cp, ns, "pausing", True)
+    assert crashing.wait_exit(90) == -9
+    assert len(snapshots(crashing.home)) == 1 and status(cp, ns, "pausing")["operation"]["kind"] == "snapshot"
+
+    op = operators("--allow-local-provider", name="restarted")
+    st = wait_for(cp, ns, "pausing", "Suspended")
+    assert workspaces(op.home) == [] and snapshots(op.home) == st["snapshots"] and len(st["snapshots"]) == 1
+    set_suspend(cp, ns, "pausing", False)
+    st = wait_for(cp, ns, "pausing", "Ready")
+    assert run_call(op.home, st["providerId"], "read_file", path="work.txt") == (0, "survives\n")
+
+    delete_and_wait(cp, ns, "pausing")
+    assert local_sandboxes(op.home) == []
+
+
+def _plus(stamp: str, seconds: int) -> str:
+    import datetime as dt
+
+    when = dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ") + dt.timedelta(seconds=seconds)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_e2b_sandbox_shared_suspended_resumed_and_deleted_through_a_refusal(
+    control_plane: ControlPlane, namespace: str, operators: Any, fake_e2b: FakeState
+) -> None:
+    """Acceptance 5: scenarios 1, 2 and 4 with the e2b provider against the fake E2B server (suspend for
+    e2b = snapshot + destroy: E2B's own pause does not bound a paused sandbox's lifetime)."""
+    cp, ns = control_plane, namespace
+    operators(env={"E2B_API_KEY": fake_e2b.api_key, "E2B_API_URL": fake_e2b.api_url,
+                   "E2B_SANDBOX_URL": fake_e2b.sandbox_url})
+    cp.apply(sandbox("cloud-box", provider="e2b", template="base"), "-n", ns)
+    live = wait_for(cp, ns, "cloud-box", "Ready")["providerId"]
+    assert fake_e2b.live_sandboxes() == [live]
+    cp.apply(workflow("writer", "cloud-box", [{"type": "write_file", "path": "a.txt", "contents": "from writer\n"}]), "-n", ns)
+    wait_workflow(cp, ns, "writer", "Succeeded")
+    cp.apply(workflow("reader", "cloud-box", [{"type": "read_file", "path": "a.txt"}]), "-n", ns)
+    wait_workflow(cp, ns, "reader", "Succeeded")
+    result = workflow_status(cp, ns, "reader")["result"]
+    assert result["sandboxId"] == live and result["toolResults"][0]["stdout"] == "from writer\n"
+
+    set_suspend(cp, ns, "cloud-box", True)
+    st = wait_for(cp, ns, "cloud-box", "Suspended")
+    assert fake_e2b.live_sandboxes() == [] and [s.id for s in fake_e2b.snapshots()] == st["snapshots"]
+    set_suspend(cp, ns, "cloud-box", False)
+    st = wait_for(cp, ns, "cloud-box", "Ready")
+    assert fake_e2b.live_sandboxes() == [st["providerId"]] != [live]
+    cp.apply(workflow("again", "cloud-box", [{"type": "read_file", "path": "a.txt"}]), "-n", ns)
+    wait_workflow(cp, ns, "again", "Succeeded")
+    assert workflow_status(cp, ns, "again")["result"]["toolResults"][0]["stdout"] == "from writer\n"
+
+    cp.kubectl("delete", "workflow", "writer", "reader", "again", "-n", ns, "--wait=true", "--timeout=90s")
+    assert status(cp, ns, "cloud-box")["providerId"] == st["providerId"]  # the Workflows leave the Sandbox alone
+    fake_e2b.fail_deletes(503)
+    cp.kubectl("delete", "dsbx", "cloud-box", "-n", ns, "--wait=false")
+    blocked = wait_for(cp, ns, "cloud-box", "CleanupBlocked")
+    assert next(c for c in blocked["conditions"] if c["type"] == "CleanupBlocked")["reason"] == "ProviderRefused"
+    assert get(cp, ns, "cloud-box") is not None
+    fake_e2b.allow_deletes()
+    wait_until(lambda: get(cp, ns, "cloud-box") is None, 120, "the Sandbox to be deleted once E2B accepts deletes")
+    assert fake_e2b.live_sandboxes() == [] and fake_e2b.snapshots() == []
