@@ -116,7 +116,7 @@ def test_sandbox_is_accepted_and_listed_with_printer_columns(
         "-p", json.dumps({"status": {"phase": "Ready", "providerId": "p-1"}}),
     )  # fmt: skip
     table = control_plane.kubectl("get", "dsbx", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "PROVIDER", "AGE"]
+    assert table[0].split() == ["NAME", "PHASE", "PROVIDER", "READY", "AGE"]
     assert table[1].split()[:3] == ["shared", "Ready", "local"]
 
     bad = copy.deepcopy(sandbox)
