@@ -138,6 +138,20 @@ class LeaseLost(DurableError):
         )
 
 
+class StoreUnavailable(LeaseLost):
+    """The store could not be reached to record an operation (an API server restart outlasting the store's
+    retries). Handled as a lost lease, never as the run failing: this worker stops executing the run without
+    writing (the outcome of what it was doing is unknown), its lease expires, and the run resumes from its
+    journal when claimed again."""
+
+    def __init__(self, run_id: str, detail: str) -> None:
+        DurableError.__init__(
+            self,
+            f"Could not reach the store to record run {run_id!r} ({detail}): this worker stops executing the run; "
+            f"it resumes from its journal when claimed again.",
+        )
+
+
 class RunCancelledError(DurableError):
     def __init__(self, run_id: str, reason: str) -> None:
         self.reason = reason

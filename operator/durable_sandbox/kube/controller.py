@@ -32,10 +32,11 @@ from pydantic import ValidationError
 
 import durable_sandbox
 from durable_sandbox.engine import LeaseHeld, NotRunnableHere, RunStatus, SignalConflict
+from durable_sandbox.engine.errors import StoreUnavailable
 from durable_sandbox.engine.executor import default_worker_id
 from durable_sandbox.engine.records import Commit, RunRecord
 from durable_sandbox.kube import holding
-from durable_sandbox.kube.client import KubeClient, is_not_found
+from durable_sandbox.kube.client import KubeClient, is_not_found, is_transient
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent, lifecycle_events, run_status_event
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, WorkflowResource
@@ -46,6 +47,7 @@ from durable_sandbox.kube.store import KubernetesStore, OwnerRef
 from durable_sandbox.workflows import sandbox_agent
 
 log = logging.getLogger("durable_sandbox.kube.controller")
+TRANSIENT_BACKOFF_MAX = 8.0  # seconds between tries while the API server is unreachable
 
 FINALIZER = "durable-sandbox.dev/cleanup"
 WORKFLOWS = "workflows"
@@ -316,6 +318,7 @@ class Operator:
     async def _serve(self, view: RunView, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
         engine = self.engine_for(view.namespace)
         plan: RunPlan | None = None
+        failures = 0  # consecutive turns the API server could not be reached
         while not stopped.is_set() and not self.stopping and not view.deleting:
             view.latest()
             view.generation = view.body.get("metadata", {}).get("generation")
@@ -327,7 +330,20 @@ class Operator:
                     await self._wait(view, stopped, self.settings.not_runnable_retry)
                     continue
                 view.extra.max_attempts = plan.max_attempts
-            outcome = await self._step(view, engine, plan, stopped)
+            try:
+                outcome = await self._step(view, engine, plan, stopped)
+            except Exception as exc:
+                if not (is_transient(exc) or isinstance(exc, StoreUnavailable)):
+                    raise
+                # The API server is away (a restart, an overload): the run is not at fault and the daemon
+                # must not crash (kopf would wait a minute before restarting it); look again shortly.
+                failures += 1
+                delay = min(self.settings.claim_retry * 2 ** (failures - 1), TRANSIENT_BACKOFF_MAX)
+                log.warning("%s/%s: the API server could not be reached (%s: %s); trying again in %.1fs",
+                            view.namespace, view.name, type(exc).__name__, exc, delay)
+                await self._wait(view, stopped, delay)
+                continue
+            failures = 0
             if outcome == "done":
                 return
             if outcome == "rejected":
@@ -553,8 +569,18 @@ class Operator:
                 if view.wake.is_set():
                     view.wake.clear()
                     view.latest()
-                    wf = await self._sync_spec(view, engine)
-                    run = await engine.store.get_run(view.run_id)
+                    try:
+                        wf = await self._sync_spec(view, engine)
+                        run = await engine.store.get_run(view.run_id)
+                    except Exception as exc:
+                        if not is_transient(exc):
+                            raise
+                        # The API server is away: the run goes on here; bring the spec to it once it answers.
+                        log.warning("%s/%s: the API server could not be reached (%s); the spec change is applied "
+                                    "once it answers", view.namespace, view.name, type(exc).__name__)
+                        await asyncio.wait([task], timeout=self.settings.claim_retry)
+                        view.wake.set()
+                        continue
                     if run is not None and run.cancel_requested:
                         await executor.cancel_here(view.run_id, run.cancel_requested)
                     elif wf is not None and wf.spec.suspend and not handed_over:

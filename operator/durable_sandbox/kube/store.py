@@ -44,7 +44,14 @@ from typing import Any
 from kubernetes.aio.client import models as m
 
 from durable_sandbox.engine import faults
-from durable_sandbox.engine.errors import LeaseHeld, LeaseLost, RunCancelledError, RunNotFound, SignalConflict
+from durable_sandbox.engine.errors import (
+    LeaseHeld,
+    LeaseLost,
+    RunCancelledError,
+    RunNotFound,
+    SignalConflict,
+    StoreUnavailable,
+)
 from durable_sandbox.engine.records import (
     Commit,
     ErrorInfo,
@@ -498,12 +505,21 @@ class KubernetesStore:
             except Exception as exc:
                 if is_not_found(exc):
                     raise LeaseLost(run_id, fence) from None
-                if is_transient(exc) and uncertain < TRANSIENT_RETRIES:
+                if is_transient(exc) and uncertain >= TRANSIENT_RETRIES:
+                    # The API server stayed away (a restart): not a failure of the run; the worker stops
+                    # and the run resumes from its journal once claimed again.
+                    raise StoreUnavailable(run_id, f"{type(exc).__name__}: {exc}") from exc
+                if is_transient(exc):
                     # It may or may not have landed. Only the holder of `fence` moves `seq`, so the head
                     # tells: seq at our last record = it landed; unchanged = it did not (send it again).
                     uncertain += 1
                     await asyncio.sleep(0.2 * 2**uncertain)
-                    head = await self._head_retrying(run_id)
+                    try:
+                        head = await self._head_retrying(run_id)
+                    except Exception as err:
+                        if is_transient(err):
+                            raise StoreUnavailable(run_id, f"{type(err).__name__}: {err}") from err
+                        raise
                     if head is None or self._runs[run_id].fence != fence:
                         raise LeaseLost(run_id, fence) from None
                     if commit.records and self._runs[run_id].seq == seq:
