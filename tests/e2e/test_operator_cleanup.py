@@ -6,11 +6,8 @@ Secret, which must reach the sandbox and nothing else (status, Events, operator 
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +24,8 @@ from tests.e2e.operator_support import (
     status,
     wait_in_flight,
 )
-from tests.fakes.e2b_server import FakeE2BServer
 from tests.fakes.e2b_state import FakeState
+from tests.fakes.fixtures import fake_e2b_in_thread
 
 __all__ = ["namespace", "operators"]  # fixtures
 
@@ -38,19 +35,8 @@ SECRET_VALUE = "tok-" + "9f3a61c2e8d04b7f"
 @pytest.fixture
 def fake_e2b(tmp_path: Path) -> Iterator[FakeState]:
     """The fake E2B server on its own event loop thread (the test itself blocks on kubectl)."""
-    state = FakeState(root=tmp_path / "fake-e2b")
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="fake-e2b", daemon=True)
-    thread.start()
-    server = FakeE2BServer(state)
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
-    try:
+    with fake_e2b_in_thread(tmp_path / "fake-e2b") as (state, _):
         yield state
-    finally:
-        with contextlib.suppress(TimeoutError):  # a command still streaming (a test that failed early)
-            asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
 
 
 def test_cleanup_blocked_while_the_provider_refuses_then_completes(

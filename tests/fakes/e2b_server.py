@@ -37,6 +37,7 @@ from tests.fakes.e2b_state import (
     HOME,
     MAX_PAGE_LIMIT,
     MAX_TIMEOUT_SECONDS,
+    STALL_LIMIT_SECONDS,
     EosError,
     FakeState,
     IdempotentCreate,
@@ -155,6 +156,26 @@ def _recording(server: str, auth: Callable[[FakeState, web.Request], web.Respons
         if denied is not None:
             record.status = denied.status
             return denied
+        if server == "api" and (request.method, request.path) in state.stalled_requests:
+            # The client gave up on a stalled request and sent it again: this one is processed.
+            state.stalled_requests.pop((request.method, request.path)).set()
+        elif server == "api" and state.request_stalls > 0:
+            state.request_stalls -= 1
+            state.stalls_fired += 1
+            released = state.stalled_requests[(request.method, request.path)] = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(released.wait(), STALL_LIMIT_SECONDS)
+            if state.stalled_requests.get((request.method, request.path)) is released:
+                del state.stalled_requests[(request.method, request.path)]
+            record.status = 504
+            return _error(504, "injected stall: gateway timeout, the request was not processed")
+        if server == "api" and state.request_faults:
+            fault = state.request_faults.pop(0)
+            state.request_faults_fired += 1
+            headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else None
+            record.status = fault.status
+            return web.json_response({"code": fault.status, "message": f"injected fault {fault.status}"},
+                                     status=fault.status, headers=headers)
         try:
             response = await handler(request)
         except Reject as exc:
@@ -700,6 +721,15 @@ async def _run(sandbox: Sandbox, proc: dict[str, Any], timeout_ms: int | None) -
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
     )
+    sandbox.processes.add(child.pid)
+    try:
+        async for item in _events(child, timeout_ms):
+            yield item
+    finally:
+        sandbox.processes.discard(child.pid)
+
+
+async def _events(child: asyncio.subprocess.Process, timeout_ms: int | None) -> AsyncIterator[dict[str, Any]]:
     yield {"event": {"start": {"pid": child.pid}}}
     yield {"event": {"keepalive": {}}}
     queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
@@ -753,6 +783,11 @@ async def start_process(request: web.Request) -> web.StreamResponse:
         if fault is not None and "end" in item["event"]:
             break  # every fault replaces the honest ending
         await response.write(connect.envelope(item))
+    if sandbox.id not in state.sandboxes:
+        # The sandbox was killed or deleted while the command ran: envd went with it, the stream is cut.
+        assert request.transport is not None
+        request.transport.abort()
+        raise asyncio.CancelledError
     if fault == "malformed":
         await response.write(connect.raw_envelope(b'{"event": {"end": '))
     elif fault == "bad_event":

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import secrets
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +25,7 @@ ENVD_VERSION = "0.6.4"
 MAX_TIMEOUT_SECONDS = 86_400
 DEFAULT_TIMEOUT_SECONDS = 300  # NewSandboxV2.timeout's default in E2B's API
 MAX_PAGE_LIMIT = 100
+STALL_LIMIT_SECONDS = 60.0
 
 StreamFault = Literal["malformed", "compressed", "truncated", "missing_end", "bad_event"]
 
@@ -37,6 +42,7 @@ class Sandbox:
     end_at: float
     seq: int = 0  # creation order: the listing order and what page tokens point at
     state: Literal["running", "paused"] = "running"
+    processes: set[int] = field(default_factory=set)  # process groups of commands running in it
 
 
 @dataclass
@@ -129,6 +135,11 @@ class FakeState:
     deleted_templates: list[str] = field(default_factory=list)
     rejections_expected: bool = False  # set by tests that send malformed requests on purpose
     delete_fault: int = 0  # while set, DELETE of sandboxes and templates (snapshots) answers this status
+    request_faults: list[CreateFault] = field(default_factory=list)
+    request_faults_fired: int = 0
+    request_stalls: int = 0
+    stalled_requests: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)  # (method, path) -> released
+    stalls_fired: int = 0
 
     # ----------------------------------------------------------------------------------- clock
 
@@ -166,6 +177,18 @@ class FakeState:
     def fail_create(self, status: int = 429, *, times: int = 1, retry_after: str | None = None) -> None:
         """The next ``times`` ``POST /v2/sandboxes`` answer ``status`` (with ``Retry-After`` when given)."""
         self.create_faults.extend(CreateFault(status, retry_after) for _ in range(times))
+
+    def fail_requests(self, status: int = 503, *, times: int = 1, retry_after: str | None = None) -> None:
+        """The next ``times`` requests to the management API, whatever their route, answer ``status`` without
+        being processed (an outage of E2B's edge)."""
+        self.request_faults.extend(CreateFault(status, retry_after) for _ in range(times))
+
+    def stall_requests(self, times: int = 1) -> None:
+        """The next ``times`` requests to the management API get no answer until the client has given up on them
+        (it sends the same method and path again, which is processed as usual): a response that outlasts the
+        client's timeout, whatever that is. The stalled request then answers 504 unprocessed (nobody reads it),
+        and so it does after ``STALL_LIMIT_SECONDS`` if it is never repeated."""
+        self.request_stalls += times
 
     def drop_connection_after_create(self, times: int = 1) -> None:
         """Create the next sandbox(es) but close the connection instead of answering (a lost response)."""
@@ -258,6 +281,11 @@ class FakeState:
     def _remove(self, sandbox_id: str) -> None:
         sandbox = self.sandboxes.pop(sandbox_id, None)
         if sandbox is not None:
+            # The VM goes with everything running in it: its commands die (their streams are cut, see
+            # start_process) before its files go, so none of them ends normally in a workspace being removed.
+            for pgid in sandbox.processes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
             shutil.rmtree(sandbox.workspace, ignore_errors=True)
 
     def close(self) -> None:

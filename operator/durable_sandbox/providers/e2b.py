@@ -3,7 +3,8 @@
 Configuration (constructor arguments win over the environment): ``E2B_API_KEY`` (required),
 ``E2B_DOMAIN`` (default ``e2b.app``), ``E2B_API_URL`` (default ``https://api.<domain>``), ``E2B_SANDBOX_URL``
 (one envd host for every sandbox; by default ``https://sandbox.<domain>`` for E2B's own domains and
-``https://49983-<id>.<domain>`` for others, see :func:`e2b_api.sandbox_url`), ``template`` and the HTTP ``timeout``.
+``https://49983-<id>.<domain>`` for others, see :func:`e2b_api.sandbox_url`), ``template`` and the HTTP ``timeout``
+(``E2B_REQUEST_TIMEOUT``, seconds, default 30).
 
 Secrets (the API key and each sandbox's envd access token) live only in this object's memory: they are
 never put in handles, log lines or exception messages, and :meth:`_redact` scrubs them from any text the
@@ -145,9 +146,27 @@ def _error_code(response: httpx.Response) -> str | None:
     return code if isinstance(code, str) else None
 
 
-def _configuration_problems(key: str | None, api_url: str, sandbox_url: str | None) -> list[str]:
+DEFAULT_REQUEST_TIMEOUT = 30.0
+
+
+def _request_timeout(raw: str | None) -> float | None:
+    """``E2B_REQUEST_TIMEOUT`` as seconds (the default when unset); None when it is not a positive number."""
+    if not raw:
+        return DEFAULT_REQUEST_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
+
+
+def _configuration_problems(key: str | None, api_url: str, sandbox_url: str | None,
+                            request_timeout: str | None = None) -> list[str]:
     """One check for the constructor and for the pre-run check (``configuration_problems``)."""
     problems = []
+    if _request_timeout(request_timeout) is None:
+        problems.append(f"Sandbox provider [e2b]: E2B_REQUEST_TIMEOUT must be a positive number of seconds, "
+                        f"got {request_timeout!r}")
     if not key:
         problems.append("Sandbox provider [e2b] needs an API key: set E2B_API_KEY or pass api_key=")
     elif not all("!" <= ch <= "~" for ch in key):
@@ -173,7 +192,7 @@ class E2BProvider(SandboxProvider):
         sandbox_url: str | None = None,
         domain: str | None = None,
         template: str = DEFAULT_TEMPLATE,
-        timeout: float = 30.0,
+        timeout: float | None = None,
         retry: RetryPolicy | None = None,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
@@ -185,7 +204,8 @@ class E2BProvider(SandboxProvider):
         self.domain = domain or env.get("E2B_DOMAIN") or DEFAULT_DOMAIN
         api_url = (api_url or env.get("E2B_API_URL") or f"https://api.{self.domain}").rstrip("/")
         sandbox_url = (sandbox_url or env.get("E2B_SANDBOX_URL") or "").rstrip("/") or None
-        problems = _configuration_problems(key, api_url, sandbox_url)
+        raw_timeout = None if timeout is not None else env.get("E2B_REQUEST_TIMEOUT")
+        problems = _configuration_problems(key, api_url, sandbox_url, raw_timeout)
         if problems or not key:
             raise ConfigurationError("; ".join(problems))
         self._api_key = key
@@ -203,7 +223,8 @@ class E2BProvider(SandboxProvider):
         self._instance = secrets.token_hex(8)
         self._key_generation: dict[str, int] = {}  # operation id -> bumped when its sandbox is destroyed
         self._created_by: dict[str, str] = {}  # sandbox id -> operation id that created it
-        self._client = httpx.AsyncClient(timeout=timeout, transport=transport, follow_redirects=False)
+        request_timeout = timeout if timeout is not None else _request_timeout(raw_timeout)
+        self._client = httpx.AsyncClient(timeout=request_timeout, transport=transport, follow_redirects=False)
 
     def __repr__(self) -> str:
         sandbox_url = redact_url(self.sandbox_url) if self.sandbox_url else None
@@ -214,7 +235,7 @@ class E2BProvider(SandboxProvider):
     def configuration_problems(cls, environ: Mapping[str, str]) -> list[str]:
         domain = environ.get("E2B_DOMAIN") or DEFAULT_DOMAIN
         return _configuration_problems(environ.get("E2B_API_KEY"), environ.get("E2B_API_URL") or f"https://api.{domain}",
-                                       environ.get("E2B_SANDBOX_URL") or None)
+                                       environ.get("E2B_SANDBOX_URL") or None, environ.get("E2B_REQUEST_TIMEOUT"))
 
     def capabilities(self) -> ProviderCapabilities:
         return ProviderCapabilities(

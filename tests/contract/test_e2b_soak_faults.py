@@ -1,0 +1,75 @@
+"""The fake E2B's fault switches the chaos soak (tests/soak) uses, each against the e2b provider: any API request
+failing, a request stalled past the client's timeout, and a sandbox killed while a command runs in it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from durable_sandbox.providers.contract import ProviderError, SandboxSpec, ToolCall
+from durable_sandbox.providers.e2b import E2BProvider
+from tests.contract.e2b_support import make_provider
+from tests.fakes.e2b_state import FakeState
+
+SPEC = SandboxSpec(owner="soak-fault-tests")
+
+
+async def test_a_failed_request_of_any_route_is_retried(e2b: E2BProvider, fake_e2b: FakeState) -> None:
+    handle = await e2b.provision(SPEC, lease_seconds=300)
+    fake_e2b.fail_requests(502, times=2)
+    await e2b.renew_lease(handle, 600)  # POST /sandboxes/{id}/timeout: answered 502 twice, then done
+    assert fake_e2b.request_faults_fired == 2
+    statuses = [r.status for r in fake_e2b.calls("POST", f"/sandboxes/{handle.id}/timeout")]
+    assert statuses == [502, 502, 204]
+
+
+async def test_a_stalled_request_times_out_and_its_retry_is_answered(fake_e2b: FakeState) -> None:
+    e2b = make_provider(fake_e2b, timeout=0.5)
+    try:
+        fake_e2b.stall_requests()
+        handle = await e2b.provision(SPEC, lease_seconds=300)  # the first create gets no answer in time
+    finally:
+        await e2b.aclose()
+    assert fake_e2b.stalls_fired == 1
+    assert fake_e2b.live_sandboxes() == [handle.id]  # the stalled create was not processed: one sandbox
+    creates = fake_e2b.calls("POST", "/v2/sandboxes")
+    assert len(creates) == 2 and creates[1].status == 201
+    # The stalled request was answered (unprocessed) once the client had sent it again.
+    await _until(lambda: creates[0].status == 504, "the stalled create to be answered")
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    """Poll a condition of the fake's state (it offers nothing to block on) until a deadline."""
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+async def test_killing_a_sandbox_kills_its_commands_and_cuts_their_streams(
+    e2b: E2BProvider, fake_e2b: FakeState
+) -> None:
+    handle = await e2b.provision(SPEC, lease_seconds=300)
+    marker = fake_e2b.root / "started"
+    call = ToolCall(operation_id="op-1", type="shell",
+                    args={"command": f"touch {marker}; sleep 30; echo finished"})
+    running = asyncio.create_task(e2b.execute(handle, call))
+    await _until(marker.exists, "the command to start")
+    fake_e2b.kill(handle.id)
+    # Not a completed call with some exit code: the sandbox and the process went away under it.
+    with pytest.raises(ProviderError):
+        await asyncio.wait_for(running, 10)
+
+
+def test_the_request_timeout_comes_from_the_environment(fake_e2b: FakeState) -> None:
+    env = {"E2B_API_KEY": fake_e2b.api_key, "E2B_API_URL": fake_e2b.api_url}
+    assert E2BProvider.configuration_problems({**env, "E2B_REQUEST_TIMEOUT": "2.5"}) == []
+    assert E2BProvider(environ={**env, "E2B_REQUEST_TIMEOUT": "2.5"})._client.timeout.read == 2.5
+    assert E2BProvider(environ=env)._client.timeout.read == 30.0
+    for bad in ("soon", "0", "-1", "inf"):
+        assert E2BProvider.configuration_problems({**env, "E2B_REQUEST_TIMEOUT": bad}) == [
+            f"Sandbox provider [e2b]: E2B_REQUEST_TIMEOUT must be a positive number of seconds, got {bad!r}"
+        ]
