@@ -1,5 +1,30 @@
-"""Fixtures shared by every tier."""
+"""Fixtures and options shared by every tier."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
 
 from tests.fakes.fixtures import fake_e2b
 
-__all__ = ["fake_e2b"]
+__all__ = ["control_plane", "fake_e2b"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("soak", "the chaos soak (tests/soak, docs/reliability.md)")
+    group.addoption("--soak-workflows", type=int, default=None,
+                    help="Workflows in the soak (default 30, the CI version; env DSB_SOAK_WORKFLOWS)")
+    group.addoption("--soak-seed", type=int, default=None,
+                    help="Seed of the soak's plan and fault schedule (default random, printed; env DSB_SOAK_SEED)")
+    group.addoption("--soak-faults", type=int, default=None,
+                    help="Injected faults of each kind (default 10; env DSB_SOAK_FAULTS)")
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The real control plane (tests/e2e/conftest.py), one per session for the e2e tier and the soak."""
+    from tests.e2e.conftest import session_control_plane
+
+    yield from session_control_plane(tmp_path_factory)

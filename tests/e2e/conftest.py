@@ -253,8 +253,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def session_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The session's control plane: the ``control_plane`` fixture of tests/conftest.py, so the e2e tier and the
+    soak (tests/soak) share one instance in a run of both."""
     binary = build_controlplane()
     workdir = tmp_path_factory.mktemp("controlplane")
     cp = _start(binary, workdir)

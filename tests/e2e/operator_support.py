@@ -87,6 +87,14 @@ class OperatorProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
 
+    def stop(self, timeout: float = 60) -> None:
+        """SIGTERM if it still runs, SIGKILL if it does not exit within ``timeout``."""
+        if self.alive():
+            try:
+                self.terminate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
 
 @pytest.fixture
 def operators(tmp_path: Path, namespace: str) -> Iterator[Any]:
@@ -109,11 +117,7 @@ def operators(tmp_path: Path, namespace: str) -> Iterator[Any]:
         yield make
     finally:
         for op in started:
-            if op.alive():
-                try:
-                    op.terminate(timeout=60)
-                except subprocess.TimeoutExpired:
-                    op.kill()
+            op.stop()
         for op in started:
             if op.process is not None and op.process.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM):
                 print(f"--- {op.log_path.name} (exit {op.process.returncode})\n{op.logs()[-6000:]}", file=sys.stderr)
