@@ -243,12 +243,18 @@ async def watched(body: kopf.Body, type: str | None, **_: Any) -> None:
 
 @kopf.on.delete(GROUP, VERSION, "workflows", optional=False, retries=None)
 async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
+    await _finalize("Workflow", current().cleanup(body, attempt=retry))
+
+
+async def _finalize(kind: str, cleanup: Awaitable[None]) -> None:
+    """A delete handler's cleanup. CleanupPending (the provider refuses, another replica holds the run) is
+    retried by kopf after its delay; anything else is a reconcile error, which kopf retries too."""
     try:
-        await current().cleanup(body, attempt=retry)
+        await cleanup
     except CleanupPending as exc:
         raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
     except Exception:
-        METRICS.reconcile_errors.labels(kind="Workflow").inc()
+        METRICS.reconcile_errors.labels(kind=kind).inc()
         raise
 
 
@@ -277,10 +283,7 @@ async def sandbox_watched(body: kopf.Body, **_: Any) -> None:
 
 @kopf.on.delete(GROUP, VERSION, "sandboxes", optional=False, retries=None)
 async def delete_sandbox(body: kopf.Body, retry: int, **_: Any) -> None:
-    try:
-        await sandboxes().cleanup(body, attempt=retry)
-    except CleanupPending as exc:
-        raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
+    await _finalize("Sandbox", sandboxes().cleanup(body, attempt=retry))
 
 
 def run(*, namespaces: list[str], liveness: str | None) -> None:
