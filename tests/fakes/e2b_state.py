@@ -140,6 +140,9 @@ class FakeState:
     request_stalls: int = 0
     stalled_requests: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)  # (method, path) -> released
     stalls_fired: int = 0
+    throttled: int = 0  # the next this many requests (after auth) answer 429, as E2B's rate limiter does
+    throttle_retry_after: str | None = None
+    throttle_server: str | None = None  # "api", "envd" or None for both
 
     # ----------------------------------------------------------------------------------- clock
 
@@ -189,6 +192,10 @@ class FakeState:
         client's timeout, whatever that is. The stalled request then answers 504 unprocessed (nobody reads it),
         and so it does after ``STALL_LIMIT_SECONDS`` if it is never repeated."""
         self.request_stalls += times
+    def throttle(self, times: int, *, retry_after: str | None = None, server: Literal["api", "envd"] | None = None) -> None:
+        """E2B's rate limiter: the next ``times`` authenticated requests (of ``server``, or any) answer 429
+        ``{"code": 429, "message": "rate limit exceeded"}`` (with ``Retry-After`` when given), unprocessed."""
+        self.throttled, self.throttle_retry_after, self.throttle_server = times, retry_after, server
 
     def drop_connection_after_create(self, times: int = 1) -> None:
         """Create the next sandbox(es) but close the connection instead of answering (a lost response)."""
