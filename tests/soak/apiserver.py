@@ -44,7 +44,6 @@ class RestartableAPIServer:
         self.process: subprocess.Popen[bytes] | None = None
         self._tls = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
         self._tls.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
-        self.restarts = 0
 
     def _args(self) -> list[str]:
         p = self.pki
@@ -65,11 +64,15 @@ class RestartableAPIServer:
             "--profiling=false",
         ]
 
-    def start(self) -> None:
+    def launch(self) -> None:
+        """Start the process; it serves once :meth:`ready`."""
         log = (self.dir / "kube-apiserver.log").open("ab")
         self.process = subprocess.Popen(self._args(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=_die_with_parent)
         log.close()
+
+    def start(self) -> None:
+        self.launch()
         self.wait_ready()
 
     def ready(self) -> bool:
@@ -90,11 +93,6 @@ class RestartableAPIServer:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=60)
-
-    def restart(self) -> None:
-        self.kill()
-        self.restarts += 1
-        self.start()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -72,13 +72,14 @@ class Soak:
     tracked: dict[str, Tracked] = field(default_factory=dict)
     injected: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAULT_KINDS})
     unexpected_exits: list[str] = field(default_factory=list)
-    next_fault: int = 0
-    progress_at_fault: int = 0
-    fault_due_since: float = field(default_factory=time.monotonic)
+    schedule: dict[str, list[Fault]] = field(default_factory=dict)  # each kind's part of the plan, in order
+    progress_at: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAULT_KINDS})
+    since: dict[str, float] = field(default_factory=lambda: {k: time.monotonic() for k in FAULT_KINDS})
     restarts: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tracked = {w.name: Tracked(w) for w in self.plan.workflows}
+        self.schedule = {k: [f for f in self.plan.faults if f.kind == k] for k in FAULT_KINDS}
         self.effects_dir.mkdir(parents=True, exist_ok=True)
         self.gates_dir.mkdir(parents=True, exist_ok=True)
 
@@ -138,13 +139,13 @@ class Soak:
                 t.done, t.final = True, obj
 
     def starved(self) -> bool:
-        """Whether the faults in play (the next one, and the last one until it took effect) have nothing to hit:
-        no Workflow running (for progress), or none on e2b for an e2b fault."""
-        kinds = [f.kind for f in self.plan.faults[max(0, self.next_fault - 1):self.next_fault + 1]]
+        """Whether faults are left that have nothing to hit: no Workflow running (for progress), or none on
+        e2b for an e2b fault."""
         active = [t for t in self.tracked.values() if t.applied and not t.done]
-        if any(k.startswith("e2b-") for k in kinds) and not any(t.script.provider == "e2b" for t in active):
+        if any(self.remaining(k) for k in FAULT_KINDS if k.startswith("e2b-")) and not any(
+                t.script.provider == "e2b" for t in active):
             return True
-        return not active
+        return any(self.remaining(k) for k in FAULT_KINDS) and not active
 
     def apply_more(self) -> None:
         """Keep ``max_active`` Workflows applied and not yet ended, in the plan's order."""
@@ -174,13 +175,18 @@ class Soak:
         op.start()
 
     # ------------------------------------------------------------------------------------------- faults
+    # Each fault kind follows its own part of the seeded schedule, independently of the others (an API server
+    # restart in progress does not hold back a sandbox loss): a fault is injected once the previous one of its
+    # kind has taken effect and enough side effects happened since.
 
-    def fired(self, fault: Fault) -> bool:
-        """Whether an armed fault has taken effect (a kill or a restart does at once)."""
-        if fault.kind == "e2b-fail":
+    def fired(self, kind: str) -> bool:
+        """Whether the last fault of ``kind`` has taken effect."""
+        if kind == "e2b-fail":
             return self.fake.call(lambda s: not s.request_faults)
-        if fault.kind == "e2b-timeout":
+        if kind == "e2b-timeout":
             return self.fake.call(lambda s: s.request_stalls == 0)
+        if kind == "apiserver-restart":
+            return self.apiserver.ready()
         return True
 
     def inject(self, fault: Fault) -> bool:
@@ -191,7 +197,8 @@ class Soak:
             victim.kill()
             self.restart(victim)
         elif fault.kind == "apiserver-restart":
-            self.apiserver.restart()
+            self.apiserver.kill()
+            self.apiserver.launch()  # ready (fired) when /readyz answers again
         elif fault.kind == "e2b-fail":
             retry_after = "0" if fault.status in (429, 503) else None
             self.fake.call(lambda s: s.fail_requests(fault.status, retry_after=retry_after))
@@ -206,34 +213,34 @@ class Soak:
         self.injected[fault.kind] += 1
         return True
 
-    def maybe_inject(self) -> None:
-        if self.next_fault >= len(self.plan.faults):
-            return
-        now = time.monotonic()
-        if self.next_fault > 0 and not self.fired(self.plan.faults[self.next_fault - 1]):
-            self.check_fault_deadline(now, "to take effect", self.plan.faults[self.next_fault - 1])
-            return
-        fault = self.plan.faults[self.next_fault]
-        progress = self.progress()
-        if progress - self.progress_at_fault < fault.after_progress or not self.inject(fault):
-            self.check_fault_deadline(now, "to become due", fault)
-            return
-        self.log(f"fault {self.next_fault + 1}/{len(self.plan.faults)}: {fault.kind} (progress {progress})")
-        self.next_fault += 1
-        self.progress_at_fault = progress
-        self.fault_due_since = now
+    def remaining(self, kind: str) -> list[Fault]:
+        return self.schedule[kind][self.injected[kind]:]
 
-    def check_fault_deadline(self, now: float, what: str, fault: Fault) -> None:
-        if now - self.fault_due_since > FAULT_DEADLINE_S:
-            raise self.fail(f"fault {self.next_fault} ({fault.kind}) waited over {FAULT_DEADLINE_S:.0f}s {what}; "
-                            f"{self.summary()}")
+    def faults_left(self) -> bool:
+        return any(self.remaining(k) for k in FAULT_KINDS) or not all(self.fired(k) for k in FAULT_KINDS)
+
+    def maybe_inject(self) -> None:
+        progress = self.progress()
+        now = time.monotonic()
+        for kind in FAULT_KINDS:
+            left = self.remaining(kind)
+            if not left:
+                continue
+            what = "to take effect" if not self.fired(kind) else "to become due"
+            if what == "to become due" and progress - self.progress_at[kind] >= left[0].after_progress and (
+                    self.inject(left[0])):
+                done = sum(self.injected.values())
+                self.log(f"fault {done}/{len(self.plan.faults)}: {kind} #{self.injected[kind]} (progress {progress})")
+                self.progress_at[kind], self.since[kind] = progress, now
+            elif now - self.since[kind] > FAULT_DEADLINE_S:
+                raise self.fail(f"the next {kind} fault waited over {FAULT_DEADLINE_S:.0f}s for the last one {what}; "
+                                f"{self.summary()}")
 
     # ------------------------------------------------------------------------------------------- loop
 
     def summary(self) -> str:
         pending = [f"{t.script.name}(applied={t.applied})" for t in self.tracked.values() if not t.done]
-        return (f"faults injected {self.injected}, {self.next_fault}/{len(self.plan.faults)} of the schedule; "
-                f"not done: {pending[:20]}")
+        return f"faults injected {self.injected} of {len(self.plan.faults)}; not done: {pending[:20]}"
 
     def run(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -246,10 +253,9 @@ class Soak:
             self.steer(objs)
             self.apply_more()
             self.maybe_inject()
-            if self.next_fault >= len(self.plan.faults) and all(t.done for t in self.tracked.values()):
+            if not self.faults_left() and all(t.done for t in self.tracked.values()):
                 return
-            if all(t.applied for t in self.tracked.values()) and self.starved() and self.next_fault < len(
-                    self.plan.faults):
+            if all(t.applied for t in self.tracked.values()) and self.starved():
                 raise self.fail(f"every Workflow has been applied and the faults left have nothing to hit: the plan "
                                 f"has too few Workflows for its faults (raise --soak-workflows); {self.summary()}")
             if time.monotonic() > deadline:

@@ -144,11 +144,12 @@ class StoreUnavailable(LeaseLost):
     writing (the outcome of what it was doing is unknown), its lease expires, and the run resumes from its
     journal when claimed again."""
 
-    def __init__(self, run_id: str, detail: str) -> None:
+    def __init__(self, detail: str, run_id: str | None = None) -> None:
+        what = f"run {run_id!r}" if run_id else "the run"
         DurableError.__init__(
             self,
-            f"Could not reach the store to record run {run_id!r} ({detail}): this worker stops executing the run; "
-            f"it resumes from its journal when claimed again.",
+            f"Could not reach the store for {what} ({detail}): this worker stops executing it; it resumes from "
+            f"its journal when claimed again.",
         )
 
 

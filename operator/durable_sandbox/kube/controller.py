@@ -332,13 +332,13 @@ class Operator:
             view.generation = view.body.get("metadata", {}).get("generation")
             view.wake.clear()
             view.extra.generation = view.generation
-            if plan is None:
-                plan = await self._admit(view)
-                if plan is None:
-                    await self._wait(view, stopped, self.settings.not_runnable_retry)
-                    continue
-                view.extra.max_attempts = plan.max_attempts
             try:
+                if plan is None:
+                    plan = await self._admit(view)
+                    if plan is None:
+                        await self._wait(view, stopped, self.settings.not_runnable_retry)
+                        continue
+                    view.extra.max_attempts = plan.max_attempts
                 outcome = await self._step(view, engine, plan, stopped)
             except Exception as exc:
                 if not (is_transient(exc) or isinstance(exc, StoreUnavailable)):
@@ -511,8 +511,12 @@ class Operator:
         if run.cancel_requested:
             return await self._drive(view, engine, plan, stopped, deadline)
         if suspend:
-            if run.status != RunStatus.SUSPENDED:
-                await self._suspend(view, engine)
+            if run.status != RunStatus.SUSPENDED and not await self._suspend(view, engine):
+                # Its lease is held: by a replica executing it (which stops at the next boundary), or by one
+                # that died or was cut off from the API server (the lease expires). Look again shortly: waiting
+                # for the next watch event could mean waiting forever.
+                await self._wait(view, stopped, self.settings.claim_retry)
+                return "again"
             await self._wait(view, stopped, None)
             return "again"
         view.extra.suspended = False
@@ -600,7 +604,7 @@ class Operator:
                         wf = await self._sync_spec(view, engine)
                         run = await engine.store.get_run(view.run_id)
                     except Exception as exc:
-                        if not is_transient(exc):
+                        if not (is_transient(exc) or isinstance(exc, StoreUnavailable)):
                             raise
                         # The API server is away: the run goes on here; bring the spec to it once it answers.
                         log.warning("%s/%s: the API server could not be reached (%s); the spec change is applied "
@@ -650,22 +654,24 @@ class Operator:
         if not done:
             task.cancel()
 
-    async def _suspend(self, view: RunView, engine: durable_sandbox.Engine) -> None:
-        """Pause a run between calls with no live sandbox: snapshot and destroy it (hibernate)."""
+    async def _suspend(self, view: RunView, engine: durable_sandbox.Engine) -> bool:
+        """Pause a run between calls with no live sandbox: snapshot and destroy it (hibernate). False when its
+        lease is held elsewhere."""
         executor = engine.executor
         try:
             lease = await engine.store.claim(view.run_id, executor.worker_id, executor.lease_ttl)
         except LeaseHeld:
-            return  # executing elsewhere: that replica sees spec.suspend through its own watch
+            return False  # executing elsewhere: that replica sees spec.suspend through its own watch
         try:
             run = await engine.store.get_run(view.run_id)
             if run is None or run.status.terminal:
-                return
+                return True
             hook = executor.services.get("hibernate_run")
             if hook is not None:
                 await hook(executor, run, lease)
             view.extra.suspended = True
             await engine.store.update_run(view.run_id, {"status": RunStatus.SUSPENDED}, fence=lease.fence)
+            return True
         finally:
             with contextlib.suppress(Exception):
                 await engine.store.release(lease)

@@ -32,12 +32,13 @@ large value); a claim is two (Lease, head fence); renew and release one each. ``
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -508,7 +509,7 @@ class KubernetesStore:
                 if is_transient(exc) and uncertain >= TRANSIENT_RETRIES:
                     # The API server stayed away (a restart): not a failure of the run; the worker stops
                     # and the run resumes from its journal once claimed again.
-                    raise StoreUnavailable(run_id, f"{type(exc).__name__}: {exc}") from exc
+                    raise StoreUnavailable(f"{type(exc).__name__}: {exc}", run_id) from exc
                 if is_transient(exc):
                     # It may or may not have landed. Only the holder of `fence` moves `seq`, so the head
                     # tells: seq at our last record = it landed; unchanged = it did not (send it again).
@@ -518,7 +519,7 @@ class KubernetesStore:
                         head = await self._head_retrying(run_id)
                     except Exception as err:
                         if is_transient(err):
-                            raise StoreUnavailable(run_id, f"{type(err).__name__}: {err}") from err
+                            raise StoreUnavailable(f"{type(err).__name__}: {err}", run_id) from err
                         raise
                     if head is None or self._runs[run_id].fence != fence:
                         raise LeaseLost(run_id, fence) from None
@@ -903,3 +904,26 @@ class KubernetesStore:
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _unavailable_when_unreachable(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A store method whose API server cannot be reached (after the retries inside it) raises
+    StoreUnavailable, which every caller handles as a lost lease, never as a failure of the run."""
+
+    @functools.wraps(method)
+    async def wrapper(self: KubernetesStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except Exception as exc:
+            if is_transient(exc):
+                raise StoreUnavailable(f"{method.__name__}: {type(exc).__name__}: {exc}") from exc
+            raise
+
+    return wrapper
+
+
+# The store protocol (engine/store.py), as the engine and the operator call it.
+for _name in ("create_run", "get_run", "list_runs", "delete_run", "update_run", "commit", "load_journal",
+              "journal_since", "get_thread_state", "cache_get", "cache_clear", "claim", "renew", "release",
+              "claim_next", "put_signal", "get_signals", "append_events", "read_events"):
+    setattr(KubernetesStore, _name, _unavailable_when_unreachable(getattr(KubernetesStore, _name)))
