@@ -235,6 +235,15 @@ class Operator:
             view.run = replace(view.run, **known)
         self._offer(view)
 
+    def _republish(self, view: RunView) -> None:
+        """Write the status anew when this daemon starts and the object's status disagrees with the run: the
+        process that last changed the run may have died (or lost the API server) before its status patch
+        landed, and a run waiting for a signal that says Running would never get one."""
+        shown = view.body.get("status") or {}
+        status = self.status_of(view)
+        if any(shown.get(key) != status.get(key) for key in ("phase", "pendingCallbacks")):
+            self._offer(view)
+
     def _offer(self, view: RunView) -> None:
         if view.writer is None:
             return
@@ -339,6 +348,7 @@ class Operator:
                         await self._wait(view, stopped, self.settings.not_runnable_retry)
                         continue
                     view.extra.max_attempts = plan.max_attempts
+                    self._republish(view)
                 outcome = await self._step(view, engine, plan, stopped)
             except Exception as exc:
                 if not (is_transient(exc) or isinstance(exc, StoreUnavailable)):
