@@ -351,9 +351,8 @@ class RunRuntime:
         # Events are for observers, not for correctness: batch them off the step path. A store whose
         # writes are dear (``event_interval``: KubernetesStore, where each is an API write) gets at most one
         # batch per interval; ``flush_events`` cuts the wait short when the run stops.
-        interval = float(getattr(self.store, "event_interval", 0.0))
         while self._events:
-            wait = self._events_written + interval - time.monotonic()
+            wait = self._events_written + float(getattr(self.store, "event_interval", 0.0)) - time.monotonic()
             if wait > 0 and not self._events_now.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._events_now.wait(), wait)
