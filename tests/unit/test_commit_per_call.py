@@ -1,4 +1,4 @@
-"""One commit per sandbox call: call i's completion rides on call i+1's start (``RunRuntime.defer``).
+"""One commit per sandbox call: call i's completion rides on call i+1's start (``RunRuntime.defer_completion``).
 
 What must hold (durability first): when the provider executes call i+1, call i's completion is already in
 the store; the run's final commit carries the last completion; a completion whose ride does not come

@@ -244,7 +244,7 @@ class RunRuntime:
         """The journal as this execution knows it: committed rows, then what waits for the next commit."""
         return self.rows + self._deferred if self._deferred else self.rows
 
-    def defer(self, record: OperationRecord) -> None:
+    def defer_completion(self, record: OperationRecord) -> None:
         """Commit ``record`` with the run's next write instead of on its own: one API write per sandbox
         call instead of two (the completion of call i lands in the same atomic commit as the start of call
         i+1, so it is still committed before call i+1 executes). Every way a run stops commits what is
@@ -295,6 +295,10 @@ class RunRuntime:
             fresh = await self.store.get_run(self.run_id)
             self.cancel_reason = fresh.cancel_requested if fresh is not None else None
         return self.cancel_reason
+
+    def defer(self, record: OperationRecord) -> None:
+        """Have ``record`` committed with the next write (before that write's own records)."""
+        self._deferred.append(record)
 
     async def pending_records(self) -> list[OperationRecord]:
         """What is deferred, for a final commit the caller makes (then ``committed`` with the same list)."""

@@ -467,7 +467,7 @@ class SandboxSession:
         record = OperationRecord(op_id, kind.value, name, status, attempt, digest, result, error=error, meta=meta,
                                  epoch=self.rt.epoch)
         if defer:
-            self.rt.defer(record)
+            self.rt.defer_completion(record)
         else:
             await self.rt.write(record, check_cancel=check_cancel)
 

@@ -321,7 +321,7 @@ class StoreContractSuite:
         assert got is not None and got.status == RunStatus.CANCELLED and got.cancel_requested == "stop now"
 
     async def test_a_completion_and_the_next_start_in_one_commit_land_together_in_order(self, store: Store) -> None:
-        """The engine's commit shape for consecutive sandbox calls (``RunRuntime.defer``): call i's
+        """The engine's commit shape for consecutive sandbox calls (``RunRuntime.defer_completion``): call i's
         completion rides on call i+1's start, one commit. All or nothing, in order (the completion's seq
         before the start's): refused whole under a cancel request or a stale fence, so call i+1 never
         starts on a journal that lacks call i's result."""
