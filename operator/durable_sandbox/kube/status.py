@@ -289,10 +289,12 @@ class StatusWriter:
     written at once. One task writes; a write under way is never cut short (the next document waits for it)."""
 
     def __init__(
-        self, patch: Callable[[dict[str, Any]], Awaitable[None]], *, interval: float = 1.0,
+        self, patch: Callable[[dict[str, Any]], Awaitable[None]], *, interval: float | Callable[[], float] = 1.0,
         cost_factor: float = WRITE_COST_FACTOR,
     ) -> None:
         self._patch = patch
+        # A callable is asked before every write: the operator stretches the interval when many Workflows
+        # run at once, so that their status patches together stay within a budget (see OperatorSettings).
         self.interval = interval
         self.cost_factor = cost_factor
         self._last_duration = 0.0
@@ -327,7 +329,8 @@ class StatusWriter:
 
     def gap(self) -> float:
         """Seconds from one write to the next that is not a phase change."""
-        return max(self.interval, self.cost_factor * self._last_duration)
+        interval = self.interval() if callable(self.interval) else self.interval
+        return max(interval, self.cost_factor * self._last_duration)
 
     async def flush(self) -> None:
         """Write what is pending now (used on phase changes and before the daemon stops)."""
