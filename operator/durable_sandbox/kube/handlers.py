@@ -39,7 +39,7 @@ from durable_sandbox.kube.controller import (
 )
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.models import GROUP, VERSION
-from durable_sandbox.kube.sandbox_controller import SandboxController
+from durable_sandbox.kube.sandbox_controller import SandboxController, SandboxControllerSettings
 
 log = logging.getLogger("durable_sandbox.kube.handlers")
 
@@ -115,7 +115,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     configure_kopf(settings)
     api = await KubeClient.connect(kubeconfig=config.kubeconfig)
     _operator = Operator(api, policy=config.policy, settings=config.settings, providers=config.providers)
-    _sandboxes = SandboxController(api, _operator.events, _operator.provider_for)
+    _sandboxes = SandboxController(api, _operator.events, _operator.provider_for, SandboxControllerSettings(
+        worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl))
     for hook in STARTUP_HOOKS:
         result = hook(_operator, settings)
         if inspect.isawaitable(result):
