@@ -36,6 +36,12 @@ from durable_sandbox.engine.executor import default_worker_id
 from durable_sandbox.engine.records import Commit, RunRecord
 from durable_sandbox.kube import holding
 from durable_sandbox.kube.client import KubeClient, is_not_found
+from durable_sandbox.kube.concurrency import (
+    CONCURRENCY_LIMIT_REASON,
+    DEFAULT_MAX_CONCURRENT_RUNS,
+    RunSlots,
+    concurrency_limit_condition,
+)
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent, lifecycle_events, run_status_event
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, WorkflowResource
@@ -72,6 +78,7 @@ class OperatorSettings:
     not_runnable_retry: float = 30.0
     hibernate_after: float = 300.0  # default for runs whose spec says nothing (DESIGN 6)
     cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+    max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS  # runs this replica executes at once (kube/concurrency.py)
 
 
 class CleanupPending(Exception):
@@ -158,6 +165,7 @@ class Operator:
         self._secrets: dict[str, dict[tuple[str, str], str]] = {}  # run id -> secret values it may use
         self._env_values: dict[str, dict[str, str]] = {}  # run id -> the spec's literal env values
         self._background: set[asyncio.Task[Any]] = set()
+        self.slots = RunSlots(self.settings.max_concurrent_runs)
         self.stopping = False
 
     # ------------------------------------------------------------------ engines (one store per namespace)
@@ -521,7 +529,17 @@ class Operator:
         """Execute the run here if its lease is free; meanwhile keep the spec flowing to it."""
         executor = engine.executor
         view.executing = True
-        task = asyncio.create_task(executor.drive(view.run_id, plan.definition, if_busy="skip"))
+        slot = asyncio.Event()  # set once the run holds one of this replica's execution slots
+
+        async def drive_in_slot() -> Any:
+            # The slot is taken before the Lease is claimed, so a run queued here stays free for a
+            # replica with room (kube/concurrency.py).
+            async with self.slots.slot(view.run_id, on_wait=lambda: self._queued(view)):
+                slot.set()
+                self._dequeued(view)
+                return await executor.drive(view.run_id, plan.definition, if_busy="skip")
+
+        task = asyncio.create_task(drive_in_slot())
         handed_over = False
         try:
             while not task.done():
@@ -534,6 +552,15 @@ class Operator:
                         w.cancel()
                 if task.done():
                     break
+                if not slot.is_set():
+                    # Still queued for a slot: nothing executes, so a spec change, deletion, stop or
+                    # deadline is judged afresh by the daemon's next turn (which queues again if needed).
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    self._dequeued(view)
+                    view.executing = False
+                    return "again"
                 if view.deleting and not view.cancel_sent:
                     # Deleted mid-run: cancel now (cleanup runs here, at once) rather than hand the run over.
                     await engine.client.request_cancel(view.run_id, "the Workflow was deleted")
@@ -578,6 +605,17 @@ class Operator:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+
+    def _queued(self, view: RunView) -> None:
+        """The run waits for an execution slot: Pending, with Ready=False reason ConcurrencyLimit."""
+        cond = concurrency_limit_condition(self.slots.limit, len(self.slots.waiting))
+        view.extra.not_runnable, view.extra.not_runnable_reason = cond["message"], cond["reason"]
+        self._offer(view)
+
+    def _dequeued(self, view: RunView) -> None:
+        if view.extra.not_runnable_reason == CONCURRENCY_LIMIT_REASON:
+            view.extra.not_runnable, view.extra.not_runnable_reason = None, None
+            self._offer(view)
 
     async def _finish_handover(self, task: asyncio.Task[Any]) -> None:
         """Let the operation in flight finish (it is committed), then the run stops at the boundary; a
