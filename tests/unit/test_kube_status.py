@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -88,8 +89,36 @@ async def test_status_writes_are_coalesced_except_phase_changes() -> None:
     assert writer.writes == 2
 
 
+async def test_a_callable_interval_is_asked_before_every_write() -> None:
+    """The operator's budget for clock-driven writes: the interval stretches as more Workflows run."""
+    written: list[int] = []
+    asked: list[float] = []
+    interval = 3600.0
+
+    async def patch(doc: dict[str, Any]) -> None:
+        written.append(doc["n"])
+
+    def current() -> float:
+        asked.append(interval)
+        return interval
+
+    writer = StatusWriter(patch, interval=current)
+    writer.offer({"phase": "Running", "n": 1})  # a new phase: written at once
+    for _ in range(1000):
+        if written:
+            break
+        await asyncio.sleep(0)
+    writer.offer({"phase": "Running", "n": 2})  # waits the hour the interval says...
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert written == [1] and asked, "the writer must ask the callable, and wait what it says"
+    interval = 0.0  # ...until the interval shrinks; it is asked again at the next wake-up
+    writer.offer({"phase": "Succeeded", "n": 3})
+    await writer.aclose()
+    assert written == [1, 3]
+
+
 async def test_a_document_offered_during_a_write_is_written_after_it() -> None:
-    import asyncio
 
     written: list[int] = []
     release = asyncio.Event()

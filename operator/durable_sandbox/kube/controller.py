@@ -36,6 +36,12 @@ from durable_sandbox.engine.executor import default_worker_id
 from durable_sandbox.engine.records import Commit, RunRecord
 from durable_sandbox.kube import holding
 from durable_sandbox.kube.client import KubeClient, is_not_found
+from durable_sandbox.kube.concurrency import (
+    CONCURRENCY_LIMIT_REASON,
+    DEFAULT_MAX_CONCURRENT_RUNS,
+    RunSlots,
+    concurrency_limit_condition,
+)
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent, lifecycle_events, run_status_event
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, WorkflowResource
@@ -69,10 +75,16 @@ class OperatorSettings:
     lease_ttl: float = 15.0  # a dead replica's runs are taken over after this long
     claim_retry: float = 1.0  # how often a replica that does not hold a run's lease looks again
     status_interval: float = 1.0  # status patches are coalesced to about one per this many seconds
+    # Writes that follow the clock, not the work: status patches and run-event batches of all the Workflows
+    # this process drives, each kind at most about this many per second together (beside phase changes,
+    # which are written at once). Each Workflow's interval is stretched beyond status_interval (events: 1 s)
+    # when more run at once: 20 Workflows get one status patch every 4 s each, not 20 patches a second.
+    periodic_writes_per_s: float = 5.0
     handover_grace: float = 20.0  # how long a call in flight may take to finish when a run is handed over
     not_runnable_retry: float = 30.0
     hibernate_after: float = 300.0  # default for runs whose spec says nothing (DESIGN 6)
     cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+    max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS  # runs this replica executes at once (kube/concurrency.py)
 
 
 class CleanupPending(Exception):
@@ -104,9 +116,18 @@ class ObservedStore:
     """The store as the executor sees it, with every successful commit and run update reported, so
     status and Events are projections of what is written: nothing is read back for them."""
 
-    def __init__(self, inner: Any, on_write: Callable[[str, Commit | None, dict[str, Any] | None], None]) -> None:
+    def __init__(self, inner: Any, on_write: Callable[[str, Commit | None, dict[str, Any] | None], None],
+                 event_interval: Callable[[], float] | None = None) -> None:
         self._inner = inner
         self._on_write = on_write
+        self._event_interval = event_interval
+
+    @property
+    def event_interval(self) -> float:
+        """How long a run's events wait to be written in a batch (``RunRuntime`` reads it)."""
+        if self._event_interval is not None:
+            return self._event_interval()
+        return float(getattr(self._inner, "event_interval", 0.0))
 
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
         await self._inner.commit(run_id, fence, commit)
@@ -139,14 +160,26 @@ class Operator:
         self._secrets: dict[str, dict[tuple[str, str], str]] = {}  # run id -> secret values it may use
         self._env_values: dict[str, dict[str, str]] = {}  # run id -> the spec's literal env values
         self._background: set[asyncio.Task[Any]] = set()
+        self.slots = RunSlots(self.settings.max_concurrent_runs)
         self.stopping = False
+
+    # ------------------------------------------------------------------ clock-driven writes, on a budget
+
+    def _periodic_interval(self, floor: float) -> float:
+        return max(floor, len(self._views) / self.settings.periodic_writes_per_s)
+
+    def _status_interval(self) -> float:
+        return self._periodic_interval(self.settings.status_interval)
+
+    def _event_interval(self) -> float:
+        return self._periodic_interval(KubernetesStore.event_interval)
 
     # ------------------------------------------------------------------ engines (one store per namespace)
 
     def engine_for(self, namespace: str) -> durable_sandbox.Engine:
         engine = self._engines.get(namespace)
         if engine is None:
-            store = ObservedStore(KubernetesStore(namespace, self.api), self._observed)
+            store = ObservedStore(KubernetesStore(namespace, self.api), self._observed, self._event_interval)
             engine = durable_sandbox.Engine(
                 store,
                 worker_id=self.settings.worker_id,
@@ -281,7 +314,7 @@ class Operator:
         async def patch(status: dict[str, Any]) -> None:
             await self._patch_status(view, status)
 
-        view.writer = StatusWriter(patch, interval=self.settings.status_interval)
+        view.writer = StatusWriter(patch, interval=self._status_interval)
         try:
             await self._serve(view, body_of, stopped)
         finally:
@@ -499,7 +532,17 @@ class Operator:
         """Execute the run here if its lease is free; meanwhile keep the spec flowing to it."""
         executor = engine.executor
         view.executing = True
-        task = asyncio.create_task(executor.drive(view.run_id, plan.definition, if_busy="skip"))
+        slot = asyncio.Event()  # set once the run holds one of this replica's execution slots
+
+        async def drive_in_slot() -> Any:
+            # The slot is taken before the Lease is claimed, so a run queued here stays free for a
+            # replica with room (kube/concurrency.py).
+            async with self.slots.slot(view.run_id, on_wait=lambda: self._queued(view)):
+                slot.set()
+                self._dequeued(view)
+                return await executor.drive(view.run_id, plan.definition, if_busy="skip")
+
+        task = asyncio.create_task(drive_in_slot())
         handed_over = False
         try:
             while not task.done():
@@ -512,6 +555,15 @@ class Operator:
                         w.cancel()
                 if task.done():
                     break
+                if not slot.is_set():
+                    # Still queued for a slot: nothing executes, so a spec change, deletion, stop or
+                    # deadline is judged afresh by the daemon's next turn (which queues again if needed).
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    self._dequeued(view)
+                    view.executing = False
+                    return "again"
                 if view.deleting and not view.cancel_sent:
                     # Deleted mid-run: cancel now (cleanup runs here, at once) rather than hand the run over.
                     await engine.client.request_cancel(view.run_id, "the Workflow was deleted")
@@ -556,6 +608,17 @@ class Operator:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+
+    def _queued(self, view: RunView) -> None:
+        """The run waits for an execution slot: Pending, with Ready=False reason ConcurrencyLimit."""
+        cond = concurrency_limit_condition(self.slots.limit, len(self.slots.waiting))
+        view.extra.not_runnable, view.extra.not_runnable_reason = cond["message"], cond["reason"]
+        self._offer(view)
+
+    def _dequeued(self, view: RunView) -> None:
+        if view.extra.not_runnable_reason == CONCURRENCY_LIMIT_REASON:
+            view.extra.not_runnable, view.extra.not_runnable_reason = None, None
+            self._offer(view)
 
     async def _finish_handover(self, task: asyncio.Task[Any]) -> None:
         """Let the operation in flight finish (it is committed), then the run stops at the boundary; a

@@ -281,8 +281,11 @@ class StatusWriter:
     per ``interval`` seconds, except that a phase change is written at once. One task writes; a write
     under way is never cut short (the next document waits for it)."""
 
-    def __init__(self, patch: Callable[[dict[str, Any]], Awaitable[None]], *, interval: float = 1.0) -> None:
+    def __init__(self, patch: Callable[[dict[str, Any]], Awaitable[None]], *,
+                 interval: float | Callable[[], float] = 1.0) -> None:
         self._patch = patch
+        # A callable is asked before every write: the operator stretches the interval when many Workflows
+        # run at once, so that their status patches together stay within a budget (see OperatorSettings).
         self.interval = interval
         self._pending: dict[str, Any] | None = None
         self._offered_phase: str | None = None
@@ -305,7 +308,8 @@ class StatusWriter:
 
     async def _write_loop(self) -> None:
         while self._pending is not None:
-            delay = self._last_write + self.interval - time.monotonic()
+            interval = self.interval() if callable(self.interval) else self.interval
+            delay = self._last_write + interval - time.monotonic()
             if not self._urgent and delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), delay)

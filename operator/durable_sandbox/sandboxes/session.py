@@ -37,6 +37,7 @@ from durable_sandbox.providers.contract import (
     ConfigurationError,
     ProviderError,
     ProvisionError,
+    RateLimited,
     SandboxGone,
     SandboxHandle,
     SandboxProvider,
@@ -56,6 +57,7 @@ TRANSIENT_ATTEMPTS = 6
 CLEANUP_ATTEMPTS = 8
 FIRST_RETRY_DELAY = 0.2  # seconds; doubles per attempt up to MAX_RETRY_DELAY
 MAX_RETRY_DELAY = 5.0
+MAX_RATE_LIMIT_WAIT = 300.0  # a provider's Retry-After is honoured up to this long per wait, then asked again
 
 
 class ReconstructionError(DurableError):
@@ -293,7 +295,7 @@ class SandboxSession:
         self._operation_ids = list(operation_ids or [])
         self._calls: dict[str, ToolCall] = {}
         self._next_index = 0
-        self.state = SessionState.derive(sid, rt.rows)
+        self.state = SessionState.derive(sid, rt.known_rows())
         self.generation = self.state.reopen_for(rt.epoch)
         self._suspended = False
 
@@ -347,10 +349,12 @@ class SandboxSession:
                                     meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id,
                                           "outcome": _result_json(result)})
                 raise failure
+            # Deferred: committed with the run's next write (the next call's start, a snapshot, the final
+            # commit), so a call costs one commit; ``after:<op>`` is reached once it has landed.
             await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "completed", digest=digest,
                                 result=_result_json(result),
-                                meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id})
-            faults.reach(f"after:{op_id}")
+                                meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id},
+                                defer=True)
             self.state.calls[index] = (op_id, result)
         await self._after_call(index + 1)
         return result
@@ -459,23 +463,36 @@ class SandboxSession:
 
     async def _journal(self, op_id: str, kind: OpKind, name: str, status: str, *, digest: str | None = None,
                        result: Any = None, meta: dict[str, Any] | None = None, error: ErrorInfo | None = None,
-                       check_cancel: bool = False) -> None:
+                       check_cancel: bool = False, defer: bool = False) -> None:
         prev = self.rt.lookup(op_id)
         attempt = prev.attempt if prev is not None else 1
-        await self.rt.write(
-            OperationRecord(op_id, kind.value, name, status, attempt, digest, result, error=error, meta=meta, epoch=self.rt.epoch),
-            check_cancel=check_cancel,
-        )
+        record = OperationRecord(op_id, kind.value, name, status, attempt, digest, result, error=error, meta=meta,
+                                 epoch=self.rt.epoch)
+        if defer:
+            self.rt.defer_completion(record)
+        else:
+            await self.rt.write(record, check_cancel=check_cancel)
 
     # ------------------------------------------------------------------ provider calls with retries
 
     async def _transient(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         delay = FIRST_RETRY_DELAY
-        for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+        attempt = 1
+        while True:
             try:
                 return await fn()
             except (SandboxGone, UnsupportedCapability, ConfigurationError):
                 raise
+            except RateLimited as exc:
+                # The provider asks us to slow down: the request was not processed and nothing is wrong
+                # with it, so the run waits (as long as it takes; a cancel still stops it) and no
+                # attempt is spent. The provider has already honoured Retry-After for its own retries.
+                wait = min(exc.retry_after if exc.retry_after is not None else delay, MAX_RATE_LIMIT_WAIT)
+                log.info("sandbox %s: %s rate limited by provider %s; slowing down, retrying in %.1fs",
+                         self.sid, what, self.provider.name, wait)
+                await asyncio.sleep(wait)
+                delay = min(delay * 2, MAX_RETRY_DELAY)
+                continue
             except ProvisionError as exc:
                 if not exc.retryable or attempt == TRANSIENT_ATTEMPTS:
                     raise
@@ -485,7 +502,7 @@ class SandboxSession:
             log.info("sandbox %s: %s failed transiently (attempt %d); retrying in %.1fs", self.sid, what, attempt, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_RETRY_DELAY)
-        raise AssertionError("unreachable")
+            attempt += 1
 
     async def _with_recovery(self, fn: Callable[[], Awaitable[T]]) -> T:
         while True:
@@ -840,8 +857,9 @@ class SessionFactory:
         return SandboxSession(rt, ctx.scope + id, self.providers(provider), **options)
 
     async def _cleanup_sessions(self, rt: RunRuntime, action: str) -> None:
-        for sid in sessions_in(rt.rows):
-            state = SessionState.derive(sid, rt.rows)
+        rows = rt.known_rows()
+        for sid in sessions_in(rows):
+            state = SessionState.derive(sid, rows)
             state.reopen_for(rt.epoch)
             if state.finalized or state.provider is None:
                 continue
@@ -856,8 +874,9 @@ class SessionFactory:
         cancelled after its sandbox block ended, the snapshot is deleted like any other."""
         if getattr(status, "value", status) == "succeeded":
             return
-        for sid in sessions_in(rt.rows):
-            state = SessionState.derive(sid, rt.rows)
+        rows = rt.known_rows()
+        for sid in sessions_in(rows):
+            state = SessionState.derive(sid, rows)
             kept = [c for c in state.checkpoints if state.finalized and c.snapshot_id == state.retained]
             if kept and state.provider is not None:
                 session = SandboxSession(rt, sid, self.providers(state.provider))
