@@ -50,6 +50,7 @@ from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, c
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.status import Extra, Projection, StatusWriter, render
 from durable_sandbox.kube.store import KubernetesStore, OwnerRef
+from durable_sandbox.providers.contract import INSTALLATION_LABEL
 from durable_sandbox.workflows import sandbox_agent
 
 log = logging.getLogger("durable_sandbox.kube.controller")
@@ -85,6 +86,10 @@ class OperatorSettings:
     hibernate_after: float = 300.0  # default for runs whose spec says nothing (DESIGN 6)
     cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
     max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS  # runs this replica executes at once (kube/concurrency.py)
+    # Every sandbox (and snapshot) this operator makes is labelled with it; the orphan sweep lists by it.
+    installation_id: str = "durable-sandbox"
+    sweep_interval: float = 300.0  # seconds between orphan sweeps (kube/sweeper.py); 0: no sweep
+    sweep_grace: float = 600.0  # an orphan is removed once seen orphaned this long
 
 
 class CleanupPending(Exception):
@@ -188,10 +193,15 @@ class Operator:
                 hibernate_after=self.settings.hibernate_after,
                 unresolvable="leave",
                 services={"secrets": self._secrets_for, "owner": self._owner_for, "env_values": self._env_values_for,
-                          "attached_sandbox": self._attached_sandbox},
+                          "attached_sandbox": self._attached_sandbox, "sandbox_labels": self.sandbox_labels},
             )
             self._engines[namespace] = engine
         return engine
+
+    @property
+    def sandbox_labels(self) -> dict[str, str]:
+        """Labels of every sandbox this operator provisions (Workflows' and Sandbox resources')."""
+        return {INSTALLATION_LABEL: self.settings.installation_id}
 
     def _provider(self, name: str) -> Any:
         if name == "local" and not self.policy.allow_local_provider:
@@ -611,6 +621,8 @@ class Operator:
 
     def _queued(self, view: RunView) -> None:
         """The run waits for an execution slot: Pending, with Ready=False reason ConcurrencyLimit."""
+        if view.run is not None and view.run.status == RunStatus.RUNNING:
+            return  # another replica executes it (or did, until its lease runs out): its status stands
         cond = concurrency_limit_condition(self.slots.limit, len(self.slots.waiting))
         view.extra.not_runnable, view.extra.not_runnable_reason = cond["message"], cond["reason"]
         self._offer(view)
