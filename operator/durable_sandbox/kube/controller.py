@@ -46,10 +46,12 @@ from durable_sandbox.kube.concurrency import (
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent, lifecycle_events, run_status_event
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, WorkflowResource
+from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, cluster_run_id, plan_workflow
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.status import Extra, Projection, StatusWriter, render
 from durable_sandbox.kube.store import KubernetesStore, OwnerRef
+from durable_sandbox.providers.contract import INSTALLATION_LABEL
 from durable_sandbox.workflows import sandbox_agent
 
 log = logging.getLogger("durable_sandbox.kube.controller")
@@ -76,11 +78,20 @@ class OperatorSettings:
     lease_ttl: float = 15.0  # a dead replica's runs are taken over after this long
     claim_retry: float = 1.0  # how often a replica that does not hold a run's lease looks again
     status_interval: float = 1.0  # status patches are coalesced to about one per this many seconds
+    # Writes that follow the clock, not the work: status patches and run-event batches of all the Workflows
+    # this process drives, each kind at most about this many per second together (beside phase changes,
+    # which are written at once). Each Workflow's interval is stretched beyond status_interval (events: 1 s)
+    # when more run at once: 20 Workflows get one status patch every 4 s each, not 20 patches a second.
+    periodic_writes_per_s: float = 5.0
     handover_grace: float = 20.0  # how long a call in flight may take to finish when a run is handed over
     not_runnable_retry: float = 30.0
     hibernate_after: float = 300.0  # default for runs whose spec says nothing (DESIGN 6)
     cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
     max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS  # runs this replica executes at once (kube/concurrency.py)
+    # Every sandbox (and snapshot) this operator makes is labelled with it; the orphan sweep lists by it.
+    installation_id: str = "durable-sandbox"
+    sweep_interval: float = 300.0  # seconds between orphan sweeps (kube/sweeper.py); 0: no sweep
+    sweep_grace: float = 600.0  # an orphan is removed once seen orphaned this long
 
 
 class CleanupPending(Exception):
@@ -91,50 +102,39 @@ class CleanupPending(Exception):
         self.delay = delay
 
 
-@dataclass
-class RunView:
+@dataclass(kw_only=True)
+class RunView(ObjectView):
     """What this process knows of one Workflow's run: the projection it writes as status."""
 
-    namespace: str
-    name: str
-    uid: str
     run_id: str
-    body: Mapping[str, Any]
     projection: Projection = field(default_factory=Projection)
     extra: Extra = field(default_factory=Extra)
     run: RunRecord | None = None
     writer: StatusWriter | None = None
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    generation: int | None = None
     phase: str | None = None
     signals_sent: dict[str, Any] = field(default_factory=dict)
     cancel_sent: bool = False
     executing: bool = False  # this process holds the lease and writes status/events
-    body_of: Callable[[], Mapping[str, Any]] | None = None  # kopf's live view of the object
     waiting_for: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
     released: bool = False  # the Sandbox this run held has been let go
-
-    def latest(self) -> Mapping[str, Any]:
-        if self.body_of is not None:
-            self.body = self.body_of()
-        return self.body
-
-    @property
-    def deleting(self) -> bool:
-        return bool(self.latest().get("metadata", {}).get("deletionTimestamp"))
-
-    @property
-    def owner(self) -> str:
-        return f"{self.namespace}/{self.uid}"
 
 
 class ObservedStore:
     """The store as the executor sees it, with every successful commit and run update reported, so
     status and Events are projections of what is written: nothing is read back for them."""
 
-    def __init__(self, inner: Any, on_write: Callable[[str, Commit | None, dict[str, Any] | None], None]) -> None:
+    def __init__(self, inner: Any, on_write: Callable[[str, Commit | None, dict[str, Any] | None], None],
+                 event_interval: Callable[[], float] | None = None) -> None:
         self._inner = inner
         self._on_write = on_write
+        self._event_interval = event_interval
+
+    @property
+    def event_interval(self) -> float:
+        """How long a run's events wait to be written in a batch (``RunRuntime`` reads it)."""
+        if self._event_interval is not None:
+            return self._event_interval()
+        return float(getattr(self._inner, "event_interval", 0.0))
 
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
         await self._inner.commit(run_id, fence, commit)
@@ -170,12 +170,23 @@ class Operator:
         self.slots = RunSlots(self.settings.max_concurrent_runs)
         self.stopping = False
 
+    # ------------------------------------------------------------------ clock-driven writes, on a budget
+
+    def _periodic_interval(self, floor: float) -> float:
+        return max(floor, len(self._views) / self.settings.periodic_writes_per_s)
+
+    def _status_interval(self) -> float:
+        return self._periodic_interval(self.settings.status_interval)
+
+    def _event_interval(self) -> float:
+        return self._periodic_interval(KubernetesStore.event_interval)
+
     # ------------------------------------------------------------------ engines (one store per namespace)
 
     def engine_for(self, namespace: str) -> durable_sandbox.Engine:
         engine = self._engines.get(namespace)
         if engine is None:
-            store = ObservedStore(KubernetesStore(namespace, self.api), self._observed)
+            store = ObservedStore(KubernetesStore(namespace, self.api), self._observed, self._event_interval)
             engine = durable_sandbox.Engine(
                 store,
                 worker_id=self.settings.worker_id,
@@ -184,10 +195,15 @@ class Operator:
                 hibernate_after=self.settings.hibernate_after,
                 unresolvable="leave",
                 services={"secrets": self._secrets_for, "owner": self._owner_for, "env_values": self._env_values_for,
-                          "attached_sandbox": self._attached_sandbox},
+                          "attached_sandbox": self._attached_sandbox, "sandbox_labels": self.sandbox_labels},
             )
             self._engines[namespace] = engine
         return engine
+
+    @property
+    def sandbox_labels(self) -> dict[str, str]:
+        """Labels of every sandbox this operator provisions (Workflows' and Sandbox resources')."""
+        return {INSTALLATION_LABEL: self.settings.installation_id}
 
     def _provider(self, name: str) -> Any:
         if name == "local" and not self.policy.allow_local_provider:
@@ -303,11 +319,8 @@ class Operator:
         uid = meta.get("uid", "")
         name = meta.get("name", "")
         view = self._views.get(cluster_run_id(name, uid)) if uid else None
-        if view is None:
-            return
-        view.body = body
-        if meta.get("generation") != view.generation or meta.get("deletionTimestamp"):
-            view.wake.set()
+        if view is not None:
+            view.notice(body)
 
     async def daemon(self, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
         """Drive the run of one Workflow for as long as the object exists and this process serves it."""
@@ -322,7 +335,7 @@ class Operator:
         async def patch(status: dict[str, Any]) -> None:
             await self._patch_status(view, status)
 
-        view.writer = StatusWriter(patch, interval=self.settings.status_interval)
+        view.writer = StatusWriter(patch, interval=self._status_interval)
         try:
             await self._serve(view, body_of, stopped)
         finally:
@@ -345,7 +358,7 @@ class Operator:
                 if plan is None:
                     plan = await self._admit(view)
                     if plan is None:
-                        await self._wait(view, stopped, self.settings.not_runnable_retry)
+                        await view.wait(stopped, self.settings.not_runnable_retry)
                         continue
                     view.extra.max_attempts = plan.max_attempts
                     self._republish(view)
@@ -359,7 +372,7 @@ class Operator:
                 delay = min(self.settings.claim_retry * 2 ** (failures - 1), TRANSIENT_BACKOFF_MAX)
                 log.warning("%s/%s: the API server could not be reached (%s: %s); trying again in %.1fs",
                             view.namespace, view.name, type(exc).__name__, exc, delay)
-                await self._wait(view, stopped, delay)
+                await view.wait(stopped, delay)
                 continue
             failures = 0
             if outcome == "done":
@@ -514,7 +527,7 @@ class Operator:
                 delay = plan.retry.interval(run.epoch + 2)
                 retry_at = run.updated_at + delay
                 if time.time() < retry_at:
-                    await self._wait(view, stopped, retry_at - time.time())
+                    await view.wait(stopped, retry_at - time.time())
                     return "again"
                 return await self._drive(view, engine, plan, stopped, deadline)
             return await self._finished(view, plan, stopped)
@@ -525,9 +538,9 @@ class Operator:
                 # Its lease is held: by a replica executing it (which stops at the next boundary), or by one
                 # that died or was cut off from the API server (the lease expires). Look again shortly: waiting
                 # for the next watch event could mean waiting forever.
-                await self._wait(view, stopped, self.settings.claim_retry)
+                await view.wait(stopped, self.settings.claim_retry)
                 return "again"
-            await self._wait(view, stopped, None)
+            await view.wait(stopped, None)
             return "again"
         view.extra.suspended = False
         if run.status == RunStatus.SUSPENDED:
@@ -545,7 +558,7 @@ class Operator:
                     await engine.executor.hibernate(view.run_id)
             else:
                 due.append(hibernate_at)
-            await self._wait(view, stopped, (min(due) - now) if due else None)
+            await view.wait(stopped, (min(due) - now) if due else None)
             return "again"
         return await self._drive(view, engine, plan, stopped, deadline)
 
@@ -633,12 +646,12 @@ class Operator:
                 task.result()
             except LeaseHeld:
                 view.executing = False  # another replica executes it; look again shortly
-                await self._wait(view, stopped, self.settings.claim_retry)
+                await view.wait(stopped, self.settings.claim_retry)
             except NotRunnableHere as exc:
                 view.executing = False
                 view.extra.not_runnable = str(exc)
                 self._offer(view)
-                await self._wait(view, stopped, self.settings.not_runnable_retry)
+                await view.wait(stopped, self.settings.not_runnable_retry)
             return "again"
         finally:
             if not task.done():
@@ -648,6 +661,8 @@ class Operator:
 
     def _queued(self, view: RunView) -> None:
         """The run waits for an execution slot: Pending, with Ready=False reason ConcurrencyLimit."""
+        if view.run is not None and view.run.status == RunStatus.RUNNING:
+            return  # another replica executes it (or did, until its lease runs out): its status stands
         cond = concurrency_limit_condition(self.slots.limit, len(self.slots.waiting))
         view.extra.not_runnable, view.extra.not_runnable_reason = cond["message"], cond["reason"]
         self._offer(view)
@@ -691,11 +706,11 @@ class Operator:
         self._offer(view)
         await self._let_go(view)
         if plan.ttl_seconds_after_finished is None or view.run is None:
-            await self._wait(view, stopped, None)
+            await view.wait(stopped, None)
             return "again"
         due = view.run.updated_at + plan.ttl_seconds_after_finished
         if time.time() < due:
-            await self._wait(view, stopped, due - time.time())
+            await view.wait(stopped, due - time.time())
             return "again"
         with contextlib.suppress(Exception):
             await self.api.custom.delete_namespaced_custom_object(
@@ -705,14 +720,6 @@ class Operator:
                 ),
             )
         return "done"
-
-    async def _wait(self, view: RunView, stopped: asyncio.Event, timeout: float | None) -> None:
-        waiters = [asyncio.ensure_future(view.wake.wait()), asyncio.ensure_future(stopped.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
 
     # ------------------------------------------------------------------ deletion (behind the finalizer)
 
