@@ -753,11 +753,21 @@ class Operator:
             raise CleanupPending(f"run {run_id} is still stopping in this replica", delay)
         try:
             await self._finalize_leftovers(engine, run_id)
+            await self._delete_retained(body)
         except LeaseHeld as exc:
             raise CleanupPending(f"run {run_id} is still held by another replica ({exc})", delay) from None
         except Exception as exc:
             await self._blocked(view, body, f"cleanup of run {run_id} is blocked: {type(exc).__name__}: {exc}", delay)
         await self._cleanup_done(view, body)
+
+    async def _delete_retained(self, body: Mapping[str, Any]) -> None:
+        """A succeeded run's retained snapshot (retainLatestSnapshot) outlives the run, not its Workflow: the
+        finalized session skips it, so it goes here (deleting a snapshot is idempotent)."""
+        st = body.get("status") or {}
+        provider_name = (st.get("sandbox") or {}).get("provider")
+        # With spec.sandboxRef the snapshots are the Sandbox resource's: never deleted here.
+        if st.get("latestSnapshot") and provider_name and not (body.get("spec") or {}).get("sandboxRef"):
+            await self._provider(provider_name).delete_snapshot(st["latestSnapshot"])
 
     async def _finalize_leftovers(self, engine: durable_sandbox.Engine, run_id: str) -> None:
         executor = engine.executor
