@@ -20,6 +20,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Seed of the soak's plan and fault schedule (default random, printed; env DSB_SOAK_SEED)")
     group.addoption("--soak-faults", type=int, default=None,
                     help="Injected faults of each kind (default 10; env DSB_SOAK_FAULTS)")
+    group.addoption("--soak-fault-kinds", default=None,
+                    help="Comma-separated fault kinds (default: all but apiserver-restart; env DSB_SOAK_FAULT_KINDS)")
 
 
 @pytest.fixture(scope="session")

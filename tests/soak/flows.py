@@ -34,8 +34,9 @@ async def soak_flow(ctx: durable_sandbox.Context, params: SoakInput) -> dict[str
     lines = ""
     if params.provider is not None:
         async with ctx.sandbox("ws", provider=params.provider, snapshot_every=1) as sbx:
-            await sbx.shell(f"echo w1 >> {params.effects}; echo w1 >> work.txt")
-            out = await sbx.shell(f"echo w2 >> {params.effects}; echo w2 >> work.txt; cat work.txt")
+            # Marks, not appends: a call in flight when its worker died runs again (at least once).
+            await sbx.shell(f"echo w1 >> {params.effects}; mkdir -p done; touch done/w1")
+            out = await sbx.shell(f"echo w2 >> {params.effects}; touch done/w2; ls done")
             lines = out.stdout
     third = await ctx.step("s3", effect, params.effects, "s3")
     return {"steps": [first, second, third], "approval": approval, "work": lines}

@@ -76,7 +76,8 @@ def _workflow(rng: random.Random, i: int, kind: WorkflowKind) -> WorkflowScript:
     )
 
 
-def make_plan(seed: int, workflows: int, faults_per_kind: int) -> SoakPlan:
+def make_plan(seed: int, workflows: int, faults_per_kind: int,
+              fault_kinds: tuple[FaultKind, ...] = FAULT_KINDS) -> SoakPlan:
     rng = random.Random(seed)
     # Kinds in rounds, shuffled within each round: every kind runs throughout the soak, so e2b faults always
     # have e2b work to hit.
@@ -86,11 +87,11 @@ def make_plan(seed: int, workflows: int, faults_per_kind: int) -> SoakPlan:
         rng.shuffle(round_)
         kinds.extend(round_)
     scripts = tuple(_workflow(rng, i, kind) for i, kind in enumerate(kinds[:workflows]))
-    fault_kinds = [k for k in FAULT_KINDS for _ in range(faults_per_kind)]
-    rng.shuffle(fault_kinds)
+    chosen = [k for k in fault_kinds for _ in range(faults_per_kind)]
+    rng.shuffle(chosen)
     faults = tuple(
         Fault(kind=k, after_progress=rng.randint(1, 2), choice=rng.randrange(1 << 30),
               status=rng.choice((429, 500, 502, 503)))
-        for k in fault_kinds
+        for k in chosen
     )
     return SoakPlan(seed=seed, workflows=scripts, faults=faults)

@@ -46,9 +46,10 @@ def test_chaos_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
     soak_e2b: FakeE2B, control_plane: ControlPlane, namespace: str, operators: Any, soak_settings: SoakSettings,
     tmp_path: Path,
 ) -> None:
-    plan = make_plan(soak_settings.seed, soak_settings.workflows, soak_settings.faults_per_kind)
+    plan = make_plan(soak_settings.seed, soak_settings.workflows, soak_settings.faults_per_kind,
+                     soak_settings.fault_kinds)
     replay = (f"pytest tests/soak --soak-seed {plan.seed} --soak-workflows {soak_settings.workflows} "
-              f"--soak-faults {soak_settings.faults_per_kind}")
+              f"--soak-faults {soak_settings.faults_per_kind} --soak-fault-kinds {','.join(soak_settings.fault_kinds)}")
     _say(f"{plan.describe()}\nsoak: replay with: {replay}")
     started = time.monotonic()
 
@@ -99,7 +100,7 @@ def test_chaos_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
         fired = {**soak.injected,
                  "e2b-fail": soak_e2b.call(lambda s: s.request_faults_fired),
                  "e2b-timeout": soak_e2b.call(lambda s: s.stalls_fired)}
-        short = {k: n for k, n in fired.items() if n < soak_settings.faults_per_kind}
+        short = {k: n for k, n in fired.items() if k in soak_settings.fault_kinds and n < soak_settings.faults_per_kind}
         if short:
             problems.append(f"faults that took effect fewer than {soak_settings.faults_per_kind} times: {short}")
         if soak.unexpected_exits:
