@@ -43,9 +43,10 @@ def _say(message: str) -> None:
 
 @pytest.mark.timeout(3 * 3600)
 def test_chaos_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
-    soak_e2b: FakeE2B, control_plane: ControlPlane, namespace: str, operators: Any, soak_settings: SoakSettings,
+    soak_settings: SoakSettings, soak_e2b: FakeE2B, control_plane: ControlPlane, namespace: str, operators: Any,
     tmp_path: Path,
 ) -> None:
+    # soak_settings first: it skips before anything is started when the soak was not requested.
     plan = make_plan(soak_settings.seed, soak_settings.workflows, soak_settings.faults_per_kind,
                      soak_settings.fault_kinds)
     replay = (f"pytest tests/soak --soak-seed {plan.seed} --soak-workflows {soak_settings.workflows} "
