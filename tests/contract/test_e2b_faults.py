@@ -8,6 +8,7 @@ from durable_sandbox.providers.contract import (
     ConfigurationError,
     ProviderError,
     ProvisionError,
+    RateLimited,
     SandboxGone,
     SandboxHandle,
     SandboxSpec,
@@ -117,9 +118,9 @@ async def test_retry_after_beyond_patience_is_reported_not_waited(fake_e2b: Fake
     sleep = RecordingSleep()
     provider = make_provider(fake_e2b, sleep=sleep)
     fake_e2b.fail_create(429, times=1, retry_after="3600")
-    with pytest.raises(ProvisionError, match="answered 429") as exc:
+    with pytest.raises(RateLimited, match="answered 429") as exc:  # the session waits it out (test_e2b_rate_limits.py)
         await provider.provision(SPEC, lease_seconds=60)
-    assert exc.value.retryable is True and sleep.delays == []
+    assert exc.value.retryable is True and exc.value.retry_after == 3600.0 and sleep.delays == []
     await provider.aclose()
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import ControlPlane, wait_until
 
@@ -205,3 +209,42 @@ def dsb(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
 
 def monotonic_deadline(seconds: float) -> float:
     return time.monotonic() + seconds
+
+
+# -- the operator's /metrics and /healthz (`dsb operator --metrics-port`, the chart's metrics.port)
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """(status, body) of a GET on 127.0.0.1:port; (0, "") while nothing answers there."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def scrape(port: int) -> Samples:
+    """/metrics parsed with prometheus-client's parser: value by (sample name, labels)."""
+    code, text = http_get(port, "/metrics")
+    assert code == 200, text
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def total(got: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in got.items() if n == name and want <= ls)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -17,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+
+from tests.e2e.conftest import wait_until
 
 if TYPE_CHECKING:
     from .conftest import ControlPlane
@@ -133,3 +136,47 @@ def test_unknown_names_and_local_only_commands_are_usage_errors(control_plane: C
         proc = dsb("--kube", "-n", ns, *args)
         assert proc.returncode == 2, (args, proc.stderr)
         assert "--kube" in proc.stderr or "cluster" in proc.stderr, proc.stderr
+
+
+def test_sandboxes_lists_the_sandbox_resources_with_phase_provider_ready_holder_and_age(
+    control_plane: ControlPlane, ns: str
+) -> None:
+    # Just after the CRDs are applied the API server may answer 429 "storage is (re)initializing" for a while.
+    wait_until(lambda: control_plane.kubectl("get", "dsbx", "-n", ns, check=False).returncode == 0, 60,
+               "the Sandbox CRD to serve lists")
+    proc = dsb("--kube", "-n", ns, "sandboxes")
+    assert (proc.returncode, proc.stdout.strip()) == (0, "no Sandboxes in this namespace"), proc.stderr
+    for name, provider in (("dev-box", "local"), ("cloud-box", "e2b")):
+        control_plane.apply({"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": name},
+                             "spec": {"provider": provider}}, "-n", ns)
+    # What the operator writes once the sandbox is live and a Workflow runs in it (no operator here: this
+    # is about the listing, and the status subresource is the API the operator writes through).
+    status = {"phase": "Ready", "providerId": "lsb-0123456789ab", "holder": "writer", "snapshots": ["lsnap-1"],
+              "conditions": [{"type": "Ready", "status": "True", "reason": "SandboxReady", "message": "live",
+                              "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    control_plane.kubectl("patch", "dsbx", "dev-box", "-n", ns, "--subresource=status", "--type=merge",
+                          "-p", json.dumps({"status": status}))
+
+    proc = dsb("--kube", "-n", ns, "sandboxes", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert list(rows) == ["cloud-box", "dev-box"]
+    assert {k: rows["dev-box"][k] for k in ("phase", "provider", "ready", "holder", "providerId", "snapshots")} == {
+        "phase": "Ready", "provider": "local", "ready": "True", "holder": "writer", "providerId": "lsb-0123456789ab",
+        "snapshots": ["lsnap-1"]}
+    assert {k: rows["cloud-box"][k] for k in ("phase", "provider", "ready", "holder")} == {
+        "phase": "Pending", "provider": "e2b", "ready": "Unknown", "holder": None}
+    created = control_plane.kubectl_json("get", "dsbx", "dev-box", "-n", ns)["metadata"]["creationTimestamp"]
+    assert rows["dev-box"]["createdAt"] == created
+    assert yaml.safe_load(dsb("--kube", "-n", ns, "sandboxes", "-o", "yaml").stdout) == json.loads(proc.stdout)
+
+    table = dsb("sandboxes", "--kube", "-n", ns).stdout.splitlines()
+    rows_ = [[c.strip() for c in re.split("[│┃]", line)[1:-1]] for line in table if line.startswith(("│", "┃"))]
+    assert rows_[0] == ["Name", "Phase", "Provider", "Ready", "Holder", "Age"], table
+    cells = {row[0]: row for row in rows_[1:]}
+    assert cells["dev-box"][1:5] == ["Ready", "local", "True", "writer"], table
+    assert cells["cloud-box"][1:5] == ["Pending", "e2b", "Unknown", "-"], table
+    assert cells["dev-box"][5].endswith(("s", "m")), table  # a few seconds old, as kubectl writes ages
+
+    proc = dsb("sandboxes", "-n", ns)
+    assert proc.returncode == 2 and "dsb --kube sandboxes" in proc.stderr, proc.stderr

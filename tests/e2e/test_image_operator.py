@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -24,10 +23,10 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import ControlPlane, wait_until
 from .image_support import Image, build_image, container, run_args, stop
+from .operator_support import free_port, http_get, scrape, total
 from .test_chart import CHART, run_helm
 
 pytestmark = pytest.mark.image
@@ -35,33 +34,6 @@ pytestmark = pytest.mark.image
 ROOT = Path(__file__).resolve().parents[2]
 HELLO = ROOT / "examples" / "hello-workflow.yaml"
 RELEASE = "imaged"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_get(port: int, path: str) -> tuple[int, str]:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return 0, ""
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def sa_kubeconfig(cp: ControlPlane, namespace: str, sa: str, path: Path) -> None:
@@ -164,13 +136,9 @@ def test_operator_from_the_image_reconciles_hello_as_the_charts_service_account(
             assert status["phase"] == "Succeeded" and status["calls"] == {"completed": 4, "total": 4}
             assert [r["exitCode"] for r in status["result"]["toolResults"]] == [0, 0, 0, 2]
 
-            code, text = http_get(port, "/metrics")
-            assert code == 200
-            got = samples(text)
-            calls = sum(v for (n, labels), v in got.items()
-                        if n == "durable_sandbox_tool_calls_total" and ("provider", "local") in labels)
-            assert calls == 4
-            assert got[("durable_sandbox_snapshots_total", (("provider", "local"),))] == 2
+            got = scrape(port)
+            assert total(got, "durable_sandbox_tool_calls_total", provider="local") == 4
+            assert total(got, "durable_sandbox_snapshots_total", provider="local") == 2
             writes = sum(v for (n, labels), v in got.items() if n == "durable_sandbox_kube_api_requests_total"
                          and dict(labels)["verb"] in ("create", "patch", "update") and dict(labels)["code"].startswith("2"))
             assert writes > 0

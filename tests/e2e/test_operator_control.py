@@ -12,6 +12,7 @@ from typing import Any
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     condition,
+    dsb,
     event_reasons,
     local_sandboxes,
     manifest,
@@ -39,26 +40,35 @@ def gated_calls(gate: Path, *, after: int = 2) -> list[dict[str, Any]]:
     return calls
 
 
-def test_callback_workflow_waits_and_is_resumed_by_patching_spec_signals(
+def test_callback_workflow_waits_and_is_resumed_by_kubectl_patch_or_dsb_kube_signal(
     control_plane: ControlPlane, namespace: str, operators: Any
 ) -> None:
+    """Both ways of answering a WaitingForSignal Workflow: `kubectl patch` of spec.signals, and `dsb --kube
+    signal` (which writes the same field); one operator serves the two Workflows."""
     operators("--allow-local-provider", "--workflows", "examples.flows")
-    doc = manifest("approve-me", entrypoint="examples.flows.hello_flow:hello", input={"name": "Ada", "approve": True},
-                   toolCalls=None, sandbox=None, snapshotEveryNCalls=None)
-    control_plane.apply(doc, "-n", namespace)
-    wait_condition(control_plane, namespace, "approve-me", "WaitingForSignal")
-    st = status(control_plane, namespace, "approve-me")
-    assert st["phase"] == "Waiting"
-    assert st["pendingCallbacks"] == [{"id": "approval", "payload": {"question": "Send 'Hello, Ada!'?"}}]
-    wait_event(control_plane, namespace, "approve-me", "WaitingForSignal")
+    names = {"approve-me": "grace", "approve-cli": "dsb"}  # Workflow -> who signals it
+    for name in names:
+        doc = manifest(name, entrypoint="examples.flows.hello_flow:hello", input={"name": "Ada", "approve": True},
+                       toolCalls=None, sandbox=None, snapshotEveryNCalls=None)
+        control_plane.apply(doc, "-n", namespace)
+    for name in names:
+        wait_condition(control_plane, namespace, name, "WaitingForSignal")
+        st = status(control_plane, namespace, name)
+        assert st["phase"] == "Waiting"
+        assert st["pendingCallbacks"] == [{"id": "approval", "payload": {"question": "Send 'Hello, Ada!'?"}}]
+        wait_event(control_plane, namespace, name, "WaitingForSignal")
 
     control_plane.kubectl("patch", "workflow", "approve-me", "-n", namespace, "--type", "merge",
                           "-p", json.dumps({"spec": {"signals": {"approval": {"approved": True, "by": "grace"}}}}))
-    wait_condition(control_plane, namespace, "approve-me", "Succeeded")
-    st = status(control_plane, namespace, "approve-me")
-    assert st["result"]["approval"] == {"approved": True, "by": "grace"}
-    assert st["result"]["greeting"] == "Hello, Ada!"
-    assert condition(control_plane, namespace, "approve-me", "WaitingForSignal")["status"] == "False"  # type: ignore[index]
+    proc = dsb("--kube", "-n", namespace, "signal", "approve-cli", "approval", '{"approved": true, "by": "dsb"}')
+    assert proc.returncode == 0, proc.stderr
+    assert "signalled approval of run approve-cli" in proc.stdout
+    for name, by in names.items():
+        wait_condition(control_plane, namespace, name, "Succeeded")
+        st = status(control_plane, namespace, name)
+        assert st["result"]["approval"] == {"approved": True, "by": by}
+        assert st["result"]["greeting"] == "Hello, Ada!"
+        assert condition(control_plane, namespace, name, "WaitingForSignal")["status"] == "False"  # type: ignore[index]
 
 
 def test_suspend_hibernates_between_calls_and_resume_restores_from_the_snapshot(

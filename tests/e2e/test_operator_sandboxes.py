@@ -11,8 +11,10 @@ provider's own API from this process (as a Workflow's session would).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -374,3 +376,78 @@ def test_e2b_sandbox_shared_suspended_resumed_and_deleted_through_a_refusal(
     fake_e2b.allow_deletes()
     wait_until(lambda: get(cp, ns, "cloud-box") is None, 120, "the Sandbox to be deleted once E2B accepts deletes")
     assert fake_e2b.live_sandboxes() == [] and fake_e2b.snapshots() == []
+
+
+def sandbox_lease(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    """The Lease that says which operator replica reconciles Sandbox ``name``."""
+    items = cp.kubectl_json("get", "leases", "-n", ns, "-l", f"durable-sandbox.dev/sandbox={name}")["items"]
+    assert len(items) <= 1, items
+    return items[0] if items else None
+
+
+def test_two_replicas_one_reconciles_and_the_other_takes_over_when_it_is_killed(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    cp, ns = control_plane, namespace
+    replicas = {name: operators("--allow-local-provider", name=name) for name in ("r-a", "r-b")}  # one shared home
+    cp.apply(sandbox("contested"), "-n", ns)
+    st = wait_for(cp, ns, "contested", "Ready")
+    lease = sandbox_lease(cp, ns, "contested")
+    assert lease is not None
+    holder = lease["spec"]["holderIdentity"]
+    (other,) = set(replicas) - {holder}
+    uid = get(cp, ns, "contested")["metadata"]["uid"]  # type: ignore[index]
+    assert lease["metadata"]["name"] == f"dsbx.{uid}"
+    assert [(o["kind"], o["uid"]) for o in lease["metadata"]["ownerReferences"]] == [("Sandbox", uid)]
+    # The other replica tried and was turned away by the Lease (it says so), so it provisioned nothing.
+    wait_until(lambda: f"reconciled by replica {holder}; this one waits" in replicas[other].logs(), 60,
+               f"{other} to find the Sandbox's Lease held by {holder}")
+    assert workspaces(replicas[holder].home) == [st["providerId"]]
+    assert reasons(cp, ns, "contested").count("Provisioned") == 1
+
+    replicas[holder].kill()  # SIGKILL: the Lease is not released, it runs out
+    set_suspend(cp, ns, "contested", True)
+    st = wait_for(cp, ns, "contested", "Suspended")
+    taken = sandbox_lease(cp, ns, "contested")
+    assert taken is not None and taken["spec"]["holderIdentity"] == other
+    assert taken["spec"]["leaseTransitions"] > lease["spec"]["leaseTransitions"]
+    assert workspaces(replicas[other].home) == [] and snapshots(replicas[other].home) == st["snapshots"]
+    assert f"this replica ({other}) reconciles it now" in replicas[other].logs()
+
+    delete_and_wait(cp, ns, "contested")  # the survivor's cleanup
+    assert local_sandboxes(replicas[other].home) == []
+    wait_until(lambda: sandbox_lease(cp, ns, "contested") is None, 60, "the Lease to go with its Sandbox")
+
+
+def test_the_sandbox_env_reaches_every_call_of_a_workflow_in_it_and_its_secret_nowhere_else(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    cp, ns = control_plane, namespace
+    token = "tok-" + uuid.uuid4().hex  # a Secret's value: reaches the calls, never status, events or logs
+    cp.kubectl("create", "secret", "generic", "box-creds", "-n", ns, f"--from-literal=token={token}")
+    op = operators("--allow-local-provider")
+    cp.apply(sandbox("env-box", env=[{"name": "GREETING", "value": "hello from the Sandbox"},
+                                     {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "box-creds", "key": "token"}}}]),
+             "-n", ns)
+    wait_for(cp, ns, "env-box", "Ready")
+    # The Workflow's calls run in the Sandbox's sandbox, through the operator's run engine (not the provider
+    # object that made it): the env is the sandbox's, so every call sees it. The token is compared, not printed.
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    cp.apply(workflow("uses-env", "env-box", [{"type": "shell", "command": 'echo "$GREETING"'},
+                                              {"type": "shell", "command": 'printf %s "$TOKEN" | sha256sum | cut -c1-64'}]),
+             "-n", ns)
+    wait_workflow(cp, ns, "uses-env", "Succeeded")
+    results = workflow_status(cp, ns, "uses-env")["result"]["toolResults"]
+    assert [r["stdout"] for r in results] == ["hello from the Sandbox\n", f"{digest}\n"]
+
+    seen = {
+        "Sandbox": cp.kubectl("get", "dsbx", "env-box", "-n", ns, "-o", "json").stdout,
+        "Workflow": cp.kubectl("get", "workflow", "uses-env", "-n", ns, "-o", "json").stdout,
+        "Events": cp.kubectl("get", "events", "-n", ns, "-o", "json").stdout,
+        "operator log": op.logs(),
+        "leases": cp.kubectl("get", "leases,configmaps", "-n", ns, "-o", "json").stdout,
+    }
+    assert [where for where, text in seen.items() if token in text] == []
+    cp.kubectl("delete", "workflow", "uses-env", "-n", ns, "--wait=true", "--timeout=90s")
+    delete_and_wait(cp, ns, "env-box")
+    assert local_sandboxes(op.home) == []

@@ -155,6 +155,12 @@ def _recording(server: str, auth: Callable[[FakeState, web.Request], web.Respons
         if denied is not None:
             record.status = denied.status
             return denied
+        if state.throttled and state.throttle_server in (None, server):
+            state.throttled -= 1
+            retry_after = state.throttle_retry_after
+            record.status = 429
+            return web.json_response({"code": 429, "message": "rate limit exceeded"}, status=429,
+                                     headers={"Retry-After": retry_after} if retry_after is not None else None)
         try:
             response = await handler(request)
         except Reject as exc:

@@ -129,6 +129,9 @@ class FakeState:
     deleted_templates: list[str] = field(default_factory=list)
     rejections_expected: bool = False  # set by tests that send malformed requests on purpose
     delete_fault: int = 0  # while set, DELETE of sandboxes and templates (snapshots) answers this status
+    throttled: int = 0  # the next this many requests (after auth) answer 429, as E2B's rate limiter does
+    throttle_retry_after: str | None = None
+    throttle_server: str | None = None  # "api", "envd" or None for both
 
     # ----------------------------------------------------------------------------------- clock
 
@@ -166,6 +169,11 @@ class FakeState:
     def fail_create(self, status: int = 429, *, times: int = 1, retry_after: str | None = None) -> None:
         """The next ``times`` ``POST /v2/sandboxes`` answer ``status`` (with ``Retry-After`` when given)."""
         self.create_faults.extend(CreateFault(status, retry_after) for _ in range(times))
+
+    def throttle(self, times: int, *, retry_after: str | None = None, server: Literal["api", "envd"] | None = None) -> None:
+        """E2B's rate limiter: the next ``times`` authenticated requests (of ``server``, or any) answer 429
+        ``{"code": 429, "message": "rate limit exceeded"}`` (with ``Retry-After`` when given), unprocessed."""
+        self.throttled, self.throttle_retry_after, self.throttle_server = times, retry_after, server
 
     def drop_connection_after_create(self, times: int = 1) -> None:
         """Create the next sandbox(es) but close the connection instead of answering (a lost response)."""

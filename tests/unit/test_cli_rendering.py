@@ -127,3 +127,13 @@ def test_lifecycle_commands_keep_brackets() -> None:
     waited = dsb("wait", "[d]1")
     assert "run [d]1 succeeded" in lines(waited.stdout) and '"out": "[red]x[/red]"' in waited.stdout
     assert lines(dsb("delete", "[d]1").stdout) == ["run [d]1 deleted"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "age"),
+    [(-3, "0s"), (0, "0s"), (119, "119s"), (120, "2m"), (192, "3m12s"), (600, "10m"), (179 * 60 + 59, "179m"),
+     (3 * 3600, "3h"), (5 * 3600 + 180, "5h3m"), (30 * 3600, "30h"), (3 * 86400 + 4 * 3600, "3d4h"), (8 * 86400, "8d"),
+     (800 * 86400, "2y70d"), (9 * 365 * 86400, "9y")],
+)
+def test_ages_are_written_as_kubectl_writes_them(seconds: int, age: str) -> None:
+    assert render.kube_age(seconds) == age

@@ -530,17 +530,21 @@ def _where(log: list[str], slow: threading.Event) -> int:
     return len(log)
 
 
+def _where_loop(name: str, log: list[str], slow: threading.Event):
+    @workflow(name=name)
+    async def wf(ctx, n):
+        for i in range(n):
+            await ctx.step(f"s{i}", _where, log, slow)
+
+    return wf
+
+
 async def test_a_quick_sync_step_runs_inline_and_a_slow_one_goes_back_to_threads(engine):
     """A sync step function runs in a thread until it has been quick QUICK_RUNS times, then inline (no
     thread hop per step); one slow inline run sends it back to threads for good."""
     log: list[str] = []
     slow = threading.Event()
-
-    @workflow(name="steps-inline")
-    async def wf(ctx, n):
-        for i in range(n):
-            await ctx.step(f"s{i}", _where, log, slow)
-
+    wf = _where_loop("steps-inline", log, slow)
     quick = context_mod.QUICK_RUNS
     assert (await engine.run(wf, quick + 2, run_id="inline-1")).status == "succeeded"
     assert log == ["thread"] * quick + ["loop"] * 2
@@ -550,6 +554,33 @@ async def test_a_quick_sync_step_runs_inline_and_a_slow_one_goes_back_to_threads
     slow.clear()
     assert (await engine.run(wf, 2, run_id="inline-3")).status == "succeeded"
     assert log == ["loop", "thread", "thread"], "demoted after one slow inline run"
+
+
+async def test_a_quick_inline_step_commits_its_start_with_its_outcome(engine, store, monkeypatch):
+    """Steps that run in a thread commit their start, then their outcome; once a sync function runs
+    inline, both records go in one commit (nothing could observe the start in between). The journal
+    keeps both records either way."""
+    commits: list[list[tuple[str, str]]] = []
+    real_commit = store.commit
+
+    async def counting_commit(run_id, fence, commit):
+        commits.append([(r.op_id, r.status) for r in commit.records])
+        return await real_commit(run_id, fence, commit)
+
+    monkeypatch.setattr(store, "commit", counting_commit)
+    monkeypatch.setattr(context_mod, "_observed", {})  # what other tests taught it about _where
+    log: list[str] = []
+    wf = _where_loop("steps-inline-commits", log, threading.Event())
+    quick = context_mod.QUICK_RUNS
+    run_id = "inline-commits"
+    assert (await engine.run(wf, quick + 2, run_id=run_id)).status == "succeeded"
+    assert log == ["thread"] * quick + ["loop"] * 2
+    step_commits = [c for c in commits if any(op.startswith("s") for op, _ in c)]
+    threaded = [[(f"s{i}", "started")] for i in range(quick)]
+    assert step_commits[: 2 * quick : 2] == threaded
+    assert step_commits[2 * quick:] == [[(f"s{i}", "started"), (f"s{i}", "completed")] for i in (quick, quick + 1)]
+    history = [(r.op_id, r.status) for r in await engine.history(run_id) if r.op_id.startswith("s")]
+    assert history == [(f"s{i}", st) for i in range(quick + 2) for st in ("started", "completed")]
 
 
 def _tick(counter: list[int], reached: threading.Event) -> int:

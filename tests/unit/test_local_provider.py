@@ -8,6 +8,7 @@ import json
 import os
 import re
 import select
+import stat
 import tarfile
 import uuid
 from collections.abc import Iterator
@@ -152,6 +153,7 @@ def test_home_defaults_to_the_environment_variable(tmp_path: Path, monkeypatch: 
         tmp_path / "from-env" / "local" / "workspaces",
         tmp_path / "from-env" / "local" / "snapshots",
         tmp_path / "from-env" / "local" / "leases",
+        tmp_path / "from-env" / "local" / "env",
     )
     assert all(d.is_dir() for d in provider.directories())
 
@@ -184,12 +186,15 @@ async def test_provision_creates_workspace_and_lease(provider: LocalProvider, cl
     assert other.id != handle.id
 
 
-async def test_env_values_never_reach_disk(provider: LocalProvider, sandbox: SandboxHandle) -> None:
+async def test_env_values_are_only_in_the_sandbox_env_file(provider: LocalProvider, sandbox: SandboxHandle) -> None:
+    # The env belongs to the sandbox (every process's calls in it see it), in one file readable by this
+    # user only; never in the lease, the workspace, a snapshot or the handle.
     await run(provider, sandbox, "shell", command="echo hello > out.txt")
     await provider.snapshot(sandbox, operation_id="snap")
     await provider.suspend(sandbox)
-    for path in files_under(provider.home):
-        assert SECRET.encode() not in path.read_bytes(), path
+    holding = [path for path in files_under(provider.home) if SECRET.encode() in path.read_bytes()]
+    assert holding == [provider.env_dir / f"{sandbox.id}.json"]
+    assert stat.S_IMODE(holding[0].stat().st_mode) == 0o600
     assert SECRET not in sandbox.model_dump_json()
 
 
@@ -657,7 +662,7 @@ async def test_everything_the_run_owned_is_gone_after_cleanup(
     snap = await provider.snapshot(sandbox, operation_id="s")
     restored = await provider.restore(snap, SandboxSpec(), lease_seconds=60)
     await run(provider, restored, "write_file", path="f", contents="x")
-    assert len(provider.leftovers()) == 5  # two workspaces, two leases, one snapshot
+    assert len(provider.leftovers()) == 7  # two workspaces, two leases, two env files, one snapshot
     await provider.destroy(sandbox)
     await provider.destroy(restored)
     await provider.delete_snapshot(snap)
@@ -759,11 +764,18 @@ async def test_list_sandboxes_by_owner(provider: LocalProvider, clock: FakeClock
 async def test_list_sandboxes_from_a_fresh_provider(
     provider: LocalProvider, sandbox: SandboxHandle, clock: FakeClock
 ) -> None:
-    # A restarted process finds its sandboxes by owner and can use them, without the spec env it never saw.
+    # A restarted process finds its sandboxes by owner and can use them, with the env the sandbox was made
+    # with (it belongs to the sandbox, as E2B's envVars do), though this process never saw the spec.
     fresh = LocalProvider(provider.home, clock=clock)
     (found,) = await fresh.list_sandboxes("run-1")
     assert found == sandbox
-    assert (await run(fresh, found, "shell", command='echo "[$SECRET]"')).stdout == "[]\n"
+    assert (await run(fresh, found, "shell", command='echo "[$SECRET]"')).stdout == f"[{SECRET}]\n"
+    # Kept apart from the lease (which tools read), readable by this user only, and gone with the sandbox.
+    env_file = provider.env_dir / f"{sandbox.id}.json"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert SECRET not in (provider.leases_dir / f"{sandbox.id}.json").read_text()
+    await fresh.destroy(found)
+    assert not env_file.exists() and provider.leftovers() == []
 
 
 async def test_cleanup_expired(provider: LocalProvider, clock: FakeClock) -> None:

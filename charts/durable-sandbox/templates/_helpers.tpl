@@ -66,7 +66,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# One coordination Lease per run (fencing between replicas).
+# One coordination Lease per run and per Sandbox (which replica acts; fencing between replicas).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]

@@ -29,9 +29,9 @@ from durable_sandbox.cli.session import Settings
 from durable_sandbox.engine import OperationRecord, RunNotFound, RunRecord, RunState, RunStatus
 from durable_sandbox.engine.client import RunClient
 from durable_sandbox.engine.records import ErrorInfo
-from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.client import KubeClient, json_body
 from durable_sandbox.kube.manifests import load_manifests
-from durable_sandbox.kube.models import Resource
+from durable_sandbox.kube.models import GROUP, VERSION, Resource
 from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.kube.workflows import NoSuchWorkflow, WorkflowClient, run_id_of
 
@@ -138,6 +138,15 @@ class ClusterEngine:
                 out.append(run)
         return sorted(out, key=lambda r: r.created_at, reverse=True)[:limit]
 
+    async def sandboxes(self) -> list[dict[str, Any]]:
+        """The namespace's Sandbox resources, oldest first (as kubectl lists them: by name within a second)."""
+        out = await json_body(
+            self.api.custom.list_namespaced_custom_object_without_preload_content(GROUP, VERSION, self.namespace,
+                                                                                  "sandboxes")
+        )
+        rows = [sandbox_summary(obj) for obj in out.get("items") or []]
+        return sorted(rows, key=lambda r: r["name"])
+
     async def signal(self, ref: str, callback_id: str, value: Any = None) -> bool:
         obj = await self.workflow(ref)
         return await self.workflows.signal(obj["metadata"]["name"], callback_id, value)
@@ -198,6 +207,25 @@ def _created_at(obj: dict[str, Any]) -> float:
     if not stamp:
         return time.time()
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def sandbox_summary(obj: dict[str, Any]) -> dict[str, Any]:
+    """One Sandbox as `dsb --kube sandboxes` shows it (the columns of `kubectl get dsbx`, and who holds it)."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    return {
+        "name": obj["metadata"]["name"],
+        "phase": status.get("phase") or "Pending",
+        "provider": spec.get("provider") or "local",
+        "ready": (ready or {}).get("status") or "Unknown",
+        "reason": (ready or {}).get("reason"),
+        "holder": status.get("holder"),  # the Workflow running in it (spec.sandboxRef)
+        "suspend": bool(spec.get("suspend")),
+        "providerId": status.get("providerId"),
+        "snapshots": list(status.get("snapshots") or []),
+        "createdAt": obj["metadata"].get("creationTimestamp"),
+        "created": _created_at(obj),
+    }
 
 
 def _workflow_name(obj: dict[str, Any]) -> str:

@@ -161,7 +161,17 @@ def _accept_global_options(command: click.Command) -> None:
 
 
 def _register() -> None:
-    from durable_sandbox.cli.commands import control, inspect, lifecycle, logs, operator, run, runs, worker
+    from durable_sandbox.cli.commands import (
+        control,
+        inspect,
+        lifecycle,
+        logs,
+        operator,
+        run,
+        runs,
+        sandboxes,
+        worker,
+    )
 
     for command in (
         run.run,
@@ -171,6 +181,7 @@ def _register() -> None:
         control.signal,
         control.resume,
         runs.runs,
+        sandboxes.sandboxes,
         logs.logs,
         lifecycle.wait,
         lifecycle.delete,

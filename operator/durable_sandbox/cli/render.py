@@ -289,6 +289,52 @@ def render_runs(settings: Settings, runs: list[RunRecord], *, empty: str = "no r
         con.print(empty)
 
 
+def kube_age(seconds: float) -> str:
+    """An age as kubectl prints it (its HumanDuration): 45s, 3m12s, 95m, 5h3m, 30h, 3d4h, 60d, 2y10d."""
+    s = int(seconds)
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    days = hours // 24
+    if hours < 24 * 365 * 8:
+        return f"{days // 365}y{days % 365}d" if days % 365 else f"{days // 365}y"
+    return f"{days // 365}y"
+
+
+def render_sandboxes(settings: Settings, rows: list[dict[str, Any]], *, now: float) -> None:
+    """`dsb --kube sandboxes`: Name, Phase, Provider, Ready, Holder (the Workflow in it), Age."""
+    if settings.output != "table":
+        emit_data(settings, [{k: v for k, v in row.items() if k != "created"} for row in rows])
+        return
+    table = Table(title_justify="left")
+    for col in ("Name", "Phase", "Provider", "Ready", "Holder", "Age"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        ready = row["ready"] + (f" ({row['reason']})" if row["ready"] != "True" and row.get("reason") else "")
+        table.add_row(row["name"], styled(row["phase"]), row["provider"], ready, row["holder"] or "-",
+                      kube_age(now - row["created"]))
+    con = console(wide=settings.wide)
+    if rows:
+        con.print(table)
+    else:
+        con.print("no Sandboxes in this namespace")
+
+
 def state_doc(state: RunState) -> dict[str, Any]:
     """A run's state as -o json/yaml print it: RunState's JSON with RFC 3339 times."""
     doc = state.to_json()

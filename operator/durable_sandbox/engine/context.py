@@ -90,10 +90,15 @@ def _code_of(fn: Callable[..., Any]) -> Any:
     return getattr(target, "__code__", None)
 
 
-async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None,
-                  op_id: str, rt: RunRuntime) -> Any:
+def _runs_inline(fn: Callable[..., Any], timeout: float | None) -> bool:
     code = _code_of(fn) if timeout is None else None
-    if code is not None and _observed.get(code, 0) >= QUICK_RUNS:
+    return code is not None and _observed.get(code, 0) >= QUICK_RUNS
+
+
+async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None,
+                  op_id: str, rt: RunRuntime, *, inline: bool) -> Any:
+    code = _code_of(fn) if timeout is None else None
+    if inline and code is not None:
         # A sync function known to be quick (only sync functions are ever counted): inline.
         started = time.perf_counter()
         if started - rt.last_yield >= YIELD_EVERY:
@@ -209,14 +214,21 @@ class Context:
 
         while True:
             faults.reach(f"before:{op_id}")
-            await rt.write(
-                OperationRecord(op_id, OpKind.STEP.value, name, STARTED, attempt, digest, epoch=rt.epoch),
-                check_cancel=True,
-            )
+            started = OperationRecord(op_id, OpKind.STEP.value, name, STARTED, attempt, digest, epoch=rt.epoch)
+            # A step that will run inline (a sync function known to be quick) holds the loop until it ends,
+            # so no one in this process could see its start in between: its start is committed in one commit
+            # with its outcome, which halves the commits of a loop of quick steps. What that gives up: a
+            # crash inside such a step leaves no start record, so it re-runs as the same attempt (its
+            # previous run lasted under QUICK_SECONDS); a cancel is refused at that outcome's commit.
+            deferred_start = inline = _runs_inline(fn, timeout)
+            if deferred_start:
+                rt.defer(started)
+            else:
+                await rt.write(started, check_cancel=True)
             faults.reach(f"inside:{op_id}")
             rt.active_begin()
             try:
-                value = await _invoke(fn, args, kwargs, timeout, op_id, rt)
+                value = await _invoke(fn, args, kwargs, timeout, op_id, rt, inline=inline)
             except (Suspend, asyncio.CancelledError):
                 raise
             except Exception as exc:
@@ -259,6 +271,7 @@ class Context:
                 ),
                 cache=cache,
                 boundary=True,
+                check_cancel=deferred_start,
             )
             faults.reach(f"after:{op_id}")
             return value

@@ -231,6 +231,10 @@ class RunRuntime:
             self.cancel_reason = fresh.cancel_requested if fresh is not None else None
         return self.cancel_reason
 
+    def defer(self, record: OperationRecord) -> None:
+        """Have ``record`` committed with the next write (before that write's own records)."""
+        self._deferred.append(record)
+
     def pending_records(self) -> list[OperationRecord]:
         recs, self._deferred = self._deferred, []
         return recs

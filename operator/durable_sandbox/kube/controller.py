@@ -55,6 +55,12 @@ from durable_sandbox.engine.executor import default_worker_id
 from durable_sandbox.engine.records import Commit, RunRecord
 from durable_sandbox.kube import holding
 from durable_sandbox.kube.client import KubeClient, is_not_found
+from durable_sandbox.kube.concurrency import (
+    CONCURRENCY_LIMIT_REASON,
+    DEFAULT_MAX_CONCURRENT_RUNS,
+    RunSlots,
+    concurrency_limit_condition,
+)
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent, lifecycle_events, run_status_event
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.metrics import METRICS
@@ -103,6 +109,7 @@ class OperatorSettings:
     # Runs admitted at once: an operator restart re-admits every Workflow, and each admission reads the run's
     # head and journal; a few at a time keep that burst's memory small (the RSS it leaves is its high-water mark).
     admissions: int = 8
+    max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS  # runs this replica executes at once (kube/concurrency.py)
 
 
 def give_back_memory() -> None:
@@ -232,6 +239,7 @@ class Operator:
         self._parked: dict[str, Parked] = {}  # run id -> parked run
         self._stopped = asyncio.Event()  # set when the replica stops (SIGTERM): runs are handed over
         self._admitting = asyncio.Semaphore(self.settings.admissions)
+        self.slots = RunSlots(self.settings.max_concurrent_runs)
         self.stopping = False
         METRICS.runs.labels(state="active").set_function(lambda: len(self._active))
         METRICS.runs.labels(state="parked").set_function(lambda: len(self._parked))
@@ -695,7 +703,17 @@ class Operator:
             if view.wake.is_set() or stopped.is_set() or self.stopping or view.deleting:
                 return "again"
         view.executing = True
-        task = asyncio.create_task(executor.drive(view.run_id, plan.definition, if_busy="skip"))
+        slot = asyncio.Event()  # set once the run holds one of this replica's execution slots
+
+        async def drive_in_slot() -> Any:
+            # The slot is taken before the Lease is claimed, so a run queued here stays free for a
+            # replica with room (kube/concurrency.py).
+            async with self.slots.slot(view.run_id, on_wait=lambda: self._queued(view)):
+                slot.set()
+                self._dequeued(view)
+                return await executor.drive(view.run_id, plan.definition, if_busy="skip")
+
+        task = asyncio.create_task(drive_in_slot())
         handed_over = False
         given_up_at: float | None = None  # deleted: when the cleanup in this task is cut short
         try:
@@ -718,6 +736,15 @@ class Operator:
                     task.cancel()
                     with contextlib.suppress(BaseException):
                         await task
+                    return "again"
+                if not slot.is_set():
+                    # Still queued for a slot: nothing executes, so a spec change, deletion, stop or
+                    # deadline is judged afresh by the daemon's next turn (which queues again if needed).
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    self._dequeued(view)
+                    view.executing = False
                     return "again"
                 if view.deleting and not view.cancel_sent:
                     # Deleted mid-run: cancel now (cleanup runs here, at once) rather than hand the run over.
@@ -770,12 +797,24 @@ class Operator:
                     await task
 
     def _claim_delay(self) -> float:
-        """How long to wait before claiming a run: longer the more runs this replica executes already, so an
-        idler replica wins the claim (with jitter, so two equally busy replicas do not claim in lockstep)."""
-        executing = sum(1 for v in self._views.values() if v.executing)
-        if executing == 0:
+        """How long to wait before claiming a run: longer the more runs this replica executes (or queues for
+        an execution slot) already, so an idler replica wins the claim (with jitter, so two equally busy
+        replicas do not claim in lockstep)."""
+        busy = len(self.slots.executing) + len(self.slots.waiting)
+        if busy == 0:
             return 0.0
-        return min(self.settings.claim_delay_max, executing * self.settings.claim_delay_per_run * random.uniform(0.5, 1.5))
+        return min(self.settings.claim_delay_max, busy * self.settings.claim_delay_per_run * random.uniform(0.5, 1.5))
+
+    def _queued(self, view: RunView) -> None:
+        """The run waits for an execution slot: Pending, with Ready=False reason ConcurrencyLimit."""
+        cond = concurrency_limit_condition(self.slots.limit, len(self.slots.waiting))
+        view.extra.not_runnable, view.extra.not_runnable_reason = cond["message"], cond["reason"]
+        self._offer(view)
+
+    def _dequeued(self, view: RunView) -> None:
+        if view.extra.not_runnable_reason == CONCURRENCY_LIMIT_REASON:
+            view.extra.not_runnable, view.extra.not_runnable_reason = None, None
+            self._offer(view)
 
     async def _finish_handover(self, task: asyncio.Task[Any]) -> None:
         """Let the operation in flight finish (it is committed), then the run stops at the boundary; a

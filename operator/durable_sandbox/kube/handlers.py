@@ -24,16 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import inspect
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
 
-from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.client import KubeClient, is_not_found
 from durable_sandbox.kube.controller import (
     FINALIZER,
     CleanupPending,
@@ -43,7 +44,7 @@ from durable_sandbox.kube.controller import (
 )
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.models import GROUP, VERSION
-from durable_sandbox.kube.sandbox_controller import SandboxController
+from durable_sandbox.kube.sandbox_controller import SandboxController, SandboxControllerSettings
 
 log = logging.getLogger("durable_sandbox.kube.handlers")
 
@@ -53,8 +54,13 @@ WATCH_CLIENT_TIMEOUT = 330
 # it (the call in flight may finish first; sandbox cleanup runs) before kopf cancels it by force.
 DAEMON_GRACEFUL_EXIT = 60.0
 DAEMON_CANCELLATION_TIMEOUT = 30.0
+# How long kopf waits, within the handling cycle of a deletion, for a daemon it has just told to stop. A
+# finished run's daemon ends after at most one status write, so its finalizer goes in that same cycle;
+# without this kopf allows 10 event-loop turns, which a daemon that writes anything on its way out misses.
+DAEMON_INSTANT_EXIT = 5.0
 
 StartupHook = Callable[[Operator, kopf.OperatorSettings], Any]
+Touch = Callable[[], Coroutine[Any, Any, None]]
 STARTUP_HOOKS: list[StartupHook] = []
 
 
@@ -105,6 +111,7 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT
     settings.posting.enabled = False
+    settings.background.instant_exit_timeout = DAEMON_INSTANT_EXIT
 
 
 @kopf.on.startup()
@@ -113,7 +120,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     configure_kopf(settings)
     api = await KubeClient.connect(kubeconfig=config.kubeconfig)
     _operator = Operator(api, policy=config.policy, settings=config.settings, providers=config.providers)
-    _sandboxes = SandboxController(api, _operator.events, _operator.provider_for)
+    _sandboxes = SandboxController(api, _operator.events, _operator.provider_for, SandboxControllerSettings(
+        worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl))
     for hook in STARTUP_HOOKS:
         result = hook(_operator, settings)
         if inspect.isawaitable(result):
@@ -140,10 +148,12 @@ async def cleanup(**_: Any) -> None:
     await op.api.close()
 
 
-async def _until_stopped(stopped: kopf.DaemonStopped, serve: Callable[[asyncio.Event], Awaitable[None]],
-                         kind: str = "Workflow") -> None:
+async def until_stopped(stopped: kopf.DaemonStopped, serve: Callable[[asyncio.Event], Awaitable[None]],
+                        kind: str = "Sandbox", *, touch: Touch) -> None:
     """Run a daemon body with an asyncio.Event set once kopf stops the daemon (the object is being
-    deleted, or the operator is exiting: runs are handed over, Sandboxes left as they are)."""
+    deleted, or the operator is exiting: runs are handed over, Sandboxes left as they are). ``touch``
+    makes kopf look at the object again after a deletion (see :func:`look_again_when_ended`)."""
+    look_again_when_ended(stopped, touch)
     stop = asyncio.Event()
 
     async def bridge() -> None:
@@ -162,6 +172,65 @@ async def _until_stopped(stopped: kopf.DaemonStopped, serve: Callable[[asyncio.E
             await watcher
 
 
+_touches: set[asyncio.Task[None]] = set()
+
+
+def kopf_must_look_again(reason: kopf.DaemonStoppingReason | None) -> bool:
+    """Whether kopf, stopping a daemon for its object's deletion, may have found it still running: then it
+    looks at the object again only on its next event, or when the graceful backoff (DAEMON_GRACEFUL_EXIT) is
+    over. kopf marks a daemon DAEMON_SIGNALLED (later DAEMON_CANCELLED) when it did not end within kopf's
+    first wait; if it ended within the second, the look again is one needless write."""
+    if reason is None or not reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
+        return False
+    return bool(reason & (kopf.DaemonStoppingReason.DAEMON_SIGNALLED | kopf.DaemonStoppingReason.DAEMON_CANCELLED))
+
+
+def look_again_when_ended(stopped: kopf.DaemonStopped, touch: Touch) -> None:
+    """Once the current (daemon) task has ended, make kopf look at its object again if it needs to.
+
+    kopf removes the finalizer of a deleted object only in a handling cycle that finds all its daemons
+    ended, and a daemon ending is no watch event. A daemon that outlives kopf's wait (DAEMON_INSTANT_EXIT)
+    would otherwise keep the finalizer until the next event of the object, or DAEMON_GRACEFUL_EXIT seconds,
+    which is exactly `kubectl delete`'s usual 60 s timeout. ``touch`` (a write of kopf's own
+    ``status.kopf.dummy``) runs from the task's done callback, strictly after the task ended, so the
+    handling cycle its event causes finds the daemon gone."""
+    task = asyncio.current_task()
+    if task is None:
+        return
+
+    def ended(_: asyncio.Task[Any]) -> None:
+        if not kopf_must_look_again(stopped.reason):
+            return
+        follow_up = asyncio.get_running_loop().create_task(touch())
+        _touches.add(follow_up)
+        follow_up.add_done_callback(_touches.discard)
+
+    task.add_done_callback(ended)
+
+
+def toucher(plural: str, body: kopf.Body) -> Touch:
+    """A write that changes nothing but kopf's ``status.kopf.dummy`` (as kopf's own touch does): an event."""
+    meta = body.get("metadata", {})
+    namespace, name = meta.get("namespace", ""), meta.get("name", "")
+
+    async def touch() -> None:
+        if _operator is None:
+            return  # the operator is exiting
+        stamp = datetime.datetime.now(datetime.UTC).isoformat()
+        try:
+            await _operator.api.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, plural, name, {"status": {"kopf": {"dummy": stamp}}},
+                field_manager="durable-sandbox-operator", _content_type="application/merge-patch+json",
+            )
+        except Exception as exc:
+            if is_not_found(exc):
+                return  # kopf let it go already
+            log.warning("could not ask kopf to look at %s %s/%s again (%s): its finalizer goes when the daemon's "
+                        "graceful backoff of %gs is over", plural, namespace, name, exc, DAEMON_GRACEFUL_EXIT)
+
+    return touch
+
+
 @kopf.on.event(GROUP, VERSION, "workflows")
 async def watched(body: kopf.Body, type: str | None, **_: Any) -> None:
     uid = body.get("metadata", {}).get("uid", "")
@@ -177,12 +246,18 @@ async def watched(body: kopf.Body, type: str | None, **_: Any) -> None:
 
 @kopf.on.delete(GROUP, VERSION, "workflows", optional=False, retries=None)
 async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
+    await _finalize("Workflow", current().cleanup(body, attempt=retry))
+
+
+async def _finalize(kind: str, cleanup: Awaitable[None]) -> None:
+    """A delete handler's cleanup. CleanupPending (the provider refuses, another replica holds the run) is
+    retried by kopf after its delay; anything else is a reconcile error, which kopf retries too."""
     try:
-        await current().cleanup(body, attempt=retry)
+        await cleanup
     except CleanupPending as exc:
         raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
     except Exception:
-        METRICS.reconcile_errors.labels(kind="Workflow").inc()
+        METRICS.reconcile_errors.labels(kind=kind).inc()
         raise
 
 
@@ -197,7 +272,8 @@ def sandboxes() -> SandboxController:
 async def keep_sandbox(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
     # One daemon per Sandbox: provisions, renews the provider lease, suspends and restores it.
     controller = sandboxes()
-    await _until_stopped(stopped, lambda stop: controller.daemon(lambda: body, stop), kind="Sandbox")
+    await until_stopped(stopped, lambda stop: controller.daemon(lambda: body, stop), kind="Sandbox",
+                        touch=toucher("sandboxes", body))
 
 
 @kopf.on.event(GROUP, VERSION, "sandboxes")
@@ -210,10 +286,7 @@ async def sandbox_watched(body: kopf.Body, **_: Any) -> None:
 
 @kopf.on.delete(GROUP, VERSION, "sandboxes", optional=False, retries=None)
 async def delete_sandbox(body: kopf.Body, retry: int, **_: Any) -> None:
-    try:
-        await sandboxes().cleanup(body, attempt=retry)
-    except CleanupPending as exc:
-        raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
+    await _finalize("Sandbox", sandboxes().cleanup(body, attempt=retry))
 
 
 GRACEFUL_STOP_INSTALL_DELAY = 0.5  # seconds after startup: kopf's own signal handlers are in place by then

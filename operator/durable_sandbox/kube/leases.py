@@ -1,4 +1,5 @@
-"""Per-run ``coordination.k8s.io/v1`` Leases: who executes a run, with a fencing epoch.
+"""``coordination.k8s.io/v1`` Leases: who executes a run (Lease ``dsb.<run>``) or reconciles a Sandbox
+(Lease ``dsbx.<uid>``), with a fencing epoch.
 
 - **Claim** = an update conditional on the Lease's ``resourceVersion`` (a replace carrying the version we
   read: the apiserver refuses it with 409 if anyone wrote in between), so two replicas can never both win.
@@ -12,10 +13,18 @@
   clocks may disagree by more than a lease lasts.
 - **Release** clears the holder, so another replica takes the run over at once (SIGTERM handover) instead
   of waiting for an expiry.
+
+:class:`Leases` is the machinery (one namespace, as one process sees it); the store uses it for runs, whose
+renewals the engine's executor drives. :class:`HeldLease` is one Lease a process keeps while it works on
+one object (a Sandbox): renewed in the background at a third of its length, and reported lost (so the work
+stops) as soon as it is not ours any more or has not been renewed for a whole lease period.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +36,9 @@ from kubernetes.aio.client import models as m
 from durable_sandbox.kube.client import KubeClient, is_conflict, is_not_found
 from durable_sandbox.kube.metrics import METRICS
 
-__all__ = ["LeaseBusy", "LeaseGone", "RunLeases"]
+log = logging.getLogger("durable_sandbox.kube.leases")
+
+__all__ = ["HeldLease", "LeaseBusy", "LeaseGone", "Leases"]
 
 
 class LeaseBusy(Exception):
@@ -54,7 +65,7 @@ class _Seen:
     at: float  # local monotonic time when this resourceVersion was first observed
 
 
-class RunLeases:
+class Leases:
     """The Leases of one namespace, as one process sees them (``clock`` is its monotonic clock)."""
 
     def __init__(self, client: KubeClient, namespace: str, *, clock: Callable[[], float] = time.monotonic,
@@ -240,3 +251,80 @@ class RunLeases:
             self.observe(updated)
             self._mine.pop(name, None)
             return
+
+
+class HeldLease:
+    """One Lease this process keeps while it works on one object (the other replicas wait for it).
+
+    :meth:`take` acquires it (``LeaseBusy`` while another holder's is live) and starts the background
+    renewal; ``on_lost`` is called once when it stops being ours (taken over, deleted, or not renewed for
+    a whole lease period because the API server could not be reached): the holder must stop acting then,
+    as another replica may start. :meth:`release` hands it over at once (SIGTERM)."""
+
+    def __init__(self, leases: Leases, name: str, holder: str, ttl: float, *, labels: dict[str, str] | None = None,
+                 owners: Sequence[m.V1OwnerReference] | None = None, on_lost: Callable[[], None] | None = None) -> None:
+        self.leases = leases
+        self.name = name
+        self.holder = holder
+        self.ttl = ttl
+        self.labels = labels
+        self.owners = owners
+        self.on_lost = on_lost
+        self.epoch: int | None = None
+        self._renewer: asyncio.Task[None] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.epoch is not None
+
+    async def take(self) -> int:
+        """Hold it (a no-op while held); returns the epoch. Raises ``LeaseBusy``."""
+        if self.epoch is not None:
+            return self.epoch
+        self.epoch = await self.leases.acquire(self.name, self.holder, self.ttl, labels=self.labels, owners=self.owners)
+        self._renewer = asyncio.get_running_loop().create_task(self._renew(self.epoch))
+        return self.epoch
+
+    async def _renew(self, epoch: int) -> None:
+        renewed = self.leases.clock()
+        while True:
+            # A third of the lease: two renewals may fail (API server busy) before the others may take it.
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                await self.leases.renew(self.name, self.holder, epoch, self.ttl)
+                renewed = self.leases.clock()
+                continue
+            except LeaseGone:
+                log.warning("lease %s/%s is no longer held by %s (taken over or deleted)",
+                            self.leases.namespace, self.name, self.holder)
+            except Exception as exc:
+                if self.leases.clock() - renewed < self.ttl:
+                    log.warning("renewing lease %s/%s failed, trying again: %s: %s",
+                                self.leases.namespace, self.name, type(exc).__name__, exc)
+                    continue
+                log.warning("lease %s/%s not renewed for %gs (%s: %s): another replica may hold it now",
+                            self.leases.namespace, self.name, self.ttl, type(exc).__name__, exc)
+            break
+        self.epoch = None
+        self._renewer = None
+        if self.on_lost is not None:
+            self.on_lost()
+
+    async def _stop_renewing(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None and renewer is not asyncio.current_task():
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+
+    async def release(self) -> None:
+        """Stop renewing and clear the holder, so another replica takes it over at once."""
+        await self._stop_renewing()
+        epoch, self.epoch = self.epoch, None
+        if epoch is not None:
+            await self.leases.release(self.name, self.holder, epoch)
+
+    async def forget(self) -> None:
+        """Stop renewing without writing (the object and its Lease are being deleted)."""
+        await self._stop_renewing()
+        self.epoch = None

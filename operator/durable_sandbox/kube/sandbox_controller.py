@@ -21,6 +21,14 @@ providers return the same snapshot), a destroy is repeated (idempotent). So a SI
 exactly one live sandbox, or exactly one snapshot, after the restart.
 
 Status is written only here, through the status subresource (merge patches), one write per transition.
+
+One replica at a time: every replica runs a daemon for every Sandbox, but only the holder of the
+Sandbox's ``coordination.k8s.io`` Lease (``dsbx.<uid>``, owned by the Sandbox, see ``kube/leases.py``)
+reconciles it and runs its cleanup; the others look again when the holder's lease would run out, so a
+dead holder is taken over after about one lease period, and one that stops (SIGTERM) releases it. A
+holder that loses its lease (not renewed in time, taken over) stops the reconciliation in progress at
+once; the operation recorded in status makes that as safe as a crash. A new holder reads the status
+back from the API server before it acts (the previous holder wrote it).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.aio.client import models as k8s_models
 from pydantic import ValidationError
 
 from durable_sandbox.engine import faults
@@ -40,9 +49,11 @@ from durable_sandbox.kube import holding
 from durable_sandbox.kube.client import KubeClient, is_not_found
 from durable_sandbox.kube.controller import CleanupPending
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
+from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.status import condition, rfc3339
+from durable_sandbox.kube.store import MANAGED_BY
 from durable_sandbox.providers.contract import (
     Capability,
     ProviderError,
@@ -69,6 +80,8 @@ class SandboxControllerSettings:
     failed_retry: float = 60.0  # after a refused provision (the spec may change meanwhile)
     held_retry: float = 2.0  # deletion of a Sandbox a Workflow holds looks again this often
     cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+    worker_id: str = "durable-sandbox"  # this replica's name in the Sandboxes' Leases
+    lease_ttl: float = 15.0  # a dead replica's Sandboxes are taken over after this long
 
 
 def owner_tag(namespace: str, uid: str) -> str:
@@ -89,6 +102,9 @@ class SandboxView:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     generation: int | None = None
+    lease: HeldLease | None = None  # this replica's claim to reconcile the Sandbox
+    turn: asyncio.Task[float | None] | None = None  # the reconciliation in progress (stopped if the lease is lost)
+    waiting_on: str | None = None  # the replica holding the lease while this one waits
 
     def latest(self) -> Mapping[str, Any]:
         if self.body_of is not None:
@@ -132,6 +148,7 @@ class SandboxController:
         self._providers: dict[str, SandboxProvider] = {}
         self.settings = settings or SandboxControllerSettings()
         self._views: dict[str, SandboxView] = {}  # uid -> view
+        self._leases: dict[str, Leases] = {}  # namespace -> its Leases as this process sees them
 
     def provider(self, name: str) -> SandboxProvider:
         found = self._providers.get(name)
@@ -186,22 +203,100 @@ class SandboxController:
             view.wake.set()
 
     async def daemon(self, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
-        """Keep one Sandbox as its spec asks until it is deleted or this process stops."""
-        body = body_of()
-        meta = body["metadata"]
-        view = SandboxView(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], body=body,
-                           status=dict(body.get("status") or {}), body_of=body_of)
-        self._views[view.uid] = view
+        """Keep one Sandbox as its spec asks until it is deleted or this process stops (while this replica
+        holds its Lease; otherwise wait for the holder's lease to run out)."""
+        view = self._view(body_of(), body_of)
         try:
             while not stopped.is_set() and not view.deleting:
                 view.wake.clear()
                 async with view.lock:
                     if view.deleting:
                         return
-                    delay = await self._turn(view)
+                    busy = await self._hold(view)
+                    delay = busy if busy is not None else await self._reconcile(view)
                 await self._wait(view, stopped, delay)
         finally:
-            self._views.pop(view.uid, None)
+            if not view.deleting:  # a deleted Sandbox's view (and lease) is the cleanup's now
+                self._views.pop(view.uid, None)
+                if view.lease is not None:
+                    with contextlib.suppress(Exception):
+                        await view.lease.release()  # hand it over at once (SIGTERM, rolling update)
+
+    def _view(self, body: Mapping[str, Any], body_of: Callable[[], Mapping[str, Any]] | None = None) -> SandboxView:
+        meta = body["metadata"]
+        view = self._views.get(meta["uid"])
+        if view is None:
+            view = SandboxView(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], body=body,
+                               status=dict(body.get("status") or {}))
+            self._views[view.uid] = view
+        view.body = body
+        if body_of is not None:
+            view.body_of = body_of
+        return view
+
+    # ------------------------------------------------------------------ the Sandbox's Lease (one replica reconciles)
+
+    def _lease_of(self, view: SandboxView) -> HeldLease:
+        if view.lease is None:
+            leases = self._leases.get(view.namespace)
+            if leases is None:
+                leases = self._leases[view.namespace] = Leases(self.api, view.namespace,
+                                                               field_manager="durable-sandbox-operator")
+            owner = k8s_models.V1OwnerReference(api_version=f"{GROUP}/{VERSION}", kind="Sandbox", name=view.name,
+                                                uid=view.uid)
+            view.lease = HeldLease(
+                leases, f"dsbx.{view.uid}", self.settings.worker_id, self.settings.lease_ttl,
+                labels={**MANAGED_BY, SANDBOX_LABEL: view.name}, owners=[owner],
+                on_lost=lambda: self._lease_lost(view),
+            )
+        return view.lease
+
+    async def _hold(self, view: SandboxView) -> float | None:
+        """None when this replica holds the Sandbox's Lease; else how long until the holder's runs out."""
+        lease = self._lease_of(view)
+        if lease.held:
+            return None
+        try:
+            epoch = await lease.take()
+        except LeaseBusy as busy:
+            if view.waiting_on != busy.holder:
+                view.waiting_on = busy.holder
+                log.info("sandbox %s/%s is reconciled by replica %s; this one waits", view.namespace, view.name,
+                         busy.holder)
+            return max(1.0, busy.remaining + 0.5)
+        view.waiting_on = None
+        log.info("sandbox %s/%s: this replica (%s) reconciles it now (lease epoch %d)", view.namespace, view.name,
+                 self.settings.worker_id, epoch)
+        # The previous holder wrote status last: start from what the API server has, not from our memory.
+        try:
+            obj: Any = await self.api.custom.get_namespaced_custom_object(GROUP, VERSION, view.namespace, SANDBOXES,
+                                                                          view.name)
+        except Exception as exc:
+            if not is_not_found(exc):
+                raise
+        else:
+            view.status = dict(obj.get("status") or {})
+        return None
+
+    def _lease_lost(self, view: SandboxView) -> None:
+        """Another replica may act from now on: stop what this one is doing (as safe as a crash)."""
+        if view.turn is not None and not view.turn.done():
+            view.turn.cancel()
+        view.wake.set()
+
+    async def _reconcile(self, view: SandboxView) -> float | None:
+        """One turn, stopped if the lease is lost meanwhile (then look again shortly)."""
+        view.turn = asyncio.ensure_future(self._turn(view))
+        try:
+            return await asyncio.shield(view.turn)
+        except asyncio.CancelledError:
+            if not view.turn.cancelled():
+                view.turn.cancel()  # this daemon itself is being cancelled: stop the turn too
+                raise
+            log.warning("sandbox %s/%s: the lease was lost during a reconciliation; stopped it", view.namespace, view.name)
+            return 0.0
+        finally:
+            view.turn = None
 
     @staticmethod
     async def _wait(view: SandboxView, stopped: asyncio.Event, timeout: float | None) -> None:
@@ -436,15 +531,14 @@ class SandboxController:
 
     async def cleanup(self, body: Mapping[str, Any], attempt: int = 0) -> None:
         """Destroy the live sandbox and every owned snapshot; :class:`CleanupPending` while the provider refuses."""
-        meta = body["metadata"]
-        view = self._views.get(meta["uid"]) or SandboxView(
-            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], body=body,
-            status=dict(body.get("status") or {}),
-        )
-        view.body = body
-        view.generation = meta.get("generation")
+        view = self._view(body)
+        view.generation = body["metadata"].get("generation")
         delay = self.settings.cleanup_backoff[min(attempt, len(self.settings.cleanup_backoff) - 1)]
         async with view.lock:
+            busy = await self._hold(view)
+            if busy is not None:
+                raise CleanupPending(f"replica {view.waiting_on} reconciles this Sandbox; its cleanup runs there (or "
+                                     f"here once that replica's lease runs out)", busy)
             holder = await holding.running_holder(self.api, view.namespace, dict(body))
             if holder is not None:
                 message = (f"Workflow {holder} holds this sandbox (spec.sandboxRef); deletion waits until it finishes "
@@ -466,6 +560,10 @@ class SandboxController:
             if self._condition(view, "CleanupBlocked") is not None:
                 await self._transition(view, "Deleting", CleanupBlocked=(False, "CleanupDone", ""))
             await self._emit(view, "CleanupDone", "sandbox and snapshots deleted")
+            # The Lease goes with the Sandbox (owner reference); nothing is left to reconcile.
+            self._views.pop(view.uid, None)
+            if view.lease is not None:
+                await view.lease.forget()
 
     async def _destroy_everything(self, view: SandboxView, provider: SandboxProvider) -> None:
         handle = view.handle()
@@ -488,6 +586,11 @@ class SandboxController:
         await self._patch(view, {"operation": None})
 
     async def aclose(self) -> None:
+        for view in list(self._views.values()):
+            if view.lease is not None:
+                with contextlib.suppress(Exception):
+                    await view.lease.release()
+        self._views.clear()
         for provider in self._providers.values():
             with contextlib.suppress(Exception):
                 await provider.aclose()

@@ -64,7 +64,7 @@ from durable_sandbox.kube.client import (
     is_transient,
     json_body,
 )
-from durable_sandbox.kube.leases import LeaseBusy, LeaseGone, RunLeases
+from durable_sandbox.kube.leases import LeaseBusy, LeaseGone, Leases
 
 __all__ = ["KubernetesStore", "OwnerRef"]
 
@@ -185,7 +185,7 @@ class KubernetesStore:
         self.namespace = namespace
         self.api = api
         self.field_manager = field_manager
-        self.leases = RunLeases(api, namespace, clock=clock, field_manager=field_manager)
+        self.leases = Leases(api, namespace, clock=clock, field_manager=field_manager)
         self.writes: Counter[str] = Counter()  # API writes by "verb kind", for the write budget
         self._runs: dict[str, _RunState] = {}
         self._owns_client = owns_client

@@ -47,6 +47,18 @@ class ProviderError(Exception):
     retryable: bool = True
 
 
+class RateLimited(ProviderError):
+    """The provider refused the request for load (HTTP 429), not for anything wrong with it, and it was
+    not processed. Callers slow down instead of failing: wait ``retry_after`` seconds (the provider's
+    Retry-After, when it said one) or back off, then try again, without counting it as a failed attempt."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class SandboxGone(ProviderError):
     """The sandbox no longer exists (expired, killed, lost). Triggers recovery, not a retry."""
 

@@ -35,6 +35,7 @@ from durable_sandbox.providers.contract import (
     ProviderCapabilities,
     ProviderError,
     ProvisionError,
+    RateLimited,
     SandboxGone,
     SandboxHandle,
     SandboxProvider,
@@ -108,10 +109,11 @@ class RetryPolicy:
 class _Transient(Exception):
     """A failure worth retrying; carries a secret-free description and the server's Retry-After."""
 
-    def __init__(self, detail: str, retry_after: float | None = None) -> None:
+    def __init__(self, detail: str, retry_after: float | None = None, *, rate_limited: bool = False) -> None:
         super().__init__(detail)
         self.detail = detail
         self.retry_after = retry_after
+        self.rate_limited = rate_limited  # HTTP 429: E2B asks us to slow down
 
 
 def _retry_after(response: httpx.Response, now: float) -> float | None:
@@ -203,6 +205,7 @@ class E2BProvider(SandboxProvider):
         self._instance = secrets.token_hex(8)
         self._key_generation: dict[str, int] = {}  # operation id -> bumped when its sandbox is destroyed
         self._created_by: dict[str, str] = {}  # sandbox id -> operation id that created it
+        self._throttled_until = 0.0  # clock time before which no new request is sent (after a 429)
         self._client = httpx.AsyncClient(timeout=timeout, transport=transport, follow_redirects=False)
 
     def __repr__(self) -> str:
@@ -271,7 +274,7 @@ class E2BProvider(SandboxProvider):
             if replay_safe or status in (429, 503):  # 429/503 say the request was not processed
                 await response.aread()
                 raise _Transient(f"{op}: E2B answered {status}: {self._server_message(response)}",
-                                 _retry_after(response, self._clock()))
+                                 _retry_after(response, self._clock()), rate_limited=status == 429)
         if status == 409 and _error_code(response) == "idempotency_in_progress":
             # A create under the same Idempotency-Key is still being processed: ask again for its answer.
             raise _Transient(f"{op}: E2B is still processing the first request with this Idempotency-Key",
@@ -280,6 +283,11 @@ class E2BProvider(SandboxProvider):
 
     async def _backoff(self, attempt: int, failure: _Transient) -> bool:
         """Wait before the next attempt; False when the attempts (or the patience for Retry-After) ran out."""
+        if failure.rate_limited:
+            # Rate limited: every request of this provider holds back until then, not only this one, so
+            # concurrent runs slow down together instead of each hammering E2B into more 429s.
+            wait = failure.retry_after if failure.retry_after is not None else self.retry.delay(attempt, None)
+            self._throttled_until = max(self._throttled_until, self._clock() + wait)
         if attempt + 1 >= self.retry.attempts:
             return False
         if failure.retry_after is not None and failure.retry_after > self.retry.max_retry_after:
@@ -289,18 +297,31 @@ class E2BProvider(SandboxProvider):
         await self._sleep(delay)
         return True
 
+    async def _hold_back(self) -> None:
+        """Before a new request: wait out what is left of a rate limit another request was told about."""
+        wait = self._throttled_until - self._clock()
+        if wait > 0:
+            log.debug("e2b rate limited: holding a request back %.2fs", wait)
+            await self._sleep(wait)
+
+    def _gave_up(self, failure: _Transient, attempts: int, *, provisioning: bool = False) -> ProviderError:
+        message = f"{failure.detail} (gave up after {attempts} attempt(s))"
+        if failure.rate_limited:  # not a failure of the request: the caller slows down and tries again
+            return RateLimited(message, retry_after=failure.retry_after)
+        if provisioning:
+            return ProvisionError(message, retryable=True)
+        return ProviderError(message)
+
     async def _request(self, op: str, method: str, url: str, *, provisioning: bool = False,
                        replay_safe: bool = True, **kwargs: Any) -> httpx.Response:
         attempt = 0
+        await self._hold_back()
         while True:
             try:
                 return await self._send_once(op, method, url, replay_safe=replay_safe, **kwargs)
             except _Transient as failure:
                 if not await self._backoff(attempt, failure):
-                    message = f"{failure.detail} (gave up after {attempt + 1} attempt(s))"
-                    if provisioning:
-                        raise ProvisionError(message, retryable=True) from None
-                    raise ProviderError(message) from None
+                    raise self._gave_up(failure, attempt + 1, provisioning=provisioning) from None
                 attempt += 1
 
     def _fail(self, op: str, response: httpx.Response, *, sandbox_id: str | None = None,
@@ -613,12 +634,13 @@ class E2BProvider(SandboxProvider):
         body = encode_envelope({"process": process, "tag": call.operation_id, "stdin": False})
         op = f"run shell call {call.operation_id} in sandbox {handle.id}"
         attempt = 0
+        await self._hold_back()
         while True:
             try:
                 return await self._stream_process(op, f"{base}/process.Process/Start", body, headers, handle, timeout)
             except _Transient as failure:  # only failures that prove the command did not start
                 if not await self._backoff(attempt, failure):
-                    raise ProviderError(f"{failure.detail} (gave up after {attempt + 1} attempt(s))") from None
+                    raise self._gave_up(failure, attempt + 1) from None
                 attempt += 1
 
     async def _stream_process(self, op: str, url: str, body: bytes, headers: dict[str, str],
@@ -637,7 +659,7 @@ class E2BProvider(SandboxProvider):
                 await response.aread()
                 if response.status_code in (429, 503):
                     raise _Transient(f"{op}: E2B answered {response.status_code}",
-                                     _retry_after(response, self._clock()))
+                                     _retry_after(response, self._clock()), rate_limited=response.status_code == 429)
                 self._envd_fail(op, response, handle)
             content_type = response.headers.get("Content-Type", "")
             if content_type.split(";")[0].strip() != "application/connect+json":

@@ -12,6 +12,7 @@ Layout under ``<home>/local/`` (``home`` defaults to ``$DURABLE_SANDBOX_HOME`` o
     workspaces/<sandbox-id>/      the sandbox's files; the shell's cwd and $HOME
     snapshots/<snapshot-id>.tar   snapshots (plain tar, written to a temp file then renamed into place)
     leases/<sandbox-id>.json      owner, labels, template, expires_at, suspended (never env values)
+    env/<sandbox-id>.json         the sandbox's ``spec.env`` (mode 0600): it belongs to the sandbox
 
 Behaviour worth knowing:
 
@@ -20,10 +21,13 @@ Behaviour worth knowing:
   background: an expired sandbox is reaped when it is next touched (it is then :class:`SandboxGone`),
   by :meth:`LocalProvider.cleanup_expired`, and opportunistically on every provision/restore. The lease
   keeps running while a sandbox is suspended, so a suspended sandbox cannot leak either.
-* ``spec.env`` may hold secrets, so it is never written to disk. It is kept in this provider instance's
-  memory, keyed by sandbox id, and must be supplied again (through the spec) on restore. A handle used
-  from a different process or provider instance runs its tool calls without the spec env; the call's own
-  ``env`` argument still applies.
+* ``spec.env`` belongs to the sandbox, as E2B keeps a sandbox's ``envVars``: every call in it sees the
+  env, whichever process or provider instance runs the call (a Workflow running in a Sandbox resource's
+  sandbox, a run continued by another operator replica or after a restart). It may hold secrets, so it
+  is kept apart from the lease (which ``dsb`` and tests read) in ``env/<id>.json``, readable by this
+  user only (like the workspaces, which hold whatever the agent wrote); it is written after the lease and
+  before the workspace, removed before the lease, and never in a snapshot (a restore is given the env
+  again through its spec). The call's own ``env`` argument overrides it.
 * Each shell call runs ``<shell> -lc <command>`` in its own process group under a small supervisor
   process (``_call_supervisor.py``): when the call ends (exit, timeout, cancellation, destroy) or the
   worker dies (even by SIGKILL: the supervisor has a parent-death signal), the supervisor kills the group
@@ -60,7 +64,7 @@ import sys
 import tarfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -142,6 +146,7 @@ class LocalDirectories(NamedTuple):
     workspaces: Path
     snapshots: Path
     leases: Path
+    env: Path
 
 
 class _Refused(Exception):
@@ -180,7 +185,7 @@ class LocalProvider(SandboxProvider):
         self._root = self._home / "local"
         self._shell = shell
         self._clock = clock
-        # Secrets live only here; see the module docstring.
+        # What this instance knows of each sandbox's env (env/<id>.json has it for the others).
         self._env: dict[str, dict[str, str]] = {}
         # Process groups of calls in flight, so a destroy or loss kills them instead of leaving them
         # running in a deleted directory.
@@ -213,8 +218,12 @@ class LocalProvider(SandboxProvider):
     def leases_dir(self) -> Path:
         return self._root / "leases"
 
+    @property
+    def env_dir(self) -> Path:
+        return self._root / "env"
+
     def directories(self) -> LocalDirectories:
-        return LocalDirectories(self.workspaces_dir, self.snapshots_dir, self.leases_dir)
+        return LocalDirectories(self.workspaces_dir, self.snapshots_dir, self.leases_dir, self.env_dir)
 
     def leftovers(self) -> list[Path]:
         """Every entry in the provider's directories, hidden temp (``.*.tmp``) and trash (``.trash-*``)
@@ -230,7 +239,7 @@ class LocalProvider(SandboxProvider):
         is dead, trash of destroyed workspaces, and staged restores without a lease. Runs when the
         provider starts; returns what it removed."""
         removed: list[Path] = []
-        for directory in (self.snapshots_dir, self.leases_dir):
+        for directory in (self.snapshots_dir, self.leases_dir, self.env_dir):
             for entry in directory.glob(".*.tmp"):
                 if not _writer_alive(entry.name):
                     entry.unlink(missing_ok=True)
@@ -249,6 +258,9 @@ class LocalProvider(SandboxProvider):
 
     def _lease_path(self, sandbox_id: str) -> Path:
         return self.leases_dir / f"{sandbox_id}.json"
+
+    def _env_path(self, sandbox_id: str) -> Path:
+        return self.env_dir / f"{sandbox_id}.json"
 
     def _snapshot_path(self, snapshot_id: str) -> Path:
         return self.snapshots_dir / f"{snapshot_id}.tar"
@@ -272,11 +284,12 @@ class LocalProvider(SandboxProvider):
         lease = self._new_lease(sandbox_id, spec, lease_seconds)
         self._write_lease(lease)
         try:
+            self._write_env(sandbox_id, spec.env)
             self.workspace_path(sandbox_id).mkdir(mode=0o700)
         except OSError as e:
+            self._env_path(sandbox_id).unlink(missing_ok=True)
             self._lease_path(sandbox_id).unlink(missing_ok=True)
             raise ProvisionError(f"Cannot create workspace for {sandbox_id}: {e}", retryable=True) from e
-        self._env[sandbox_id] = dict(spec.env)
         return self._handle(lease)
 
     async def execute(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
@@ -343,11 +356,13 @@ class LocalProvider(SandboxProvider):
         self._write_lease(lease)
         staging = self.workspaces_dir / f".restore-{sandbox_id}"
         try:
+            self._write_env(sandbox_id, spec.env)
             await asyncio.to_thread(_extract_tar, source, staging)
             # The workspace appears complete or not at all.
             os.rename(staging, self.workspace_path(sandbox_id))
         except BaseException as e:
             await asyncio.to_thread(_rmtree, staging)
+            self._env_path(sandbox_id).unlink(missing_ok=True)
             self._lease_path(sandbox_id).unlink(missing_ok=True)
             if isinstance(e, FileNotFoundError) and not source.exists():
                 raise ProvisionError(f"Snapshot {snapshot_id} does not exist", retryable=False) from e
@@ -358,7 +373,6 @@ class LocalProvider(SandboxProvider):
             if isinstance(e, OSError):
                 raise ProvisionError(f"Restoring snapshot {snapshot_id} failed: {e}", retryable=True) from e
             raise
-        self._env[sandbox_id] = dict(spec.env)
         return self._handle(lease)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
@@ -431,6 +445,9 @@ class LocalProvider(SandboxProvider):
             elif _SANDBOX_ID.fullmatch(name) and not self._lease_path(name).exists():
                 await self._remove(name)
                 removed.append(name)
+        for entry in sorted(self.env_dir.glob("lsb-*.json")):
+            if not self._lease_path(entry.name[: -len(".json")]).exists():  # a crash between env and lease removal
+                entry.unlink(missing_ok=True)
         return removed
 
     # ------------------------------------------------------------------------------------ internals
@@ -473,6 +490,34 @@ class LocalProvider(SandboxProvider):
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _write_env(self, sandbox_id: str, env: Mapping[str, str]) -> None:
+        """The sandbox's env, created readable by this user only (never widened by the umask)."""
+        self._env[sandbox_id] = dict(env)
+        target = self._env_path(sandbox_id)
+        tmp = self.env_dir / f".{sandbox_id}.{_WRITER_TAG}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(dict(env), f, sort_keys=True)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _sandbox_env(self, sandbox_id: str) -> dict[str, str]:
+        known = self._env.get(sandbox_id)
+        if known is not None:
+            return known
+        try:
+            data = json.loads(self._env_path(sandbox_id).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}  # made by a version that kept the env in memory only
+        except (OSError, ValueError) as e:
+            # Never the content in the message: it may be a secret.
+            raise ProviderError(f"Cannot read the env of {sandbox_id}: {type(e).__name__}") from None
+        env = {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+        self._env[sandbox_id] = env
+        return env
 
     def _read_lease(self, sandbox_id: str) -> dict[str, Any] | None:
         if not _SANDBOX_ID.fullmatch(sandbox_id):
@@ -527,8 +572,9 @@ class LocalProvider(SandboxProvider):
         for supervisor in self._running.pop(sandbox_id, set()):
             _stop_call(supervisor)
         # The lease goes last, so a crash part-way leaves a lease that expiry will clean up.
-        self._lease_path(sandbox_id).unlink(missing_ok=True)
+        self._env_path(sandbox_id).unlink(missing_ok=True)
         self._env.pop(sandbox_id, None)
+        self._lease_path(sandbox_id).unlink(missing_ok=True)
         if renamed:
             await asyncio.to_thread(_rmtree, trash)
 
@@ -565,7 +611,7 @@ class LocalProvider(SandboxProvider):
             "HOME": str(workspace),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
         }
-        env.update(self._env.get(sandbox_id, {}))
+        env.update(self._sandbox_env(sandbox_id))
         if call_env is not None:
             for key, value in call_env.items():
                 if (

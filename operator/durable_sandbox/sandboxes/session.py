@@ -37,6 +37,7 @@ from durable_sandbox.providers.contract import (
     ConfigurationError,
     ProviderError,
     ProvisionError,
+    RateLimited,
     SandboxGone,
     SandboxHandle,
     SandboxProvider,
@@ -56,6 +57,7 @@ TRANSIENT_ATTEMPTS = 6
 CLEANUP_ATTEMPTS = 8
 FIRST_RETRY_DELAY = 0.2  # seconds; doubles per attempt up to MAX_RETRY_DELAY
 MAX_RETRY_DELAY = 5.0
+MAX_RATE_LIMIT_WAIT = 300.0  # a provider's Retry-After is honoured up to this long per wait, then asked again
 
 
 class ReconstructionError(DurableError):
@@ -471,11 +473,22 @@ class SandboxSession:
 
     async def _transient(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         delay = FIRST_RETRY_DELAY
-        for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+        attempt = 1
+        while True:
             try:
                 return await fn()
             except (SandboxGone, UnsupportedCapability, ConfigurationError):
                 raise
+            except RateLimited as exc:
+                # The provider asks us to slow down: the request was not processed and nothing is wrong
+                # with it, so the run waits (as long as it takes; a cancel still stops it) and no
+                # attempt is spent. The provider has already honoured Retry-After for its own retries.
+                wait = min(exc.retry_after if exc.retry_after is not None else delay, MAX_RATE_LIMIT_WAIT)
+                log.info("sandbox %s: %s rate limited by provider %s; slowing down, retrying in %.1fs",
+                         self.sid, what, self.provider.name, wait)
+                await asyncio.sleep(wait)
+                delay = min(delay * 2, MAX_RETRY_DELAY)
+                continue
             except ProvisionError as exc:
                 if not exc.retryable or attempt == TRANSIENT_ATTEMPTS:
                     raise
@@ -485,7 +498,7 @@ class SandboxSession:
             log.info("sandbox %s: %s failed transiently (attempt %d); retrying in %.1fs", self.sid, what, attempt, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_RETRY_DELAY)
-        raise AssertionError("unreachable")
+            attempt += 1
 
     async def _with_recovery(self, fn: Callable[[], Awaitable[T]]) -> T:
         while True:

@@ -26,6 +26,9 @@ def _modules(value: str) -> tuple[str, ...]:
 @click.option("--hibernate-after", default=300.0, show_default=True, type=click.FloatRange(0.0),
               help="Seconds a waiting run keeps its sandbox before it is snapshotted and destroyed "
                    "(spec.hibernateAfterSeconds overrides it per Workflow).")
+@click.option("--max-concurrent-runs", default=50, show_default=True, type=click.IntRange(1),
+              help="Runs this replica executes at once; more wait in phase Pending (Ready=False, reason "
+                   "ConcurrencyLimit) until a slot frees, and another replica with room may take them.")
 @click.option("--worker-id", default=None, help="This replica's identity in run leases [default: host:pid:random].")
 @click.option("--liveness", metavar="URL", default=None,
               help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
@@ -40,6 +43,7 @@ def operator(
     namespaces: tuple[str, ...],
     lease_seconds: float,
     hibernate_after: float,
+    max_concurrent_runs: int,
     worker_id: str | None,
     liveness: str | None,
     metrics_port: int | None,
@@ -65,7 +69,8 @@ def operator(
     handlers.config.policy = OperatorPolicy(
         allow_local_provider=allow_local_provider, workflow_modules=_modules(workflow_modules)
     )
-    settings = OperatorSettings(lease_ttl=lease_seconds, hibernate_after=hibernate_after)
+    settings = OperatorSettings(lease_ttl=lease_seconds, hibernate_after=hibernate_after,
+                                max_concurrent_runs=max_concurrent_runs)
     if worker_id:
         settings.worker_id = worker_id
     handlers.config.settings = settings
