@@ -1,7 +1,9 @@
 """A cap on the runs one operator replica executes at once (``dsb operator --max-concurrent-runs``).
 
 Every replica serves every Workflow, but only the runs a replica executes (holds the Lease of) cost it
-CPU, memory, provider calls and API writes. A run that would exceed the cap waits for a slot claiming its Lease, so another replica with a free slot can take it, and its Workflow shows ``Ready=False`` with reason ``ConcurrencyLimit`` (phase ``Pending``) until a slot frees. Slots are handed
+CPU, memory, provider calls and API writes. A run that would exceed the cap waits for a slot *before*
+claiming its Lease, so another replica with a free slot can take it, and its Workflow shows ``Ready=False``
+with reason ``ConcurrencyLimit`` (phase ``Pending``) until a slot frees. Slots are handed
 out first come, first served (asyncio's semaphore queues waiters in order), so no run starves.
 
 A run queued for a slot holds its task (kube/controller.py: an active run); a run that starts waiting on a
