@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,23 +101,37 @@ _SAMPLE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def write_counts(kubeconfig: str) -> Counter[str]:
-    """apiserver_request_total of write verbs, summed by "VERB resource[/subresource]"."""
-    out: Counter[str] = Counter()
+_DURATION = re.compile(r'^apiserver_request_duration_seconds_(?P<kind>sum|count)\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+
+
+def write_counts(kubeconfig: str) -> dict[str, float]:
+    """apiserver_request_total of write verbs, summed by "VERB resource[/subresource]"; plus, under
+    "seconds VERB resource", the seconds the API server spent serving them (apiserver_request_duration_seconds)."""
+    out: dict[str, float] = defaultdict(float)
     for line in kubectl(kubeconfig, "get", "--raw", "/metrics").splitlines():
-        m = _SAMPLE.match(line)
-        if not m:
+        m = _SAMPLE.match(line) or _DURATION.match(line)
+        if not m or (m.re is _DURATION and m["kind"] != "sum"):
             continue
         labels = dict(_LABEL.findall(m["labels"]))
         if labels.get("verb") not in WRITE_VERBS:
             continue
         resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
-        out[f"{labels['verb']} {resource}"] += int(float(m["value"]))
+        if m.re is _DURATION:
+            out[f"seconds {labels['verb']} {resource}"] += float(m["value"])
+        else:
+            out[f"{labels['verb']} {resource}"] += float(m["value"])
     return out
 
 
-def minus(after: Counter[str], before: Counter[str]) -> Counter[str]:
-    return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})
+def split_seconds(counts: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """(write counts, mean milliseconds the API server took per write) from a ``write_counts`` delta."""
+    writes = {k: v for k, v in counts.items() if not k.startswith("seconds ")}
+    ms = {k: 1000 * counts.get(f"seconds {k}", 0.0) / n for k, n in writes.items() if n}
+    return writes, ms
+
+
+def minus_f(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0}
 
 
 # ------------------------------------------------------------------------------------------- workloads
@@ -174,7 +188,7 @@ def through_operator(kubeconfig: str, namespace: str, docs: list[dict[str, Any]]
             input=yaml.safe_dump_all(docs))
     asyncio.run(wait_succeeded(kubeconfig, namespace, [d["metadata"]["name"] for d in docs], timeout, sizes))
     seconds = time.perf_counter() - t0
-    raw = minus(write_counts(kubeconfig), before)
+    raw, server_ms = split_seconds(minus_f(write_counts(kubeconfig), before))
     idle = {k: v * seconds for k, v in baseline.items()}
     net = {k: max(0.0, v - idle.get(k, 0.0)) for k, v in raw.items()}
     ours = {k: v for k, v in net.items() if k.split(" ", 1)[1] in OPERATOR_RESOURCES}
@@ -184,6 +198,10 @@ def through_operator(kubeconfig: str, namespace: str, docs: list[dict[str, Any]]
         "writes": total, "writes_per_call": total / calls,
         "writes_by_resource": dict(sorted(ours.items(), key=lambda kv: -kv[1])),
         "other_writes": {k: v for k, v in net.items() if k not in ours}, "writes_raw": dict(raw), "status_bytes_max": max(sizes, default=0), "status_samples": len(sizes),
+        # Mean time the API server took to serve one write, by kind: against seconds/call, how much of a
+        # call is the API server's and how much is the operator's own (and the network's).
+        "apiserver_ms_per_write": {k: round(v, 2) for k, v in server_ms.items() if k.split(" ", 1)[1] in OPERATOR_RESOURCES},
+        "ms_per_call": 1000 * seconds / calls,
     }  # fmt: skip
 
 
@@ -227,11 +245,15 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                                        180, []))
             before = write_counts(kubeconfig)
             time.sleep(IDLE_S)  # the cluster's own writes while nothing of ours runs
-            baseline = {k: v / IDLE_S for k, v in minus(write_counts(kubeconfig), before).items()}
+            idle_writes, _ = split_seconds(minus_f(write_counts(kubeconfig), before))
+            baseline = {k: v / IDLE_S for k, v in idle_writes.items()}
             res["idle_writes_per_s"] = baseline
             one = [manifest("one", args.calls)]
             many = [manifest(f"many-{i:02d}", args.calls_each) for i in range(args.workflows)]
-            res["operator_one"] = through_operator(kubeconfig, namespace, one, baseline, args.timeout)
+            with sampled(operator.pid, workdir / "one.pyspy", enabled=args.py_spy):
+                res["operator_one"] = through_operator(kubeconfig, namespace, one, baseline, args.timeout)
+            if args.py_spy:
+                res["py_spy"] = summarize_samples(workdir / "one.pyspy", RESULTS_DIR / "operator_throughput_pyspy.txt")
             res["operator_many"] = through_operator(kubeconfig, namespace, many, baseline, args.timeout)
         finally:
             operator.send_signal(signal.SIGTERM)
@@ -260,6 +282,55 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return res
 
 
+@contextlib.contextmanager
+def sampled(pid: int, out: Path, *, enabled: bool) -> Iterator[None]:
+    """py-spy samples the operator process (every thread, idle included: where its wall time goes)."""
+    if not enabled:
+        yield
+        return
+    exe = str(BIN / "py-spy") if (BIN / "py-spy").exists() else (shutil.which("py-spy") or "py-spy")
+    spy = subprocess.Popen([exe, "record", "--pid", str(pid), "--format", "raw", "--idle", "--rate", "250",
+                            "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.0)  # py-spy attaches before the phase starts (a sample or two of idle is harmless)
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its samples on SIGINT
+        try:
+            spy.wait(60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+
+
+def summarize_samples(raw: Path, out: Path) -> dict[str, Any]:
+    """Share of the operator's samples by where they end (self) and by what they pass through (inclusive)."""
+    if not raw.exists():
+        return {"error": f"py-spy wrote no samples ({raw.name} missing: is ptrace allowed?)"}
+    own: Counter[str] = Counter()
+    through: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [re.sub(r" \((.*/)?(?P<file>[^/]+):\d+\)$", r" (\g<file>)", fr) for fr in stack.split(";")]
+        if frames[-1] == "_worker (thread.py)":
+            continue  # an idle thread of a pool (asyncio.to_thread) waiting for work: not the operator's time
+        total += n
+        own[frames[-1]] += n
+        for fr in set(frames):
+            through[fr] += n
+    share = {"self": {k: round(100 * v / total, 1) for k, v in own.most_common(30)},
+             "inclusive": {k: round(100 * v / total, 1) for k, v in through.most_common(60)}}
+    with out.open("w") as f:
+        f.write(f"py-spy samples of the operator during the one-Workflow phase: {total}\n")
+        for kind in ("self", "inclusive"):
+            f.write(f"\n% of samples, {kind}:\n")
+            f.writelines(f"{v:6.1f}  {k}\n" for k, v in share[kind].items())
+    return {"samples": total, "file": str(out.relative_to(ROOT)), **share}
+
+
 def _apply(kubeconfig: str, namespace: str, doc: dict[str, Any]) -> str:
     kubectl(kubeconfig, "apply", "--server-side", "-n", namespace, "-f", "-", input=json.dumps(doc))
     return str(doc["metadata"]["name"])
@@ -274,9 +345,10 @@ def report(res: dict[str, Any]) -> None:
     print_table("no-op tool calls through the operator vs dsb run (local SQLite)",
                 ["", "calls", "operator calls/s", "dsb run calls/s", "ratio", "API writes/call", "max .status bytes"], rows)
     for key in ("one", "many"):
-        print(f"\nwrites by resource ({key}):")
-        for name, count in res[f"operator_{key}"]["writes_by_resource"].items():
-            print(f"  {name:40s} {count:10.0f}")
+        op = res[f"operator_{key}"]
+        print(f"\nwrites by resource ({key}; {op['ms_per_call']:.1f} ms per call), mean API server ms per write:")
+        for name, count in op["writes_by_resource"].items():
+            print(f"  {name:40s} {count:10.0f} {op['apiserver_ms_per_write'].get(name, 0.0):8.2f} ms")
 
 
 def main() -> None:
@@ -288,6 +360,8 @@ def main() -> None:
     parser.add_argument("--dsb", default=str(BIN / "dsb"), help="the dsb executable (operator and local runs)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the Workflows")
     parser.add_argument("--profile", action="store_true", help="cProfile the operator (results/*_profile.txt)")
+    parser.add_argument("--py-spy", action="store_true",
+                        help="sample the operator with py-spy during the one-Workflow phase (results/*_pyspy.txt)")
     parser.add_argument("--tmp", help="where the temp files go")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "operator_throughput.json")
     args = parser.parse_args()

@@ -158,6 +158,11 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         with_call("abs", {"type": "read_file", "path": "/etc/passwd"}),
         "path must be relative to the workspace, not absolute",
     ),
+    "absolute path in the third call": (
+        with_spec("abs-third", toolCalls=[{"type": "shell", "command": "ls"}, {"type": "read_file", "path": "a"},
+                                          {"type": "read_file", "path": "/etc/passwd"}]),
+        "path must be relative to the workspace, not absolute",
+    ),
     "'..' path": (
         with_call("dotdot", {"type": "read_file", "path": "notes/../../etc/passwd"}),
         "path must not contain '..' segments",
@@ -221,6 +226,7 @@ FIELD_OF = {
     "read_file without path": "spec.toolCalls[0]",
     "field of another call type": "spec.toolCalls[0]",
     "absolute path": "spec.toolCalls[0].path",
+    "absolute path in the third call": "spec.toolCalls[2].path",
     "'..' path": "spec.toolCalls[0].path",
     "'..' cwd": "spec.toolCalls[0].cwd",
     "workspace itself": "spec.toolCalls[0].path",
@@ -422,7 +428,10 @@ def test_the_program_cannot_change_after_creation(
     ):
         assert proc.returncode != 0, f"{case}: accepted\n{' '.join(proc.args[2:])}"
         assert message in proc.stderr, proc.stderr
-        if field != "input":  # CRD rules report the field; the admission policy's message names it
+        if field == "input" or (field in crds.POLICY_COMPARED and changes.get(field) is not None):
+            # A changed value refused by the admission policy: its message names the field.
+            assert "denied request: " + message in proc.stderr, proc.stderr
+        else:  # CRD rules report the field
             assert f"spec.{field}: Invalid value" in proc.stderr, proc.stderr
     assert control_plane.kubectl_json("get", "dwf", "p", "-n", namespace)["spec"] == before
     # Creating a Workflow with the changed program is fine: the rules are about change only.

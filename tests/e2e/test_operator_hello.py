@@ -58,3 +58,8 @@ def test_hello_workflow_in_the_cluster_matches_dsb_run(
     assert _outcomes(st["result"]) == _outcomes(json.loads(local.stdout)["result"])
     # Finished runs keep no sandbox and no snapshot.
     assert local_sandboxes(op.home) == []
+
+    # Deleted as users do: kubectl waits for the finalizer, which a finished Workflow's cleanup lets go at once
+    # (issue 12: it used to wait for the end of the daemon's 60 s graceful backoff).
+    control_plane.kubectl("delete", "-n", namespace, "-f", str(HELLO), "--timeout=60s")
+    assert "CleanupDone" in event_reasons(control_plane, namespace, "hello")

@@ -193,12 +193,37 @@ def test_tool_calls_are_one_object_with_a_type_enum() -> None:
         "failurePolicy",
     }
     assert items["properties"]["failurePolicy"]["properties"]["onTimeout"]["enum"] == ["continue", "fail"]
-    messages = [r["message"] for r in items["x-kubernetes-validations"]]
+    messages = hoisted_messages(openapi("Workflow")["properties"]["spec"]["properties"]["toolCalls"])
     assert crds.TIMEOUT_POLICY_SHELL_ONLY in messages
     assert "a shell call requires command" in messages
     assert "a write_file call requires path and contents" in messages
     assert "a read_file call requires path" in messages
     assert openapi("Workflow")["properties"]["spec"]["properties"]["toolCalls"]["maxItems"] == 10_000
+
+
+def hoisted_messages(node: dict[str, Any]) -> set[str]:
+    """The messages of the item rules hoisted onto a list: the format() templates of its messageExpressions."""
+    return {
+        message
+        for r in node.get("x-kubernetes-validations", [])
+        for message in re.findall(r'"[a-zA-Z.]+\[%d\][a-zA-Z.]*: ([^"]*)"', r.get("messageExpression", ""))
+    }
+
+
+def test_no_rule_is_evaluated_per_tool_call_on_updates() -> None:
+    # The API server evaluates every CEL rule over the whole object on every write, status writes included: a
+    # rule under toolCalls' items would run 10,000 times per status write of a 10,000-call Workflow, and so
+    # would a comparison of toolCalls with oldSelf.toolCalls (docs/kubernetes.md, "Admission rules").
+    spec = openapi("Workflow")["properties"]["spec"]
+    tool_calls = spec["properties"]["toolCalls"]
+    assert not [n for n in schema_nodes(tool_calls["items"]) if "x-kubernetes-validations" in n]
+    for r in tool_calls["x-kubernetes-validations"]:
+        # Create-time: on any update the rule is decided by its first operand.
+        assert r["optionalOldSelf"] is True and r["rule"].startswith("oldSelf.hasValue() || self.all(c, "), r
+    for r in spec["x-kubernetes-validations"]:
+        assert "self.toolCalls ==" not in r["rule"] and "oldSelf.toolCalls ==" not in r["rule"], r
+    # Every item rule is still there, once.
+    assert len(hoisted_messages(tool_calls)) == 14
 
 
 def test_constraints_come_from_the_models() -> None:
@@ -236,7 +261,9 @@ def test_docs_quote_every_admission_message() -> None:
         for crd in crds.generate_crds()
         for node in schema_nodes(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
         for r in node.get("x-kubernetes-validations", [])
+        if "optionalOldSelf" not in r
     } | {v["message"] for v in crds.generate_admission_policy()[0]["spec"]["validations"]}
+    messages |= hoisted_messages(openapi("Workflow")["properties"]["spec"]["properties"]["toolCalls"])
     assert len(messages) == 25
     missing = [m for m in sorted(messages) if f"`{m}`" not in docs]
     assert not missing, f"docs/kubernetes.md does not quote: {missing}"
@@ -289,7 +316,7 @@ def test_the_program_is_immutable_after_creation() -> None:
     # Updates of the main resource only: the status subresource is the operator's, written often.
     assert match["operations"] == ["UPDATE"] and match["resources"] == ["workflows"]
     messages = [v["message"] for v in policy["spec"]["validations"]]
-    assert messages == [crds.INPUT_IMMUTABLE, crds.SIGNALS_ONLY_GAIN]
+    assert messages == [crds.immutable_message("toolCalls"), crds.INPUT_IMMUTABLE, crds.SIGNALS_ONLY_GAIN]
 
 
 def test_status_declares_every_field_the_operator_writes() -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
+
+import pytest
 
 import durable_sandbox
 from durable_sandbox.engine.records import ErrorInfo, RunStatus
@@ -88,8 +91,36 @@ async def test_status_writes_are_coalesced_except_phase_changes() -> None:
     assert writer.writes == 2
 
 
+async def test_a_callable_interval_is_asked_before_every_write() -> None:
+    """The operator's budget for clock-driven writes: the interval stretches as more Workflows run."""
+    written: list[int] = []
+    asked: list[float] = []
+    interval = 3600.0
+
+    async def patch(doc: dict[str, Any]) -> None:
+        written.append(doc["n"])
+
+    def current() -> float:
+        asked.append(interval)
+        return interval
+
+    writer = StatusWriter(patch, interval=current)
+    writer.offer({"phase": "Running", "n": 1})  # a new phase: written at once
+    for _ in range(1000):
+        if written:
+            break
+        await asyncio.sleep(0)
+    writer.offer({"phase": "Running", "n": 2})  # waits the hour the interval says...
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert written == [1] and asked, "the writer must ask the callable, and wait what it says"
+    interval = 0.0  # ...until the interval shrinks; it is asked again at the next wake-up
+    writer.offer({"phase": "Succeeded", "n": 3})
+    await writer.aclose()
+    assert written == [1, 3]
+
+
 async def test_a_document_offered_during_a_write_is_written_after_it() -> None:
-    import asyncio
 
     written: list[int] = []
     release = asyncio.Event()
@@ -110,6 +141,37 @@ async def test_a_document_offered_during_a_write_is_written_after_it() -> None:
     release.set()
     await asyncio.wait_for(two.wait(), 30)
     assert written == [1, 2]
+    await writer.aclose()
+
+
+async def test_a_slow_write_spaces_out_the_next_ones_but_not_phase_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from durable_sandbox.kube import status as status_module
+
+    clock = [1000.0]  # the writer's monotonic clock, moved only by the API server's (fake) write time
+    monkeypatch.setattr(status_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    written: list[int] = []
+    first, second = asyncio.Event(), asyncio.Event()
+
+    async def patch(doc: dict[str, Any]) -> None:
+        clock[0] += 2.0  # a big Workflow: the write took 2 s
+        written.append(doc["n"])
+        (first if len(written) == 1 else second).set()
+
+    writer = StatusWriter(patch, interval=1.0)
+    assert writer.gap() == 1.0
+    writer.offer({"phase": "Running", "n": 1})
+    await asyncio.wait_for(first.wait(), 30)
+    assert writer.gap() == 2.0 * status_module.WRITE_COST_FACTOR
+    writer.offer({"phase": "Running", "n": 2})  # same phase: waits for the gap (no clock moves, so it never ends)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert written == [1]
+    writer.offer({"phase": "Succeeded", "n": 3})  # a phase change is written at once, gap or not
+    await asyncio.wait_for(second.wait(), 30)
+    assert written == [1, 3]
     await writer.aclose()
 
 

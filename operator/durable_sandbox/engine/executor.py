@@ -249,9 +249,10 @@ class RunExecutor:
             after_run = self.services.get("after_run")
             if after_run is not None and changes["status"] in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SUCCEEDED):
                 await after_run(rt, changes["status"])
-            final = rt.pending_records()
+            final = await rt.pending_records()
             await store.commit(run.run_id, lease.fence, Commit(final, run=changes, thread_state=rt.state_change()))
             rt.rows.extend(final)
+            rt.committed(final)
             if changes["status"] == RunStatus.WAITING and changes["pending_callbacks"]:
                 signals = await store.get_signals(run.run_id)
                 if any(cb in signals for cb in changes["pending_callbacks"]):
@@ -270,7 +271,9 @@ class RunExecutor:
         the caller releases the lease."""
         rt.emit(event, worker=self.worker_id, **data)
         try:
-            await self.store.commit(rt.run_id, lease.fence, Commit(rt.pending_records(), run={"status": RunStatus.PENDING}))
+            final = await rt.pending_records()
+            await self.store.commit(rt.run_id, lease.fence, Commit(final, run={"status": RunStatus.PENDING}))
+            rt.committed(final)
             await rt.flush_events()
         except LeaseLost:
             pass  # another worker has it already

@@ -8,10 +8,12 @@ children of parallel branches) shares it. Extensions (sandbox sessions) use it t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from durable_sandbox.engine import faults
 from durable_sandbox.engine.errors import (
     CallbackTimeout,
     DuplicateOperationError,
@@ -27,6 +29,8 @@ from durable_sandbox.engine.serialization import dumps, to_jsonable
 if TYPE_CHECKING:
     from durable_sandbox.engine.store import Store
 
+# How long a deferred completion waits for the run's next write before it is committed on its own.
+RIDE_SECONDS = 0.5
 COMPLETED = OpStatus.COMPLETED.value
 FAILED = OpStatus.FAILED.value
 STARTED = OpStatus.STARTED.value
@@ -76,6 +80,11 @@ class RunRuntime:
         self._replayed_rows = len(rows)  # rows[:n] were recorded by earlier executions
         self._entered: set[str] = set()
         self._deferred: list[OperationRecord] = []
+        # Completions that ride on the run's next commit (``defer``); their ``after:<op>`` fault point is
+        # reached once that commit has landed.
+        self._ridden: set[str] = set()
+        self._rider_flush: asyncio.Task[None] | None = None
+        self._rider_committing = False
         self._patches: dict[str, bool] = {}
         self.thread_id = thread_id
         self.thread_state: dict[str, Any] = thread_state if isinstance(thread_state, dict) else {}
@@ -90,6 +99,8 @@ class RunRuntime:
         self.handover: str | None = None
         self._events: list[Event] = []
         self._event_flush: asyncio.Task[None] | None = None
+        self._events_written = float("-inf")  # monotonic time of the last batch written
+        self._events_now = asyncio.Event()  # set when the run stops: write what is left without waiting
         self.last_yield = time.perf_counter()
 
     # ------------------------------------------------------------------ ids and replay
@@ -205,9 +216,11 @@ class RunRuntime:
         run: dict[str, Any] | None = None,
     ) -> None:
         """Commit records (and anything deferred) before the run moves on: durability first."""
+        await self._settle_riders()
         recs = list(records)
-        if self._deferred:
-            recs[:0] = self._deferred
+        carried = self._deferred
+        if carried:
+            recs[:0] = carried
             self._deferred = []
         commit = Commit(recs, run=run, cache=cache, check_cancel=check_cancel and self.cancel_reason is None)
         if boundary:
@@ -215,12 +228,64 @@ class RunRuntime:
         try:
             await self.store.commit(self.run_id, self.fence, commit)
         except RunCancelledError as exc:
+            self._deferred[:0] = carried  # not written: they go with the run's next (final) commit
             self.cancel_reason = exc.reason
             raise asyncio.CancelledError(exc.reason) from None
+        except BaseException:
+            self._deferred[:0] = carried
+            raise
         for rec in recs:
             self.rows.append(rec)
             self.latest[rec.op_id] = rec
             self.first.setdefault(rec.op_id, rec)
+        self.committed(carried)
+
+    def known_rows(self) -> list[OperationRecord]:
+        """The journal as this execution knows it: committed rows, then what waits for the next commit."""
+        return self.rows + self._deferred if self._deferred else self.rows
+
+    def defer_completion(self, record: OperationRecord) -> None:
+        """Commit ``record`` with the run's next write instead of on its own: one API write per sandbox
+        call instead of two (the completion of call i lands in the same atomic commit as the start of call
+        i+1, so it is still committed before call i+1 executes). Every way a run stops commits what is
+        deferred (the final commit, a hand-over, an interruption take ``pending_records``); if no write
+        follows within ``RIDE_SECONDS`` (workflow code busy between calls), it is committed on its own, so a
+        crash then loses no completed call."""
+        self._deferred.append(record)
+        self._ridden.add(record.op_id)
+        if self._rider_flush is None or self._rider_flush.done():
+            self._rider_flush = asyncio.get_running_loop().create_task(self._flush_riders())
+
+    async def _flush_riders(self) -> None:
+        await asyncio.sleep(RIDE_SECONDS)
+        if not any(r.op_id in self._ridden for r in self._deferred):
+            return
+        self._rider_committing = True
+        try:
+            await self.write()
+        except BaseException:  # the records stay deferred: the next write or the final commit takes them
+            return
+        finally:
+            self._rider_committing = False
+
+    async def _settle_riders(self) -> None:
+        """Before a write: a deferred completion being committed on its own lands first (commit order is
+        journal order); a flush still waiting is dropped, since this write carries what it would."""
+        task = self._rider_flush
+        if task is None or task.done() or task is asyncio.current_task():
+            return
+        if self._rider_committing:
+            await asyncio.shield(task)
+        else:
+            task.cancel()
+
+    def committed(self, records: list[OperationRecord]) -> None:
+        """Called once ``records`` (taken from ``pending_records`` or deferred) are committed: crash tests'
+        ``after:<op>`` point of a deferred completion is here, where it has become durable."""
+        for rec in records:
+            if rec.op_id in self._ridden:
+                self._ridden.discard(rec.op_id)
+                faults.reach(f"after:{rec.op_id}")
 
     async def cancel_requested(self) -> str | None:
         """Why the run was cancelled, if a user cancelled it (here or through the store). A task
@@ -235,7 +300,9 @@ class RunRuntime:
         """Have ``record`` committed with the next write (before that write's own records)."""
         self._deferred.append(record)
 
-    def pending_records(self) -> list[OperationRecord]:
+    async def pending_records(self) -> list[OperationRecord]:
+        """What is deferred, for a final commit the caller makes (then ``committed`` with the same list)."""
+        await self._settle_riders()
         recs, self._deferred = self._deferred, []
         return recs
 
@@ -285,16 +352,25 @@ class RunRuntime:
             self._event_flush = asyncio.get_running_loop().create_task(self._flush_events())
 
     async def _flush_events(self) -> None:
-        # Events are for observers, not for correctness: batch them off the step path.
-        await asyncio.sleep(0)
+        # Events are for observers, not for correctness: batch them off the step path. A store whose
+        # writes are dear (``event_interval``: KubernetesStore, where each is an API write) gets at most one
+        # batch per interval; ``flush_events`` cuts the wait short when the run stops.
         while self._events:
+            wait = self._events_written + float(getattr(self.store, "event_interval", 0.0)) - time.monotonic()
+            if wait > 0 and not self._events_now.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._events_now.wait(), wait)
+            else:
+                await asyncio.sleep(0)
             batch, self._events = self._events, []
+            self._events_written = time.monotonic()
             try:
                 await self.store.append_events(batch)
             except Exception:  # an observer's feed must never fail the run
                 return
 
     async def flush_events(self) -> None:
+        self._events_now.set()
         if self._event_flush is not None:
             await asyncio.shield(self._event_flush)
         if self._events:

@@ -94,6 +94,11 @@ class OperatorSettings:
     lease_ttl: float = 15.0  # a dead replica's runs are taken over after this long
     claim_retry: float = 1.0  # the least (and the jitter of) how long a run another replica holds is parked
     status_interval: float = 1.0  # status patches are coalesced to about one per this many seconds
+    # Writes that follow the clock, not the work: status patches and run-event batches of all the Workflows
+    # this process drives, each kind at most about this many per second together (beside phase changes,
+    # which are written at once). Each Workflow's interval is stretched beyond status_interval (events: 1 s)
+    # when more run at once: 20 Workflows get one status patch every 4 s each, not 20 patches a second.
+    periodic_writes_per_s: float = 5.0
     handover_grace: float = 20.0  # how long a call in flight may take to finish when a run is handed over
     not_runnable_retry: float = 30.0
     hibernate_after: float = 300.0  # default for runs whose spec says nothing (DESIGN 6)
@@ -200,9 +205,18 @@ class ObservedStore:
     """The store as the executor sees it, with every successful commit and run update reported, so
     status and Events are projections of what is written: nothing is read back for them."""
 
-    def __init__(self, inner: Any, on_write: Callable[[str, Commit | None, dict[str, Any] | None], None]) -> None:
+    def __init__(self, inner: Any, on_write: Callable[[str, Commit | None, dict[str, Any] | None], None],
+                 event_interval: Callable[[], float] | None = None) -> None:
         self._inner = inner
         self._on_write = on_write
+        self._event_interval = event_interval
+
+    @property
+    def event_interval(self) -> float:
+        """How long a run's events wait to be written in a batch (``RunRuntime`` reads it)."""
+        if self._event_interval is not None:
+            return self._event_interval()
+        return float(getattr(self._inner, "event_interval", 0.0))
 
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
         await self._inner.commit(run_id, fence, commit)
@@ -244,12 +258,23 @@ class Operator:
         METRICS.runs.labels(state="active").set_function(lambda: len(self._active))
         METRICS.runs.labels(state="parked").set_function(lambda: len(self._parked))
 
+    # ------------------------------------------------------------------ clock-driven writes, on a budget
+
+    def _periodic_interval(self, floor: float) -> float:
+        return max(floor, len(self._views) / self.settings.periodic_writes_per_s)
+
+    def _status_interval(self) -> float:
+        return self._periodic_interval(self.settings.status_interval)
+
+    def _event_interval(self) -> float:
+        return self._periodic_interval(KubernetesStore.event_interval)
+
     # ------------------------------------------------------------------ engines (one store per namespace)
 
     def engine_for(self, namespace: str) -> durable_sandbox.Engine:
         engine = self._engines.get(namespace)
         if engine is None:
-            store = ObservedStore(KubernetesStore(namespace, self.api), self._observed)
+            store = ObservedStore(KubernetesStore(namespace, self.api), self._observed, self._event_interval)
             engine = durable_sandbox.Engine(
                 store,
                 worker_id=self.settings.worker_id,
@@ -449,7 +474,7 @@ class Operator:
         async def patch(status: dict[str, Any]) -> None:
             await self._patch_status(view, status)
 
-        view.writer = StatusWriter(patch, interval=self.settings.status_interval)
+        view.writer = StatusWriter(patch, interval=self._status_interval)
         park: Park | None = None
         try:
             park = await self._serve(view, self._stopped)

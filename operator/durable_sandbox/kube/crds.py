@@ -11,6 +11,14 @@ so ``kubectl apply`` rejects a bad manifest with a clear message. Checks CEL can
 (a provider installed in the operator, a path that climbs out and back in) are left to the operator,
 which loads every object through the same models.
 
+Rules are placed so that writes to a big Workflow stay cheap. The API server evaluates every CEL rule of the
+CRD over the whole object on *every* write, status-subresource writes included (only the OpenAPI keywords of
+spec are skipped there). A rule on each of 10,000 tool calls, or a transition rule comparing 10,000 calls with
+the stored ones, made each status patch of a 10,000-call Workflow cost seconds. So: the per-call rules are
+hoisted onto the ``toolCalls`` list as create-time rules (``optionalOldSelf``: ``oldSelf.hasValue() || ...``
+is O(1) on every update, where the program cannot change anyway), and the comparison of the calls with the
+stored ones is in the admission policy, which sees updates of the Workflow itself but not its status writes.
+
 ``python -m durable_sandbox.kube.crds --write crds/`` regenerates the committed YAML;
 ``--check crds/`` exits 1 with a diff when it is stale.
 """
@@ -21,6 +29,7 @@ import argparse
 import copy
 import difflib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,6 +68,10 @@ TIMEOUT_POLICY_SHELL_ONLY = "failurePolicy.onTimeout applies only to shell calls
 LOSS_WITHIN_CALLS = "injectLossAfterNCalls must be at most the number of toolCalls (the loss would never happen)"
 # The program of a run is fixed at creation: the journal records what ran, and a replay must meet the same calls.
 PROGRAM_FIELDS = ("toolCalls", "entrypoint", "sandbox", "sandboxRef")
+# Compared with the stored value by the admission policy rather than a CRD rule: up to 10,000 calls are too
+# many to compare on every status write (the CRD keeps only the O(1) check that the field neither appears nor
+# disappears).
+POLICY_COMPARED = frozenset({"toolCalls"})
 
 
 def immutable_message(field: str) -> str:
@@ -70,12 +83,11 @@ def immutable_message(field: str) -> str:
 
 def immutable_rule(field: str) -> dict[str, str]:
     """A transition rule (it refers to oldSelf, so it is evaluated on update only): ``field`` neither appears,
-    disappears nor changes. Made on spec rather than on the field, where it would not see it added or removed."""
-    return rule(
-        f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})",
-        immutable_message(field),
-        fieldPath=f".{field}",
-    )
+    disappears nor changes. Made on spec rather than on the field, where it would not see it added or removed.
+    For the fields in POLICY_COMPARED only appearing and disappearing (the policy compares the values)."""
+    presence = f"has(self.{field}) == has(oldSelf.{field})"
+    expr = presence if field in POLICY_COMPARED else f"{presence} && (!has(self.{field}) || self.{field} == oldSelf.{field})"
+    return rule(expr, immutable_message(field), fieldPath=f".{field}")
 
 
 RESERVED_OPERATION_ID = (
@@ -168,6 +180,82 @@ FIELD_EXTRAS: dict[tuple[str, str], Schema] = {
 }
 
 
+# Lists whose items' rules are evaluated once, when the object is created (model title, property alias) -> the
+# field's path in messages. See the module docstring: per-item rules would be evaluated on every write.
+HOISTED: dict[tuple[str, str], str] = {("WorkflowSpec", "toolCalls"): "spec.toolCalls"}
+
+
+def hoist_item_rules(array: Schema, where: str) -> Schema:
+    """The CEL rules of an array's items (and of the items' fields) moved onto the array as create-time rules.
+
+    Each group of rules becomes ``oldSelf.hasValue() || self.all(c, <the rules, of c>)`` with
+    ``optionalOldSelf``. On create oldSelf is none and every item is checked; on any update
+    (status writes included) the rule is decided at once. A pass over the list per rule costs a conversion of
+    every item per rule (14 rules made creating a 10,000-call Workflow 2-3 times slower than per-item rules),
+    one pass for all of them exceeds the API server's cost limit for one rule: hence a few groups. Its
+    message names the first offending item and the first rule it breaks: ``spec.toolCalls[3].path: path must
+    be relative ...``.
+    """
+    items = copy.deepcopy(array["items"])
+    # As few passes as the cost limit of one rule allows. Group i has the i-th rule of every field (the items' own
+    # rules and a short field's all go in group 0): the checks of one workspace path cost in proportion to its
+    # maxLength, and together exceed the limit; a regex match (in proportion to length times pattern) goes alone.
+    groups: dict[Any, list[tuple[str, str]]] = {0: [_over_items(r, "c", None, where, "") for r in items.pop(VALIDATIONS, [])]}
+    for name, prop in items.get("properties", {}).items():
+        long = prop.get("maxLength", 0) > 256
+        for i, r in enumerate(prop.pop(VALIDATIONS, [])):
+            key = (name, i) if ".matches(" in r["rule"] else i if long else 0
+            groups.setdefault(key, []).append(_over_items(r, f"c.{name}", f"has(c.{name})", where, f".{name}"))
+        if _has_rules(prop):
+            raise ValueError(f"{where}[].{name}: rules below an item's own fields cannot be hoisted")
+    hoisted = [_one_pass(checks, where) for checks in groups.values() if checks]
+    return {**array, "items": items, VALIDATIONS: [*array.get(VALIDATIONS, []), *hoisted]}
+
+
+def _one_pass(checks: list[tuple[str, str]], where: str) -> Schema:
+    every = " && ".join(f"({expr})" for expr, _ in checks)
+    # Evaluated only when the rule fails: the first check some item breaks, and the first item breaking it. The
+    # index is the position of the first item equal to it (an earlier equal item breaks the check too). Written
+    # so that the API server can bound its cost, or it refuses the CRD: not self.map(...).indexOf(false) (a list
+    # built by map has no size bound) and format() rather than `+` (nor has a string built by string()).
+    def found(expr: str, template: str) -> str:
+        return f"{json.dumps(template)}.format([self.indexOf(self.filter(c, !({expr}))[0])])"
+
+    # When the rule fails and no other check is broken, the last one is: no test for it (one pass less).
+    explain = found(*checks[-1])
+    for expr, template in reversed(checks[:-1]):
+        explain = f"self.exists(c, !({expr})) ? {found(expr, template)} : {explain}"
+    return {
+        "rule": f"oldSelf.hasValue() || self.all(c, {every})",
+        "optionalOldSelf": True,
+        # Used if the messageExpression cannot be evaluated.
+        "message": "; ".join(t.replace("[%d]", "[]") for _, t in checks),
+        "messageExpression": explain,
+    }
+
+
+def _over_items(item_rule: dict[str, str], subject: str, guard: str | None, where: str, suffix: str) -> tuple[str, str]:
+    """(the rule about one item ``c``, its message as a format() template taking the item's index)."""
+    if set(item_rule) - {"rule", "message"}:
+        raise ValueError(f"cannot hoist a rule with {sorted(set(item_rule) - {'rule', 'message'})}: {item_rule}")
+    # The item rules are written about `self`; here they are about one item `c` (or its field).
+    expr = re.sub(r"\bself\b", subject, item_rule["rule"])
+    if guard is not None:
+        expr = f"!{guard} || ({expr})"
+    message = item_rule["message"]
+    if "%" in message:
+        raise ValueError(f"a hoisted rule's message is a format() template and cannot contain '%': {message}")
+    return expr, f"{where}[%d]{suffix}: {message}"
+
+
+def _has_rules(node: Any) -> bool:
+    if isinstance(node, dict):
+        return VALIDATIONS in node or any(_has_rules(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_rules(v) for v in node)
+    return False
+
+
 # ------------------------------------------------------------------------------------------- structural
 
 _DROP = {"title", "default", "additionalProperties", "discriminator", "propertyNames", "patternProperties"}
@@ -230,6 +318,10 @@ class _Converter:
                     if extras is not None:
                         self.used_field_extras.add((title or "", name))
                         converted = _with_extras(converted, extras)
+                    where = HOISTED.get((title or "", name))
+                    if where is not None:
+                        self.used_field_extras.add((title or "", name))
+                        converted = hoist_item_rules(converted, where)
                     props[name] = converted
                 out["properties"] = props
                 if node.get("required"):
@@ -479,7 +571,7 @@ def generate_crds() -> list[Schema]:
 # Rules about free JSON (spec.input, the values of spec.signals): a CRD's CEL rules cannot see fields without a
 # schema (x-kubernetes-preserve-unknown-fields), so these are a ValidatingAdmissionPolicy, whose CEL sees the
 # object as plain JSON. It matches updates of the main resource only (not the status subresource, which the
-# operator writes often).
+# operator writes often), which is also why the toolCalls comparison is here (POLICY_COMPARED).
 INPUT_IMMUTABLE = immutable_message("input")
 SIGNALS_ONLY_GAIN = (
     "spec.signals can only gain keys: a signal, once given, can neither be removed nor changed "
@@ -487,6 +579,16 @@ SIGNALS_ONLY_GAIN = (
 )
 POLICY_NAME = f"workflows.{GROUP}"
 POLICY_RULES: list[dict[str, str]] = [
+    *(
+        {
+            # The CRD refuses the field appearing or disappearing; here, a changed value.
+            "expression": f"!has(object.spec.{field}) || !has(oldObject.spec.{field}) || "
+            f"object.spec.{field} == oldObject.spec.{field}",
+            "message": immutable_message(field),
+            "reason": "Invalid",
+        }
+        for field in sorted(POLICY_COMPARED)
+    ),
     {
         "expression": "has(object.spec.input) == has(oldObject.spec.input) && "
         "(!has(object.spec.input) || object.spec.input == oldObject.spec.input)",
@@ -543,7 +645,7 @@ def _check_coverage() -> None:
         converter.convert(props["status"])
         used_rules |= converter.used_model_rules
         used_extras |= converter.used_field_extras
-    missing = (set(MODEL_RULES) - used_rules) | {f"{m}.{f}" for m, f in set(FIELD_EXTRAS) - used_extras}
+    missing = (set(MODEL_RULES) - used_rules) | {f"{m}.{f}" for m, f in (set(FIELD_EXTRAS) | set(HOISTED)) - used_extras}
     if missing:
         raise RuntimeError(f"CEL rules/extras for models or fields that no longer exist: {sorted(missing)}")
 

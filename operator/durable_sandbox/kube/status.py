@@ -276,14 +276,28 @@ def conditions(
     return out
 
 
+# A status write that took d seconds is followed by at least WRITE_COST_FACTOR * d seconds without one (phase
+# changes excepted). Every write of a Workflow rewrites the whole object: a 10,000-call Workflow is ~650 KB, which
+# the API server decodes, validates, stores and sends to every watcher, taking up to seconds on a busy server;
+# this keeps such a Workflow's status writes to about a tenth of the time, and leaves small ones at `interval`.
+WRITE_COST_FACTOR = 10.0
+
+
 class StatusWriter:
     """Coalesces status patches of one Workflow: the newest document wins, written at most about once
-    per ``interval`` seconds, except that a phase change is written at once. One task writes; a write
-    under way is never cut short (the next document waits for it)."""
+    per ``interval`` seconds (longer after a slow write: WRITE_COST_FACTOR), except that a phase change is
+    written at once. One task writes; a write under way is never cut short (the next document waits for it)."""
 
-    def __init__(self, patch: Callable[[dict[str, Any]], Awaitable[None]], *, interval: float = 1.0) -> None:
+    def __init__(
+        self, patch: Callable[[dict[str, Any]], Awaitable[None]], *, interval: float | Callable[[], float] = 1.0,
+        cost_factor: float = WRITE_COST_FACTOR,
+    ) -> None:
         self._patch = patch
+        # A callable is asked before every write: the operator stretches the interval when many Workflows
+        # run at once, so that their status patches together stay within a budget (see OperatorSettings).
         self.interval = interval
+        self.cost_factor = cost_factor
+        self._last_duration = 0.0
         self._pending: dict[str, Any] | None = None
         self._offered_phase: str | None = None
         self._urgent = False
@@ -305,7 +319,7 @@ class StatusWriter:
 
     async def _write_loop(self) -> None:
         while self._pending is not None:
-            delay = self._last_write + self.interval - time.monotonic()
+            delay = self._last_write + self.gap() - time.monotonic()
             if not self._urgent and delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), delay)
@@ -313,22 +327,30 @@ class StatusWriter:
             self._wakeup.clear()
             await self.flush()
 
+    def gap(self) -> float:
+        """Seconds from one write to the next that is not a phase change."""
+        interval = self.interval() if callable(self.interval) else self.interval
+        return max(interval, self.cost_factor * self._last_duration)
+
     async def flush(self) -> None:
         """Write what is pending now (used on phase changes and before the daemon stops)."""
         async with self._lock:
             doc, self._pending = self._pending, None
             if doc is None:
                 return
+            started = time.monotonic()
             try:
                 await self._patch(doc)
             except Exception as exc:  # status is a projection: the next offer writes it again
                 log.warning("status patch failed: %s", exc)
                 if self._pending is None:
                     self._pending = doc
-                self._last_write = time.monotonic()  # try again one interval later, not in a loop
+                self._last_write = time.monotonic()  # try again one gap later, not in a loop
+                self._last_duration = self._last_write - started  # a timed-out write was a slow one
                 return
             self.writes += 1
             self._last_write = time.monotonic()
+            self._last_duration = self._last_write - started
 
     async def aclose(self, timeout: float = 10.0) -> None:
         """Write what is pending now and stop."""

@@ -180,6 +180,10 @@ class _RunState:
 class KubernetesStore:
     """The Store protocol in one namespace. ``await KubernetesStore.connect(namespace)`` or give a client."""
 
+    # Every events append is an API write (and a read): a run's events are written in batches at most
+    # once per this many seconds (``RunRuntime`` reads it), not once per progress message.
+    event_interval: float = 1.0
+
     def __init__(self, namespace: str, api: KubeClient, *, clock: Callable[[], float] = time.monotonic,
                  field_manager: str = "durable-sandbox", owns_client: bool = False) -> None:
         self.namespace = namespace

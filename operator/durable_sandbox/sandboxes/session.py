@@ -295,7 +295,7 @@ class SandboxSession:
         self._operation_ids = list(operation_ids or [])
         self._calls: dict[str, ToolCall] = {}
         self._next_index = 0
-        self.state = SessionState.derive(sid, rt.rows)
+        self.state = SessionState.derive(sid, rt.known_rows())
         self.generation = self.state.reopen_for(rt.epoch)
         self._suspended = False
 
@@ -349,10 +349,12 @@ class SandboxSession:
                                     meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id,
                                           "outcome": _result_json(result)})
                 raise failure
+            # Deferred: committed with the run's next write (the next call's start, a snapshot, the final
+            # commit), so a call costs one commit; ``after:<op>`` is reached once it has landed.
             await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "completed", digest=digest,
                                 result=_result_json(result),
-                                meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id})
-            faults.reach(f"after:{op_id}")
+                                meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id},
+                                defer=True)
             self.state.calls[index] = (op_id, result)
         await self._after_call(index + 1)
         return result
@@ -461,13 +463,15 @@ class SandboxSession:
 
     async def _journal(self, op_id: str, kind: OpKind, name: str, status: str, *, digest: str | None = None,
                        result: Any = None, meta: dict[str, Any] | None = None, error: ErrorInfo | None = None,
-                       check_cancel: bool = False) -> None:
+                       check_cancel: bool = False, defer: bool = False) -> None:
         prev = self.rt.lookup(op_id)
         attempt = prev.attempt if prev is not None else 1
-        await self.rt.write(
-            OperationRecord(op_id, kind.value, name, status, attempt, digest, result, error=error, meta=meta, epoch=self.rt.epoch),
-            check_cancel=check_cancel,
-        )
+        record = OperationRecord(op_id, kind.value, name, status, attempt, digest, result, error=error, meta=meta,
+                                 epoch=self.rt.epoch)
+        if defer:
+            self.rt.defer_completion(record)
+        else:
+            await self.rt.write(record, check_cancel=check_cancel)
 
     # ------------------------------------------------------------------ provider calls with retries
 
@@ -853,8 +857,9 @@ class SessionFactory:
         return SandboxSession(rt, ctx.scope + id, self.providers(provider), **options)
 
     async def _cleanup_sessions(self, rt: RunRuntime, action: str) -> None:
-        for sid in sessions_in(rt.rows):
-            state = SessionState.derive(sid, rt.rows)
+        rows = rt.known_rows()
+        for sid in sessions_in(rows):
+            state = SessionState.derive(sid, rows)
             state.reopen_for(rt.epoch)
             if state.finalized or state.provider is None:
                 continue
@@ -869,8 +874,9 @@ class SessionFactory:
         cancelled after its sandbox block ended, the snapshot is deleted like any other."""
         if getattr(status, "value", status) == "succeeded":
             return
-        for sid in sessions_in(rt.rows):
-            state = SessionState.derive(sid, rt.rows)
+        rows = rt.known_rows()
+        for sid in sessions_in(rows):
+            state = SessionState.derive(sid, rows)
             kept = [c for c in state.checkpoints if state.finalized and c.snapshot_id == state.retained]
             if kept and state.provider is not None:
                 session = SandboxSession(rt, sid, self.providers(state.provider))

@@ -25,7 +25,8 @@ store accepts. Requires pytest-asyncio (auto mode or ``asyncio`` markers applied
 
 The rules, each a test below: ``create_run`` is idempotent and round-trips every field; ``commit`` is
 atomic (journal rows, run changes, thread state and cache entry together) and fenced (a stale fence writes
-nothing, ``LeaseLost``); ``check_cancel`` refuses once cancel was requested; seqs grow in commit order and
+nothing, ``LeaseLost``); ``check_cancel`` refuses once cancel was requested; a completion and the next
+start in one commit land together in order or not at all; seqs grow in commit order and
 ``journal_since`` returns exactly the rows after a seq; claim/renew/release with fencing (every claim moves
 the fence; a stale lease can neither renew nor release); ``claim_next`` picks pending, due and orphaned runs
 and nothing else; ``delete_run`` removes a run with its journal, events and signals, fenced; signals are
@@ -318,6 +319,35 @@ class StoreContractSuite:
         )
         got = await store.get_run(run.run_id)
         assert got is not None and got.status == RunStatus.CANCELLED and got.cancel_requested == "stop now"
+
+    async def test_a_completion_and_the_next_start_in_one_commit_land_together_in_order(self, store: Store) -> None:
+        """The engine's commit shape for consecutive sandbox calls (``RunRuntime.defer_completion``): call i's
+        completion rides on call i+1's start, one commit. All or nothing, in order (the completion's seq
+        before the start's): refused whole under a cancel request or a stale fence, so call i+1 never
+        starts on a journal that lacks call i's result."""
+        run = await self.new_run(store)
+        lease = await store.claim(run.run_id, "w1", TTL)
+        await store.commit(run.run_id, lease.fence, Commit([_rec("c1", "started")], check_cancel=True))
+        await store.commit(run.run_id, lease.fence,
+                           Commit([_rec("c1", "completed", {"out": 1}), _rec("c2", "started")], check_cancel=True))
+        rows = await store.load_journal(run.run_id)
+        assert _shape(rows) == [("c1", "started", None), ("c1", "completed", {"out": 1}), ("c2", "started", None)]
+        assert rows[0].seq < rows[1].seq < rows[2].seq, "one commit's records keep their order"
+        pair = [_rec("c2", "completed", {"out": 2}), _rec("c3", "started")]
+        await store.update_run(run.run_id, {"cancel_requested": "stop"})
+        with pytest.raises(RunCancelledError):
+            await store.commit(run.run_id, lease.fence, Commit(pair, check_cancel=True))
+        assert len(await store.load_journal(run.run_id)) == 3, "a refused commit writes none of its records"
+        newer = await store.claim(run.run_id, "w2", TTL, take_over_from="w1")
+        with pytest.raises(LeaseLost):
+            await store.commit(run.run_id, lease.fence, Commit(pair))
+        assert len(await store.load_journal(run.run_id)) == 3, "a stale fence writes none of its records"
+        # What a final commit does with a completion still waiting for its ride: it lands with the status.
+        await store.commit(run.run_id, newer.fence, Commit(pair[:1], run={"status": RunStatus.CANCELLED}))
+        rows = await store.load_journal(run.run_id)
+        assert _shape(rows)[-1] == ("c2", "completed", {"out": 2})
+        got = await store.get_run(run.run_id)
+        assert got is not None and got.status == RunStatus.CANCELLED
 
     # ------------------------------------------------------------------ leases
 
