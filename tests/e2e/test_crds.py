@@ -156,24 +156,24 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "absolute path": (
         with_call("abs", {"type": "read_file", "path": "/etc/passwd"}),
-        "path must be relative to the workspace, not absolute",
+        f"in body should match '{crds.PATH_RELATIVE}'",
     ),
     "absolute path in the third call": (
         with_spec("abs-third", toolCalls=[{"type": "shell", "command": "ls"}, {"type": "read_file", "path": "a"},
                                           {"type": "read_file", "path": "/etc/passwd"}]),
-        "path must be relative to the workspace, not absolute",
+        f"in body should match '{crds.PATH_RELATIVE}'",
     ),
     "'..' path": (
         with_call("dotdot", {"type": "read_file", "path": "notes/../../etc/passwd"}),
-        "path must not contain '..' segments",
+        f"in body should match '{crds.PATH_NO_DOTDOT}'",
     ),
     "'..' cwd": (
         with_call("dotdot-cwd", {"type": "shell", "command": "ls", "cwd": ".."}),
-        "cwd must not contain '..' segments",
+        f"in body should match '{crds.PATH_NO_DOTDOT}'",
     ),
     "workspace itself": (
         with_call("dot", {"type": "write_file", "path": "./.", "contents": "x"}),
-        "path must name something inside the workspace, not the workspace itself",
+        f"in body should match '{crds.PATH_NAMES_SOMETHING}'",
     ),
     "reserved operation id": (
         with_call("reserved", {"type": "shell", "command": "ls", "operationId": "snapshot/1"}),

@@ -65,10 +65,12 @@ from durable_sandbox.kube.events import EventRecorder, LifecycleEvent, lifecycle
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, WorkflowResource
+from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, cluster_run_id, plan_workflow
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.status import Extra, Projection, StatusWriter, render
 from durable_sandbox.kube.store import KubernetesStore, OwnerRef
+from durable_sandbox.providers.contract import INSTALLATION_LABEL
 from durable_sandbox.workflows import sandbox_agent
 
 log = logging.getLogger("durable_sandbox.kube.controller")
@@ -115,6 +117,10 @@ class OperatorSettings:
     # head and journal; a few at a time keep that burst's memory small (the RSS it leaves is its high-water mark).
     admissions: int = 8
     max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS  # runs this replica executes at once (kube/concurrency.py)
+    # Every sandbox (and snapshot) this operator makes is labelled with it; the orphan sweep lists by it.
+    installation_id: str = "durable-sandbox"
+    sweep_interval: float = 300.0  # seconds between orphan sweeps (kube/sweeper.py); 0: no sweep
+    sweep_grace: float = 600.0  # an orphan is removed once seen orphaned this long
 
 
 def give_back_memory() -> None:
@@ -167,38 +173,21 @@ class CleanupPending(Exception):
         self.delay = delay
 
 
-@dataclass
-class RunView:
+@dataclass(kw_only=True)
+class RunView(ObjectView):
     """What this process knows of one Workflow's run: the projection it writes as status."""
 
-    namespace: str
-    name: str
-    uid: str
     run_id: str
-    body: Mapping[str, Any]
     projection: Projection = field(default_factory=Projection)
     extra: Extra = field(default_factory=Extra)
     run: RunRecord | None = None
     writer: StatusWriter | None = None
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    generation: int | None = None
     phase: str | None = None
     signals_sent: dict[str, Any] = field(default_factory=dict)
     cancel_sent: bool = False
     executing: bool = False  # this process holds the lease and writes status/events
     waiting_for: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
     released: bool = False  # the Sandbox this run held has been let go
-
-    def latest(self) -> Mapping[str, Any]:
-        return self.body  # kept up to date by Operator.notice
-
-    @property
-    def deleting(self) -> bool:
-        return bool(self.latest().get("metadata", {}).get("deletionTimestamp"))
-
-    @property
-    def owner(self) -> str:
-        return f"{self.namespace}/{self.uid}"
 
 
 class ObservedStore:
@@ -283,10 +272,15 @@ class Operator:
                 hibernate_after=self.settings.hibernate_after,
                 unresolvable="leave",
                 services={"secrets": self._secrets_for, "owner": self._owner_for, "env_values": self._env_values_for,
-                          "attached_sandbox": self._attached_sandbox},
+                          "attached_sandbox": self._attached_sandbox, "sandbox_labels": self.sandbox_labels},
             )
             self._engines[namespace] = engine
         return engine
+
+    @property
+    def sandbox_labels(self) -> dict[str, str]:
+        """Labels of every sandbox this operator provisions (Workflows' and Sandbox resources')."""
+        return {INSTALLATION_LABEL: self.settings.installation_id}
 
     def _provider(self, name: str) -> Any:
         if name == "local" and not self.policy.allow_local_provider:
@@ -398,9 +392,7 @@ class Operator:
         run_id = cluster_run_id(name, uid)
         view = self._views.get(run_id)
         if view is not None:
-            view.body = body
-            if meta.get("generation") != view.generation or meta.get("deletionTimestamp"):
-                view.wake.set()
+            view.notice(body)
             return
         if self.stopping or run_id in self._active:
             return  # starting up (the task reads the object itself) or stopping
@@ -832,6 +824,8 @@ class Operator:
 
     def _queued(self, view: RunView) -> None:
         """The run waits for an execution slot: Pending, with Ready=False reason ConcurrencyLimit."""
+        if view.run is not None and view.run.status == RunStatus.RUNNING:
+            return  # another replica executes it (or did, until its lease runs out): its status stands
         cond = concurrency_limit_condition(self.slots.limit, len(self.slots.waiting))
         view.extra.not_runnable, view.extra.not_runnable_reason = cond["message"], cond["reason"]
         self._offer(view)
@@ -897,12 +891,7 @@ class Operator:
         (or an open-ended one) parks the run instead: raises :class:`Park` and the run's task ends."""
         if not stopped.is_set() and not self.stopping and (timeout is None or timeout > self.settings.park_after):
             raise Park(timeout, why)
-        waiters = [asyncio.ensure_future(view.wake.wait()), asyncio.ensure_future(stopped.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
+        await view.wait(stopped, timeout)
 
     # ------------------------------------------------------------------ deletion (behind the finalizer)
 
