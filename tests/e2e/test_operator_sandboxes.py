@@ -15,13 +15,16 @@ import hashlib
 import json
 import shutil
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from durable_sandbox.providers.contract import SandboxHandle, ToolCall
 from durable_sandbox.providers.local import LocalProvider
 from tests.e2e.conftest import ControlPlane, wait_until
-from tests.e2e.operator_support import local_sandboxes, manifest, namespace, operators
+from tests.e2e.operator_support import OperatorProcess, local_sandboxes, manifest, namespace, operators
 from tests.e2e.operator_support import status as workflow_status
 from tests.e2e.operator_support import wait_condition as wait_workflow
 from tests.e2e.test_operator_cleanup import fake_e2b
@@ -96,6 +99,36 @@ def delete_and_wait(cp: ControlPlane, ns: str, name: str) -> None:
     wait_until(lambda: get(cp, ns, name) is None, 90, f"Sandbox {ns}/{name} to be deleted")
 
 
+@dataclass
+class Scene:
+    """What every test here starts from: the control plane, its namespace, operator replicas to start
+    (``start`` is the ``operators`` fixture), and the Sandbox steps they all take."""
+
+    cp: ControlPlane
+    ns: str
+    start: Any
+
+    def operator(self, *args: str, **kwargs: Any) -> OperatorProcess:
+        """An operator replica that may use the local provider."""
+        op: OperatorProcess = self.start("--allow-local-provider", *args, **kwargs)
+        return op
+
+    def ready(self, name: str, **spec: Any) -> dict[str, Any]:
+        """Apply Sandbox ``name`` and wait until it is Ready; returns its status."""
+        self.cp.apply(sandbox(name, **spec), "-n", self.ns)
+        return wait_for(self.cp, self.ns, name, "Ready")
+
+    def delete_leaving_nothing(self, name: str, home: Path) -> None:
+        """Delete Sandbox ``name``: it goes, and the provider's inventory is empty (acceptance 4)."""
+        delete_and_wait(self.cp, self.ns, name)
+        assert local_sandboxes(home) == [], f"Sandbox {name} left provider objects behind"
+
+
+@pytest.fixture
+def scene(control_plane: ControlPlane, namespace: str, operators: Any) -> Scene:
+    return Scene(control_plane, namespace, operators)
+
+
 def workflow(name: str, sandbox_name: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
     return manifest(name, toolCalls=calls, sandbox=None, sandboxRef={"name": sandbox_name}, snapshotEveryNCalls=None)
 
@@ -105,13 +138,10 @@ def gated(gate: Path) -> dict[str, Any]:
     return {"type": "shell", "command": f"while [ ! -e {gate} ]; do sleep 0.05; done"}
 
 
-def test_workflows_share_a_sandbox_one_at_a_time_and_leave_it_alive(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
-) -> None:
-    cp, ns = control_plane, namespace
-    op = operators("--allow-local-provider")
-    cp.apply(sandbox("shared"), "-n", ns)
-    live = wait_for(cp, ns, "shared", "Ready")["providerId"]
+def test_workflows_share_a_sandbox_one_at_a_time_and_leave_it_alive(scene: Scene, tmp_path: Path) -> None:
+    cp, ns = scene.cp, scene.ns
+    op = scene.operator()
+    live = scene.ready("shared")["providerId"]
     gate = tmp_path / "gate"
     cp.apply(workflow("writer", "shared", [{"type": "write_file", "path": "out/a.txt", "contents": "from writer\n"},
                                            gated(gate)]), "-n", ns)
@@ -138,17 +168,13 @@ def test_workflows_share_a_sandbox_one_at_a_time_and_leave_it_alive(
     assert workspaces(op.home) == [live]
     assert run_call(op.home, live, "read_file", path="out/a.txt") == (0, "from writer\n")
 
-    delete_and_wait(cp, ns, "shared")
-    assert local_sandboxes(op.home) == []
+    scene.delete_leaving_nothing("shared", op.home)
 
 
-def test_deleting_a_held_sandbox_waits_for_the_workflow(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
-) -> None:
-    cp, ns = control_plane, namespace
-    op = operators("--allow-local-provider")
-    cp.apply(sandbox("busy"), "-n", ns)
-    live = wait_for(cp, ns, "busy", "Ready")["providerId"]
+def test_deleting_a_held_sandbox_waits_for_the_workflow(scene: Scene, tmp_path: Path) -> None:
+    cp, ns = scene.cp, scene.ns
+    op = scene.operator()
+    live = scene.ready("busy")["providerId"]
     gate = tmp_path / "gate"
     cp.apply(workflow("holder", "busy", [gated(gate)]), "-n", ns)
     wait_until(lambda: (workflow_status(cp, ns, "holder").get("currentCall") or {}).get("index") == 0, 60,
@@ -173,13 +199,10 @@ def test_deleting_a_held_sandbox_waits_for_the_workflow(
     assert local_sandboxes(op.home) == []
 
 
-def test_suspend_snapshots_and_destroys_resume_restores_and_superseded_snapshot_goes(
-    control_plane: ControlPlane, namespace: str, operators: Any
-) -> None:
-    cp, ns = control_plane, namespace
-    op = operators("--allow-local-provider")
-    cp.apply(sandbox("dev-box"), "-n", ns)
-    st = wait_for(cp, ns, "dev-box", "Ready")
+def test_suspend_snapshots_and_destroys_resume_restores_and_superseded_snapshot_goes(scene: Scene) -> None:
+    cp, ns = scene.cp, scene.ns
+    op = scene.operator()
+    st = scene.ready("dev-box")
     first = st["providerId"]
     assert workspaces(op.home) == [first] and snapshots(op.home) == []
     assert "snapshot" in st["capabilities"]["supported"]
@@ -214,17 +237,13 @@ def test_suspend_snapshots_and_destroys_resume_restores_and_superseded_snapshot_
     events = reasons(cp, ns, "dev-box")
     assert events.count("SnapshotTaken") == 2 and "SnapshotDeleted" in events
 
-    delete_and_wait(cp, ns, "dev-box")
-    assert local_sandboxes(op.home) == []
+    scene.delete_leaving_nothing("dev-box", op.home)
 
 
-def test_lease_is_renewed_and_a_sandbox_killed_out_of_band_is_recreated_from_the_newest_snapshot(
-    control_plane: ControlPlane, namespace: str, operators: Any
-) -> None:
-    cp, ns = control_plane, namespace
-    op = operators("--allow-local-provider")
-    cp.apply(sandbox("leased", leaseSeconds=5), "-n", ns)
-    st = wait_for(cp, ns, "leased", "Ready")
+def test_lease_is_renewed_and_a_sandbox_killed_out_of_band_is_recreated_from_the_newest_snapshot(scene: Scene) -> None:
+    cp, ns = scene.cp, scene.ns
+    op = scene.operator()
+    st = scene.ready("leased", leaseSeconds=5)
     live, first_expiry = st["providerId"], st["leaseExpiresAt"]
     # Several lease periods later the same sandbox is alive: its lease was renewed each time.
     wait_until(lambda: status(cp, ns, "leased").get("leaseExpiresAt", "") >= _plus(first_expiry, 15), 60,
@@ -254,17 +273,13 @@ def test_lease_is_renewed_and_a_sandbox_killed_out_of_band_is_recreated_from_the
     assert run_call(op.home, recovered, "read_file", path="before.txt") == (0, "in the snapshot\n")
     assert run_call(op.home, recovered, "read_file", path="after.txt")[0] == 1
 
-    delete_and_wait(cp, ns, "leased")
-    assert local_sandboxes(op.home) == []
+    scene.delete_leaving_nothing("leased", op.home)
 
 
-def test_delete_while_the_provider_refuses_cleanup_is_blocked_then_completes(
-    control_plane: ControlPlane, namespace: str, operators: Any
-) -> None:
-    cp, ns = control_plane, namespace
-    op = operators("--allow-local-provider")
-    cp.apply(sandbox("stubborn"), "-n", ns)
-    wait_for(cp, ns, "stubborn", "Ready")
+def test_delete_while_the_provider_refuses_cleanup_is_blocked_then_completes(scene: Scene) -> None:
+    cp, ns = scene.cp, scene.ns
+    op = scene.operator()
+    scene.ready("stubborn")
     set_suspend(cp, ns, "stubborn", True)
     st = wait_for(cp, ns, "stubborn", "Suspended")
     (snap,) = st["snapshots"]
@@ -288,11 +303,9 @@ def test_delete_while_the_provider_refuses_cleanup_is_blocked_then_completes(
     assert local_sandboxes(op.home) == []
 
 
-def test_operator_killed_during_provision_leaves_exactly_one_sandbox(
-    control_plane: ControlPlane, namespace: str, operators: Any
-) -> None:
-    cp, ns = control_plane, namespace
-    crashing = operators("--allow-local-provider", fault="inside:sandbox.provision", name="crashing")
+def test_operator_killed_during_provision_leaves_exactly_one_sandbox(scene: Scene) -> None:
+    cp, ns = scene.cp, scene.ns
+    crashing = scene.operator(fault="inside:sandbox.provision", name="crashing")
     cp.apply(sandbox("crashy"), "-n", ns)
     assert crashing.wait_exit(90) == -9
     # The sandbox was made but not recorded: the intent was.
@@ -300,35 +313,30 @@ def test_operator_killed_during_provision_leaves_exactly_one_sandbox(
     st = status(cp, ns, "crashy")
     assert st["operation"]["kind"] == "provision" and not st.get("providerId")
 
-    op = operators("--allow-local-provider", name="restarted")
+    op = scene.operator(name="restarted")
     st = wait_for(cp, ns, "crashy", "Ready")
     assert workspaces(op.home) == [st["providerId"]] and not st.get("operation")
 
-    delete_and_wait(cp, ns, "crashy")
-    assert local_sandboxes(op.home) == []
+    scene.delete_leaving_nothing("crashy", op.home)
 
 
-def test_operator_killed_during_suspend_leaves_exactly_one_snapshot(
-    control_plane: ControlPlane, namespace: str, operators: Any
-) -> None:
-    cp, ns = control_plane, namespace
-    crashing = operators("--allow-local-provider", fault="inside:sandbox.suspend", name="crashing")
-    cp.apply(sandbox("pausing"), "-n", ns)
-    st = wait_for(cp, ns, "pausing", "Ready")
+def test_operator_killed_during_suspend_leaves_exactly_one_snapshot(scene: Scene) -> None:
+    cp, ns = scene.cp, scene.ns
+    crashing = scene.operator(fault="inside:sandbox.suspend", name="crashing")
+    st = scene.ready("pausing")
     run_call(crashing.home, st["providerId"], "write_file", path="work.txt", contents="survives\n")
     set_suspend(cp, ns, "pausing", True)
     assert crashing.wait_exit(90) == -9
     assert len(snapshots(crashing.home)) == 1 and status(cp, ns, "pausing")["operation"]["kind"] == "snapshot"
 
-    op = operators("--allow-local-provider", name="restarted")
+    op = scene.operator(name="restarted")
     st = wait_for(cp, ns, "pausing", "Suspended")
     assert workspaces(op.home) == [] and snapshots(op.home) == st["snapshots"] and len(st["snapshots"]) == 1
     set_suspend(cp, ns, "pausing", False)
     st = wait_for(cp, ns, "pausing", "Ready")
     assert run_call(op.home, st["providerId"], "read_file", path="work.txt") == (0, "survives\n")
 
-    delete_and_wait(cp, ns, "pausing")
-    assert local_sandboxes(op.home) == []
+    scene.delete_leaving_nothing("pausing", op.home)
 
 
 def _plus(stamp: str, seconds: int) -> str:
@@ -338,16 +346,13 @@ def _plus(stamp: str, seconds: int) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def test_e2b_sandbox_shared_suspended_resumed_and_deleted_through_a_refusal(
-    control_plane: ControlPlane, namespace: str, operators: Any, fake_e2b: FakeState
-) -> None:
+def test_e2b_sandbox_shared_suspended_resumed_and_deleted_through_a_refusal(scene: Scene, fake_e2b: FakeState) -> None:
     """Acceptance 5: scenarios 1, 2 and 4 with the e2b provider against the fake E2B server (suspend for
     e2b = snapshot + destroy: E2B's own pause does not bound a paused sandbox's lifetime)."""
-    cp, ns = control_plane, namespace
-    operators(env={"E2B_API_KEY": fake_e2b.api_key, "E2B_API_URL": fake_e2b.api_url,
+    cp, ns = scene.cp, scene.ns
+    scene.start(env={"E2B_API_KEY": fake_e2b.api_key, "E2B_API_URL": fake_e2b.api_url,
                    "E2B_SANDBOX_URL": fake_e2b.sandbox_url})
-    cp.apply(sandbox("cloud-box", provider="e2b", template="base"), "-n", ns)
-    live = wait_for(cp, ns, "cloud-box", "Ready")["providerId"]
+    live = scene.ready("cloud-box", provider="e2b", template="base")["providerId"]
     assert fake_e2b.live_sandboxes() == [live]
     cp.apply(workflow("writer", "cloud-box", [{"type": "write_file", "path": "a.txt", "contents": "from writer\n"}]), "-n", ns)
     wait_workflow(cp, ns, "writer", "Succeeded")
@@ -385,13 +390,10 @@ def sandbox_lease(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None
     return items[0] if items else None
 
 
-def test_two_replicas_one_reconciles_and_the_other_takes_over_when_it_is_killed(
-    control_plane: ControlPlane, namespace: str, operators: Any
-) -> None:
-    cp, ns = control_plane, namespace
-    replicas = {name: operators("--allow-local-provider", name=name) for name in ("r-a", "r-b")}  # one shared home
-    cp.apply(sandbox("contested"), "-n", ns)
-    st = wait_for(cp, ns, "contested", "Ready")
+def test_two_replicas_one_reconciles_and_the_other_takes_over_when_it_is_killed(scene: Scene) -> None:
+    cp, ns = scene.cp, scene.ns
+    replicas = {name: scene.operator(name=name) for name in ("r-a", "r-b")}  # one shared home
+    st = scene.ready("contested")
     lease = sandbox_lease(cp, ns, "contested")
     assert lease is not None
     holder = lease["spec"]["holderIdentity"]
@@ -414,22 +416,17 @@ def test_two_replicas_one_reconciles_and_the_other_takes_over_when_it_is_killed(
     assert workspaces(replicas[other].home) == [] and snapshots(replicas[other].home) == st["snapshots"]
     assert f"this replica ({other}) reconciles it now" in replicas[other].logs()
 
-    delete_and_wait(cp, ns, "contested")  # the survivor's cleanup
-    assert local_sandboxes(replicas[other].home) == []
+    scene.delete_leaving_nothing("contested", replicas[other].home)  # the survivor's cleanup
     wait_until(lambda: sandbox_lease(cp, ns, "contested") is None, 60, "the Lease to go with its Sandbox")
 
 
-def test_the_sandbox_env_reaches_every_call_of_a_workflow_in_it_and_its_secret_nowhere_else(
-    control_plane: ControlPlane, namespace: str, operators: Any
-) -> None:
-    cp, ns = control_plane, namespace
+def test_the_sandbox_env_reaches_every_call_of_a_workflow_in_it_and_its_secret_nowhere_else(scene: Scene) -> None:
+    cp, ns = scene.cp, scene.ns
     token = "tok-" + uuid.uuid4().hex  # a Secret's value: reaches the calls, never status, events or logs
     cp.kubectl("create", "secret", "generic", "box-creds", "-n", ns, f"--from-literal=token={token}")
-    op = operators("--allow-local-provider")
-    cp.apply(sandbox("env-box", env=[{"name": "GREETING", "value": "hello from the Sandbox"},
-                                     {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "box-creds", "key": "token"}}}]),
-             "-n", ns)
-    wait_for(cp, ns, "env-box", "Ready")
+    op = scene.operator()
+    scene.ready("env-box", env=[{"name": "GREETING", "value": "hello from the Sandbox"},
+                                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "box-creds", "key": "token"}}}])
     # The Workflow's calls run in the Sandbox's sandbox, through the operator's run engine (not the provider
     # object that made it): the env is the sandbox's, so every call sees it. The token is compared, not printed.
     digest = hashlib.sha256(token.encode()).hexdigest()
@@ -449,5 +446,4 @@ def test_the_sandbox_env_reaches_every_call_of_a_workflow_in_it_and_its_secret_n
     }
     assert [where for where, text in seen.items() if token in text] == []
     cp.kubectl("delete", "workflow", "uses-env", "-n", ns, "--wait=true", "--timeout=90s")
-    delete_and_wait(cp, ns, "env-box")
-    assert local_sandboxes(op.home) == []
+    scene.delete_leaving_nothing("env-box", op.home)

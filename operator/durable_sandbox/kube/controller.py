@@ -45,10 +45,12 @@ from durable_sandbox.kube.concurrency import (
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent, lifecycle_events, run_status_event
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, WorkflowResource
+from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, cluster_run_id, plan_workflow
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.status import Extra, Projection, StatusWriter, render
 from durable_sandbox.kube.store import KubernetesStore, OwnerRef
+from durable_sandbox.providers.contract import INSTALLATION_LABEL
 from durable_sandbox.workflows import sandbox_agent
 
 log = logging.getLogger("durable_sandbox.kube.controller")
@@ -84,6 +86,10 @@ class OperatorSettings:
     hibernate_after: float = 300.0  # default for runs whose spec says nothing (DESIGN 6)
     cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
     max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS  # runs this replica executes at once (kube/concurrency.py)
+    # Every sandbox (and snapshot) this operator makes is labelled with it; the orphan sweep lists by it.
+    installation_id: str = "durable-sandbox"
+    sweep_interval: float = 300.0  # seconds between orphan sweeps (kube/sweeper.py); 0: no sweep
+    sweep_grace: float = 600.0  # an orphan is removed once seen orphaned this long
 
 
 class CleanupPending(Exception):
@@ -94,41 +100,21 @@ class CleanupPending(Exception):
         self.delay = delay
 
 
-@dataclass
-class RunView:
+@dataclass(kw_only=True)
+class RunView(ObjectView):
     """What this process knows of one Workflow's run: the projection it writes as status."""
 
-    namespace: str
-    name: str
-    uid: str
     run_id: str
-    body: Mapping[str, Any]
     projection: Projection = field(default_factory=Projection)
     extra: Extra = field(default_factory=Extra)
     run: RunRecord | None = None
     writer: StatusWriter | None = None
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    generation: int | None = None
     phase: str | None = None
     signals_sent: dict[str, Any] = field(default_factory=dict)
     cancel_sent: bool = False
     executing: bool = False  # this process holds the lease and writes status/events
-    body_of: Callable[[], Mapping[str, Any]] | None = None  # kopf's live view of the object
     waiting_for: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
     released: bool = False  # the Sandbox this run held has been let go
-
-    def latest(self) -> Mapping[str, Any]:
-        if self.body_of is not None:
-            self.body = self.body_of()
-        return self.body
-
-    @property
-    def deleting(self) -> bool:
-        return bool(self.latest().get("metadata", {}).get("deletionTimestamp"))
-
-    @property
-    def owner(self) -> str:
-        return f"{self.namespace}/{self.uid}"
 
 
 class ObservedStore:
@@ -207,10 +193,15 @@ class Operator:
                 hibernate_after=self.settings.hibernate_after,
                 unresolvable="leave",
                 services={"secrets": self._secrets_for, "owner": self._owner_for, "env_values": self._env_values_for,
-                          "attached_sandbox": self._attached_sandbox},
+                          "attached_sandbox": self._attached_sandbox, "sandbox_labels": self.sandbox_labels},
             )
             self._engines[namespace] = engine
         return engine
+
+    @property
+    def sandbox_labels(self) -> dict[str, str]:
+        """Labels of every sandbox this operator provisions (Workflows' and Sandbox resources')."""
+        return {INSTALLATION_LABEL: self.settings.installation_id}
 
     def _provider(self, name: str) -> Any:
         if name == "local" and not self.policy.allow_local_provider:
@@ -317,11 +308,8 @@ class Operator:
         uid = meta.get("uid", "")
         name = meta.get("name", "")
         view = self._views.get(cluster_run_id(name, uid)) if uid else None
-        if view is None:
-            return
-        view.body = body
-        if meta.get("generation") != view.generation or meta.get("deletionTimestamp"):
-            view.wake.set()
+        if view is not None:
+            view.notice(body)
 
     async def daemon(self, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
         """Drive the run of one Workflow for as long as the object exists and this process serves it."""
@@ -357,7 +345,7 @@ class Operator:
             if plan is None:
                 plan = await self._admit(view)
                 if plan is None:
-                    await self._wait(view, stopped, self.settings.not_runnable_retry)
+                    await view.wait(stopped, self.settings.not_runnable_retry)
                     continue
                 view.extra.max_attempts = plan.max_attempts
             outcome = await self._step(view, engine, plan, stopped)
@@ -513,7 +501,7 @@ class Operator:
                 delay = plan.retry.interval(run.epoch + 2)
                 retry_at = run.updated_at + delay
                 if time.time() < retry_at:
-                    await self._wait(view, stopped, retry_at - time.time())
+                    await view.wait(stopped, retry_at - time.time())
                     return "again"
                 return await self._drive(view, engine, plan, stopped, deadline)
             return await self._finished(view, plan, stopped)
@@ -522,7 +510,7 @@ class Operator:
         if suspend:
             if run.status != RunStatus.SUSPENDED:
                 await self._suspend(view, engine)
-            await self._wait(view, stopped, None)
+            await view.wait(stopped, None)
             return "again"
         view.extra.suspended = False
         if run.status == RunStatus.SUSPENDED:
@@ -540,7 +528,7 @@ class Operator:
                     await engine.executor.hibernate(view.run_id)
             else:
                 due.append(hibernate_at)
-            await self._wait(view, stopped, (min(due) - now) if due else None)
+            await view.wait(stopped, (min(due) - now) if due else None)
             return "again"
         return await self._drive(view, engine, plan, stopped, deadline)
 
@@ -618,12 +606,12 @@ class Operator:
                 task.result()
             except LeaseHeld:
                 view.executing = False  # another replica executes it; look again shortly
-                await self._wait(view, stopped, self.settings.claim_retry)
+                await view.wait(stopped, self.settings.claim_retry)
             except NotRunnableHere as exc:
                 view.executing = False
                 view.extra.not_runnable = str(exc)
                 self._offer(view)
-                await self._wait(view, stopped, self.settings.not_runnable_retry)
+                await view.wait(stopped, self.settings.not_runnable_retry)
             return "again"
         finally:
             if not task.done():
@@ -633,6 +621,8 @@ class Operator:
 
     def _queued(self, view: RunView) -> None:
         """The run waits for an execution slot: Pending, with Ready=False reason ConcurrencyLimit."""
+        if view.run is not None and view.run.status == RunStatus.RUNNING:
+            return  # another replica executes it (or did, until its lease runs out): its status stands
         cond = concurrency_limit_condition(self.slots.limit, len(self.slots.waiting))
         view.extra.not_runnable, view.extra.not_runnable_reason = cond["message"], cond["reason"]
         self._offer(view)
@@ -674,11 +664,11 @@ class Operator:
         self._offer(view)
         await self._let_go(view)
         if plan.ttl_seconds_after_finished is None or view.run is None:
-            await self._wait(view, stopped, None)
+            await view.wait(stopped, None)
             return "again"
         due = view.run.updated_at + plan.ttl_seconds_after_finished
         if time.time() < due:
-            await self._wait(view, stopped, due - time.time())
+            await view.wait(stopped, due - time.time())
             return "again"
         with contextlib.suppress(Exception):
             await self.api.custom.delete_namespaced_custom_object(
@@ -688,14 +678,6 @@ class Operator:
                 ),
             )
         return "done"
-
-    async def _wait(self, view: RunView, stopped: asyncio.Event, timeout: float | None) -> None:
-        waiters = [asyncio.ensure_future(view.wake.wait()), asyncio.ensure_future(stopped.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
 
     # ------------------------------------------------------------------ deletion (behind the finalizer)
 

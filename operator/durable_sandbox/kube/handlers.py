@@ -40,6 +40,7 @@ from durable_sandbox.kube.controller import (
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.models import GROUP, VERSION
 from durable_sandbox.kube.sandbox_controller import SandboxController, SandboxControllerSettings
+from durable_sandbox.kube.sweeper import OrphanSweeper
 
 log = logging.getLogger("durable_sandbox.kube.handlers")
 
@@ -67,11 +68,13 @@ class Configuration:
     settings: OperatorSettings = field(default_factory=OperatorSettings)
     kubeconfig: str | None = None
     providers: Any = None
+    namespaces: list[str] = field(default_factory=list)  # served namespaces; empty: every namespace
 
 
 config = Configuration()
 _operator: Operator | None = None
 _sandboxes: SandboxController | None = None
+_sweep: tuple[asyncio.Task[None], asyncio.Event, dict[str, Any]] | None = None  # task, stop, its providers
 
 
 def current() -> Operator:
@@ -116,7 +119,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     api = await KubeClient.connect(kubeconfig=config.kubeconfig)
     _operator = Operator(api, policy=config.policy, settings=config.settings, providers=config.providers)
     _sandboxes = SandboxController(api, _operator.events, _operator.provider_for, SandboxControllerSettings(
-        worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl))
+        worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl), labels=_operator.sandbox_labels)
+    _start_sweep(api, _operator)
     for hook in STARTUP_HOOKS:
         result = hook(_operator, settings)
         if inspect.isawaitable(result):
@@ -126,9 +130,54 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
              ", ".join(config.policy.workflow_modules) or "none")
 
 
+def _sweep_providers(op: Operator, cache: dict[str, Any]) -> dict[str, Any]:
+    """The providers this operator may use and can build (configured), one instance each for all sweeps."""
+    import os
+
+    from durable_sandbox.providers.registry import available_providers
+
+    for name, cls in available_providers().items():
+        if name in cache or (name == "local" and not op.policy.allow_local_provider) or cls.configuration_problems(os.environ):
+            continue
+        try:
+            cache[name] = op.provider_for(name)
+        except Exception as exc:  # a provider that cannot be built now is tried again next sweep
+            log.warning("orphan sweep: provider %s unavailable (%s)", name, exc)
+    return cache
+
+
+def _start_sweep(api: KubeClient, op: Operator) -> None:
+    global _sweep
+    settings = op.settings
+    if settings.sweep_interval <= 0:
+        return
+    cache: dict[str, Any] = {}
+    sweeper = OrphanSweeper(api, installation=settings.installation_id, namespaces=list(config.namespaces),
+                            providers=lambda: _sweep_providers(op, cache), grace=settings.sweep_grace,
+                            events=op.events, metrics=METRICS)
+    stop = asyncio.Event()
+    _sweep = (asyncio.create_task(sweeper.run(settings.sweep_interval, stop)), stop, cache)
+    log.info("orphan sweep every %gs (grace %gs) for installation %s", settings.sweep_interval, settings.sweep_grace,
+             settings.installation_id)
+
+
+async def _stop_sweep() -> None:
+    global _sweep
+    if _sweep is None:
+        return
+    (task, stop, providers), _sweep = _sweep, None
+    stop.set()
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.wait_for(task, timeout=10)
+    for provider in providers.values():
+        with contextlib.suppress(Exception):
+            await provider.aclose()
+
+
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
     global _operator, _sandboxes
+    await _stop_sweep()
     if _operator is None:
         return
     op, _operator = _operator, None
@@ -289,6 +338,7 @@ async def delete_sandbox(body: kopf.Body, retry: int, **_: Any) -> None:
 
 def run(*, namespaces: list[str], liveness: str | None) -> None:
     """Run the operator until SIGINT/SIGTERM (kopf handles both: daemons are stopped, runs handed over)."""
+    config.namespaces = list(namespaces)
     kopf.run(
         standalone=True,
         clusterwide=not namespaces,

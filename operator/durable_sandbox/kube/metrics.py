@@ -41,6 +41,7 @@ from durable_sandbox.providers.contract import (
     SandboxHandle,
     SandboxProvider,
     SandboxSpec,
+    SnapshotEntry,
     ToolCall,
     ToolResult,
 )
@@ -122,8 +123,16 @@ class OperatorMetrics:
             ["provider", "operation"], registry=r,
         )
         self.orphans_destroyed = Counter(
-            f"{PREFIX}_orphan_sandboxes_destroyed", "Sandboxes with this installation's owner tag that no live run "
-            "claimed, destroyed by the orphan sweep (kube/orphans.py).", ["provider"], registry=r,
+            f"{PREFIX}_orphan_sandboxes_destroyed", "Sandboxes with this installation's tag that no live Workflow or "
+            "Sandbox resource claimed, destroyed by the orphan sweep (kube/orphans.py).", ["provider"], registry=r,
+        )
+        self.orphan_snapshots_destroyed = Counter(
+            f"{PREFIX}_orphan_snapshots_destroyed", "Snapshots with this installation's tag that no live Workflow or "
+            "Sandbox resource claimed, deleted by the orphan sweep (kube/orphans.py).", ["provider"], registry=r,
+        )
+        self.orphan_sweeps = Counter(
+            f"{PREFIX}_orphan_sweeps", "Orphan sweeps run, by outcome (ok, or error: the sweep was skipped).",
+            ["outcome"], registry=r,
         )
         self.lease_takeovers = Counter(
             f"{PREFIX}_lease_takeovers", "Runs taken over from another worker whose Lease had expired.", registry=r,
@@ -355,6 +364,12 @@ class InstrumentedProvider(SandboxProvider):
 
     async def list_sandboxes(self, owner: str) -> list[SandboxHandle]:
         return await self.inner.list_sandboxes(owner)
+
+    async def inventory_sandboxes(self, installation: str) -> list[SandboxHandle]:
+        return await self.inner.inventory_sandboxes(installation)
+
+    async def inventory_snapshots(self, installation: str) -> list[SnapshotEntry]:
+        return await self.inner.inventory_snapshots(installation)
 
     async def inject_loss(self, handle: SandboxHandle) -> None:
         await self.inner.inject_loss(handle)

@@ -51,6 +51,7 @@ from durable_sandbox.kube.controller import CleanupPending
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
 from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource
+from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.status import condition, rfc3339
 from durable_sandbox.kube.store import MANAGED_BY
@@ -84,40 +85,15 @@ class SandboxControllerSettings:
     lease_ttl: float = 15.0  # a dead replica's Sandboxes are taken over after this long
 
 
-def owner_tag(namespace: str, uid: str) -> str:
-    """The owner tag of a Sandbox's provider sandboxes (orphans are found by it)."""
-    return f"{namespace}/{uid}"
-
-
-@dataclass
-class SandboxView:
+@dataclass(kw_only=True)
+class SandboxView(ObjectView):
     """One Sandbox as this process serves it: the newest body and the status it wrote last."""
 
-    namespace: str
-    name: str
-    uid: str
-    body: Mapping[str, Any]
     status: dict[str, Any]
-    body_of: Callable[[], Mapping[str, Any]] | None = None
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    generation: int | None = None
     lease: HeldLease | None = None  # this replica's claim to reconcile the Sandbox
     turn: asyncio.Task[float | None] | None = None  # the reconciliation in progress (stopped if the lease is lost)
     waiting_on: str | None = None  # the replica holding the lease while this one waits
-
-    def latest(self) -> Mapping[str, Any]:
-        if self.body_of is not None:
-            self.body = self.body_of()
-        return self.body
-
-    @property
-    def deleting(self) -> bool:
-        return bool(self.latest().get("metadata", {}).get("deletionTimestamp"))
-
-    @property
-    def owner(self) -> str:
-        return owner_tag(self.namespace, self.uid)
 
     @property
     def snapshots(self) -> list[str]:
@@ -141,9 +117,11 @@ class SandboxController:
         events: EventRecorder,
         provider: Callable[[str], SandboxProvider],
         settings: SandboxControllerSettings | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.api = api
         self.events = events
+        self.labels = dict(labels or {})  # on every sandbox provisioned (the installation label: orphan sweeps)
         self._provider_of = provider
         self._providers: dict[str, SandboxProvider] = {}
         self.settings = settings or SandboxControllerSettings()
@@ -194,13 +172,9 @@ class SandboxController:
     # ------------------------------------------------------------------ the daemon
 
     def notice(self, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata", {})
-        view = self._views.get(meta.get("uid", ""))
-        if view is None:
-            return
-        view.body = body
-        if meta.get("generation") != view.generation or meta.get("deletionTimestamp"):
-            view.wake.set()
+        view = self._views.get(body.get("metadata", {}).get("uid", ""))
+        if view is not None:
+            view.notice(body)
 
     async def daemon(self, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
         """Keep one Sandbox as its spec asks until it is deleted or this process stops (while this replica
@@ -214,7 +188,7 @@ class SandboxController:
                         return
                     busy = await self._hold(view)
                     delay = busy if busy is not None else await self._reconcile(view)
-                await self._wait(view, stopped, delay)
+                await view.wait(stopped, delay)
         finally:
             if not view.deleting:  # a deleted Sandbox's view (and lease) is the cleanup's now
                 self._views.pop(view.uid, None)
@@ -297,15 +271,6 @@ class SandboxController:
             return 0.0
         finally:
             view.turn = None
-
-    @staticmethod
-    async def _wait(view: SandboxView, stopped: asyncio.Event, timeout: float | None) -> None:
-        waiters = [asyncio.ensure_future(view.wake.wait()), asyncio.ensure_future(stopped.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
 
     async def _turn(self, view: SandboxView) -> float | None:
         """One reconciliation; returns how long until the next one is due (None: on the next spec change)."""
@@ -397,7 +362,7 @@ class SandboxController:
             template=res.spec.template,
             env=resolve_env(res.spec, await self._secrets(view, res)),
             owner=view.owner,
-            labels={SANDBOX_LABEL: view.name, OPERATION_LABEL: op["id"]},
+            labels={**self.labels, SANDBOX_LABEL: view.name, OPERATION_LABEL: op["id"]},
             operation_id=op["id"],
         )
         adopted = await self._adopt(view, provider, op["id"])
