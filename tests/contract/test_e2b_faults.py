@@ -250,7 +250,7 @@ async def test_loss_injection_suspend_and_resume_are_refused_before_any_request(
 def test_capabilities() -> None:
     caps = E2BProvider(api_key="k", environ={}).capabilities()
     assert {c.value for c in caps.supported} == {
-        "snapshot", "snapshot_deletion", "snapshot_reconciliation", "restore", "lease_reconciliation"}
+        "snapshot", "snapshot_deletion", "snapshot_reconciliation", "restore", "lease_reconciliation", "inventory"}
     assert caps.delivery_guarantee == "at_least_once_effects"
     assert caps.idempotent_destroy and caps.maximum_lease_seconds == 86_400
 

@@ -151,8 +151,10 @@ def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, he
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["image"] == "durable-sandbox:0.1.0"
-    assert container["args"] == ["--metrics-port=8080", "--max-concurrent-runs=50"], (
-        "every namespace; the local provider is off by default")
+    assert container["args"] == [
+        "--metrics-port=8080", "--max-concurrent-runs=50", f"--installation-id={OPERATOR_NS}/{SA_NAME}",
+        "--sweep-interval=300", "--sweep-grace=600",
+    ], "every namespace; the local provider is off by default; the orphan sweep's label is unique per release"
     probe = container["livenessProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
@@ -196,7 +198,8 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
     [container] = deploy["spec"]["template"]["spec"]["containers"]
     assert container["args"] == [
         "--namespace=team-a", "--namespace=team-b", "--allow-local-provider", "--workflows=examples.flows",
-        "--metrics-port=8080", "--max-concurrent-runs=20",
+        "--metrics-port=8080", "--max-concurrent-runs=20", "--installation-id=team-ab",
+        "--sweep-interval=60", "--sweep-grace=900",
     ]
     [key] = [e for e in container["env"] if e["name"] == "E2B_API_KEY"]
     assert key["valueFrom"] == {"secretKeyRef": {"name": "e2b-credentials", "key": "E2B_API_KEY"}}

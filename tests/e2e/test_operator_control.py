@@ -46,29 +46,33 @@ def test_callback_workflow_waits_and_is_resumed_by_kubectl_patch_or_dsb_kube_sig
     """Both ways of answering a WaitingForSignal Workflow: `kubectl patch` of spec.signals, and `dsb --kube
     signal` (which writes the same field); one operator serves the two Workflows."""
     operators("--allow-local-provider", "--workflows", "examples.flows")
-    names = {"approve-me": "grace", "approve-cli": "dsb"}  # Workflow -> who signals it
-    for name in names:
+    for name in ("approve-me", "approve-cli"):
         doc = manifest(name, entrypoint="examples.flows.hello_flow:hello", input={"name": "Ada", "approve": True},
                        toolCalls=None, sandbox=None, snapshotEveryNCalls=None)
         control_plane.apply(doc, "-n", namespace)
-    for name in names:
-        wait_condition(control_plane, namespace, name, "WaitingForSignal")
-        st = status(control_plane, namespace, name)
-        assert st["phase"] == "Waiting"
-        assert st["pendingCallbacks"] == [{"id": "approval", "payload": {"question": "Send 'Hello, Ada!'?"}}]
-        wait_event(control_plane, namespace, name, "WaitingForSignal")
+    wait_condition(control_plane, namespace, "approve-me", "WaitingForSignal")
+    st = status(control_plane, namespace, "approve-me")
+    assert st["phase"] == "Waiting"
+    assert st["pendingCallbacks"] == [{"id": "approval", "payload": {"question": "Send 'Hello, Ada!'?"}}]
+    wait_event(control_plane, namespace, "approve-me", "WaitingForSignal")
 
     control_plane.kubectl("patch", "workflow", "approve-me", "-n", namespace, "--type", "merge",
                           "-p", json.dumps({"spec": {"signals": {"approval": {"approved": True, "by": "grace"}}}}))
+    wait_condition(control_plane, namespace, "approve-me", "Succeeded")
+    st = status(control_plane, namespace, "approve-me")
+    assert st["result"]["approval"] == {"approved": True, "by": "grace"}
+    assert st["result"]["greeting"] == "Hello, Ada!"
+    assert condition(control_plane, namespace, "approve-me", "WaitingForSignal")["status"] == "False"  # type: ignore[index]
+
+    # The same run answered with `dsb --kube signal` (#10 acceptance 5): waiting, then resumed by it.
+    wait_condition(control_plane, namespace, "approve-cli", "WaitingForSignal")
     proc = dsb("--kube", "-n", namespace, "signal", "approve-cli", "approval", '{"approved": true, "by": "dsb"}')
     assert proc.returncode == 0, proc.stderr
     assert "signalled approval of run approve-cli" in proc.stdout
-    for name, by in names.items():
-        wait_condition(control_plane, namespace, name, "Succeeded")
-        st = status(control_plane, namespace, name)
-        assert st["result"]["approval"] == {"approved": True, "by": by}
-        assert st["result"]["greeting"] == "Hello, Ada!"
-        assert condition(control_plane, namespace, name, "WaitingForSignal")["status"] == "False"  # type: ignore[index]
+    wait_condition(control_plane, namespace, "approve-cli", "Succeeded")
+    result = status(control_plane, namespace, "approve-cli")["result"]
+    assert result["approval"] == {"approved": True, "by": "dsb"}
+    assert result["greeting"] == "Hello, Ada!"
 
 
 def test_suspend_hibernates_between_calls_and_resume_restores_from_the_snapshot(

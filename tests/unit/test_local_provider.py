@@ -136,6 +136,7 @@ def test_capabilities_are_declared_exactly(provider: LocalProvider) -> None:
             Capability.RESUME,
             Capability.LEASE_RECONCILIATION,
             Capability.LOSS_INJECTION,
+            Capability.INVENTORY,
         }
     )
     assert caps.delivery_guarantee == "at_least_once_effects"
@@ -865,6 +866,8 @@ class _Minimal(SandboxProvider):
         ("snapshot_deletion", lambda p, h: p.delete_snapshot("snap")),
         ("lease_reconciliation", lambda p, h: p.list_sandboxes("owner")),
         ("loss_injection", lambda p, h: p.inject_loss(h)),
+        ("inventory", lambda p, h: p.inventory_sandboxes("installation")),
+        ("inventory", lambda p, h: p.inventory_snapshots("installation")),
     ],
 )
 async def test_unsupported_capabilities_raise_before_doing_anything(capability: str, call: Any) -> None:

@@ -1,116 +1,173 @@
-"""The orphan sweep's decision (kube/orphans.py), and one sweep against the real local provider."""
+"""The orphan sweep's decision (kube/orphans.py), the live owners the operator derives from its resources
+(kube/sweeper.py), and sweeps against the real local provider (sandboxes and snapshots)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from durable_sandbox.kube.metrics import OperatorMetrics
-from durable_sandbox.kube.orphans import RUN_ID_LABEL, LiveRun, Orphan, plan_sweep, sweep_once
+from durable_sandbox.kube.orphans import Inventory, LiveOwner, Orphan, SweepPlan, plan_sweep, sweep_once
+from durable_sandbox.kube.sweeper import default_installation_id, live_owners
 from durable_sandbox.providers.contract import (
+    INSTALLATION_LABEL,
+    RETAIN_LABEL,
     ProviderError,
     SandboxHandle,
     SandboxSpec,
+    SnapshotEntry,
     ToolCall,
+    tag_key,
 )
 from durable_sandbox.providers.local import LocalProvider
 
-OURS = "installation-a"
+OURS = "ns-a/durable-sandbox"
 GRACE = 60.0
 T0 = 1_000.0
 
 
-def _handle(sandbox_id: str, *, owner: str | None = OURS, run_id: str | None = None) -> SandboxHandle:
-    labels = {RUN_ID_LABEL: run_id} if run_id is not None else {}
+def _handle(sandbox_id: str, owner: str | None, *, installation: str | None = OURS) -> SandboxHandle:
+    labels = {INSTALLATION_LABEL: installation} if installation is not None else {}
     return SandboxHandle(id=sandbox_id, provider="test", metadata={"owner": owner, "labels": labels})
 
 
-def _spec(run_id: str | None, owner: str | None = OURS) -> SandboxSpec:
-    return SandboxSpec(owner=owner, labels={RUN_ID_LABEL: run_id} if run_id else {})
+def _snapshot(snapshot_id: str, owner: str | None, *, installation: str = OURS, retained: bool = False) -> SnapshotEntry:
+    return SnapshotEntry(id=snapshot_id, provider="test", installation_key=tag_key(installation),
+                         owner_key=tag_key(owner) if owner else None, retained=retained)
+
+
+def _plan(sandboxes: list[SandboxHandle], snapshots: list[SnapshotEntry] | None = None, **kw: Any) -> SweepPlan:
+    options: dict[str, Any] = {"installation": OURS, "live": {}, "first_seen": {}, "now": T0, "grace": 0.0}
+    options.update(kw)
+    return plan_sweep(Inventory(tuple(sandboxes), tuple(snapshots or [])), **options)
 
 
 def test_orphans_wait_out_the_grace_period_then_are_destroyed() -> None:
-    handles = [_handle("gone", run_id="deleted-run"), _handle("live", run_id="live-run")]
-    live = {"live-run": LiveRun("live-run")}
-    first = plan_sweep(handles, owner=OURS, live=live, first_seen={}, now=T0, grace=GRACE)
-    assert first.destroy == () and first.waiting == {"gone": T0} and first.kept == 1
-    early = plan_sweep(handles, owner=OURS, live=live, first_seen=first.waiting, now=T0 + GRACE - 1, grace=GRACE)
-    assert early.destroy == () and early.waiting == {"gone": T0}
-    due = plan_sweep(handles, owner=OURS, live=live, first_seen=early.waiting, now=T0 + GRACE, grace=GRACE)
-    assert [(o.handle.id, o.orphaned_since) for o in due.destroy] == [("gone", T0)]
-    assert "no live Workflow or Sandbox resource has run deleted-run" in due.destroy[0].reason
+    inventory = Inventory((_handle("gone", "ns/deleted"), _handle("live", "ns/live")), (_snapshot("snap", "ns/deleted"),))
+    live = {"ns/live": LiveOwner("ns/live")}
+    first = plan_sweep(inventory, installation=OURS, live=live, first_seen={}, now=T0, grace=GRACE)
+    assert first.destroy == () and first.waiting == {"sandbox:gone": T0, "snapshot:snap": T0} and first.kept == 1
+    early = plan_sweep(inventory, installation=OURS, live=live, first_seen=first.waiting, now=T0 + GRACE - 1, grace=GRACE)
+    assert early.destroy == () and early.waiting == first.waiting
+    due = plan_sweep(inventory, installation=OURS, live=live, first_seen=early.waiting, now=T0 + GRACE, grace=GRACE)
+    assert [(o.kind, o.id, o.orphaned_since) for o in due.destroy] == [("sandbox", "gone", T0), ("snapshot", "snap", T0)]
+    assert "its owner ns/deleted is no live Workflow or Sandbox resource" in due.destroy[0].reason
     assert due.waiting == {}
 
 
-def test_a_sandbox_claimed_again_restarts_its_grace_period() -> None:
-    handles = [_handle("late", run_id="new-run")]
-    seen = plan_sweep(handles, owner=OURS, live={}, first_seen={}, now=T0, grace=GRACE).waiting
-    claimed = plan_sweep(handles, owner=OURS, live={"new-run": LiveRun("new-run")}, first_seen=seen,
+def test_an_item_claimed_again_restarts_its_grace_period() -> None:
+    inventory = Inventory((_handle("late", "ns/new"),), ())
+    seen = plan_sweep(inventory, installation=OURS, live={}, first_seen={}, now=T0, grace=GRACE).waiting
+    claimed = plan_sweep(inventory, installation=OURS, live={"ns/new": LiveOwner("ns/new")}, first_seen=seen,
                          now=T0 + 10, grace=GRACE)
     assert claimed.kept == 1 and claimed.waiting == {}
-    again = plan_sweep(handles, owner=OURS, live={}, first_seen=claimed.waiting, now=T0 + GRACE + 10, grace=GRACE)
-    assert again.destroy == () and again.waiting == {"late": T0 + GRACE + 10}
+    again = plan_sweep(inventory, installation=OURS, live={}, first_seen=claimed.waiting, now=T0 + GRACE + 10, grace=GRACE)
+    assert again.destroy == () and again.waiting == {"sandbox:late": T0 + GRACE + 10}
 
 
-def test_a_live_run_that_no_longer_references_a_sandbox_loses_it() -> None:
-    handles = [_handle("old", run_id="run"), _handle("current", run_id="run")]
-    live = {"run": LiveRun("run", sandbox_ids=frozenset({"current"}))}
-    plan = plan_sweep(handles, owner=OURS, live=live, first_seen={}, now=T0, grace=0)
-    assert [o.handle.id for o in plan.destroy] == ["old"] and plan.kept == 1
-    assert "run run no longer references it" in plan.destroy[0].reason
-    unknown = {"run": LiveRun("run")}  # references unknown: every sandbox of the run is kept
-    assert plan_sweep(handles, owner=OURS, live=unknown, first_seen={}, now=T0, grace=0).destroy == ()
+def test_a_live_owner_that_no_longer_references_an_item_loses_it() -> None:
+    live = {"ns/sb": LiveOwner("ns/sb", sandbox_ids=frozenset({"current"}), snapshot_ids=frozenset({"s2"}))}
+    plan = _plan([_handle("old", "ns/sb"), _handle("current", "ns/sb")], [_snapshot("s1", "ns/sb"), _snapshot("s2", "ns/sb")],
+                 live=live)
+    assert [(o.kind, o.id) for o in plan.destroy] == [("sandbox", "old"), ("snapshot", "s1")]
+    assert all("its owner ns/sb no longer references it" in o.reason for o in plan.destroy)
+    unknown = {"ns/sb": LiveOwner("ns/sb")}  # references unknown (a run in progress): everything is kept
+    assert _plan([_handle("old", "ns/sb")], [_snapshot("s1", "ns/sb")], live=unknown).destroy == ()
 
 
-def test_nothing_without_our_owner_tag_is_ever_chosen() -> None:
-    # A provider whose owner filter is broken lists foreign and untagged sandboxes: they stay.
-    handles = [_handle("theirs", owner="installation-b", run_id="x"), _handle("untagged", owner=None),
-               _handle("ours", run_id="x")]
-    plan = plan_sweep(handles, owner=OURS, live={}, first_seen={}, now=T0, grace=0)
-    assert [o.handle.id for o in plan.destroy] == ["ours"]
-    assert plan.foreign == ("theirs", "untagged")
+def test_nothing_without_our_installation_label_is_ever_chosen() -> None:
+    # A provider whose filter is broken lists foreign and unlabelled items: they stay.
+    plan = _plan([_handle("theirs", "ns/x", installation="ns-b/durable-sandbox"), _handle("unlabelled", "ns/x", installation=None),
+                  _handle("ours", "ns/x")],
+                 [_snapshot("their-snap", "ns/x", installation="ns-b/durable-sandbox"), _snapshot("our-snap", "ns/x")])
+    assert [o.id for o in plan.destroy] == ["ours", "our-snap"]
+    assert plan.foreign == ("theirs", "unlabelled", "their-snap")
 
 
-def test_our_sandbox_without_a_run_label_is_an_orphan() -> None:
-    plan = plan_sweep([_handle("bare")], owner=OURS, live={}, first_seen={}, now=T0, grace=0)
-    assert [o.handle.id for o in plan.destroy] == ["bare"] and RUN_ID_LABEL in plan.destroy[0].reason
+def test_retained_and_referenced_snapshots_are_never_removed_and_ownerless_items_are_orphans() -> None:
+    plan = _plan([_handle("bare", None)],
+                 [_snapshot("kept", "ns/deleted", retained=True), _snapshot("source", "ns/deleted"), _snapshot("loose", None)],
+                 protected=frozenset({"source"}))
+    assert [o.id for o in plan.destroy] == ["bare", "loose"] and plan.kept == 2
+    assert all("no owner tag" in o.reason for o in plan.destroy)
 
 
 def test_a_negative_grace_period_is_refused() -> None:
     with pytest.raises(ValueError, match="grace period must be >= 0"):
-        plan_sweep([], owner=OURS, live={}, first_seen={}, now=T0, grace=-1)
+        _plan([], grace=-1.0)
 
 
-async def test_sweep_of_the_local_provider_destroys_only_tagged_orphans(tmp_path: Path) -> None:
+def _wf(uid: str, phase: str | None, deleting: bool = False) -> dict[str, object]:
+    meta: dict[str, object] = {"namespace": "ns", "name": f"wf-{uid}", "uid": uid}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "status": {"phase": phase} if phase else {}}
+
+
+def test_live_owners_from_the_resources() -> None:
+    workflows = [_wf("running", "Running"), _wf("new", None), _wf("done", "Succeeded"), _wf("going", "Failed", True)]
+    sandboxes = [
+        {"metadata": {"namespace": "ns", "name": "a", "uid": "sb-a"}, "spec": {"fromSnapshot": "user-snap"},
+         "status": {"providerId": "p1", "snapshots": ["s1", "s2"]}},
+        {"metadata": {"namespace": "ns", "name": "b", "uid": "sb-b"}, "status": {"operation": {"id": "op", "kind": "snapshot"}}},
+    ]
+    live, protected, bodies = live_owners(workflows, sandboxes)
+    assert live["ns/running"] == LiveOwner("ns/running") and live["ns/new"] == LiveOwner("ns/new")
+    assert live["ns/done"] == LiveOwner("ns/done", frozenset(), frozenset()), "a finished run references nothing"
+    assert live["ns/going"] == LiveOwner("ns/going"), "being deleted: its finalizer cleans up, the sweep waits"
+    assert live["ns/sb-a"] == LiveOwner("ns/sb-a", frozenset({"p1"}), frozenset({"s1", "s2"}))
+    assert live["ns/sb-b"] == LiveOwner("ns/sb-b"), "an operation in flight: unknown"
+    assert protected == {"user-snap"} and set(bodies) == set(live)
+
+
+def _spec(owner: str | None, installation: str | None = OURS, **labels: str) -> SandboxSpec:
+    return SandboxSpec(owner=owner, labels={**({INSTALLATION_LABEL: installation} if installation else {}), **labels})
+
+
+async def test_sweep_of_the_local_provider_removes_only_our_orphans(tmp_path: Path) -> None:
     provider = LocalProvider(tmp_path)
-    orphan = await provider.provision(_spec("deleted-run"), lease_seconds=600)
-    replaced = await provider.provision(_spec("live-run"), lease_seconds=600)
-    current = await provider.provision(_spec("live-run"), lease_seconds=600)
-    other_run = await provider.provision(_spec("other-live"), lease_seconds=600)
-    theirs = await provider.provision(_spec("deleted-run", owner="installation-b"), lease_seconds=600)
-    untagged = await provider.provision(_spec(None, owner=None), lease_seconds=600)
-    live = {"live-run": LiveRun("live-run", frozenset({current.id})), "other-live": LiveRun("other-live")}
+    orphan = await provider.provision(_spec("ns/deleted"), lease_seconds=600)
+    orphan_snap = await provider.snapshot(orphan, operation_id="orphan-snap")
+    retained = await provider.provision(_spec("ns/deleted", **{RETAIN_LABEL: "true"}), lease_seconds=600)
+    retained_snap = await provider.snapshot(retained, operation_id="retained-snap")
+    await provider.destroy(retained)
+    replaced = await provider.provision(_spec("ns/sb"), lease_seconds=600)
+    current = await provider.provision(_spec("ns/sb"), lease_seconds=600)
+    current_snap = await provider.snapshot(current, operation_id="current-snap")
+    running = await provider.provision(_spec("ns/running"), lease_seconds=600)
+    theirs = await provider.provision(_spec("ns/deleted", installation="ns-b/durable-sandbox"), lease_seconds=600)
+    their_snap = await provider.snapshot(theirs, operation_id="their-snap")
+    untagged = await provider.provision(_spec(None, installation=None), lease_seconds=600)
+    untagged_snap = await provider.snapshot(untagged, operation_id="untagged-snap")
+    live = {"ns/sb": LiveOwner("ns/sb", frozenset({current.id}), frozenset({current_snap})),
+            "ns/running": LiveOwner("ns/running")}
     reported: list[Orphan] = []
     metrics = OperatorMetrics(process_collectors=False)
 
     def on_destroyed(orphan: Orphan) -> None:  # what the operator's sweep timer does: a metric (and an Event)
         reported.append(orphan)
-        metrics.orphans_destroyed.labels(provider=orphan.handle.provider).inc()
+        counter = metrics.orphans_destroyed if orphan.kind == "sandbox" else metrics.orphan_snapshots_destroyed
+        counter.labels(provider="local").inc()
 
-    first = await sweep_once(provider, owner=OURS, live=live, first_seen={}, now=T0, grace=GRACE,
+    first = await sweep_once(provider, installation=OURS, live=live, first_seen={}, now=T0, grace=GRACE,
                              on_destroyed=on_destroyed)
-    assert first.destroyed == () and set(first.plan.waiting) == {orphan.id, replaced.id}
-    second = await sweep_once(provider, owner=OURS, live=live, first_seen=first.plan.waiting, now=T0 + GRACE,
+    assert first.destroyed == ()
+    assert set(first.plan.waiting) == {f"sandbox:{orphan.id}", f"sandbox:{replaced.id}", f"snapshot:{orphan_snap}"}
+    second = await sweep_once(provider, installation=OURS, live=live, first_seen=first.plan.waiting, now=T0 + GRACE,
                               grace=GRACE, on_destroyed=on_destroyed)
-    assert {o.handle.id for o in second.destroyed} == {orphan.id, replaced.id} == {o.handle.id for o in reported}
+    assert {o.id for o in second.destroyed} == {orphan.id, replaced.id, orphan_snap} == {o.id for o in reported}
     assert second.failed == () and second.plan.waiting == {}
-    assert b'durable_sandbox_orphan_sandboxes_destroyed_total{provider="local"} 2.0' in metrics.generate()
+    exposition = metrics.generate()
+    assert b'durable_sandbox_orphan_sandboxes_destroyed_total{provider="local"} 2.0' in exposition
+    assert b'durable_sandbox_orphan_snapshots_destroyed_total{provider="local"} 1.0' in exposition
 
-    assert {h.id for h in await provider.list_sandboxes(OURS)} == {current.id, other_run.id}
+    assert {h.id for h in await provider.inventory_sandboxes(OURS)} == {current.id, running.id}
+    assert sorted(provider.list_snapshots()) == sorted([retained_snap, current_snap, their_snap, untagged_snap])
     for gone in (orphan, replaced):
         assert not provider.workspace_path(gone.id).exists()
-    for kept in (current, other_run, theirs, untagged):  # still usable, not just listed
+    for kept in (current, running, theirs, untagged):  # still usable, not just listed
         result = await provider.execute(kept, ToolCall(operation_id=f"probe-{kept.id}", type="shell",
                                                        args={"command": "echo alive"}))
         assert result.outcome == (0, "alive\n", "")
@@ -127,14 +184,21 @@ class _RefusingDestroy(LocalProvider):
 
 async def test_a_refused_destroy_is_retried_on_the_next_sweep(tmp_path: Path) -> None:
     provider = _RefusingDestroy(tmp_path)
-    orphan = await provider.provision(_spec("deleted-run"), lease_seconds=600)
-    refused = await sweep_once(provider, owner=OURS, live={}, first_seen={orphan.id: T0}, now=T0 + GRACE,
-                               grace=GRACE)
-    assert refused.destroyed == () and [(o.handle.id, e) for o, e in refused.failed] == [
+    orphan = await provider.provision(_spec("ns/deleted"), lease_seconds=600)
+    key = f"sandbox:{orphan.id}"
+    refused = await sweep_once(provider, installation=OURS, live={}, first_seen={key: T0}, now=T0 + GRACE, grace=GRACE)
+    assert refused.destroyed == () and [(o.id, e) for o, e in refused.failed] == [
         (orphan.id, f"destroy of {orphan.id} refused (injected)")]
-    assert refused.plan.waiting == {orphan.id: T0}, "kept with its first sighting, so it is due at once"
+    assert refused.plan.waiting == {key: T0}, "kept with its first sighting, so it is due at once"
     provider.refuse = False
-    retried = await sweep_once(provider, owner=OURS, live={}, first_seen=refused.plan.waiting, now=T0 + GRACE + 1,
+    retried = await sweep_once(provider, installation=OURS, live={}, first_seen=refused.plan.waiting, now=T0 + GRACE + 1,
                                grace=GRACE)
-    assert [o.handle.id for o in retried.destroyed] == [orphan.id]
-    assert await provider.list_sandboxes(OURS) == []
+    assert [o.id for o in retried.destroyed] == [orphan.id]
+    assert await provider.inventory_sandboxes(OURS) == []
+
+
+def test_the_default_installation_id_separates_operators_serving_different_namespaces() -> None:
+    assert default_installation_id(["b", "a", "b"], {}) == default_installation_id(["a", "b"], {}) == "namespaces:a,b"
+    assert default_installation_id(["a"], {}) != default_installation_id(["b"], {})
+    assert default_installation_id([], {"POD_NAMESPACE": "ops"}) == "ops/durable-sandbox"
+    assert default_installation_id([], {}) == "durable-sandbox"

@@ -1,8 +1,12 @@
 """kopf registration and settings: the only module of the package that imports kopf.
 
 What kopf does for us: watch Workflows (with a server-side watch timeout, so a silently dead watch is
-replaced), run one daemon per Workflow, keep the ``durable-sandbox.dev/cleanup`` finalizer and call the
-delete handler with retries, answer a liveness probe. Everything else is :mod:`kube.controller`.
+replaced) and hand every event, the initial listing included, to :meth:`Operator.notice`; keep the
+``durable-sandbox.dev/cleanup`` finalizer and call the delete handler with retries; answer a liveness
+probe. Everything else is :mod:`kube.controller`, which drives a run in a task of its own only while the
+run has work, and parks it (no task) while it waits: no kopf daemon per Workflow, so a thousand waiting
+Workflows cost a thousand small records, not a thousand tasks (docs/benchmarks.md). Sandbox resources keep
+one daemon each (they renew provider leases for as long as they live).
 
 Settings, and why:
 - standalone peering: every replica serves every Workflow; the per-run Lease decides who executes
@@ -23,6 +27,7 @@ import contextlib
 import datetime
 import inspect
 import logging
+import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -40,6 +45,7 @@ from durable_sandbox.kube.controller import (
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.models import GROUP, VERSION
 from durable_sandbox.kube.sandbox_controller import SandboxController, SandboxControllerSettings
+from durable_sandbox.kube.sweeper import OrphanSweeper
 
 log = logging.getLogger("durable_sandbox.kube.handlers")
 
@@ -67,11 +73,13 @@ class Configuration:
     settings: OperatorSettings = field(default_factory=OperatorSettings)
     kubeconfig: str | None = None
     providers: Any = None
+    namespaces: list[str] = field(default_factory=list)  # served namespaces; empty: every namespace
 
 
 config = Configuration()
 _operator: Operator | None = None
 _sandboxes: SandboxController | None = None
+_sweep: tuple[asyncio.Task[None], asyncio.Event, dict[str, Any]] | None = None  # task, stop, its providers
 
 
 def current() -> Operator:
@@ -116,19 +124,68 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     api = await KubeClient.connect(kubeconfig=config.kubeconfig)
     _operator = Operator(api, policy=config.policy, settings=config.settings, providers=config.providers)
     _sandboxes = SandboxController(api, _operator.events, _operator.provider_for, SandboxControllerSettings(
-        worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl))
+        worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl), labels=_operator.sandbox_labels)
+    _start_sweep(api, _operator)
     for hook in STARTUP_HOOKS:
         result = hook(_operator, settings)
         if inspect.isawaitable(result):
             await result
+    # kopf installs its own SIGTERM/SIGINT handlers as it starts (they stop everything within seconds);
+    # ours replace them once it has: runs are handed over first, then kopf is stopped (_graceful_stop).
+    asyncio.get_running_loop().call_later(GRACEFUL_STOP_INSTALL_DELAY, _install_graceful_stop)
     log.info("operator %s serving Workflows (local provider %s; workflow modules: %s)",
              config.settings.worker_id, "allowed" if config.policy.allow_local_provider else "refused",
              ", ".join(config.policy.workflow_modules) or "none")
 
 
+def _sweep_providers(op: Operator, cache: dict[str, Any]) -> dict[str, Any]:
+    """The providers this operator may use and can build (configured), one instance each for all sweeps."""
+    import os
+
+    from durable_sandbox.providers.registry import available_providers
+
+    for name, cls in available_providers().items():
+        if name in cache or (name == "local" and not op.policy.allow_local_provider) or cls.configuration_problems(os.environ):
+            continue
+        try:
+            cache[name] = op.provider_for(name)
+        except Exception as exc:  # a provider that cannot be built now is tried again next sweep
+            log.warning("orphan sweep: provider %s unavailable (%s)", name, exc)
+    return cache
+
+
+def _start_sweep(api: KubeClient, op: Operator) -> None:
+    global _sweep
+    settings = op.settings
+    if settings.sweep_interval <= 0:
+        return
+    cache: dict[str, Any] = {}
+    sweeper = OrphanSweeper(api, installation=settings.installation_id, namespaces=list(config.namespaces),
+                            providers=lambda: _sweep_providers(op, cache), grace=settings.sweep_grace,
+                            events=op.events, metrics=METRICS)
+    stop = asyncio.Event()
+    _sweep = (asyncio.create_task(sweeper.run(settings.sweep_interval, stop)), stop, cache)
+    log.info("orphan sweep every %gs (grace %gs) for installation %s", settings.sweep_interval, settings.sweep_grace,
+             settings.installation_id)
+
+
+async def _stop_sweep() -> None:
+    global _sweep
+    if _sweep is None:
+        return
+    (task, stop, providers), _sweep = _sweep, None
+    stop.set()
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.wait_for(task, timeout=10)
+    for provider in providers.values():
+        with contextlib.suppress(Exception):
+            await provider.aclose()
+
+
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
     global _operator, _sandboxes
+    await _stop_sweep()
     if _operator is None:
         return
     op, _operator = _operator, None
@@ -140,16 +197,8 @@ async def cleanup(**_: Any) -> None:
     await op.api.close()
 
 
-@kopf.daemon(GROUP, VERSION, "workflows", cancellation_backoff=DAEMON_GRACEFUL_EXIT,
-             cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT)
-async def drive(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
-    # kopf's `body` is a live view: it follows the watch, so the controller reads the newest spec from it.
-    op = current()
-    await until_stopped(stopped, lambda stop: op.daemon(lambda: body, stop), touch=toucher("workflows", body))
-
-
 async def until_stopped(stopped: kopf.DaemonStopped, serve: Callable[[asyncio.Event], Awaitable[None]],
-                        kind: str = "Workflow", *, touch: Touch) -> None:
+                        kind: str = "Sandbox", *, touch: Touch) -> None:
     """Run a daemon body with an asyncio.Event set once kopf stops the daemon (the object is being
     deleted, or the operator is exiting: runs are handed over, Sandboxes left as they are). ``touch``
     makes kopf look at the object again after a deletion (see :func:`look_again_when_ended`)."""
@@ -236,8 +285,10 @@ async def watched(body: kopf.Body, type: str | None, **_: Any) -> None:
     uid = body.get("metadata", {}).get("uid", "")
     if type == "DELETED":
         METRICS.forget_workflow(uid)
-    else:
-        METRICS.observe_workflow(uid, body.get("status"))
+        if _operator is not None:
+            _operator.forget(body)
+        return
+    METRICS.observe_workflow(uid, body.get("status"))
     if _operator is not None:
         _operator.notice(body)
 
@@ -287,11 +338,48 @@ async def delete_sandbox(body: kopf.Body, retry: int, **_: Any) -> None:
     await _finalize("Sandbox", sandboxes().cleanup(body, attempt=retry))
 
 
+GRACEFUL_STOP_INSTALL_DELAY = 0.5  # seconds after startup: kopf's own signal handlers are in place by then
+_stop_flag: asyncio.Event | None = None
+_stopping: asyncio.Task[None] | None = None
+
+
+def _install_graceful_stop() -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _begin_stop, sig)
+
+
+def _begin_stop(sig: signal.Signals) -> None:
+    """SIGTERM (a rolling update) or SIGINT: hand every run executing here over at a call boundary, then stop
+    kopf. Runs are tasks of the operator, not kopf daemons, so kopf would cancel them within seconds; a second
+    signal stops at once."""
+    global _stopping
+    if _stop_flag is None:
+        return
+    if _stopping is not None:
+        _stop_flag.set()
+        return
+    log.info("%s: handing this replica's runs over, then stopping", sig.name)
+    _stopping = asyncio.get_running_loop().create_task(_graceful_stop(_stop_flag))
+
+
+async def _graceful_stop(flag: asyncio.Event) -> None:
+    try:
+        if _operator is not None:
+            await _operator.shutdown()
+    finally:
+        flag.set()
+
+
 def run(*, namespaces: list[str], liveness: str | None) -> None:
-    """Run the operator until SIGINT/SIGTERM (kopf handles both: daemons are stopped, runs handed over)."""
+    """Run the operator until SIGINT/SIGTERM (runs are handed over to other replicas, then kopf stops)."""
+    global _stop_flag
+    config.namespaces = list(namespaces)
+    _stop_flag = asyncio.Event()  # bound to kopf's loop on first use
     kopf.run(
         standalone=True,
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=liveness,
+        stop_flag=_stop_flag,
     )

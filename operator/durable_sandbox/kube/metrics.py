@@ -17,6 +17,7 @@ operator in one process starts from zero.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections import Counter as Tally
@@ -41,6 +42,7 @@ from durable_sandbox.providers.contract import (
     SandboxHandle,
     SandboxProvider,
     SandboxSpec,
+    SnapshotEntry,
     ToolCall,
     ToolResult,
 )
@@ -122,8 +124,16 @@ class OperatorMetrics:
             ["provider", "operation"], registry=r,
         )
         self.orphans_destroyed = Counter(
-            f"{PREFIX}_orphan_sandboxes_destroyed", "Sandboxes with this installation's owner tag that no live run "
-            "claimed, destroyed by the orphan sweep (kube/orphans.py).", ["provider"], registry=r,
+            f"{PREFIX}_orphan_sandboxes_destroyed", "Sandboxes with this installation's tag that no live Workflow or "
+            "Sandbox resource claimed, destroyed by the orphan sweep (kube/orphans.py).", ["provider"], registry=r,
+        )
+        self.orphan_snapshots_destroyed = Counter(
+            f"{PREFIX}_orphan_snapshots_destroyed", "Snapshots with this installation's tag that no live Workflow or "
+            "Sandbox resource claimed, deleted by the orphan sweep (kube/orphans.py).", ["provider"], registry=r,
+        )
+        self.orphan_sweeps = Counter(
+            f"{PREFIX}_orphan_sweeps", "Orphan sweeps run, by outcome (ok, or error: the sweep was skipped).",
+            ["outcome"], registry=r,
         )
         self.lease_takeovers = Counter(
             f"{PREFIX}_lease_takeovers", "Runs taken over from another worker whose Lease had expired.", registry=r,
@@ -136,6 +146,16 @@ class OperatorMetrics:
             f"{PREFIX}_reconcile_errors", "Handler invocations that raised (kopf retries them).", ["kind"], registry=r,
         )
         self.info = Gauge(f"{PREFIX}_build_info", "The running operator's version.", ["version"], registry=r)
+        # What an idle Workflow costs shows here: a per-Workflow task (or a leak of them) makes this grow with
+        # the number of Workflows served; parked runs (waiting on a signal or a timer) have none.
+        self.event_loop_tasks = Gauge(
+            f"{PREFIX}_event_loop_tasks", "asyncio tasks alive in the operator's event loop.", registry=r,
+        )
+        self.event_loop_tasks.set_function(_loop_tasks)
+        self.runs = Gauge(
+            f"{PREFIX}_runs", "Runs this replica tracks, by state: active (a task is driving it here) or parked "
+            "(waiting for a watch event or its timer; no task, no journal in memory).", ["state"], registry=r,
+        )
 
     def generate(self) -> bytes:
         return generate_latest(self.registry)
@@ -202,6 +222,13 @@ class OperatorMetrics:
         wrapper._dsb_metered = True
         rest.request = wrapper
         return api_client
+
+
+def _loop_tasks() -> float:
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:  # scraped outside the event loop (a test calling generate() directly)
+        return 0.0
 
 
 def _version() -> str:
@@ -355,6 +382,12 @@ class InstrumentedProvider(SandboxProvider):
 
     async def list_sandboxes(self, owner: str) -> list[SandboxHandle]:
         return await self.inner.list_sandboxes(owner)
+
+    async def inventory_sandboxes(self, installation: str) -> list[SandboxHandle]:
+        return await self.inner.inventory_sandboxes(installation)
+
+    async def inventory_snapshots(self, installation: str) -> list[SnapshotEntry]:
+        return await self.inner.inventory_snapshots(installation)
 
     async def inject_loss(self, handle: SandboxHandle) -> None:
         await self.inner.inject_loss(handle)

@@ -1,116 +1,172 @@
-"""Orphan sweep: which sandboxes tagged with this installation's owner no live run claims, and destroying them.
+"""Orphan sweep: which sandboxes and snapshots of this installation no live resource claims, and removing them.
 
-A sandbox leaks when an operator dies between the provider's create and the journal commit that records it,
-or when a Workflow (or Sandbox) resource disappears without its cleanup having run. Provider-side lease
-expiry bounds such a leak in time; this sweep bounds it to about ``grace`` plus one sweep period.
+A sandbox or snapshot leaks when an operator dies between the provider's create and the journal commit that
+records it, or when a Workflow (or Sandbox) resource disappears without its cleanup having run (its finalizer
+removed by hand, its namespace force-cleaned). Provider-side lease expiry bounds a sandbox's leak in time
+(not a snapshot's); this sweep bounds both to about ``grace`` plus one sweep period.
 
-The decision (:func:`plan_sweep`) is pure: the provider's listing for our owner tag, the live runs (the run
-ids of live Workflow/Sandbox resources, with the sandbox ids each references when known), the previous
-sweep's memory and a clock in; what to destroy out. :func:`sweep_once` runs one sweep against a provider.
+Every sandbox the operator creates is labelled with the installation (``INSTALLATION_LABEL``) and tagged with
+its owner resource (``<namespace>/<uid>`` of the Workflow or Sandbox); snapshots keep both (providers with the
+``inventory`` capability; e2b as digests in the snapshot's name). The decision (:func:`plan_sweep`) is pure:
+the provider's inventory for our installation, the live owners (with the sandboxes and snapshots each
+references, when known), the previous sweep's memory and a clock in; what to remove out.
 
 Rules, each chosen so that the sweep can only err on the side of keeping:
 
-* a sandbox whose ``metadata["owner"]`` is not exactly our tag is never touched, whatever the listing
-  returned (a provider whose owner filter is broken must not make us destroy someone else's sandbox);
-* a sandbox is an orphan when its ``durable-sandbox.dev/run-id`` label names no live run, or names a live run
-  that says which sandboxes it references and this one is not among them (a replacement was provisioned
-  after a crash); a live run whose references are unknown keeps all of its sandboxes;
-* an orphan is destroyed only after it was seen orphaned on sweeps spanning ``grace`` seconds, so a sandbox
-  provisioned a moment ago, whose run has not yet journaled it or whose resource the caller's list has not
-  yet seen, is not raced. Seeing it claimed again resets its clock.
-
-Snapshots are not swept: the provider contract can list sandboxes by owner but not snapshots (the local
-provider's snapshots carry no owner, e2b's are named by operation id only). Finalizers delete the snapshots
-of deleted resources; see docs/reliability.md.
+* nothing whose installation label is not exactly ours is touched, whatever the inventory returned (a
+  provider whose filter is broken must not make us destroy someone else's sandbox);
+* an item is an orphan when its owner is no live resource, or a live resource that says which sandboxes
+  (snapshots) it references and this one is not among them; a live resource whose references are unknown
+  (a run in progress) keeps all of its items;
+* a snapshot marked retained (its session may hand it over to the user) or referenced by any resource
+  (``spec.fromSnapshot``) is never removed;
+* an orphan is removed only after it was seen orphaned on sweeps spanning ``grace`` seconds; seeing it
+  claimed again resets its clock. The caller lists the inventory *before* the live resources, so an owner
+  missing from the listing was deleted (resources exist before anything is made for them); the grace
+  covers status that lags behind the journal.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
-from durable_sandbox.providers.contract import ProviderError, SandboxHandle, SandboxProvider
+from durable_sandbox.providers.contract import (
+    INSTALLATION_LABEL,
+    ProviderError,
+    SandboxHandle,
+    SandboxProvider,
+    SnapshotEntry,
+    tag_key,
+)
 
-__all__ = ["RUN_ID_LABEL", "LiveRun", "Orphan", "SweepPlan", "SweepResult", "plan_sweep", "sweep_once"]
+__all__ = [
+    "Inventory",
+    "LiveOwner",
+    "Orphan",
+    "SweepPlan",
+    "SweepResult",
+    "execute_plan",
+    "plan_sweep",
+    "sweep_once",
+    "take_inventory",
+]
 
 log = logging.getLogger("durable_sandbox.kube.orphans")
 
-RUN_ID_LABEL = "durable-sandbox.dev/run-id"
+
+@dataclass(frozen=True)
+class LiveOwner:
+    """A live Workflow or Sandbox resource by its owner tag. ``None`` references: unknown, keep everything."""
+
+    owner: str
+    sandbox_ids: frozenset[str] | None = None
+    snapshot_ids: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
-class LiveRun:
-    """A run some live resource stands for. ``sandbox_ids`` None: which sandboxes it references is unknown."""
-
-    run_id: str
-    sandbox_ids: frozenset[str] | None = None
+class Inventory:
+    sandboxes: tuple[SandboxHandle, ...]
+    snapshots: tuple[SnapshotEntry, ...]
 
 
 @dataclass(frozen=True)
 class Orphan:
-    handle: SandboxHandle
+    kind: Literal["sandbox", "snapshot"]
+    id: str
     reason: str
     orphaned_since: float
+    owner: str | None = None  # the owner tag, when the item carries it in clear (sandboxes)
+    handle: SandboxHandle | None = None  # what destroy needs (sandboxes)
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.id}"
 
 
 @dataclass(frozen=True)
 class SweepPlan:
     destroy: tuple[Orphan, ...]
-    # Orphans still inside the grace period: sandbox id -> when first seen orphaned. Feed to the next sweep.
+    # Orphans still inside the grace period: "<kind>:<id>" -> when first seen orphaned. Feed to the next sweep.
     waiting: dict[str, float] = field(default_factory=dict)
-    kept: int = 0  # sandboxes a live run claims
-    foreign: tuple[str, ...] = ()  # listed but not carrying our owner tag: never touched
+    kept: int = 0  # items a live resource claims (or retained snapshots)
+    foreign: tuple[str, ...] = ()  # listed but not carrying our installation label: never touched
 
 
-def _run_id(handle: SandboxHandle) -> str | None:
-    labels = handle.metadata.get("labels")
-    run_id = labels.get(RUN_ID_LABEL) if isinstance(labels, Mapping) else None
-    return run_id if isinstance(run_id, str) and run_id else None
+def _sandbox_reason(handle: SandboxHandle, live: Mapping[str, LiveOwner]) -> str | None:
+    owner = handle.metadata.get("owner")
+    if not isinstance(owner, str) or not owner:
+        return "it has no owner tag, so no resource can claim it"
+    resource = live.get(owner)
+    if resource is None:
+        return f"its owner {owner} is no live Workflow or Sandbox resource (deleted without cleanup?)"
+    if resource.sandbox_ids is not None and handle.id not in resource.sandbox_ids:
+        return f"its owner {owner} no longer references it"
+    return None
 
 
-def _orphan_reason(handle: SandboxHandle, live: Mapping[str, LiveRun]) -> str | None:
-    run_id = _run_id(handle)
-    if run_id is None:
-        return f"it has no {RUN_ID_LABEL} label, so no run can claim it"
-    run = live.get(run_id)
-    if run is None:
-        return f"no live Workflow or Sandbox resource has run {run_id}"
-    if run.sandbox_ids is not None and handle.id not in run.sandbox_ids:
-        return f"run {run_id} no longer references it"
+def _snapshot_reason(entry: SnapshotEntry, by_key: Mapping[str, LiveOwner]) -> str | None:
+    if entry.owner_key is None:
+        return "it has no owner tag, so no resource can claim it"
+    resource = by_key.get(entry.owner_key)
+    if resource is None:
+        return f"its owner (key {entry.owner_key}) is no live Workflow or Sandbox resource (deleted without cleanup?)"
+    if resource.snapshot_ids is not None and entry.id not in resource.snapshot_ids:
+        return f"its owner {resource.owner} no longer references it"
     return None
 
 
 def plan_sweep(
-    handles: Iterable[SandboxHandle],
+    inventory: Inventory,
     *,
-    owner: str,
-    live: Mapping[str, LiveRun],
+    installation: str,
+    live: Mapping[str, LiveOwner],
     first_seen: Mapping[str, float],
     now: float,
     grace: float,
+    protected: frozenset[str] = frozenset(),
 ) -> SweepPlan:
-    """What to destroy now (see the module docstring for the rules). ``first_seen`` is the previous plan's
-    ``waiting``; orphans not listed any more are forgotten."""
+    """What to remove now (see the module docstring for the rules). ``first_seen`` is the previous plan's
+    ``waiting``; orphans not listed any more are forgotten. ``protected``: snapshot ids some resource names."""
     if grace < 0:
         raise ValueError(f"the orphan grace period must be >= 0 seconds, got {grace}")
     destroy: list[Orphan] = []
     waiting: dict[str, float] = {}
     kept = 0
     foreign: list[str] = []
-    for handle in handles:
-        if handle.metadata.get("owner") != owner:
+
+    def judge(orphan: Orphan) -> None:
+        since = first_seen.get(orphan.key, now)
+        if now - since >= grace:
+            destroy.append(Orphan(orphan.kind, orphan.id, orphan.reason, since, orphan.owner, orphan.handle))
+        else:
+            waiting[orphan.key] = since
+
+    for handle in inventory.sandboxes:
+        labels = handle.metadata.get("labels")
+        if not isinstance(labels, Mapping) or labels.get(INSTALLATION_LABEL) != installation:
             foreign.append(handle.id)
             continue
-        reason = _orphan_reason(handle, live)
+        reason = _sandbox_reason(handle, live)
         if reason is None:
             kept += 1
             continue
-        since = first_seen.get(handle.id, now)
-        if now - since >= grace:
-            destroy.append(Orphan(handle, reason, since))
-        else:
-            waiting[handle.id] = since
+        owner = handle.metadata.get("owner")
+        judge(Orphan("sandbox", handle.id, reason, now, owner if isinstance(owner, str) else None, handle))
+    ours = tag_key(installation)
+    by_key = {tag_key(owner): resource for owner, resource in live.items()}
+    for entry in inventory.snapshots:
+        if entry.installation_key != ours:
+            foreign.append(entry.id)
+            continue
+        reason = None if entry.retained or entry.id in protected else _snapshot_reason(entry, by_key)
+        if reason is None:
+            kept += 1
+            continue
+        resource = by_key.get(entry.owner_key) if entry.owner_key is not None else None
+        judge(Orphan("snapshot", entry.id, reason, now, resource.owner if resource is not None else None))
     return SweepPlan(tuple(destroy), waiting, kept, tuple(foreign))
 
 
@@ -121,37 +177,55 @@ class SweepResult:
     failed: tuple[tuple[Orphan, str], ...]  # (orphan, error) to retry on the next sweep
 
 
-async def sweep_once(
-    provider: SandboxProvider,
-    *,
-    owner: str,
-    live: Mapping[str, LiveRun],
-    first_seen: Mapping[str, float],
-    now: float,
-    grace: float,
-    on_destroyed: Callable[[Orphan], None] | None = None,
+async def take_inventory(provider: SandboxProvider, installation: str) -> Inventory:
+    """Everything ``provider`` holds for ``installation`` (raises UnsupportedCapability without ``inventory``)."""
+    sandboxes = await provider.inventory_sandboxes(installation)
+    snapshots = await provider.inventory_snapshots(installation)
+    return Inventory(tuple(sandboxes), tuple(snapshots))
+
+
+async def execute_plan(
+    provider: SandboxProvider, plan: SweepPlan, *, on_destroyed: Callable[[Orphan], None] | None = None
 ) -> SweepResult:
-    """List ``provider``'s sandboxes of ``owner``, destroy the orphans past their grace period (one log line
-    each, and ``on_destroyed`` for an Event or a metric). A destroy that fails is logged and kept waiting,
-    so the next sweep retries it at once. The caller keeps ``result.plan.waiting`` for the next sweep.
-    Races between the listing and ``live`` (a resource created or a sandbox journaled in between) are
-    what the grace period is for: it must exceed how stale ``live`` can be."""
-    handles = await provider.list_sandboxes(owner)
-    plan = plan_sweep(handles, owner=owner, live=live, first_seen=first_seen, now=now, grace=grace)
+    """Remove the plan's orphans (one log line each, and ``on_destroyed`` for an Event or a metric). A removal
+    that fails is logged and kept waiting, so the next sweep retries it at once."""
     destroyed: list[Orphan] = []
     failed: list[tuple[Orphan, str]] = []
     for orphan in plan.destroy:
         try:
-            await provider.destroy(orphan.handle)
+            if orphan.handle is not None:
+                await provider.destroy(orphan.handle)
+            else:
+                await provider.delete_snapshot(orphan.id)
         except ProviderError as e:
-            log.warning("orphan sweep: destroying sandbox %s of provider %s failed (%s); retrying next sweep",
-                        orphan.handle.id, provider.name, e)
+            log.warning("orphan sweep: removing %s %s of provider %s failed (%s); retrying next sweep",
+                        orphan.kind, orphan.id, provider.name, e)
             failed.append((orphan, str(e)))
-            plan.waiting[orphan.handle.id] = orphan.orphaned_since
+            plan.waiting[orphan.key] = orphan.orphaned_since
             continue
-        log.info("orphan sweep: destroyed sandbox %s of provider %s: %s", orphan.handle.id, provider.name,
+        log.info("orphan sweep: destroyed %s %s of provider %s: %s", orphan.kind, orphan.id, provider.name,
                  orphan.reason)
         destroyed.append(orphan)
         if on_destroyed is not None:
             on_destroyed(orphan)
     return SweepResult(plan, tuple(destroyed), tuple(failed))
+
+
+async def sweep_once(
+    provider: SandboxProvider,
+    *,
+    installation: str,
+    live: Mapping[str, LiveOwner],
+    first_seen: Mapping[str, float],
+    now: float,
+    grace: float,
+    protected: frozenset[str] = frozenset(),
+    on_destroyed: Callable[[Orphan], None] | None = None,
+) -> SweepResult:
+    """One sweep of one provider against a known set of live owners. (The operator's sweeper lists every
+    provider's inventory first and the live resources after, see kube/sweeper.py.) The caller keeps
+    ``result.plan.waiting`` for the next sweep."""
+    inventory = await take_inventory(provider, installation)
+    plan = plan_sweep(inventory, installation=installation, live=live, first_seen=first_seen, now=now, grace=grace,
+                      protected=protected)
+    return await execute_plan(provider, plan, on_destroyed=on_destroyed)

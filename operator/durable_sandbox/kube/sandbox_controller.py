@@ -117,9 +117,11 @@ class SandboxController:
         events: EventRecorder,
         provider: Callable[[str], SandboxProvider],
         settings: SandboxControllerSettings | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.api = api
         self.events = events
+        self.labels = dict(labels or {})  # on every sandbox provisioned (the installation label: orphan sweeps)
         self._provider_of = provider
         self._providers: dict[str, SandboxProvider] = {}
         self.settings = settings or SandboxControllerSettings()
@@ -362,7 +364,7 @@ class SandboxController:
             template=res.spec.template,
             env=resolve_env(res.spec, await self._secrets(view, res)),
             owner=view.owner,
-            labels={SANDBOX_LABEL: view.name, OPERATION_LABEL: op["id"]},
+            labels={**self.labels, SANDBOX_LABEL: view.name, OPERATION_LABEL: op["id"]},
             operation_id=op["id"],
         )
         adopted = await self._adopt(view, provider, op["id"])

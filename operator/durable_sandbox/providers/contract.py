@@ -11,6 +11,7 @@ This module imports nothing else of the package: providers are the bottom layer.
 from __future__ import annotations
 
 import enum
+import hashlib
 import posixpath
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
@@ -32,10 +33,25 @@ class Capability(enum.StrEnum):
     OPERATION_DEDUPLICATION = "operation_deduplication"
     LEASE_RECONCILIATION = "lease_reconciliation"
     LOSS_INJECTION = "loss_injection"
+    # Lists every sandbox and every snapshot of an installation (inventory_sandboxes/_snapshots): orphan sweeps.
+    INVENTORY = "inventory"
 
 
 DeliveryGuarantee = Literal["at_least_once_effects", "deduplicated_operations"]
 TOOL_TYPES: tuple[str, ...] = ("shell", "write_file", "read_file")
+
+# Labels of a SandboxSpec that providers with the inventory capability keep on the sandbox *and* on every
+# snapshot taken of it: which installation (operator deployment) made it, and whether the session may hand
+# its newest snapshot over to the caller (such snapshots are never swept: their owner may be the user).
+INSTALLATION_LABEL = "durable-sandbox.dev/installation"
+RETAIN_LABEL = "durable-sandbox.dev/retain-snapshot"
+
+
+def tag_key(value: str) -> str:
+    """A short stable digest of an installation id or an owner tag. A provider that can keep only a name
+    with a snapshot (e2b) keeps these; inventories report owners and installations as keys, so an orphan
+    sweep compares ``tag_key(x)`` whichever provider it asks."""
+    return hashlib.sha256(value.encode()).hexdigest()[:12]
 
 
 # --------------------------------------------------------------------------------------------- errors
@@ -125,6 +141,8 @@ class ProviderCapabilities(_Frozen):
             problems.append("snapshot_reconciliation requires snapshot")
         if Capability.RESTORE in self.supported and Capability.SNAPSHOT not in self.supported:
             problems.append("restore requires snapshot")
+        if Capability.INVENTORY in self.supported and Capability.LEASE_RECONCILIATION not in self.supported:
+            problems.append("inventory requires lease_reconciliation")
         if self.maximum_lease_seconds <= 0:
             problems.append("maximum_lease_seconds must be positive")
         return problems
@@ -187,6 +205,16 @@ class ToolResult(_Frozen):
     @property
     def outcome(self) -> tuple[int, str, str]:
         return (self.exit_code, self.stdout, self.stderr)
+
+
+class SnapshotEntry(_Frozen):
+    """A snapshot as an inventory lists it: what it was taken of, as :func:`tag_key` digests."""
+
+    id: str
+    provider: str
+    installation_key: str  # tag_key of the INSTALLATION_LABEL of the sandbox it was taken of
+    owner_key: str | None = None  # tag_key of that sandbox's owner tag (None: it had none)
+    retained: bool = False  # that sandbox had RETAIN_LABEL: the snapshot may belong to the user now
 
 
 def unsupported_tool_result(tool_type: str) -> ToolResult:
@@ -270,6 +298,15 @@ class SandboxProvider:
 
     async def list_sandboxes(self, owner: str) -> list[SandboxHandle]:
         raise UnsupportedCapability(self.name, Capability.LEASE_RECONCILIATION)
+
+    async def inventory_sandboxes(self, installation: str) -> list[SandboxHandle]:
+        """Every sandbox whose spec had ``labels[INSTALLATION_LABEL] == installation``, whatever its owner
+        (running or suspended), with ``metadata["owner"]`` and ``metadata["labels"]``."""
+        raise UnsupportedCapability(self.name, Capability.INVENTORY)
+
+    async def inventory_snapshots(self, installation: str) -> list[SnapshotEntry]:
+        """Every snapshot taken of a sandbox labelled with ``installation`` (see :class:`SnapshotEntry`)."""
+        raise UnsupportedCapability(self.name, Capability.INVENTORY)
 
     async def inject_loss(self, handle: SandboxHandle) -> None:
         """Destroy the sandbox behind the caller's back, as a real loss would (testing aid)."""

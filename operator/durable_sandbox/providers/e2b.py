@@ -18,6 +18,7 @@ import email.utils
 import hashlib
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -29,6 +30,8 @@ import httpx
 import pydantic
 
 from durable_sandbox.providers.contract import (
+    INSTALLATION_LABEL,
+    RETAIN_LABEL,
     TOOL_TYPES,
     Capability,
     ConfigurationError,
@@ -40,10 +43,12 @@ from durable_sandbox.providers.contract import (
     SandboxHandle,
     SandboxProvider,
     SandboxSpec,
+    SnapshotEntry,
     ToolCall,
     ToolResult,
     file_not_found_result,
     safe_relative_path,
+    tag_key,
     unsupported_tool_result,
     wrote_file_result,
 )
@@ -86,9 +91,36 @@ _RETRYABLE_PROVISION_STATUSES = frozenset({408, 409, 425, 429})
 _TRANSIENT_STATUSES = frozenset({408, 425, 429})
 
 
-def snapshot_name(operation_id: str) -> str:
-    """The snapshot name for an operation: deterministic, so a retried snapshot finds the first one."""
-    return SNAPSHOT_NAME_PREFIX + hashlib.sha256(operation_id.encode()).hexdigest()[:40]
+def snapshot_name(operation_id: str, handle: SandboxHandle | None = None) -> str:
+    """The snapshot name for an operation: deterministic, so a retried snapshot finds the first one.
+
+    E2B keeps nothing but a name with a snapshot, so a snapshot of a sandbox labelled with an installation
+    carries its tags in the name, as digests (``tag_key``): ``dsb-<installation>-<owner>-<k|d><operation>``
+    (``k``: the sandbox had RETAIN_LABEL). The inventory reads them back (:func:`parse_tagged_snapshot_name`)."""
+    digest = hashlib.sha256(operation_id.encode()).hexdigest()
+    labels = (handle.metadata.get("labels") if handle is not None else None) or {}
+    installation = labels.get(INSTALLATION_LABEL) if isinstance(labels, dict) else None
+    if not isinstance(installation, str):
+        return SNAPSHOT_NAME_PREFIX + digest[:40]
+    assert handle is not None
+    owner = handle.metadata.get("owner")
+    owner_key = tag_key(owner) if isinstance(owner, str) else _NO_OWNER
+    kept = "k" if RETAIN_LABEL in labels else "d"
+    return f"{SNAPSHOT_NAME_PREFIX}{tag_key(installation)}-{owner_key}-{kept}{digest[:28]}"
+
+
+_NO_OWNER = "0" * 12
+_TAGGED_NAME = re.compile(rf"{SNAPSHOT_NAME_PREFIX}([0-9a-f]{{12}})-([0-9a-f]{{12}})-([kd])[0-9a-f]{{28}}")
+
+
+def parse_tagged_snapshot_name(name: str) -> tuple[str, str | None, bool] | None:
+    """``(installation key, owner key or None, retained)`` of a name made by :func:`snapshot_name` for a
+    labelled sandbox; None for any other name."""
+    match = _TAGGED_NAME.fullmatch(name)
+    if match is None:
+        return None
+    installation_key, owner_key, kept = match.groups()
+    return installation_key, (None if owner_key == _NO_OWNER else owner_key), kept == "k"
 
 
 @dataclass(frozen=True)
@@ -228,6 +260,7 @@ class E2BProvider(SandboxProvider):
                     Capability.SNAPSHOT_RECONCILIATION,
                     Capability.RESTORE,
                     Capability.LEASE_RECONCILIATION,
+                    Capability.INVENTORY,
                 }
             ),
             delivery_guarantee="at_least_once_effects",
@@ -470,24 +503,50 @@ class E2BProvider(SandboxProvider):
             # not E2B's remembered answer pointing at the one just destroyed.
             self._key_generation[operation] = self._key_generation.get(operation, 0) + 1
 
-    async def list_sandboxes(self, owner: str) -> list[SandboxHandle]:
-        """Every sandbox tagged with ``owner``, running or paused, across all pages (``GET /v2/sandboxes``;
-        the v1 listing shows running sandboxes only, so an orphan sweep on it would miss paused ones)."""
-        op = f"list sandboxes of owner {owner}"
-        params = {"metadata": metadata_query({OWNER_METADATA_KEY: owner}), "state": "running,paused"}
+    async def _listed(self, op: str, key: str, value: str) -> list[SandboxHandle]:
+        """Every sandbox whose metadata has ``key: value``, running or paused, across all pages (``GET
+        /v2/sandboxes``; the v1 listing shows running sandboxes only, so an orphan sweep on it would miss paused
+        ones). Filtered again here: a server that ignored the filter must not make a sweep destroy foreign ones."""
+        params = {"metadata": metadata_query({key: value}), "state": "running,paused"}
         handles = []
         async for response in self._pages(op, "/v2/sandboxes", params):
             for item in self._parse_list(op, response, ListedSandbox):
                 metadata = item.metadata or {}
-                if metadata.get(OWNER_METADATA_KEY) != owner:  # never sweep what the filter should have excluded
+                if metadata.get(key) != value:
                     continue
                 handles.append(SandboxHandle(
                     id=item.sandbox_id, provider=self.name,
-                    metadata={"templateID": item.template_id, "owner": owner, "state": item.state,
+                    metadata={"templateID": item.template_id, "owner": metadata.get(OWNER_METADATA_KEY),
+                              "state": item.state,
                               "labels": {k: v for k, v in metadata.items() if k != OWNER_METADATA_KEY}},
                     lease_expires_at=item.end_at.timestamp(),
                 ))
         return handles
+
+    async def list_sandboxes(self, owner: str) -> list[SandboxHandle]:
+        """Every sandbox tagged with ``owner``, running or paused, across all pages."""
+        return await self._listed(f"list sandboxes of owner {owner}", OWNER_METADATA_KEY, owner)
+
+    async def inventory_sandboxes(self, installation: str) -> list[SandboxHandle]:
+        """Every sandbox labelled with ``installation``, running or paused, whatever its owner, on every page."""
+        return await self._listed(f"list sandboxes of installation {installation}", INSTALLATION_LABEL, installation)
+
+    async def inventory_snapshots(self, installation: str) -> list[SnapshotEntry]:
+        """Every snapshot whose name carries ``installation``'s key (see :func:`snapshot_name`), on every page
+        of ``GET /snapshots``."""
+        op = f"list snapshots of installation {installation}"
+        key = tag_key(installation)
+        entries: dict[str, SnapshotEntry] = {}
+        async for response in self._pages(op, "/snapshots", {}):
+            for item in self._parse_list(op, response, SnapshotInfo):
+                for full in item.names:
+                    tags = parse_tagged_snapshot_name(bare_snapshot_name(full))
+                    if tags is not None and tags[0] == key:
+                        entries[item.snapshot_id] = SnapshotEntry(
+                            id=item.snapshot_id, provider=self.name, installation_key=key, owner_key=tags[1],
+                            retained=tags[2],
+                        )
+        return list(entries.values())
 
     # ------------------------------------------------------------------------------------- snapshots
 
@@ -501,7 +560,7 @@ class E2BProvider(SandboxProvider):
         return None
 
     async def snapshot(self, handle: SandboxHandle, *, operation_id: str) -> str:
-        name = snapshot_name(operation_id)
+        name = snapshot_name(operation_id, handle)
         op = f"snapshot sandbox {handle.id} (operation {operation_id})"
         attempt = 0
         # Look up before creating, on every attempt: when a response was lost after E2B persisted the

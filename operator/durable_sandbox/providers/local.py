@@ -11,6 +11,8 @@ Layout under ``<home>/local/`` (``home`` defaults to ``$DURABLE_SANDBOX_HOME`` o
 
     workspaces/<sandbox-id>/      the sandbox's files; the shell's cwd and $HOME
     snapshots/<snapshot-id>.tar   snapshots (plain tar, written to a temp file then renamed into place)
+    snapshot-tags/<snapshot-id>.json  owner and labels of the sandbox a snapshot was taken of, written
+                                  before the tar, for snapshots of sandboxes labelled with an installation
     leases/<sandbox-id>.json      owner, labels, template, expires_at, suspended (never env values)
     env/<sandbox-id>.json         the sandbox's ``spec.env`` (mode 0600): it belongs to the sandbox
 
@@ -69,6 +71,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from durable_sandbox.providers.contract import (
+    INSTALLATION_LABEL,
+    RETAIN_LABEL,
     TOOL_TYPES,
     Capability,
     ConfigurationError,
@@ -79,10 +83,12 @@ from durable_sandbox.providers.contract import (
     SandboxHandle,
     SandboxProvider,
     SandboxSpec,
+    SnapshotEntry,
     ToolCall,
     ToolResult,
     file_not_found_result,
     safe_relative_path,
+    tag_key,
     unsupported_tool_result,
     wrote_file_result,
 )
@@ -119,6 +125,7 @@ _CAPABILITIES = ProviderCapabilities(
             Capability.RESUME,
             Capability.LEASE_RECONCILIATION,
             Capability.LOSS_INJECTION,
+            Capability.INVENTORY,
         }
     ),
     delivery_guarantee="at_least_once_effects",
@@ -225,11 +232,15 @@ class LocalProvider(SandboxProvider):
     def directories(self) -> LocalDirectories:
         return LocalDirectories(self.workspaces_dir, self.snapshots_dir, self.leases_dir, self.env_dir)
 
+    @property
+    def snapshot_tags_dir(self) -> Path:
+        return self._root / "snapshot-tags"
+
     def leftovers(self) -> list[Path]:
         """Every entry in the provider's directories, hidden temp (``.*.tmp``) and trash (``.trash-*``)
         entries included: empty when clean. The crash tests' leak check."""
         found: list[Path] = []
-        for directory in self.directories():
+        for directory in (*self.directories(), self.snapshot_tags_dir):
             if directory.is_dir():
                 found.extend(sorted(directory.iterdir()))
         return found
@@ -239,7 +250,7 @@ class LocalProvider(SandboxProvider):
         is dead, trash of destroyed workspaces, and staged restores without a lease. Runs when the
         provider starts; returns what it removed."""
         removed: list[Path] = []
-        for directory in (self.snapshots_dir, self.leases_dir, self.env_dir):
+        for directory in (self.snapshots_dir, self.leases_dir, self.env_dir, self.snapshot_tags_dir):
             for entry in directory.glob(".*.tmp"):
                 if not _writer_alive(entry.name):
                     entry.unlink(missing_ok=True)
@@ -325,7 +336,8 @@ class LocalProvider(SandboxProvider):
         # even when the sandbox has since been lost.
         if target.exists():
             return snapshot_id
-        await self._require_live(handle.id)
+        lease = await self._require_live(handle.id)
+        self._write_snapshot_tags(snapshot_id, lease)
         workspace = self.workspace_path(handle.id)
         tmp = self.snapshots_dir / f".{snapshot_id}.{_WRITER_TAG}.{uuid.uuid4().hex[:8]}.tmp"
         try:
@@ -380,8 +392,54 @@ class LocalProvider(SandboxProvider):
             return  # not one of ours, so there is nothing to delete
         try:
             self._snapshot_path(snapshot_id).unlink(missing_ok=True)
+            (self.snapshot_tags_dir / f"{snapshot_id}.json").unlink(missing_ok=True)
         except OSError as e:
             raise ProviderError(f"Deleting snapshot {snapshot_id} failed: {e}") from e
+
+    def _write_snapshot_tags(self, snapshot_id: str, lease: dict[str, Any]) -> None:
+        """Keep the sandbox's owner and labels with the snapshot, before the snapshot exists: a snapshot
+        whose writer dies right after it appears is still found by the inventory."""
+        labels = dict(lease.get("labels") or {})
+        if INSTALLATION_LABEL not in labels:
+            return  # nobody can ask an inventory about it
+        self.snapshot_tags_dir.mkdir(exist_ok=True, mode=0o700)
+        target = self.snapshot_tags_dir / f"{snapshot_id}.json"
+        tmp = self.snapshot_tags_dir / f".{snapshot_id}.{_WRITER_TAG}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            tmp.write_text(json.dumps({"owner": lease.get("owner"), "labels": labels}, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    async def inventory_sandboxes(self, installation: str) -> list[SandboxHandle]:
+        now = self._clock()
+        return [
+            self._handle(lease)
+            for lease in self._iter_leases()
+            if (lease.get("labels") or {}).get(INSTALLATION_LABEL) == installation and float(lease["expires_at"]) > now
+        ]
+
+    async def inventory_snapshots(self, installation: str) -> list[SnapshotEntry]:
+        entries = []
+        for path in sorted(self.snapshot_tags_dir.glob("lsnap-*.json")) if self.snapshot_tags_dir.is_dir() else []:
+            snapshot_id = path.name[: -len(".json")]
+            if not _SNAPSHOT_ID.fullmatch(snapshot_id) or not self._snapshot_path(snapshot_id).is_file():
+                continue  # being written, or its writer died before the tar appeared: nothing to sweep
+            try:
+                tags = json.loads(path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                continue  # deleted meanwhile
+            except (OSError, ValueError) as e:
+                raise ProviderError(f"Cannot read the tags of snapshot {snapshot_id}: {e}") from e
+            labels = tags.get("labels") or {}
+            if labels.get(INSTALLATION_LABEL) != installation:
+                continue
+            owner = tags.get("owner")
+            entries.append(SnapshotEntry(
+                id=snapshot_id, provider=self.name, installation_key=tag_key(installation),
+                owner_key=tag_key(owner) if isinstance(owner, str) else None, retained=RETAIN_LABEL in labels,
+            ))
+        return entries
 
     async def suspend(self, handle: SandboxHandle) -> None:
         lease = await self._require_live(handle.id)

@@ -33,6 +33,8 @@ import pytest
 
 from durable_sandbox.providers.contract import (
     CONTRACT_VERSION,
+    INSTALLATION_LABEL,
+    RETAIN_LABEL,
     TOOL_TYPES,
     Capability,
     ProviderCapabilities,
@@ -45,6 +47,7 @@ from durable_sandbox.providers.contract import (
     ToolCall,
     ToolResult,
     UnsupportedCapability,
+    tag_key,
 )
 
 __all__ = ["ContractResources", "ProviderContractSuite"]
@@ -179,8 +182,13 @@ class ProviderContractSuite:
             Capability.RESUME: lambda: provider.resume(bogus),
             Capability.LEASE_RECONCILIATION: lambda: provider.list_sandboxes(kit.owner),
             Capability.LOSS_INJECTION: lambda: provider.inject_loss(bogus),
+            Capability.INVENTORY: lambda: provider.inventory_sandboxes(kit.owner),
         }
         unsupported = [cap for cap in attempts if not caps.supports(cap)]
+        if not caps.supports(Capability.INVENTORY):
+            with pytest.raises(UnsupportedCapability) as excinfo:
+                await provider.inventory_snapshots(kit.owner)
+            _expect_unsupported(excinfo, provider, Capability.INVENTORY)
         for cap in unsupported:
             with pytest.raises(UnsupportedCapability) as excinfo:
                 await attempts[cap]()
@@ -360,6 +368,41 @@ class ProviderContractSuite:
         gone = next(h for h in kit.handles if h.id in mine)
         await provider.destroy(gone)
         assert {h.id for h in await provider.list_sandboxes(kit.owner)} == mine - {gone.id}
+
+    async def test_inventory_lists_an_installations_sandboxes_and_snapshots_with_their_tags(
+            self, provider: SandboxProvider, kit: ContractResources) -> None:
+        self._need(provider, Capability.INVENTORY)
+        installation = f"kit/{kit.owner}"
+        labels = {INSTALLATION_LABEL: installation, "suite": "contract-kit"}
+        mine = await kit.provision(labels=labels)
+        other_owner = await kit.provision(labels=labels, owner=kit.owner + "-b")
+        other_installation = await kit.provision(labels={INSTALLATION_LABEL: installation + "-other"})
+        untagged = await kit.provision()
+        listed = {h.id: h for h in await provider.inventory_sandboxes(installation)}
+        assert set(listed) == {mine.id, other_owner.id}, "every owner's sandboxes of the installation, nothing else"
+        assert listed[mine.id].metadata["owner"] == kit.owner
+        assert listed[other_owner.id].metadata["owner"] == kit.owner + "-b"
+        assert listed[mine.id].metadata["labels"][INSTALLATION_LABEL] == installation
+        assert all(h.provider == provider.name for h in listed.values())
+        if provider.capabilities().supports(Capability.SNAPSHOT):
+            kept = await kit.provision(labels={**labels, RETAIN_LABEL: "true"})
+            ours = await kit.snapshot(mine, kit.op_id())
+            retained = await kit.snapshot(kept, kit.op_id())
+            await kit.snapshot(other_installation, kit.op_id())
+            await kit.snapshot(untagged, kit.op_id())
+            await provider.destroy(mine)  # a snapshot outlives its sandbox, tags included
+            entries = {e.id: e for e in await provider.inventory_snapshots(installation)}
+            assert set(entries) == {ours, retained}
+            assert entries[ours].installation_key == tag_key(installation) and entries[ours].provider == provider.name
+            assert entries[ours].owner_key == tag_key(kit.owner) and entries[ours].retained is False
+            assert entries[retained].retained is True, "a session that may hand its snapshot over marks it"
+            await provider.destroy(kept)
+            if provider.capabilities().supports(Capability.SNAPSHOT_DELETION):
+                await provider.delete_snapshot(ours)
+                assert {e.id for e in await provider.inventory_snapshots(installation)} == {retained}
+        await provider.destroy(other_owner)
+        await provider.destroy(mine)
+        assert [h.id for h in await provider.inventory_sandboxes(installation)] == [], "destroyed ones are not listed"
 
     async def test_inject_loss_makes_the_sandbox_gone(self, provider: SandboxProvider,
                                                       kit: ContractResources) -> None:

@@ -33,6 +33,7 @@ from durable_sandbox.engine.records import ErrorInfo, OperationRecord, OpKind
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
 from durable_sandbox.providers.contract import (
+    RETAIN_LABEL,
     Capability,
     ConfigurationError,
     ProviderError,
@@ -290,7 +291,12 @@ class SandboxSession:
             template=template,
             env=dict(env or {}),
             owner=owner or _service_for(rt, "owner") or "durable-sandbox-local",
-            labels={"durable-sandbox.dev/run-id": rt.run_id, "durable-sandbox.dev/session": sid},
+            labels={
+                # The operator adds its installation label (orphan sweeps list by it); snapshots keep them.
+                **dict(_service_for(rt, "sandbox_labels") or {}),
+                **({RETAIN_LABEL: "true"} if retain_latest_snapshot else {}),
+                "durable-sandbox.dev/run-id": rt.run_id, "durable-sandbox.dev/session": sid,
+            },
         )
         self._operation_ids = list(operation_ids or [])
         self._calls: dict[str, ToolCall] = {}
@@ -548,6 +554,7 @@ class SandboxSession:
         else:
             spec = self._spec_for(op_id)
             handle = await self._transient("provision", lambda: self.provider.provision(spec, lease_seconds=self.lease_seconds))
+            faults.reach(f"provisioned:{op_id}")  # made, not yet journaled: the crash window orphan sweeps close
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "completed", result=_handle_json(handle), meta=meta)
         self.state.handle = handle
         self.state.provider = self.provider.name

@@ -29,6 +29,16 @@ def _modules(value: str) -> tuple[str, ...]:
 @click.option("--max-concurrent-runs", default=50, show_default=True, type=click.IntRange(1),
               help="Runs this replica executes at once; more wait in phase Pending (Ready=False, reason "
                    "ConcurrencyLimit) until a slot frees, and another replica with room may take them.")
+@click.option("--installation-id", default=None, metavar="ID",
+              help="Label of every sandbox and snapshot this operator makes; the orphan sweep removes only what "
+                   "carries it. Unique per operator deployment [default: namespaces:<the -n namespaces>, else "
+                   "<$POD_NAMESPACE>/durable-sandbox or durable-sandbox; the chart passes <release namespace>/<release name>].")
+@click.option("--sweep-interval", default=300.0, show_default=True, type=click.FloatRange(0.0),
+              help="Seconds between orphan sweeps (sandboxes and snapshots of this installation that no live "
+                   "Workflow or Sandbox claims); 0 turns the sweep off.")
+@click.option("--sweep-grace", default=600.0, show_default=True, type=click.FloatRange(0.0),
+              help="An orphan is removed only once seen orphaned for this many seconds (longer than a "
+                   "provision takes to be journaled).")
 @click.option("--worker-id", default=None, help="This replica's identity in run leases [default: host:pid:random].")
 @click.option("--liveness", metavar="URL", default=None,
               help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
@@ -44,6 +54,9 @@ def operator(
     lease_seconds: float,
     hibernate_after: float,
     max_concurrent_runs: int,
+    installation_id: str | None,
+    sweep_interval: float,
+    sweep_grace: float,
     worker_id: str | None,
     liveness: str | None,
     metrics_port: int | None,
@@ -60,6 +73,7 @@ def operator(
         from durable_sandbox.kube.controller import OperatorPolicy, OperatorSettings
         from durable_sandbox.kube.metrics import METRICS
         from durable_sandbox.kube.metrics_server import operator_startup_hook
+        from durable_sandbox.kube.sweeper import default_installation_id
         from durable_sandbox.providers.registry import create_provider
     except ImportError as exc:
         raise CliError(f"dsb operator needs the Kubernetes extra: pip install 'durable-sandbox[kubernetes]' ({exc})") from exc
@@ -70,7 +84,9 @@ def operator(
         allow_local_provider=allow_local_provider, workflow_modules=_modules(workflow_modules)
     )
     settings = OperatorSettings(lease_ttl=lease_seconds, hibernate_after=hibernate_after,
-                                max_concurrent_runs=max_concurrent_runs)
+                                max_concurrent_runs=max_concurrent_runs,
+                                installation_id=installation_id or default_installation_id(namespaces),
+                                sweep_interval=sweep_interval, sweep_grace=sweep_grace)
     if worker_id:
         settings.worker_id = worker_id
     handlers.config.settings = settings
