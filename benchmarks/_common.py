@@ -162,3 +162,15 @@ def write_results(res: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str) + "\n")
     print(f"results written to {out}")
+
+
+def run_in_workdir(prefix: str, tmp: str | None, run: Callable[[Path], dict[str, Any]],
+                   report: Callable[[dict[str, Any]], None], out: Path) -> None:
+    """``run(workdir)`` in a fresh temp dir (removed afterwards), then print and write its results."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"dsb-bench-{prefix}-", dir=tmp))
+    try:
+        res = run(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report(res)
+    write_results(res, out)

@@ -526,8 +526,17 @@ async def test_clear_cache(engine):
 def _where(log: list[str], slow: threading.Event) -> int:
     log.append("loop" if threading.current_thread() is threading.main_thread() else "thread")
     if slow.is_set():
-        time.sleep(context_mod.SLOW_SECONDS * 4)  # the work itself is slow here, not a wait for something
+        time.sleep(context_mod.SLOW_SECONDS * 2)  # the work itself is slow here, not a wait for something
     return len(log)
+
+
+@pytest.fixture
+def roomy_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quick and slow with room for a loaded machine: a no-op preempted for a few ms must not count as
+    slow, and nothing learnt about _where by other tests carries over."""
+    monkeypatch.setattr(context_mod, "QUICK_SECONDS", 1.0)
+    monkeypatch.setattr(context_mod, "SLOW_SECONDS", 0.5)
+    monkeypatch.setattr(context_mod, "_observed", {})
 
 
 def _where_loop(name: str, log: list[str], slow: threading.Event):
@@ -539,7 +548,7 @@ def _where_loop(name: str, log: list[str], slow: threading.Event):
     return wf
 
 
-async def test_a_quick_sync_step_runs_inline_and_a_slow_one_goes_back_to_threads(engine):
+async def test_a_quick_sync_step_runs_inline_and_a_slow_one_goes_back_to_threads(engine, roomy_timing):
     """A sync step function runs in a thread until it has been quick QUICK_RUNS times, then inline (no
     thread hop per step); one slow inline run sends it back to threads for good."""
     log: list[str] = []
@@ -556,7 +565,7 @@ async def test_a_quick_sync_step_runs_inline_and_a_slow_one_goes_back_to_threads
     assert log == ["loop", "thread", "thread"], "demoted after one slow inline run"
 
 
-async def test_a_quick_inline_step_commits_its_start_with_its_outcome(engine, store, monkeypatch):
+async def test_a_quick_inline_step_commits_its_start_with_its_outcome(engine, store, monkeypatch, roomy_timing):
     """Steps that run in a thread commit their start, then their outcome; once a sync function runs
     inline, both records go in one commit (nothing could observe the start in between). The journal
     keeps both records either way."""
@@ -568,7 +577,6 @@ async def test_a_quick_inline_step_commits_its_start_with_its_outcome(engine, st
         return await real_commit(run_id, fence, commit)
 
     monkeypatch.setattr(store, "commit", counting_commit)
-    monkeypatch.setattr(context_mod, "_observed", {})  # what other tests taught it about _where
     log: list[str] = []
     wf = _where_loop("steps-inline-commits", log, threading.Event())
     quick = context_mod.QUICK_RUNS

@@ -173,6 +173,9 @@ async def test_a_slow_write_spaces_out_the_next_ones_but_not_phase_changes(monke
     await asyncio.wait_for(second.wait(), 30)
     assert written == [1, 3]
     await writer.aclose()
+    # However slow the writes (the last took 2 s; say one took 10 s), progress shows at least every 30 s.
+    writer._last_duration = 10.0
+    assert writer.gap() == status_module.MAX_WRITE_GAP
 
 
 async def test_pending_callbacks_show_their_payload(store: SqliteStore) -> None:

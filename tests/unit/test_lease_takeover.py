@@ -37,10 +37,12 @@ def start(home: Path, store: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen[str], deadline: float = 60) -> None:
+    # Until a whole line is there, not just the file: a SIGKILL between the file's creation and its write
+    # would leave the step's mark unwritten.
     give_up = time.monotonic() + deadline
-    while not path.exists():
+    while not (path.exists() and path.read_text().endswith("\n")):
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < give_up, f"{path} never appeared"
+        assert time.monotonic() < give_up, f"{path} never got its line"
         time.sleep(0.02)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from durable_sandbox.kube.metrics import OperatorMetrics
 from durable_sandbox.kube.orphans import Inventory, LiveOwner, Orphan, SweepPlan, plan_sweep, sweep_once
-from durable_sandbox.kube.sweeper import live_owners
+from durable_sandbox.kube.sweeper import default_installation_id, live_owners
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
     RETAIN_LABEL,
@@ -195,3 +195,10 @@ async def test_a_refused_destroy_is_retried_on_the_next_sweep(tmp_path: Path) ->
                                grace=GRACE)
     assert [o.id for o in retried.destroyed] == [orphan.id]
     assert await provider.inventory_sandboxes(OURS) == []
+
+
+def test_the_default_installation_id_separates_operators_serving_different_namespaces() -> None:
+    assert default_installation_id(["b", "a", "b"], {}) == default_installation_id(["a", "b"], {}) == "namespaces:a,b"
+    assert default_installation_id(["a"], {}) != default_installation_id(["b"], {})
+    assert default_installation_id([], {"POD_NAMESPACE": "ops"}) == "ops/durable-sandbox"
+    assert default_installation_id([], {}) == "durable-sandbox"

@@ -1,13 +1,13 @@
 """A cap on the runs one operator replica executes at once (``dsb operator --max-concurrent-runs``).
 
-Every Workflow has a daemon on every replica, but only the runs a replica executes (holds the Lease of)
-cost it CPU, memory, provider calls and API writes. A run that would exceed the cap waits for a slot
-*before* claiming its Lease, so another replica with a free slot can take it, and its Workflow shows
-``Ready=False`` with reason ``ConcurrencyLimit`` (phase ``Pending``) until a slot frees. Slots are handed
+Every replica serves every Workflow, but only the runs a replica executes (holds the Lease of) cost it
+CPU, memory, provider calls and API writes. A run that would exceed the cap waits for a slot *before*
+claiming its Lease, so another replica with a free slot can take it, and its Workflow shows ``Ready=False``
+with reason ``ConcurrencyLimit`` (phase ``Pending``) until a slot frees. Slots are handed
 out first come, first served (asyncio's semaphore queues waiters in order), so no run starves.
 
-A waiting run holds nothing but its daemon's coroutine; a run that starts waiting on a signal or a timer
-gives its slot back (it executes nothing until woken).
+A run queued for a slot holds its task (kube/controller.py: an active run); a run that starts waiting on a
+signal or a timer gives its slot back and is parked (no task at all until woken).
 """
 
 from __future__ import annotations

@@ -1,15 +1,30 @@
-"""The operator's reconcile logic, without kopf: one Workflow = one run, driven by one async daemon.
+"""The operator's reconcile logic, without kopf: one Workflow = one run, driven while there is work and
+parked while it waits.
 
-kopf (``kube/handlers.py``) calls three things here: :meth:`Operator.daemon` once per Workflow (it
-drives the run for as long as the object exists), :meth:`Operator.notice` when the spec changed (the
-watch brings ``signals``, ``suspend`` and ``cancel`` to the daemon) and :meth:`Operator.cleanup` from
-the delete handler (behind the ``durable-sandbox.dev/cleanup`` finalizer).
+kopf (``kube/handlers.py``) calls three things here: :meth:`Operator.notice` for every watch event of a
+Workflow (the initial listing included), :meth:`Operator.forget` when one is gone, and
+:meth:`Operator.cleanup` from the delete handler (behind the ``durable-sandbox.dev/cleanup`` finalizer).
 
-Every replica runs a daemon for every Workflow (kopf in standalone peering); the run's Lease decides
-who executes it. A replica that does not hold the lease looks again every ``claim_retry`` seconds, so
-when the holder hands the run over (SIGTERM of a rolling update, ``spec.suspend``) or dies (after the
-lease's TTL) another replica continues it. Only the replica executing a run writes its status (a
-projection of the commits it makes, see ``kube/status.py``) and its lifecycle Events.
+**Active and parked runs.** A run is *active* while a task of this process drives it (admits it, claims its
+Lease, executes it, writes its status). When the run has nothing to do for a while (it waits on a signal,
+a durable timer, ``spec.suspend``, a retry backoff, a Sandbox, another replica's Lease, or it is finished)
+the task ends and the run is *parked*: a small record (names, generation, why) and at most one timer
+handle, no task, no journal, no status writer, no sandbox (a waiting run's sandbox is hibernated). A
+parked run becomes active again on the watch event that can change its course (a new ``generation``:
+``signals``, ``suspend``, ``cancel``; for a run another replica executes, also its status ``phase``, which
+that replica writes when it hands the run over or finishes it) or when its timer fires (``wakeAt``, the
+hibernation point, the TTL after finishing, the end of another replica's Lease), never by a per-run poll.
+That is what keeps a thousand Workflows waiting on approvals at a few KiB each (docs/benchmarks.md).
+
+**Replicas share the work.** kopf runs in standalone peering on every replica, so every replica sees every
+Workflow; the run's Lease decides who executes it. Claims are spread by delay: a replica waits before
+claiming in proportion to the runs it executes already (with jitter), so the less busy replica wins the
+race for new runs and a batch splits between replicas without any membership protocol (docs/operations.md
+says why this and not sharding by run id). A replica that loses the claim parks the run until the Lease
+could have expired (or the holder's status says it handed the run over or finished it); a dead holder's
+runs are taken over after about one lease period and replayed, fenced by the Lease's transitions. Only the
+replica executing a run writes its status (a projection of the commits it makes, see ``kube/status.py``)
+and its lifecycle Events.
 
 Operator policy, checked before anything is imported or provisioned: the local provider only with
 ``allow_local_provider``; entrypoints only from the configured workflow modules (``sandbox-agent``
@@ -21,7 +36,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import gc
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -45,6 +64,7 @@ from durable_sandbox.kube.concurrency import (
 )
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent, lifecycle_events, run_status_event
 from durable_sandbox.kube.manifests import format_loc
+from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, WorkflowResource
 from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, cluster_run_id, plan_workflow
@@ -76,7 +96,7 @@ class OperatorPolicy:
 class OperatorSettings:
     worker_id: str = field(default_factory=default_worker_id)
     lease_ttl: float = 15.0  # a dead replica's runs are taken over after this long
-    claim_retry: float = 1.0  # how often a replica that does not hold a run's lease looks again
+    claim_retry: float = 1.0  # the least (and the jitter of) how long a run another replica holds is parked
     status_interval: float = 1.0  # status patches are coalesced to about one per this many seconds
     # Writes that follow the clock, not the work: status patches and run-event batches of all the Workflows
     # this process drives, each kind at most about this many per second together (beside phase changes,
@@ -87,11 +107,64 @@ class OperatorSettings:
     not_runnable_retry: float = 30.0
     hibernate_after: float = 300.0  # default for runs whose spec says nothing (DESIGN 6)
     cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+    # A wait longer than this parks the run (its task ends; a timer or the watch brings it back); shorter
+    # waits are cheaper in the task than a re-admission (which reads the run's head and journal again).
+    park_after: float = 2.0
+    # Claim spreading: before claiming, a replica waits this long per run it executes already (times a
+    # random factor in [0.5, 1.5), at most claim_delay_max), so the less busy replica claims new runs first.
+    claim_delay_per_run: float = 0.1
+    claim_delay_max: float = 1.5
+    shutdown_grace: float = 60.0  # how long SIGTERM waits for active runs to be handed over
+    # Runs admitted at once: an operator restart re-admits every Workflow, and each admission reads the run's
+    # head and journal; a few at a time keep that burst's memory small (the RSS it leaves is its high-water mark).
+    admissions: int = 8
     max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS  # runs this replica executes at once (kube/concurrency.py)
     # Every sandbox (and snapshot) this operator makes is labelled with it; the orphan sweep lists by it.
     installation_id: str = "durable-sandbox"
     sweep_interval: float = 300.0  # seconds between orphan sweeps (kube/sweeper.py); 0: no sweep
     sweep_grace: float = 600.0  # an orphan is removed once seen orphaned this long
+
+
+def give_back_memory() -> None:
+    """No run is active any more: hand the memory the last burst of activity used back to the OS. Without
+    this a replica's RSS stays at the high-water mark of its busiest moment (the C allocator keeps freed
+    heap), however few runs it holds now. A full collection takes milliseconds and happens only when the
+    replica has just gone idle; ``malloc_trim(0)`` where the C library has it (glibc)."""
+    global _malloc_trim
+    gc.collect()
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
+
+
+class Park(Exception):
+    """Raised inside a run's task: the run has nothing to do for ``delay`` seconds (None: until a watch event)."""
+
+    def __init__(self, delay: float | None, reason: str) -> None:
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class Parked:
+    """All this process keeps of a parked run: enough to find it again and to judge which events wake it."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int | None
+    reason: str  # waiting, suspended, finished, held (another replica's Lease), not-runnable, rejected, backoff
+    phase: str | None  # status.phase when parked: a held run wakes when the executing replica changes it
+    sandbox: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
+    timer: asyncio.TimerHandle | None = None
 
 
 class CleanupPending(Exception):
@@ -167,8 +240,14 @@ class Operator:
         self._secrets: dict[str, dict[tuple[str, str], str]] = {}  # run id -> secret values it may use
         self._env_values: dict[str, dict[str, str]] = {}  # run id -> the spec's literal env values
         self._background: set[asyncio.Task[Any]] = set()
+        self._active: dict[str, asyncio.Task[None]] = {}  # run id -> the task driving it here
+        self._parked: dict[str, Parked] = {}  # run id -> parked run
+        self._stopped = asyncio.Event()  # set when the replica stops (SIGTERM): runs are handed over
+        self._admitting = asyncio.Semaphore(self.settings.admissions)
         self.slots = RunSlots(self.settings.max_concurrent_runs)
         self.stopping = False
+        METRICS.runs.labels(state="active").set_function(lambda: len(self._active))
+        METRICS.runs.labels(state="parked").set_function(lambda: len(self._parked))
 
     # ------------------------------------------------------------------ clock-driven writes, on a budget
 
@@ -314,38 +393,124 @@ class Operator:
     # ------------------------------------------------------------------ the daemon
 
     def notice(self, body: Mapping[str, Any]) -> None:
-        """The watch saw ``body``: wake its daemon if the spec changed (status updates do not count)."""
+        """The watch saw ``body`` (or kopf listed it): bring it to its run. An active run is woken if the spec
+        changed (status updates do not count); a parked one is made active again if the event can change
+        its course; one never seen is admitted."""
         meta = body.get("metadata", {})
-        uid = meta.get("uid", "")
-        name = meta.get("name", "")
-        view = self._views.get(cluster_run_id(name, uid)) if uid else None
+        uid, name = meta.get("uid", ""), meta.get("name", "")
+        if not uid or not name:
+            return
+        run_id = cluster_run_id(name, uid)
+        view = self._views.get(run_id)
         if view is not None:
             view.notice(body)
+            return
+        if self.stopping or run_id in self._active:
+            return  # starting up (the task reads the object itself) or stopping
+        if meta.get("deletionTimestamp"):
+            # Being deleted: the delete handler finalizes the run (kube/handlers.py); nothing to drive.
+            self._unpark(run_id)
+            return
+        parked = self._parked.get(run_id)
+        if parked is not None and meta.get("generation") == parked.generation:
+            phase = (body.get("status") or {}).get("phase")
+            if parked.reason != "held" or phase == parked.phase:
+                return
+        self._activate(run_id, body, meta.get("namespace", ""), name, uid)
 
-    async def daemon(self, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
-        """Drive the run of one Workflow for as long as the object exists and this process serves it."""
-        body = body_of()
-        meta = body["metadata"]
-        view = RunView(
-            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
-            run_id=cluster_run_id(meta["name"], meta["uid"]), body=body, body_of=body_of,
-        )
-        self._views[view.run_id] = view
+    def forget(self, body: Mapping[str, Any]) -> None:
+        """The Workflow is gone (its finalizer was removed): drop what is kept of its run."""
+        meta = body.get("metadata", {})
+        if meta.get("uid") and meta.get("name"):
+            self._unpark(cluster_run_id(meta["name"], meta["uid"]))
+
+    def _unpark(self, run_id: str) -> Parked | None:
+        parked = self._parked.pop(run_id, None)
+        if parked is not None and parked.timer is not None:
+            parked.timer.cancel()
+        return parked
+
+    def _activate(self, run_id: str, body: Mapping[str, Any] | None, namespace: str, name: str, uid: str) -> None:
+        self._unpark(run_id)
+        task = asyncio.get_running_loop().create_task(self._run_task(run_id, body, namespace, name, uid),
+                                                      name=f"run {run_id}")
+        self._active[run_id] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._active.get(run_id) is t:
+                del self._active[run_id]
+            if not self._active and not self.stopping:
+                give_back_memory()
+            if not t.cancelled() and t.exception() is not None:
+                METRICS.reconcile_errors.labels(kind="Workflow").inc()
+                log.error("run %s: %s", run_id, t.exception(), exc_info=t.exception())
+                if not self.stopping:  # try again later, as kopf retried a failed daemon
+                    self._park(Parked(namespace, name, uid, None, "error", None), self.settings.not_runnable_retry)
+
+        task.add_done_callback(done)
+
+    def _park(self, parked: Parked, delay: float | None) -> None:
+        run_id = cluster_run_id(parked.name, parked.uid)
+        if self.stopping:
+            return
+        self._unpark(run_id)
+        if delay is not None:
+            parked.timer = asyncio.get_running_loop().call_later(max(0.0, delay), self._due, run_id)
+        self._parked[run_id] = parked
+
+    def _due(self, run_id: str) -> None:
+        """A parked run's timer fired: activate it (its task reads the object afresh)."""
+        parked = self._parked.get(run_id)
+        if parked is not None and not self.stopping:
+            parked.timer = None
+            self._activate(run_id, None, parked.namespace, parked.name, parked.uid)
+
+    async def _run_task(self, run_id: str, body: Mapping[str, Any] | None, namespace: str, name: str, uid: str) -> None:
+        """Drive the run of one Workflow until it has nothing to do, then park it."""
+        if body is None:
+            body = await self._workflow(namespace, name)
+            if body is None or body.get("metadata", {}).get("uid") != uid or body["metadata"].get("deletionTimestamp"):
+                return  # gone, replaced, or being deleted (the delete handler finalizes it)
+        view = RunView(namespace=namespace, name=name, uid=uid, run_id=run_id, body=body)
+        self._views[run_id] = view
 
         async def patch(status: dict[str, Any]) -> None:
             await self._patch_status(view, status)
 
         view.writer = StatusWriter(patch, interval=self._status_interval)
+        park: Park | None = None
         try:
-            await self._serve(view, body_of, stopped)
+            park = await self._serve(view, self._stopped)
         finally:
             with contextlib.suppress(Exception):
                 await view.writer.aclose()
-            self._views.pop(view.run_id, None)
-            self._secrets.pop(view.run_id, None)
-            self._env_values.pop(view.run_id, None)
+            self._views.pop(run_id, None)
+            self._secrets.pop(run_id, None)
+            self._env_values.pop(run_id, None)
+            engine = self._engines.get(namespace)
+            if (engine is not None and hasattr(engine.store, "forget") and not view.deleting
+                    and not engine.executor.is_executing(run_id)):
+                engine.store.forget(run_id)  # its head's bookkeeping; read again when the run is next active
+        if park is None or self.stopping:
+            return
+        if view.wake.is_set() and not view.deleting:
+            # The spec changed while the task was finishing: look at it now rather than park.
+            self._activate(run_id, view.body, namespace, name, uid)
+            return
+        self._park(Parked(namespace, name, uid, view.generation, park.reason, (view.body.get("status") or {}).get("phase"),
+                          sandbox=view.waiting_for), park.delay)
 
-    async def _serve(self, view: RunView, body_of: Callable[[], Mapping[str, Any]], stopped: asyncio.Event) -> None:
+    async def _workflow(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: Any = await self.api.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, WORKFLOWS, name)
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise
+        return obj if isinstance(obj, dict) else None
+
+    async def _serve(self, view: RunView, stopped: asyncio.Event) -> Park | None:
+        """Turn after turn until the run is parked (returned), finished for good or this replica stops (None)."""
         engine = self.engine_for(view.namespace)
         plan: RunPlan | None = None
         failures = 0  # consecutive turns the API server could not be reached
@@ -356,13 +521,18 @@ class Operator:
             view.extra.generation = view.generation
             try:
                 if plan is None:
-                    plan = await self._admit(view)
+                    async with self._admitting:
+                        plan = await self._admit(view)
                     if plan is None:
-                        await view.wait(stopped, self.settings.not_runnable_retry)
+                        if view.extra.rejected is not None:  # final until the spec changes
+                            return Park(None, "rejected")
+                        await self._wait(view, stopped, self.settings.not_runnable_retry, "not-runnable")
                         continue
                     view.extra.max_attempts = plan.max_attempts
                     self._republish(view)
                 outcome = await self._step(view, engine, plan, stopped)
+            except Park as park:
+                return park
             except Exception as exc:
                 if not (is_transient(exc) or isinstance(exc, StoreUnavailable)):
                     raise
@@ -372,13 +542,12 @@ class Operator:
                 delay = min(self.settings.claim_retry * 2 ** (failures - 1), TRANSIENT_BACKOFF_MAX)
                 log.warning("%s/%s: the API server could not be reached (%s: %s); trying again in %.1fs",
                             view.namespace, view.name, type(exc).__name__, exc, delay)
-                await view.wait(stopped, delay)
+                await self._wait(view, stopped, delay, "api-unreachable")
                 continue
             failures = 0
             if outcome == "done":
-                return
-            if outcome == "rejected":
-                return
+                return None
+        return None
 
     async def _admit(self, view: RunView) -> RunPlan | None:
         """Policy and plan: returns the plan, or None after recording why the run cannot start
@@ -463,6 +632,9 @@ class Operator:
         for view in self._views.values():
             if view.namespace == namespace and view.waiting_for == name:
                 view.wake.set()
+        for run_id, parked in list(self._parked.items()):
+            if parked.namespace == namespace and parked.sandbox == name:
+                self._activate(run_id, None, parked.namespace, parked.name, parked.uid)
 
     async def _let_go(self, view: RunView) -> None:
         """A finished (or deleted) Workflow lets go of the Sandbox it held through spec.sandboxRef."""
@@ -527,7 +699,7 @@ class Operator:
                 delay = plan.retry.interval(run.epoch + 2)
                 retry_at = run.updated_at + delay
                 if time.time() < retry_at:
-                    await view.wait(stopped, retry_at - time.time())
+                    await self._wait(view, stopped, retry_at - time.time(), "backoff")
                     return "again"
                 return await self._drive(view, engine, plan, stopped, deadline)
             return await self._finished(view, plan, stopped)
@@ -538,9 +710,9 @@ class Operator:
                 # Its lease is held: by a replica executing it (which stops at the next boundary), or by one
                 # that died or was cut off from the API server (the lease expires). Look again shortly: waiting
                 # for the next watch event could mean waiting forever.
-                await view.wait(stopped, self.settings.claim_retry)
+                await self._wait(view, stopped, self.settings.claim_retry, "suspend-lease-held")
                 return "again"
-            await view.wait(stopped, None)
+            await self._wait(view, stopped, None, "suspended")
             return "again"
         view.extra.suspended = False
         if run.status == RunStatus.SUSPENDED:
@@ -558,7 +730,7 @@ class Operator:
                     await engine.executor.hibernate(view.run_id)
             else:
                 due.append(hibernate_at)
-            await view.wait(stopped, (min(due) - now) if due else None)
+            await self._wait(view, stopped, (min(due) - now) if due else None, "waiting")
             return "again"
         return await self._drive(view, engine, plan, stopped, deadline)
 
@@ -571,6 +743,11 @@ class Operator:
     ) -> str:
         """Execute the run here if its lease is free; meanwhile keep the spec flowing to it."""
         executor = engine.executor
+        delay = self._claim_delay()
+        if delay > 0:
+            await self._wait(view, stopped, delay, "claim")
+            if view.wake.is_set() or stopped.is_set() or self.stopping or view.deleting:
+                return "again"
         view.executing = True
         slot = asyncio.Event()  # set once the run holds one of this replica's execution slots
 
@@ -584,10 +761,14 @@ class Operator:
 
         task = asyncio.create_task(drive_in_slot())
         handed_over = False
+        given_up_at: float | None = None  # deleted: when the cleanup in this task is cut short
         try:
             while not task.done():
                 waiters = [task, asyncio.ensure_future(view.wake.wait()), asyncio.ensure_future(stopped.wait())]
                 timeout = max(0.0, deadline - time.time()) if deadline is not None else None
+                if given_up_at is not None:
+                    left = max(0.0, given_up_at - time.monotonic())
+                    timeout = left if timeout is None else min(timeout, left)
                 try:
                     await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 finally:
@@ -595,6 +776,13 @@ class Operator:
                         w.cancel()
                 if task.done():
                     break
+                if given_up_at is not None and time.monotonic() >= given_up_at:
+                    # The provider still refuses the cleanup: the delete handler takes it over (with its
+                    # backoff and the CleanupBlocked condition) once this task has stopped.
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+                    return "again"
                 if not slot.is_set():
                     # Still queued for a slot: nothing executes, so a spec change, deletion, stop or
                     # deadline is judged afresh by the daemon's next turn (which queues again if needed).
@@ -608,6 +796,7 @@ class Operator:
                     # Deleted mid-run: cancel now (cleanup runs here, at once) rather than hand the run over.
                     await engine.client.request_cancel(view.run_id, "the Workflow was deleted")
                     view.cancel_sent = True
+                    given_up_at = time.monotonic() + self.settings.handover_grace
                     await executor.cancel_here(view.run_id, "the Workflow was deleted")
                     continue
                 if stopped.is_set() or self.stopping:
@@ -644,20 +833,33 @@ class Operator:
                 return "again"  # abandoned after the handover grace: the run was left pending
             try:
                 task.result()
-            except LeaseHeld:
-                view.executing = False  # another replica executes it; look again shortly
-                await view.wait(stopped, self.settings.claim_retry)
+            except LeaseHeld as held:
+                # Another replica executes it. Park until its Lease could have expired (a dead holder's run
+                # is then taken over) or until the holder's status phase changes (handed over, finished).
+                view.executing = False
+                jitter = random.uniform(0.0, self.settings.claim_retry)
+                raise Park(min(max(held.remaining, self.settings.claim_retry), self.settings.lease_ttl) + jitter,
+                           "held") from None
             except NotRunnableHere as exc:
                 view.executing = False
                 view.extra.not_runnable = str(exc)
                 self._offer(view)
-                await view.wait(stopped, self.settings.not_runnable_retry)
+                await self._wait(view, stopped, self.settings.not_runnable_retry, "not-runnable")
             return "again"
         finally:
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+
+    def _claim_delay(self) -> float:
+        """How long to wait before claiming a run: longer the more runs this replica executes (or queues for
+        an execution slot) already, so an idler replica wins the claim (with jitter, so two equally busy
+        replicas do not claim in lockstep)."""
+        busy = len(self.slots.executing) + len(self.slots.waiting)
+        if busy == 0:
+            return 0.0
+        return min(self.settings.claim_delay_max, busy * self.settings.claim_delay_per_run * random.uniform(0.5, 1.5))
 
     def _queued(self, view: RunView) -> None:
         """The run waits for an execution slot: Pending, with Ready=False reason ConcurrencyLimit."""
@@ -703,14 +905,18 @@ class Operator:
 
     async def _finished(self, view: RunView, plan: RunPlan, stopped: asyncio.Event) -> str:
         """A finished run: write its final status once, then honour ttlSecondsAfterFinished."""
-        self._offer(view)
+        written = view.body.get("status") or {}
+        rendered = self.status_of(view)
+        if view.executing or (written.get("phase"), written.get("observedGeneration")) != (
+                rendered.get("phase"), rendered.get("observedGeneration")):
+            self._offer(view)  # not when every replica re-activating a finished Workflow would write it again
         await self._let_go(view)
         if plan.ttl_seconds_after_finished is None or view.run is None:
-            await view.wait(stopped, None)
+            await self._wait(view, stopped, None, "finished")
             return "again"
         due = view.run.updated_at + plan.ttl_seconds_after_finished
         if time.time() < due:
-            await view.wait(stopped, due - time.time())
+            await self._wait(view, stopped, due - time.time(), "finished")
             return "again"
         with contextlib.suppress(Exception):
             await self.api.custom.delete_namespaced_custom_object(
@@ -720,6 +926,13 @@ class Operator:
                 ),
             )
         return "done"
+
+    async def _wait(self, view: RunView, stopped: asyncio.Event, timeout: float | None, why: str) -> None:
+        """Wait for a watch event, the replica stopping, or ``timeout``; a longer wait than ``park_after``
+        (or an open-ended one) parks the run instead: raises :class:`Park` and the run's task ends."""
+        if not stopped.is_set() and not self.stopping and (timeout is None or timeout > self.settings.park_after):
+            raise Park(timeout, why)
+        await view.wait(stopped, timeout)
 
     # ------------------------------------------------------------------ deletion (behind the finalizer)
 
@@ -828,11 +1041,23 @@ class Operator:
     async def shutdown(self) -> None:
         """SIGTERM: hand every run executing here over at a call boundary (never finalize), release leases."""
         self.stopping = True
+        self._stopped.set()
+        for run_id in list(self._parked):
+            self._unpark(run_id)
         for view in list(self._views.values()):
             view.wake.set()
         for engine in self._engines.values():
             for run_id in list(self._views):
                 engine.executor.hand_over(run_id, "the operator replica is stopping")
+        # Each active run stops at its next call boundary (a call that outlasts handover_grace is abandoned
+        # and runs again elsewhere with the same operation id); what is still running then is cancelled.
+        tasks = list(self._active.values())
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=30.0)
 
     async def aclose(self) -> None:
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -1,8 +1,12 @@
 """kopf registration and settings: the only module of the package that imports kopf.
 
 What kopf does for us: watch Workflows (with a server-side watch timeout, so a silently dead watch is
-replaced), run one daemon per Workflow, keep the ``durable-sandbox.dev/cleanup`` finalizer and call the
-delete handler with retries, answer a liveness probe. Everything else is :mod:`kube.controller`.
+replaced) and hand every event, the initial listing included, to :meth:`Operator.notice`; keep the
+``durable-sandbox.dev/cleanup`` finalizer and call the delete handler with retries; answer a liveness
+probe. Everything else is :mod:`kube.controller`, which drives a run in a task of its own only while the
+run has work, and parks it (no task) while it waits: no kopf daemon per Workflow, so a thousand waiting
+Workflows cost a thousand small records, not a thousand tasks (docs/benchmarks.md). Sandbox resources keep
+one daemon each (they renew provider leases for as long as they live).
 
 Settings, and why:
 - standalone peering: every replica serves every Workflow; the per-run Lease decides who executes
@@ -23,6 +27,7 @@ import contextlib
 import datetime
 import inspect
 import logging
+import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -125,6 +130,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         result = hook(_operator, settings)
         if inspect.isawaitable(result):
             await result
+    # kopf installs its own SIGTERM/SIGINT handlers as it starts (they stop everything within seconds);
+    # ours replace them once it has: runs are handed over first, then kopf is stopped (_graceful_stop).
+    asyncio.get_running_loop().call_later(GRACEFUL_STOP_INSTALL_DELAY, _install_graceful_stop)
     log.info("operator %s serving Workflows (local provider %s; workflow modules: %s)",
              config.settings.worker_id, "allowed" if config.policy.allow_local_provider else "refused",
              ", ".join(config.policy.workflow_modules) or "none")
@@ -189,16 +197,8 @@ async def cleanup(**_: Any) -> None:
     await op.api.close()
 
 
-@kopf.daemon(GROUP, VERSION, "workflows", cancellation_backoff=DAEMON_GRACEFUL_EXIT,
-             cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT)
-async def drive(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
-    # kopf's `body` is a live view: it follows the watch, so the controller reads the newest spec from it.
-    op = current()
-    await until_stopped(stopped, lambda stop: op.daemon(lambda: body, stop), touch=toucher("workflows", body))
-
-
 async def until_stopped(stopped: kopf.DaemonStopped, serve: Callable[[asyncio.Event], Awaitable[None]],
-                        kind: str = "Workflow", *, touch: Touch) -> None:
+                        kind: str = "Sandbox", *, touch: Touch) -> None:
     """Run a daemon body with an asyncio.Event set once kopf stops the daemon (the object is being
     deleted, or the operator is exiting: runs are handed over, Sandboxes left as they are). ``touch``
     makes kopf look at the object again after a deletion (see :func:`look_again_when_ended`)."""
@@ -285,8 +285,10 @@ async def watched(body: kopf.Body, type: str | None, **_: Any) -> None:
     uid = body.get("metadata", {}).get("uid", "")
     if type == "DELETED":
         METRICS.forget_workflow(uid)
-    else:
-        METRICS.observe_workflow(uid, body.get("status"))
+        if _operator is not None:
+            _operator.forget(body)
+        return
+    METRICS.observe_workflow(uid, body.get("status"))
     if _operator is not None:
         _operator.notice(body)
 
@@ -336,12 +338,48 @@ async def delete_sandbox(body: kopf.Body, retry: int, **_: Any) -> None:
     await _finalize("Sandbox", sandboxes().cleanup(body, attempt=retry))
 
 
+GRACEFUL_STOP_INSTALL_DELAY = 0.5  # seconds after startup: kopf's own signal handlers are in place by then
+_stop_flag: asyncio.Event | None = None
+_stopping: asyncio.Task[None] | None = None
+
+
+def _install_graceful_stop() -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _begin_stop, sig)
+
+
+def _begin_stop(sig: signal.Signals) -> None:
+    """SIGTERM (a rolling update) or SIGINT: hand every run executing here over at a call boundary, then stop
+    kopf. Runs are tasks of the operator, not kopf daemons, so kopf would cancel them within seconds; a second
+    signal stops at once."""
+    global _stopping
+    if _stop_flag is None:
+        return
+    if _stopping is not None:
+        _stop_flag.set()
+        return
+    log.info("%s: handing this replica's runs over, then stopping", sig.name)
+    _stopping = asyncio.get_running_loop().create_task(_graceful_stop(_stop_flag))
+
+
+async def _graceful_stop(flag: asyncio.Event) -> None:
+    try:
+        if _operator is not None:
+            await _operator.shutdown()
+    finally:
+        flag.set()
+
+
 def run(*, namespaces: list[str], liveness: str | None) -> None:
-    """Run the operator until SIGINT/SIGTERM (kopf handles both: daemons are stopped, runs handed over)."""
+    """Run the operator until SIGINT/SIGTERM (runs are handed over to other replicas, then kopf stops)."""
+    global _stop_flag
     config.namespaces = list(namespaces)
+    _stop_flag = asyncio.Event()  # bound to kopf's loop on first use
     kopf.run(
         standalone=True,
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=liveness,
+        stop_flag=_stop_flag,
     )

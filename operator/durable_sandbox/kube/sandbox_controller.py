@@ -190,11 +190,13 @@ class SandboxController:
                     delay = busy if busy is not None else await self._reconcile(view)
                 await view.wait(stopped, delay)
         finally:
-            if not view.deleting:  # a deleted Sandbox's view (and lease) is the cleanup's now
+            held = view.lease is not None and view.lease.held
+            if not (view.deleting and held):  # a deleted Sandbox's lease (and view) is this replica's cleanup's
                 self._views.pop(view.uid, None)
-                if view.lease is not None:
-                    with contextlib.suppress(Exception):
-                        await view.lease.release()  # hand it over at once (SIGTERM, rolling update)
+            if not view.deleting and held:
+                assert view.lease is not None
+                with contextlib.suppress(Exception):
+                    await view.lease.release()  # hand it over at once (SIGTERM, rolling update)
 
     def _view(self, body: Mapping[str, Any], body_of: Callable[[], Mapping[str, Any]] | None = None) -> SandboxView:
         meta = body["metadata"]
@@ -502,6 +504,7 @@ class SandboxController:
         async with view.lock:
             busy = await self._hold(view)
             if busy is not None:
+                self._views.pop(view.uid, None)  # the holder cleans up; nothing of this view is worth keeping
                 raise CleanupPending(f"replica {view.waiting_on} reconciles this Sandbox; its cleanup runs there (or "
                                      f"here once that replica's lease runs out)", busy)
             holder = await holding.running_holder(self.api, view.namespace, dict(body))

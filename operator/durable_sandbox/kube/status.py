@@ -281,6 +281,8 @@ def conditions(
 # the API server decodes, validates, stores and sends to every watcher, taking up to seconds on a busy server;
 # this keeps such a Workflow's status writes to about a tenth of the time, and leaves small ones at `interval`.
 WRITE_COST_FACTOR = 10.0
+# ... but `kubectl get` shows progress at least this often (seconds) however slow the writes.
+MAX_WRITE_GAP = 30.0
 
 
 class StatusWriter:
@@ -330,7 +332,7 @@ class StatusWriter:
     def gap(self) -> float:
         """Seconds from one write to the next that is not a phase change."""
         interval = self.interval() if callable(self.interval) else self.interval
-        return max(interval, self.cost_factor * self._last_duration)
+        return max(interval, min(self.cost_factor * self._last_duration, MAX_WRITE_GAP))
 
     async def flush(self) -> None:
         """Write what is pending now (used on phase changes and before the daemon stops)."""

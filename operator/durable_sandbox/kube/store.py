@@ -635,6 +635,11 @@ class KubernetesStore:
         texts = await asyncio.gather(*(self._value(items[s]) for s in seqs))
         return [_decode_record(s, t) for s, t in zip(seqs, texts, strict=True)]
 
+    def forget(self, run_id: str) -> None:
+        """Drop this instance's bookkeeping of a run's head (the operator parks a waiting run with nothing of
+        it in memory); the next call that needs it reads the head again."""
+        self._runs.pop(run_id, None)
+
     def journal_objects(self, run_id: str) -> list[str]:
         """Names of the run's sealed journal chunks as this instance last saw them (for ``status.journal``)."""
         st = self._runs.get(run_id)

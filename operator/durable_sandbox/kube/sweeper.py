@@ -53,9 +53,12 @@ DEFAULT_SWEEP_INTERVAL = 300.0
 DEFAULT_SWEEP_GRACE = 600.0
 
 
-def default_installation_id(environ: Mapping[str, str] | None = None) -> str:
-    """The chart passes ``<release namespace>/<release name>``; run by hand, the operator's namespace (when
-    it runs in a Pod) or ``durable-sandbox``. Two operators serving different namespaces must not share one."""
+def default_installation_id(namespaces: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> str:
+    """The chart passes ``<release namespace>/<release name>``. Run by hand: ``namespaces:<a>,<b>`` for an
+    operator serving some namespaces (so operators serving different namespaces, whose live resources differ,
+    never sweep each other's sandboxes), else ``<$POD_NAMESPACE>/durable-sandbox`` or ``durable-sandbox``."""
+    if namespaces:
+        return "namespaces:" + ",".join(sorted(set(namespaces)))
     env = os.environ if environ is None else environ
     namespace = env.get("POD_NAMESPACE")
     return f"{namespace}/durable-sandbox" if namespace else "durable-sandbox"

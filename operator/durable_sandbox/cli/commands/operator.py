@@ -31,8 +31,8 @@ def _modules(value: str) -> tuple[str, ...]:
                    "ConcurrencyLimit) until a slot frees, and another replica with room may take them.")
 @click.option("--installation-id", default=None, metavar="ID",
               help="Label of every sandbox and snapshot this operator makes; the orphan sweep removes only what "
-                   "carries it. Unique per operator deployment [default: <$POD_NAMESPACE>/durable-sandbox, or "
-                   "durable-sandbox; the chart passes <release namespace>/<release name>].")
+                   "carries it. Unique per operator deployment [default: namespaces:<the -n namespaces>, else "
+                   "<$POD_NAMESPACE>/durable-sandbox or durable-sandbox; the chart passes <release namespace>/<release name>].")
 @click.option("--sweep-interval", default=300.0, show_default=True, type=click.FloatRange(0.0),
               help="Seconds between orphan sweeps (sandboxes and snapshots of this installation that no live "
                    "Workflow or Sandbox claims); 0 turns the sweep off.")
@@ -85,7 +85,7 @@ def operator(
     )
     settings = OperatorSettings(lease_ttl=lease_seconds, hibernate_after=hibernate_after,
                                 max_concurrent_runs=max_concurrent_runs,
-                                installation_id=installation_id or default_installation_id(),
+                                installation_id=installation_id or default_installation_id(namespaces),
                                 sweep_interval=sweep_interval, sweep_grace=sweep_grace)
     if worker_id:
         settings.worker_id = worker_id
