@@ -84,8 +84,15 @@ def test_suspend_hibernates_between_calls_and_resume_restores_from_the_snapshot(
     control_plane.apply(doc, "-n", namespace)
     # The third call blocks on the gate: two calls completed, one in flight.
     wait_in_flight(control_plane, namespace, "pausable", 2)
-    control_plane.kubectl("patch", "workflow", "pausable", "-n", namespace, "--type", "merge",
-                          "-p", '{"spec":{"suspend":true}}')
+    patched = control_plane.kubectl_json("patch", "workflow", "pausable", "-n", namespace, "--type", "merge",
+                                         "-p", '{"spec":{"suspend":true}}')
+    # The replica executing the run says it has seen the suspend while the call is still in flight; only
+    # then does the call end (a suspend takes effect at the next call boundary after it is seen).
+    generation = patched["metadata"]["generation"]
+    wait_until(lambda: status(control_plane, namespace, "pausable").get("observedGeneration") == generation, 60,
+               f"status.observedGeneration of the running Workflow to reach {generation}")
+    st = status(control_plane, namespace, "pausable")
+    assert (st["phase"], st["currentCall"]["index"]) == ("Running", 2), st
     gate.touch()  # the call in flight completes; the run stops at the next boundary
     wait_condition(control_plane, namespace, "pausable", "Suspended")
     st = status(control_plane, namespace, "pausable")

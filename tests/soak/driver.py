@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from durable_sandbox.kube.plan import RUN_ID_LABEL
+from durable_sandbox.sandboxes.session import MAX_RECOVERIES
 from tests.e2e.apiserver_support import RestartableAPIServer
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import OperatorProcess
@@ -39,6 +41,8 @@ class Tracked:
     resumed: bool = False
     signalled: bool = False
     saw_suspended: bool = False
+    suspend_generation: int | None = None  # metadata.generation of the spec.suspend patch
+    gate_open: bool = False
     gone: bool = False
     final: dict[str, Any] | None = None  # the object when it was seen done
 
@@ -76,6 +80,7 @@ class Soak:
     progress_at: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAULT_KINDS})
     since: dict[str, float] = field(default_factory=lambda: {k: time.monotonic() for k in FAULT_KINDS})
     restarts: dict[str, int] = field(default_factory=dict)
+    losses: dict[str, int] = field(default_factory=dict)  # run id -> its e2b sandboxes this soak killed
 
     def __post_init__(self) -> None:
         self.tracked = {w.name: Tracked(w) for w in self.plan.workflows}
@@ -101,8 +106,11 @@ class Soak:
 
     # ------------------------------------------------------------------------------------------- steering
 
-    def patch(self, name: str, patch: dict[str, Any]) -> None:
-        self.cp.kubectl("patch", "workflow", name, "-n", self.namespace, "--type", "merge", "-p", json.dumps(patch))
+    def patch(self, name: str, patch: dict[str, Any]) -> int:
+        """Merge-patch the Workflow; returns the generation the patch made."""
+        obj = self.cp.kubectl_json("patch", "workflow", name, "-n", self.namespace, "--type", "merge",
+                                   "-p", json.dumps(patch))
+        return int(obj["metadata"]["generation"])
 
     def steer(self, objs: dict[str, dict[str, Any]]) -> None:
         for t in self.tracked.values():
@@ -123,8 +131,15 @@ class Soak:
                 elif s.kind == "cancel":
                     self.patch(s.name, {"spec": {"cancel": True}})
                 else:
-                    self.patch(s.name, {"spec": {"suspend": True}})
-                    gate_file(self.gates_dir, s).touch()  # the call in flight ends; the run stops at the boundary
+                    t.suspend_generation = self.patch(s.name, {"spec": {"suspend": True}})
+                continue
+            if s.kind == "suspend" and t.acted and not t.gate_open and t.suspend_generation is not None and (
+                    (st.get("observedGeneration") or 0) >= t.suspend_generation or phase == "Suspended"):
+                # A suspend takes effect at the next call boundary after the replica executing the run has
+                # seen it: the gated call ends only once status.observedGeneration says so (or once the run
+                # is Suspended anyway: a replica that took it over saw the suspend before executing).
+                t.gate_open = True
+                gate_file(self.gates_dir, s).touch()
                 continue
             if s.kind == "suspend" and t.acted and not t.resumed and phase == "Suspended":
                 t.saw_suspended = t.resumed = True
@@ -205,10 +220,15 @@ class Soak:
         elif fault.kind == "e2b-timeout":
             self.fake.call(lambda s: s.stall_requests())
         elif fault.kind == "e2b-loss":
-            running = self.fake.call(lambda s: sorted(i for i, sb in s.sandboxes.items() if sb.state == "running"))
+            running = self.fake.call(lambda s: sorted(
+                (i, sb.metadata.get(RUN_ID_LABEL, "")) for i, sb in s.sandboxes.items() if sb.state == "running"))
+            # A run recovers from at most MAX_RECOVERIES sandbox losses and then fails by design
+            # (RecoveryBudgetExhausted): never lose a sandbox of a run that many losses have hit already.
+            running = [(i, run) for i, run in running if self.losses.get(run, 0) < MAX_RECOVERIES]
             if not running:
                 return False
-            victim_id = running[fault.choice % len(running)]
+            victim_id, run_id = running[fault.choice % len(running)]
+            self.losses[run_id] = self.losses.get(run_id, 0) + 1
             self.fake.call(lambda s: s.kill(victim_id))
         self.injected[fault.kind] += 1
         return True

@@ -90,14 +90,17 @@ def _code_of(fn: Callable[..., Any]) -> Any:
     return getattr(target, "__code__", None)
 
 
-def _runs_inline(fn: Callable[..., Any], timeout: float | None) -> bool:
-    code = _code_of(fn) if timeout is None else None
+def _judged_code(fn: Callable[..., Any], timeout: float | None) -> Any:
+    """The code object by which ``fn``'s quickness is judged; None when it must never run inline."""
+    return _code_of(fn) if timeout is None else None
+
+
+def _runs_inline(code: Any) -> bool:
     return code is not None and _observed.get(code, 0) >= QUICK_RUNS
 
 
 async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None,
-                  op_id: str, rt: RunRuntime, *, inline: bool) -> Any:
-    code = _code_of(fn) if timeout is None else None
+                  op_id: str, rt: RunRuntime, *, code: Any, inline: bool) -> Any:
     if inline and code is not None:
         # A sync function known to be quick (only sync functions are ever counted): inline.
         started = time.perf_counter()
@@ -212,6 +215,7 @@ class Context:
                 )
                 return revalidate(fn, value)
 
+        code = _judged_code(fn, timeout)
         while True:
             faults.reach(f"before:{op_id}")
             started = OperationRecord(op_id, OpKind.STEP.value, name, STARTED, attempt, digest, epoch=rt.epoch)
@@ -220,7 +224,7 @@ class Context:
             # with its outcome, which halves the commits of a loop of quick steps. What that gives up: a
             # crash inside such a step leaves no start record, so it re-runs as the same attempt (its
             # previous run lasted under QUICK_SECONDS); a cancel is refused at that outcome's commit.
-            deferred_start = inline = _runs_inline(fn, timeout)
+            deferred_start = inline = _runs_inline(code)
             if deferred_start:
                 rt.defer(started)
             else:
@@ -228,7 +232,7 @@ class Context:
             faults.reach(f"inside:{op_id}")
             rt.active_begin()
             try:
-                value = await _invoke(fn, args, kwargs, timeout, op_id, rt, inline=inline)
+                value = await _invoke(fn, args, kwargs, timeout, op_id, rt, code=code, inline=inline)
             except (Suspend, asyncio.CancelledError):
                 raise
             except Exception as exc:

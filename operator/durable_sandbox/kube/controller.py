@@ -811,7 +811,7 @@ class Operator:
                     continue
                 if view.wake.is_set():
                     view.wake.clear()
-                    view.latest()
+                    generation = view.latest().get("metadata", {}).get("generation")
                     try:
                         wf = await self._sync_spec(view, engine)
                         run = await engine.store.get_run(view.run_id)
@@ -824,11 +824,18 @@ class Operator:
                         await asyncio.wait([task], timeout=self.settings.claim_retry)
                         view.wake.set()
                         continue
-                    if run is not None and run.cancel_requested:
-                        await executor.cancel_here(view.run_id, run.cancel_requested)
-                    elif wf is not None and wf.spec.suspend and not handed_over:
+                    # This generation is acted on by the replica executing the run: status.observedGeneration
+                    # says so at once, so whoever changed the spec can tell that the run will stop (suspend) or
+                    # has its signal from here on, not only after the run ends. Also stops status-only watch
+                    # events from waking this loop again (they carry the same generation).
+                    view.generation = view.extra.generation = generation
+                    cancel = run.cancel_requested if run is not None and run.cancel_requested else None
+                    if cancel is None and wf is not None and wf.spec.suspend and not handed_over:
                         executor.hand_over(view.run_id, "spec.suspend is true")
                         handed_over = True
+                    self._offer(view)
+                    if cancel is not None:
+                        await executor.cancel_here(view.run_id, cancel)
             if task.cancelled():
                 return "again"  # abandoned after the handover grace: the run was left pending
             try:

@@ -358,11 +358,7 @@ class InstrumentedProvider(SandboxProvider):
         return handle
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        try:
-            await self.inner.delete_snapshot(snapshot_id)
-        except Exception:
-            self._m.cleanup_failures.labels(provider=self.name, operation="delete_snapshot").inc()
-            raise
+        await self._cleanup("delete_snapshot", lambda: self.inner.delete_snapshot(snapshot_id))
 
     async def suspend(self, handle: SandboxHandle) -> None:
         await self._watch(lambda: self.inner.suspend(handle))
@@ -374,10 +370,13 @@ class InstrumentedProvider(SandboxProvider):
         return await self._watch(lambda: self.inner.renew_lease(handle, seconds))
 
     async def destroy(self, handle: SandboxHandle) -> None:
+        await self._cleanup("destroy", lambda: self.inner.destroy(handle))
+
+    async def _cleanup(self, operation: str, call: Callable[[], Awaitable[None]]) -> None:
         try:
-            await self.inner.destroy(handle)
+            await call()
         except Exception:
-            self._m.cleanup_failures.labels(provider=self.name, operation="destroy").inc()
+            self._m.cleanup_failures.labels(provider=self.name, operation=operation).inc()
             raise
 
     async def list_sandboxes(self, owner: str) -> list[SandboxHandle]:

@@ -72,13 +72,7 @@ def run(
             ids = " ".join(r.run_id for r in records)
             click.echo(f"follow with `{settings.dsb()} logs -f RUN`, wait with `{settings.dsb()} wait RUN` ({ids})")
         ctx.exit(EXIT_OK)
-    states = run_async(_run_all(settings, plans, thread_id))
-    if settings.output == "table":
-        codes = [report_outcome(settings, s) for s in states]
-    else:
-        emit_data(settings, state_doc(states[0]) if len(states) == 1 else [state_doc(s) for s in states])
-        codes = [outcome_code(settings, s) for s in states]
-    ctx.exit(worst(codes))
+    _report(settings, run_async(_run_all(settings, plans, thread_id)))
 
 
 def _run_in_cluster(
@@ -99,12 +93,17 @@ def _run_in_cluster(
     ctx = click.get_current_context()
     if detach:
         ctx.exit(EXIT_OK)
+    _report(settings, states)
+
+
+def _report(settings: Settings, states: list[RunState]) -> None:
+    """Print the runs' outcomes (or their documents) and exit with the worst of their codes."""
     if settings.output == "table":
         codes = [report_outcome(settings, s) for s in states]
     else:
         emit_data(settings, state_doc(states[0]) if len(states) == 1 else [state_doc(s) for s in states])
         codes = [outcome_code(settings, s) for s in states]
-    ctx.exit(worst(codes))
+    click.get_current_context().exit(worst(codes))
 
 
 def _created(run: RunRecord) -> dict[str, str]:
