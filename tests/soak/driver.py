@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 from durable_sandbox.kube.plan import RUN_ID_LABEL
 from durable_sandbox.sandboxes.session import MAX_RECOVERIES
+from tests.e2e.apiserver_support import RestartableAPIServer
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import OperatorProcess
 from tests.fakes.e2b_state import FakeState
-from tests.soak.apiserver import RestartableAPIServer
 from tests.soak.plan import FAULT_KINDS, Fault, SoakPlan, WorkflowScript
 from tests.soak.workloads import gate_file, signal_value, workflow_manifest
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.apiserver_support import RestartableAPIServer
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import OperatorProcess, local_sandboxes, namespace, operators
-from tests.soak.apiserver import RestartableAPIServer
 from tests.soak.checks import retained_snapshots, run_problems
 from tests.soak.conftest import SoakSettings
 from tests.soak.driver import FakeE2B, Soak

@@ -84,6 +84,7 @@ class KubeClient:
         self.core = k8s.CoreV1Api(self.api_client)
         self.coordination = k8s.CoordinationV1Api(self.api_client)
         self.custom = k8s.CustomObjectsApi(self.api_client)
+        self.apis = k8s.ApisApi(self.api_client)  # discovery: the API groups the server serves
 
     @classmethod
     async def connect(cls, *, kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> KubeClient:

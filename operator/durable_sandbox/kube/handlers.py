@@ -15,6 +15,11 @@ Settings, and why:
   objects (they break GitOps diffs and hit the 256 KiB annotation limit on big specs).
 - kopf's own Events off: the operator writes lifecycle Events itself (de-duplicated, never per call,
   never a traceback that could carry a secret).
+- resources read from discovery once, at start, and only once discovery serves them all
+  (``settings.scanning.disabled`` and :func:`kube.discovery.wait_until_served`): kopf otherwise reads
+  discovery again on every CRD event and drops a resource an API server that has just restarted does not
+  list yet, serving no Workflow until the next CRD event (docs/reliability.md). Our CRDs are installed with
+  the chart, not discovered at run time; the chart's RBAC has no CRD or namespace access either.
 
 ``STARTUP_HOOKS``: functions ``hook(operator, settings)`` (async or not) run once the operator is
 configured and before any Workflow is served: the place for the metrics and health endpoint.
@@ -42,6 +47,7 @@ from durable_sandbox.kube.controller import (
     OperatorPolicy,
     OperatorSettings,
 )
+from durable_sandbox.kube.discovery import wait_until_served
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.models import GROUP, VERSION
 from durable_sandbox.kube.sandbox_controller import SandboxController, SandboxControllerSettings
@@ -115,6 +121,7 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT
     settings.posting.enabled = False
     settings.background.instant_exit_timeout = DAEMON_INSTANT_EXIT
+    settings.scanning.disabled = True
 
 
 @kopf.on.startup()
@@ -133,6 +140,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf installs its own SIGTERM/SIGINT handlers as it starts (they stop everything within seconds);
     # ours replace them once it has: runs are handed over first, then kopf is stopped (_graceful_stop).
     asyncio.get_running_loop().call_later(GRACEFUL_STOP_INSTALL_DELAY, _install_graceful_stop)
+    # kopf reads discovery once, right after this handler returns (scanning is disabled): only once it is complete.
+    await wait_until_served(api)
     log.info("operator %s serving Workflows (local provider %s; workflow modules: %s)",
              config.settings.worker_id, "allowed" if config.policy.allow_local_provider else "refused",
              ", ".join(config.policy.workflow_modules) or "none")
