@@ -62,7 +62,14 @@ from durable_sandbox.kube.concurrency import (
     RunSlots,
     concurrency_limit_condition,
 )
-from durable_sandbox.kube.events import EventRecorder, LifecycleEvent, lifecycle_events, run_status_event
+from durable_sandbox.kube.events import (
+    TERMINAL_REASONS,
+    EventRecorder,
+    LifecycleEvent,
+    lifecycle_events,
+    run_status_event,
+    terminal_event,
+)
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, WorkflowResource
@@ -370,6 +377,10 @@ class Operator:
         phase = status.get("phase")
         if phase != view.phase:
             event = run_status_event(phase or "", self._phase_message(view, phase or ""))
+            if event is not None and event.reason in TERMINAL_REASONS and view.run is not None:
+                # Every replica that writes this status (the executing one; one re-activating the finished run
+                # that saw its status stale) may get here: the Event's fixed name keeps it to one.
+                event = terminal_event(event, workflow=view.name, uid=view.uid, epoch=view.run.epoch)
             if event is not None:
                 self._emit(view, event)
             view.phase = phase

@@ -6,11 +6,18 @@ CleanupBlocked, CleanupDone, plus the operator's refusals (WorkflowNotAllowed, P
 UnknownProvider, InvalidSpec). :func:`lifecycle_events` picks them out of newly committed journal rows;
 :class:`EventRecorder` writes them, de-duplicated (the same reason and message for the same object is
 written once per process; a repeated transition, e.g. a second snapshot, has a different message).
+
+The end of a run (Succeeded, Failed, Cancelled) is written once across replicas and restarts: its Event has
+a name derived from the Workflow, the reason and the run's epoch (:func:`terminal_event`), so when a second
+replica (re-activating a finished run whose status it saw stale) or a restarted one writes it again, the API
+server answers 409 AlreadyExists and nothing is added. Its name is the same for every writer; its content is
+the first writer's, usually the replica that executed the run.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -25,11 +32,16 @@ COMPONENT = "durable-sandbox-operator"
 _DEDUP_CAPACITY = 10_000
 
 
+TERMINAL_REASONS = frozenset({"Succeeded", "Failed", "Cancelled"})
+_NAME_MAX = 253  # an Event's name is a DNS subdomain
+
+
 @dataclass(frozen=True, slots=True)
 class LifecycleEvent:
     reason: str
     message: str
     type: str = "Normal"  # or "Warning"
+    name: str | None = None  # a fixed Event name: written once by whichever replica writes it first
 
 
 def lifecycle_events(rows: Iterable[OperationRecord]) -> list[LifecycleEvent]:
@@ -71,6 +83,14 @@ def run_status_event(phase: str, message: str) -> LifecycleEvent | None:
     return LifecycleEvent(reason, message, "Warning" if reason in ("Failed",) else "Normal")
 
 
+def terminal_event(event: LifecycleEvent, *, workflow: str, uid: str, epoch: int) -> LifecycleEvent:
+    """``event`` (the end of a run) under a name every replica derives alike: ``<workflow>.<digest>`` of the
+    Workflow's uid, the reason and the run's epoch (a failed run that is retried ends again in a new epoch)."""
+    digest = hashlib.sha256(f"{uid}\0{event.reason}\0{epoch}".encode()).hexdigest()[:16]
+    prefix = workflow[: _NAME_MAX - len(digest) - 1].rstrip(".-")
+    return LifecycleEvent(event.reason, event.message, event.type, name=f"{prefix}.{digest}")
+
+
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -94,10 +114,11 @@ class EventRecorder:
         if len(self._seen) > _DEDUP_CAPACITY:
             self._seen.popitem(last=False)
         now = _now()
+        naming = {"name": event.name} if event.name else {"generateName": f"{meta.get('name', 'workflow')}."}
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name', 'workflow')}.", "namespace": meta.get("namespace")},
+            "metadata": {**naming, "namespace": meta.get("namespace")},
             "involvedObject": {
                 "apiVersion": obj.get("apiVersion", "durable-sandbox.dev/v1alpha1"),
                 "kind": obj.get("kind", "Workflow"),
@@ -118,6 +139,8 @@ class EventRecorder:
         try:
             await self.core.create_namespaced_event(meta.get("namespace"), body)
         except Exception as exc:  # an Event is a notice: losing one must never stop a run
+            if event.name and getattr(exc, "status", None) == 409:
+                return False  # written already: by another replica, or by this one before a restart
             log.warning("could not record event %s on %s/%s: %s", event.reason, meta.get("namespace"), meta.get("name"), exc)
             return False
         self.writes += 1
