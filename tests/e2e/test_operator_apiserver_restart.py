@@ -13,6 +13,10 @@ has seen the operator meet it, so the test does not depend on timing:
 
 then a Workflow applied after the restarts runs to Succeeded, a Workflow that existed before (suspended) is
 resumed by a spec change, and a Sandbox applied after becomes Ready.
+
+The operator reads discovery through kopf once, after waiting until it is complete; if the API server restarts
+between that wait and kopf's read (milliseconds), kopf serves nothing and says so in its log: the operator then
+stops with the reason (exit 1), to be restarted. The second test makes kopf alone meet the window.
 """
 
 from __future__ import annotations
@@ -105,5 +109,37 @@ def test_workflows_and_sandboxes_are_served_after_api_server_restarts(
     finally:
         if op is not None:
             op.stop()  # before the API server it talks to
+        proxy.stop()
+        api.stop()
+
+
+@pytest.mark.timeout(180)
+def test_when_kopf_alone_meets_the_window_the_operator_stops_saying_why_and_a_restart_serves(
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+) -> None:
+    cp, ns = control_plane, namespace
+    api = RestartableAPIServer(cp, tmp_path / "apiserver")
+    api.start()
+    proxy = StartingDiscoveryProxy(api, GROUP, tmp_path)
+    proxy.start()
+    ops: list[OperatorProcess] = []
+    try:
+        # The operator's own wait sees discovery complete; kopf's read right after it sees a starting server.
+        proxy.starting_only_for = "kopf/"
+        proxy.starting.set()
+        ops.append(operators("--allow-local-provider", env={"KUBECONFIG": str(proxy.kubeconfig)}, name="first"))
+        code = ops[0].wait_exit(timeout=120)
+        logs = ops[0].logs()
+        assert code == 1, logs[-4000:]
+        assert "error: kopf does not serve this operator's resources" in logs, logs[-4000:]
+        assert "Unresolved resources cannot be served" in logs and "restart the operator" in logs
+
+        proxy.starting.clear()
+        ops.append(operators("--allow-local-provider", env={"KUBECONFIG": str(proxy.kubeconfig)}, name="second"))
+        cp.apply(manifest("served"), "-n", ns)
+        wait_condition(cp, ns, "served", "Succeeded", timeout=90)
+    finally:
+        for op in ops:
+            op.stop()
         proxy.stop()
         api.stop()
