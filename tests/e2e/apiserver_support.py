@@ -140,6 +140,9 @@ class StartingDiscoveryProxy:
         self.kubeconfig.write_text(api.kubeconfig.read_text().replace(api.server, self.server))
         self.kubeconfig.chmod(0o600)
         self.starting = threading.Event()
+        # When set, only clients whose User-Agent contains it are answered from the window (e.g. "kopf/": kopf
+        # meets it while the operator's own client does not, as if the server restarted between their requests).
+        self.starting_only_for: str | None = None
         self.lock = threading.Lock()
         # (starting?, method, path without a trailing slash) of every request answered
         self.answered: list[tuple[bool, str, str]] = []
@@ -193,7 +196,8 @@ class StartingDiscoveryProxy:
             self.answered.append((starting, request.method, request.path.rstrip("/") or "/"))
 
     async def _handle(self, session: aiohttp.ClientSession, request: web.Request) -> web.StreamResponse:
-        starting = self.starting.is_set()
+        only = self.starting_only_for
+        starting = self.starting.is_set() and (only is None or only in request.headers.get("User-Agent", ""))
         path = request.path.rstrip("/")  # kopf asks for /apis, the kubernetes client for /apis/
         group_path = f"/apis/{self.group}"
         if starting and (path == group_path or path.startswith(group_path + "/")):

@@ -19,7 +19,9 @@ Settings, and why:
   (``settings.scanning.disabled`` and :func:`kube.discovery.wait_until_served`): kopf otherwise reads
   discovery again on every CRD event and drops a resource an API server that has just restarted does not
   list yet, serving no Workflow until the next CRD event (docs/reliability.md). Our CRDs are installed with
-  the chart, not discovered at run time; the chart's RBAC has no CRD or namespace access either.
+  the chart, not discovered at run time; the chart's RBAC has no CRD or namespace access either. Should the
+  API server restart between that wait and kopf's read (milliseconds), kopf says so in its log and
+  :class:`UnservedResourcesGuard` stops the operator with an error, so that it is restarted (a Pod is).
 
 ``STARTUP_HOOKS``: functions ``hook(operator, settings)`` (async or not) run once the operator is
 configured and before any Workflow is served: the place for the metrics and health endpoint.
@@ -347,6 +349,34 @@ async def delete_sandbox(body: kopf.Body, retry: int, **_: Any) -> None:
     await _finalize("Sandbox", sandboxes().cleanup(body, attempt=retry))
 
 
+# kopf (1.45) logs these, from this logger, when reading discovery leaves a resource of a handler unserved;
+# relied on by UnservedResourcesGuard, pinned by tests/e2e/test_operator_apiserver_restart.py.
+KOPF_OBSERVATION_LOGGER = "kopf._core.reactor.observation"
+KOPF_UNSERVED = ("Unresolved resources cannot be served", "Non-watchable resources will not be served",
+                 "Non-patchable resources will not be served")
+_unserved: str | None = None  # why the operator stopped on its own, once it has
+
+
+class UnservedResourcesGuard(logging.Handler):
+    """Stops the operator when kopf's one read of discovery left Workflows or Sandboxes unserved.
+
+    With scanning off kopf never reads discovery again, so such an operator would serve nothing for good: it
+    is stopped instead (``dsb operator`` exits 1 saying why) and restarted by whoever runs it; its next start
+    waits for discovery again (:func:`kube.discovery.wait_until_served`)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        global _unserved
+        message = record.getMessage()
+        if _unserved is not None or not message.startswith(KOPF_UNSERVED) or GROUP not in message:
+            return
+        _unserved = (f"kopf does not serve this operator's resources: the API server's discovery did not list them "
+                     f"when kopf read it (an API server restarting just then?); restart the operator. kopf said: "
+                     f"{message}")
+        log.error("%s; stopping", _unserved)
+        if _stop_flag is not None:
+            asyncio.get_running_loop().create_task(_graceful_stop(_stop_flag))
+
+
 GRACEFUL_STOP_INSTALL_DELAY = 0.5  # seconds after startup: kopf's own signal handlers are in place by then
 _stop_flag: asyncio.Event | None = None
 _stopping: asyncio.Task[None] | None = None
@@ -380,11 +410,13 @@ async def _graceful_stop(flag: asyncio.Event) -> None:
         flag.set()
 
 
-def run(*, namespaces: list[str], liveness: str | None) -> None:
-    """Run the operator until SIGINT/SIGTERM (runs are handed over to other replicas, then kopf stops)."""
+def run(*, namespaces: list[str], liveness: str | None) -> str | None:
+    """Run the operator until SIGINT/SIGTERM (runs are handed over to other replicas, then kopf stops). Returns
+    None then, or why it stopped on its own (kopf does not serve its resources: see UnservedResourcesGuard)."""
     global _stop_flag
     config.namespaces = list(namespaces)
     _stop_flag = asyncio.Event()  # bound to kopf's loop on first use
+    logging.getLogger(KOPF_OBSERVATION_LOGGER).addHandler(UnservedResourcesGuard(logging.WARNING))
     kopf.run(
         standalone=True,
         clusterwide=not namespaces,
@@ -392,3 +424,4 @@ def run(*, namespaces: list[str], liveness: str | None) -> None:
         liveness_endpoint=liveness,
         stop_flag=_stop_flag,
     )
+    return _unserved

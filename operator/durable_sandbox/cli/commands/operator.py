@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from durable_sandbox.cli.errors import CliError
+from durable_sandbox.cli.errors import EXIT_FAILED, CliError
 
 
 def _modules(value: str) -> tuple[str, ...]:
@@ -94,4 +94,6 @@ def operator(
     handlers.config.providers = lambda name: METRICS.instrument(create_provider(name))
     if metrics_port is not None:
         handlers.STARTUP_HOOKS.append(operator_startup_hook(METRICS, port=metrics_port, host=metrics_host))
-    handlers.run(namespaces=list(namespaces), liveness=liveness)
+    problem = handlers.run(namespaces=list(namespaces), liveness=liveness)
+    if problem is not None:
+        raise CliError(problem, code=EXIT_FAILED)
