@@ -36,7 +36,19 @@ DSB = str(Path(sys.executable).parent / "dsb")
 
 def install_crds(cp: ControlPlane) -> None:
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
-    cp.kubectl("wait", "--for=condition=Established", *(f"crd/{n}" for n in CRD_NAMES), "--timeout=60s")
+    # kubectl wait exits 1 at once, instead of waiting, on a CRD whose status the API server has not written
+    # yet (".status.conditions accessor error: <nil>"), as right after a first apply: ask again until it waits.
+    last: list[subprocess.CompletedProcess[str]] = []
+
+    def established() -> bool:
+        last[:] = [cp.kubectl("wait", "--for=condition=Established", *(f"crd/{n}" for n in CRD_NAMES),
+                              "--timeout=60s", check=False, timeout=90)]
+        return last[0].returncode == 0
+
+    try:
+        wait_until(established, 120, "the CRDs to be Established")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: {last[0].stderr if last else ''}") from None
 
 
 @pytest.fixture
