@@ -19,9 +19,12 @@ from tests.e2e.operator_support import (
     condition,
     events,
     get,
+    local_sandboxes,
+    manifest,
     namespace,
     operators,
     status,
+    wait_condition,
     wait_in_flight,
 )
 from tests.fakes.e2b_state import FakeState
@@ -97,3 +100,26 @@ def _blocked_then_cleaned(cp: ControlPlane, namespace: str, fake_e2b: FakeState,
     # The Secret's value reached the sandbox and nothing else.
     assert SECRET_VALUE not in op.logs()
     assert SECRET_VALUE not in json.dumps(cp.kubectl_json("get", "events", "-n", namespace))
+
+
+def test_deleting_a_workflow_deletes_its_retained_snapshot_whatever_its_status_shows(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    """A succeeded run's retained snapshot (retainLatestSnapshot) goes with its Workflow. The finalizer finds
+    it in the journal, not in status.latestSnapshot: status is a projection, and a replica that did not
+    execute the run's end could write it from fewer rows (the chaos soak, seed 18, left a snapshot so). Here
+    status is made to show what such a replica wrote: an older snapshot as the latest."""
+    cp = control_plane
+    op = operators("--allow-local-provider")
+    cp.apply(manifest("keeper", snapshotEveryNCalls=1, retainLatestSnapshot=True), "-n", namespace)
+    wait_condition(cp, namespace, "keeper", "Succeeded")
+    kept = status(cp, namespace, "keeper")["latestSnapshot"]
+    assert kept and local_sandboxes(op.home) == [f"local/snapshots/{kept}.tar"]  # retained, nothing else left
+
+    stale = "local-snapshot-of-an-earlier-call"
+    cp.kubectl("patch", "workflow", "keeper", "-n", namespace, "--subresource=status", "--type", "merge",
+               "-p", json.dumps({"status": {"latestSnapshot": stale}}))
+    assert status(cp, namespace, "keeper")["latestSnapshot"] == stale
+    cp.kubectl("delete", "workflow", "keeper", "-n", namespace, "--wait=false")
+    wait_until(lambda: get(cp, namespace, "keeper") is None, 120, "the Workflow to be deleted")
+    assert local_sandboxes(op.home) == []

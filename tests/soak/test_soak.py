@@ -46,7 +46,6 @@ def test_chaos_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
     soak_settings: SoakSettings, soak_e2b: FakeE2B, control_plane: ControlPlane, namespace: str, operators: Any,
     tmp_path: Path,
 ) -> None:
-    # soak_settings first: it skips before anything is started when the soak was not requested.
     plan = make_plan(soak_settings.seed, soak_settings.workflows, soak_settings.faults_per_kind,
                      soak_settings.fault_kinds)
     replay = (f"pytest tests/soak --soak-seed {plan.seed} --soak-workflows {soak_settings.workflows} "
@@ -66,7 +65,7 @@ def test_chaos_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
     soak = Soak(plan=plan, cp=control_plane, namespace=namespace, apiserver=api, fake=soak_e2b, operators=ops,
                 effects_dir=tmp_path / "effects", gates_dir=tmp_path / "gates", max_active=MAX_ACTIVE, log=_say)
     try:
-        soak.run(timeout=max(900.0, 30.0 * len(plan.workflows)))
+        soak.run(timeout=max(600.0, 20.0 * len(plan.workflows)))
         tracked = list(soak.tracked.values())
         problems = run_problems(tracked, control_plane.kubeconfig, namespace, soak.effects_dir)
 

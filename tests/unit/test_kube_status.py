@@ -194,3 +194,29 @@ async def test_pending_callbacks_show_their_payload(store: SqliteStore) -> None:
     assert st["phase"] == "Waiting"
     assert st["pendingCallbacks"] == [{"id": "approval", "payload": {"question": "Send 'Hello, Ada!'?"}}]
     assert {c["type"]: c["status"] for c in st["conditions"]}["WaitingForSignal"] == "True"
+
+
+async def test_a_projection_catches_up_on_rows_another_replica_committed(store: SqliteStore) -> None:
+    """A replica's projection is made when it admits a run; if another replica then commits the rest of the
+    run (and finishes it), the rows this replica reads from the journal (ObservedStore reports every read)
+    are folded before it writes status: the final status shows the run's retained snapshot, not an older one
+    (the chaos soak, seed 18)."""
+    from durable_sandbox.kube.controller import ObservedStore
+
+    run_id = await _agent_run(store, 4, snapshotEveryNCalls=1, retainLatestSnapshot=True)
+    rows = await store.load_journal(run_id)
+    retained = next(r.meta["retained"] for r in rows if r.op_id == "sandbox/finalize")
+    cut = next(i for i, r in enumerate(rows) if r.op_id == "sandbox/snapshot/2" and r.status == "completed") + 1
+    p = Projection(total_calls=4)
+    p.feed(rows[:cut])  # admitted mid-run: two snapshots in, the other replica went on
+    assert p.latest_snapshot not in (None, retained)
+
+    p.catch_up(rows[cut + 2 :])  # rows that do not continue what is folded: never folded out of order
+    assert p.last_seq == rows[cut - 1].seq
+
+    observed = ObservedStore(store, on_write=lambda *_: None, on_read=lambda rid, read: p.catch_up(read))
+    assert await observed.journal_since(run_id, p.last_seq) == rows[cut:]
+    run = await store.get_run(run_id)
+    st = render(run, p, Extra(generation=1), run_id=run_id)
+    assert st["latestSnapshot"] == retained
+    assert st["calls"] == {"completed": 4, "total": 4}

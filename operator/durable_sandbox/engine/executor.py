@@ -330,7 +330,7 @@ class RunExecutor:
             run = await self.store.get_run(lease.run_id)
             if run is not None and run.cancel_requested and rt.cancel_reason is None:
                 rt.cancel_reason = run.cancel_requested
-                wf.cancel()
+                self._cancel_once(lease.run_id, wf)
 
     # ------------------------------------------------------------------ cancel and hibernation
 
@@ -339,15 +339,21 @@ class RunExecutor:
         task = self._tasks.get(run_id)
         if task is None:
             return False
-        if run_id not in self._cancelling:
-            # Once only: a second cancel would interrupt the cleanup the first one started (sandbox
-            # finalization runs inside the cancelled task).
-            self._cancelling.add(run_id)
-            task.add_done_callback(lambda _: self._cancelling.discard(run_id))
-            task.cancel()
+        self._cancel_once(run_id, task)
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(asyncio.shield(task), timeout=self.lease_ttl)
         return True
+
+    def _cancel_once(self, run_id: str, task: asyncio.Task[Any]) -> None:
+        """Cancel the run's workflow task for a user cancel, once, whoever notices the cancel first (this
+        process's ``cancel_here``, or the lease keeper polling the store): a second cancel would interrupt the
+        cleanup the first one started (sandbox finalization runs inside the cancelled task), and the run
+        would end ``cancelled`` with its sandbox and snapshots left behind."""
+        if run_id in self._cancelling:
+            return
+        self._cancelling.add(run_id)
+        task.add_done_callback(lambda _: self._cancelling.discard(run_id))
+        task.cancel()
 
     async def finish_cancelled(self, lease: Lease, run: RunRecord) -> None:
         """Cancel a run that is not executing: finalize its sandboxes from the journal, then mark it."""

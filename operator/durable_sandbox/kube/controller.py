@@ -53,7 +53,7 @@ import durable_sandbox
 from durable_sandbox.engine import LeaseHeld, NotRunnableHere, RunStatus, SignalConflict
 from durable_sandbox.engine.errors import StoreUnavailable
 from durable_sandbox.engine.executor import default_worker_id
-from durable_sandbox.engine.records import Commit, RunRecord
+from durable_sandbox.engine.records import Commit, OperationRecord, OpKind, RunRecord
 from durable_sandbox.kube import holding
 from durable_sandbox.kube.client import KubeClient, is_not_found, is_transient
 from durable_sandbox.kube.concurrency import (
@@ -204,10 +204,12 @@ class ObservedStore:
     status and Events are projections of what is written: nothing is read back for them."""
 
     def __init__(self, inner: Any, on_write: Callable[[str, Commit | None, dict[str, Any] | None], None],
-                 event_interval: Callable[[], float] | None = None) -> None:
+                 event_interval: Callable[[], float] | None = None,
+                 on_read: Callable[[str, list[OperationRecord]], None] | None = None) -> None:
         self._inner = inner
         self._on_write = on_write
         self._event_interval = event_interval
+        self._on_read = on_read
 
     @property
     def event_interval(self) -> float:
@@ -223,6 +225,22 @@ class ObservedStore:
     async def update_run(self, run_id: str, changes: dict[str, Any], *, fence: int | None = None) -> None:
         await self._inner.update_run(run_id, changes, fence=fence)
         self._on_write(run_id, None, changes)
+
+    # Journal reads are reported too: rows another replica committed (the executor reads the journal when it
+    # claims a run, and when it finds the run finished) reach the status projection before this process
+    # writes status from it.
+
+    async def load_journal(self, run_id: str) -> list[OperationRecord]:
+        rows: list[OperationRecord] = await self._inner.load_journal(run_id)
+        if self._on_read is not None:
+            self._on_read(run_id, rows)
+        return rows
+
+    async def journal_since(self, run_id: str, after_seq: int) -> list[OperationRecord]:
+        rows: list[OperationRecord] = await self._inner.journal_since(run_id, after_seq)
+        if self._on_read is not None:
+            self._on_read(run_id, rows)
+        return rows
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -272,7 +290,8 @@ class Operator:
     def engine_for(self, namespace: str) -> durable_sandbox.Engine:
         engine = self._engines.get(namespace)
         if engine is None:
-            store = ObservedStore(KubernetesStore(namespace, self.api), self._observed, self._event_interval)
+            store = ObservedStore(KubernetesStore(namespace, self.api), self._observed, self._event_interval,
+                                  self._read)
             engine = durable_sandbox.Engine(
                 store,
                 worker_id=self.settings.worker_id,
@@ -336,6 +355,11 @@ class Operator:
             known = {k: v for k, v in changes.items() if hasattr(view.run, k)}
             view.run = replace(view.run, **known)
         self._offer(view)
+
+    def _read(self, run_id: str, rows: list[OperationRecord]) -> None:
+        view = self._views.get(run_id)
+        if view is not None:
+            view.projection.catch_up(rows)
 
     def _republish(self, view: RunView) -> None:
         """Write the status anew when this daemon starts and the object's status disagrees with the run: the
@@ -927,6 +951,10 @@ class Operator:
         rendered = self.status_of(view)
         if view.executing or (written.get("phase"), written.get("observedGeneration")) != (
                 rendered.get("phase"), rendered.get("observedGeneration")):
+            # The projection was made when this task admitted the run; another replica may have committed
+            # the rest of it since (and finished it): fold those rows first (ObservedStore reports the read),
+            # or the final status would show an older snapshot as the run's latest.
+            await self.engine_for(view.namespace).store.journal_since(view.run_id, view.projection.last_seq)
             self._offer(view)  # not when every replica re-activating a finished Workflow would write it again
         await self._let_go(view)
         if plan.ttl_seconds_after_finished is None or view.run is None:
@@ -984,21 +1012,32 @@ class Operator:
             raise CleanupPending(f"run {run_id} is still stopping in this replica", delay)
         try:
             await self._finalize_leftovers(engine, run_id)
-            await self._delete_retained(body)
+            await self._delete_retained(engine, run_id, body)
         except LeaseHeld as exc:
             raise CleanupPending(f"run {run_id} is still held by another replica ({exc})", delay) from None
         except Exception as exc:
             await self._blocked(view, body, f"cleanup of run {run_id} is blocked: {type(exc).__name__}: {exc}", delay)
         await self._cleanup_done(view, body)
 
-    async def _delete_retained(self, body: Mapping[str, Any]) -> None:
-        """A succeeded run's retained snapshot (retainLatestSnapshot) outlives the run, not its Workflow: the
-        finalized session skips it, so it goes here (deleting a snapshot is idempotent)."""
-        st = body.get("status") or {}
-        provider_name = (st.get("sandbox") or {}).get("provider")
+    async def _delete_retained(self, engine: durable_sandbox.Engine, run_id: str, body: Mapping[str, Any]) -> None:
+        """A succeeded run's retained snapshots (retainLatestSnapshot) outlive the run, not its Workflow: the
+        finalized sessions skip them, so they go here (deleting a snapshot is idempotent). The journal names
+        them (each session's finalize record), not status: status is a projection, and a replica that did
+        not execute the run's end may have written it from fewer rows (an older snapshot as the latest)."""
         # With spec.sandboxRef the snapshots are the Sandbox resource's: never deleted here.
-        if st.get("latestSnapshot") and provider_name and not (body.get("spec") or {}).get("sandboxRef"):
-            await self._provider(provider_name).delete_snapshot(st["latestSnapshot"])
+        if (body.get("spec") or {}).get("sandboxRef"):
+            return
+        providers: dict[str, str] = {}  # session id -> its provider (pinned for the whole run)
+        retained: list[tuple[str, str]] = []
+        for row in await engine.store.load_journal(run_id):
+            session, meta = row.op_id.rsplit("/", 1)[0], row.meta or {}
+            if row.kind == OpKind.SANDBOX_PROVISION.value and meta.get("provider"):
+                providers[session] = str(meta["provider"])
+            elif row.kind == OpKind.SANDBOX_DESTROY.value and row.status == "completed" and meta.get("retained"):
+                retained.append((session, str(meta["retained"])))
+        shown = str(((body.get("status") or {}).get("sandbox") or {}).get("provider") or "")
+        for session, snapshot_id in retained:
+            await self._provider(providers.get(session) or shown).delete_snapshot(snapshot_id)
 
     async def _finalize_leftovers(self, engine: durable_sandbox.Engine, run_id: str) -> None:
         executor = engine.executor

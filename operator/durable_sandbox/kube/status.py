@@ -77,6 +77,14 @@ class Projection:
             self.last_seq = max(self.last_seq, row.seq)
             self._fold(row)
 
+    def catch_up(self, rows: Iterable[OperationRecord]) -> None:
+        """Fold journal rows this process read rather than committed (another replica committed them): only
+        rows that continue what is folded already, since folding out of order would show an older snapshot
+        as the newest, and a skipped row could never be folded afterwards."""
+        rows = list(rows)
+        if rows and rows[0].seq <= self.last_seq + 1:
+            self.feed(rows)
+
     def _fold(self, row: OperationRecord) -> None:
         kind, status = row.kind, row.status
         meta = row.meta or {}
