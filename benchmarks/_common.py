@@ -166,11 +166,14 @@ def write_results(res: dict[str, Any], out: Path) -> None:
 
 def run_in_workdir(prefix: str, tmp: str | None, run: Callable[[Path], dict[str, Any]],
                    report: Callable[[dict[str, Any]], None], out: Path) -> None:
-    """``run(workdir)`` in a fresh temp dir (removed afterwards), then print and write its results."""
+    """``run(workdir)`` in a fresh temp dir, then print and write its results. The dir is removed afterwards,
+    unless the run failed: then its logs are what explains the failure, so it stays and its path is printed."""
     workdir = Path(tempfile.mkdtemp(prefix=f"dsb-bench-{prefix}-", dir=tmp))
     try:
         res = run(workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    except BaseException:
+        print(f"the run failed; its work dir (logs) is kept: {workdir}", flush=True)
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)
     report(res)
     write_results(res, out)

@@ -157,16 +157,19 @@ def apply(kubeconfig: str, namespace: str, docs: list[dict[str, Any]]) -> None:
                 input=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": docs[i:i + PAGE]}))
 
 
-async def _phases(kubeconfig: str, namespace: str) -> dict[str, dict[str, bool]]:
-    """Each Workflow's conditions that are True, by name."""
+async def _phases(kubeconfig: str, namespace: str) -> dict[str, dict[str, bool | str]]:
+    """Each Workflow's conditions (True or not) by name, and its status message under "message"."""
     from durable_sandbox.kube.client import KubeClient
     from durable_sandbox.kube.workflows import WorkflowClient
 
     api = await KubeClient.connect(kubeconfig=kubeconfig)
     try:
-        out: dict[str, dict[str, bool]] = {}
+        out: dict[str, dict[str, bool | str]] = {}
         for obj in await WorkflowClient(api, namespace).list():
-            conds = {c["type"]: c.get("status") == "True" for c in (obj.get("status") or {}).get("conditions") or []}
+            status = obj.get("status") or {}
+            conds: dict[str, bool | str] = {c["type"]: c.get("status") == "True" for c in status.get("conditions") or []}
+            error = status.get("error") or {}
+            conds["message"] = f"{error.get('type')}: {error.get('message')}" if error else ""
             out[obj["metadata"]["name"]] = conds
         return out
     finally:
@@ -180,7 +183,8 @@ def wait_all(kubeconfig: str, namespace: str, names: set[str], condition: str, t
         seen = asyncio.run(_phases(kubeconfig, namespace))
         failed = [n for n in names if seen.get(n, {}).get("Failed")]
         if failed:
-            raise RuntimeError(f"{len(failed)} Workflow(s) failed, e.g. {failed[:3]}")
+            why = "; ".join(f"{n}: {seen[n]['message']}" for n in sorted(failed)[:3])
+            raise RuntimeError(f"{len(failed)} Workflow(s) failed, e.g. {why}")
         missing = [n for n in names if not seen.get(n, {}).get(condition)]
         if not missing:
             return time.monotonic() - t0

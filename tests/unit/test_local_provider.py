@@ -670,6 +670,34 @@ async def test_everything_the_run_owned_is_gone_after_cleanup(
     assert provider.leftovers() == []
 
 
+async def test_destroy_while_another_delete_of_its_trash_runs(
+    provider: LocalProvider, sandbox: SandboxHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every provision and restore sweeps `.trash-*` while other destroys still delete their trash there, so
+    two deletes of one tree meet. Made deterministic: the other delete takes a directory away just before this
+    delete opens it (a real FileNotFoundError from the real os.open)."""
+    await run(provider, sandbox, "write_file", path="deep/tree/file", contents="x")
+    real_open = os.open
+    taken: list[str] = []
+
+    def open_after_the_other_delete(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if path == "tree" and dir_fd is not None and not taken:
+            other = real_open(path, os.O_RDONLY, dir_fd=dir_fd)
+            try:
+                os.unlink("file", dir_fd=other)
+            finally:
+                os.close(other)
+            os.rmdir(path, dir_fd=dir_fd)
+            taken.append(path)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", open_after_the_other_delete)
+    await provider.destroy(sandbox)
+    monkeypatch.undo()
+    assert taken == ["tree"]  # the race happened
+    assert provider.leftovers() == []
+
+
 @pytest.mark.parametrize("operation", ["execute", "snapshot", "renew_lease", "suspend", "resume"])
 async def test_gone_after_destroy_and_after_injected_loss(provider: LocalProvider, operation: str) -> None:
     for kill in (provider.destroy, provider.inject_loss):

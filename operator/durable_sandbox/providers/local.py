@@ -1002,8 +1002,21 @@ def _extract_tar(source: Path, destination: Path) -> None:
             raise tarfile.ExtractError(f"cannot create symlink {member.name}: {e}") from e
 
 
+_REMOVALS = (os.rmdir, os.unlink, os.remove)
+
+
 def _rmtree(path: Path) -> None:
-    def make_writable_and_retry(function: Callable[..., Any], failed: str, _exc: object) -> None:
+    """Delete ``path`` and everything below it; parts that someone else deletes meanwhile are fine.
+
+    Two deletes of one tree do meet: every provision and restore sweeps ``.trash-*`` (cleanup_expired) while
+    a destroy in another task or process is still deleting its own trash there."""
+
+    def on_error(function: Callable[..., Any], failed: str, exc_info: tuple[Any, BaseException, Any]) -> None:
+        exc = exc_info[1]
+        if isinstance(exc, FileNotFoundError):
+            return  # already gone: what we wanted
+        if function not in _REMOVALS:
+            raise exc  # e.g. a directory that cannot be opened or listed: say so, with its path
         # Read-only directories (module caches do this) would otherwise make the delete fail.
         with contextlib.suppress(OSError):
             parent = os.path.dirname(failed)
@@ -1014,4 +1027,4 @@ def _rmtree(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
     elif path.exists():
-        shutil.rmtree(path, onerror=make_writable_and_retry)
+        shutil.rmtree(path, onerror=on_error)
