@@ -83,6 +83,7 @@ from durable_sandbox.workflows import sandbox_agent
 
 log = logging.getLogger("durable_sandbox.kube.controller")
 TRANSIENT_BACKOFF_MAX = 8.0  # seconds between tries while the API server is unreachable
+TRANSIENT_WAKE_SPREAD = 4.0  # a run that woke while it was unreachable looks again after 1-4 x claim_retry
 
 FINALIZER = "durable-sandbox.dev/cleanup"
 WORKFLOWS = "workflows"
@@ -168,7 +169,7 @@ class Parked:
     name: str
     uid: str
     generation: int | None
-    reason: str  # waiting, suspended, finished, held (another replica's Lease), not-runnable, rejected, backoff
+    reason: str  # waiting, suspended, finished, held (another replica's Lease), not-runnable, rejected, backoff, error, api-unreachable
     phase: str | None  # status.phase when parked: a held run wakes when the executing replica changes it
     sandbox: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
     timer: asyncio.TimerHandle | None = None
@@ -503,7 +504,19 @@ class Operator:
     async def _run_task(self, run_id: str, body: Mapping[str, Any] | None, namespace: str, name: str, uid: str) -> None:
         """Drive the run of one Workflow until it has nothing to do, then park it."""
         if body is None:
-            body = await self._workflow(namespace, name)
+            try:
+                body = await self._workflow(namespace, name)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                # A parked run woke (its timer) while the API server is away, e.g. restarting: not the run's
+                # fault, so no error and no not_runnable_retry wait; look again in a few seconds, spread so
+                # that the timers of a whole backlog do not all hit a recovering API server at once.
+                delay = self.settings.claim_retry * random.uniform(1.0, TRANSIENT_WAKE_SPREAD)
+                log.warning("%s/%s: the API server could not be reached (%s: %s); trying again in %.1fs",
+                            namespace, name, type(exc).__name__, exc, delay)
+                self._park(Parked(namespace, name, uid, None, "api-unreachable", None), delay)
+                return
             if body is None or body.get("metadata", {}).get("uid") != uid or body["metadata"].get("deletionTimestamp"):
                 return  # gone, replaced, or being deleted (the delete handler finalizes it)
         view = RunView(namespace=namespace, name=name, uid=uid, run_id=run_id, body=body)
