@@ -168,7 +168,7 @@ class Parked:
     name: str
     uid: str
     generation: int | None
-    reason: str  # waiting, suspended, finished, held (another replica's Lease), not-runnable, rejected, backoff
+    reason: str  # waiting, suspended, finished, held (another replica's Lease), not-runnable, rejected, backoff, api-unreachable
     phase: str | None  # status.phase when parked: a held run wakes when the executing replica changes it
     sandbox: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
     timer: asyncio.TimerHandle | None = None
@@ -503,7 +503,18 @@ class Operator:
     async def _run_task(self, run_id: str, body: Mapping[str, Any] | None, namespace: str, name: str, uid: str) -> None:
         """Drive the run of one Workflow until it has nothing to do, then park it."""
         if body is None:
-            body = await self._workflow(namespace, name)
+            try:
+                body = await self._workflow(namespace, name)
+            except Exception as exc:
+                if not is_transient(exc) or self.stopping:
+                    raise
+                # The API server is away or not ready (a restart answers 503 until it has installed its
+                # paths): look again shortly, as the daemon does for its other API errors, not after the
+                # error backoff (not_runnable_retry) a crash of this task would cost.
+                log.warning("%s/%s: the API server could not be reached (%s); looking again in %.1fs",
+                            namespace, name, type(exc).__name__, self.settings.claim_retry)
+                self._park(Parked(namespace, name, uid, None, "api-unreachable", None), self.settings.claim_retry)
+                return
             if body is None or body.get("metadata", {}).get("uid") != uid or body["metadata"].get("deletionTimestamp"):
                 return  # gone, replaced, or being deleted (the delete handler finalizes it)
         view = RunView(namespace=namespace, name=name, uid=uid, run_id=run_id, body=body)
