@@ -169,7 +169,9 @@ class Parked:
     name: str
     uid: str
     generation: int | None
-    reason: str  # waiting, suspended, finished, held (another replica's Lease), not-runnable, rejected, backoff, error, api-unreachable
+    # waiting, suspended, finished, held (another replica's Lease), not-runnable, rejected, backoff, error,
+    # api-unreachable
+    reason: str
     phase: str | None  # status.phase when parked: a held run wakes when the executing replica changes it
     sandbox: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
     timer: asyncio.TimerHandle | None = None
@@ -507,7 +509,7 @@ class Operator:
             try:
                 body = await self._workflow(namespace, name)
             except Exception as exc:
-                if not is_transient(exc):
+                if not is_transient(exc) or self.stopping:
                     raise
                 # A parked run woke (its timer) while the API server is away, e.g. restarting: not the run's
                 # fault, so no error and no not_runnable_retry wait; look again in a few seconds, spread so
