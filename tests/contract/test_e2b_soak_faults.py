@@ -4,13 +4,17 @@ failing, a request stalled past the client's timeout, and a sandbox killed while
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from durable_sandbox.providers.contract import ProviderError, SandboxSpec, ToolCall
 from durable_sandbox.providers.e2b import E2BProvider
 from tests.contract.e2b_support import make_provider
+from tests.fakes.e2b_server import FakeE2BServer
 from tests.fakes.e2b_state import FakeState
 
 SPEC = SandboxSpec(owner="soak-fault-tests")
@@ -62,6 +66,38 @@ async def test_killing_a_sandbox_kills_its_commands_and_cuts_their_streams(
     # Not a completed call with some exit code: the sandbox and the process went away under it.
     with pytest.raises(ProviderError):
         await asyncio.wait_for(running, 10)
+
+
+async def test_stopping_the_fake_kills_the_commands_still_running_in_its_sandboxes(tmp_path: Path) -> None:
+    """A soak's fake E2B once left a command waiting on a gate file running for hours after the soak."""
+    pid_file = tmp_path / "pid"
+    state = FakeState(root=tmp_path / "fake")
+    async with FakeE2BServer(state):
+        e2b = make_provider(state)
+        try:
+            handle = await e2b.provision(SPEC, lease_seconds=300)
+            call = ToolCall(operation_id="op-1", type="shell", args={"command": f"echo $$ > {pid_file}; exec sleep 300"})
+            running = asyncio.create_task(e2b.execute(handle, call))
+            await _until(lambda: pid_file.exists() and pid_file.read_text().strip() != "", "the command to start")
+            pid = int(pid_file.read_text())
+            running.cancel()  # the client goes away first, as an operator killed mid-call does
+            with contextlib.suppress(BaseException):
+                await running
+        finally:
+            await e2b.aclose()
+        assert _alive(pid)  # a dropped stream does not end an E2B command
+    await _until(lambda: not _alive(pid), "the command to die with the fake")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed child not yet reaped by the fake's loop is a zombie: dead for this purpose.
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[0] != "Z"
+    return False
 
 
 def test_the_request_timeout_comes_from_the_environment(fake_e2b: FakeState) -> None:

@@ -870,6 +870,7 @@ class FakeE2BServer:
         return self.state
 
     async def stop(self) -> None:
+        self.state.kill_commands()
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()

@@ -290,10 +290,23 @@ class FakeState:
         if sandbox is not None:
             # The VM goes with everything running in it: its commands die (their streams are cut, see
             # start_process) before its files go, so none of them ends normally in a workspace being removed.
-            for pgid in sandbox.processes:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
+            _kill_commands(sandbox)
             shutil.rmtree(sandbox.workspace, ignore_errors=True)
 
+    def kill_commands(self) -> None:
+        """Kill every command still running in any sandbox; the sandboxes stay on record (a test may still
+        count them as leaks). Commands run in sessions of their own (as in a VM, nothing dies with its
+        caller), so the server going away must take them, or a command waiting for something would run for
+        good; killing them before the server stops also ends their streams' handlers at once."""
+        for sandbox in self.sandboxes.values():
+            _kill_commands(sandbox)
+
     def close(self) -> None:
+        self.kill_commands()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _kill_commands(sandbox: Sandbox) -> None:
+    for pgid in sandbox.processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
