@@ -83,6 +83,7 @@ from durable_sandbox.workflows import sandbox_agent
 
 log = logging.getLogger("durable_sandbox.kube.controller")
 TRANSIENT_BACKOFF_MAX = 8.0  # seconds between tries while the API server is unreachable
+TRANSIENT_WAKE_SPREAD = 4.0  # a run that woke while it was unreachable looks again after 1-4 x claim_retry
 
 FINALIZER = "durable-sandbox.dev/cleanup"
 WORKFLOWS = "workflows"
@@ -168,7 +169,9 @@ class Parked:
     name: str
     uid: str
     generation: int | None
-    reason: str  # waiting, suspended, finished, held (another replica's Lease), not-runnable, rejected, backoff, api-unreachable
+    # waiting, suspended, finished, held (another replica's Lease), not-runnable, rejected, backoff, error,
+    # api-unreachable
+    reason: str
     phase: str | None  # status.phase when parked: a held run wakes when the executing replica changes it
     sandbox: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
     timer: asyncio.TimerHandle | None = None
@@ -508,12 +511,13 @@ class Operator:
             except Exception as exc:
                 if not is_transient(exc) or self.stopping:
                     raise
-                # The API server is away or not ready (a restart answers 503 until it has installed its
-                # paths): look again shortly, as the daemon does for its other API errors, not after the
-                # error backoff (not_runnable_retry) a crash of this task would cost.
-                log.warning("%s/%s: the API server could not be reached (%s); looking again in %.1fs",
-                            namespace, name, type(exc).__name__, self.settings.claim_retry)
-                self._park(Parked(namespace, name, uid, None, "api-unreachable", None), self.settings.claim_retry)
+                # A parked run woke (its timer) while the API server is away, e.g. restarting: not the run's
+                # fault, so no error and no not_runnable_retry wait; look again in a few seconds, spread so
+                # that the timers of a whole backlog do not all hit a recovering API server at once.
+                delay = self.settings.claim_retry * random.uniform(1.0, TRANSIENT_WAKE_SPREAD)
+                log.warning("%s/%s: the API server could not be reached (%s: %s); trying again in %.1fs",
+                            namespace, name, type(exc).__name__, exc, delay)
+                self._park(Parked(namespace, name, uid, None, "api-unreachable", None), delay)
                 return
             if body is None or body.get("metadata", {}).get("uid") != uid or body["metadata"].get("deletionTimestamp"):
                 return  # gone, replaced, or being deleted (the delete handler finalizes it)
