@@ -78,7 +78,10 @@ def test_chaos_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
         live_e2b = soak_e2b.call(lambda s: s.live_sandboxes())
         e2b_snaps = soak_e2b.call(lambda s: [sn.id for sn in s.snapshots()])
         if live_local or live_e2b:
-            problems.append(f"live sandboxes after every run ended: local {live_local}, e2b {live_e2b}")
+            # With each e2b sandbox's labels (run, session) and state: which run left it, for whoever replays.
+            labels = soak_e2b.call(lambda s: {i: (s.sandboxes[i].state, s.sandboxes[i].metadata) for i in live_e2b
+                                              if i in s.sandboxes})
+            problems.append(f"live sandboxes after every run ended: local {live_local}, e2b {labels or live_e2b}")
         if len(local_snaps) != kept.get("local", 0) or len(e2b_snaps) != kept.get("e2b", 0):
             problems.append(f"snapshots left: local {local_snaps}, e2b {e2b_snaps}; retained on purpose: {kept}")
 
