@@ -259,8 +259,9 @@ def idle_cost(args: argparse.Namespace, kubeconfig: str, workdir: Path) -> dict[
         try:
             wait_parked(replica, 0, 180)
             time.sleep(args.window)  # settle: the empty replica's own baseline
-            base = {"rss": replica.rss_bytes(), "tasks": replica.metrics().get("durable_sandbox_event_loop_tasks")}
-            out["empty"] = {"rss_mib": base["rss"] / 2**20, "tasks": base["tasks"], "load": load()}
+            base_rss = replica.rss_bytes()
+            base_tasks = replica.metrics().get("durable_sandbox_event_loop_tasks")
+            out["empty"] = {"rss_mib": base_rss / 2**20, "tasks": base_tasks, "load": load()}
             names: list[str] = []
             for level in levels:
                 new = [f"gate-{i:05d}" for i in range(len(names), level)]
@@ -277,7 +278,7 @@ def idle_cost(args: argparse.Namespace, kubeconfig: str, workdir: Path) -> dict[
                 m = replica.metrics()
                 row = {
                     "workflows": level, "rss_mib": rss / 2**20, "idle_cpu_percent": 100 * cpu,
-                    "rss_growth_kib_per_workflow": (rss - base["rss"]) / 1024 / level,
+                    "rss_growth_kib_per_workflow": (rss - base_rss) / 1024 / level,
                     "event_loop_tasks": m.get("durable_sandbox_event_loop_tasks"),
                     "parked": m.get('durable_sandbox_runs{state="parked"}'),
                     "live_sandboxes": live_sandboxes(home), "seconds_to_all_waiting": settle, "load": load(),

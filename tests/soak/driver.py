@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from durable_sandbox.kube.handlers import UNSERVED_STOP
 from durable_sandbox.kube.plan import RUN_ID_LABEL
 from durable_sandbox.sandboxes.session import MAX_RECOVERIES
 from tests.e2e.apiserver_support import RestartableAPIServer
@@ -76,6 +77,7 @@ class Soak:
     tracked: dict[str, Tracked] = field(default_factory=dict)
     injected: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAULT_KINDS})
     unexpected_exits: list[str] = field(default_factory=list)
+    designed_stops: dict[str, int] = field(default_factory=dict)  # operator -> its UnservedResourcesGuard stops
     schedule: dict[str, list[Fault]] = field(default_factory=dict)  # each kind's part of the plan, in order
     progress_at: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAULT_KINDS})
     since: dict[str, float] = field(default_factory=lambda: {k: time.monotonic() for k in FAULT_KINDS})
@@ -175,11 +177,20 @@ class Soak:
             active += 1
 
     def supervise(self) -> None:
-        """An operator that exited without being killed is noted (with its exit code) and restarted."""
+        """An operator that exited without being killed is restarted, as a Pod's container would be. It is
+        noted as unexpected (a failure), unless it stopped by design: kopf's one read of discovery came while
+        a restarted API server had not yet installed the CRDs' paths, and the operator exits 1 saying so
+        (kube/handlers.py ``UnservedResourcesGuard``, docs/reliability.md) to be restarted."""
         for op in self.operators:
             if op.process is not None and not op.alive():
-                self.unexpected_exits.append(f"{op.log_path.stem} exited {op.process.returncode}")
-                self.log(f"operator {op.log_path.stem} exited on its own with {op.process.returncode}; restarting it")
+                name, code = op.log_path.stem, op.process.returncode
+                stops = op.logs().count(UNSERVED_STOP)
+                if code == 1 and stops > self.designed_stops.get(name, 0):
+                    self.designed_stops[name] = stops
+                    self.log(f"operator {name} stopped by design (kopf left the resources unserved); restarting it")
+                else:
+                    self.unexpected_exits.append(f"{name} exited {code}")
+                    self.log(f"operator {name} exited on its own with {code}; restarting it")
                 self.restart(op)
 
     def restart(self, op: OperatorProcess) -> None:

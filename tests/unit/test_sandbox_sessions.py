@@ -444,6 +444,15 @@ async def test_loss_during_snapshot_rotation_restores_the_checkpoint_and_retries
     assert len(local.calls("snapshot")) == 2 and max(local.population) <= 2
 
 
+async def resume_here(db: Path, local: Hooked, run_id: str) -> tuple[durable_sandbox.RunState, list[OperationRecord]]:
+    """Resume, in this process, a run whose child process died; its state and journal."""
+    engine = engine_for(db, {"local": local})
+    try:
+        return await engine.resume(run_id), await engine.history(run_id)
+    finally:
+        await engine.aclose()
+
+
 async def test_a_worker_crash_during_recovery_finishes_it_without_leaking_the_half_built_sandbox(
         db: Path, local: Hooked) -> None:
     spec = agent_spec(CALLS, snapshotEveryNCalls=2, injectLossAfterNCalls=3)
@@ -452,12 +461,7 @@ async def test_a_worker_crash_during_recovery_finishes_it_without_leaking_the_ha
                       env={"DSB_TEST_CRASH_AFTER_EXECUTE": derived_id("crash-recovery", 2) + "@2"})
     assert child.returncode == -9, child.stderr
     assert len([p for p in local.inner.workspaces_dir.iterdir()]) == 1, "the half-built replacement"
-    engine = engine_for(db, {"local": local})
-    try:
-        state = await engine.resume("crash-recovery")
-        rows = await engine.history("crash-recovery")
-    finally:
-        await engine.aclose()
+    state, rows = await resume_here(db, local, "crash-recovery")
     assert state.status == "succeeded", state.error
     assert results(state) == EXPECTED
     assert state.result["recoveryCount"] == 1 == state.recovery_count, "still one recovery, finished after the crash"
@@ -469,13 +473,56 @@ async def test_a_worker_crash_between_provisioning_and_journaling_leaks_nothing(
     child = run_child(db, "crash-provision", AGENT, agent_spec(CALLS[:2]), env={"DSB_TEST_CRASH_AFTER_PROVISION": "1"})
     assert child.returncode == -9, child.stderr
     [orphan] = list(local.inner.workspaces_dir.iterdir())  # made by the provider, unknown to the journal
-    engine = engine_for(db, {"local": local})
-    try:
-        state = await engine.resume("crash-provision")
-    finally:
-        await engine.aclose()
+    state, _ = await resume_here(db, local, "crash-provision")
     assert state.status == "succeeded", state.error
     assert orphan.name in local.calls("destroy"), "found by its run/session labels and destroyed"
+
+
+async def test_a_worker_crash_between_restoring_and_journaling_the_replacement_leaks_nothing(
+        db: Path, local: Hooked) -> None:
+    # The loss after call 3 is recovered from the snapshot after call 2: die once the provider has made the
+    # replacement, before the journal names it (a replica that loses its lease mid-restore leaves the same).
+    spec = agent_spec(CALLS, snapshotEveryNCalls=2, injectLossAfterNCalls=3)
+    child = run_child(db, "crash-restore", AGENT, spec,
+                      env={"DURABLE_SANDBOX_FAULT": "provisioned:sandbox/restore/1"})
+    assert child.returncode == -9, child.stderr
+    [orphan] = list(local.inner.workspaces_dir.iterdir())  # the replacement; the lost sandbox was destroyed
+    state, rows = await resume_here(db, local, "crash-restore")
+    assert state.status == "succeeded", state.error
+    assert results(state) == EXPECTED
+    assert orphan.name in local.calls("destroy"), "found by its run/session labels and destroyed"
+    restored = [r.result["id"] for r in kinds(rows, "sandbox.restore") if r.status == "completed"]
+    assert orphan.name not in restored, "a second replacement was made and journaled instead"
+    assert not list(local.inner.workspaces_dir.iterdir())
+
+
+async def test_a_sandbox_made_for_the_session_behind_the_journals_back_is_destroyed_when_the_session_ends(
+        engine: durable_sandbox.Engine, local: Hooked) -> None:
+    # What an executor that lost the run's lease leaves when its create lands after the run was taken over:
+    # a sandbox labelled with this run and session that no journal row names. Another run's is left alone.
+    specs: list[SandboxSpec] = []
+    inner_provision = local.inner.provision
+
+    async def recording(spec: SandboxSpec, *, lease_seconds: int) -> SandboxHandle:
+        specs.append(spec)
+        return await inner_provision(spec, lease_seconds=lease_seconds)
+
+    local.inner.provision = recording  # type: ignore[method-assign]
+    strays: list[SandboxHandle] = []
+
+    async def zombie_create(handle: SandboxHandle, call: ToolCall) -> None:
+        if not strays:
+            mine = specs[0].model_copy(update={"operation_id": "zombie"})
+            theirs = mine.model_copy(update={"labels": {**mine.labels, "durable-sandbox.dev/run-id": "another-run"}})
+            strays.extend([await inner_provision(mine, lease_seconds=60), await inner_provision(theirs, lease_seconds=60)])
+
+    local.before_execute = zombie_create
+    state = await engine.run(AGENT, agent_spec(CALLS[:2]), run_id="zombie-create")
+    assert state.status == "succeeded", state.error
+    mine, theirs = strays
+    assert mine.id in local.calls("destroy"), "the stray of this run's session was left live"
+    assert theirs.id not in local.calls("destroy"), "another run's sandbox was destroyed"
+    await local.inner.destroy(theirs)
 
 
 @pytest.mark.parametrize("kill", ["DSB_TEST_CRASH_IN_SNAPSHOT_WRITE", "DSB_TEST_CRASH_IN_TRASH"])

@@ -44,7 +44,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes.aio.client import models as k8s_models
 from pydantic import ValidationError
@@ -234,13 +234,12 @@ class ObservedStore:
     # writes status from it.
 
     async def load_journal(self, run_id: str) -> list[OperationRecord]:
-        rows: list[OperationRecord] = await self._inner.load_journal(run_id)
-        if self._on_read is not None:
-            self._on_read(run_id, rows)
-        return rows
+        return self._reported(run_id, await self._inner.load_journal(run_id))
 
     async def journal_since(self, run_id: str, after_seq: int) -> list[OperationRecord]:
-        rows: list[OperationRecord] = await self._inner.journal_since(run_id, after_seq)
+        return self._reported(run_id, await self._inner.journal_since(run_id, after_seq))
+
+    def _reported(self, run_id: str, rows: list[OperationRecord]) -> list[OperationRecord]:
         if self._on_read is not None:
             self._on_read(run_id, rows)
         return rows
@@ -568,7 +567,7 @@ class Operator:
             view.latest()
             view.generation = view.body.get("metadata", {}).get("generation")
             view.wake.clear()
-            view.extra.generation = view.generation
+            view.extra.generation = self._acted_generation(view)
             try:
                 if plan is None:
                     async with self._admitting:
@@ -598,6 +597,18 @@ class Operator:
             if outcome == "done":
                 return None
         return None
+
+    @staticmethod
+    def _acted_generation(view: RunView) -> int | None:
+        """The generation this replica may write as status.observedGeneration at the start of a turn: the
+        spec's, except while a ``spec.suspend`` waits for the run's lease (the replica executing the run
+        acts on it, and says so itself; ``_suspend`` moves it here once the run is suspended). Otherwise a
+        replica that merely saw the suspend would tell the world it had taken effect."""
+        spec, shown = view.body.get("spec") or {}, view.body.get("status") or {}
+        if spec.get("suspend") and shown.get("phase") != "Suspended" and not view.extra.suspended:
+            held = shown.get("observedGeneration")
+            return held if isinstance(held, int) else None
+        return view.generation
 
     async def _admit(self, view: RunView) -> RunPlan | None:
         """Policy and plan: returns the plan, or None after recording why the run cannot start
@@ -762,6 +773,7 @@ class Operator:
                 # for the next watch event could mean waiting forever.
                 await self._wait(view, stopped, self.settings.claim_retry, "suspend-lease-held")
                 return "again"
+            view.extra.generation = view.generation  # suspended: the change has taken effect
             await self._wait(view, stopped, None, "suspended")
             return "again"
         view.extra.suspended = False
@@ -807,6 +819,9 @@ class Operator:
             async with self.slots.slot(view.run_id, on_wait=lambda: self._queued(view)):
                 slot.set()
                 self._dequeued(view)
+                fresh = await self._fresh_spec(view)
+                if fresh != "unchanged":
+                    return fresh  # the daemon's next turn acts on the newer spec (suspend, cancel, deletion)
                 return await executor.drive(view.run_id, plan.definition, if_busy="skip")
 
         task = asyncio.create_task(drive_in_slot())
@@ -889,7 +904,8 @@ class Operator:
             if task.cancelled():
                 return "again"  # abandoned after the handover grace: the run was left pending
             try:
-                task.result()
+                if task.result() == "gone":
+                    return "done"  # deleted (its finalizer is gone too) or replaced by a new object
             except LeaseHeld as held:
                 # Another replica executes it. Park until its Lease could have expired (a dead holder's run
                 # is then taken over) or until the holder's status phase changes (handed over, finished).
@@ -908,6 +924,21 @@ class Operator:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+
+    async def _fresh_spec(self, view: RunView) -> Literal["unchanged", "changed", "gone"]:
+        """Read the Workflow afresh just before its run is claimed and executed here: is the spec still the
+        one this turn judged? The watch may lag (after an API server restart it reconnects, and may re-list,
+        seconds later): a replica taking over the run of one that died must not execute calls after a
+        ``spec.suspend`` it has not seen yet, which the old holder had already acknowledged in
+        status.observedGeneration. One GET per claim; a newer body wakes the daemon (``view.notice``)."""
+        fresh = await self._workflow(view.namespace, view.name)
+        if fresh is None or fresh.get("metadata", {}).get("uid") != view.uid:
+            return "gone"
+        meta = fresh.get("metadata", {})
+        if meta.get("generation") == view.generation and not meta.get("deletionTimestamp"):
+            return "unchanged"
+        view.notice(fresh)
+        return "changed"
 
     def _claim_delay(self) -> float:
         """How long to wait before claiming a run: longer the more runs this replica executes (or queues for
@@ -955,6 +986,7 @@ class Operator:
                 await hook(executor, run, lease)
             view.extra.suspended = True
             await engine.store.update_run(view.run_id, {"status": RunStatus.SUSPENDED}, fence=lease.fence)
+            view.extra.generation = view.generation
             return True
         finally:
             with contextlib.suppress(Exception):

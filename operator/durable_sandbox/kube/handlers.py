@@ -355,6 +355,7 @@ KOPF_OBSERVATION_LOGGER = "kopf._core.reactor.observation"
 KOPF_UNSERVED = ("Unresolved resources cannot be served", "Non-watchable resources will not be served",
                  "Non-patchable resources will not be served")
 _unserved: str | None = None  # why the operator stopped on its own, once it has
+UNSERVED_STOP = "kopf does not serve this operator's resources"  # how that stop's log line begins
 
 
 class UnservedResourcesGuard(logging.Handler):
@@ -369,7 +370,7 @@ class UnservedResourcesGuard(logging.Handler):
         message = record.getMessage()
         if _unserved is not None or not message.startswith(KOPF_UNSERVED) or GROUP not in message:
             return
-        _unserved = (f"kopf does not serve this operator's resources: the API server's discovery did not list them "
+        _unserved = (f"{UNSERVED_STOP}: the API server's discovery did not list them "
                      f"when kopf read it (an API server restarting just then?); restart the operator. kopf said: "
                      f"{message}")
         log.error("%s; stopping", _unserved)

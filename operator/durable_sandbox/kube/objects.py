@@ -47,9 +47,14 @@ class ObjectView:
         return owner_tag(self.namespace, self.uid)
 
     def notice(self, body: Mapping[str, Any]) -> None:
-        """The watch saw ``body``: wake the daemon if the spec changed or deletion began."""
-        self.body = body
+        """The watch saw ``body`` (or the daemon read it afresh): wake the daemon if the spec changed or
+        deletion began. A body older than the one held (a lower generation: a watch that lags behind a fresh
+        read, or replays after reconnecting) is ignored, so a read spec change is never forgotten again."""
         meta = body.get("metadata", {})
+        held, seen = self.body.get("metadata", {}).get("generation"), meta.get("generation")
+        if isinstance(held, int) and isinstance(seen, int) and seen < held:
+            return
+        self.body = body
         if meta.get("generation") != self.generation or meta.get("deletionTimestamp"):
             self.wake.set()
 

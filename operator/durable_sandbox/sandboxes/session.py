@@ -693,12 +693,16 @@ class SandboxSession:
         if prev is not None and prev.status == "started":
             for h in self.state.pending_handles:  # a half-finished restore from before a crash
                 await self._destroy(h, reason="abandoned")
+            # The crash (or a lost lease: another replica takes the run over) may have come between the
+            # provider making the replacement and the journal naming it.
+            await self._reap_unrecorded()
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta=meta)
         spec = self._spec_for(op_id)
         if cp is not None:
             handle = await self._transient("restore", lambda: self.provider.restore(cp.snapshot_id, spec, lease_seconds=self.lease_seconds))
         else:
             handle = await self._transient("provision", lambda: self.provider.provision(spec, lease_seconds=self.lease_seconds))
+        faults.reach(f"provisioned:{op_id}")  # made, not yet journaled: reaped when the restore is finished
         # Record the new sandbox before replaying into it, so a crash mid-replay cannot leak it.
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta={**meta, "handle": _handle_json(handle)})
         self.state.pending_handles.append(handle)
@@ -806,6 +810,11 @@ class SandboxSession:
             await self._destroy(h, reason="finalize")
         if self.state.handle is not None:
             await self._destroy(self.state.handle, reason="finalize")
+        if not (self.attach or self.state.options.get("attach")):
+            # A create whose answer never reached the journal (an executor that lost its lease or died while
+            # a provision or restore was in flight, then another took the run over) made a sandbox only its
+            # labels name: the run's end is the last moment this session can find it before the orphan sweep.
+            await self._reap_unrecorded()
         for cp in list(self.state.checkpoints):
             if keep is None or cp.snapshot_id != keep.snapshot_id:
                 await self._delete_snapshot(cp)
