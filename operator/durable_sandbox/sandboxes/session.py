@@ -605,7 +605,10 @@ class SandboxSession:
         for h in handles:
             labels = h.metadata.get("labels") or {}
             if labels.get("durable-sandbox.dev/run-id") == self.rt.run_id and labels.get("durable-sandbox.dev/session") == self.sid and h.id not in known:
-                await self.provider.destroy(h)
+                try:
+                    await self._retry_cleanup(f"destroy unrecorded sandbox {h.id}", functools.partial(self.provider.destroy, h))
+                except CleanupFailed as exc:  # not this run's failure: the orphan sweep removes it later
+                    log.warning("run %s, session %s: %s", self.rt.run_id, self.sid, exc)
 
     async def _after_call(self, count: int) -> None:
         # While replaying calls completed further on (a re-opened session), no sandbox holds exactly
