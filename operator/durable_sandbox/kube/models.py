@@ -206,8 +206,9 @@ class WorkflowSpec(_Model):
         Field(
             ge=1,
             strict=True,
-            description="Fail the run (reason Timeout) when it has not finished this many seconds after it "
-            "started; waiting and suspended time count. Unset: no limit.",
+            description="Cancel the run (phase Cancelled; condition Failed with the message 'timed out after Ns "
+            "(spec.timeoutSeconds)'), cleaning up its sandbox, when it has not finished this many seconds after "
+            "it was created; waiting and suspended time count. Unset: no limit.",
         ),
     ] | None = None
     suspend: StrictBool = Field(
