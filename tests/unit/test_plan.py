@@ -107,3 +107,14 @@ def test_timeout_seconds_describes_the_cancel_dsb_run_and_the_operator_do() -> N
     description = spec["properties"]["timeoutSeconds"]["description"]
     assert description.startswith("Cancel the run") and "phase Cancelled" in description
     assert "reason Timeout" not in description
+
+
+def test_sandbox_ref_describes_running_in_the_sandboxes_live_sandbox() -> None:
+    """In a cluster a Workflow with spec.sandboxRef attaches to the Sandbox's live sandbox (plan.py passes the
+    name on; tests/e2e/test_operator_sandboxes.py), so the description must not say it only borrows settings."""
+    from durable_sandbox.kube.crds import generate_crds
+
+    [workflows] = [crd for crd in generate_crds() if crd["spec"]["names"]["kind"] == "Workflow"]
+    spec = workflows["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    description = spec["properties"]["sandboxRef"]["description"]
+    assert description.startswith("Run the tool calls in the live sandbox of this Sandbox resource")

@@ -164,7 +164,9 @@ class WorkflowSpec(_Model):
     )
     sandbox_ref: SandboxRef | None = Field(
         default=None,
-        description="Use the settings of a Sandbox resource instead of inline sandbox settings." + _FIXED,
+        description="Run the tool calls in the live sandbox of this Sandbox resource (one Workflow holds it at a "
+        "time) instead of provisioning one from inline sandbox settings; dsb run, which has no cluster, makes a "
+        "sandbox from the settings of the Sandbox of that name in the same file." + _FIXED,
     )
     snapshot_every_n_calls: Annotated[
         int,
