@@ -401,6 +401,18 @@ def test_docs_cli_examples_work(home: Path) -> None:
         assert done.returncode in (0, 3), f"{command}: exit {done.returncode}\n{done.stderr}"
 
 
+def test_docs_cli_dry_run_transcript_is_what_dsb_prints(home: Path) -> None:
+    """The `dsb run --dry-run` transcript in docs/cli.md is the real output, run id included: the id is a hash of
+    the manifest's program and input, so a change to either (or to the models' defaults) must update the doc."""
+    command = "dsb run --dry-run examples/hello-workflow.yaml"
+    lines = (ROOT / "docs" / "cli.md").read_text().splitlines()
+    start = lines.index(f"$ {command}") + 1
+    documented = lines[start : lines.index("```", start)]
+    done = sh(home, *command.split()[1:])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == documented
+
+
 def test_output_and_store_options_also_work_after_the_command(tmp_path: Path) -> None:
     """`dsb runs -o json` and `dsb inspect RUN --store F` behave like the global forms, as in kubectl."""
     store = tmp_path / "elsewhere.db"

@@ -94,3 +94,27 @@ def test_missing_sandbox_ref_is_an_error_in_the_cluster() -> None:
     with pytest.raises(PlanError, match=r"spec.sandboxRef: Sandbox 'box' does not exist"):
         plan_workflow(workflow(spec), source="cluster", cluster=True, sandboxes={})
     assert plan_workflow(workflow(spec, uid=None), source="f.yaml").warnings
+
+
+def test_timeout_seconds_describes_the_cancel_dsb_run_and_the_operator_do() -> None:
+    """Past spec.timeoutSeconds, `dsb run` (cli/drive.py) and the operator cancel the run (status cancelled, phase
+    Cancelled); the field's description, which `kubectl explain workflow.spec.timeoutSeconds` shows, once said
+    it fails the run with reason Timeout, which nothing does."""
+    from durable_sandbox.kube.crds import generate_crds
+
+    [workflows] = [crd for crd in generate_crds() if crd["spec"]["names"]["kind"] == "Workflow"]
+    spec = workflows["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    description = spec["properties"]["timeoutSeconds"]["description"]
+    assert description.startswith("Cancel the run") and "phase Cancelled" in description
+    assert "reason Timeout" not in description
+
+
+def test_sandbox_ref_describes_running_in_the_sandboxes_live_sandbox() -> None:
+    """In a cluster a Workflow with spec.sandboxRef attaches to the Sandbox's live sandbox (plan.py passes the
+    name on; tests/e2e/test_operator_sandboxes.py), so the description must not say it only borrows settings."""
+    from durable_sandbox.kube.crds import generate_crds
+
+    [workflows] = [crd for crd in generate_crds() if crd["spec"]["names"]["kind"] == "Workflow"]
+    spec = workflows["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    description = spec["properties"]["sandboxRef"]["description"]
+    assert description.startswith("Run the tool calls in the live sandbox of this Sandbox resource")

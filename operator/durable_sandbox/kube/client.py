@@ -73,6 +73,11 @@ async def json_body(call: Awaitable[Any], *, parse: bool = True) -> dict[str, An
     return out
 
 
+def _any_file(paths: str) -> bool:
+    """Whether any of the ``os.pathsep``-separated paths (as in ``$KUBECONFIG``) is a file."""
+    return any(os.path.isfile(p) for p in paths.split(os.pathsep) if p)
+
+
 @dataclass
 class KubeClient:
     """One aiohttp connection pool and the typed API groups on it. Close it with :meth:`close`."""
@@ -97,6 +102,13 @@ class KubeClient:
         else:
             # Read here, not at import: the kubernetes package snapshots $KUBECONFIG when it is imported.
             chosen = str(path) if path is not None else str(default)
+            # $KUBECONFIG may list several files; the client merges those that exist and, when none does, only
+            # logs a bare "Config not found" line before failing with a misleading message. Say what is wrong.
+            if not _any_file(chosen):
+                raise RuntimeError(
+                    f"Cannot configure the Kubernetes client from {chosen}: no such kubeconfig file. Set KUBECONFIG "
+                    f"to a kubeconfig for the cluster, or run inside the cluster with a service account."
+                )
             try:
                 await k8s_config.load_kube_config(
                     config_file=chosen, context=context, client_configuration=configuration, persist_config=False

@@ -164,7 +164,9 @@ class WorkflowSpec(_Model):
     )
     sandbox_ref: SandboxRef | None = Field(
         default=None,
-        description="Use the settings of a Sandbox resource instead of inline sandbox settings." + _FIXED,
+        description="Run the tool calls in the live sandbox of this Sandbox resource (one Workflow holds it at a "
+        "time) instead of provisioning one from inline sandbox settings; dsb run, which has no cluster, makes a "
+        "sandbox from the settings of the Sandbox of that name in the same file." + _FIXED,
     )
     snapshot_every_n_calls: Annotated[
         int,
@@ -206,8 +208,9 @@ class WorkflowSpec(_Model):
         Field(
             ge=1,
             strict=True,
-            description="Fail the run (reason Timeout) when it has not finished this many seconds after it "
-            "started; waiting and suspended time count. Unset: no limit.",
+            description="Cancel the run (phase Cancelled; condition Failed with the message 'timed out after Ns "
+            "(spec.timeoutSeconds)'), cleaning up its sandbox, when it has not finished this many seconds after "
+            "it was created; waiting and suspended time count. Unset: no limit.",
         ),
     ] | None = None
     suspend: StrictBool = Field(
