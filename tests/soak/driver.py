@@ -270,8 +270,25 @@ class Soak:
     # ------------------------------------------------------------------------------------------- loop
 
     def summary(self) -> str:
-        pending = [f"{t.script.name}(applied={t.applied})" for t in self.tracked.values() if not t.done]
+        """What was injected, and where each Workflow not done stands: the script's progress and the object."""
+        try:
+            objs = self.workflows()
+        except (AssertionError, subprocess.TimeoutExpired):
+            objs = {}
+        pending = [self.describe(t, objs.get(t.script.name)) for t in self.tracked.values() if not t.done]
         return f"faults injected {self.injected} of {len(self.plan.faults)}; not done: {pending[:20]}"
+
+    @staticmethod
+    def describe(t: Tracked, obj: dict[str, Any] | None) -> str:
+        steps = ",".join(k for k in ("applied", "acted", "gate_open", "resumed", "signalled") if getattr(t, k))
+        if obj is None:
+            return f"{t.script.name}({steps}; no object)"
+        meta, st = obj.get("metadata") or {}, obj.get("status") or {}
+        ready = next((c for c in st.get("conditions") or [] if c.get("type") == "Ready"), {})
+        return (f"{t.script.name}({steps}; generation {meta.get('generation')}, observed {st.get('observedGeneration')}, "
+                f"phase {st.get('phase')}, call {(st.get('currentCall') or {}).get('index')}, "
+                f"deleting {bool(meta.get('deletionTimestamp'))}, finalizers {meta.get('finalizers')}, "
+                f"Ready {ready.get('reason')}: {ready.get('message')})")
 
     def run(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
