@@ -605,7 +605,8 @@ class Operator:
         acts on it, and says so itself; ``_suspend`` moves it here once the run is suspended). Otherwise a
         replica that merely saw the suspend would tell the world it had taken effect."""
         spec, shown = view.body.get("spec") or {}, view.body.get("status") or {}
-        if spec.get("suspend") and shown.get("phase") != "Suspended" and not view.extra.suspended:
+        settled = shown.get("phase") in ("Suspended", "Succeeded", "Failed", "Cancelled")  # nothing left to stop
+        if spec.get("suspend") and not settled and not view.extra.suspended:
             held = shown.get("observedGeneration")
             return held if isinstance(held, int) else None
         return view.generation
