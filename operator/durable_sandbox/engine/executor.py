@@ -327,7 +327,15 @@ class RunExecutor:
                 log.error("lease on run %s lost; cancelling its execution here", lease.run_id)
                 wf.cancel()
                 return
-            run = await self.store.get_run(lease.run_id)
+            try:
+                run = await self.store.get_run(lease.run_id)
+            except Exception as exc:
+                # Only a failed renewal means the lease is lost. A failed read (the store away for a moment)
+                # must not end the keeper: the lease would then lapse while the run goes on executing here,
+                # and the replica that takes the run over would execute it alongside. The next poll reads again.
+                log.warning("run %s: could not read it to look for a cancel (%s); looking again in %.1fs",
+                            lease.run_id, exc, interval)
+                continue
             if run is not None and run.cancel_requested and rt.cancel_reason is None:
                 rt.cancel_reason = run.cancel_requested
                 self._cancel_once(lease.run_id, wf)
