@@ -96,15 +96,20 @@ def test_missing_sandbox_ref_is_an_error_in_the_cluster() -> None:
     assert plan_workflow(workflow(spec, uid=None), source="f.yaml").warnings
 
 
-def test_timeout_seconds_describes_the_cancel_dsb_run_and_the_operator_do() -> None:
-    """Past spec.timeoutSeconds, `dsb run` (cli/drive.py) and the operator cancel the run (status cancelled, phase
-    Cancelled); the field's description, which `kubectl explain workflow.spec.timeoutSeconds` shows, once said
-    it fails the run with reason Timeout, which nothing does."""
+def spec_description(field: str) -> str:
+    """What `kubectl explain workflow.spec.<field>` shows: the generated CRD's description of the field."""
     from durable_sandbox.kube.crds import generate_crds
 
     [workflows] = [crd for crd in generate_crds() if crd["spec"]["names"]["kind"] == "Workflow"]
     spec = workflows["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    description = spec["properties"]["timeoutSeconds"]["description"]
+    return str(spec["properties"][field]["description"])
+
+
+def test_timeout_seconds_describes_the_cancel_dsb_run_and_the_operator_do() -> None:
+    """Past spec.timeoutSeconds, `dsb run` (cli/drive.py) and the operator cancel the run (status cancelled, phase
+    Cancelled); the field's description, which `kubectl explain workflow.spec.timeoutSeconds` shows, once said
+    it fails the run with reason Timeout, which nothing does."""
+    description = spec_description("timeoutSeconds")
     assert description.startswith("Cancel the run") and "phase Cancelled" in description
     assert "reason Timeout" not in description
 
@@ -112,9 +117,5 @@ def test_timeout_seconds_describes_the_cancel_dsb_run_and_the_operator_do() -> N
 def test_sandbox_ref_describes_running_in_the_sandboxes_live_sandbox() -> None:
     """In a cluster a Workflow with spec.sandboxRef attaches to the Sandbox's live sandbox (plan.py passes the
     name on; tests/e2e/test_operator_sandboxes.py), so the description must not say it only borrows settings."""
-    from durable_sandbox.kube.crds import generate_crds
-
-    [workflows] = [crd for crd in generate_crds() if crd["spec"]["names"]["kind"] == "Workflow"]
-    spec = workflows["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    description = spec["properties"]["sandboxRef"]["description"]
+    description = spec_description("sandboxRef")
     assert description.startswith("Run the tool calls in the live sandbox of this Sandbox resource")

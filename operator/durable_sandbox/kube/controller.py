@@ -76,7 +76,7 @@ from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, Workflo
 from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, cluster_run_id, plan_workflow
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
-from durable_sandbox.kube.status import Extra, Projection, StatusWriter, render
+from durable_sandbox.kube.status import TERMINAL_PHASES, Extra, Projection, StatusWriter, render
 from durable_sandbox.kube.store import KubernetesStore, OwnerRef
 from durable_sandbox.providers.contract import INSTALLATION_LABEL
 from durable_sandbox.workflows import sandbox_agent
@@ -602,10 +602,10 @@ class Operator:
     def _acted_generation(view: RunView) -> int | None:
         """The generation this replica may write as status.observedGeneration at the start of a turn: the
         spec's, except while a ``spec.suspend`` waits for the run's lease (the replica executing the run
-        acts on it, and says so itself; ``_suspend`` moves it here once the run is suspended). Otherwise a
+        acts on it, and says so itself; ``_step`` moves it here once the run is suspended). Otherwise a
         replica that merely saw the suspend would tell the world it had taken effect."""
         spec, shown = view.body.get("spec") or {}, view.body.get("status") or {}
-        settled = shown.get("phase") in ("Suspended", "Succeeded", "Failed", "Cancelled")  # nothing left to stop
+        settled = shown.get("phase") == "Suspended" or shown.get("phase") in TERMINAL_PHASES  # nothing left to stop
         if spec.get("suspend") and not settled and not view.extra.suspended:
             held = shown.get("observedGeneration")
             return held if isinstance(held, int) else None
@@ -987,7 +987,6 @@ class Operator:
                 await hook(executor, run, lease)
             view.extra.suspended = True
             await engine.store.update_run(view.run_id, {"status": RunStatus.SUSPENDED}, fence=lease.fence)
-            view.extra.generation = view.generation
             return True
         finally:
             with contextlib.suppress(Exception):

@@ -544,7 +544,7 @@ class SandboxSession:
 
     async def _provision(self, prev: OperationRecord | None) -> None:
         op_id = f"{self.sid}/provision"
-        if prev is not None and self.attach is None:
+        if prev is not None:
             await self._reap_unrecorded()
         self.rt.enter(op_id, OpKind.SANDBOX_PROVISION.value, self.provider.name, None)
         meta = {"provider": self.provider.name, "options": self._options()}
@@ -570,9 +570,13 @@ class SandboxSession:
         handle: SandboxHandle = await find(self.rt.run_id, name)
         return handle
 
+    def _attached_name(self) -> str | None:
+        """The Sandbox resource this session runs in (None: its own sandbox), as given or as journaled."""
+        return self.attach or self.state.options.get("attach")
+
     def _attached_id(self) -> str | None:
         """The id of the attached Sandbox resource's sandbox (None for a session's own sandbox)."""
-        if not (self.attach or self.state.options.get("attach")):
+        if not self._attached_name():
             return None
         return self._first_sandbox_id()
 
@@ -594,7 +598,10 @@ class SandboxSession:
 
     async def _reap_unrecorded(self) -> None:
         """A crash between the provider creating a sandbox and the journal recording it would leak it:
-        find such sandboxes by their labels and destroy them before making a new one."""
+        find such sandboxes by their labels and destroy them before making a new one. (A Sandbox resource's
+        sandbox, attached, is never this session's to destroy.)"""
+        if self._attached_name():
+            return
         if not self.provider.capabilities().supports(Capability.LEASE_RECONCILIATION):
             return
         try:
@@ -666,7 +673,7 @@ class SandboxSession:
     async def _recover(self, why: str) -> None:
         if self._attached_id() is not None:
             raise DurableError(
-                f"Sandbox {self.sid!r}: the sandbox of Sandbox resource {self.attach or self.state.options.get('attach')!r} "
+                f"Sandbox {self.sid!r}: the sandbox of Sandbox resource {self._attached_name()!r} "
                 f"was lost ({why}); its controller re-creates it from its newest snapshot. Run the Workflow again "
                 f"(or give it spec.retry) to continue in the re-created sandbox."
             )
@@ -813,11 +820,10 @@ class SandboxSession:
             await self._destroy(h, reason="finalize")
         if self.state.handle is not None:
             await self._destroy(self.state.handle, reason="finalize")
-        if not (self.attach or self.state.options.get("attach")):
-            # A create whose answer never reached the journal (an executor that lost its lease or died while
-            # a provision or restore was in flight, then another took the run over) made a sandbox only its
-            # labels name: the run's end is the last moment this session can find it before the orphan sweep.
-            await self._reap_unrecorded()
+        # A create whose answer never reached the journal (an executor that lost its lease or died while a
+        # provision or restore was in flight, then another took the run over) made a sandbox only its labels
+        # name: the run's end is the last moment this session can find it before the orphan sweep.
+        await self._reap_unrecorded()
         for cp in list(self.state.checkpoints):
             if keep is None or cp.snapshot_id != keep.snapshot_id:
                 await self._delete_snapshot(cp)
