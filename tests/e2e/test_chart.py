@@ -282,6 +282,7 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
     assert crds == {
         "customresourcedefinition.apiextensions.k8s.io/workflows.durable-sandbox.dev",
         "customresourcedefinition.apiextensions.k8s.io/sandboxes.durable-sandbox.dev",
+        "customresourcedefinition.apiextensions.k8s.io/journals.durable-sandbox.dev",
     }
     installed = chart_objects(cluster)
     assert installed == {
@@ -291,6 +292,9 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
         f"PodDisruptionBudget/{OPERATOR_NS}/{SA_NAME}",
         f"Role/team-a/{SA_NAME}", f"RoleBinding/team-a/{SA_NAME}",
         f"Role/team-b/{SA_NAME}", f"RoleBinding/team-b/{SA_NAME}",
+        f"Role/team-a/{SA_NAME}-secrets", f"RoleBinding/team-a/{SA_NAME}-secrets",
+        f"Role/team-b/{SA_NAME}-secrets", f"RoleBinding/team-b/{SA_NAME}-secrets",
+        f"Role/{OPERATOR_NS}/{SA_NAME}-journal-key", f"RoleBinding/{OPERATOR_NS}/{SA_NAME}-journal-key",
         f"ValidatingAdmissionPolicy//{SA_NAME}-no-spec-writes",
         f"ValidatingAdmissionPolicyBinding//{SA_NAME}-no-spec-writes",
     }
