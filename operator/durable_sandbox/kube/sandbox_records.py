@@ -16,7 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from durable_sandbox.engine.errors import JournalDamaged
-from durable_sandbox.kube.client import ApiException, KubeClient, is_conflict, is_not_found, is_precondition_failed
+from durable_sandbox.kube.client import (
+    ApiException,
+    KubeClient,
+    is_conflict,
+    is_not_found,
+    is_precondition_failed,
+)
 from durable_sandbox.kube.journal_objects import LABEL_PART, MANAGED_BY, JournalObjects
 from durable_sandbox.kube.labels import label_value
 from durable_sandbox.kube.models import API_VERSION
