@@ -33,7 +33,8 @@ SIZES_KIB = (0, 8, 16, 32, 128, 384)
 async def measure(kubeconfig: str, namespace: str, rounds: int, per_round: int) -> dict[int, list[float]]:
     from kubernetes.aio.client import models as m
 
-    from durable_sandbox.kube.client import JSON_PATCH, KubeClient, json_body
+    from durable_sandbox.kube.client import KubeClient, json_body
+    from durable_sandbox.kube.resources import JSON_PATCH
 
     api = await KubeClient.connect(kubeconfig=kubeconfig)
     try:

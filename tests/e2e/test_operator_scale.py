@@ -25,7 +25,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 
-from durable_sandbox.kube.models import GROUP, VERSION
+from durable_sandbox.kube.resources import GROUP, VERSION, WORKFLOWS
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import condition, dsb, namespace, operators
 
@@ -83,7 +83,7 @@ class StatusWatch(threading.Thread):
                 kwargs["resource_version"] = resource_version  # resume where the last watch ended: no gap
             try:
                 for event in stream.stream(
-                    self.api.list_namespaced_custom_object, GROUP, VERSION, self.ns, "workflows", **kwargs
+                    self.api.list_namespaced_custom_object, GROUP, VERSION, self.ns, WORKFLOWS, **kwargs
                 ):
                     obj = event["object"]
                     if event["type"] == "ERROR":

@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 import durable_sandbox
 from durable_sandbox.cli.main import cli
-from durable_sandbox.kube.models import API_VERSION
+from durable_sandbox.kube.resources import API_VERSION
 from durable_sandbox.stores import SqliteStore
 
 SANDBOX_CANARY = "canary-sbx-7f3a91c2e4"

@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 
 from durable_sandbox.cli.main import cli
 from durable_sandbox.kube.manifests import ManifestError, load_manifests
-from durable_sandbox.kube.models import API_VERSION
+from durable_sandbox.kube.resources import API_VERSION
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,8 @@ from durable_sandbox.kube.manifests import (
     ManifestError,
     load_manifests,
 )
-from durable_sandbox.kube.models import API_VERSION, WorkflowResource
+from durable_sandbox.kube.models import WorkflowResource
+from durable_sandbox.kube.resources import API_VERSION
 
 HEAD = f"apiVersion: {API_VERSION}\nkind: Workflow\nmetadata:\n  name: demo\nspec:\n"
 CALLS = "  toolCalls:\n    - {type: shell, command: echo hi}\n"

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from durable_sandbox.kube.models import (
-    API_VERSION,
     ManifestError,
     SandboxResource,
     WorkflowResource,
     load_manifests,
     to_sandbox_agent_input,
 )
+from durable_sandbox.kube.resources import API_VERSION
 from durable_sandbox.providers.registry import available_providers
 from durable_sandbox.workflows.sandbox_agent import SandboxAgentInput
 

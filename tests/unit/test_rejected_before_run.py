@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from durable_sandbox.kube.models import API_VERSION
+from durable_sandbox.kube.resources import API_VERSION
 from tests.unit.test_cli import FLOWS, dsb
 from tests.unit.test_cli import home as home  # autouse: a fresh DURABLE_SANDBOX_HOME, cwd at the repo root
 

@@ -28,10 +28,6 @@ __all__ = [
     "json_body",
 ]  # fmt: skip
 
-# A JSON Patch whose `test` op fails is answered 422 (Unprocessable Entity); a stale resourceVersion 409.
-JSON_PATCH = "application/json-patch+json"
-
-
 def is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 404
 

@@ -46,7 +46,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from kubernetes.aio.client import models as k8s_models
 from pydantic import ValidationError
 
 import durable_sandbox
@@ -55,7 +54,7 @@ from durable_sandbox.engine.errors import StoreUnavailable
 from durable_sandbox.engine.executor import default_worker_id
 from durable_sandbox.engine.records import Commit, OperationRecord, OpKind, RunRecord
 from durable_sandbox.kube import holding
-from durable_sandbox.kube.client import KubeClient, is_not_found, is_transient
+from durable_sandbox.kube.client import KubeClient, is_transient
 from durable_sandbox.kube.concurrency import (
     CONCURRENCY_LIMIT_REASON,
     DEFAULT_MAX_CONCURRENT_RUNS,
@@ -72,9 +71,10 @@ from durable_sandbox.kube.events import (
 )
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.metrics import METRICS
-from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource, WorkflowResource
+from durable_sandbox.kube.models import SandboxResource, WorkflowResource
 from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, cluster_run_id, plan_workflow
+from durable_sandbox.kube.resources import SANDBOXES, WORKFLOWS, CustomObjects
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.status import TERMINAL_PHASES, Extra, Projection, StatusWriter, render
 from durable_sandbox.kube.store import KubernetesStore, OwnerRef
@@ -86,9 +86,6 @@ TRANSIENT_BACKOFF_MAX = 8.0  # seconds between tries while the API server is unr
 TRANSIENT_WAKE_SPREAD = 4.0  # a run that woke while it was unreachable looks again after 1-4 x claim_retry
 
 FINALIZER = "durable-sandbox.dev/cleanup"
-WORKFLOWS = "workflows"
-SANDBOXES = "sandboxes"
-MERGE_PATCH = "application/merge-patch+json"
 
 
 @dataclass(frozen=True)
@@ -256,8 +253,10 @@ class Operator:
         policy: OperatorPolicy | None = None,
         settings: OperatorSettings | None = None,
         providers: Any = None,
+        objects: CustomObjects | None = None,
     ) -> None:
         self.api = api
+        self.objects = objects if objects is not None else CustomObjects(api)
         self.policy = policy or OperatorPolicy()
         self.settings = settings or OperatorSettings()
         self.events = EventRecorder(api.core, instance=self.settings.worker_id)
@@ -417,15 +416,7 @@ class Operator:
         task.add_done_callback(self._background.discard)
 
     async def _patch_status(self, view: RunView, status: dict[str, Any]) -> None:
-        try:
-            await self.api.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, view.namespace, WORKFLOWS, view.name, {"status": status},
-                field_manager="durable-sandbox-operator", _content_type=MERGE_PATCH,
-            )
-        except Exception as exc:
-            if is_not_found(exc):
-                return  # the Workflow is gone
-            raise
+        await self.objects.patch_status(WORKFLOWS, view.namespace, view.name, status)  # None: the Workflow is gone
 
     # ------------------------------------------------------------------ the daemon
 
@@ -550,13 +541,7 @@ class Operator:
                           sandbox=view.waiting_for), park.delay)
 
     async def _workflow(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            obj: Any = await self.api.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, WORKFLOWS, name)
-        except Exception as exc:
-            if is_not_found(exc):
-                return None
-            raise
-        return obj if isinstance(obj, dict) else None
+        return await self.objects.get(WORKFLOWS, namespace, name)
 
     async def _serve(self, view: RunView, stopped: asyncio.Event) -> Park | None:
         """Turn after turn until the run is parked (returned), finished for good or this replica stops (None)."""
@@ -658,7 +643,7 @@ class Operator:
             self._offer(view)
             return None
         if wf.spec.sandbox_ref is not None:
-            waits = await holding.hold(self.api, view.namespace, wf.spec.sandbox_ref.name, view.name)
+            waits = await holding.hold(self.objects, view.namespace, wf.spec.sandbox_ref.name, view.name)
             if waits is not None:
                 view.waiting_for = wf.spec.sandbox_ref.name
                 view.extra.not_runnable, view.extra.not_runnable_reason = waits, "WaitingForSandbox"
@@ -687,7 +672,7 @@ class Operator:
         view = self._views.get(run_id)
         if view is None:
             raise RuntimeError(f"run {run_id} is not served by this operator")
-        return await holding.live_handle(self.api, view.namespace, name)
+        return await holding.live_handle(self.objects, view.namespace, name)
 
     def sandbox_changed(self, namespace: str, name: str) -> None:
         """A Sandbox changed: wake the runs waiting for it (it may be Ready, or let go by its holder)."""
@@ -704,17 +689,12 @@ class Operator:
             return
         ref = ((view.latest().get("spec") or {}).get("sandboxRef") or {}).get("name")
         if ref:
-            await holding.release(self.api, view.namespace, ref, view.name)
+            await holding.release(self.objects, view.namespace, ref, view.name)
         view.released = True
 
     async def _sandbox(self, namespace: str, name: str) -> SandboxResource | None:
-        try:
-            obj = await self.api.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SANDBOXES, name)
-        except Exception as exc:
-            if is_not_found(exc):
-                return None
-            raise
-        return SandboxResource.model_validate(obj)
+        obj = await self.objects.get(SANDBOXES, namespace, name)
+        return SandboxResource.model_validate(obj) if obj is not None else None
 
     async def _read_secrets(self, namespace: str, plan: RunPlan) -> dict[tuple[str, str], str]:
         """The Secret values the run's sandbox env references (values never leave this process's memory
@@ -1012,12 +992,7 @@ class Operator:
             await self._wait(view, stopped, due - time.time(), "finished")
             return "again"
         with contextlib.suppress(Exception):
-            await self.api.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, view.namespace, WORKFLOWS, view.name,
-                body=k8s_models.V1DeleteOptions(
-                    preconditions=k8s_models.V1Preconditions(uid=view.uid), propagation_policy="Background"
-                ),
-            )
+            await self.objects.delete(WORKFLOWS, view.namespace, view.name, uid=view.uid)
         return "done"
 
     async def _wait(self, view: RunView, stopped: asyncio.Event, timeout: float | None, why: str) -> None:

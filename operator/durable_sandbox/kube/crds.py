@@ -37,7 +37,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from durable_sandbox.kube.models import _ENTRYPOINT, GROUP, VERSION, SandboxResource, WorkflowResource
+from durable_sandbox.kube.models import _ENTRYPOINT, SandboxResource, WorkflowResource
+from durable_sandbox.kube.resources import GROUP, SANDBOXES, VERSION, WORKFLOWS
 from durable_sandbox.sandboxes.session import _RESERVED_HEADS
 from durable_sandbox.workflows.sandbox_agent import PATH_MAX_LENGTH
 
@@ -491,7 +492,7 @@ def generate_crds() -> list[Schema]:
     """The Workflow and Sandbox CRDs (apiextensions.k8s.io/v1), in that order."""
     workflow = _crd(
         "Workflow",
-        "workflows",
+        WORKFLOWS,
         "dwf",
         structural_schema(
             WorkflowResource,
@@ -523,7 +524,7 @@ def generate_crds() -> list[Schema]:
     )
     sandbox = _crd(
         "Sandbox",
-        "sandboxes",
+        SANDBOXES,
         "dsbx",
         structural_schema(
             SandboxResource,
@@ -566,7 +567,7 @@ SIGNALS_ONLY_GAIN = (
     "spec.signals can only gain keys: a signal, once given, can neither be removed nor changed "
     "(the run may already have acted on it)"
 )
-POLICY_NAME = f"workflows.{GROUP}"
+POLICY_NAME = f"{WORKFLOWS}.{GROUP}"
 POLICY_RULES: list[dict[str, str]] = [
     *(
         {
@@ -607,7 +608,7 @@ def generate_admission_policy() -> list[Schema]:
                         "apiGroups": [GROUP],
                         "apiVersions": ["*"],
                         "operations": ["UPDATE"],
-                        "resources": ["workflows"],
+                        "resources": [WORKFLOWS],
                     }
                 ]
             },

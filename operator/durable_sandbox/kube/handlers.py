@@ -41,7 +41,7 @@ from typing import Any, cast
 
 import kopf
 
-from durable_sandbox.kube.client import KubeClient, is_not_found
+from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.controller import (
     FINALIZER,
     CleanupPending,
@@ -51,7 +51,7 @@ from durable_sandbox.kube.controller import (
 )
 from durable_sandbox.kube.discovery import wait_until_served
 from durable_sandbox.kube.metrics import METRICS
-from durable_sandbox.kube.models import GROUP, VERSION
+from durable_sandbox.kube.resources import GROUP, SANDBOXES, VERSION, WORKFLOWS
 from durable_sandbox.kube.sandbox_controller import SandboxController, SandboxControllerSettings
 from durable_sandbox.kube.sweeper import OrphanSweeper
 
@@ -278,20 +278,16 @@ def toucher(plural: str, body: kopf.Body) -> Touch:
             return  # the operator is exiting
         stamp = datetime.datetime.now(datetime.UTC).isoformat()
         try:
-            await _operator.api.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, plural, name, {"status": {"kopf": {"dummy": stamp}}},
-                field_manager="durable-sandbox-operator", _content_type="application/merge-patch+json",
-            )
+            # Answers None when it is gone: kopf let it go already.
+            await _operator.objects.patch_status(plural, namespace, name, {"kopf": {"dummy": stamp}})
         except Exception as exc:
-            if is_not_found(exc):
-                return  # kopf let it go already
             log.warning("could not ask kopf to look at %s %s/%s again (%s): its finalizer goes when the daemon's "
                         "graceful backoff of %gs is over", plural, namespace, name, exc, DAEMON_GRACEFUL_EXIT)
 
     return touch
 
 
-@kopf.on.event(GROUP, VERSION, "workflows")
+@kopf.on.event(GROUP, VERSION, WORKFLOWS)
 async def watched(body: kopf.Body, type: str | None, **_: Any) -> None:
     uid = body.get("metadata", {}).get("uid", "")
     if type == "DELETED":
@@ -304,7 +300,7 @@ async def watched(body: kopf.Body, type: str | None, **_: Any) -> None:
         _operator.notice(body)
 
 
-@kopf.on.delete(GROUP, VERSION, "workflows", optional=False, retries=None)
+@kopf.on.delete(GROUP, VERSION, WORKFLOWS, optional=False, retries=None)
 async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
     await _finalize("Workflow", current().cleanup(body, attempt=retry))
 
@@ -327,16 +323,16 @@ def sandboxes() -> SandboxController:
     return _sandboxes
 
 
-@kopf.daemon(GROUP, VERSION, "sandboxes", cancellation_backoff=DAEMON_GRACEFUL_EXIT,
+@kopf.daemon(GROUP, VERSION, SANDBOXES, cancellation_backoff=DAEMON_GRACEFUL_EXIT,
              cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT)
 async def keep_sandbox(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
     # One daemon per Sandbox: provisions, renews the provider lease, suspends and restores it.
     controller = sandboxes()
     await until_stopped(stopped, lambda stop: controller.daemon(lambda: body, stop), kind="Sandbox",
-                        touch=toucher("sandboxes", body))
+                        touch=toucher(SANDBOXES, body))
 
 
-@kopf.on.event(GROUP, VERSION, "sandboxes")
+@kopf.on.event(GROUP, VERSION, SANDBOXES)
 async def sandbox_watched(body: kopf.Body, **_: Any) -> None:
     if _sandboxes is not None:
         _sandboxes.notice(body)
@@ -344,7 +340,7 @@ async def sandbox_watched(body: kopf.Body, **_: Any) -> None:
         _operator.sandbox_changed(body.get("metadata", {}).get("namespace", ""), body.get("metadata", {}).get("name", ""))
 
 
-@kopf.on.delete(GROUP, VERSION, "sandboxes", optional=False, retries=None)
+@kopf.on.delete(GROUP, VERSION, SANDBOXES, optional=False, retries=None)
 async def delete_sandbox(body: kopf.Body, retry: int, **_: Any) -> None:
     await _finalize("Sandbox", sandboxes().cleanup(body, attempt=retry))
 

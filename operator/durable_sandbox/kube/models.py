@@ -29,10 +29,6 @@ from durable_sandbox.workflows.sandbox_agent import (
     check_loss_within_calls,
 )
 
-GROUP = "durable-sandbox.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-
 # Kubernetes object names (DNS-1123 subdomain): what kubectl would accept, so a manifest that passes
 # here does not fail later at `kubectl apply`.
 _DNS1123 = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
@@ -571,10 +567,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "API_VERSION",
-    "GROUP",
     "KINDS",
-    "VERSION",
     "CallsStatus",
     "Condition",
     "CurrentCall",

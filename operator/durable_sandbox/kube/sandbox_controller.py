@@ -46,12 +46,13 @@ from pydantic import ValidationError
 
 from durable_sandbox.engine import faults
 from durable_sandbox.kube import holding
-from durable_sandbox.kube.client import KubeClient, is_not_found
+from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.controller import CleanupPending
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
 from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
-from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource
+from durable_sandbox.kube.models import SandboxResource
 from durable_sandbox.kube.objects import ObjectView
+from durable_sandbox.kube.resources import API_VERSION, OPERATOR_FIELD_MANAGER, SANDBOXES, CustomObjects
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.status import condition, rfc3339
 from durable_sandbox.kube.store import MANAGED_BY
@@ -69,8 +70,6 @@ from durable_sandbox.workflows.sandbox_agent import resolve_env
 
 log = logging.getLogger("durable_sandbox.kube.sandbox_controller")
 
-SANDBOXES = "sandboxes"
-MERGE_PATCH = "application/merge-patch+json"
 SANDBOX_LABEL = "durable-sandbox.dev/sandbox"
 OPERATION_LABEL = "durable-sandbox.dev/operation"
 
@@ -120,6 +119,7 @@ class SandboxController:
         labels: Mapping[str, str] | None = None,
     ) -> None:
         self.api = api
+        self.objects = CustomObjects(api)
         self.events = events
         self.labels = dict(labels or {})  # on every sandbox provisioned (the installation label: orphan sweeps)
         self._provider_of = provider
@@ -144,14 +144,7 @@ class SandboxController:
                 view.status.pop(key, None)
             else:
                 view.status[key] = value
-        try:
-            await self.api.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, view.namespace, SANDBOXES, view.name, {"status": changes},
-                field_manager="durable-sandbox-operator", _content_type=MERGE_PATCH,
-            )
-        except Exception as exc:
-            if not is_not_found(exc):
-                raise
+        await self.objects.patch_status(SANDBOXES, view.namespace, view.name, changes)
 
     def _conditions(self, view: SandboxView, **states: tuple[bool, str, str]) -> list[dict[str, Any]]:
         """The conditions with ``states`` (type -> (on, reason, message)) applied over the current ones."""
@@ -217,8 +210,8 @@ class SandboxController:
             leases = self._leases.get(view.namespace)
             if leases is None:
                 leases = self._leases[view.namespace] = Leases(self.api, view.namespace,
-                                                               field_manager="durable-sandbox-operator")
-            owner = k8s_models.V1OwnerReference(api_version=f"{GROUP}/{VERSION}", kind="Sandbox", name=view.name,
+                                                               field_manager=OPERATOR_FIELD_MANAGER)
+            owner = k8s_models.V1OwnerReference(api_version=API_VERSION, kind="Sandbox", name=view.name,
                                                 uid=view.uid)
             view.lease = HeldLease(
                 leases, f"dsbx.{view.uid}", self.settings.worker_id, self.settings.lease_ttl,
@@ -244,13 +237,8 @@ class SandboxController:
         log.info("sandbox %s/%s: this replica (%s) reconciles it now (lease epoch %d)", view.namespace, view.name,
                  self.settings.worker_id, epoch)
         # The previous holder wrote status last: start from what the API server has, not from our memory.
-        try:
-            obj: Any = await self.api.custom.get_namespaced_custom_object(GROUP, VERSION, view.namespace, SANDBOXES,
-                                                                          view.name)
-        except Exception as exc:
-            if not is_not_found(exc):
-                raise
-        else:
+        obj = await self.objects.get(SANDBOXES, view.namespace, view.name)
+        if obj is not None:
             view.status = dict(obj.get("status") or {})
         return None
 
@@ -413,7 +401,7 @@ class SandboxController:
     async def _keep_suspended(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> float | None:
         handle = view.handle()
         if handle is not None:
-            holder = await holding.running_holder(self.api, view.namespace, dict(view.latest()))
+            holder = await holding.running_holder(self.objects, view.namespace, dict(view.latest()))
             if holder is not None:
                 # Destroying the sandbox under a running Workflow would fail its calls: wait for it to end.
                 message = f"Workflow {holder} holds this sandbox (spec.sandboxRef); it is suspended once that Workflow ends"
@@ -507,7 +495,7 @@ class SandboxController:
                 self._views.pop(view.uid, None)  # the holder cleans up; nothing of this view is worth keeping
                 raise CleanupPending(f"replica {view.waiting_on} reconciles this Sandbox; its cleanup runs there (or "
                                      f"here once that replica's lease runs out)", busy)
-            holder = await holding.running_holder(self.api, view.namespace, dict(body))
+            holder = await holding.running_holder(self.objects, view.namespace, dict(body))
             if holder is not None:
                 message = (f"Workflow {holder} holds this sandbox (spec.sandboxRef); deletion waits until it finishes "
                            f"or is cancelled")

@@ -63,7 +63,6 @@ from durable_sandbox.engine.records import (
     RunStatus,
 )
 from durable_sandbox.kube.client import (
-    JSON_PATCH,
     ApiException,
     KubeClient,
     is_conflict,
@@ -73,6 +72,7 @@ from durable_sandbox.kube.client import (
     json_body,
 )
 from durable_sandbox.kube.leases import LeaseBusy, LeaseGone, Leases
+from durable_sandbox.kube.resources import JSON_PATCH
 
 __all__ = ["KubernetesStore", "OwnerRef"]
 
