@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from durable_sandbox.kube.controller import Operator, OperatorSettings, RunView
+from durable_sandbox.kube.controller import Operator, OperatorSettings
 from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.resources import WORKFLOWS
+from durable_sandbox.kube.workflow.runs import RunView
+from durable_sandbox.kube.workflow.turn import acted_generation
 from tests.fakes.custom_objects import FakeCustomObjects
 
 NS, NAME, UID = "team", "nightly", "0b5e1f2a-0000-4000-8000-000000000002"
@@ -69,7 +71,7 @@ async def drive(current: dict[str, Any] | None, seen: dict[str, Any]) -> tuple[s
     custom = api_server(current)
     op = Operator(Api(), settings=OperatorSettings(), objects=custom)  # type: ignore[arg-type]
     engine, view = Engine(), view_of(seen)
-    outcome = await asyncio.wait_for(op._drive(view, engine, Plan(), asyncio.Event(), None), 10)  # type: ignore[arg-type]
+    outcome = await asyncio.wait_for(op.execution.drive(view, engine, Plan(), None), 10)  # type: ignore[arg-type]
     return outcome, view, engine, custom
 
 
@@ -113,12 +115,12 @@ def test_a_watch_event_older_than_the_body_held_is_ignored() -> None:
 
 def test_a_suspend_waiting_for_the_lease_is_not_reported_as_observed() -> None:
     pending = view_of(workflow(2, suspend=True))
-    assert Operator._acted_generation(pending) == 1, "would tell the soak (and users) the suspend took effect"
+    assert acted_generation(pending) == 1, "would tell the soak (and users) the suspend took effect"
     pending.extra.suspended = True  # suspended by this replica
-    assert Operator._acted_generation(pending) == 2
+    assert acted_generation(pending) == 2
     signal = view_of(workflow(2, signals={"approval": True}))
-    assert Operator._acted_generation(signal) == 2, "a signal is stored by whichever replica sees it"
+    assert acted_generation(signal) == 2, "a signal is stored by whichever replica sees it"
     for phase in ("Suspended", "Succeeded", "Failed", "Cancelled"):  # nothing left for the suspend to stop
         shown = workflow(3, suspend=True)
         shown["status"]["phase"] = phase
-        assert Operator._acted_generation(view_of(shown)) == 3, phase
+        assert acted_generation(view_of(shown)) == 3, phase

@@ -11,9 +11,10 @@ from typing import Any
 
 from kubernetes.aio.client.exceptions import ApiException
 
-from durable_sandbox.kube.controller import TRANSIENT_WAKE_SPREAD, Operator, OperatorSettings
+from durable_sandbox.kube.controller import Operator, OperatorSettings
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.plan import cluster_run_id
+from durable_sandbox.kube.workflow.scheduler import TRANSIENT_WAKE_SPREAD
 from tests.fakes.custom_objects import FakeCustomObjects
 
 NS, NAME, UID = "team", "nightly", "0b5e1f2a-0000-4000-8000-000000000001"
@@ -47,23 +48,23 @@ async def test_a_run_woken_while_the_api_server_is_away_is_read_again_soon_and_c
     op = Operator(Api(), settings=settings, objects=custom)  # type: ignore[arg-type]
     run_id = cluster_run_id(NAME, UID)
     parks: list[tuple[str, float | None]] = []
-    park = op._park
+    park = op.scheduler.park
 
     def recording_park(parked: Any, delay: float | None) -> None:
         parks.append((parked.reason, delay))
         park(parked, delay)
 
-    op._park = recording_park  # type: ignore[method-assign]
+    op.scheduler.park = recording_park  # type: ignore[method-assign]
     before = errors()
-    op._activate(run_id, None, NS, NAME, UID)  # what a parked run's timer does (_due)
+    op.scheduler.activate(run_id, None, NS, NAME, UID)  # what a parked run's timer does (_due)
     # 503 (parked again, briefly); its timer fires: 503 again; and again: now the Workflow is found gone.
     await reads_reach(custom, 3)
-    task = op._active.get(run_id)
+    task = op.runs.active.get(run_id)
     if task is not None:
         await asyncio.wait_for(asyncio.shield(task), 10)
     assert custom.reads() == 3
     # Each time parked for a few claim_retry, not for not_runnable_retry (an hour here), and no error counted.
     assert [reason for reason, _ in parks] == ["api-unreachable", "api-unreachable"]
     assert all(delay is not None and delay <= settings.claim_retry * TRANSIENT_WAKE_SPREAD for _, delay in parks)
-    assert run_id not in op._parked and run_id not in op._active
+    assert run_id not in op.runs.parked and run_id not in op.runs.active
     assert errors() == before

@@ -3,7 +3,7 @@ one store, composed behind the API users know (``run``, ``start``, ``signal``, `
 
 Code that only talks to runs (the CLI's inspect/history/signal, the operator's spec-to-run mapping)
 can use the client alone; code that executes runs uses the executor with a run source
-(:mod:`engine.sources` for the store poller, kube/controller for kopf daemons).
+(:mod:`engine.sources` for the store poller, the operator's Workflow controller, kube/workflow/, for Workflows).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Run sources: where a worker finds the runs it executes.
 
 ``poll_store`` is the source behind ``dsb worker``: it asks the store for runnable runs (pending, due
-timers, orphaned by a dead worker) with ``claim_next``. The operator is another source: its kopf
-daemons hand the run of each Workflow to :meth:`RunExecutor.drive` (see ``kube/controller.py``).
+timers, orphaned by a dead worker) with ``claim_next``. The operator is another source: its Workflow
+controller hands the run of each Workflow to :meth:`RunExecutor.drive` (``kube/workflow/execution.py``).
 """
 
 from __future__ import annotations

@@ -42,17 +42,12 @@ from typing import Any, cast
 import kopf
 
 from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.controller import (
-    FINALIZER,
-    CleanupPending,
-    Operator,
-    OperatorPolicy,
-    OperatorSettings,
-)
+from durable_sandbox.kube.controller import Operator, OperatorPolicy, OperatorSettings
 from durable_sandbox.kube.discovery import wait_until_served
+from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.metrics import METRICS
-from durable_sandbox.kube.resources import GROUP, SANDBOXES, VERSION, WORKFLOWS
-from durable_sandbox.kube.sandbox_controller import SandboxController, SandboxControllerSettings
+from durable_sandbox.kube.resources import FINALIZER, GROUP, SANDBOXES, VERSION, WORKFLOWS
+from durable_sandbox.kube.sandbox import SandboxController, SandboxControllerSettings
 from durable_sandbox.kube.sweeper import OrphanSweeper
 
 log = logging.getLogger("durable_sandbox.kube.handlers")

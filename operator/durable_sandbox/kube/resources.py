@@ -28,6 +28,8 @@ WORKFLOWS = "workflows"
 SANDBOXES = "sandboxes"
 JOURNALS = "journals"  # the run journal's objects (issue 20)
 PLURALS: Mapping[str, str] = {"Workflow": WORKFLOWS, "Sandbox": SANDBOXES, "Journal": JOURNALS}
+# The finalizer that keeps a Workflow (or a Sandbox) until its sandboxes and snapshots are deleted.
+FINALIZER = "durable-sandbox.dev/cleanup"
 # The resources kopf serves (their handlers are in kube/handlers.py); discovery must list them first.
 SERVED = (WORKFLOWS, SANDBOXES)
 
@@ -139,6 +141,7 @@ __all__ = [
     "API_VERSION",
     "APPLY_PATCH",
     "CLI_FIELD_MANAGER",
+    "FINALIZER",
     "GROUP",
     "JOURNALS",
     "JSON_PATCH",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import logging
 import time
@@ -22,14 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord, OpKind, RunRecord, RunStatus
+from durable_sandbox.kube.conditions import by_type, condition, cut, rfc3339
 
 log = logging.getLogger("durable_sandbox.kube.status")
 
 RECENT_OPERATIONS = 20
 # A result larger than this (JSON bytes) is not copied into status; resultRef says where it is.
 RESULT_INLINE_LIMIT = 4096
-# Messages in status are for people; long ones are cut (the journal has the whole text).
-MESSAGE_LIMIT = 1024
 
 PHASES = {
     RunStatus.PENDING: "Pending",
@@ -42,16 +40,6 @@ PHASES = {
 }
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
 CONDITION_TYPES = ("Ready", "Succeeded", "Failed", "Suspended", "WaitingForSignal", "Recovering", "CleanupBlocked")
-
-
-def rfc3339(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _cut(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass
@@ -133,7 +121,7 @@ class Projection:
             if kind == OpKind.SANDBOX_CALL.value and isinstance(row.result, dict) and "exitCode" in row.result:
                 summary["exitCode"] = row.result["exitCode"]
             if row.error is not None:
-                summary["error"] = _cut(f"{row.error.type}: {row.error.message}", 256)
+                summary["error"] = cut(f"{row.error.type}: {row.error.message}", 256)
             self.recent.append(summary)
 
     @property
@@ -161,24 +149,6 @@ def phase_of(run: RunRecord | None, *, suspended: bool = False) -> str:
     return PHASES[run.status]
 
 
-def condition(
-    ctype: str, on: bool, reason: str, message: str, generation: int | None, previous: dict[str, dict[str, Any]]
-) -> dict[str, Any]:
-    """One metav1.Condition (Workflows and Sandboxes); ``previous`` maps type -> the condition as last written."""
-    status = "True" if on else "False"
-    prev = previous.get(ctype)
-    # lastTransitionTime moves only when the status flips (metav1.Condition semantics).
-    changed_at = prev.get("lastTransitionTime") if prev and prev.get("status") == status else None
-    return {
-        "type": ctype,
-        "status": status,
-        "reason": reason,
-        "message": _cut(message),
-        "lastTransitionTime": changed_at or rfc3339(time.time()),
-        "observedGeneration": generation,
-    }
-
-
 @dataclass
 class Extra:
     """What status needs besides the journal: the controller's own knowledge of the object."""
@@ -203,7 +173,7 @@ def render(
     previous_conditions: Iterable[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The whole status document (everything but ``journal`` and ``kopf``, which others own)."""
-    previous = {c.get("type", ""): c for c in previous_conditions if isinstance(c, dict)}
+    previous = by_type(previous_conditions)
     gen = extra.generation
     status: dict[str, Any] = {"observedGeneration": gen, "runId": run_id}
     if extra.rejected is not None:
@@ -214,7 +184,7 @@ def render(
             condition("Failed", True, reason, message, gen, previous),
             condition("Succeeded", False, reason, "the operator did not run this Workflow", gen, previous),
         ]
-        status["error"] = {"type": reason, "message": _cut(message)}
+        status["error"] = {"type": reason, "message": cut(message)}
         return status
     phase = phase_of(run, suspended=extra.suspended)
     status["phase"] = phase
@@ -231,7 +201,7 @@ def render(
     status["startedAt"] = rfc3339(run.created_at) if run is not None else None
     status["finishedAt"] = rfc3339(run.updated_at) if run is not None and run.status.terminal else None
     error = run.error if run is not None and run.status in (RunStatus.FAILED, RunStatus.CANCELLED) else None
-    status["error"] = {"type": error.type, "message": _cut(error.message)} if error is not None else None
+    status["error"] = {"type": error.type, "message": cut(error.message)} if error is not None else None
     status["result"], status["resultRef"] = None, None
     if run is not None and run.status == RunStatus.SUCCEEDED:
         blob = json.dumps(run.result, separators=(",", ":"), default=str)

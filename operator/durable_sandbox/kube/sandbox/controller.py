@@ -38,7 +38,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.aio.client import models as k8s_models
@@ -47,14 +46,19 @@ from pydantic import ValidationError
 from durable_sandbox.engine import faults
 from durable_sandbox.kube import holding
 from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.controller import CleanupPending
+from durable_sandbox.kube.conditions import State, find, merge, rfc3339
+from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
 from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
 from durable_sandbox.kube.models import SandboxResource
-from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.resources import API_VERSION, OPERATOR_FIELD_MANAGER, SANDBOXES, CustomObjects
+from durable_sandbox.kube.sandbox.view import (
+    OPERATION_LABEL,
+    SANDBOX_LABEL,
+    SandboxControllerSettings,
+    SandboxView,
+)
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
-from durable_sandbox.kube.status import condition, rfc3339
 from durable_sandbox.kube.store import MANAGED_BY
 from durable_sandbox.providers.contract import (
     Capability,
@@ -68,45 +72,11 @@ from durable_sandbox.providers.contract import (
 )
 from durable_sandbox.workflows.sandbox_agent import resolve_env
 
-log = logging.getLogger("durable_sandbox.kube.sandbox_controller")
-
-SANDBOX_LABEL = "durable-sandbox.dev/sandbox"
-OPERATION_LABEL = "durable-sandbox.dev/operation"
+log = logging.getLogger(__name__)
 
 
-@dataclass
-class SandboxControllerSettings:
-    retry: float = 5.0  # after a transient provider error
-    failed_retry: float = 60.0  # after a refused provision (the spec may change meanwhile)
-    held_retry: float = 2.0  # deletion of a Sandbox a Workflow holds looks again this often
-    cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-    worker_id: str = "durable-sandbox"  # this replica's name in the Sandboxes' Leases
-    lease_ttl: float = 15.0  # a dead replica's Sandboxes are taken over after this long
 
-
-@dataclass(kw_only=True)
-class SandboxView(ObjectView):
-    """One Sandbox as this process serves it: the newest body and the status it wrote last."""
-
-    status: dict[str, Any]
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    lease: HeldLease | None = None  # this replica's claim to reconcile the Sandbox
-    turn: asyncio.Task[float | None] | None = None  # the reconciliation in progress (stopped if the lease is lost)
-    waiting_on: str | None = None  # the replica holding the lease while this one waits
-
-    @property
-    def snapshots(self) -> list[str]:
-        return list(self.status.get("snapshots") or [])
-
-    def handle(self) -> SandboxHandle | None:
-        pid = self.status.get("providerId")
-        if not pid:
-            return None
-        return SandboxHandle(id=pid, provider=self.provider_name, metadata=dict(self.status.get("handle") or {}))
-
-    @property
-    def provider_name(self) -> str:
-        return str((self.body.get("spec") or {}).get("provider") or "local")
+CONDITION_ORDER = ("Ready", "Suspended", "CleanupBlocked")
 
 
 class SandboxController:
@@ -146,17 +116,13 @@ class SandboxController:
                 view.status[key] = value
         await self.objects.patch_status(SANDBOXES, view.namespace, view.name, changes)
 
-    def _conditions(self, view: SandboxView, **states: tuple[bool, str, str]) -> list[dict[str, Any]]:
+    @staticmethod
+    def _conditions(view: SandboxView, **states: State) -> list[dict[str, Any]]:
         """The conditions with ``states`` (type -> (on, reason, message)) applied over the current ones."""
-        previous = {c.get("type", ""): c for c in view.status.get("conditions") or [] if isinstance(c, dict)}
-        merged = dict(previous)
-        for ctype, (on, reason, message) in states.items():
-            merged[ctype] = condition(ctype, on, reason, message, view.generation, previous)
-        order = ["Ready", "Suspended", "CleanupBlocked"]
-        return [merged[t] for t in order if t in merged] + [c for t, c in merged.items() if t not in order]
+        return merge(view.status.get("conditions") or [], states, view.generation, CONDITION_ORDER)
 
     async def _transition(self, view: SandboxView, phase: str, changes: dict[str, Any] | None = None,
-                          **states: tuple[bool, str, str]) -> None:
+                          **states: State) -> None:
         await self._patch(view, {**(changes or {}), "phase": phase, "conditions": self._conditions(view, **states)})
 
     async def _emit(self, view: SandboxView, reason: str, message: str, kind: str = "Normal") -> None:
@@ -430,12 +396,12 @@ class SandboxController:
 
     @staticmethod
     def _condition(view: SandboxView, ctype: str) -> dict[str, Any] | None:
-        return next((c for c in view.status.get("conditions") or [] if c.get("type") == ctype), None)
+        return find(view.status.get("conditions") or [], ctype)
 
     # ------------------------------------------------------------------ intent, then effect
 
     async def _begin(self, view: SandboxView, kind: str, phase: str, *, snapshot_id: str | None = None,
-                     **states: tuple[bool, str, str]) -> None:
+                     **states: State) -> None:
         count = int(view.status.get("operationCount") or 0) + 1
         op: dict[str, Any] = {"id": f"dsbx-{view.uid[:8]}-{count}-{kind}", "kind": kind}
         if snapshot_id is not None:
