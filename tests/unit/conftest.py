@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import durable_sandbox.engine.context as context_mod
+import durable_sandbox.engine.driver as driver_mod
 import durable_sandbox.engine.executor as executor_mod
 import durable_sandbox.stores.sqlite as sqlite_mod
 from durable_sandbox.engine import Engine
@@ -67,6 +68,6 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = types.SimpleNamespace(
         time=c.time, monotonic=time.monotonic, sleep=time.sleep, perf_counter=time.perf_counter
     )
-    for mod in (context_mod, executor_mod, sqlite_mod):
+    for mod in (context_mod, driver_mod, executor_mod, sqlite_mod):
         monkeypatch.setattr(mod, "time", fake)
     return c

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from durable_sandbox.engine.client import RunClient, new_run_id
+from durable_sandbox.engine.driver import RunPolicy, enforce
 from durable_sandbox.engine.errors import RunNotFinished
 from durable_sandbox.engine.executor import RunExecutor, Unresolvable, default_worker_id, resolve_run_workflow
 from durable_sandbox.engine.records import OperationRecord, RunRecord, RunStatus
@@ -243,7 +244,8 @@ class Engine:
         idle_exit: bool = False,
     ) -> list[str]:
         """Claim runnable runs (pending, due, or orphaned by a dead worker) and execute them; returns the
-        ids of the runs executed."""
+        ids of the runs executed. Runs' recorded policies are honoured (engine/driver.py): a run past its
+        deadline is cancelled, a failed run is retried when its next attempt is due."""
         return await poll_store(
             self.executor,
             concurrency=concurrency,
@@ -251,6 +253,7 @@ class Engine:
             workflows=workflows,
             stop=stop,
             idle_exit=idle_exit,
+            sweep=lambda: enforce(self, RunPolicy.of),  # deadlines and retries recorded with the runs
         )
 
     async def aclose(self) -> None:

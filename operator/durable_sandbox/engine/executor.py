@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 from durable_sandbox.engine.client import require_run, state_of
@@ -385,6 +386,19 @@ class RunExecutor:
                 run = await self._get(run_id)
                 if not run.status.terminal:
                     await self.finish_cancelled(lease, run)
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.store.release(lease)
+
+    async def expire(self, run_id: str, reason: str) -> None:
+        """A failed run that was to be retried, past its deadline (engine/driver.py): under its lease, finalize
+        what is left of its sandboxes and mark it cancelled with ``reason`` instead of retrying it."""
+        async with self._exclusive(run_id, wait=True):
+            lease = await self.claim(run_id)
+            try:
+                run = await self._get(run_id)
+                if run.status == RunStatus.FAILED:
+                    await self.finish_cancelled(lease, replace(run, cancel_requested=reason))
             finally:
                 with contextlib.suppress(Exception):
                     await self.store.release(lease)

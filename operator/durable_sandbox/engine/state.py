@@ -45,6 +45,7 @@ class RunState(_Camel):
     run_id: str
     workflow: str
     status: str
+    attempt: int = 1  # of the run as a whole: 1, then 2 and on for each retry (or resume) of a failed run
     input: Any = None
     result: Any = None
     error: dict[str, Any] | None = None
@@ -134,6 +135,7 @@ def build_state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
         run_id=run.run_id,
         workflow=run.workflow,
         status=run.status.value,
+        attempt=run.epoch + 1,
         input=run.input,
         result=run.result,
         error=run.error.to_json() if run.error else None,

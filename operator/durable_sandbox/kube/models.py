@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, field_
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from durable_sandbox.engine.driver import RetrySchedule
 from durable_sandbox.workflows.sandbox_agent import (
     EnvVar,
     FailurePolicy,
@@ -112,9 +113,14 @@ class RetrySpec(_Model):
     backoff: Annotated[float, Field(ge=1, le=10, strict=True, description="Each further interval is the last one times this.")] = 2.0
     max_interval_seconds: Annotated[float, Field(ge=0, le=86_400, strict=True, description="Upper bound of an interval.")] = 60.0
 
+    def schedule(self) -> RetrySchedule:
+        """The retries as the run driver (engine/driver.py) keeps them."""
+        return RetrySchedule(max_attempts=self.max_attempts, initial_interval=self.initial_interval_seconds,
+                             backoff=self.backoff, max_interval=self.max_interval_seconds)
+
     def interval(self, attempt: int) -> float:
         """Delay before attempt ``attempt`` (2 is the first retry)."""
-        return float(min(self.initial_interval_seconds * self.backoff ** max(attempt - 2, 0), self.max_interval_seconds))
+        return self.schedule().interval(attempt)
 
 
 def _check_provider(name: str) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from durable_sandbox.engine import WorkflowDefinition, WorkflowNotFound, resolve
+from durable_sandbox.engine.driver import RunPolicy
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.models import (
     RetrySpec,
@@ -86,7 +87,12 @@ class RunPlan:
 
     @property
     def max_attempts(self) -> int:
-        return self.retry.max_attempts if self.retry is not None else 1
+        return self.policy.max_attempts
+
+    @property
+    def policy(self) -> RunPolicy:
+        """The run's policy as a whole (spec.timeoutSeconds, spec.retry), as the run driver keeps it."""
+        return RunPolicy(timeout=self.timeout, retry=self.retry.schedule() if self.retry is not None else None)
 
 
 def cluster_run_id(name: str, uid: str) -> str:

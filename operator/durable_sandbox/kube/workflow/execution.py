@@ -38,7 +38,7 @@ from durable_sandbox.kube.workflow.wing import Wing
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Execution", "timed_out"]
+__all__ = ["Execution"]
 
 Fresh = Literal["unchanged", "changed", "gone"]
 
@@ -153,8 +153,7 @@ class Execution:
                 ex.handed_over = True
                 await self._finish_handover(ex.task)
         elif ex.deadline is not None and time.time() >= ex.deadline:
-            reason = timed_out(ex.plan)
-            await ex.engine.client.request_cancel(view.run_id, reason)
+            await ex.engine.client.request_cancel(view.run_id, ex.plan.policy.timeout_reason)
             await executor.cancel_here(view.run_id, "timeout")
         elif view.wake.is_set():
             await self._spec_changed(ex)
@@ -254,8 +253,3 @@ class Execution:
         done, _ = await asyncio.wait([task], timeout=self.settings.handover_grace)
         if not done:
             task.cancel()
-
-
-def timed_out(plan: RunPlan) -> str:
-    """The cancel reason of a run whose spec.timeoutSeconds passed."""
-    return f"timed out after {plan.timeout:g}s (spec.timeoutSeconds)"

@@ -18,6 +18,7 @@ import time
 
 import durable_sandbox
 from durable_sandbox.engine import LeaseHeld, RunStatus
+from durable_sandbox.engine.driver import decide, time_out
 from durable_sandbox.engine.errors import StoreUnavailable
 from durable_sandbox.engine.records import RunRecord
 from durable_sandbox.kube.client import is_transient
@@ -25,7 +26,7 @@ from durable_sandbox.kube.events import LifecycleEvent
 from durable_sandbox.kube.plan import RunPlan
 from durable_sandbox.kube.status import TERMINAL_PHASES
 from durable_sandbox.kube.workflow.admission import Admission
-from durable_sandbox.kube.workflow.execution import Execution, timed_out
+from durable_sandbox.kube.workflow.execution import Execution
 from durable_sandbox.kube.workflow.finished import Finisher
 from durable_sandbox.kube.workflow.parking import Outcome, Park, wait_or_park
 from durable_sandbox.kube.workflow.runs import RunView
@@ -112,39 +113,36 @@ class Turn:
         return plan
 
     async def step(self, view: RunView, engine: durable_sandbox.Engine, plan: RunPlan) -> Outcome:
-        """One turn of the daemon: bring the spec to the run, then drive, wait or finish."""
+        """One turn of the daemon: bring the spec to the run, then do the run driver's next step (execute,
+        cancel at the deadline, wait for a backoff or a timer, suspend or resume, finish)."""
         wf = await sync_spec(view, engine, self.publisher)
         run = await engine.store.get_run(view.run_id)
         if run is None:  # the run's objects are gone (deleted with the Workflow): nothing to drive
             return "done"
         view.run = run
         view.extra.attempt = run.epoch + 1
-        deadline = run.created_at + plan.timeout if plan.timeout is not None else None
-        if deadline is not None and not run.status.terminal and time.time() >= deadline and not run.cancel_requested:
-            await engine.client.request_cancel(view.run_id, timed_out(plan))
+        policy = plan.policy
+        step = decide(run, policy, time.time(), suspend=wf is not None and wf.spec.suspend)
+        if step.kind == "timeout":
+            await time_out(engine, run, policy)
             return "again"
-        if run.status.terminal:
-            if run.status == RunStatus.FAILED and not run.cancel_requested and run.epoch + 1 < plan.max_attempts:
-                assert plan.retry is not None
-                delay = plan.retry.interval(run.epoch + 2)
-                retry_at = run.updated_at + delay
-                if time.time() < retry_at:
-                    await self._wait(view, retry_at - time.time(), "backoff")
-                    return "again"
-                return await self.execution.drive(view, engine, plan, deadline)
-            return await self.finisher.finished(view, plan)
-        if run.cancel_requested:
-            return await self.execution.drive(view, engine, plan, deadline)
-        if wf is not None and wf.spec.suspend:
+        if step.kind in ("suspend", "suspended"):
             return await self._suspended(view, engine, run)
-        view.extra.suspended = False
-        if run.status == RunStatus.SUSPENDED:
+        if not run.status.terminal and not run.cancel_requested:
+            view.extra.suspended = False
+        if step.kind == "finished":
+            return await self.finisher.finished(view, plan)
+        if step.kind == "backoff":
+            assert step.at is not None
+            await self._wait(view, step.at - time.time(), "backoff")
+            return "again"
+        if step.kind == "resume":
             await engine.store.update_run(view.run_id, {"status": RunStatus.PENDING})
             self.publisher.emit(view.body, LifecycleEvent("Resumed", "spec.suspend is false; resuming the run"))
             return "again"
-        if run.status == RunStatus.WAITING:
-            return await self._waiting(view, engine, plan, run, deadline)
-        return await self.execution.drive(view, engine, plan, deadline)
+        if step.kind == "wait":
+            return await self._waiting(view, engine, plan, run, step.at)
+        return await self.execution.drive(view, engine, plan, step.deadline)
 
     async def _suspended(self, view: RunView, engine: durable_sandbox.Engine, run: RunRecord) -> Outcome:
         if run.status != RunStatus.SUSPENDED and not await suspend(view, engine):
@@ -158,18 +156,18 @@ class Turn:
         return "again"
 
     async def _waiting(self, view: RunView, engine: durable_sandbox.Engine, plan: RunPlan, run: RunRecord,
-                       deadline: float | None) -> Outcome:
+                       due: float | None) -> Outcome:
+        """A run waiting on a signal or a timer (``due``: its wake time or its deadline, whichever is first):
+        its sandbox is hibernated once it has waited long enough, and the run is parked until then."""
         now = time.time()
-        due = [t for t in (run.wake_at, deadline) if t is not None]
-        if run.wake_at is not None and run.wake_at <= now:
-            return await self.execution.drive(view, engine, plan, deadline)
+        dues = [due] if due is not None else []
         hibernate_at = run.updated_at + self._hibernate_after(plan)
         if hibernate_at <= now:
             with contextlib.suppress(LeaseHeld):
                 await engine.executor.hibernate(view.run_id)
         else:
-            due.append(hibernate_at)
-        await self._wait(view, (min(due) - now) if due else None, "waiting")
+            dues.append(hibernate_at)
+        await self._wait(view, (min(dues) - now) if dues else None, "waiting")
         return "again"
 
     def _hibernate_after(self, plan: RunPlan) -> float:
