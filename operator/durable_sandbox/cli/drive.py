@@ -18,6 +18,7 @@ from durable_sandbox.cli.targets import RunPlan
 from durable_sandbox.engine import Engine, LeaseHeld, RunRecord, RunState, RunStatus, Store
 from durable_sandbox.engine.driver import LocalDriver, RunPolicy
 from durable_sandbox.engine.owner import describe_owner
+from durable_sandbox.workflows.sandbox_agent import AgentServices
 
 # Finished for good: running the same manifest again reports these instead of running anything.
 # (A failed run is retried from its journal instead.)
@@ -65,7 +66,7 @@ async def submit(engine: Engine, plan: RunPlan, *, thread_id: str | None) -> Run
     run = await engine.create(plan.definition, plan.input, run_id=plan.run_id, thread_id=thread_id, labels=labels)
     if run.status in FINISHED:
         return run
-    env_files = engine.services.get("env_values")
+    env_files = (engine.extensions.get(AgentServices) or AgentServices()).env_values
     if plan.env_values and isinstance(env_files, LocalEnvValues):
         # After create: a values file always belongs to a run that exists (see LocalEnvValues.forget_settled).
         env_files.save(run.run_id, plan.env_values)

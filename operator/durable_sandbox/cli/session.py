@@ -15,6 +15,7 @@ from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.errors import CliError
 from durable_sandbox.engine import StoreError
 from durable_sandbox.stores import SqliteStore, default_home
+from durable_sandbox.workflows.sandbox_agent import AgentServices
 
 if TYPE_CHECKING:
     from durable_sandbox.cli.cluster import ClusterEngine
@@ -90,7 +91,7 @@ async def open_engine(settings: Settings, *, create: bool = False) -> AsyncItera
     except StoreError as exc:  # a --store that is no store is a usage error
         raise CliError(str(exc)) from None
     env_values = LocalEnvValues(settings.store_path)
-    engine = durable_sandbox.Engine(store, services={"env_values": env_values})
+    engine = durable_sandbox.Engine(store, extensions=[AgentServices(env_values=env_values)])
     try:
         yield engine
     finally:

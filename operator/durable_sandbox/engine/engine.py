@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from durable_sandbox.engine.client import RunClient, new_run_id
 from durable_sandbox.engine.driver import RunPolicy, enforce
 from durable_sandbox.engine.errors import RunNotFinished
 from durable_sandbox.engine.executor import RunExecutor, Unresolvable, default_worker_id, resolve_run_workflow
+from durable_sandbox.engine.extensions import Extensions, RunHooks
 from durable_sandbox.engine.records import OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.sources import poll_store
 from durable_sandbox.engine.state import RunState
@@ -32,9 +33,10 @@ __all__ = ["Engine", "default_worker_id", "new_run_id", "resolve_run_workflow"]
 class Engine:
     """Drives durable workflows over a :class:`Store`.
 
-    ``sandbox_factory`` is the extension point behind ``ctx.sandbox`` (wired by ``durable_sandbox.Engine``);
-    ``services`` is handed to extensions (providers, hibernation settings). ``unresolvable`` says what the
-    worker side does with a run whose workflow it cannot import (see :mod:`engine.executor`).
+    ``sandbox_factory`` is the extension point behind ``ctx.sandbox`` and ``hooks`` what the engine calls of
+    it (both wired by ``durable_sandbox.Engine``); ``extensions`` are typed values for extensions above the
+    engine (engine/extensions.py). ``unresolvable`` says what the worker side does with a run whose workflow
+    it cannot import (see :mod:`engine.executor`).
     """
 
     def __init__(
@@ -45,7 +47,9 @@ class Engine:
         lease_ttl: float = 30.0,
         inline_sleep_limit: float = 5.0,
         sandbox_factory: Callable[..., Any] | None = None,
-        services: dict[str, Any] | None = None,
+        hooks: RunHooks | None = None,
+        hibernate_after: float | None = None,
+        extensions: Iterable[object] = (),
         unresolvable: Unresolvable = "fail",
     ) -> None:
         self.client = RunClient(store)
@@ -55,7 +59,9 @@ class Engine:
             lease_ttl=lease_ttl,
             inline_sleep_limit=inline_sleep_limit,
             sandbox_factory=sandbox_factory,
-            services=services if services is not None else {},
+            hooks=hooks,
+            hibernate_after=hibernate_after,
+            extensions=extensions,
             unresolvable=unresolvable,
         )
         self._background: dict[str, asyncio.Task[Any]] = {}  # runs started here with `start`
@@ -74,8 +80,8 @@ class Engine:
         return self.executor.lease_ttl
 
     @property
-    def services(self) -> dict[str, Any]:
-        return self.executor.services
+    def extensions(self) -> Extensions:
+        return self.executor.extensions
 
     @property
     def driven(self) -> set[str]:

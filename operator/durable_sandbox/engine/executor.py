@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -32,6 +32,7 @@ from durable_sandbox.engine.errors import (
     Suspend,
     WorkflowNotFound,
 )
+from durable_sandbox.engine.extensions import Extensions, RunHooks
 from durable_sandbox.engine.owner import holder_is_dead, new_worker_id
 from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
@@ -56,8 +57,10 @@ def default_worker_id() -> str:
 class RunExecutor:
     """Executes runs of ``store`` under leases held by ``worker_id``.
 
-    ``sandbox_factory`` is the extension point behind ``ctx.sandbox``; ``services`` is handed to
-    extensions (providers, hibernation settings, cleanup hooks).
+    ``sandbox_factory`` is the extension point behind ``ctx.sandbox`` and ``hooks`` what the engine calls of
+    it at a run's turning points (engine/extensions.py); ``extensions`` are the values handed to extensions
+    above the engine, one per type; ``hibernate_after`` how long a waiting run keeps its sandboxes (None:
+    the sessions' own default).
     """
 
     def __init__(
@@ -68,7 +71,9 @@ class RunExecutor:
         lease_ttl: float = 30.0,
         inline_sleep_limit: float = 5.0,
         sandbox_factory: Callable[..., Any] | None = None,
-        services: dict[str, Any] | None = None,
+        hooks: RunHooks | None = None,
+        hibernate_after: float | None = None,
+        extensions: Iterable[object] = (),
         unresolvable: Unresolvable = "fail",
     ) -> None:
         self.store = store
@@ -76,7 +81,9 @@ class RunExecutor:
         self.lease_ttl = lease_ttl
         self.inline_sleep_limit = inline_sleep_limit
         self.sandbox_factory = sandbox_factory
-        self.services: dict[str, Any] = services if services is not None else {}
+        self.hooks = hooks
+        self.hibernate_after = hibernate_after
+        self.extensions = Extensions(extensions)
         self.unresolvable: Unresolvable = unresolvable
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # run id -> workflow task executing here
         self._runtimes: dict[str, RunRuntime] = {}  # run id -> its runtime while executing here
@@ -247,9 +254,8 @@ class RunExecutor:
                     "result": to_jsonable(result, what=f"The result of workflow {run.workflow!r}"),
                 }
                 rt.emit("run.succeeded")
-            after_run = self.services.get("after_run")
-            if after_run is not None and changes["status"] in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SUCCEEDED):
-                await after_run(rt, changes["status"])
+            if self.hooks is not None and changes["status"] in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SUCCEEDED):
+                await self.hooks.after_run(rt, changes["status"])
             final = await rt.pending_records()
             await store.commit(run.run_id, lease.fence, Commit(final, run=changes, thread_state=rt.state_change()))
             rt.rows.extend(final)
@@ -305,7 +311,8 @@ class RunExecutor:
             thread_state=(await self.store.get_thread_state(run.thread_id)) if run.thread_id else None,
             sandbox_factory=self.sandbox_factory,
             inline_sleep_limit=self.inline_sleep_limit,
-            services=self.services,
+            extensions=self.extensions,
+            hibernate_after=self.hibernate_after,
         )
 
     def _wake_at(self, rt: RunRuntime, s: Suspend) -> float | None:
@@ -366,9 +373,8 @@ class RunExecutor:
 
     async def finish_cancelled(self, lease: Lease, run: RunRecord) -> None:
         """Cancel a run that is not executing: finalize its sandboxes from the journal, then mark it."""
-        cleanup = self.services.get("cancel_cleanup")
-        if cleanup is not None:
-            await cleanup(self, run, lease)
+        if self.hooks is not None:
+            await self.hooks.cancel_cleanup(self, run, lease)
         await self.store.commit(
             run.run_id,
             lease.fence,
@@ -415,9 +421,8 @@ class RunExecutor:
                 run = await self._get(run_id)
                 if not run.status.terminal:  # it moved on (a resume) since the caller looked
                     raise RunNotFinished(run_id, run.status.value)
-                cleanup = self.services.get("cancel_cleanup")
-                if cleanup is not None:
-                    await cleanup(self, run, lease)
+                if self.hooks is not None:
+                    await self.hooks.cancel_cleanup(self, run, lease)
                 await self.store.delete_run(run_id, fence=lease.fence)
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -426,16 +431,16 @@ class RunExecutor:
 
     async def hibernate(self, run_id: str) -> bool:
         """Hibernate the sandboxes of a waiting run now (snapshot and destroy them); True if it ran."""
-        hook = self.services.get("hibernate_run")
+        hooks = self.hooks
         run = await self._get(run_id)
-        if hook is None or run.status != RunStatus.WAITING:
+        if hooks is None or run.status != RunStatus.WAITING:
             return False
         async with self._exclusive(run_id, wait=False) as mine:
             if not mine:
                 return False  # executing here: it is not idle
             lease = await self.claim(run_id)
             try:
-                await hook(self, run, lease)
+                await hooks.hibernate_run(self, run, lease)
             finally:
                 with contextlib.suppress(Exception):
                     await self.store.release(lease)

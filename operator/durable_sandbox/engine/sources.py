@@ -42,10 +42,10 @@ async def poll_store(
     running: set[asyncio.Task[Any]] = set()
     retries: list[RunRecord] = []
     next_policy_sweep = 0.0
-    hibernate_after = executor.services.get("hibernate_after")
+    hibernate_after = executor.hibernate_after
     next_sweep = 0.0
     while not stop.is_set():
-        if hibernate_after is not None and "hibernate_run" in executor.services and time.time() >= next_sweep:
+        if hibernate_after is not None and executor.hooks is not None and time.time() >= next_sweep:
             next_sweep = time.time() + max(1.0, min(float(hibernate_after) / 2, 30.0))
             await executor.hibernate_idle(float(hibernate_after))
         if sweep is not None and not retries and time.time() >= next_policy_sweep:

@@ -11,7 +11,7 @@ half-started run (or a provisioned sandbox) behind. Where the two differ, it is 
 - ``sandbox.env[].valueFrom.secretKeyRef`` only resolves in the cluster; the run input keeps the
   reference, never the value (the operator hands values to the sandbox at provision time). Literal
   ``value``s (and a call's ``env``) are kept out of the input too (``RunPlan.env_values``): the engine
-  that drives the run needs an ``env_values`` service returning them by run id (`dsb run` keeps them
+  that drives the run needs ``AgentServices.env_values`` returning them by run id (`dsb run` keeps them
   beside its store, see ``cli/envfiles.py``; the operator re-plans the Workflow object).
 - ``ttlSecondsAfterFinished``/``suspend`` only mean something in the cluster.
 - the operator imports workflow code only from the modules it is configured with
@@ -77,8 +77,8 @@ class RunPlan:
     ttl_seconds_after_finished: int | None = None
     provider: str | None = None  # the sandbox provider a toolCalls Workflow uses (None: chosen by the code)
     warnings: list[str] = field(default_factory=list)
-    # A toolCalls Workflow's literal env values, kept out of `input` (which is stored): the engine's
-    # `env_values` service must hand them back by run id (sandbox_agent.detach_env).
+    # A toolCalls Workflow's literal env values, kept out of `input` (which is stored): the engine's extension
+    # value `AgentServices.env_values` must hand them back by run id (sandbox_agent.detach_env).
     env_values: dict[str, str] = field(default_factory=dict)
     where: str = ""  # "<source>: Workflow/<name>: ", for messages about the spec
     sandbox: SandboxSettings | None = None  # a toolCalls Workflow's sandbox, for the provider pre-run check

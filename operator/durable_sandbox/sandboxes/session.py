@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 
 from durable_sandbox.engine import Context, faults
 from durable_sandbox.engine.errors import DurableError, Handover, LeaseLost, Suspend
-from durable_sandbox.engine.records import ErrorInfo, OperationRecord, OpKind
+from durable_sandbox.engine.executor import RunExecutor
+from durable_sandbox.engine.records import ErrorInfo, Lease, OperationRecord, OpKind, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
 from durable_sandbox.providers.contract import (
@@ -59,6 +60,7 @@ CLEANUP_ATTEMPTS = 8
 FIRST_RETRY_DELAY = 0.2  # seconds; doubles per attempt up to MAX_RETRY_DELAY
 MAX_RETRY_DELAY = 5.0
 MAX_RATE_LIMIT_WAIT = 300.0  # a provider's Retry-After is honoured up to this long per wait, then asked again
+DEFAULT_HIBERNATE_AFTER = 300.0  # seconds a waiting run keeps its sandbox, when the engine says nothing (DESIGN 6)
 
 
 class ReconstructionError(DurableError):
@@ -98,11 +100,24 @@ def reserved_operation_id(operation_id: str) -> bool:
     return operation_id.split("/", 1)[0] in _RESERVED_HEADS
 
 
-def _service_for(rt: RunRuntime, name: str) -> Any:
-    """A service value, or its value for this run when the service is a function of the run id (the
-    operator serves many Workflows from one process: e.g. owner ``<namespace>/<workflow uid>``)."""
-    value = rt.services.get(name)
-    return value(rt.run_id) if callable(value) else value
+@dataclass(frozen=True)
+class SandboxServices:
+    """What the process driving runs tells their sandbox sessions (an extension value of the engine:
+    ``Engine(extensions=[SandboxServices(...)])``; `dsb` gives none). The operator serves many Workflows from
+    one process, so what differs per run is a function of the run id."""
+
+    # run id -> the owner tag of its sandboxes (``<namespace>/<workflow uid>``; orphans are found by it)
+    owner: Callable[[str], str | None] | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)  # on every sandbox (the operator's installation)
+    # (run id, Sandbox resource name) -> that resource's live sandbox, for a session that attaches to it
+    attached: Callable[[str, str], Awaitable[SandboxHandle]] | None = None
+
+    @staticmethod
+    def of(rt: RunRuntime) -> SandboxServices:
+        return rt.extensions.get(SandboxServices) or _NO_SERVICES
+
+
+_NO_SERVICES = SandboxServices()
 
 
 def derived_operation_id(run_id: str, session: str, index: int) -> str:
@@ -282,18 +297,20 @@ class SandboxSession:
         self.retain_latest_snapshot = retain_latest_snapshot
         self.inject_loss_after = inject_loss_after
         self.suspend_between_calls = suspend_between_calls
-        self.hibernate_after = hibernate_after if hibernate_after is not None else float(rt.services.get("hibernate_after", 300.0))
+        self.hibernate_after = hibernate_after if hibernate_after is not None else (
+            rt.hibernate_after if rt.hibernate_after is not None else DEFAULT_HIBERNATE_AFTER)
         self.lease_seconds = lease_seconds
         # The name of a Sandbox resource whose live sandbox this session uses instead of provisioning one:
         # never destroyed, hibernated or recovered here (the Sandbox's controller owns its lifecycle).
         self.attach = attach
+        services = SandboxServices.of(rt)
         self.spec = SandboxSpec(
             template=template,
             env=dict(env or {}),
-            owner=owner or _service_for(rt, "owner") or "durable-sandbox-local",
+            owner=owner or (services.owner(rt.run_id) if services.owner is not None else None) or "durable-sandbox-local",
             labels={
                 # The operator adds its installation label (orphan sweeps list by it); snapshots keep them.
-                **dict(_service_for(rt, "sandbox_labels") or {}),
+                **services.labels,
                 **({RETAIN_LABEL: "true"} if retain_latest_snapshot else {}),
                 "durable-sandbox.dev/run-id": rt.run_id, "durable-sandbox.dev/session": sid,
             },
@@ -560,8 +577,8 @@ class SandboxSession:
         self.state.provider = self.provider.name
 
     async def _attached_handle(self, name: str) -> SandboxHandle:
-        """The live sandbox of Sandbox resource ``name`` (the ``attached_sandbox`` service finds it)."""
-        find = self.rt.services.get("attached_sandbox")
+        """The live sandbox of Sandbox resource ``name`` (``SandboxServices.attached`` finds it)."""
+        find = SandboxServices.of(self.rt).attached
         if find is None:
             raise ConfigurationError(
                 f"Sandbox {self.sid!r}: sandboxRef {name!r} names a Sandbox resource, which only the operator can "
@@ -894,7 +911,7 @@ class SessionFactory:
             else:
                 await session.finalize(succeeded=False)
 
-    async def after_run(self, rt: RunRuntime, status: Any) -> None:
+    async def after_run(self, rt: RunRuntime, status: RunStatus) -> None:
         """A retained snapshot passes to the caller only if the *run* succeeds: when it fails or is
         cancelled after its sandbox block ended, the snapshot is deleted like any other."""
         if getattr(status, "value", status) == "succeeded":
@@ -907,14 +924,14 @@ class SessionFactory:
                 session = SandboxSession(rt, sid, self.providers(state.provider))
                 await session._delete_snapshot(kept[0])
 
-    async def cancel_cleanup(self, engine: Any, run: Any, lease: Any) -> None:
+    async def cancel_cleanup(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
         """Finalize every sandbox session of a run that is cancelled while not executing."""
-        rt = await engine.open_runtime(run, lease)
+        rt = await executor.open_runtime(run, lease)
         await self._cleanup_sessions(rt, "finalize")
 
-    async def hibernate_run(self, engine: Any, run: Any, lease: Any) -> None:
+    async def hibernate_run(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
         """Hibernate every live sandbox of a waiting run (snapshot, then destroy)."""
-        rt = await engine.open_runtime(run, lease)
+        rt = await executor.open_runtime(run, lease)
         await self._cleanup_sessions(rt, "hibernate")
 
     async def aclose(self) -> None:

@@ -97,15 +97,15 @@ class Cleanup:
 
     async def _finalize_leftovers(self, engine: durable_sandbox.Engine, run_id: str) -> None:
         executor = engine.executor
-        hook = executor.services.get("cancel_cleanup")
-        if hook is None:
+        hooks = executor.hooks
+        if hooks is None:
             return
         async with contextlib.AsyncExitStack() as stack:
             lease = await engine.store.claim(run_id, executor.worker_id, executor.lease_ttl)
             stack.push_async_callback(engine.store.release, lease)
             run = await engine.store.get_run(run_id)
             if run is not None:
-                await hook(executor, run, lease)
+                await hooks.cancel_cleanup(executor, run, lease)
 
     async def _cleanup_from_status(self, view: RunView, body: Mapping[str, Any], delay: float) -> None:
         """The run's objects are gone already: the ids cleanup needs are in status too."""

@@ -18,7 +18,9 @@ from durable_sandbox.kube.workflow.observed import ObservedStore
 from durable_sandbox.kube.workflow.publishing import Publisher
 from durable_sandbox.kube.workflow.runs import Runs, RunView
 from durable_sandbox.kube.workflow.settings import OperatorPolicy, OperatorSettings
-from durable_sandbox.providers.contract import INSTALLATION_LABEL, ConfigurationError
+from durable_sandbox.providers.contract import INSTALLATION_LABEL, ConfigurationError, SandboxHandle
+from durable_sandbox.sandboxes.session import SandboxServices
+from durable_sandbox.workflows.sandbox_agent import AgentServices
 
 __all__ = ["Engines"]
 
@@ -46,8 +48,10 @@ class Engines:
                 providers=self.provider,
                 hibernate_after=self.settings.hibernate_after,
                 unresolvable="leave",
-                services={"secrets": self._secrets_for, "owner": self._owner_for, "env_values": self._env_values_for,
-                          "attached_sandbox": self._attached_sandbox, "sandbox_labels": self.sandbox_labels},
+                extensions=[
+                    SandboxServices(owner=self._owner_for, labels=self.sandbox_labels, attached=self._attached_sandbox),
+                    AgentServices(env_values=self._env_values_for, secrets=self._secrets_for),
+                ],
             )
             self.runs.engines[namespace] = engine
         return engine
@@ -85,7 +89,7 @@ class Engines:
         view = self.runs.views.get(run_id)
         return view.owner if view is not None else None
 
-    async def _attached_sandbox(self, run_id: str, name: str) -> Any:
+    async def _attached_sandbox(self, run_id: str, name: str) -> SandboxHandle:
         view = self.runs.views.get(run_id)
         if view is None:
             raise RuntimeError(f"run {run_id} is not served by this operator")

@@ -26,9 +26,8 @@ async def suspend(view: RunView, engine: durable_sandbox.Engine) -> bool:
         run = await engine.store.get_run(view.run_id)
         if run is None or run.status.terminal:
             return True
-        hook = executor.services.get("hibernate_run")
-        if hook is not None:
-            await hook(executor, run, lease)
+        if executor.hooks is not None:
+            await executor.hooks.hibernate_run(executor, run, lease)
         view.extra.suspended = True
         await engine.store.update_run(view.run_id, {"status": RunStatus.SUSPENDED}, fence=lease.fence)
         return True

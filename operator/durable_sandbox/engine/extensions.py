@@ -1,0 +1,59 @@
+"""The engine's extension points, typed: what it calls of the extension behind ``ctx.sandbox``
+(:class:`RunHooks`), and the values the process driving runs hands to extensions above the engine
+(:class:`Extensions`).
+
+The engine knows nothing of sandboxes, providers or Workflows: an extension defines its own values as a
+dataclass (``sandboxes.session.SandboxServices``, ``workflows.sandbox_agent.AgentServices``), whoever builds
+the engine passes instances (``Engine(extensions=[...])``), and the extension reads its own back by type
+(``rt.extensions.get(SandboxServices)``). mypy checks both sides: a misspelt field or type is an error where
+it is written and where it is read, never a hook that silently does not run (tests/unit/test_extensions.py
+shows mypy failing on one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from durable_sandbox.engine.executor import RunExecutor
+    from durable_sandbox.engine.records import Lease, RunRecord, RunStatus
+    from durable_sandbox.engine.runtime import RunRuntime
+
+__all__ = ["Extensions", "RunHooks"]
+
+T = TypeVar("T")
+
+
+class RunHooks(Protocol):
+    """What the engine calls at a run's turning points, for the resources ``ctx.sandbox`` holds (the sandbox
+    sessions: ``sandboxes.session.SessionFactory``)."""
+
+    async def after_run(self, rt: RunRuntime, status: RunStatus) -> None:
+        """The run ends ``status`` (its final commit follows): release what only a success keeps."""
+
+    async def cancel_cleanup(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
+        """Finalize what the run holds, from its journal, without its workflow code (a cancel of a run that
+        does not execute, a deletion, the finalizer)."""
+
+    async def hibernate_run(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
+        """The run waits: give back what costs while it waits (snapshot and destroy its sandboxes)."""
+
+
+class Extensions:
+    """Values for the engine's extensions, one per type; the engine carries them and never looks inside."""
+
+    def __init__(self, values: Iterable[object] = ()) -> None:
+        self._values: dict[type, object] = {}
+        for value in values:
+            if type(value) in self._values:
+                raise ValueError(f"two extension values of type {type(value).__name__}; give one")
+            self._values[type(value)] = value
+
+    def get(self, kind: type[T]) -> T | None:
+        """The value of type ``kind``, or None when whoever built the engine gave none."""
+        value = self._values.get(kind)
+        return value if isinstance(value, kind) else None
+
+    def __repr__(self) -> str:
+        return f"Extensions({', '.join(t.__name__ for t in self._values)})"
