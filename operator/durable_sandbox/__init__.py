@@ -51,12 +51,14 @@ class Engine(_BareEngine):
         inline_sleep_limit: float = 5.0,
         unresolvable: Unresolvable = "fail",
     ) -> None:
+        from durable_sandbox.sandboxes.journal import SandboxJournal
         from durable_sandbox.sandboxes.session import SessionFactory
         from durable_sandbox.stores import SqliteStore
 
         factory = SessionFactory(providers)
         super().__init__(
             store if store is not None else SqliteStore(), sandbox_factory=factory, hooks=factory,
+            reader=SandboxJournal(),
             hibernate_after=hibernate_after, extensions=extensions, worker_id=worker_id, lease_ttl=lease_ttl,
             inline_sleep_limit=inline_sleep_limit, unresolvable=unresolvable,
         )

@@ -35,6 +35,7 @@ from durable_sandbox.kube.models import Resource
 from durable_sandbox.kube.resources import SANDBOXES
 from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.kube.workflows import NoSuchWorkflow, WorkflowClient, run_id_of
+from durable_sandbox.sandboxes.journal import SandboxJournal
 
 # How often a follower reads the run's objects: each read is a GET of the run's head ConfigMap.
 POLL_SECONDS = 0.5
@@ -84,7 +85,7 @@ class ClusterEngine:
 
     @property
     def client(self) -> RunClient:
-        return RunClient(self.store)
+        return RunClient(self.store, reader=SandboxJournal())
 
     # ------------------------------------------------------------------ naming
 

@@ -18,7 +18,7 @@ from durable_sandbox.engine.client import RunClient, new_run_id
 from durable_sandbox.engine.driver import RunPolicy, enforce
 from durable_sandbox.engine.errors import RunNotFinished
 from durable_sandbox.engine.executor import RunExecutor, Unresolvable, default_worker_id, resolve_run_workflow
-from durable_sandbox.engine.extensions import Extensions, RunHooks
+from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader, RunHooks
 from durable_sandbox.engine.records import OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.sources import poll_store
 from durable_sandbox.engine.state import RunState
@@ -33,8 +33,8 @@ __all__ = ["Engine", "default_worker_id", "new_run_id", "resolve_run_workflow"]
 class Engine:
     """Drives durable workflows over a :class:`Store`.
 
-    ``sandbox_factory`` is the extension point behind ``ctx.sandbox`` and ``hooks`` what the engine calls of
-    it (both wired by ``durable_sandbox.Engine``); ``extensions`` are typed values for extensions above the
+    ``sandbox_factory`` is the extension point behind ``ctx.sandbox``, ``hooks`` what the engine calls of
+    it and ``reader`` how its records read (all wired by ``durable_sandbox.Engine``); ``extensions`` are typed values for extensions above the
     engine (engine/extensions.py). ``unresolvable`` says what the worker side does with a run whose workflow
     it cannot import (see :mod:`engine.executor`).
     """
@@ -48,11 +48,12 @@ class Engine:
         inline_sleep_limit: float = 5.0,
         sandbox_factory: Callable[..., Any] | None = None,
         hooks: RunHooks | None = None,
+        reader: JournalReader = GENERIC_JOURNAL,
         hibernate_after: float | None = None,
         extensions: Iterable[object] = (),
         unresolvable: Unresolvable = "fail",
     ) -> None:
-        self.client = RunClient(store)
+        self.client = RunClient(store, reader=reader)
         self.executor = RunExecutor(
             store,
             worker_id=worker_id,
@@ -60,6 +61,7 @@ class Engine:
             inline_sleep_limit=inline_sleep_limit,
             sandbox_factory=sandbox_factory,
             hooks=hooks,
+            reader=reader,
             hibernate_after=hibernate_after,
             extensions=extensions,
             unresolvable=unresolvable,

@@ -32,7 +32,7 @@ from durable_sandbox.engine.errors import (
     Suspend,
     WorkflowNotFound,
 )
-from durable_sandbox.engine.extensions import Extensions, RunHooks
+from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader, RunHooks
 from durable_sandbox.engine.owner import holder_is_dead, new_worker_id
 from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
@@ -57,8 +57,8 @@ def default_worker_id() -> str:
 class RunExecutor:
     """Executes runs of ``store`` under leases held by ``worker_id``.
 
-    ``sandbox_factory`` is the extension point behind ``ctx.sandbox`` and ``hooks`` what the engine calls of
-    it at a run's turning points (engine/extensions.py); ``extensions`` are the values handed to extensions
+    ``sandbox_factory`` is the extension point behind ``ctx.sandbox``, ``hooks`` what the engine calls of
+    it at a run's turning points and ``reader`` how its records read (engine/extensions.py); ``extensions`` are the values handed to extensions
     above the engine, one per type; ``hibernate_after`` how long a waiting run keeps its sandboxes (None:
     the sessions' own default).
     """
@@ -72,6 +72,7 @@ class RunExecutor:
         inline_sleep_limit: float = 5.0,
         sandbox_factory: Callable[..., Any] | None = None,
         hooks: RunHooks | None = None,
+        reader: JournalReader = GENERIC_JOURNAL,
         hibernate_after: float | None = None,
         extensions: Iterable[object] = (),
         unresolvable: Unresolvable = "fail",
@@ -82,6 +83,7 @@ class RunExecutor:
         self.inline_sleep_limit = inline_sleep_limit
         self.sandbox_factory = sandbox_factory
         self.hooks = hooks
+        self.reader = reader
         self.hibernate_after = hibernate_after
         self.extensions = Extensions(extensions)
         self.unresolvable: Unresolvable = unresolvable
@@ -130,7 +132,7 @@ class RunExecutor:
                 return None
             run = await self._get(run_id)
             if run.status in (RunStatus.SUCCEEDED, RunStatus.CANCELLED):
-                return build_state(run, await self.store.load_journal(run_id))
+                return build_state(run, await self.store.load_journal(run_id), self.reader)
             self.driven.add(run_id)
             while True:
                 lease = await self.claim(run_id)
@@ -140,11 +142,11 @@ class RunExecutor:
                     with contextlib.suppress(Exception):
                         await self.store.release(lease)
                 if rows is None:
-                    return state_of(await self._get(run_id), await self.store.load_journal(run_id))
+                    return state_of(await self._get(run_id), await self.store.load_journal(run_id), self.reader)
                 run = await self._get(run_id)
                 if run.status != RunStatus.PENDING:
                     # The journal is already in memory: build the state from it rather than reading it again.
-                    return state_of(run, rows)
+                    return state_of(run, rows, self.reader)
 
     async def claim(self, run_id: str) -> Lease:
         """The run's lease for this worker. A lease held by a process of this host that has died (a

@@ -13,14 +13,14 @@ shows mypy failing on one).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from durable_sandbox.engine.executor import RunExecutor
-    from durable_sandbox.engine.records import Lease, RunRecord, RunStatus
+    from durable_sandbox.engine.records import Lease, OperationRecord, RunRecord, RunStatus
     from durable_sandbox.engine.runtime import RunRuntime
 
-__all__ = ["Extensions", "RunHooks"]
+__all__ = ["GENERIC_JOURNAL", "Extensions", "JournalReader", "RunHooks"]
 
 T = TypeVar("T")
 
@@ -38,6 +38,44 @@ class RunHooks(Protocol):
 
     async def hibernate_run(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
         """The run waits: give back what costs while it waits (snapshot and destroy its sandboxes)."""
+
+
+class JournalReader(Protocol):
+    """How the records an extension writes read, for what the engine shows of a run (``RunState``,
+    ``Engine.stream``): the sandbox sessions' is ``sandboxes.journal.SandboxJournal``, the only place that
+    knows their schema. Without one the engine shows every record generically."""
+
+    def target(self, row: OperationRecord) -> str | None:
+        """What the operation works on (a sandbox call's command or path), for people."""
+
+    def event(self, row: OperationRecord) -> dict[str, Any] | None:
+        """The stream event of one of the extension's records: its ``type`` and any fields to add (None: not
+        the extension's record, or nothing to say beyond the generic event)."""
+
+    def snapshots(self, rows: Iterable[OperationRecord]) -> list[str]:
+        """The live snapshots a run's records leave (``RunState.snapshots``)."""
+
+    def recoveries(self, rows: Iterable[OperationRecord]) -> int:
+        """How many times the run recovered from a lost sandbox (``RunState.recoveryCount``)."""
+
+
+class _GenericJournal:
+    """The reader of an engine without extensions: no record is anyone's."""
+
+    def target(self, row: OperationRecord) -> str | None:
+        return None
+
+    def event(self, row: OperationRecord) -> dict[str, Any] | None:
+        return None
+
+    def snapshots(self, rows: Iterable[OperationRecord]) -> list[str]:
+        return []
+
+    def recoveries(self, rows: Iterable[OperationRecord]) -> int:
+        return 0
+
+
+GENERIC_JOURNAL: JournalReader = _GenericJournal()
 
 
 class Extensions:

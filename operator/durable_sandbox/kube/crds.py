@@ -39,7 +39,7 @@ from pydantic import BaseModel
 
 from durable_sandbox.kube.models import _ENTRYPOINT, SandboxResource, WorkflowResource
 from durable_sandbox.kube.resources import GROUP, SANDBOXES, VERSION, WORKFLOWS
-from durable_sandbox.sandboxes.session import _RESERVED_HEADS
+from durable_sandbox.sandboxes.journal import RESERVED_HEADS
 from durable_sandbox.workflows.sandbox_agent import PATH_MAX_LENGTH
 
 Schema = dict[str, Any]
@@ -93,7 +93,7 @@ def immutable_rule(field: str) -> dict[str, str]:
 
 RESERVED_OPERATION_ID = (
     "operationId is reserved for the sandbox session's own records "
-    f"(ids starting with {', '.join(sorted(_RESERVED_HEADS))})"
+    f"(ids starting with {', '.join(sorted(RESERVED_HEADS))})"
 )
 
 
@@ -150,7 +150,7 @@ MODEL_RULES: dict[str, list[dict[str, str]]] = {
 _OPERATION_ID = {
     VALIDATIONS: [
         rule(
-            " && ".join(f"self != '{h}' && !self.startsWith('{h}/')" for h in sorted(_RESERVED_HEADS)),
+            " && ".join(f"self != '{h}' && !self.startsWith('{h}/')" for h in sorted(RESERVED_HEADS)),
             RESERVED_OPERATION_ID,
         )
     ]

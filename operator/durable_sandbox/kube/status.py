@@ -22,6 +22,7 @@ from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord, OpKind, RunRecord, RunStatus
 from durable_sandbox.kube.conditions import by_type, condition, cut, rfc3339
+from durable_sandbox.sandboxes import journal
 
 log = logging.getLogger("durable_sandbox.kube.status")
 
@@ -81,34 +82,18 @@ class Projection:
                 self.callbacks[row.op_id] = meta.get("payload")
             else:
                 self.callbacks.pop(row.op_id, None)
-        if kind == OpKind.SANDBOX_CALL.value:
-            index = meta.get("index")
-            if isinstance(index, int):
-                self.calls_seen.add(index)
-                if status == "completed":
-                    self.completed.add(index)
+        index = journal.call_index(row)
+        if index is not None:
+            self.calls_seen.add(index)
+            if status == "completed":
+                self.completed.add(index)
         if status == "started" and kind in (OpKind.SANDBOX_CALL.value, OpKind.STEP.value):
             self.current = {"opId": row.op_id, "kind": kind, "name": row.name}
-            if isinstance(meta.get("index"), int):
-                self.current["index"] = meta["index"]
+            if index is not None:
+                self.current["index"] = index
         elif self.current is not None and self.current["opId"] == row.op_id:
             self.current = None
-        if status == "completed":
-            if kind in (OpKind.SANDBOX_PROVISION.value, OpKind.SANDBOX_RESTORE.value) and isinstance(row.result, dict):
-                session = row.op_id.rsplit("/", 1)[0]
-                self.sandbox = {"name": session, "provider": row.result.get("provider"), "providerId": row.result.get("id")}
-                if kind == OpKind.SANDBOX_RESTORE.value and meta.get("reason") == "recovery":
-                    self.recovery_count += 1
-                    self.recovering = False
-            elif kind == OpKind.SANDBOX_SNAPSHOT.value and isinstance(row.result, dict) and row.result.get("snapshotId"):
-                self.snapshots[row.result["snapshotId"]] = None
-            elif kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value and meta.get("snapshotId"):
-                self.snapshots.pop(meta["snapshotId"], None)
-            elif kind == OpKind.SANDBOX_DESTROY.value and meta.get("finalized") and self.sandbox is not None:
-                self.sandbox = {**self.sandbox, "providerId": None}
-        if kind == OpKind.SANDBOX_INJECT_LOSS.value or (kind == OpKind.SANDBOX_RESTORE.value and status == "started"
-                                                       and meta.get("reason") == "recovery"):
-            self.recovering = True
+        self._fold_sandbox(row)
         if status in ("completed", "failed"):
             summary: dict[str, Any] = {
                 "opId": row.op_id,
@@ -118,11 +103,27 @@ class Projection:
                 "attempt": row.attempt,
                 "finishedAt": rfc3339(row.ts),
             }
-            if kind == OpKind.SANDBOX_CALL.value and isinstance(row.result, dict) and "exitCode" in row.result:
-                summary["exitCode"] = row.result["exitCode"]
+            if (outcome := journal.call_outcome(row)) is not None:
+                summary["exitCode"] = outcome["exitCode"]
             if row.error is not None:
                 summary["error"] = cut(f"{row.error.type}: {row.error.message}", 256)
             self.recent.append(summary)
+
+    def _fold_sandbox(self, row: OperationRecord) -> None:
+        """The sandbox, snapshots and recoveries, from the sessions' records (sandboxes/journal.py)."""
+        if (made := journal.provisioned(row)) is not None:
+            self.sandbox = {"name": made.session, "provider": made.provider, "providerId": made.sandbox_id}
+            if made.recovery:
+                self.recovery_count += 1
+                self.recovering = False
+        elif (taken := journal.snapshot_taken(row)) is not None:
+            self.snapshots[taken] = None
+        elif (gone := journal.snapshot_deleted(row)) is not None:
+            self.snapshots.pop(gone, None)
+        elif journal.finalized(row) and row.status == "completed" and self.sandbox is not None:
+            self.sandbox = {**self.sandbox, "providerId": None}
+        if journal.recovery_started(row):
+            self.recovering = True
 
     @property
     def latest_snapshot(self) -> str | None:

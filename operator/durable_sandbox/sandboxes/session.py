@@ -49,6 +49,8 @@ from durable_sandbox.providers.contract import (
     UnsupportedCapability,
 )
 from durable_sandbox.providers.redaction import REDACTED
+from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes.journal import reserved_operation_id, sessions_in
 
 log = logging.getLogger("durable_sandbox.sandboxes")
 
@@ -88,16 +90,12 @@ class CleanupFailed(DurableError):
     retryable = True
 
 
-_RESERVED_HEADS = frozenset({"provision", "finalize", "snapshot", "restore", "destroy", "inject_loss"})
 
 
 class ToolCallFailed(DurableError):
     """A tool call's outcome failed the run under its failure policy (not retried within the run)."""
 
 
-def reserved_operation_id(operation_id: str) -> bool:
-    """Operation ids that would collide with the session's own journal ids (``<session>/provision``...)."""
-    return operation_id.split("/", 1)[0] in _RESERVED_HEADS
 
 
 @dataclass(frozen=True)
@@ -211,7 +209,7 @@ class SessionState:
                 st.pending_handles.append(SandboxHandle.model_validate(meta["handle"]))
             if r.kind == OpKind.SANDBOX_RESTORE.value and r.status == "failed":
                 st.restores += 1
-                st.recovery_attempts += meta.get("reason") == "recovery"
+                st.recovery_attempts += meta.get(journal.META_REASON) == journal.REASON_RECOVERY
             if r.status != "completed":
                 continue
             if r.kind in (OpKind.SANDBOX_PROVISION.value, OpKind.SANDBOX_RESTORE.value):
@@ -219,24 +217,25 @@ class SessionState:
                 st.pending_handles = [h for h in st.pending_handles if h.id != st.handle.id]
                 if r.kind == OpKind.SANDBOX_RESTORE.value:
                     st.restores += 1
-                    if meta.get("reason") == "recovery":
+                    if journal.recovered(r):
                         st.recoveries += 1
                         st.recovery_attempts += 1
             elif r.kind == OpKind.SANDBOX_DESTROY.value:
-                gone = meta.get("sandboxId")
+                gone = meta.get(journal.META_SANDBOX_ID)
                 if st.handle is not None and st.handle.id == gone:
                     st.handle = None
                 st.pending_handles = [h for h in st.pending_handles if h.id != gone]
             elif r.kind == OpKind.SANDBOX_SNAPSHOT.value:
                 st.checkpoints.append(Checkpoint(int(meta["count"]), r.result["snapshotId"], r.op_id))
             elif r.kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value:
-                st.checkpoints = [c for c in st.checkpoints if c.snapshot_id != meta.get("snapshotId")]
+                st.checkpoints = [c for c in st.checkpoints if c.snapshot_id != journal.deletion_of(r)]
             elif r.kind == OpKind.SANDBOX_CALL.value:
                 st.calls[int(meta["index"])] = (r.op_id, _result_from(r.result))
-            if meta.get("finalized"):
+            if journal.finalized(r):
                 st.finalized = True
-                st.retained = meta.get("retained")
-                st.finalizations.append((r.epoch, bool(meta.get("succeeded", True))))
+                kept = journal.retained(r)
+                st.retained = kept.snapshot_id if kept else None
+                st.finalizations.append((r.epoch, bool(meta.get(journal.META_SUCCEEDED, True))))
         return st
 
     def reopen_for(self, epoch: int) -> int:
@@ -251,15 +250,6 @@ class SessionState:
             self.finalized = False
             self.retained = None
         return generation
-
-
-def sessions_in(rows: Sequence[OperationRecord]) -> list[str]:
-    """Ids of every session a journal mentions (from their provision records)."""
-    seen: dict[str, None] = {}
-    for r in rows:
-        if r.kind == OpKind.SANDBOX_PROVISION.value and r.op_id.endswith("/provision"):
-            seen[r.op_id[: -len("/provision")]] = None
-    return list(seen)
 
 
 # ------------------------------------------------------------------------------------------ session
@@ -340,7 +330,7 @@ class SandboxSession:
         self._next_index += 1
         if reserved_operation_id(call.operation_id):
             raise ValueError(f"Sandbox {self.sid!r}: operation id {call.operation_id!r} is reserved; choose another id")
-        op_id = f"{self.sid}/{call.operation_id}"
+        op_id = journal.call_id(self.sid, call.operation_id)
         self._calls[op_id] = call  # with its env values, which the journal does not keep (for replay)
         digest = value_digest([call.type, call.args])
         prev = self.rt.enter(op_id, OpKind.SANDBOX_CALL.value, call.type, digest)
@@ -369,14 +359,14 @@ class SandboxSession:
                 failure = ToolCallFailed(reason)
                 await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "failed", digest=digest,
                                     error=ErrorInfo.from_exception(failure, retryable=False),
-                                    meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id,
+                                    meta={journal.META_INDEX: index, journal.META_OPERATION_ID: call.operation_id, journal.META_SANDBOX_ID: sandbox_id,
                                           "outcome": _result_json(result)})
                 raise failure
             # Deferred: committed with the run's next write (the next call's start, a snapshot, the final
             # commit), so a call costs one commit; ``after:<op>`` is reached once it has landed.
             await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "completed", digest=digest,
                                 result=_result_json(result),
-                                meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id},
+                                meta={journal.META_INDEX: index, journal.META_OPERATION_ID: call.operation_id, journal.META_SANDBOX_ID: sandbox_id},
                                 defer=True)
             self.state.calls[index] = (op_id, result)
         await self._after_call(index + 1)
@@ -423,7 +413,7 @@ class SandboxSession:
         self._validate()
         if self.state.finalized:
             return self
-        rec = self.rt.lookup(f"{self.sid}/provision")
+        rec = self.rt.lookup(journal.provision_id(self.sid))
         if rec is None or rec.status != "completed":
             await self._provision(rec)
         return self
@@ -468,7 +458,7 @@ class SandboxSession:
             if reserved_operation_id(given):
                 raise ValueError(
                     f"Sandbox {self.sid!r}: operation id {given!r} (call {i}) is reserved for the session's own "
-                    f"records ({', '.join(sorted(_RESERVED_HEADS))}); choose another id"
+                    f"records ({', '.join(sorted(journal.RESERVED_HEADS))}); choose another id"
                 )
             if given in seen:
                 raise ValueError(
@@ -560,7 +550,7 @@ class SandboxSession:
     # ------------------------------------------------------------------ lifecycle
 
     async def _provision(self, prev: OperationRecord | None) -> None:
-        op_id = f"{self.sid}/provision"
+        op_id = journal.provision_id(self.sid)
         if prev is not None:
             await self._reap_unrecorded()
         self.rt.enter(op_id, OpKind.SANDBOX_PROVISION.value, self.provider.name, None)
@@ -646,7 +636,7 @@ class SandboxSession:
     async def _checkpoint(self, count: int, *, fresh: bool = True) -> None:
         """Snapshot at ``count`` calls, record it, then delete the checkpoint it supersedes."""
         # A re-opened session's snapshots get ids of their own: the failed attempt's were deleted.
-        op_id = f"{self.sid}/snapshot/{count}" + (f"~{self.generation}" if self.generation else "")
+        op_id = journal.snapshot_id(self.sid, count, self.generation)
         rec = self.rt.lookup(op_id)
         if not fresh and (rec is None or rec.status != "completed"):
             return
@@ -667,15 +657,15 @@ class SandboxSession:
             await self._delete_snapshot(old)
 
     async def _delete_snapshot(self, cp: Checkpoint) -> None:
-        op_id = f"{cp.op_id}/delete"
-        meta = {"snapshotId": cp.snapshot_id}
+        op_id = journal.delete_id(cp.op_id)
+        meta = {journal.META_SNAPSHOT_ID: cp.snapshot_id}
         await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "started", meta=meta)
         await self._retry_cleanup(f"delete snapshot {cp.snapshot_id}", lambda: self.provider.delete_snapshot(cp.snapshot_id))
         await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "completed", meta=meta)
         self.state.checkpoints = [c for c in self.state.checkpoints if c.snapshot_id != cp.snapshot_id]
 
     async def _inject_loss(self, count: int) -> None:
-        op_id = f"{self.sid}/inject_loss/{count}"
+        op_id = journal.inject_loss_id(self.sid, count)
         rec = self.rt.lookup(op_id)
         if rec is not None and rec.status == "completed":
             return
@@ -684,7 +674,7 @@ class SandboxSession:
         if handle is not None:
             await self.provider.inject_loss(handle)
         await self._journal(op_id, OpKind.SANDBOX_INJECT_LOSS, "inject_loss", "completed",
-                            meta={"count": count, "sandboxId": handle.id if handle else None})
+                            meta={journal.META_COUNT: count, journal.META_SANDBOX_ID: handle.id if handle else None})
         await self._recover("loss injected")
 
     async def _recover(self, why: str) -> None:
@@ -711,12 +701,13 @@ class SandboxSession:
     async def _restore(self, *, reason: str) -> None:
         """Make a replacement sandbox from the newest checkpoint (or fresh), replay the calls since it."""
         number = self.state.restores + 1
-        op_id = f"{self.sid}/restore/{number}"
+        op_id = journal.restore_id(self.sid, number)
         prev = self.rt.lookup(op_id)
         if prev is not None and prev.status == "started":  # finishing a restore a crash interrupted: same reason
-            reason = (prev.meta or {}).get("reason", reason)
+            reason = (prev.meta or {}).get(journal.META_REASON, reason)
         cp = self.state.latest
-        meta: dict[str, Any] = {"reason": reason, "snapshotId": cp.snapshot_id if cp else None, "fromCount": cp.count if cp else 0}
+        meta: dict[str, Any] = {journal.META_REASON: reason, journal.META_SNAPSHOT_ID: cp.snapshot_id if cp else None,
+                                "fromCount": cp.count if cp else 0}
         if prev is not None and prev.status == "started":
             for h in self.state.pending_handles:  # a half-finished restore from before a crash
                 await self._destroy(h, reason="abandoned")
@@ -777,11 +768,11 @@ class SandboxSession:
         return ToolCall(operation_id=op_id[len(self.sid) + 1 :], type=args["type"], args=args["args"])
 
     async def _destroy(self, handle: SandboxHandle, *, reason: str) -> None:
-        op_id = f"{self.sid}/destroy/{handle.id}"
+        op_id = journal.destroy_id(self.sid, handle.id)
         rec = self.rt.lookup(op_id)
         if rec is not None and rec.status == "completed":
             return
-        meta: dict[str, Any] = {"sandboxId": handle.id, "reason": reason}
+        meta: dict[str, Any] = {journal.META_SANDBOX_ID: handle.id, journal.META_REASON: reason}
         if handle.id == self._attached_id():
             # A Sandbox resource's sandbox is let go, not destroyed: it outlives the run.
             meta["detached"] = True
@@ -846,9 +837,10 @@ class SandboxSession:
                 await self._delete_snapshot(cp)
         await self.rt.write(
             OperationRecord(
-                f"{self.sid}/finalize" + (f"~{self.generation}" if self.generation else ""),
+                journal.finalize_id(self.sid, self.generation),
                 OpKind.SANDBOX_DESTROY.value, "finalize", "completed", 1, None, None,
-                meta={"finalized": True, "retained": keep.snapshot_id if keep else None, "succeeded": succeeded},
+                meta={journal.META_FINALIZED: True, journal.META_RETAINED: keep.snapshot_id if keep else None,
+                      journal.META_SUCCEEDED: succeeded},
                 epoch=self.rt.epoch,
             )
         )
@@ -856,7 +848,7 @@ class SandboxSession:
         self.state.retained = keep.snapshot_id if keep else None
 
     def _first_sandbox_id(self) -> str | None:
-        rec = self.rt.lookup(f"{self.sid}/provision")
+        rec = self.rt.lookup(journal.provision_id(self.sid))
         if rec is not None and rec.status == "completed" and isinstance(rec.result, dict):
             return rec.result.get("id")
         return None

@@ -20,7 +20,7 @@ from durable_sandbox.engine import Context, workflow
 from durable_sandbox.engine.errors import DurableError
 from durable_sandbox.providers.contract import ToolCall, ToolResult, safe_relative_path
 from durable_sandbox.providers.redaction import REDACTED
-from durable_sandbox.sandboxes.session import reserved_operation_id
+from durable_sandbox.sandboxes.journal import reserved_operation_id
 
 NAME = "sandbox-agent"
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import durable_sandbox
 from durable_sandbox.engine import LeaseHeld
-from durable_sandbox.engine.records import OpKind
 from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.events import LifecycleEvent
 from durable_sandbox.kube.plan import cluster_run_id
@@ -25,6 +24,7 @@ from durable_sandbox.kube.workflow.finished import let_go
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.wing import Wing
 from durable_sandbox.providers.contract import SandboxHandle
+from durable_sandbox.sandboxes import journal
 
 __all__ = ["Cleanup"]
 
@@ -84,16 +84,15 @@ class Cleanup:
         if (body.get("spec") or {}).get("sandboxRef"):
             return
         providers: dict[str, str] = {}  # session id -> its provider (pinned for the whole run)
-        retained: list[tuple[str, str]] = []
+        retained: list[journal.Retained] = []
         for row in await engine.store.load_journal(run_id):
-            session, meta = row.op_id.rsplit("/", 1)[0], row.meta or {}
-            if row.kind == OpKind.SANDBOX_PROVISION.value and meta.get("provider"):
-                providers[session] = str(meta["provider"])
-            elif row.kind == OpKind.SANDBOX_DESTROY.value and row.status == "completed" and meta.get("retained"):
-                retained.append((session, str(meta["retained"])))
+            if (pinned := journal.pinned_provider(row)) is not None:
+                providers[pinned[0]] = pinned[1]
+            elif (kept := journal.retained(row)) is not None:
+                retained.append(kept)
         shown = str(((body.get("status") or {}).get("sandbox") or {}).get("provider") or "")
-        for session, snapshot_id in retained:
-            await self.wing.engines.provider(providers.get(session) or shown).delete_snapshot(snapshot_id)
+        for kept in retained:
+            await self.wing.engines.provider(providers.get(kept.session) or shown).delete_snapshot(kept.snapshot_id)
 
     async def _finalize_leftovers(self, engine: durable_sandbox.Engine, run_id: str) -> None:
         executor = engine.executor
