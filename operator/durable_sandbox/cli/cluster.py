@@ -25,7 +25,7 @@ import click
 from durable_sandbox.cli.drive import with_display
 from durable_sandbox.cli.errors import CliError
 from durable_sandbox.cli.render import emit_data
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import OperationRecord, RunNotFound, RunRecord, RunState, RunStatus
 from durable_sandbox.engine.client import RunClient
 from durable_sandbox.engine.records import ErrorInfo

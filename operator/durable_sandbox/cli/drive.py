@@ -13,7 +13,7 @@ from durable_sandbox.cli import render
 from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.errors import Interrupted
 from durable_sandbox.cli.progress import make_display, positions, watch
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.cli.targets import RunPlan
 from durable_sandbox.engine import Engine, LeaseHeld, RunRecord, RunState, RunStatus, Store
 from durable_sandbox.engine.driver import LocalDriver, RunPolicy

@@ -14,9 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import OperationRecord, RunRecord, RunState
-from durable_sandbox.engine.owner import run_is_stale
 from durable_sandbox.kube.plan import WORKFLOW_LABEL
 from durable_sandbox.sandboxes import journal
 
@@ -259,7 +258,7 @@ def run_summary(run: RunRecord) -> dict[str, Any]:
         "runId": run.run_id,
         "workflow": run.workflow,
         "status": run.status.value,
-        "stale": run_is_stale(run),
+        "stale": run.stale,
         "createdAt": rfc3339(run.created_at),
         "updatedAt": rfc3339(run.updated_at),
         "threadId": run.thread_id,
@@ -280,7 +279,7 @@ def render_runs(settings: Settings, runs: list[RunRecord], *, empty: str = "no r
         table.add_row(
             r.run_id,
             workflow_name(r.workflow, r.labels, wide=settings.wide),
-            styled(r.status.value) if not run_is_stale(r) else Text("running (stale: its worker is gone)", style="yellow"),
+            styled(r.status.value) if not r.stale else Text("running (stale: its worker is gone)", style="yellow"),
             fmt_time(r.created_at),
             fmt_time(r.updated_at),
             ", ".join(r.pending_callbacks) if r.status.value == "waiting" else "",

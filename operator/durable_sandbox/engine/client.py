@@ -15,7 +15,6 @@ from typing import Any
 from durable_sandbox.engine.errors import InvalidInput, RunConflict, RunNotFound
 from durable_sandbox.engine.events import tail
 from durable_sandbox.engine.extensions import GENERIC_JOURNAL, JournalReader
-from durable_sandbox.engine.owner import run_is_stale
 from durable_sandbox.engine.records import Event, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.engine.state import RunState, build_state
@@ -113,7 +112,7 @@ class RunClient:
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             run = await self.get(run_id)
-            if run.status in SETTLED or run_is_stale(run):
+            if run.status in SETTLED or run.stale:
                 return run
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"run {run_id!r} is still {run.status.value} after {timeout:g}s")

@@ -20,7 +20,6 @@ from durable_sandbox.engine import faults
 from durable_sandbox.engine.errors import (
     CallbackTimeout,
     DuplicateOperationError,
-    NonDeterminismError,
     ParallelError,
     SerializationError,
     StepFailed,
@@ -474,12 +473,4 @@ def _revalidate_branches(items: list[tuple[str, Callable[..., Any]]], recorded: 
     return recorded
 
 
-def nondeterminism(op_id: str, rec: OperationRecord, kind: str, name: str, digest: str | None) -> NonDeterminismError:
-    return NonDeterminismError(
-        op_id,
-        {"kind": rec.kind, "name": rec.name, "inputDigest": rec.input_digest},
-        {"kind": kind, "name": name, "inputDigest": digest if digest is not None else rec.input_digest},
-    )
-
-
-__all__ = ["Context", "DuplicateOperationError", "nondeterminism"]
+__all__ = ["Context", "DuplicateOperationError"]

@@ -36,13 +36,15 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from durable_sandbox.engine.client import RunClient
+from durable_sandbox.engine.executor import RunExecutor
 from durable_sandbox.engine.records import RunRecord, RunStatus
+from durable_sandbox.engine.state import RunState
+from durable_sandbox.engine.store import Store
 
 if TYPE_CHECKING:
-    from durable_sandbox.engine.engine import Engine
-    from durable_sandbox.engine.state import RunState
     from durable_sandbox.engine.workflow import WorkflowDefinition
 
 __all__ = [
@@ -136,6 +138,24 @@ class RunPolicy:
         )
 
 
+class Driven(Protocol):
+    """What the drivers need of an engine (``engine.Engine`` is one): its two halves and a cancel that
+    carries out the cleanup."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def client(self) -> RunClient: ...
+
+    @property
+    def executor(self) -> RunExecutor: ...
+
+    async def cancel(self, run_id: str, reason: str = ...) -> RunState: ...
+
+    async def inspect(self, run_id: str) -> RunState: ...
+
+
 StepKind = Literal["finished", "timeout", "execute", "backoff", "wait", "suspend", "suspended", "resume"]
 
 
@@ -191,7 +211,7 @@ def decide(run: RunRecord, policy: RunPolicy, now: float, *, suspend: bool = Fal
     return Step("execute", deadline=deadline)
 
 
-async def time_out(engine: Engine, run: RunRecord, policy: RunPolicy) -> None:
+async def time_out(engine: Driven, run: RunRecord, policy: RunPolicy) -> None:
     """The ``timeout`` step: ``run`` is past its deadline. A failed run waiting for its next attempt is marked
     cancelled under its lease; any other is asked to cancel, which whoever executes it next carries out (the
     next step is ``execute``: its sandbox is finalized), or the process executing it notices."""
@@ -205,7 +225,7 @@ def _now() -> float:
     return time.time()  # looked up at each call, so a test's clock (tests/unit/conftest.py) is seen
 
 
-Around = Callable[[Callable[[], Awaitable["RunState"]]], Awaitable["RunState"]]
+Around = Callable[[Callable[[], Awaitable[RunState]]], Awaitable[RunState]]
 OnRetry = Callable[[RunRecord, int, float], None]  # the run, the attempt about to start, seconds until it starts
 
 
@@ -216,7 +236,7 @@ class LocalDriver:
     ``around`` wraps each execution (the CLI's live display); ``on_retry`` is told of every retry before its
     backoff. ``clock`` and ``sleep`` are the wall clock and the backoff's sleep (tests move time instead)."""
 
-    def __init__(self, engine: Engine, *, around: Around | None = None, on_retry: OnRetry | None = None,
+    def __init__(self, engine: Driven, *, around: Around | None = None, on_retry: OnRetry | None = None,
                  clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
         self.engine = engine
@@ -278,7 +298,7 @@ class LocalDriver:
                     await task
 
 
-async def enforce(engine: Engine, policy_of: Callable[[RunRecord], RunPolicy], *, limit: int = 1000) -> list[RunRecord]:
+async def enforce(engine: Driven, policy_of: Callable[[RunRecord], RunPolicy], *, limit: int = 1000) -> list[RunRecord]:
     """The policies of a store's runs, for a worker (``dsb worker``): runs past their deadline are cancelled,
     and the failed runs whose next attempt is due are returned (the worker claims and executes them)."""
     due: list[RunRecord] = []

@@ -17,8 +17,14 @@ from typing import Any
 from durable_sandbox.engine.client import RunClient, new_run_id
 from durable_sandbox.engine.driver import RunPolicy, enforce
 from durable_sandbox.engine.errors import RunNotFinished
-from durable_sandbox.engine.executor import RunExecutor, Unresolvable, default_worker_id, resolve_run_workflow
-from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader, RunHooks
+from durable_sandbox.engine.executor import (
+    RunExecutor,
+    RunHooks,
+    Unresolvable,
+    default_worker_id,
+    resolve_run_workflow,
+)
+from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader
 from durable_sandbox.engine.records import OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.sources import poll_store
 from durable_sandbox.engine.state import RunState

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from durable_sandbox.engine.client import require_run, state_of
 from durable_sandbox.engine.context import Context
@@ -32,7 +32,7 @@ from durable_sandbox.engine.errors import (
     Suspend,
     WorkflowNotFound,
 )
-from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader, RunHooks
+from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader
 from durable_sandbox.engine.owner import holder_is_dead, new_worker_id
 from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
@@ -47,6 +47,22 @@ log = logging.getLogger("durable_sandbox.engine")
 # no other worker that could, and `resume` retries it once the code is importable), or "leave" it
 # untouched for another process (the operator: another replica may have the code) and raise NotRunnableHere.
 Unresolvable = Literal["fail", "leave"]
+
+
+class RunHooks(Protocol):
+    """What the engine calls at a run's turning points, for the resources ``ctx.sandbox`` holds (the sandbox
+    sessions: ``sandboxes.session.SessionFactory``)."""
+
+    async def after_run(self, rt: RunRuntime, status: RunStatus) -> None:
+        """The run ends ``status`` (its final commit follows): release what only a success keeps."""
+
+    async def cancel_cleanup(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
+        """Finalize what the run holds, from its journal, without its workflow code (a cancel of a run that
+        does not execute, a deletion, the finalizer)."""
+
+    async def hibernate_run(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
+        """The run waits: give back what costs while it waits (snapshot and destroy its sandboxes)."""
+
 
 
 def default_worker_id() -> str:

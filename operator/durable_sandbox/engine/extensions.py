@@ -1,6 +1,7 @@
-"""The engine's extension points, typed: what it calls of the extension behind ``ctx.sandbox``
-(:class:`RunHooks`), and the values the process driving runs hands to extensions above the engine
-(:class:`Extensions`).
+"""The engine's extension points, typed: how the records of the extension behind ``ctx.sandbox`` read
+(:class:`JournalReader`), and the values the process driving runs hands to extensions above the engine
+(:class:`Extensions`). What the engine calls of that extension at a run's turning points is
+``engine.executor.RunHooks``.
 
 The engine knows nothing of sandboxes, providers or Workflows: an extension defines its own values as a
 dataclass (``sandboxes.session.SandboxServices``, ``workflows.sandbox_agent.AgentServices``), whoever builds
@@ -16,28 +17,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from durable_sandbox.engine.executor import RunExecutor
-    from durable_sandbox.engine.records import Lease, OperationRecord, RunRecord, RunStatus
-    from durable_sandbox.engine.runtime import RunRuntime
+    from durable_sandbox.engine.records import OperationRecord
 
-__all__ = ["GENERIC_JOURNAL", "Extensions", "JournalReader", "RunHooks"]
+__all__ = ["GENERIC_JOURNAL", "Extensions", "JournalReader"]
 
 T = TypeVar("T")
-
-
-class RunHooks(Protocol):
-    """What the engine calls at a run's turning points, for the resources ``ctx.sandbox`` holds (the sandbox
-    sessions: ``sandboxes.session.SessionFactory``)."""
-
-    async def after_run(self, rt: RunRuntime, status: RunStatus) -> None:
-        """The run ends ``status`` (its final commit follows): release what only a success keeps."""
-
-    async def cancel_cleanup(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
-        """Finalize what the run holds, from its journal, without its workflow code (a cancel of a run that
-        does not execute, a deletion, the finalizer)."""
-
-    async def hibernate_run(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
-        """The run waits: give back what costs while it waits (snapshot and destroy its sandboxes)."""
 
 
 class JournalReader(Protocol):

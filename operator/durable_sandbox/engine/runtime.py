@@ -127,8 +127,6 @@ class RunRuntime:
             if first.kind != kind or first.name != name or (
                 digest is not None and first.input_digest is not None and first.input_digest != digest
             ):
-                from durable_sandbox.engine.context import nondeterminism
-
                 raise nondeterminism(op_id, first, kind, name, digest)
             latest = self.latest[op_id]
             if latest.status == COMPLETED:
@@ -394,3 +392,11 @@ def pending_callbacks(latest: Any) -> list[dict[str, Any]]:
         if r.kind == OpKind.CALLBACK.value and r.status == STARTED
     ]
 
+
+def nondeterminism(op_id: str, rec: OperationRecord, kind: str, name: str, digest: str | None) -> NonDeterminismError:
+    """The error of a replay that met ``kind``/``name``/``digest`` where the journal recorded ``rec``."""
+    return NonDeterminismError(
+        op_id,
+        {"kind": rec.kind, "name": rec.name, "inputDigest": rec.input_digest},
+        {"kind": kind, "name": name, "inputDigest": digest if digest is not None else rec.input_digest},
+    )

@@ -563,15 +563,6 @@ def to_sandbox_agent_input(spec: WorkflowSpec, sandbox: SandboxSettings | None =
     )
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy re-export: manifests imports this module, so an eager import here would be circular.
-    if name in ("ManifestError", "load_manifests"):
-        from durable_sandbox.kube import manifests
-
-        return getattr(manifests, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "KINDS",
     "CallsStatus",

@@ -8,14 +8,12 @@ event that can change the run's course, or the timer, makes it active again.
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
 from typing import Literal
 
 from durable_sandbox.kube.workflow.runs import Runs, RunView
 from durable_sandbox.kube.workflow.settings import OperatorSettings
 
-__all__ = ["Outcome", "Park", "Parked", "wait_or_park"]
+__all__ = ["Outcome", "Park", "wait_or_park"]
 
 # How a turn of a run's task ends: "again" (another turn), "done" (the task ends, nothing to park), or a
 # Park raised (the task ends and the run is parked).
@@ -29,22 +27,6 @@ class Park(Exception):
         super().__init__(reason)
         self.delay = delay
         self.reason = reason
-
-
-@dataclass(slots=True)
-class Parked:
-    """All this process keeps of a parked run: enough to find it again and to judge which events wake it."""
-
-    namespace: str
-    name: str
-    uid: str
-    generation: int | None
-    # waiting, suspended, finished, held (another replica's Lease), not-runnable, rejected, backoff, error,
-    # api-unreachable
-    reason: str
-    phase: str | None  # status.phase when parked: a held run wakes when the executing replica changes it
-    sandbox: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
-    timer: asyncio.TimerHandle | None = None
 
 
 async def wait_or_park(runs: Runs, settings: OperatorSettings, view: RunView, timeout: float | None, why: str) -> None:

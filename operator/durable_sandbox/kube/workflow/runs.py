@@ -13,9 +13,8 @@ from durable_sandbox.kube.status import Extra, Projection, StatusWriter
 
 if TYPE_CHECKING:
     import durable_sandbox
-    from durable_sandbox.kube.workflow.parking import Parked
 
-__all__ = ["RunView", "Runs"]
+__all__ = ["Parked", "RunView", "Runs"]
 
 
 @dataclass(kw_only=True)
@@ -33,6 +32,22 @@ class RunView(ObjectView):
     executing: bool = False  # this process holds the lease and writes status/events
     waiting_for: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
     released: bool = False  # the Sandbox this run held has been let go
+
+
+@dataclass(slots=True)
+class Parked:
+    """All this process keeps of a parked run: enough to find it again and to judge which events wake it."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int | None
+    # waiting, suspended, finished, held (another replica's Lease), not-runnable, rejected, backoff, error,
+    # api-unreachable
+    reason: str
+    phase: str | None  # status.phase when parked: a held run wakes when the executing replica changes it
+    sandbox: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
+    timer: asyncio.TimerHandle | None = None
 
 
 @dataclass

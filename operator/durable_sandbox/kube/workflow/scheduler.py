@@ -25,8 +25,8 @@ from durable_sandbox.kube.client import is_transient
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.resources import WORKFLOWS
-from durable_sandbox.kube.workflow.parking import Park, Parked
-from durable_sandbox.kube.workflow.runs import RunView
+from durable_sandbox.kube.workflow.parking import Park
+from durable_sandbox.kube.workflow.runs import Parked, RunView
 from durable_sandbox.kube.workflow.wing import Wing
 
 log = logging.getLogger(__name__)
