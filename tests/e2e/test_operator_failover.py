@@ -13,6 +13,8 @@ from typing import Any
 
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import (
+    check_journal,
+    journal,
     local_sandboxes,
     manifest,
     namespace,
@@ -21,7 +23,6 @@ from tests.e2e.operator_support import (
     wait_condition,
     wait_in_flight,
 )
-from tests.e2e.test_operator_recovery import journal
 
 __all__ = ["namespace", "operators"]  # fixtures
 
@@ -38,13 +39,6 @@ def lease_holder(cp: ControlPlane, ns: str) -> str | None:
     leases = cp.kubectl_json("get", "leases", "-n", ns)["items"]
     holders = [lease["spec"].get("holderIdentity") for lease in leases]
     return holders[0] if holders else None
-
-
-def check_journal(cp: ControlPlane, ns: str, run_id: str) -> None:
-    rows = journal(cp, ns, run_id)
-    assert [r.seq for r in rows] == list(range(1, len(rows) + 1)), "journal has gaps or duplicates"
-    completed = [r.op_id for r in rows if r.status == "completed"]
-    assert len(completed) == len(set(completed)), "an operation completed twice"
 
 
 def test_sigkill_at_fault_points_then_restart_completes_without_repeating_committed_calls(

@@ -26,8 +26,9 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 
 from durable_sandbox.kube.resources import GROUP, VERSION, WORKFLOWS
+from tests.dsb import dsb
 from tests.e2e.conftest import ControlPlane
-from tests.e2e.operator_support import condition, dsb, namespace, operators
+from tests.e2e.operator_support import condition, namespace, operators
 
 __all__ = ["namespace", "operators"]  # fixtures
 
@@ -162,7 +163,7 @@ def test_ten_thousand_calls(control_plane: ControlPlane, namespace: str, operato
     assert final["status"]["calls"] == {"completed": CALLS, "total": CALLS}
 
     # The whole journal is readable: every call's started and completed record.
-    hist = dsb("--kube", "-n", namespace, "history", "big", "-o", "json", timeout=600)
+    hist = dsb("--kube", "-n", namespace, "history", "big", "-o", "json", timeout=600, process=True)
     assert hist.returncode == 0, hist.stderr
     records = json.loads(hist.stdout)
     calls = [r for r in records if r["kind"] == "sandbox.call"]

@@ -21,8 +21,9 @@ import yaml
 from durable_sandbox.engine import RunStatus
 from durable_sandbox.kube.resources import API_VERSION
 from durable_sandbox.kube.status import PHASES, TERMINAL_PHASES
+from tests.dsb import dsb
 from tests.e2e.conftest import ControlPlane, wait_until
-from tests.e2e.operator_support import dsb, namespace, operators, status
+from tests.e2e.operator_support import namespace, operators, status
 
 __all__ = ["namespace", "operators"]  # fixtures
 
@@ -71,7 +72,7 @@ def run_locally(tmp_path: Path, name: str, spec: dict[str, Any]) -> dict[str, An
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(workflow(name, spec)))
     proc = dsb("--store", str(tmp_path / "runs.db"), "-o", "json", "run", str(path),
-               env={"DURABLE_SANDBOX_HOME": str(tmp_path / "local-home")}, timeout=300)
+               env={"DURABLE_SANDBOX_HOME": str(tmp_path / "local-home")}, timeout=300, process=True)
     assert proc.returncode in (0, 1), f"dsb run {name}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
     doc = json.loads(proc.stdout)
     return outcome(PHASES[RunStatus(doc["status"])], doc["attempt"], doc["result"], doc["error"])

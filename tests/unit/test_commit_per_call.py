@@ -42,8 +42,8 @@ class CountingStore(SqliteStore):
 
 
 @pytest.fixture
-def local(durable_home: Path) -> Any:
-    provider = Hooked(LocalProvider(durable_home))
+def local(home: Path) -> Any:
+    provider = Hooked(LocalProvider(home))
     yield provider
     assert provider.inner.leftovers() == [], "the run left sandboxes, snapshots or leases behind"
 

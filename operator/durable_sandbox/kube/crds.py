@@ -47,7 +47,7 @@ Schema = dict[str, Any]
 REGENERATE = "python -m durable_sandbox.kube.crds --write crds/"
 HEADER = (
     f"# Generated from durable_sandbox.kube.models by `{REGENERATE}`; do not edit.\n"
-    "# tests/unit/test_crds.py fails when this file differs from what the models generate.\n"
+    "# tests/unit/kube/test_crds.py fails when this file differs from what the models generate.\n"
 )
 
 PRESERVE = "x-kubernetes-preserve-unknown-fields"

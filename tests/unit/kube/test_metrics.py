@@ -56,11 +56,11 @@ async def scrape(srv: MetricsServer, path: str = "/metrics") -> tuple[int, str, 
 
 
 async def test_a_run_moves_the_counters_by_what_it_did(
-    server: tuple[OperatorMetrics, MetricsServer], tmp_path: Path, durable_home: Path
+    server: tuple[OperatorMetrics, MetricsServer], tmp_path: Path, home: Path
 ) -> None:
     metrics, srv = server
-    provider = metrics.instrument(LocalProvider(durable_home))
-    assert provider.name == "local" and provider.capabilities() == LocalProvider(durable_home).capabilities()
+    provider = metrics.instrument(LocalProvider(home))
+    assert provider.name == "local" and provider.capabilities() == LocalProvider(home).capabilities()
     engine = durable_sandbox.Engine(SqliteStore(tmp_path / "runs.db"), providers={"local": provider})
     try:
         state = await engine.run(
