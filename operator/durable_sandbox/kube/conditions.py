@@ -11,9 +11,14 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["MESSAGE_LIMIT", "by_type", "condition", "cut", "find", "merge", "rfc3339"]
+__all__ = ["MESSAGE_LIMIT", "SANDBOX_CONDITIONS", "WORKFLOW_CONDITIONS", "by_type", "condition", "cut", "find",
+           "merge", "rfc3339"]
 
 MESSAGE_LIMIT = 1024
+
+# The condition types of each resource, in the order status lists them (and the CRDs' docs name them).
+WORKFLOW_CONDITIONS = ("Ready", "Succeeded", "Failed", "Suspended", "WaitingForSignal", "Recovering", "CleanupBlocked")
+SANDBOX_CONDITIONS = ("Ready", "Suspended", "CleanupBlocked")
 
 Condition = dict[str, Any]
 State = tuple[bool, str, str]  # (on, reason, message)

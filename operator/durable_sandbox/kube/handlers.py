@@ -25,6 +25,8 @@ Settings, and why:
 
 ``STARTUP_HOOKS``: functions ``hook(operator, settings)`` (async or not) run once the operator is
 configured and before any Workflow is served: the place for the metrics and health endpoint.
+``SHUTDOWN_HOOKS``: coroutine functions run last when the operator stops, after its runs were handed over
+(the metrics and health endpoint stops there: it answers while the runs are handed over).
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ DAEMON_CANCELLATION_TIMEOUT = 30.0
 DAEMON_INSTANT_EXIT = 5.0
 
 StartupHook = Callable[[Operator, kopf.OperatorSettings], Any]
+ShutdownHook = Callable[[], Awaitable[None]]
 Touch = Callable[[], Coroutine[Any, Any, None]]
 STARTUP_HOOKS: list[StartupHook] = []
+SHUTDOWN_HOOKS: list[ShutdownHook] = []
 
 
 @dataclass
@@ -191,16 +195,23 @@ async def _stop_sweep() -> None:
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
     global _operator, _sandboxes
-    await _stop_sweep()
-    if _operator is None:
-        return
-    op, _operator = _operator, None
-    if _sandboxes is not None:
-        await _sandboxes.aclose()
-        _sandboxes = None
-    await op.shutdown()
-    await op.aclose()
-    await op.api.close()
+    try:
+        await _stop_sweep()
+        if _operator is None:
+            return
+        op, _operator = _operator, None
+        if _sandboxes is not None:
+            await _sandboxes.aclose()
+            _sandboxes = None
+        await op.shutdown()
+        await op.aclose()
+        await op.api.close()
+    finally:
+        for hook in SHUTDOWN_HOOKS:
+            try:
+                await hook()
+            except Exception as exc:  # the process is exiting: say so, and run the other hooks
+                log.warning("a shutdown hook failed: %s: %s", type(exc).__name__, exc)
 
 
 async def until_stopped(stopped: kopf.DaemonStopped, serve: Callable[[asyncio.Event], Awaitable[None]],

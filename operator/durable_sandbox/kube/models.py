@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from durable_sandbox.engine.driver import RetrySchedule
+from durable_sandbox.kube.conditions import SANDBOX_CONDITIONS, WORKFLOW_CONDITIONS
 from durable_sandbox.workflows.sandbox_agent import (
     EnvVar,
     FailurePolicy,
@@ -342,7 +343,7 @@ class Condition(_Status):
     """metav1.Condition: one aspect of the run's state."""
 
     type: str = Field(
-        description="Ready, Succeeded, Failed, Suspended, WaitingForSignal, Recovering or CleanupBlocked."
+        description=f"{', '.join(WORKFLOW_CONDITIONS[:-1])} or {WORKFLOW_CONDITIONS[-1]}."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="A CamelCase reason for the last transition.")
@@ -421,8 +422,7 @@ class WorkflowStatus(_Status):
 
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Succeeded, Failed, Suspended, WaitingForSignal, Recovering, CleanupBlocked "
-        "(metav1.Condition; kubectl wait --for=condition=Succeeded).",
+        description=f"{', '.join(WORKFLOW_CONDITIONS)} (metav1.Condition; kubectl wait --for=condition=Succeeded).",
     )
     observed_generation: int | None = Field(
         default=None, description="The metadata.generation of the spec the operator last acted on."
@@ -493,7 +493,7 @@ class SandboxResourceStatus(_Status):
     """Where the sandbox is, written by the operator."""
 
     conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, Suspended, CleanupBlocked (metav1.Condition list)."
+        default_factory=list, description=f"{', '.join(SANDBOX_CONDITIONS)} (metav1.Condition list)."
     )
     observed_generation: int | None = Field(
         default=None, description="The metadata.generation of the spec the operator last acted on."

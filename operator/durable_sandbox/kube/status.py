@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord, OpKind, RunRecord, RunStatus
-from durable_sandbox.kube.conditions import by_type, condition, cut, rfc3339
+from durable_sandbox.kube.conditions import WORKFLOW_CONDITIONS, by_type, condition, cut, rfc3339
 from durable_sandbox.sandboxes import journal
 
 log = logging.getLogger("durable_sandbox.kube.status")
@@ -40,7 +40,6 @@ PHASES = {
     RunStatus.CANCELLED: "Cancelled",
 }
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
-CONDITION_TYPES = ("Ready", "Succeeded", "Failed", "Suspended", "WaitingForSignal", "Recovering", "CleanupBlocked")
 
 
 @dataclass
@@ -252,7 +251,7 @@ def conditions(
         blocked = extra.cleanup_blocked is not None
         out.append(condition("CleanupBlocked", blocked, "ProviderRefused" if blocked else "CleanupDone",
                               extra.cleanup_blocked or "", gen, previous))
-    return out
+    return sorted(out, key=lambda c: WORKFLOW_CONDITIONS.index(c["type"]))  # a type not listed there is an error
 
 
 # A status write that took d seconds is followed by at least WRITE_COST_FACTOR * d seconds without one (phase

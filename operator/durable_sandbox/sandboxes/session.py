@@ -51,6 +51,7 @@ from durable_sandbox.providers.contract import (
 from durable_sandbox.providers.redaction import REDACTED
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.journal import reserved_operation_id, sessions_in
+from durable_sandbox.sandboxes.requirements import unmet
 
 log = logging.getLogger("durable_sandbox.sandboxes")
 
@@ -439,17 +440,14 @@ class SandboxSession:
         await self.finalize(succeeded=succeeded)
 
     def _validate(self) -> None:
-        caps = self.provider.capabilities()
-        if self.inject_loss_after is not None and not caps.supports(Capability.LOSS_INJECTION):
-            raise UnsupportedCapability(self.provider.name, Capability.LOSS_INJECTION)
-        if self.suspend_between_calls and not (caps.supports(Capability.SUSPEND) and caps.supports(Capability.RESUME)):
-            raise UnsupportedCapability(self.provider.name, Capability.SUSPEND)
-        if self.snapshot_every and not caps.supports(Capability.SNAPSHOT):
-            raise UnsupportedCapability(self.provider.name, Capability.SNAPSHOT)
-        if self.lease_seconds > caps.maximum_lease_seconds:
+        for missing in unmet(self.provider.capabilities(), inject_loss_after=self.inject_loss_after,
+                             suspend_between_calls=self.suspend_between_calls, snapshot_every=self.snapshot_every,
+                             lease_seconds=self.lease_seconds):
+            if missing.capability is not None:
+                raise UnsupportedCapability(self.provider.name, missing.capability)
             raise ConfigurationError(
                 f"Sandbox {self.sid!r}: lease of {self.lease_seconds} s exceeds provider "
-                f"[{self.provider.name}]'s maximum of {caps.maximum_lease_seconds} s"
+                f"[{self.provider.name}]'s maximum of {missing.maximum} s"
             )
         seen: dict[str, int] = {}
         for i, given in enumerate(self._operation_ids):

@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from durable_sandbox.engine import faults
 from durable_sandbox.kube import holding
 from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.conditions import State, find, merge, rfc3339
+from durable_sandbox.kube.conditions import SANDBOX_CONDITIONS, State, find, merge, rfc3339
 from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
 from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 
 
 
-CONDITION_ORDER = ("Ready", "Suspended", "CleanupBlocked")
+CONDITION_ORDER = SANDBOX_CONDITIONS
 
 
 class SandboxController:
