@@ -173,6 +173,9 @@ class Context:
 
     # ------------------------------------------------------------------ step
 
+    # Longer than the ~80 lines a function gets here, on purpose: this is the engine's hot path (every
+    # ctx.step of every run; docs/benchmarks.md measures its cost per step against peers), and it reads top to
+    # bottom as the step's durability rules: replay, cache, start record, attempt, retry, outcome record.
     async def step(
         self,
         id: str,

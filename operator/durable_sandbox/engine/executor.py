@@ -196,6 +196,9 @@ class RunExecutor:
                 with contextlib.suppress(Exception):
                     await self.store.release(lease)
 
+    # Longer than the ~80 lines a function gets here, on purpose: its except clauses are the table of how an
+    # execution can end (waiting, cancelled, interrupted, lease lost, handed over, failed, succeeded), and
+    # each ends in the same final commit below them; split, that table would be spread over several places.
     async def execute(self, lease: Lease, definition: WorkflowDefinition | None) -> list[OperationRecord] | None:
         """Execute the run once under ``lease``; returns its journal rows (None if nothing ran)."""
         store = self.store
