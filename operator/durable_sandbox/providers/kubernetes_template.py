@@ -57,9 +57,9 @@ class _Model(BaseModel):
 class WorkspaceVolume(_Model):
     """The volume mounted at :data:`WORKSPACE`: an emptyDir with a size limit, or a PersistentVolumeClaim."""
 
-    size_limit: str = Field("1Gi", alias="sizeLimit")
+    size_limit: str = Field(default="1Gi", alias="sizeLimit")
     medium: Literal["", "Memory"] = ""
-    claim_name: str | None = Field(None, alias="claimName")  # a PVC the namespace already has (never deleted here)
+    claim_name: str | None = Field(default=None, alias="claimName")  # a PVC the namespace already has (never deleted here)
 
     def volume(self) -> dict[str, Any]:
         if self.claim_name is not None:
@@ -85,11 +85,11 @@ class TemplatePolicy(_Model):
     ``providers.kubernetes.allow``). Everything is refused by default."""
 
     privileged: bool = False
-    host_namespaces: bool = Field(False, alias="hostNamespaces")
-    host_path: bool = Field(False, alias="hostPath")
+    host_namespaces: bool = Field(default=False, alias="hostNamespaces")
+    host_path: bool = Field(default=False, alias="hostPath")
     capabilities: frozenset[str] = frozenset()  # capabilities a template may add
-    service_accounts: frozenset[str] = Field(frozenset(), alias="serviceAccounts")
-    runtime_classes: frozenset[str] | None = Field(None, alias="runtimeClasses")  # None: any
+    service_accounts: frozenset[str] = Field(default=frozenset(), alias="serviceAccounts")
+    runtime_classes: frozenset[str] | None = Field(default=None, alias="runtimeClasses")  # None: any
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> TemplatePolicy:
@@ -107,28 +107,28 @@ class PodTemplate(_Model):
     """The parts of a Pod a sandbox template sets (camelCase as in a Pod spec)."""
 
     image: str = DEFAULT_IMAGE
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(None, alias="imagePullPolicy")
-    image_pull_secrets: tuple[str, ...] = Field((), alias="imagePullSecrets")
-    command: tuple[str, ...] = Field(tuple(KEEP_ALIVE))
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(default=None, alias="imagePullPolicy")
+    image_pull_secrets: tuple[str, ...] = Field(default=(), alias="imagePullSecrets")
+    command: tuple[str, ...] = Field(default=tuple(KEEP_ALIVE))
     resources: dict[str, dict[str, str]] = Field(
         default_factory=lambda: {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}})
-    runtime_class_name: str | None = Field(None, alias="runtimeClassName")
+    runtime_class_name: str | None = Field(default=None, alias="runtimeClassName")
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     tolerations: tuple[dict[str, Any], ...] = ()
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
-    workspace: WorkspaceVolume = Field(default_factory=WorkspaceVolume)
+    workspace: WorkspaceVolume = Field(default_factory=lambda: WorkspaceVolume())
     security_context: dict[str, Any] = Field(default_factory=lambda: dict(RESTRICTED_SECURITY_CONTEXT),
                                              alias="securityContext")
     pod_security_context: dict[str, Any] = Field(default_factory=lambda: {"fsGroup": 1000},
                                                  alias="podSecurityContext")
-    service_account_name: str | None = Field(None, alias="serviceAccountName")
-    host_network: bool = Field(False, alias="hostNetwork")
-    host_pid: bool = Field(False, alias="hostPID")
-    host_ipc: bool = Field(False, alias="hostIPC")
+    service_account_name: str | None = Field(default=None, alias="serviceAccountName")
+    host_network: bool = Field(default=False, alias="hostNetwork")
+    host_pid: bool = Field(default=False, alias="hostPID")
+    host_ipc: bool = Field(default=False, alias="hostIPC")
     volumes: tuple[dict[str, Any], ...] = ()  # extra volumes (hostPath refused by policy)
-    volume_mounts: tuple[dict[str, Any], ...] = Field((), alias="volumeMounts")
-    termination_grace_period_seconds: int = Field(5, alias="terminationGracePeriodSeconds", ge=0)
+    volume_mounts: tuple[dict[str, Any], ...] = Field(default=(), alias="volumeMounts")
+    termination_grace_period_seconds: int = Field(default=5, alias="terminationGracePeriodSeconds", ge=0)
 
     @field_validator("security_context", mode="before")
     @classmethod
@@ -187,6 +187,12 @@ class PodTemplate(_Model):
             fields["podSecurityContext"] = spec.pop("securityContext")
         if "imagePullSecrets" in spec:
             fields["imagePullSecrets"] = [s.get("name") for s in spec.pop("imagePullSecrets") or []]
+        for key, value in _SPEC_DEFAULTS.items():  # what the API server fills in: not the author's asking
+            if spec.get(key) == value:
+                spec.pop(key)
+        for key, value in _CONTAINER_DEFAULTS.items():
+            if container.get(key) == value:
+                container.pop(key)
         spec.pop("restartPolicy", None)
         spec.pop("automountServiceAccountToken", None)  # always false: see the module docstring
         leftover = sorted([f"spec.{k}" for k in spec] + [f"containers[0].{k}" for k in container])
@@ -311,6 +317,11 @@ class PodTemplate(_Model):
                          "annotations": {**self.annotations, **annotations}},
             "spec": spec,
         }
+
+
+_SPEC_DEFAULTS: dict[str, Any] = {"dnsPolicy": "ClusterFirst", "schedulerName": "default-scheduler"}
+_CONTAINER_DEFAULTS: dict[str, Any] = {"terminationMessagePath": "/dev/termination-log",
+                                       "terminationMessagePolicy": "File"}
 
 
 def pod_template_reference(template: str | None) -> str | None:

@@ -32,7 +32,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -357,9 +357,13 @@ class S3SnapshotStore:
             raise self._failure(f"list unfinished uploads under {prefix}", exc) from None
         return count
 
-    async def get(self, name: SnapshotName) -> AsyncIterator[bytes]:
+    async def get(self, name: SnapshotName) -> AsyncGenerator[bytes, None]:
         """The archive's bytes in chunks of at most ``DOWNLOAD_CHUNK``. :class:`SnapshotMissing` when absent
         (raised before the first chunk)."""
+        return (await self.open(name))[1]
+
+    async def open(self, name: SnapshotName) -> tuple[int, AsyncGenerator[bytes, None]]:
+        """The archive's size in bytes and its stream (see :meth:`get`)."""
         s3 = await self._s3()
         try:
             answer = await s3.get_object(Bucket=self.config.bucket, Key=self.key(name))
@@ -367,9 +371,9 @@ class S3SnapshotStore:
             if self._code(exc) in _MISSING_CODES:
                 raise SnapshotMissing(name.id) from None
             raise self._failure(f"fetch snapshot {name.id}", exc) from None
-        return self._stream(name, answer["Body"])
+        return int(answer["ContentLength"]), self._stream(name, answer["Body"])
 
-    async def _stream(self, name: SnapshotName, body: Any) -> AsyncIterator[bytes]:
+    async def _stream(self, name: SnapshotName, body: Any) -> AsyncGenerator[bytes, None]:
         try:
             while chunk := await body.read(DOWNLOAD_CHUNK):
                 yield chunk
