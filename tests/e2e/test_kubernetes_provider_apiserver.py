@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
@@ -64,6 +64,40 @@ async def test_exec_without_the_right_is_forbidden(control_plane: ControlPlane, 
     with pytest.raises(ExecRejected) as forbidden:
         await execs.run(namespace, "any", "sandbox", ["true"], stdout=print, stderr=print)
     assert forbidden.value.status == 403
+
+
+@pytest.mark.parametrize(("verbs", "status"), [(["create", "get"], 400), (["create"], 403), (["get"], 403)])
+async def test_exec_over_websocket_needs_create_on_pods_exec(control_plane: ControlPlane, namespace: str,
+                                                             provider: KubernetesProvider, verbs: list[str],
+                                                             status: int) -> None:
+    """What the chart grants is what the upgrade is authorized as: get (the WebSocket's GET) and create (the
+    API server's check for upgrades to exec); 400 here is past authorization (the Pod has no node)."""
+    control_plane.kubectl("create", "serviceaccount", "execer", "-n", namespace)
+    control_plane.kubectl("create", "role", "execer", "-n", namespace, *[f"--verb={v}" for v in verbs],
+                          "--resource=pods/exec")
+    control_plane.kubectl("create", "rolebinding", "execer", "-n", namespace, "--role=execer",
+                          f"--serviceaccount={namespace}:execer")
+    control_plane.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "idle", "namespace": namespace},
+                         "spec": {"containers": [{"name": "sandbox", "image": "busybox"}]}})
+    await provider._api()
+    provider._api_client.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:execer")
+    execs = PodExec(provider._api_client)
+
+    async def attempt() -> int:
+        try:
+            await execs.run(namespace, "idle", "sandbox", ["true"], stdout=print, stderr=print)
+        except ExecRejected as exc:
+            return exc.status
+        return 0
+
+    await eventually_async(attempt, status, "RBAC to settle")
+
+
+async def eventually_async(attempt: Callable[[], Awaitable[int]], expected: int, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 30
+    while (got := await attempt()) != expected:
+        assert asyncio.get_running_loop().time() < deadline, f"{what}: got {got}, expected {expected}"
+        await asyncio.sleep(0.2)
 
 
 async def test_a_refused_template_makes_no_pod(control_plane: ControlPlane, namespace: str,

@@ -99,6 +99,7 @@ _HOPELESS_WAITING = {
 _ENV_NAMESPACE = "DSB_K8S_NAMESPACE"
 _ENV_NAMESPACES = "DSB_K8S_NAMESPACES"  # where an inventory looks (the chart's watchNamespaces)
 _ENV_READY_TIMEOUT = "DSB_K8S_READY_TIMEOUT"
+_ENV_DISABLED = "DSB_K8S_DISABLED"  # why the operator may not use this provider (the chart sets it)
 _ENV_UNSCHEDULABLE_GRACE = "DSB_K8S_UNSCHEDULABLE_GRACE"
 _KILL_GRACE_SECONDS = 5.0
 
@@ -163,6 +164,9 @@ class KubernetesProvider(SandboxProvider):
 
     @classmethod
     def configuration_problems(cls, environ: Mapping[str, str]) -> list[str]:
+        disabled = environ.get(_ENV_DISABLED)
+        if disabled:
+            return [f"Sandbox provider [kubernetes] is off in this operator: {disabled}"]
         problems = []
         try:
             PodTemplate.from_environ(environ)

@@ -23,7 +23,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -93,14 +93,7 @@ class TemplatePolicy(_Model):
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> TemplatePolicy:
-        raw = (os.environ if environ is None else environ).get(ENV_POLICY)
-        if not raw:
-            return cls()
-        try:
-            return cls.model_validate_json(raw)
-        except ValidationError as exc:
-            raise ConfigurationError(f"Sandbox provider [kubernetes]: {ENV_POLICY} is not a valid policy: "
-                                     f"{_errors(exc)}") from None
+        return _from_environ(cls, ENV_POLICY, "policy", environ)
 
 
 class PodTemplate(_Model):
@@ -146,14 +139,7 @@ class PodTemplate(_Model):
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> PodTemplate:
-        raw = (os.environ if environ is None else environ).get(ENV_TEMPLATE)
-        if not raw:
-            return cls()
-        try:
-            return cls.model_validate_json(raw)
-        except ValidationError as exc:
-            raise ConfigurationError(f"Sandbox provider [kubernetes]: {ENV_TEMPLATE} is not a valid template: "
-                                     f"{_errors(exc)}") from None
+        return _from_environ(cls, ENV_TEMPLATE, "template", environ)
 
     def with_image(self, image: str) -> PodTemplate:
         if not image.strip() or any(ch.isspace() for ch in image):
@@ -332,6 +318,20 @@ def pod_template_reference(template: str | None) -> str | None:
     if not _DNS_LABEL.match(name) or len(name) > 253:
         raise ProvisionError(f"template {template!r}: {name!r} is not a PodTemplate name", retryable=False)
     return name
+
+
+_M = TypeVar("_M", bound=_Model)
+
+
+def _from_environ(model: type[_M], key: str, what: str, environ: Mapping[str, str] | None) -> _M:
+    """The operator's JSON setting ``key`` as ``model`` (its defaults when unset)."""
+    raw = (os.environ if environ is None else environ).get(key)
+    if not raw:
+        return model()
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise ConfigurationError(f"Sandbox provider [kubernetes]: {key} is not a valid {what}: {_errors(exc)}") from None
 
 
 def _errors(exc: ValidationError) -> str:
