@@ -20,12 +20,13 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
-import aiohttp
-
 from durable_sandbox.providers.contract import ProviderError
+
+if TYPE_CHECKING:  # aiohttp is imported when a stream is opened: every `dsb` command loads the registry
+    import aiohttp
 
 __all__ = ["ExecFailed", "ExecOutcome", "ExecRejected", "PodExec", "StreamBroken"]
 
@@ -119,6 +120,8 @@ class PodExec:
     ) -> ExecOutcome:
         """Run ``command`` and wait for its end. ``stdout``/``stderr`` get each chunk as it comes (a coroutine
         function's result is awaited, so a slow sink slows the stream down instead of piling chunks up)."""
+        import aiohttp
+
         url, headers = await self._url_and_headers(namespace, pod, container, command, stdin is not None)
         try:
             ws = await self._session().ws_connect(url, protocols=PROTOCOLS, headers=headers, heartbeat=self.heartbeat,
@@ -155,6 +158,8 @@ class PodExec:
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse, stdout: Callable[[bytes], Any],
                     stderr: Callable[[bytes], Any], what: str) -> dict[str, Any]:
+        import aiohttp
+
         status: dict[str, Any] | None = None
         status_bytes = bytearray()
         async for message in ws:
