@@ -764,17 +764,9 @@ def _unsupported(capability: Capability) -> ProviderError:
 
 
 async def _body(call: Any, *, parse: bool = True) -> dict[str, Any]:
-    """The JSON body of a ``*_without_preload_content`` call, or the client's ApiException for an error."""
-    from kubernetes.aio.client.exceptions import ApiException
+    from durable_sandbox.providers.kubernetes_api import json_body  # kubernetes.aio: loaded on first use
 
-    response = await call
-    try:
-        raw = await response.read()
-    finally:
-        response.release()
-    if response.status >= 400:
-        raise ApiException(status=response.status, reason=response.reason, body=raw.decode(errors="replace"))
-    return json.loads(raw) if raw and parse else {}
+    return await json_body(call, parse=parse)
 
 
 def _discard(_: bytes) -> None:

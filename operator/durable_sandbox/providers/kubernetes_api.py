@@ -8,16 +8,19 @@ identity; the sandbox itself never gets a token.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
+from kubernetes.aio.client.exceptions import ApiException
 
 from durable_sandbox.providers.contract import ConfigurationError
 
-__all__ = ["any_file", "default_namespace", "load_configuration"]
+__all__ = ["any_file", "default_namespace", "json_body", "load_configuration"]
 
 _SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -83,3 +86,20 @@ def default_namespace(*, kubeconfig: str | os.PathLike[str] | None = None, conte
     except (OSError, ValueError, AttributeError):
         pass
     return "default"
+
+
+async def json_body(call: Awaitable[Any], *, parse: bool = True) -> dict[str, Any]:
+    """The JSON body of a ``*_without_preload_content`` call ({} unless ``parse``), or ApiException for an
+    error status.
+
+    For large objects (no typed models are built) and for answers the generated client does not map
+    (a server-side apply that creates its object answers 201, which its patch call decodes as None)."""
+    resp = await call
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    if resp.status >= 400:
+        raise ApiException(status=resp.status, reason=resp.reason, body=body.decode(errors="replace"))
+    out: dict[str, Any] = json.loads(body) if body and parse else {}
+    return out
