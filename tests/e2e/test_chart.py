@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from durable_sandbox.providers.kubernetes_template import PodTemplate, TemplatePolicy
+
 from .conftest import ControlPlane, private_control_plane
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -221,6 +223,10 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
         assert ref["name"] == "s3-snapshots" and ref["key"] == var and ref.get("optional", False) is optional
     assert json.loads(env["DSB_K8S_TEMPLATE"]["value"]) == {"image": "localhost/sandbox:test"}
     assert json.loads(env["DSB_K8S_POLICY"]["value"]) == {"runtimeClasses": ["gvisor"]}
+    # The policy the operator gets from these values still refuses a privileged template (and host namespaces).
+    policy = TemplatePolicy.from_environ({"DSB_K8S_POLICY": env["DSB_K8S_POLICY"]["value"]})
+    asking = PodTemplate.model_validate({"securityContext": {"privileged": True}, "hostPID": True})
+    assert [p.split(":")[0] for p in asking.problems(policy)] == ["securityContext.privileged", "hostPID"]
     policies = by_kind(docs, "NetworkPolicy")
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
     for policy in policies:
@@ -389,8 +395,9 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("list", "pods", "-n", "team-b"),
         ("patch", "pods", "-n", "team-a"),
         ("delete", "pods", "-n", "team-b"),
-        ("create", "pods/exec", "-n", "team-a"),
-        ("get", "pods/log", "-n", "team-b"),
+        ("create", "pods", "--subresource=exec", "-n", "team-a"),
+        ("get", "pods", "--subresource=exec", "-n", "team-b"),
+        ("get", "pods", "--subresource=log", "-n", "team-b"),
         ("create", "secrets", "-n", "team-a"),
         ("get", "podtemplates", "-n", "team-a"),
     ]
@@ -401,12 +408,12 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("list", "pods", "-n", "team-c"),
         ("create", "pods", "-n", "team-c"),
         ("list", "pods", "--all-namespaces"),
-        ("create", "pods/exec", "-n", "team-c"),
-        ("create", "pods/exec", "-n", OPERATOR_NS),
+        ("create", "pods", "--subresource=exec", "-n", "team-c"),
+        ("create", "pods", "--subresource=exec", "-n", OPERATOR_NS),
         ("update", "pods", "-n", "team-a"),
-        ("create", "pods/attach", "-n", "team-a"),
-        ("create", "pods/portforward", "-n", "team-a"),
-        ("create", "pods/ephemeralcontainers", "-n", "team-a"),
+        ("create", "pods", "--subresource=attach", "-n", "team-a"),
+        ("create", "pods", "--subresource=portforward", "-n", "team-a"),
+        ("create", "pods", "--subresource=ephemeralcontainers", "-n", "team-a"),
         ("watch", "secrets", "-n", "team-a"),
         ("create", "secrets", "-n", "team-c"),
         ("list", "podtemplates", "-n", "team-a"),
