@@ -34,6 +34,7 @@ from durable_sandbox.providers.kubernetes_template import PodTemplate
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore, SnapshotName
 from durable_sandbox.providers.testing import ProviderContractSuite
 from tests.objectstore import S3Server
+from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
 from tests.unit.sandbox_session_support import engine_for
 
 from .conftest import ControlPlane
@@ -212,14 +213,6 @@ async def test_a_store_that_is_down_fails_the_snapshot_retryably_and_leaves_no_o
 # ------------------------------------------------------------------------------------------- sessions
 
 AGENT = "sandbox-agent"
-CALLS = [
-    {"type": "write_file", "path": "a.txt", "contents": "hello\n"},
-    {"type": "shell", "command": "cat a.txt; echo more >> a.txt"},
-    {"type": "shell", "command": "echo broken >> a.txt; ls nope"},  # nonzero exit that mutates the workspace
-    {"type": "read_file", "path": "a.txt"},
-    {"type": "shell", "command": "wc -l < a.txt"},
-    {"type": "shell", "command": "echo done >> a.txt; cat a.txt"},
-]
 
 
 @pytest.fixture
