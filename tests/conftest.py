@@ -16,7 +16,7 @@ import durable_sandbox.stores.sqlite as sqlite_mod
 from tests.clock import Clock
 from tests.fakes.fixtures import fake_e2b
 
-__all__ = ["clock", "control_plane", "fake_e2b"]
+__all__ = ["clock", "control_plane", "fake_e2b", "s3_server"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,3 +50,17 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     for mod in (context_mod, driver_mod, executor_mod, sqlite_mod):
         monkeypatch.setattr(mod, "time", fake)
     return c
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3-compatible store (versitygw, tests/objectstore.py) on loopback, one per session."""
+    from tests.objectstore import S3Server, install_versitygw
+
+    root = tmp_path_factory.mktemp("s3")
+    server = S3Server(binary=install_versitygw(), data=root / "data", log=root / "versitygw.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from durable_sandbox.providers.kubernetes_template import PodTemplate, TemplatePolicy
+
 from .conftest import ControlPlane, private_control_plane
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +95,15 @@ def rules_by_resource(role: dict[str, Any]) -> dict[str, set[str]]:
     return out
 
 
+# The kubernetes provider's, in a watched namespace's Role only (never in a ClusterRole).
+SANDBOX_POD_RULES = {
+    "pods": {"get", "list", "create", "patch", "delete"},
+    "pods/exec": {"get", "create"},
+    "pods/log": {"get"},
+    "secrets": {"create", "patch", "delete"},
+    "podtemplates": {"get"},
+}
+
 # What the operator uses, and nothing else (docs/operations.md explains each line).
 EXPECTED_RULES = {
     "workflows.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete"},
@@ -101,8 +112,7 @@ EXPECTED_RULES = {
     "sandboxes/status.durable-sandbox.dev": {"get", "patch", "update"},
     "workflows/finalizers.durable-sandbox.dev": {"update"},
     "sandboxes/finalizers.durable-sandbox.dev": {"update"},
-    "configmaps": {"get", "list", "watch", "create", "patch", "delete"},
-    "leases.coordination.k8s.io": {"get", "list", "watch", "create", "update", "patch", "delete"},
+    "journals.durable-sandbox.dev": {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"},
     "events": {"create", "patch"},
     "events.events.k8s.io": {"create", "patch"},
 }
@@ -127,9 +137,9 @@ def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, he
     docs = render(helm, helm_home)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted([
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-    ]), "default values: no Role, no PodDisruptionBudget (1 replica), no ServiceMonitor"
+    ]), "default values: one Role (the journal key's), no PodDisruptionBudget (1 replica), no ServiceMonitor"
     for doc in docs:
         labels = doc["metadata"]["labels"]
         assert labels["app.kubernetes.io/name"] == "durable-sandbox"
@@ -153,19 +163,24 @@ def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, he
     assert container["image"] == "durable-sandbox:0.1.0"
     assert container["args"] == [
         "--metrics-port=8080", "--max-concurrent-runs=50", f"--installation-id={OPERATOR_NS}/{SA_NAME}",
-        "--sweep-interval=300", "--sweep-grace=600",
+        "--sweep-interval=300", "--sweep-grace=600", f"--journal-key-secret={OPERATOR_NS}/{SA_NAME}-journal-key",
     ], "every namespace; the local provider is off by default; the orphan sweep's label is unique per release"
     probe = container["livenessProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
-    env = {e["name"] for e in container["env"]}
-    assert env == {"POD_NAME", "POD_NAMESPACE"}, "no provider credentials unless an existing Secret is named"
+    env = {e["name"]: e for e in container["env"]}
+    assert set(env) == {"POD_NAME", "POD_NAMESPACE", "DSB_K8S_DISABLED", "DSB_K8S_READY_TIMEOUT",
+                        "DSB_K8S_UNSCHEDULABLE_GRACE"}, "no provider credentials unless an existing Secret is named"
+    assert "only in watchNamespaces" in env["DSB_K8S_DISABLED"]["value"], "no Pods cluster-wide: the provider is off"
     # A read-only root filesystem: the writable places are emptyDirs.
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp", "/var/lib/durable-sandbox"}
     assert all("emptyDir" in v for v in pod["volumes"])
 
     role = one(docs, "ClusterRole")
-    assert rules_by_resource(role) == EXPECTED_RULES, "no Secrets at all when workflowSecrets is empty"
+    assert rules_by_resource(role) == EXPECTED_RULES, "no Secrets at all cluster-wide"
+    [key_role] = by_kind(docs, "Role")
+    assert key_role["metadata"]["namespace"] == OPERATOR_NS
+    assert rules_by_resource(key_role) == {f"secrets[{SA_NAME}-journal-key]": {"get"}, "secrets": {"create"}}
     binding = one(docs, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA_NAME, "namespace": OPERATOR_NS}]
 
@@ -184,13 +199,15 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding"), (
         "a namespaced install has nothing cluster-wide in RBAC"
     )
-    roles = by_kind(docs, "Role")
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    for role in roles:
-        expected = {**EXPECTED_RULES, "secrets[sandbox-env]": {"get"}}
-        assert rules_by_resource(role) == expected
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in by_kind(docs, "Role")}
+    assert sorted(roles) == sorted([
+        ("team-a", SA_NAME), ("team-b", SA_NAME), ("team-a", f"{SA_NAME}-secrets"), ("team-b", f"{SA_NAME}-secrets"),
+        (OPERATOR_NS, f"{SA_NAME}-journal-key")])
+    for ns in ("team-a", "team-b"):
+        assert rules_by_resource(roles[ns, SA_NAME]) == {**EXPECTED_RULES, **SANDBOX_POD_RULES}
+        assert rules_by_resource(roles[ns, f"{SA_NAME}-secrets"]) == {"secrets[sandbox-env]": {"get"}}
     bindings = by_kind(docs, "RoleBinding")
-    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert sorted((b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings) == sorted(roles)
     assert all(b["roleRef"]["kind"] == "Role" for b in bindings)
 
     deploy = one(docs, "Deployment")
@@ -199,10 +216,27 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
     assert container["args"] == [
         "--namespace=team-a", "--namespace=team-b", "--allow-local-provider", "--workflows=examples.flows",
         "--metrics-port=8080", "--max-concurrent-runs=20", "--installation-id=team-ab",
-        "--sweep-interval=60", "--sweep-grace=900",
+        "--sweep-interval=60", "--sweep-grace=900", f"--journal-key-secret={OPERATOR_NS}/{SA_NAME}-journal-key",
     ]
     [key] = [e for e in container["env"] if e["name"] == "E2B_API_KEY"]
     assert key["valueFrom"] == {"secretKeyRef": {"name": "e2b-credentials", "key": "E2B_API_KEY"}}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DSB_K8S_NAMESPACES"]["value"] == "team-a,team-b" and "DSB_K8S_DISABLED" not in env
+    for var, optional in (("DSB_S3_BUCKET", False), ("DSB_S3_SECRET_ACCESS_KEY", False), ("DSB_S3_ENDPOINT", True)):
+        ref = env[var]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "s3-snapshots" and ref["key"] == var and ref.get("optional", False) is optional
+    assert json.loads(env["DSB_K8S_TEMPLATE"]["value"]) == {"image": "localhost/sandbox:test"}
+    assert json.loads(env["DSB_K8S_POLICY"]["value"]) == {"runtimeClasses": ["gvisor"]}
+    # The policy the operator gets from these values still refuses a privileged template (and host namespaces).
+    policy = TemplatePolicy.from_environ({"DSB_K8S_POLICY": env["DSB_K8S_POLICY"]["value"]})
+    asking = PodTemplate.model_validate({"securityContext": {"privileged": True}, "hostPID": True})
+    assert [p.split(":")[0] for p in asking.problems(policy)] == ["securityContext.privileged", "hostPID"]
+    policies = by_kind(docs, "NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    for policy in policies:
+        assert policy["spec"]["podSelector"] == {"matchLabels": {"durable-sandbox.dev/sandbox-pod": "true"}}
+        assert policy["spec"]["ingress"] == [] and policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        assert policy["spec"]["egress"] == [{"ports": [{"port": 53, "protocol": "UDP"}]}]
 
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
@@ -210,6 +244,20 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
     monitor = one(docs, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_workflow_secrets_are_never_granted_cluster_wide(helm: Path, helm_home: Path) -> None:
+    """Issue 20, item 7: a Secret read granted by a ClusterRole would hold in kube-system too. With every
+    namespace watched, workflowSecrets needs the namespaces where Workflows may use them."""
+    refused = run_helm(helm, helm_home, "template", RELEASE, str(CHART), "--kube-version", kube_version(),
+                       "--set", "workflowSecrets={sandbox-env}", check=False)
+    assert refused.returncode != 0 and "workflowSecrets needs the namespaces" in refused.stderr, refused.stderr
+
+    docs = render(helm, helm_home, "--set", "workflowSecrets={sandbox-env}", "--set", "workflowSecretNamespaces={team-a}")
+    assert rules_by_resource(one(docs, "ClusterRole")) == EXPECTED_RULES, "no Secret in the ClusterRole"
+    secret_roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == f"{SA_NAME}-secrets"]
+    assert [(r["metadata"]["namespace"], rules_by_resource(r)) for r in secret_roles] == [
+        ("team-a", {"secrets[sandbox-env]": {"get"}})]
 
 
 @pytest.mark.parametrize(
@@ -241,7 +289,8 @@ def chart_objects(cp: ControlPlane) -> set[str]:
     """Everything labelled as this release's, cluster-wide and in every namespace."""
     kinds = (
         "deployments,services,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,"
-        "poddisruptionbudgets,validatingadmissionpolicies,validatingadmissionpolicybindings,configmaps,secrets"
+        "poddisruptionbudgets,validatingadmissionpolicies,validatingadmissionpolicybindings,configmaps,secrets,"
+        "networkpolicies"
     )
     items = cp.kubectl_json("get", kinds, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]
     return {f"{i['kind']}/{i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in items}
@@ -264,6 +313,7 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
     assert crds == {
         "customresourcedefinition.apiextensions.k8s.io/workflows.durable-sandbox.dev",
         "customresourcedefinition.apiextensions.k8s.io/sandboxes.durable-sandbox.dev",
+        "customresourcedefinition.apiextensions.k8s.io/journals.durable-sandbox.dev",
     }
     installed = chart_objects(cluster)
     assert installed == {
@@ -273,6 +323,10 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
         f"PodDisruptionBudget/{OPERATOR_NS}/{SA_NAME}",
         f"Role/team-a/{SA_NAME}", f"RoleBinding/team-a/{SA_NAME}",
         f"Role/team-b/{SA_NAME}", f"RoleBinding/team-b/{SA_NAME}",
+        f"NetworkPolicy/team-a/{SA_NAME}-sandboxes", f"NetworkPolicy/team-b/{SA_NAME}-sandboxes",
+        f"Role/team-a/{SA_NAME}-secrets", f"RoleBinding/team-a/{SA_NAME}-secrets",
+        f"Role/team-b/{SA_NAME}-secrets", f"RoleBinding/team-b/{SA_NAME}-secrets",
+        f"Role/{OPERATOR_NS}/{SA_NAME}-journal-key", f"RoleBinding/{OPERATOR_NS}/{SA_NAME}-journal-key",
         f"ValidatingAdmissionPolicy//{SA_NAME}-no-spec-writes",
         f"ValidatingAdmissionPolicyBinding//{SA_NAME}-no-spec-writes",
     }
@@ -354,23 +408,48 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("delete", "workflows.durable-sandbox.dev", "-n", "team-a"),
         ("patch", "workflows.durable-sandbox.dev", "--subresource=status", "-n", "team-a"),
         ("update", "workflows.durable-sandbox.dev", "--subresource=finalizers", "-n", "team-a"),
-        ("create", "configmaps", "-n", "team-a"),
-        ("create", "leases.coordination.k8s.io", "-n", "team-b"),
+        ("create", "journals.durable-sandbox.dev", "-n", "team-a"),
+        ("update", "journals.durable-sandbox.dev", "-n", "team-b"),
         ("create", "events", "-n", "team-a"),
         ("get", "secrets/sandbox-env", "-n", "team-a"),
+        # The kubernetes provider, in the watched namespaces only: sandbox Pods, exec, their env Secrets.
+        ("create", "pods", "-n", "team-a"),
+        ("list", "pods", "-n", "team-b"),
+        ("patch", "pods", "-n", "team-a"),
+        ("delete", "pods", "-n", "team-b"),
+        ("create", "pods", "--subresource=exec", "-n", "team-a"),
+        ("get", "pods", "--subresource=exec", "-n", "team-b"),
+        ("get", "pods", "--subresource=log", "-n", "team-b"),
+        ("create", "secrets", "-n", "team-a"),
+        ("get", "podtemplates", "-n", "team-a"),
     ]
     denied = [
         ("get", "secrets/other", "-n", "team-a"),
         ("list", "secrets", "-n", "team-a"),
         ("get", "secrets/sandbox-env", "-n", "team-c"),
-        ("list", "pods", "-n", "team-a"),
-        ("create", "pods", "-n", "team-a"),
+        ("list", "pods", "-n", "team-c"),
+        ("create", "pods", "-n", "team-c"),
+        ("list", "pods", "--all-namespaces"),
+        ("create", "pods", "--subresource=exec", "-n", "team-c"),
+        ("create", "pods", "--subresource=exec", "-n", OPERATOR_NS),
+        ("update", "pods", "-n", "team-a"),
+        ("create", "pods", "--subresource=attach", "-n", "team-a"),
+        ("create", "pods", "--subresource=portforward", "-n", "team-a"),
+        ("create", "pods", "--subresource=ephemeralcontainers", "-n", "team-a"),
+        ("watch", "secrets", "-n", "team-a"),
+        ("create", "secrets", "-n", "team-c"),
+        ("list", "podtemplates", "-n", "team-a"),
         ("list", "workflows.durable-sandbox.dev", "-n", "team-c"),
         ("list", "workflows.durable-sandbox.dev", "--all-namespaces"),
         ("create", "workflows.durable-sandbox.dev", "-n", "team-a"),
         ("update", "workflows.durable-sandbox.dev", "-n", "team-a"),
-        ("create", "configmaps", "-n", "team-c"),
-        ("create", "leases.coordination.k8s.io", "-n", OPERATOR_NS),
+        ("create", "journals.durable-sandbox.dev", "-n", "team-c"),
+        ("create", "configmaps", "-n", "team-a"),
+        ("update", "leases.coordination.k8s.io", "-n", "team-a"),
+        ("update", "leases.coordination.k8s.io", "-n", "kube-system"),
+        ("delete", "leases.coordination.k8s.io", "-n", "kube-node-lease"),
+        ("patch", "configmaps", "-n", "kube-system"),
+        ("get", "secrets/sandbox-env", "-n", "kube-system"),
         ("list", "namespaces"),
         ("list", "customresourcedefinitions.apiextensions.k8s.io"),
         ("create", "deployments.apps", "-n", "team-a"),
@@ -385,9 +464,10 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         (("get", "secret", "other", "-n", "team-a"), 'secrets "other" is forbidden'),
         (("get", "secret", "sandbox-env", "-n", "team-c"), 'secrets "sandbox-env" is forbidden'),
         (("get", "secrets", "-n", "team-a"), "cannot list resource \"secrets\""),
-        (("get", "pods", "-n", "team-a"), "cannot list resource \"pods\""),
+        (("get", "pods", "-n", "team-c"), "cannot list resource \"pods\""),
+        (("get", "pods", "-A"), "cannot list resource \"pods\""),
         (("get", "workflows", "-n", "team-c"), "cannot list resource \"workflows\""),
-        (("create", "configmap", "sneaky", "-n", "team-c"), "cannot create resource \"configmaps\""),
+        (("create", "configmap", "sneaky", "-n", "team-a"), "cannot create resource \"configmaps\""),
     ]:
         proc = as_operator(cluster, *args)
         assert proc.returncode != 0 and what in proc.stderr, (args, proc.stderr)

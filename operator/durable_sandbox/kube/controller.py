@@ -72,6 +72,7 @@ class Operator:
         settings: OperatorSettings | None = None,
         providers: Any = None,
         objects: CustomObjects | None = None,
+        journal_key: bytes | None = None,
     ) -> None:
         self.api = api
         self.objects = objects if objects is not None else CustomObjects(api)
@@ -81,7 +82,9 @@ class Operator:
         self.runs = Runs()
         self.slots = RunSlots(self.settings.max_concurrent_runs)
         self.publisher = Publisher(self.objects, self.events, self.runs, self.settings)
-        self.engines = Engines(api, self.objects, self.policy, self.settings, self.runs, self.publisher, providers)
+        # journal_key seals every journal value this operator writes (kube/sealing.py)
+        self.engines = Engines(api, self.objects, self.policy, self.settings, self.runs, self.publisher, providers,
+                               journal_key=journal_key)
         wing = Wing(self.objects, self.runs, self.settings, self.publisher, self.engines)
         self.admission = Admission(wing, api, self.policy)
         self.execution = Execution(wing, self.slots)

@@ -27,7 +27,7 @@ __all__ = ["Engines"]
 
 class Engines:
     def __init__(self, api: KubeClient, objects: CustomObjects, policy: OperatorPolicy, settings: OperatorSettings,
-                 runs: Runs, publisher: Publisher, providers: Any = None) -> None:
+                 runs: Runs, publisher: Publisher, providers: Any = None, *, journal_key: bytes | None = None) -> None:
         self.api = api
         self.objects = objects
         self.policy = policy
@@ -35,11 +35,13 @@ class Engines:
         self.runs = runs
         self.publisher = publisher
         self._providers = providers
+        self._journal_key = journal_key  # seals every journal value the stores write (kube/sealing.py)
 
     def engine_for(self, namespace: str) -> durable_sandbox.Engine:
         engine = self.runs.engines.get(namespace)
         if engine is None:
-            store = ObservedStore(KubernetesStore(namespace, self.api), self.publisher.observed,
+            store = ObservedStore(KubernetesStore(namespace, self.api, journal_key=self._journal_key),
+                                  self.publisher.observed,
                                   self.publisher.event_interval, self.publisher.read)
             engine = durable_sandbox.Engine(
                 store,
