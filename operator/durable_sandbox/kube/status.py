@@ -110,6 +110,8 @@ class Projection:
 
     def _fold_sandbox(self, row: OperationRecord) -> None:
         """The sandbox, snapshots and recoveries, from the sessions' records (sandboxes/journal.py)."""
+        if row.kind not in journal.SANDBOX_KINDS:
+            return
         if (made := journal.provisioned(row)) is not None:
             self.sandbox = {"name": made.session, "provider": made.provider, "providerId": made.sandbox_id}
             if made.recovery:

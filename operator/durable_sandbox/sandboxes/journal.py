@@ -294,15 +294,15 @@ def live_snapshots(rows: Iterable[OperationRecord]) -> list[str]:
     """Snapshots recorded as taken and not (yet) recorded as deleted, oldest first."""
     live: dict[str, None] = {}
     for r in rows:
-        if (taken := snapshot_taken(r)) is not None:
+        if r.kind == SNAPSHOT and (taken := snapshot_taken(r)) is not None:  # the kind first: O(rows) per state
             live[taken] = None
-        elif (gone := snapshot_deleted(r)) is not None:
+        elif r.kind == SNAPSHOT_DELETE and (gone := snapshot_deleted(r)) is not None:
             live.pop(gone, None)
     return list(live)
 
 
 def recovery_count(rows: Iterable[OperationRecord]) -> int:
-    return sum(1 for r in rows if recovered(r))
+    return sum(1 for r in rows if r.kind == RESTORE and recovered(r))
 
 
 # ------------------------------------------------------------------ the engine's reader
