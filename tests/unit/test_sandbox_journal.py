@@ -37,7 +37,9 @@ def test_no_module_but_the_owner_decodes_a_sessions_records() -> None:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel in WRITERS_AND_OWNER:
+        # providers/ never see the journal (they import nothing of the engine; import-linter keeps it so):
+        # what they read is the documents of their own back ends (a Pod's status, an exec's answer).
+        if rel in WRITERS_AND_OWNER or rel.startswith("providers/"):
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if DECODING.search(line) and not any(rel == f and text in line for f, text in OTHER_SCHEMAS):
