@@ -61,9 +61,10 @@ def workflow(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def outcome(phase: str, attempt: Any, result: Any, error: Any) -> dict[str, Any]:
-    """What is compared: the result without the sandbox's provider id, the error's type and message."""
+    """What is compared: the result without the sandbox's provider id, the error's type and message. A field
+    whose value is null is left out: status is written with merge patches, in which a null deletes the field."""
     if isinstance(result, dict):
-        result = {k: v for k, v in result.items() if k != "sandboxId"}
+        result = {k: v for k, v in result.items() if k != "sandboxId" and v is not None}
     return {"phase": phase, "attempt": attempt, "result": result,
             "error": {"type": error["type"], "message": error["message"]} if error else None}
 
