@@ -38,8 +38,8 @@ KINDS = ("configmap", "journal")
 async def measure(kubeconfig: str, namespace: str, rounds: int, per_round: int) -> dict[str, dict[int, list[float]]]:
     from kubernetes.aio.client import models as m
 
-    from durable_sandbox.kube.client import JSON_PATCH, KubeClient, json_body
-    from durable_sandbox.kube.models import API_VERSION, GROUP, VERSION
+    from durable_sandbox.kube.client import KubeClient, json_body
+    from durable_sandbox.kube.resources import API_VERSION, GROUP, JOURNALS, JSON_PATCH, VERSION
 
     api = await KubeClient.connect(kubeconfig=kubeconfig)
 
@@ -48,7 +48,7 @@ async def measure(kubeconfig: str, namespace: str, rounds: int, per_round: int) 
             return api.core.patch_namespaced_config_map_without_preload_content(
                 name, namespace, ops, field_manager="bench", _content_type=JSON_PATCH)
         return api.custom.patch_namespaced_custom_object_without_preload_content(
-            GROUP, VERSION, namespace, "journals", name, ops, field_manager="bench", _content_type=JSON_PATCH)
+            GROUP, VERSION, namespace, JOURNALS, name, ops, field_manager="bench", _content_type=JSON_PATCH)
 
     try:
         for kib in SIZES_KIB:

@@ -27,10 +27,10 @@ from typing import Any
 import yaml
 
 from _common import RESULTS_DIR, fmt, machine_info, print_table, ratio, write_results
+from durable_sandbox.kube.resources import GROUP, VERSION, WORKFLOWS
 from operator_throughput import ROOT, control_plane, kubectl
 
 CRD = ROOT / "crds" / "workflows.durable-sandbox.dev.yaml"
-GROUP, VERSION = "durable-sandbox.dev", "v1alpha1"
 
 
 def without_cel(node: Any) -> Any:
@@ -80,13 +80,13 @@ def measure(kubeconfig: str, crd: dict[str, Any], label: str, calls: int, patche
     api = k8s.CustomObjectsApi(k8s_config.new_client_from_config(kubeconfig))
     name = f"big-{label}-{int(time.time())}".lower().replace(" ", "-")
     ns = "default"
-    create = timed(lambda: api.create_namespaced_custom_object(GROUP, VERSION, ns, "workflows", big(name, calls),
+    create = timed(lambda: api.create_namespaced_custom_object(GROUP, VERSION, ns, WORKFLOWS, big(name, calls),
                                                                _request_timeout=300))
     status = [timed(lambda i=i: api.patch_namespaced_custom_object_status(
-        GROUP, VERSION, ns, "workflows", name, {"status": {"phase": "Running", "calls": {"completed": i, "total": calls}}},
+        GROUP, VERSION, ns, WORKFLOWS, name, {"status": {"phase": "Running", "calls": {"completed": i, "total": calls}}},
         _request_timeout=300)) for i in range(patches)]  # fmt: skip
     main = [timed(lambda i=i: api.patch_namespaced_custom_object(
-        GROUP, VERSION, ns, "workflows", name, {"metadata": {"labels": {"bench": str(i)}}}, _request_timeout=300))
+        GROUP, VERSION, ns, WORKFLOWS, name, {"metadata": {"labels": {"bench": str(i)}}}, _request_timeout=300))
         for i in range(patches)]  # fmt: skip
     kubectl(kubeconfig, "delete", "workflow", name, "-n", ns, "--wait=false")
     return {"crd": label, "calls": calls, "create_s": create, "status_patch_s": status, "status_patch_median_s": median(status),

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+import durable_sandbox.engine.context as context_mod
+import durable_sandbox.engine.driver as driver_mod
+import durable_sandbox.engine.executor as executor_mod
+import durable_sandbox.stores.sqlite as sqlite_mod
+from tests.clock import Clock
 from tests.fakes.fixtures import fake_e2b
 
-__all__ = ["control_plane", "fake_e2b"]
+__all__ = ["clock", "control_plane", "fake_e2b", "s3_server"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,3 +37,30 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from tests.e2e.conftest import session_control_plane
 
     yield from session_control_plane(tmp_path_factory)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """The wall clock of the engine's context, executor and run driver and of SqliteStore, moved by the test
+    (``clock.advance``): TTLs, leases, timers and backoffs pass without waiting."""
+    c = Clock()
+    fake = types.SimpleNamespace(
+        time=c.time, monotonic=time.monotonic, sleep=time.sleep, perf_counter=time.perf_counter
+    )
+    for mod in (context_mod, driver_mod, executor_mod, sqlite_mod):
+        monkeypatch.setattr(mod, "time", fake)
+    return c
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3-compatible store (versitygw, tests/objectstore.py) on loopback, one per session."""
+    from tests.objectstore import S3Server, install_versitygw
+
+    root = tmp_path_factory.mktemp("s3")
+    server = S3Server(binary=install_versitygw(), data=root / "data", log=root / "versitygw.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

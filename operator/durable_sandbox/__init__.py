@@ -7,6 +7,7 @@ engine (``durable_sandbox.engine.Engine``) knows nothing of sandboxes or provide
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from durable_sandbox.engine import (
@@ -24,6 +25,7 @@ from durable_sandbox.engine import (
     workflow,
 )
 from durable_sandbox.engine import Engine as _BareEngine
+from durable_sandbox.engine.executor import Unresolvable
 from durable_sandbox.workflows import sandbox_agent as _builtin_workflows  # noqa: F401 - registers sandbox-agent
 
 __version__ = "0.1.0"
@@ -37,18 +39,29 @@ class Engine(_BareEngine):
     callable ``name -> provider``); by default providers come from the registry.
     """
 
-    def __init__(self, store: Any = None, *, providers: Any = None, hibernate_after: float = 300.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        store: Any = None,
+        *,
+        providers: Any = None,
+        hibernate_after: float = 300.0,
+        extensions: Iterable[object] = (),
+        worker_id: str | None = None,
+        lease_ttl: float = 30.0,
+        inline_sleep_limit: float = 5.0,
+        unresolvable: Unresolvable = "fail",
+    ) -> None:
+        from durable_sandbox.sandboxes.journal import SandboxJournal
         from durable_sandbox.sandboxes.session import SessionFactory
         from durable_sandbox.stores import SqliteStore
 
         factory = SessionFactory(providers)
-        services = dict(kwargs.pop("services", None) or {})
-        services.setdefault("providers", factory.providers)
-        services.setdefault("hibernate_after", hibernate_after)
-        services.setdefault("cancel_cleanup", factory.cancel_cleanup)
-        services.setdefault("hibernate_run", factory.hibernate_run)
-        services.setdefault("after_run", factory.after_run)
-        super().__init__(store if store is not None else SqliteStore(), sandbox_factory=factory, services=services, **kwargs)
+        super().__init__(
+            store if store is not None else SqliteStore(), sandbox_factory=factory, hooks=factory,
+            reader=SandboxJournal(),
+            hibernate_after=hibernate_after, extensions=extensions, worker_id=worker_id, lease_ttl=lease_ttl,
+            inline_sleep_limit=inline_sleep_limit, unresolvable=unresolvable,
+        )
         self._session_factory = factory
 
     async def aclose(self) -> None:

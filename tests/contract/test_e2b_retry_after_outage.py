@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import yaml
 import durable_sandbox.sandboxes.session as session_mod
 from durable_sandbox.providers.contract import SandboxHandle, ToolCall
 from tests.contract.e2b_support import make_provider
+from tests.dsb import dsb
 from tests.fakes.e2b_state import FakeState
 from tests.unit.sandbox_session_support import Hooked, engine_for
 
@@ -64,10 +63,6 @@ async def test_a_run_failed_by_an_e2b_outage_is_resumed_with_the_same_results(
     assert fake_e2b.live_sandboxes() == [] and fake_e2b.snapshots() == []
 
 
-def _dsb() -> str:
-    return str(Path(sys.executable).with_name("dsb"))
-
-
 async def test_spec_retry_retries_a_run_failed_by_an_e2b_outage(fake_e2b: FakeState, tmp_path: Path) -> None:
     manifest = tmp_path / "retry.yaml"
     manifest.write_text(yaml.safe_dump({
@@ -78,15 +73,12 @@ async def test_spec_retry_retries_a_run_failed_by_an_e2b_outage(fake_e2b: FakeSt
     # The first shell call meets an outage that outlasts the session's retries; then E2B is back.
     for _ in range(session_mod.TRANSIENT_ATTEMPTS):
         fake_e2b.end_stream_with_error("unavailable", "envd is down")
-    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(tmp_path / "home"), "E2B_API_KEY": fake_e2b.api_key,
-           "E2B_API_URL": fake_e2b.api_url, "E2B_SANDBOX_URL": fake_e2b.sandbox_url}
-    env.pop("DURABLE_SANDBOX_FAULT", None)
-    proc = await asyncio.create_subprocess_exec(
-        _dsb(), "--store", str(tmp_path / "runs.db"), "-o", "json", "run", str(manifest), cwd=ROOT, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 180)
-    assert proc.returncode == 0, err.decode()
-    assert "retrying (attempt 2/2)" in err.decode()
-    state = json.loads(out)
+    env = {"E2B_API_KEY": fake_e2b.api_key, "E2B_API_URL": fake_e2b.api_url, "E2B_SANDBOX_URL": fake_e2b.sandbox_url}
+    # In a thread: the fake E2B server this test runs answers on this event loop.
+    proc = await asyncio.to_thread(dsb, "-o", "json", "run", str(manifest), home=tmp_path / "home",
+                                   store=tmp_path / "runs.db", env=env, process=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "retrying (attempt 2/2)" in proc.stderr
+    state = json.loads(proc.stdout)
     assert state["status"] == "succeeded" and results(state["result"]) == EXPECTED
     assert fake_e2b.live_sandboxes() == [] and fake_e2b.snapshots() == []

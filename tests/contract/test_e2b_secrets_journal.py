@@ -4,10 +4,9 @@ The provider-level half (logs, exceptions, handles) is in test_e2b_secrets.py.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 import durable_sandbox as ds
 from durable_sandbox.providers.e2b import E2BProvider
 from durable_sandbox.stores import SqliteStore
+from tests.dsb import dsb
 from tests.fakes.e2b_state import FakeState
 
 SENTINEL_KEY = "e2b_SENTINEL_journal_7d1e4f9c2a"
@@ -64,12 +64,9 @@ async def test_no_secret_in_journal_state_events_or_inspect(
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("runs.db*"))  # noqa: ASYNC240 - a test reading its own files
     assert SENTINEL_KEY.encode() not in raw, "API key leaked into the store file"
 
-    dsb = Path(sys.executable).parent / "dsb"
     for output in ("json", "table"):
-        proc = subprocess.run(  # noqa: ASYNC221 - dsb in its own process is the point
-            [str(dsb), "--store", str(db), "-o", output, "inspect", "secret-run"],
-            capture_output=True, text=True, timeout=60, check=False,
-        )
+        # In a thread: the fake E2B server this test runs answers on this event loop.
+        proc = await asyncio.to_thread(dsb, "-o", output, "inspect", "secret-run", store=db, process=True)
         assert proc.returncode == 0, proc.stderr
         assert "secret-run" in proc.stdout
         assert SENTINEL_KEY not in proc.stdout + proc.stderr

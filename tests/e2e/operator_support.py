@@ -6,6 +6,7 @@ unless shared), with an optional fault point (engine/faults.py) so a test kills 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -25,13 +26,17 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from durable_sandbox.engine.records import OperationRecord
+from durable_sandbox.kube.store import KubernetesStore
+from tests.dsb import DSB
 from tests.e2e.conftest import ControlPlane, wait_until
+from tests.fakes.e2b_state import FakeState
+from tests.fakes.fixtures import fake_e2b_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"
 HELLO = ROOT / "examples" / "hello-workflow.yaml"
 CRD_NAMES = ["workflows.durable-sandbox.dev", "sandboxes.durable-sandbox.dev", "journals.durable-sandbox.dev"]
-DSB = str(Path(sys.executable).parent / "dsb")
 
 
 def replica_of(holder: str | None) -> str | None:
@@ -230,11 +235,6 @@ def local_sandboxes(home: Path) -> list[str]:
     return sorted(found)
 
 
-def dsb(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([DSB, *args], capture_output=True, text=True, timeout=timeout, check=False,
-                          env={**os.environ, **(env or {})}, cwd=str(ROOT))
-
-
 def monotonic_deadline(seconds: float) -> float:
     return time.monotonic() + seconds
 
@@ -276,3 +276,35 @@ def total(got: Samples, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples whose labels include ``labels``."""
     want = set(labels.items())
     return sum(v for (n, ls), v in got.items() if n == name and want <= ls)
+
+
+# -- the fake E2B server, for operators that use the e2b provider
+
+
+@pytest.fixture
+def fake_e2b(tmp_path: Path) -> Iterator[FakeState]:
+    """The fake E2B server on its own event loop thread (the test itself blocks on kubectl)."""
+    with fake_e2b_in_thread(tmp_path / "fake-e2b") as (state, _):
+        yield state
+
+
+# -- a run's journal as the operator wrote it (KubernetesStore, read with the test's kubeconfig)
+
+
+def journal(cp: ControlPlane, ns: str, run_id: str) -> list[OperationRecord]:
+    async def load() -> list[OperationRecord]:
+        store = await KubernetesStore.connect(ns, kubeconfig=str(cp.kubeconfig))
+        try:
+            return await store.load_journal(run_id)
+        finally:
+            await store.close()
+
+    return asyncio.run(load())
+
+
+def check_journal(cp: ControlPlane, ns: str, run_id: str) -> None:
+    """No gap and no duplicate in the journal, and no operation completed twice."""
+    rows = journal(cp, ns, run_id)
+    assert [r.seq for r in rows] == list(range(1, len(rows) + 1)), "journal has gaps or duplicates"
+    completed = [r.op_id for r in rows if r.status == "completed"]
+    assert len(completed) == len(set(completed)), "an operation completed twice"

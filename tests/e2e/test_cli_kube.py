@@ -7,10 +7,7 @@ API server's admission judges every write. (test_cli_kube_operator.py follows ru
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from tests.dsb import dsb
 from tests.e2e.conftest import wait_until
 
 if TYPE_CHECKING:
@@ -26,7 +24,6 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO = ROOT / "examples" / "hello-workflow.yaml"
-DSB = str(Path(sys.executable).parent / "dsb")
 CRD_NAMES = ["workflows.durable-sandbox.dev", "sandboxes.durable-sandbox.dev"]
 
 
@@ -40,12 +37,11 @@ def ns(control_plane: ControlPlane) -> Iterator[str]:
     control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
 
 
-def dsb(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    # KUBECONFIG is the control plane's (set by the fixture), as a user's shell would have it.
-    return subprocess.run(
-        [DSB, *args], capture_output=True, text=True, timeout=120, check=False, input=input, cwd=ROOT,
-        env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables as on a wide terminal; KUBECONFIG is the control plane's (set by the fixture), as a user's shell
+    would have it."""
+    monkeypatch.setenv("COLUMNS", "200")
 
 
 def coded(name: str) -> dict[str, Any]:
@@ -58,7 +54,7 @@ def coded(name: str) -> dict[str, Any]:
 
 
 def test_run_detach_applies_the_manifest_server_side(control_plane: ControlPlane, ns: str) -> None:
-    proc = dsb("--kube", "-n", ns, "run", "--detach", str(HELLO))
+    proc = dsb("--kube", "-n", ns, "run", "--detach", str(HELLO), process=True)
     assert proc.returncode == 0, proc.stderr
     obj = control_plane.kubectl_json("get", "workflow", "hello", "-n", ns, "--show-managed-fields")
     run_id = f"hello-{obj['metadata']['uid'][:8]}"
@@ -70,7 +66,7 @@ def test_run_detach_applies_the_manifest_server_side(control_plane: ControlPlane
     manifest = yaml.safe_load(HELLO.read_text())
     assert obj["spec"]["toolCalls"] == manifest["spec"]["toolCalls"]
     # Applying again changes nothing and names the same run.
-    again = dsb("--kube", "-n", ns, "run", "--detach", str(HELLO), "-o", "json")
+    again = dsb("--kube", "-n", ns, "run", "--detach", str(HELLO), "-o", "json", process=True)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout) == [{"runId": run_id, "workflow": "hello"}]
     after = control_plane.kubectl_json("get", "workflow", "hello", "-n", ns)
@@ -80,7 +76,7 @@ def test_run_detach_applies_the_manifest_server_side(control_plane: ControlPlane
 def test_an_invalid_manifest_is_refused_before_anything_is_applied(control_plane: ControlPlane, ns: str) -> None:
     bad = yaml.safe_load(HELLO.read_text())
     bad["spec"]["toolCalls"][0]["path"] = "/etc/passwd"
-    proc = dsb("--kube", "-n", ns, "run", "-", input=yaml.safe_dump(bad))
+    proc = dsb("--kube", "-n", ns, "run", "-", input=yaml.safe_dump(bad), process=True)
     assert proc.returncode == 2, proc.stderr
     assert "spec.toolCalls[0].path" in proc.stderr
     assert control_plane.kubectl("get", "workflow", "hello", "-n", ns, check=False).returncode != 0
@@ -89,25 +85,25 @@ def test_an_invalid_manifest_is_refused_before_anything_is_applied(control_plane
 def test_signal_adds_to_spec_signals_once(control_plane: ControlPlane, ns: str) -> None:
     control_plane.apply(coded("approve"), "-n", ns)
     uid = control_plane.kubectl_json("get", "workflow", "approve", "-n", ns)["metadata"]["uid"]
-    proc = dsb("--kube", "-n", ns, "signal", "approve", "approval", '{"ok": true}')
+    proc = dsb("--kube", "-n", ns, "signal", "approve", "approval", '{"ok": true}', process=True)
     assert proc.returncode == 0, proc.stderr
     assert "signalled approval of run approve" in proc.stdout
     assert f"dsb --kube -n {ns} logs -f approve" in proc.stdout  # no `resume`: the operator continues it
     # By run id, the same value again: nothing changes.
-    proc = dsb("--kube", "-n", ns, "signal", f"approve-{uid[:8]}", "approval", '{"ok": true}')
+    proc = dsb("--kube", "-n", ns, "signal", f"approve-{uid[:8]}", "approval", '{"ok": true}', process=True)
     assert proc.returncode == 0 and "(already had this value)" in proc.stdout, proc.stderr
-    proc = dsb("--kube", "-n", ns, "signal", "approve", "approval", '{"ok": false}')
+    proc = dsb("--kube", "-n", ns, "signal", "approve", "approval", '{"ok": false}', process=True)
     assert proc.returncode == 2 and "already signalled with a different value" in proc.stderr, proc.stderr
-    proc = dsb("--kube", "-n", ns, "signal", "approve", "second/with~chars", "[1, 2]")
+    proc = dsb("--kube", "-n", ns, "signal", "approve", "second/with~chars", "[1, 2]", process=True)
     assert proc.returncode == 0, proc.stderr
     spec = control_plane.kubectl_json("get", "workflow", "approve", "-n", ns)["spec"]
     assert spec["signals"] == {"approval": {"ok": True}, "second/with~chars": [1, 2]}
-    assert dsb("--kube", "-n", ns, "signal", "approve", "x", "1", "--resume").returncode == 2
+    assert dsb("--kube", "-n", ns, "signal", "approve", "x", "1", "--resume", process=True).returncode == 2
 
 
 def test_cancel_sets_spec_cancel(control_plane: ControlPlane, ns: str) -> None:
     control_plane.apply(coded("stop-me"), "-n", ns)
-    proc = dsb("--kube", "-n", ns, "cancel", "stop-me")
+    proc = dsb("--kube", "-n", ns, "cancel", "stop-me", process=True)
     assert proc.returncode == 0, proc.stderr
     assert "cancellation requested" in proc.stdout
     assert control_plane.kubectl_json("get", "workflow", "stop-me", "-n", ns)["spec"]["cancel"] is True
@@ -117,23 +113,23 @@ def test_runs_and_inspect_show_workflows_the_operator_has_not_started(control_pl
     for name in ("first", "second"):
         control_plane.apply(coded(name), "-n", ns)
     uids = {n: control_plane.kubectl_json("get", "workflow", n, "-n", ns)["metadata"]["uid"] for n in ("first", "second")}
-    proc = dsb("--kube", "-n", ns, "runs", "-o", "json")
+    proc = dsb("--kube", "-n", ns, "runs", "-o", "json", process=True)
     assert proc.returncode == 0, proc.stderr
     listed = {r["runId"]: r["status"] for r in json.loads(proc.stdout)}
     assert listed == {f"{n}-{u[:8]}": "pending" for n, u in uids.items()}
-    proc = dsb("--kube", "-n", ns, "inspect", "first", "-o", "json")
+    proc = dsb("--kube", "-n", ns, "inspect", "first", "-o", "json", process=True)
     assert proc.returncode == 0, proc.stderr
     state = json.loads(proc.stdout)
     assert (state["runId"], state["status"]) == (f"first-{uids['first'][:8]}", "pending")
     # The namespace can also come after the command, as with kubectl.
-    assert dsb("runs", "--kube", "-n", ns, "-o", "json").stdout == dsb("--kube", "-n", ns, "runs", "-o", "json").stdout
+    assert dsb("runs", "--kube", "-n", ns, "-o", "json", process=True).stdout == dsb("--kube", "-n", ns, "runs", "-o", "json", process=True).stdout
 
 
 def test_unknown_names_and_local_only_commands_are_usage_errors(control_plane: ControlPlane, ns: str) -> None:
-    proc = dsb("--kube", "-n", ns, "inspect", "nope")
+    proc = dsb("--kube", "-n", ns, "inspect", "nope", process=True)
     assert proc.returncode == 2 and f"No Workflow named 'nope' and none whose run id is 'nope' in namespace '{ns}'" in proc.stderr
     for args in (("resume", "nope"), ("worker",), ("run", "examples.flows.hello_flow:hello")):
-        proc = dsb("--kube", "-n", ns, *args)
+        proc = dsb("--kube", "-n", ns, *args, process=True)
         assert proc.returncode == 2, (args, proc.stderr)
         assert "--kube" in proc.stderr or "cluster" in proc.stderr, proc.stderr
 
@@ -144,7 +140,7 @@ def test_sandboxes_lists_the_sandbox_resources_with_phase_provider_ready_holder_
     # Just after the CRDs are applied the API server may answer 429 "storage is (re)initializing" for a while.
     wait_until(lambda: control_plane.kubectl("get", "dsbx", "-n", ns, check=False).returncode == 0, 60,
                "the Sandbox CRD to serve lists")
-    proc = dsb("--kube", "-n", ns, "sandboxes")
+    proc = dsb("--kube", "-n", ns, "sandboxes", process=True)
     assert (proc.returncode, proc.stdout.strip()) == (0, "no Sandboxes in this namespace"), proc.stderr
     for name, provider in (("dev-box", "local"), ("cloud-box", "e2b")):
         control_plane.apply({"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": name},
@@ -157,7 +153,7 @@ def test_sandboxes_lists_the_sandbox_resources_with_phase_provider_ready_holder_
     control_plane.kubectl("patch", "dsbx", "dev-box", "-n", ns, "--subresource=status", "--type=merge",
                           "-p", json.dumps({"status": status}))
 
-    proc = dsb("--kube", "-n", ns, "sandboxes", "-o", "json")
+    proc = dsb("--kube", "-n", ns, "sandboxes", "-o", "json", process=True)
     assert proc.returncode == 0, proc.stderr
     rows = {r["name"]: r for r in json.loads(proc.stdout)}
     assert list(rows) == ["cloud-box", "dev-box"]
@@ -168,9 +164,9 @@ def test_sandboxes_lists_the_sandbox_resources_with_phase_provider_ready_holder_
         "phase": "Pending", "provider": "e2b", "ready": "Unknown", "holder": None}
     created = control_plane.kubectl_json("get", "dsbx", "dev-box", "-n", ns)["metadata"]["creationTimestamp"]
     assert rows["dev-box"]["createdAt"] == created
-    assert yaml.safe_load(dsb("--kube", "-n", ns, "sandboxes", "-o", "yaml").stdout) == json.loads(proc.stdout)
+    assert yaml.safe_load(dsb("--kube", "-n", ns, "sandboxes", "-o", "yaml", process=True).stdout) == json.loads(proc.stdout)
 
-    table = dsb("sandboxes", "--kube", "-n", ns).stdout.splitlines()
+    table = dsb("sandboxes", "--kube", "-n", ns, process=True).stdout.splitlines()
     rows_ = [[c.strip() for c in re.split("[│┃]", line)[1:-1]] for line in table if line.startswith(("│", "┃"))]
     assert rows_[0] == ["Name", "Phase", "Provider", "Ready", "Holder", "Age"], table
     cells = {row[0]: row for row in rows_[1:]}
@@ -178,5 +174,5 @@ def test_sandboxes_lists_the_sandbox_resources_with_phase_provider_ready_holder_
     assert cells["cloud-box"][1:5] == ["Pending", "e2b", "Unknown", "-"], table
     assert cells["dev-box"][5].endswith(("s", "m")), table  # a few seconds old, as kubectl writes ages
 
-    proc = dsb("sandboxes", "-n", ns)
+    proc = dsb("sandboxes", "-n", ns, process=True)
     assert proc.returncode == 2 and "dsb --kube sandboxes" in proc.stderr, proc.stderr

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     condition,
     events,
+    fake_e2b,
     get,
     local_sandboxes,
     manifest,
@@ -28,18 +26,10 @@ from tests.e2e.operator_support import (
     wait_in_flight,
 )
 from tests.fakes.e2b_state import FakeState
-from tests.fakes.fixtures import fake_e2b_in_thread
 
-__all__ = ["namespace", "operators"]  # fixtures
+__all__ = ["fake_e2b", "namespace", "operators"]  # fixtures
 
 SECRET_VALUE = "tok-" + "9f3a61c2e8d04b7f"
-
-
-@pytest.fixture
-def fake_e2b(tmp_path: Path) -> Iterator[FakeState]:
-    """The fake E2B server on its own event loop thread (the test itself blocks on kubectl)."""
-    with fake_e2b_in_thread(tmp_path / "fake-e2b") as (state, _):
-        yield state
 
 
 def test_cleanup_blocked_while_the_provider_refuses_then_completes(

@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.dsb import dsb
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     condition,
-    dsb,
     event_reasons,
     local_sandboxes,
     manifest,
@@ -66,7 +66,7 @@ def test_callback_workflow_waits_and_is_resumed_by_kubectl_patch_or_dsb_kube_sig
 
     # The same run answered with `dsb --kube signal` (#10 acceptance 5): waiting, then resumed by it.
     wait_condition(control_plane, namespace, "approve-cli", "WaitingForSignal")
-    proc = dsb("--kube", "-n", namespace, "signal", "approve-cli", "approval", '{"approved": true, "by": "dsb"}')
+    proc = dsb("--kube", "-n", namespace, "signal", "approve-cli", "approval", '{"approved": true, "by": "dsb"}', process=True)
     assert proc.returncode == 0, proc.stderr
     assert "signalled approval of run approve-cli" in proc.stdout
     wait_condition(control_plane, namespace, "approve-cli", "Succeeded")

@@ -13,6 +13,8 @@ from typing import Any
 
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import (
+    check_journal,
+    journal,
     leases,
     local_sandboxes,
     manifest,
@@ -23,7 +25,6 @@ from tests.e2e.operator_support import (
     wait_condition,
     wait_in_flight,
 )
-from tests.e2e.test_operator_recovery import journal
 
 __all__ = ["namespace", "operators"]  # fixtures
 
@@ -40,13 +41,6 @@ def lease_holder(cp: ControlPlane, ns: str) -> str | None:
     """The replica (its --worker-id) holding the one run lease of ``ns``."""
     holders = [lease["data"].get("holder") for lease in leases(cp, ns, "durable-sandbox.dev/run-id")]
     return replica_of(holders[0]) if holders else None
-
-
-def check_journal(cp: ControlPlane, ns: str, run_id: str) -> None:
-    rows = journal(cp, ns, run_id)
-    assert [r.seq for r in rows] == list(range(1, len(rows) + 1)), "journal has gaps or duplicates"
-    completed = [r.op_id for r in rows if r.status == "completed"]
-    assert len(completed) == len(set(completed)), "an operation completed twice"
 
 
 def test_sigkill_at_fault_points_then_restart_completes_without_repeating_committed_calls(

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.dsb import dsb
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import (
     HELLO,
-    dsb,
     event_reasons,
     local_sandboxes,
     namespace,
@@ -53,7 +53,7 @@ def test_hello_workflow_in_the_cluster_matches_dsb_run(
     assert len(reasons) < 10, reasons
 
     local = dsb("run", str(HELLO), "-o", "json", "--store", str(tmp_path / "local.db"),
-                env={"DURABLE_SANDBOX_HOME": str(tmp_path / "local-home")})
+                env={"DURABLE_SANDBOX_HOME": str(tmp_path / "local-home")}, process=True)
     assert local.returncode == 0, local.stderr
     assert _outcomes(st["result"]) == _outcomes(json.loads(local.stdout)["result"])
     # Finished runs keep no sandbox and no snapshot.

@@ -24,8 +24,14 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import ControlPlane, wait_until
-from tests.e2e.operator_support import OperatorProcess, local_sandboxes, namespace, operators, status
-from tests.e2e.test_operator_failover import check_journal
+from tests.e2e.operator_support import (
+    OperatorProcess,
+    check_journal,
+    local_sandboxes,
+    namespace,
+    operators,
+    status,
+)
 
 __all__ = ["namespace", "operators"]  # fixtures
 

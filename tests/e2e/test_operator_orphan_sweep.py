@@ -23,6 +23,7 @@ from durable_sandbox.providers.e2b import E2BProvider
 from durable_sandbox.providers.local import LocalProvider
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
+    fake_e2b,
     free_port,
     get,
     http_get,
@@ -34,7 +35,6 @@ from tests.e2e.operator_support import (
     wait_condition,
     wait_gone,
 )
-from tests.e2e.test_operator_cleanup import fake_e2b
 from tests.fakes.e2b_state import FakeState
 
 __all__ = ["fake_e2b", "namespace", "operators"]  # fixtures

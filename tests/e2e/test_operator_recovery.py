@@ -3,17 +3,15 @@ Workflow mid-run (its sandbox and every snapshot are gone before the object is).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
-from durable_sandbox.engine.records import OperationRecord
-from durable_sandbox.kube.store import KubernetesStore
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     event_reasons,
     get,
+    journal,
     local_sandboxes,
     manifest,
     namespace,
@@ -27,17 +25,6 @@ from tests.e2e.operator_support import (
 __all__ = ["namespace", "operators"]  # fixtures
 
 CALLS = [{"type": "shell", "command": f"echo {i} >> log.txt; cat log.txt | wc -l"} for i in range(1, 7)]
-
-
-def journal(cp: ControlPlane, ns: str, run_id: str) -> list[OperationRecord]:
-    async def load() -> list[OperationRecord]:
-        store = await KubernetesStore.connect(ns, kubeconfig=str(cp.kubeconfig))
-        try:
-            return await store.load_journal(run_id)
-        finally:
-            await store.close()
-
-    return asyncio.run(load())
 
 
 def test_loss_is_recovered_from_the_newest_snapshot_and_superseded_snapshots_are_deleted(

@@ -26,6 +26,7 @@ from durable_sandbox.providers.local import LocalProvider
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     OperatorProcess,
+    fake_e2b,
     local_sandboxes,
     manifest,
     namespace,
@@ -34,7 +35,6 @@ from tests.e2e.operator_support import (
 )
 from tests.e2e.operator_support import status as workflow_status
 from tests.e2e.operator_support import wait_condition as wait_workflow
-from tests.e2e.test_operator_cleanup import fake_e2b
 from tests.fakes.e2b_state import FakeState
 
 __all__ = ["fake_e2b", "namespace", "operators"]  # fixtures

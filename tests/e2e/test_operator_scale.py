@@ -25,9 +25,10 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 
-from durable_sandbox.kube.models import GROUP, VERSION
+from durable_sandbox.kube.resources import GROUP, VERSION, WORKFLOWS
+from tests.dsb import dsb
 from tests.e2e.conftest import ControlPlane
-from tests.e2e.operator_support import condition, dsb, namespace, operators
+from tests.e2e.operator_support import condition, namespace, operators
 
 __all__ = ["namespace", "operators"]  # fixtures
 
@@ -83,7 +84,7 @@ class StatusWatch(threading.Thread):
                 kwargs["resource_version"] = resource_version  # resume where the last watch ended: no gap
             try:
                 for event in stream.stream(
-                    self.api.list_namespaced_custom_object, GROUP, VERSION, self.ns, "workflows", **kwargs
+                    self.api.list_namespaced_custom_object, GROUP, VERSION, self.ns, WORKFLOWS, **kwargs
                 ):
                     obj = event["object"]
                     if event["type"] == "ERROR":
@@ -162,7 +163,7 @@ def test_ten_thousand_calls(control_plane: ControlPlane, namespace: str, operato
     assert final["status"]["calls"] == {"completed": CALLS, "total": CALLS}
 
     # The whole journal is readable: every call's started and completed record.
-    hist = dsb("--kube", "-n", namespace, "history", "big", "-o", "json", timeout=600)
+    hist = dsb("--kube", "-n", namespace, "history", "big", "-o", "json", timeout=600, process=True)
     assert hist.returncode == 0, hist.stderr
     records = json.loads(hist.stdout)
     calls = [r for r in records if r["kind"] == "sandbox.call"]

@@ -1,32 +1,29 @@
 """Shared fixtures for the unit tier: an isolated DURABLE_SANDBOX_HOME, a SqliteStore and an Engine on
-tmp_path, and a controllable clock for TTLs, timers and leases (no sleeps standing in for time)."""
+tmp_path. (The controllable ``clock`` is every tier's: tests/conftest.py.)"""
 
 from __future__ import annotations
 
-import time
-import types
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-import durable_sandbox.engine.context as context_mod
-import durable_sandbox.engine.executor as executor_mod
-import durable_sandbox.stores.sqlite as sqlite_mod
 from durable_sandbox.engine import Engine
 from durable_sandbox.stores import SqliteStore
-
-_real_time = time.time
+from tests.dsb import ROOT
 
 
 @pytest.fixture(autouse=True)
-def durable_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own DURABLE_SANDBOX_HOME (inherited by child processes) and no fault spec."""
-    home = tmp_path / "dsb-home"
-    home.mkdir()
-    monkeypatch.setenv("DURABLE_SANDBOX_HOME", str(home))
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own DURABLE_SANDBOX_HOME (inherited by child processes: `dsb`'s default store and
+    the local provider's sandboxes are there), no fault spec, and the repository root as the working
+    directory, so ``module:function`` targets (``tests.unit.cli_flows:...``) resolve as under ``python -m``."""
+    path = tmp_path / "dsb-home"
+    path.mkdir()
+    monkeypatch.setenv("DURABLE_SANDBOX_HOME", str(path))
     monkeypatch.delenv("DURABLE_SANDBOX_FAULT", raising=False)
-    return home
+    monkeypatch.chdir(ROOT)
+    return path
 
 
 @pytest.fixture
@@ -46,27 +43,3 @@ async def engine(store: SqliteStore) -> AsyncIterator[Engine]:
     e = Engine(store, worker_id="test-worker", lease_ttl=10.0)
     yield e
     await e.aclose()
-
-
-class Clock:
-    """Wall clock seen by the engine context, runtime and SqliteStore: real time plus an offset."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def time(self) -> float:
-        return _real_time() + self.offset
-
-    def advance(self, seconds: float) -> None:
-        self.offset += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    fake = types.SimpleNamespace(
-        time=c.time, monotonic=time.monotonic, sleep=time.sleep, perf_counter=time.perf_counter
-    )
-    for mod in (context_mod, executor_mod, sqlite_mod):
-        monkeypatch.setattr(mod, "time", fake)
-    return c

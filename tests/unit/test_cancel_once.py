@@ -79,7 +79,7 @@ async def holding_run(store: Any) -> AsyncIterator[tuple[Engine, asyncio.Task[An
 
 
 async def test_a_cancel_noticed_twice_stops_the_run_once_and_its_cleanup_runs(
-    store: SqliteStore, durable_home: Path
+    store: SqliteStore, home: Path
 ) -> None:
     held = HeldReads(store)
     async with holding_run(held) as (engine, running):
@@ -115,7 +115,7 @@ async def test_a_cancel_noticed_twice_stops_the_run_once_and_its_cleanup_runs(
     finalized = [r for r in rows if r.op_id == "ws/finalize"]
     assert finalized and finalized[0].meta == {"finalized": True, "retained": None, "succeeded": False}, \
         [(r.op_id, r.status) for r in rows]
-    local = durable_home / "local"
+    local = home / "local"
     left = [str(p.relative_to(local)) for sub in ("workspaces", "snapshots") if (local / sub).is_dir()
             for p in (local / sub).iterdir() if not p.name.startswith(".")]
     assert left == [], f"sandbox or snapshot left by the cancelled run: {left}"
@@ -149,7 +149,7 @@ class FailingReads:
 
 
 async def test_the_keeper_renews_on_after_a_failed_read_and_still_sees_a_cancel(
-    store: SqliteStore, durable_home: Path
+    store: SqliteStore, home: Path
 ) -> None:
     flaky = FailingReads(store)
     async with holding_run(flaky) as (_, running):

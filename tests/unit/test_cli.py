@@ -7,38 +7,19 @@ script as a subprocess, the way users do, to prove the entry point, exit codes a
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner, Result
 
-from durable_sandbox.cli.main import cli
+from tests.dsb import ROOT, Ran, dsb
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "hello-workflow.yaml"
 FLOWS = "tests.unit.cli_flows"
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "home"
-    path.mkdir(exist_ok=True)
-    monkeypatch.setenv("DURABLE_SANDBOX_HOME", str(path))
-    monkeypatch.chdir(ROOT)  # module:function references resolve from the current directory
-    return path
-
-
-def dsb(*args: str, input: str | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
-
-
-def as_json(result: Result) -> Any:
+def as_json(result: Ran) -> Any:
     return json.loads(result.stdout)
 
 
@@ -334,14 +315,8 @@ def test_manifest_from_stdin() -> None:
 # ------------------------------------------------------------------ the installed console script
 
 
-def dsb_script() -> str:
-    found = Path(sys.executable).with_name("dsb")
-    return str(found) if found.exists() else (shutil.which("dsb") or pytest.skip("dsb console script not installed"))
-
-
-def sh(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(home)}
-    return subprocess.run([dsb_script(), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+def sh(home: Path, *args: str) -> Ran:
+    return dsb(*args, home=home, process=True)
 
 
 def test_console_script_exit_codes(home: Path) -> None:
@@ -416,32 +391,22 @@ def test_docs_cli_dry_run_transcript_is_what_dsb_prints(home: Path) -> None:
 def test_output_and_store_options_also_work_after_the_command(tmp_path: Path) -> None:
     """`dsb runs -o json` and `dsb inspect RUN --store F` behave like the global forms, as in kubectl."""
     store = tmp_path / "elsewhere.db"
-    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(tmp_path / "home")}
-    dsb = str(Path(sys.executable).parent / "dsb")
-    root = Path(__file__).resolve().parents[2]
-    first = subprocess.run([dsb, "run", "examples/hello-workflow.yaml", "--store", str(store), "-o", "json"],
-                           cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False)
+    first = dsb("run", "examples/hello-workflow.yaml", "--store", str(store), "-o", "json", process=True)
     assert first.returncode == 0, first.stderr
-    listed = subprocess.run([dsb, "runs", "--store", str(store), "-o", "json"],
-                            cwd=root, env=env, capture_output=True, text=True, timeout=60, check=False)
+    listed = dsb("runs", "--store", str(store), "-o", "json", process=True)
     assert listed.returncode == 0, listed.stderr
     [run] = json.loads(listed.stdout)
     assert run["status"] == "succeeded"
-    default_store = subprocess.run([dsb, "runs", "-o", "json"], cwd=root, env=env, capture_output=True, text=True,
-                                   timeout=60, check=False)
+    default_store = dsb("runs", "-o", "json", process=True)
     assert json.loads(default_store.stdout) == [], "--store after the command chose the other store"
 
 
 def test_dsb_worker_wakes_a_due_durable_timer_and_finishes_the_run(tmp_path: Path) -> None:
     """`dsb worker --until-idle` executes runnable runs, here one whose durable sleep is due."""
-    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(tmp_path / "home")}
-    dsb = str(Path(sys.executable).parent / "dsb")
-    root = Path(__file__).resolve().parents[2]
-    store = str(tmp_path / "runs.db")
+    store = tmp_path / "runs.db"
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([dsb, "--store", store, *args], cwd=root, env=env, capture_output=True, text=True,
-                              timeout=120, check=False)
+    def run(*args: str) -> Ran:
+        return dsb(*args, store=store, process=True)
 
     started = run("run", "tests.unit.cli_flows:napper", "--input", '{"seconds": 3600}', "--run-id", "nap")
     assert started.returncode == 3, started.stdout + started.stderr  # waiting on its timer

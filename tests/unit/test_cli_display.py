@@ -16,7 +16,7 @@ import pytest
 
 from durable_sandbox.cli import render
 from durable_sandbox.cli.progress import RichDisplay
-from tests.unit.cli_support import ROOT, dsb, isolate
+from tests.dsb import ROOT, dsb
 
 EXAMPLE = ROOT / "examples" / "hello-workflow.yaml"
 LONG = "echo " + "x" * 100
@@ -31,10 +31,6 @@ spec:
     - {{type: shell, command: "printf 'first\\\\nsecond\\\\n'"}}
 """
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return isolate(tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -3,13 +3,10 @@ them (it left out ``sandboxes``, which exists only with --kube)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.dsb import ROOT, dsb
 
 
 def kube_commands_in_docs() -> set[str]:
@@ -18,9 +15,7 @@ def kube_commands_in_docs() -> set[str]:
 
 
 def test_a_local_only_command_with_kube_names_every_kube_command(tmp_path: Path) -> None:
-    env = {**os.environ, "KUBECONFIG": str(tmp_path / "missing"), "DURABLE_SANDBOX_HOME": str(tmp_path / "home")}
-    done = subprocess.run([str(Path(sys.executable).parent / "dsb"), "--kube", "resume", "some-run"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    done = dsb("--kube", "resume", "some-run", env={"KUBECONFIG": str(tmp_path / "missing")}, process=True)
     assert done.returncode == 2, done.stdout + done.stderr
     named = set(re.search(r"with --kube: ([a-z, ]+)\)", done.stderr).group(1).split(", "))  # type: ignore[union-attr]
     documented = kube_commands_in_docs()

@@ -15,15 +15,11 @@ import pytest
 
 from durable_sandbox.engine import RunRecord, RunStatus
 from durable_sandbox.stores import SqliteStore
-from tests.unit.cli_support import ROOT, dsb, isolate, lines
+from tests.dsb import ROOT, dsb, lines
 
 FLOWS = "tests.unit.cli_flows"
 EXAMPLE = ROOT / "examples" / "hello-workflow.yaml"
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return isolate(tmp_path, monkeypatch)
 
 
 def as_json(text: str) -> Any:

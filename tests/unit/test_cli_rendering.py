@@ -11,22 +11,17 @@ import io
 import re
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from durable_sandbox.cli import render
 from durable_sandbox.cli.progress import RichDisplay
-from tests.unit.cli_support import dsb, isolate, lines
+from tests.dsb import dsb, lines
 
 FLOW = "tests.unit.cli_flows:brackets"
 PROVIDER_ERROR = "Sandbox provider [e2b] needs an API key"
 FAILED = f"Step '[fail]' failed after 1 attempt(s): RuntimeError: {PROVIDER_ERROR}"
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return isolate(tmp_path, monkeypatch)
 
 
 def rows(table: str) -> list[list[str]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,8 @@ class CountingStore(SqliteStore):
 
 
 @pytest.fixture
-def local(durable_home: Path) -> Any:
-    provider = Hooked(LocalProvider(durable_home))
+def local(home: Path) -> Any:
+    provider = Hooked(LocalProvider(home))
     yield provider
     assert provider.inner.leftovers() == [], "the run left sandboxes, snapshots or leases behind"
 
@@ -54,8 +55,16 @@ async def store(tmp_path: Path) -> AsyncIterator[CountingStore]:
     await s.close()
 
 
-def engine_with(store: CountingStore, local: Hooked) -> durable_sandbox.Engine:
-    return durable_sandbox.Engine(store, providers={"local": local}, worker_id=WORKER, lease_ttl=30.0)
+@dataclass(frozen=True)
+class Gate:
+    """An extension value (engine/extensions.py): what the busy workflow waits on between its calls."""
+
+    opened: asyncio.Event
+
+
+def engine_with(store: CountingStore, local: Hooked, *extensions: object) -> durable_sandbox.Engine:
+    return durable_sandbox.Engine(store, providers={"local": local}, worker_id=WORKER, lease_ttl=30.0,
+                                  extensions=extensions)
 
 
 async def test_a_call_is_one_commit_and_its_completion_lands_before_the_next_call_runs(
@@ -93,10 +102,11 @@ async def test_a_call_is_one_commit_and_its_completion_lands_before_the_next_cal
 @workflow(name="test-commit-per-call-busy-between")
 async def busy_between(ctx: Context, spec: dict[str, Any]) -> dict[str, Any]:
     """A call, then workflow code that takes a while before the next journaled operation."""
-    gate: asyncio.Event = ctx.operations.services["gate"]
+    gate = ctx.operations.extensions.get(Gate)
+    assert gate is not None, "the test gives the engine a Gate"
     async with ctx.sandbox("sandbox", provider="local") as sbx:
         await sbx.write_file("a.txt", "a")
-        await gate.wait()  # until the test has seen the completion committed on its own
+        await gate.opened.wait()  # until the test has seen the completion committed on its own
         await sbx.write_file("b.txt", "b")
     return {}
 
@@ -105,8 +115,7 @@ async def test_a_completion_whose_ride_does_not_come_is_committed_on_its_own(
     store: CountingStore, local: Hooked, tmp_path: Path
 ) -> None:
     gate = asyncio.Event()
-    engine = engine_with(store, local)
-    engine.services["gate"] = gate
+    engine = engine_with(store, local, Gate(gate))
     reader = SqliteStore(tmp_path / "runs.db")
     try:
         task = asyncio.create_task(engine.run("test-commit-per-call-busy-between", {}, run_id="busy"))

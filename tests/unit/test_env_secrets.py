@@ -14,19 +14,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
 import durable_sandbox
-from durable_sandbox.cli.main import cli
-from durable_sandbox.kube.models import API_VERSION
+from durable_sandbox.kube.resources import API_VERSION
 from durable_sandbox.stores import SqliteStore
+from tests.dsb import dsb
 
 SANDBOX_CANARY = "canary-sbx-7f3a91c2e4"
 CALL_CANARY = "canary-call-58be0d17aa"
-
-
-def dsb(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def store_bytes(store: Path) -> bytes:

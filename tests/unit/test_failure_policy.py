@@ -9,22 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
-from durable_sandbox.cli.main import cli
 from durable_sandbox.kube.manifests import ManifestError, load_manifests
-from durable_sandbox.kube.models import API_VERSION
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "home"
-    monkeypatch.setenv("DURABLE_SANDBOX_HOME", str(path))
-    return path
-
-
-def dsb(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+from durable_sandbox.kube.resources import API_VERSION
+from tests.dsb import dsb
 
 
 def manifest(tmp_path: Path, spec: str, name: str = "gate") -> str:

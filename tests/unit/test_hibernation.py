@@ -9,7 +9,8 @@ from pathlib import Path
 import durable_sandbox as ds
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore
-from tests.unit.conftest import Clock
+from tests.clock import Clock
+from tests.dsb import Ran, dsb
 
 
 @ds.workflow(name="tests.hibernation.approve")
@@ -109,17 +110,10 @@ async def test_a_worker_finalizes_a_waiting_run_cancelled_from_elsewhere(tmp_pat
 def test_dsb_run_exiting_3_hibernates_the_waiting_runs_sandbox(tmp_path: Path) -> None:
     """DESIGN 6: the process driving a run stops while the run waits (`dsb run` exits 3) -> it hibernates
     the sandbox first, whatever hibernate_after says; `dsb signal` + `dsb resume` restore it."""
-    import os
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
     home = tmp_path / "home"
-    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(home)}
-    dsb = str(Path(sys.executable).parent / "dsb")
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([dsb, *args], cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False)
+    def run(*args: str) -> Ran:
+        return dsb(*args, home=home, process=True)
 
     waited = run("run", "tests.unit.test_hibernation:approve_flow", "--run-id", "cli-h")
     assert waited.returncode == 3, waited.stdout + waited.stderr

@@ -13,10 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +23,8 @@ import yaml
 import durable_sandbox
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.sandboxes.session import derived_operation_id
+from tests.dsb import DSB, ROOT, dsb
 from tests.unit.sandbox_session_support import Hooked, engine_for
-
-ROOT = Path(__file__).resolve().parents[2]
 
 CALLS = [
     {"type": "write_file", "path": "notes.txt", "contents": "one\n"},
@@ -39,11 +35,6 @@ CALLS = [
 ]
 
 
-def dsb_script() -> str:
-    found = Path(sys.executable).with_name("dsb")
-    return str(found) if found.exists() else (shutil.which("dsb") or pytest.skip("dsb console script not installed"))
-
-
 def manifest(tmp_path: Path, name: str) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({
@@ -51,15 +42,6 @@ def manifest(tmp_path: Path, name: str) -> Path:
         "spec": {"sandbox": {"provider": "local"}, "snapshotEveryNCalls": 2, "toolCalls": CALLS},
     }))
     return path
-
-
-def dsb(home: Path, store: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(home)}
-    env.pop("DURABLE_SANDBOX_FAULT", None)
-    if fault:
-        env["DURABLE_SANDBOX_FAULT"] = fault
-    return subprocess.run([dsb_script(), "--store", str(store), *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=180)
 
 
 def tool_results(state: dict[str, Any]) -> list[tuple[int, str, str]]:
@@ -78,28 +60,28 @@ def leftovers(home: Path) -> list[Path]:
 ])
 def test_a_signal_during_dsb_run_keeps_the_run_resumable(tmp_path: Path, sig: str, where: str, index: int) -> None:
     home, store = tmp_path / "home", tmp_path / "runs.db"
-    baseline = dsb(home, store, "-o", "json", "run", str(manifest(tmp_path, "baseline")), "--run-id", "baseline")
+    baseline = dsb("-o", "json", "run", str(manifest(tmp_path, "baseline")), "--run-id", "baseline", home=home, store=store, process=True)
     assert baseline.returncode == 0, baseline.stderr
     expected = tool_results(json.loads(baseline.stdout))
 
     run_id = "interrupted"
     op = derived_operation_id(run_id, "sandbox", index)
-    first = dsb(home, store, "run", str(manifest(tmp_path, "work")), "--run-id", run_id,
-                fault=f"{where}:sandbox/{op}!{sig}")
+    first = dsb("run", str(manifest(tmp_path, "work")), "--run-id", run_id,
+                fault=f"{where}:sandbox/{op}!{sig}", home=home, store=store, process=True)
     assert first.returncode == 128 + signal.Signals[sig], first.stdout + first.stderr
     assert f"resume {run_id}" in first.stderr and "resume RUN" not in first.stderr, first.stderr
 
-    listed = dsb(home, store, "-o", "json", "runs")
+    listed = dsb("-o", "json", "runs", home=home, store=store, process=True)
     statuses = {r["runId"]: r["status"] for r in json.loads(listed.stdout)}
     assert statuses[run_id] == "pending", "an interrupted run is runnable again, not running"
-    history = json.loads(dsb(home, store, "-o", "json", "history", run_id).stdout)
+    history = json.loads(dsb("-o", "json", "history", run_id, home=home, store=store, process=True).stdout)
     ops = [(r["opId"], r["status"]) for r in history]
     assert not any(o.startswith("sandbox/finalize") for o, _ in ops), "an interruption is not an ending"
     provider = LocalProvider(home)
     assert [p.name for p in provider.workspaces_dir.iterdir()] == [], "the sandbox was hibernated"
     assert len(provider.list_snapshots()) == 1, "...into one snapshot"
 
-    resumed = dsb(home, store, "-o", "json", "resume", run_id)
+    resumed = dsb("-o", "json", "resume", run_id, home=home, store=store, process=True)
     assert resumed.returncode == 0, resumed.stderr
     state = json.loads(resumed.stdout)
     assert state["status"] == "succeeded"
@@ -210,7 +192,7 @@ async def test_sigterm_to_dsb_worker_hibernates_its_runs_and_leaves_them_pending
     env = {**os.environ, "DURABLE_SANDBOX_HOME": str(home)}
     env.pop("DURABLE_SANDBOX_FAULT", None)
     worker = await asyncio.create_subprocess_exec(
-        dsb_script(), "--store", str(store), "worker", "--poll-interval", "0.05", cwd=ROOT, env=env,
+        DSB, "--store", str(store), "worker", "--poll-interval", "0.05", cwd=ROOT, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         while not flag.exists():  # the gated call is in flight
@@ -223,13 +205,13 @@ async def test_sigterm_to_dsb_worker_hibernates_its_runs_and_leaves_them_pending
             worker.kill()
             await worker.wait()
     assert worker.returncode == 0, err.decode()
-    state = json.loads(dsb(home, store, "-o", "json", "inspect", "served").stdout)
+    state = json.loads(dsb("-o", "json", "inspect", "served", home=home, store=store, process=True).stdout)
     assert state["status"] == "pending", "back to runnable, not running and not finalized"
     assert not [o for o in state["operations"] if o["opId"].startswith("sandbox/finalize")]
     provider = LocalProvider(home)
     assert [p.name for p in provider.workspaces_dir.iterdir()] == [], "its sandbox was hibernated"
     go.touch()
-    resumed = dsb(home, store, "-o", "json", "resume", "served")
+    resumed = dsb("-o", "json", "resume", "served", home=home, store=store, process=True)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["result"]["toolResults"][-1]["stdout"] == "one\ntwo\ngated\n"
     assert provider.leftovers() == []

@@ -10,25 +10,20 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.dsb import DSB, ROOT, dsb
 
 
 def _dsb_cmd(store: Path, *args: str) -> list[str]:
-    return [str(Path(sys.executable).with_name("dsb")), "--store", str(store), *args]
+    return [DSB, "--store", str(store), *args]
 
 
 def _env(home: Path) -> dict[str, str]:
     env = {**os.environ, "DURABLE_SANDBOX_HOME": str(home)}
     env.pop("DURABLE_SANDBOX_FAULT", None)
     return env
-
-
-def dsb(home: Path, store: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(_dsb_cmd(store, *args), cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=120)
 
 
 def start(home: Path, store: Path, *args: str) -> subprocess.Popen[str]:
@@ -54,15 +49,15 @@ def gated_run(tmp_path: Path, run_id: str) -> tuple[tuple[str, ...], Path, Path]
 
 
 def statuses(home: Path, store: Path) -> dict[str, tuple[str, bool]]:
-    listed = dsb(home, store, "-o", "json", "runs")
+    listed = dsb("-o", "json", "runs", home=home, store=store, process=True)
     assert listed.returncode == 0, listed.stderr
     return {r["runId"]: (r["status"], r["stale"]) for r in json.loads(listed.stdout)}
 
 
-def test_after_sigkill_dsb_resume_takes_the_run_over_at_once(tmp_path: Path, durable_home: Path) -> None:
+def test_after_sigkill_dsb_resume_takes_the_run_over_at_once(tmp_path: Path, home: Path) -> None:
     store = tmp_path / "runs.db"
     args, flag, go = gated_run(tmp_path, "killed")
-    worker = start(durable_home, store, *args)
+    worker = start(home, store, *args)
     try:
         wait_for_file(flag, worker)
         worker.send_signal(signal.SIGKILL)
@@ -70,27 +65,27 @@ def test_after_sigkill_dsb_resume_takes_the_run_over_at_once(tmp_path: Path, dur
     finally:
         worker.kill()
         worker.communicate()
-    assert statuses(durable_home, store)["killed"] == ("running", True), "shown as stale, not just running"
+    assert statuses(home, store)["killed"] == ("running", True), "shown as stale, not just running"
     go.touch()
-    resumed = dsb(durable_home, store, "resume", "killed")  # immediately: the 30 s lease has not expired
+    resumed = dsb("resume", "killed", home=home, store=store, process=True)  # immediately: the 30 s lease has not expired
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "run killed succeeded" in resumed.stdout and '"through"' in resumed.stdout
     assert flag.read_text() == "entered\nentered\n", "the interrupted step ran again (at least once), once"
 
 
-def test_a_live_worker_is_never_displaced_and_resume_wait_waits_for_it(tmp_path: Path, durable_home: Path) -> None:
+def test_a_live_worker_is_never_displaced_and_resume_wait_waits_for_it(tmp_path: Path, home: Path) -> None:
     store = tmp_path / "runs.db"
     args, flag, go = gated_run(tmp_path, "alive")
-    worker = start(durable_home, store, *args)
+    worker = start(home, store, *args)
     waiter = None
     try:
         wait_for_file(flag, worker)
-        refused = dsb(durable_home, store, "resume", "alive")
+        refused = dsb("resume", "alive", home=home, store=store, process=True)
         assert refused.returncode == 4, refused.stdout + refused.stderr
         assert f"(process {worker.pid} on " in refused.stderr and "its lease runs for another" in refused.stderr
         assert "resume --wait alive" in refused.stderr
-        assert statuses(durable_home, store)["alive"] == ("running", False)
-        waiter = start(durable_home, store, "resume", "--wait", "alive")
+        assert statuses(home, store)["alive"] == ("running", False)
+        waiter = start(home, store, "resume", "--wait", "alive")
         # The waiter says it waits (on stderr) before the gate opens: read that line first.
         assert waiter.stderr is not None
         assert "waiting for it" in waiter.stderr.readline()

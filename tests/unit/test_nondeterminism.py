@@ -320,7 +320,7 @@ async def test_code_change_after_a_real_crash_is_detected(db_path, tmp_path, clo
         "durable_sandbox.engine.workflow"
     )  # the package re-exports `workflow`
     from tests.unit import crash_worker
-    from tests.unit.test_crash_safety import LEASE_TTL, _crash, _log
+    from tests.unit.crash_support import LEASE_TTL, _crash, _log
 
     log = tmp_path / "effects.log"
     assert await _crash(db_path, "nd-real", "crash-seq", log, fault="after:s2") == ["s1", "s2"]

@@ -5,11 +5,8 @@ afterwards, and its code-first example runs as written."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,20 +15,14 @@ import yaml
 import durable_sandbox as ds
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore
+from tests.dsb import ROOT, dsb
 
-ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-DSB = str(Path(sys.executable).parent / "dsb")
 
 
 def readme_dsb_run() -> list[str]:
     first = next(line for line in README.splitlines() if "dsb run" in line and "pip install" in line)
     return shlex.split(first.split("&&")[-1].strip())
-
-
-def dsb(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(home)}
-    return subprocess.run([DSB, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_readme_first_command_runs_the_hello_workflow(tmp_path: Path) -> None:
@@ -40,7 +31,7 @@ def test_readme_first_command_runs_the_hello_workflow(tmp_path: Path) -> None:
     manifest = yaml.safe_load((ROOT / command[2]).read_text())
     calls = manifest["spec"]["toolCalls"]
 
-    proc = dsb(command[1:], tmp_path)
+    proc = dsb(*command[1:], home=tmp_path, process=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert f"call {len(calls)}/{len(calls)}" in out, "progress is printed while the run goes"
@@ -59,7 +50,7 @@ def test_readme_first_command_runs_the_hello_workflow(tmp_path: Path) -> None:
     assert result["latestSnapshot"] is None
 
     run_id = re.search(r"run (\S+) succeeded", out).group(1)  # type: ignore[union-attr]
-    inspected = dsb(["inspect", run_id], tmp_path)
+    inspected = dsb("inspect", run_id, home=tmp_path, process=True)
     assert inspected.returncode == 0, inspected.stderr
     for r in results:
         assert r["operationId"][:20] in inspected.stdout, "every tool call is in the journal shown"

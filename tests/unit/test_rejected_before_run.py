@@ -7,11 +7,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import Result
 
-from durable_sandbox.kube.models import API_VERSION
-from tests.unit.test_cli import FLOWS, dsb
-from tests.unit.test_cli import home as home  # autouse: a fresh DURABLE_SANDBOX_HOME, cwd at the repo root
+from durable_sandbox.kube.resources import API_VERSION
+from tests.dsb import Ran, dsb
+
+FLOWS = "tests.unit.cli_flows"
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +27,7 @@ def manifest(tmp_path: Path, spec: str) -> str:
     return str(path)
 
 
-def assert_refused(result: Result, *fragments: str) -> None:
+def assert_refused(result: Ran, *fragments: str) -> None:
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     for fragment in fragments:

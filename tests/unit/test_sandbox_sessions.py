@@ -34,11 +34,6 @@ AGENT = "sandbox-agent"
 
 
 @pytest.fixture
-def home(durable_home: Path) -> Path:
-    return durable_home  # tests/unit/conftest.py: a fresh $DURABLE_SANDBOX_HOME per test, inherited by children
-
-
-@pytest.fixture
 def local(home: Path) -> Any:
     """The run's provider (wrapped to observe it). At teardown its directories must hold nothing."""
     provider = Hooked(LocalProvider(home))

@@ -344,11 +344,11 @@ async def test_fsync_durability(db_path):
     ]
 
 
-async def test_default_path_is_under_durable_sandbox_home(durable_home):
-    assert default_home() == durable_home
+async def test_default_path_is_under_durable_sandbox_home(home):
+    assert default_home() == home
     store = SqliteStore()
     try:
-        assert store.path == durable_home / "runs.db" and store.path.exists()
+        assert store.path == home / "runs.db" and store.path.exists()
     finally:
         await store.close()
 

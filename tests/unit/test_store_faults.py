@@ -10,7 +10,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,14 +17,7 @@ import pytest
 
 from durable_sandbox.engine import Engine, StoreError, workflow
 from durable_sandbox.stores import SqliteStore
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def dsb(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("dsb")
-    env = {**os.environ, "DURABLE_SANDBOX_HOME": str(home)}
-    return subprocess.run([str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+from tests.dsb import dsb
 
 
 def _remove_store_dir(directory: str) -> str:
@@ -67,7 +59,7 @@ async def _one_step(ctx, _: None) -> int:
     return await ctx.step("one", lambda: 1)
 
 
-async def test_one_damaged_cell_does_not_hide_every_run(tmp_path: Path, durable_home: Path) -> None:
+async def test_one_damaged_cell_does_not_hide_every_run(tmp_path: Path, home: Path) -> None:
     db = tmp_path / "runs.db"
     store = SqliteStore(db)
     engine = Engine(store)
@@ -80,10 +72,10 @@ async def test_one_damaged_cell_does_not_hide_every_run(tmp_path: Path, durable_
     con.commit()
     con.close()
 
-    listed = dsb(durable_home, "--store", str(db), "runs")
+    listed = dsb("--store", str(db), "runs", process=True)
     assert listed.returncode == 0, listed.stderr
     assert "good" in listed.stdout and "damaged" in listed.stdout
-    shown = dsb(durable_home, "--store", str(db), "-o", "json", "inspect", "damaged")
+    shown = dsb("--store", str(db), "-o", "json", "inspect", "damaged", process=True)
     assert shown.returncode == 0, shown.stderr
     assert "damaged column(s) labels, result" in shown.stdout and str(db) in shown.stdout
 
@@ -92,10 +84,10 @@ async def test_one_damaged_cell_does_not_hide_every_run(tmp_path: Path, durable_
     (lambda p: Path("/dev/null"), "it is not a regular file"),
     (lambda p: (p / "notes.txt", (p / "notes.txt").write_text("these are my notes\n"))[0], "it is not a SQLite database"),
 ])
-def test_a_store_path_that_is_no_store_is_refused_naming_it(tmp_path: Path, durable_home: Path, make, says) -> None:
+def test_a_store_path_that_is_no_store_is_refused_naming_it(tmp_path: Path, home: Path, make, says) -> None:
     path = make(tmp_path)
     before = sorted(os.listdir(path.parent))
-    result = dsb(durable_home, "--store", str(path), "runs")
+    result = dsb("--store", str(path), "runs", process=True)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.startswith(f"error: Cannot use {path} as a store: {says}"), result.stderr
     assert sorted(os.listdir(path.parent)) == before, "nothing created beside it (no /dev/null-journal)"
@@ -115,30 +107,30 @@ def tmpfs(where: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def test_a_read_only_store_is_refused_naming_it(tmp_path: Path, durable_home: Path) -> None:
+def test_a_read_only_store_is_refused_naming_it(tmp_path: Path, home: Path) -> None:
     with tmpfs(tmp_path / "ro", "4m") as mnt:
         db = mnt / "runs.db"
-        assert dsb(durable_home, "--store", str(db), "run", "tests.unit.cli_flows:doubler", "--input",
-                   '{"x": 1}').returncode == 0
+        assert dsb("--store", str(db), "run", "tests.unit.cli_flows:doubler", "--input",
+                   '{"x": 1}', process=True).returncode == 0
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
-        result = dsb(durable_home, "--store", str(db), "run", "tests.unit.cli_flows:doubler", "--input", '{"x": 2}')
+        result = dsb("--store", str(db), "run", "tests.unit.cli_flows:doubler", "--input", '{"x": 2}', process=True)
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"error: Cannot open the store {db}: it is read-only" in result.stderr, result.stderr
 
 
 def test_a_full_disk_fails_the_run_clearly_and_it_finishes_once_space_is_freed(tmp_path: Path,
-                                                                               durable_home: Path) -> None:
+                                                                               home: Path) -> None:
     with tmpfs(tmp_path / "small", "1m") as mnt:
         filler = mnt / "filler"
         filler.write_bytes(b"0" * 600_000)
         db = mnt / "runs.db"
         args = ("--store", str(db), "run", "tests.unit.cli_flows:big_steps", "--input", '{"n": 12, "size": 40000}',
                 "--run-id", "full")
-        first = dsb(durable_home, *args)
+        first = dsb(*args, process=True)
         assert first.returncode == 1, first.stdout + first.stderr
         assert f"Store {db}: the disk is full" in first.stdout + first.stderr
         filler.unlink()
-        resumed = dsb(durable_home, "--store", str(db), "resume", "full")
+        resumed = dsb("--store", str(db), "resume", "full", process=True)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         assert '"steps": 12' in resumed.stdout
 

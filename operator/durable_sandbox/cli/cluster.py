@@ -25,15 +25,17 @@ import click
 from durable_sandbox.cli.drive import with_display
 from durable_sandbox.cli.errors import CliError
 from durable_sandbox.cli.render import emit_data
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import OperationRecord, RunNotFound, RunRecord, RunState, RunStatus
 from durable_sandbox.engine.client import RunClient
 from durable_sandbox.engine.records import ErrorInfo
-from durable_sandbox.kube.client import KubeClient, json_body
+from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.manifests import load_manifests
-from durable_sandbox.kube.models import GROUP, VERSION, Resource
+from durable_sandbox.kube.models import Resource
+from durable_sandbox.kube.resources import SANDBOXES
 from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.kube.workflows import NoSuchWorkflow, WorkflowClient, run_id_of
+from durable_sandbox.sandboxes.journal import SandboxJournal
 
 # How often a follower reads the run's objects: each read is a GET of the run's head ConfigMap.
 POLL_SECONDS = 0.5
@@ -83,7 +85,7 @@ class ClusterEngine:
 
     @property
     def client(self) -> RunClient:
-        return RunClient(self.store)
+        return RunClient(self.store, reader=SandboxJournal())
 
     # ------------------------------------------------------------------ naming
 
@@ -140,11 +142,7 @@ class ClusterEngine:
 
     async def sandboxes(self) -> list[dict[str, Any]]:
         """The namespace's Sandbox resources, oldest first (as kubectl lists them: by name within a second)."""
-        out = await json_body(
-            self.api.custom.list_namespaced_custom_object_without_preload_content(GROUP, VERSION, self.namespace,
-                                                                                  "sandboxes")
-        )
-        rows = [sandbox_summary(obj) for obj in out.get("items") or []]
+        rows = [sandbox_summary(obj) for obj in await self.workflows.objects.list(SANDBOXES, self.namespace)]
         return sorted(rows, key=lambda r: r["name"])
 
     async def signal(self, ref: str, callback_id: str, value: Any = None) -> bool:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.settings import Settings
 
 
 def log_path(settings: Settings) -> Path:

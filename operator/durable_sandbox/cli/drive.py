@@ -1,11 +1,11 @@
-"""Driving runs from the CLI: the live display around Engine.run/resume, timeouts and run retries."""
+"""Driving runs from the CLI: the run driver (engine/driver.py: timeout, retries) under the live display."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import click
 
@@ -13,10 +13,12 @@ from durable_sandbox.cli import render
 from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.errors import Interrupted
 from durable_sandbox.cli.progress import make_display, positions, watch
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.cli.targets import RunPlan
 from durable_sandbox.engine import Engine, LeaseHeld, RunRecord, RunState, RunStatus, Store
+from durable_sandbox.engine.driver import LocalDriver, RunPolicy
 from durable_sandbox.engine.owner import describe_owner
+from durable_sandbox.workflows.sandbox_agent import AgentServices
 
 # Finished for good: running the same manifest again reports these instead of running anything.
 # (A failed run is retried from its journal instead.)
@@ -56,19 +58,32 @@ async def with_display(
 
 
 async def submit(engine: Engine, plan: RunPlan, *, thread_id: str | None) -> RunRecord:
-    """Create the plan's run (or find it) and hand it its signals; a finished run is left as it is."""
+    """Create the plan's run (or find it) and hand it its signals; a finished run is left as it is. The run's
+    policy (timeout, retry) is recorded with it, for `dsb resume` and `dsb worker` (engine/driver.py)."""
     for message in plan.warnings:
         warn(message)
-    run = await engine.create(plan.definition, plan.input, run_id=plan.run_id, thread_id=thread_id, labels=plan.labels)
+    labels = {**plan.labels, **plan.policy.to_labels()}
+    run = await engine.create(plan.definition, plan.input, run_id=plan.run_id, thread_id=thread_id, labels=labels)
     if run.status in FINISHED:
         return run
-    env_files = engine.services.get("env_values")
+    env_files = (engine.extensions.get(AgentServices) or AgentServices()).env_values
     if plan.env_values and isinstance(env_files, LocalEnvValues):
         # After create: a values file always belongs to a run that exists (see LocalEnvValues.forget_settled).
         env_files.save(run.run_id, plan.env_values)
     for callback_id, value in plan.signals.items():
         await engine.signal(run.run_id, callback_id, value)
     return run
+
+
+def driver(engine: Engine, settings: Settings, run_id: str, title: str) -> LocalDriver:
+    """The run driver of `dsb run` and `dsb resume`: every execution under the live display, every retry said."""
+
+    def on_retry(run: RunRecord, attempt: int, delay: float) -> None:
+        policy = RunPolicy.of(run)
+        warn(f"run {run.run_id} failed; retrying (attempt {attempt}/{policy.max_attempts}) in {delay:g}s (spec.retry)")
+
+    return LocalDriver(engine, around=lambda execute: with_display(engine, settings, run_id, title, execute),
+                       on_retry=on_retry)
 
 
 async def run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_id: str | None) -> RunState:
@@ -86,21 +101,9 @@ async def run_plan(engine: Engine, settings: Settings, plan: RunPlan, *, thread_
         return await engine.cancel(run_id, "spec.cancel is true")
     if settings.output == "table":
         click.echo(f"run {run_id} ({plan.label})")
-
-    async def first() -> RunState:
-        return await engine.run(plan.definition, plan.input, run_id=run_id, thread_id=thread_id, labels=plan.labels)
-
     with interruption_names(run_id):
-        state = await _attempt(engine, settings, run_id, plan, first)
-        attempts = plan.retry.max_attempts if plan.retry else 1
-        attempt = 1
-        while state.status == "failed" and plan.retry is not None and attempt < attempts:
-            attempt += 1
-            delay = plan.retry.interval(attempt)
-            warn(f"run {run_id} failed; retrying (attempt {attempt}/{attempts}) in {delay:g}s (spec.retry)")
-            await asyncio.sleep(delay)
-            state = await _attempt(engine, settings, run_id, plan, lambda: engine.resume(run_id))
-    return state
+        # The manifest's policy, not the one recorded at creation: the file is what the user runs now.
+        return await driver(engine, settings, run_id, plan.label).drive(run_id, plan.policy, definition=plan.definition)
 
 
 @contextlib.contextmanager
@@ -110,26 +113,6 @@ def interruption_names(run_id: str) -> Iterator[None]:
         yield
     except asyncio.CancelledError:
         raise Interrupted(run_id) from None
-
-
-async def _attempt(
-    engine: Engine, settings: Settings, run_id: str, plan: RunPlan, drive: Callable[[], Awaitable[RunState]]
-) -> RunState:
-    if plan.timeout is None:
-        return await with_display(engine, settings, run_id, plan.label, drive)
-    # A timeout cancels the run through the engine, so sandbox cleanup runs as for any cancel.
-    pending: list[asyncio.Task[Any]] = []
-    reason = f"timed out after {plan.timeout:g}s (spec.timeoutSeconds)"
-    loop = asyncio.get_running_loop()
-    timer = loop.call_later(plan.timeout, lambda: pending.append(asyncio.ensure_future(engine.cancel(run_id, reason))))
-    try:
-        state = await with_display(engine, settings, run_id, plan.label, drive)
-    finally:
-        timer.cancel()
-    for task in pending:
-        with contextlib.suppress(Exception):
-            await task
-    return await engine.inspect(run_id) if pending else state
 
 
 async def resume_run(engine: Engine, settings: Settings, run_id: str, *, wait: bool = False) -> RunState:
@@ -142,7 +125,8 @@ async def resume_run(engine: Engine, settings: Settings, run_id: str, *, wait: b
     with interruption_names(run_id):
         while True:
             try:
-                return await with_display(engine, settings, run_id, run_id, lambda: engine.resume(run_id))
+                run = await engine.client.get(run_id)
+                return await driver(engine, settings, run_id, run_id).drive(run_id, RunPolicy.of(run))
             except LeaseHeld as held:
                 if not wait:
                     raise

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from durable_sandbox.cli import render
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import RunRecord
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.kube.plan import RunPlan

@@ -19,7 +19,7 @@ from durable_sandbox.engine import RunStatus, Store
 
 
 class LocalEnvValues:
-    """The engine's ``env_values`` service for runs `dsb run` starts: ``values = service(run_id)``."""
+    """``AgentServices.env_values`` for runs `dsb run` starts: ``values = env_values(run_id)``."""
 
     def __init__(self, store_path: Path) -> None:
         self.directory = store_path.parent / f"{store_path.name}.env"

@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_LEASE_HELD, EXIT_USAGE, CliError, Interrupted
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.cli.targets import add_cwd_to_path
 from durable_sandbox.engine import (
     LeaseHeld,

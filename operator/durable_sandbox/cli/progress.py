@@ -29,6 +29,7 @@ from durable_sandbox.cli.render import op_detail, op_label, short_id
 from durable_sandbox.engine import Store
 from durable_sandbox.engine.events import tail
 from durable_sandbox.engine.records import OperationRecord
+from durable_sandbox.sandboxes.journal import SandboxJournal
 
 # Shown while a run is driven: the outcome of each operation, not its start.
 _QUIET_SUFFIXES = (".started",)
@@ -114,7 +115,8 @@ async def poll_events(
             if detail and "exitCode" not in event:
                 event["detail"] = detail
 
-    async for event in tail(store, run_id, done=done, pause=pause, after=after, on_row=add_detail):
+    async for event in tail(store, run_id, done=done, pause=pause, after=after, on_row=add_detail,
+                            reader=SandboxJournal()):
         yield event
 
 

@@ -14,11 +14,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import OperationRecord, RunRecord, RunState
-from durable_sandbox.engine.events import call_target
-from durable_sandbox.engine.owner import run_is_stale
 from durable_sandbox.kube.plan import WORKFLOW_LABEL
+from durable_sandbox.sandboxes import journal
 
 _STATUS_STYLE = {
     "succeeded": "green",
@@ -142,20 +141,23 @@ def op_detail(
     """The one thing worth knowing about an operation, for the tables (snapshot ids cut unless ``wide``)."""
     if error:
         return str(error.get("message", ""))
-    if kind == "sandbox.call" and isinstance(result, dict) and "exitCode" in result:
-        detail = f"exit {result['exitCode']}"
-        out = (result.get("stderr") or result.get("stdout") or "").strip().splitlines()
+    row = OperationRecord("", kind, "", status, result=result, meta=meta)  # what the sandbox journal reads
+    if (outcome := journal.call_outcome(row)) is not None:
+        detail = f"exit {outcome['exitCode']}"
+        out = (outcome.get("stderr") or outcome.get("stdout") or "").strip().splitlines()
         return f"{detail}: {excerpt(out[0], 60)}" if out else detail
-    if kind == "sandbox.destroy" and meta and meta.get("finalized"):
-        return f"finalized; kept snapshot {short_id(meta['retained'], wide)}" if meta.get("retained") else "finalized"
-    if kind == "sandbox.provision" and isinstance(result, dict) and result.get("id"):
-        return f"{result.get('provider', '')} sandbox {result['id']}".strip()
-    if kind == "sandbox.destroy" and meta and meta.get("sandboxId"):
-        return f"sandbox {meta['sandboxId']}"
-    if kind == "sandbox.snapshot" and isinstance(result, dict):
-        return short_id(str(result.get("snapshotId", "")), wide)
-    if kind == "sandbox.snapshot_delete" and meta:
-        return short_id(str(meta.get("snapshotId", "")), wide)
+    if journal.finalized(row):
+        kept = journal.retained(row)
+        return f"finalized; kept snapshot {short_id(kept.snapshot_id, wide)}" if kept else "finalized"
+    made = journal.provisioned(row) if kind == journal.PROVISION else None
+    if made is not None and made.sandbox_id:
+        return f"{made.provider or ''} sandbox {made.sandbox_id}".strip()
+    if (sandbox_id := journal.destroyed(row)) is not None:
+        return f"sandbox {sandbox_id}"
+    if (taken := journal.snapshot_taken(row)) is not None:
+        return short_id(taken, wide)
+    if (deleting := journal.deletion_of(row)) is not None:
+        return short_id(deleting, wide)
     if kind == "callback" and status == "started":
         return "waiting for a signal"
     if status == "completed" and result is not None:
@@ -233,7 +235,7 @@ def render_history(settings: Settings, run_id: str, rows: list[OperationRecord])
     if settings.output != "table":
         emit_data(settings, [record_doc(r) for r in rows])
         return
-    targets = {r.op_id: t for r in rows if (t := call_target(r)) is not None}
+    targets = {r.op_id: t for r in rows if (t := journal.call_target(r)) is not None}
     table = Table(title=f"History of {run_id} ({len(rows)} records)", title_justify="left", title_style="bold")
     for col in ("Seq", "Time", "Op id", "Kind", "Name", "Status", "Attempt", "Detail"):
         _add_column(table, col, wide=settings.wide)
@@ -256,7 +258,7 @@ def run_summary(run: RunRecord) -> dict[str, Any]:
         "runId": run.run_id,
         "workflow": run.workflow,
         "status": run.status.value,
-        "stale": run_is_stale(run),
+        "stale": run.stale,
         "createdAt": rfc3339(run.created_at),
         "updatedAt": rfc3339(run.updated_at),
         "threadId": run.thread_id,
@@ -277,7 +279,7 @@ def render_runs(settings: Settings, runs: list[RunRecord], *, empty: str = "no r
         table.add_row(
             r.run_id,
             workflow_name(r.workflow, r.labels, wide=settings.wide),
-            styled(r.status.value) if not run_is_stale(r) else Text("running (stale: its worker is gone)", style="yellow"),
+            styled(r.status.value) if not r.stale else Text("running (stale: its worker is gone)", style="yellow"),
             fmt_time(r.created_at),
             fmt_time(r.updated_at),
             ", ".join(r.pending_callbacks) if r.status.value == "waiting" else "",

@@ -1,49 +1,26 @@
-"""Opening the engine a command works against, and the settings every command shares."""
+"""Opening the engine a command works against: the local store's, or with --kube the cluster's runs."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import shlex
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import durable_sandbox
 from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.errors import CliError
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import StoreError
-from durable_sandbox.stores import SqliteStore, default_home
+from durable_sandbox.stores import SqliteStore
+from durable_sandbox.workflows.sandbox_agent import AgentServices
 
 if TYPE_CHECKING:
-    from durable_sandbox.cli.cluster import ClusterEngine
+    from durable_sandbox.cli.cluster import (
+        ClusterEngine,  # needs the kubernetes extra: imported for --kube only
+    )
 
 log = logging.getLogger("durable_sandbox.cli")
-
-
-@dataclass
-class Settings:
-    store: Path | None = None  # None: $DURABLE_SANDBOX_HOME/runs.db
-    output: str = "table"  # table, json or yaml; `-o wide` is the table with full ids (wide=True)
-    wide: bool = False
-    store_given: bool = False  # echo --store in the commands we print, so they work as printed
-    warnings: list[str] = field(default_factory=list)
-    kube: bool = False  # --kube: the runs of a cluster (the operator executes them), not the local store
-    namespace: str | None = None  # with --kube; None: the kubeconfig context's namespace
-
-    def set_output(self, value: str) -> None:
-        self.output, self.wide = ("table", True) if value == "wide" else (value, False)
-
-    @property
-    def store_path(self) -> Path:
-        return self.store if self.store is not None else default_home() / "runs.db"
-
-    def dsb(self) -> str:
-        """The `dsb` prefix of a command line that targets the same store (or cluster namespace)."""
-        if self.kube:
-            return "dsb --kube" + (f" -n {shlex.quote(self.namespace)}" if self.namespace else "")
-        return f"dsb --store {shlex.quote(str(self.store_path))}" if self.store_given else "dsb"
 
 
 def check_store(settings: Settings, *, create: bool) -> None:
@@ -90,7 +67,7 @@ async def open_engine(settings: Settings, *, create: bool = False) -> AsyncItera
     except StoreError as exc:  # a --store that is no store is a usage error
         raise CliError(str(exc)) from None
     env_values = LocalEnvValues(settings.store_path)
-    engine = durable_sandbox.Engine(store, services={"env_values": env_values})
+    engine = durable_sandbox.Engine(store, extensions=[AgentServices(env_values=env_values)])
     try:
         yield engine
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 
 from durable_sandbox.engine.errors import InvalidInput, RunConflict, RunNotFound
 from durable_sandbox.engine.events import tail
-from durable_sandbox.engine.owner import run_is_stale
+from durable_sandbox.engine.extensions import GENERIC_JOURNAL, JournalReader
 from durable_sandbox.engine.records import Event, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.engine.state import RunState, build_state
@@ -30,10 +30,12 @@ def new_run_id() -> str:
 
 
 class RunClient:
-    """Create, signal, cancel (request), inspect, history, stream and list runs of one store."""
+    """Create, signal, cancel (request), inspect, history, stream and list runs of one store. ``reader`` says
+    what the records of the engine's extensions mean (engine/extensions.py; the sandbox sessions')."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, reader: JournalReader = GENERIC_JOURNAL) -> None:
         self.store = store
+        self.reader = reader
 
     def record(
         self,
@@ -110,7 +112,7 @@ class RunClient:
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             run = await self.get(run_id)
-            if run.status in SETTLED or run_is_stale(run):
+            if run.status in SETTLED or run.stale:
                 return run
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"run {run_id!r} is still {run.status.value} after {timeout:g}s")
@@ -123,7 +125,7 @@ class RunClient:
 
     async def inspect(self, run_id: str) -> RunState:
         run = await self.get(run_id)
-        return state_of(run, await self.store.load_journal(run_id))
+        return state_of(run, await self.store.load_journal(run_id), self.reader)
 
     async def history(self, run_id: str) -> list[OperationRecord]:
         await self.get(run_id)
@@ -150,7 +152,7 @@ class RunClient:
         async def pause() -> None:
             await asyncio.sleep(poll_interval)
 
-        async for event in tail(self.store, run_id, done=done, pause=pause):
+        async for event in tail(self.store, run_id, done=done, pause=pause, reader=self.reader):
             yield event
 
 
@@ -161,9 +163,9 @@ async def require_run(store: Store, run_id: str) -> RunRecord:
     return run
 
 
-def state_of(run: RunRecord, rows: list[OperationRecord]) -> RunState:
+def state_of(run: RunRecord, rows: list[OperationRecord], reader: JournalReader = GENERIC_JOURNAL) -> RunState:
     """The run's state; callbacks are pending only while the run can still take signals."""
-    state = build_state(run, rows)
+    state = build_state(run, rows, reader)
     if run.status not in (RunStatus.WAITING, RunStatus.PENDING, RunStatus.RUNNING):
         state.pending_callbacks = []
     return state

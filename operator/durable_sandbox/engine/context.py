@@ -20,7 +20,6 @@ from durable_sandbox.engine import faults
 from durable_sandbox.engine.errors import (
     CallbackTimeout,
     DuplicateOperationError,
-    NonDeterminismError,
     ParallelError,
     SerializationError,
     StepFailed,
@@ -174,6 +173,9 @@ class Context:
 
     # ------------------------------------------------------------------ step
 
+    # Longer than the ~80 lines a function gets here, on purpose: this is the engine's hot path (every
+    # ctx.step of every run; docs/benchmarks.md measures its cost per step against peers), and it reads top to
+    # bottom as the step's durability rules: replay, cache, start record, attempt, retry, outcome record.
     async def step(
         self,
         id: str,
@@ -474,12 +476,4 @@ def _revalidate_branches(items: list[tuple[str, Callable[..., Any]]], recorded: 
     return recorded
 
 
-def nondeterminism(op_id: str, rec: OperationRecord, kind: str, name: str, digest: str | None) -> NonDeterminismError:
-    return NonDeterminismError(
-        op_id,
-        {"kind": rec.kind, "name": rec.name, "inputDigest": rec.input_digest},
-        {"kind": kind, "name": name, "inputDigest": digest if digest is not None else rec.input_digest},
-    )
-
-
-__all__ = ["Context", "DuplicateOperationError", "nondeterminism"]
+__all__ = ["Context", "DuplicateOperationError"]

@@ -3,7 +3,7 @@ one store, composed behind the API users know (``run``, ``start``, ``signal``, `
 
 Code that only talks to runs (the CLI's inspect/history/signal, the operator's spec-to-run mapping)
 can use the client alone; code that executes runs uses the executor with a run source
-(:mod:`engine.sources` for the store poller, kube/controller for kopf daemons).
+(:mod:`engine.sources` for the store poller, the operator's Workflow controller, kube/workflow/, for Workflows).
 """
 
 from __future__ import annotations
@@ -11,12 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from durable_sandbox.engine.client import RunClient, new_run_id
+from durable_sandbox.engine.driver import RunPolicy, enforce
 from durable_sandbox.engine.errors import RunNotFinished
-from durable_sandbox.engine.executor import RunExecutor, Unresolvable, default_worker_id, resolve_run_workflow
+from durable_sandbox.engine.executor import (
+    RunExecutor,
+    RunHooks,
+    Unresolvable,
+    default_worker_id,
+    resolve_run_workflow,
+)
+from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader
 from durable_sandbox.engine.records import OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.sources import poll_store
 from durable_sandbox.engine.state import RunState
@@ -31,9 +39,10 @@ __all__ = ["Engine", "default_worker_id", "new_run_id", "resolve_run_workflow"]
 class Engine:
     """Drives durable workflows over a :class:`Store`.
 
-    ``sandbox_factory`` is the extension point behind ``ctx.sandbox`` (wired by ``durable_sandbox.Engine``);
-    ``services`` is handed to extensions (providers, hibernation settings). ``unresolvable`` says what the
-    worker side does with a run whose workflow it cannot import (see :mod:`engine.executor`).
+    ``sandbox_factory`` is the extension point behind ``ctx.sandbox``, ``hooks`` what the engine calls of
+    it and ``reader`` how its records read (all wired by ``durable_sandbox.Engine``); ``extensions`` are typed values for extensions above the
+    engine (engine/extensions.py). ``unresolvable`` says what the worker side does with a run whose workflow
+    it cannot import (see :mod:`engine.executor`).
     """
 
     def __init__(
@@ -44,17 +53,23 @@ class Engine:
         lease_ttl: float = 30.0,
         inline_sleep_limit: float = 5.0,
         sandbox_factory: Callable[..., Any] | None = None,
-        services: dict[str, Any] | None = None,
+        hooks: RunHooks | None = None,
+        reader: JournalReader = GENERIC_JOURNAL,
+        hibernate_after: float | None = None,
+        extensions: Iterable[object] = (),
         unresolvable: Unresolvable = "fail",
     ) -> None:
-        self.client = RunClient(store)
+        self.client = RunClient(store, reader=reader)
         self.executor = RunExecutor(
             store,
             worker_id=worker_id,
             lease_ttl=lease_ttl,
             inline_sleep_limit=inline_sleep_limit,
             sandbox_factory=sandbox_factory,
-            services=services if services is not None else {},
+            hooks=hooks,
+            reader=reader,
+            hibernate_after=hibernate_after,
+            extensions=extensions,
             unresolvable=unresolvable,
         )
         self._background: dict[str, asyncio.Task[Any]] = {}  # runs started here with `start`
@@ -73,8 +88,8 @@ class Engine:
         return self.executor.lease_ttl
 
     @property
-    def services(self) -> dict[str, Any]:
-        return self.executor.services
+    def extensions(self) -> Extensions:
+        return self.executor.extensions
 
     @property
     def driven(self) -> set[str]:
@@ -243,7 +258,8 @@ class Engine:
         idle_exit: bool = False,
     ) -> list[str]:
         """Claim runnable runs (pending, due, or orphaned by a dead worker) and execute them; returns the
-        ids of the runs executed."""
+        ids of the runs executed. Runs' recorded policies are honoured (engine/driver.py): a run past its
+        deadline is cancelled, a failed run is retried when its next attempt is due."""
         return await poll_store(
             self.executor,
             concurrency=concurrency,
@@ -251,6 +267,7 @@ class Engine:
             workflows=workflows,
             stop=stop,
             idle_exit=idle_exit,
+            sweep=lambda: enforce(self, RunPolicy.of),  # deadlines and retries recorded with the runs
         )
 
     async def aclose(self) -> None:

@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any, Literal, Protocol
 
 from durable_sandbox.engine.client import require_run, state_of
 from durable_sandbox.engine.context import Context
@@ -31,6 +32,7 @@ from durable_sandbox.engine.errors import (
     Suspend,
     WorkflowNotFound,
 )
+from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader
 from durable_sandbox.engine.owner import holder_is_dead, new_worker_id
 from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
@@ -47,6 +49,22 @@ log = logging.getLogger("durable_sandbox.engine")
 Unresolvable = Literal["fail", "leave"]
 
 
+class RunHooks(Protocol):
+    """What the engine calls at a run's turning points, for the resources ``ctx.sandbox`` holds (the sandbox
+    sessions: ``sandboxes.session.SessionFactory``)."""
+
+    async def after_run(self, rt: RunRuntime, status: RunStatus) -> None:
+        """The run ends ``status`` (its final commit follows): release what only a success keeps."""
+
+    async def cancel_cleanup(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
+        """Finalize what the run holds, from its journal, without its workflow code (a cancel of a run that
+        does not execute, a deletion, the finalizer)."""
+
+    async def hibernate_run(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
+        """The run waits: give back what costs while it waits (snapshot and destroy its sandboxes)."""
+
+
+
 def default_worker_id() -> str:
     """``<host>:<pid>:<process start>:<nonce>``: names this process for good (see engine/owner.py)."""
     return new_worker_id()
@@ -55,8 +73,10 @@ def default_worker_id() -> str:
 class RunExecutor:
     """Executes runs of ``store`` under leases held by ``worker_id``.
 
-    ``sandbox_factory`` is the extension point behind ``ctx.sandbox``; ``services`` is handed to
-    extensions (providers, hibernation settings, cleanup hooks).
+    ``sandbox_factory`` is the extension point behind ``ctx.sandbox``, ``hooks`` what the engine calls of
+    it at a run's turning points and ``reader`` how its records read (engine/extensions.py); ``extensions`` are the values handed to extensions
+    above the engine, one per type; ``hibernate_after`` how long a waiting run keeps its sandboxes (None:
+    the sessions' own default).
     """
 
     def __init__(
@@ -67,7 +87,10 @@ class RunExecutor:
         lease_ttl: float = 30.0,
         inline_sleep_limit: float = 5.0,
         sandbox_factory: Callable[..., Any] | None = None,
-        services: dict[str, Any] | None = None,
+        hooks: RunHooks | None = None,
+        reader: JournalReader = GENERIC_JOURNAL,
+        hibernate_after: float | None = None,
+        extensions: Iterable[object] = (),
         unresolvable: Unresolvable = "fail",
     ) -> None:
         self.store = store
@@ -75,7 +98,10 @@ class RunExecutor:
         self.lease_ttl = lease_ttl
         self.inline_sleep_limit = inline_sleep_limit
         self.sandbox_factory = sandbox_factory
-        self.services: dict[str, Any] = services if services is not None else {}
+        self.hooks = hooks
+        self.reader = reader
+        self.hibernate_after = hibernate_after
+        self.extensions = Extensions(extensions)
         self.unresolvable: Unresolvable = unresolvable
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # run id -> workflow task executing here
         self._runtimes: dict[str, RunRuntime] = {}  # run id -> its runtime while executing here
@@ -122,7 +148,7 @@ class RunExecutor:
                 return None
             run = await self._get(run_id)
             if run.status in (RunStatus.SUCCEEDED, RunStatus.CANCELLED):
-                return build_state(run, await self.store.load_journal(run_id))
+                return build_state(run, await self.store.load_journal(run_id), self.reader)
             self.driven.add(run_id)
             while True:
                 lease = await self.claim(run_id)
@@ -132,11 +158,11 @@ class RunExecutor:
                     with contextlib.suppress(Exception):
                         await self.store.release(lease)
                 if rows is None:
-                    return state_of(await self._get(run_id), await self.store.load_journal(run_id))
+                    return state_of(await self._get(run_id), await self.store.load_journal(run_id), self.reader)
                 run = await self._get(run_id)
                 if run.status != RunStatus.PENDING:
                     # The journal is already in memory: build the state from it rather than reading it again.
-                    return state_of(run, rows)
+                    return state_of(run, rows, self.reader)
 
     async def claim(self, run_id: str) -> Lease:
         """The run's lease for this worker. A lease held by a process of this host that has died (a
@@ -170,6 +196,9 @@ class RunExecutor:
                 with contextlib.suppress(Exception):
                     await self.store.release(lease)
 
+    # Longer than the ~80 lines a function gets here, on purpose: its except clauses are the table of how an
+    # execution can end (waiting, cancelled, interrupted, lease lost, handed over, failed, succeeded), and
+    # each ends in the same final commit below them; split, that table would be spread over several places.
     async def execute(self, lease: Lease, definition: WorkflowDefinition | None) -> list[OperationRecord] | None:
         """Execute the run once under ``lease``; returns its journal rows (None if nothing ran)."""
         store = self.store
@@ -246,9 +275,8 @@ class RunExecutor:
                     "result": to_jsonable(result, what=f"The result of workflow {run.workflow!r}"),
                 }
                 rt.emit("run.succeeded")
-            after_run = self.services.get("after_run")
-            if after_run is not None and changes["status"] in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SUCCEEDED):
-                await after_run(rt, changes["status"])
+            if self.hooks is not None and changes["status"] in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SUCCEEDED):
+                await self.hooks.after_run(rt, changes["status"])
             final = await rt.pending_records()
             await store.commit(run.run_id, lease.fence, Commit(final, run=changes, thread_state=rt.state_change()))
             rt.rows.extend(final)
@@ -304,7 +332,8 @@ class RunExecutor:
             thread_state=(await self.store.get_thread_state(run.thread_id)) if run.thread_id else None,
             sandbox_factory=self.sandbox_factory,
             inline_sleep_limit=self.inline_sleep_limit,
-            services=self.services,
+            extensions=self.extensions,
+            hibernate_after=self.hibernate_after,
         )
 
     def _wake_at(self, rt: RunRuntime, s: Suspend) -> float | None:
@@ -365,9 +394,8 @@ class RunExecutor:
 
     async def finish_cancelled(self, lease: Lease, run: RunRecord) -> None:
         """Cancel a run that is not executing: finalize its sandboxes from the journal, then mark it."""
-        cleanup = self.services.get("cancel_cleanup")
-        if cleanup is not None:
-            await cleanup(self, run, lease)
+        if self.hooks is not None:
+            await self.hooks.cancel_cleanup(self, run, lease)
         await self.store.commit(
             run.run_id,
             lease.fence,
@@ -389,6 +417,19 @@ class RunExecutor:
                 with contextlib.suppress(Exception):
                     await self.store.release(lease)
 
+    async def expire(self, run_id: str, reason: str) -> None:
+        """A failed run that was to be retried, past its deadline (engine/driver.py): under its lease, finalize
+        what is left of its sandboxes and mark it cancelled with ``reason`` instead of retrying it."""
+        async with self._exclusive(run_id, wait=True):
+            lease = await self.claim(run_id)
+            try:
+                run = await self._get(run_id)
+                if run.status == RunStatus.FAILED:
+                    await self.finish_cancelled(lease, replace(run, cancel_requested=reason))
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.store.release(lease)
+
     async def delete(self, run_id: str) -> None:
         """Delete a finished run from the store. Under its lease, any sandbox session its journal does not
         show as finalized is finalized first; if that cleanup fails the run is kept (its journal is what
@@ -401,9 +442,8 @@ class RunExecutor:
                 run = await self._get(run_id)
                 if not run.status.terminal:  # it moved on (a resume) since the caller looked
                     raise RunNotFinished(run_id, run.status.value)
-                cleanup = self.services.get("cancel_cleanup")
-                if cleanup is not None:
-                    await cleanup(self, run, lease)
+                if self.hooks is not None:
+                    await self.hooks.cancel_cleanup(self, run, lease)
                 await self.store.delete_run(run_id, fence=lease.fence)
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -412,16 +452,16 @@ class RunExecutor:
 
     async def hibernate(self, run_id: str) -> bool:
         """Hibernate the sandboxes of a waiting run now (snapshot and destroy them); True if it ran."""
-        hook = self.services.get("hibernate_run")
+        hooks = self.hooks
         run = await self._get(run_id)
-        if hook is None or run.status != RunStatus.WAITING:
+        if hooks is None or run.status != RunStatus.WAITING:
             return False
         async with self._exclusive(run_id, wait=False) as mine:
             if not mine:
                 return False  # executing here: it is not idle
             lease = await self.claim(run_id)
             try:
-                await hook(self, run, lease)
+                await hooks.hibernate_run(self, run, lease)
             finally:
                 with contextlib.suppress(Exception):
                     await self.store.release(lease)

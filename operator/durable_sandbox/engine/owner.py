@@ -12,13 +12,8 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from durable_sandbox.engine.records import RunRecord
 
 
 def process_start(pid: int) -> str | None:
@@ -65,13 +60,3 @@ def holder_is_dead(owner: str | None) -> bool:
 def describe_owner(owner: str) -> str:
     holder = Holder.parse(owner)
     return f"worker {owner!r}" if holder is None else f"worker {owner!r} ({holder.describe()})"
-
-
-def run_is_stale(run: RunRecord) -> bool:
-    """A run recorded as running that nobody executes: its lease is gone or expired, or its holder is
-    a dead process of this host. ``dsb resume`` (or a worker) takes it over."""
-    if run.status.value != "running":
-        return False
-    if run.lease_owner is None or run.lease_expires_at is None or run.lease_expires_at <= time.time():
-        return True
-    return holder_is_dead(run.lease_owner)

@@ -12,6 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from durable_sandbox.engine.errors import error_details, is_retryable
+from durable_sandbox.engine.owner import holder_is_dead
+
 
 class RunStatus(enum.StrEnum):
     PENDING = "pending"
@@ -67,8 +70,6 @@ class ErrorInfo:
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, retryable: bool | None = None) -> ErrorInfo:
-        from durable_sandbox.engine.errors import error_details, is_retryable
-
         return cls(
             type=type(exc).__name__,
             message=str(exc) or type(exc).__name__,
@@ -134,6 +135,16 @@ class RunRecord:
     # Where the workflow function can be imported from ("pkg.module:function"), so a worker in another
     # process finds a workflow registered under a custom name.
     workflow_ref: str | None = None
+
+    @property
+    def stale(self) -> bool:
+        """Recorded as running, but nobody executes it: its lease is gone or expired, or its holder is a
+        dead process of this host. ``dsb resume`` (or a worker) takes it over."""
+        if self.status != RunStatus.RUNNING:
+            return False
+        if self.lease_owner is None or self.lease_expires_at is None or self.lease_expires_at <= time.time():
+            return True
+        return holder_is_dead(self.lease_owner)
 
 
 @dataclass(slots=True, frozen=True)

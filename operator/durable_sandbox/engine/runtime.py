@@ -23,6 +23,7 @@ from durable_sandbox.engine.errors import (
     StepFailed,
     Suspend,
 )
+from durable_sandbox.engine.extensions import Extensions
 from durable_sandbox.engine.records import Commit, ErrorInfo, Event, OperationRecord, OpKind, OpStatus
 from durable_sandbox.engine.serialization import dumps, to_jsonable
 
@@ -55,7 +56,8 @@ class RunRuntime:
         thread_state: Any,
         sandbox_factory: Callable[..., Any] | None,
         inline_sleep_limit: float,
-        services: dict[str, Any],
+        extensions: Extensions | None = None,
+        hibernate_after: float | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -65,7 +67,9 @@ class RunRuntime:
         self.signals = signals
         self.sandbox_factory = sandbox_factory
         self.inline_sleep_limit = inline_sleep_limit
-        self.services = services  # what extensions need from the engine (providers, hibernation policy)
+        # What the process driving the run hands to extensions (sandbox sessions, built-in workflows), by type.
+        self.extensions = extensions if extensions is not None else Extensions()
+        self.hibernate_after = hibernate_after  # how long a waiting run keeps its sandboxes (None: their default)
         self.latest: dict[str, OperationRecord] = {}
         self.first: dict[str, OperationRecord] = {}
         self.rows = rows
@@ -123,8 +127,6 @@ class RunRuntime:
             if first.kind != kind or first.name != name or (
                 digest is not None and first.input_digest is not None and first.input_digest != digest
             ):
-                from durable_sandbox.engine.context import nondeterminism
-
                 raise nondeterminism(op_id, first, kind, name, digest)
             latest = self.latest[op_id]
             if latest.status == COMPLETED:
@@ -390,3 +392,11 @@ def pending_callbacks(latest: Any) -> list[dict[str, Any]]:
         if r.kind == OpKind.CALLBACK.value and r.status == STARTED
     ]
 
+
+def nondeterminism(op_id: str, rec: OperationRecord, kind: str, name: str, digest: str | None) -> NonDeterminismError:
+    """The error of a replay that met ``kind``/``name``/``digest`` where the journal recorded ``rec``."""
+    return NonDeterminismError(
+        op_id,
+        {"kind": rec.kind, "name": rec.name, "inputDigest": rec.input_digest},
+        {"kind": kind, "name": name, "inputDigest": digest if digest is not None else rec.input_digest},
+    )

@@ -1,8 +1,8 @@
 """Run sources: where a worker finds the runs it executes.
 
 ``poll_store`` is the source behind ``dsb worker``: it asks the store for runnable runs (pending, due
-timers, orphaned by a dead worker) with ``claim_next``. The operator is another source: its kopf
-daemons hand the run of each Workflow to :meth:`RunExecutor.drive` (see ``kube/controller.py``).
+timers, orphaned by a dead worker) with ``claim_next``. The operator is another source: its Workflow
+controller hands the run of each Workflow to :meth:`RunExecutor.drive` (``kube/workflow/execution.py``).
 """
 
 from __future__ import annotations
@@ -10,10 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from durable_sandbox.engine.errors import LeaseHeld
 from durable_sandbox.engine.executor import RunExecutor
+from durable_sandbox.engine.records import Lease, RunRecord
+
+# Runs' policies (deadlines, retries: engine/driver.py) are looked at this often at most.
+POLICY_SWEEP_SECONDS = 1.0
 
 
 async def poll_store(
@@ -24,22 +29,32 @@ async def poll_store(
     workflows: Sequence[str] | None = None,
     stop: asyncio.Event | None = None,
     idle_exit: bool = False,
+    sweep: Callable[[], Awaitable[list[RunRecord]]] | None = None,
 ) -> list[str]:
     """Claim runnable runs (pending, due, or orphaned by a dead worker) and execute them; returns the ids
-    of the runs it executed, in the order it claimed them (a run claimed twice, e.g. woken again, twice)."""
+    of the runs it executed, in the order it claimed them (a run claimed twice, e.g. woken again, twice).
+
+    ``sweep`` enforces the runs' policies (:func:`engine.driver.enforce`: deadlines) and returns the failed
+    runs whose next attempt is due, which are claimed and executed like the others."""
     stop = stop or asyncio.Event()
     executed: list[str] = []
     store = executor.store
     running: set[asyncio.Task[Any]] = set()
-    hibernate_after = executor.services.get("hibernate_after")
+    retries: list[RunRecord] = []
+    next_policy_sweep = 0.0
+    hibernate_after = executor.hibernate_after
     next_sweep = 0.0
     while not stop.is_set():
-        if hibernate_after is not None and "hibernate_run" in executor.services and time.time() >= next_sweep:
+        if hibernate_after is not None and executor.hooks is not None and time.time() >= next_sweep:
             next_sweep = time.time() + max(1.0, min(float(hibernate_after) / 2, 30.0))
             await executor.hibernate_idle(float(hibernate_after))
+        if sweep is not None and not retries and time.time() >= next_policy_sweep:
+            next_policy_sweep = time.time() + max(POLICY_SWEEP_SECONDS, poll_interval)
+            retries = [r for r in await sweep() if not workflows or r.workflow in workflows]
         lease = None
         if len(running) < concurrency:
-            lease = await store.claim_next(executor.worker_id, executor.lease_ttl, workflows=workflows)
+            lease = await _claim_retry(executor, retries) or await store.claim_next(
+                executor.worker_id, executor.lease_ttl, workflows=workflows)
         if lease is not None:
             executed.append(lease.run_id)
             task = asyncio.create_task(executor.run_claimed(lease))
@@ -54,3 +69,14 @@ async def poll_store(
         task.cancel()
     await asyncio.gather(*running, return_exceptions=True)
     return executed
+
+
+async def _claim_retry(executor: RunExecutor, retries: list[RunRecord]) -> Lease | None:
+    """The lease of the next failed run whose retry is due (one another worker holds is skipped)."""
+    while retries:
+        run = retries.pop(0)
+        if executor.is_executing(run.run_id):
+            continue
+        with contextlib.suppress(LeaseHeld):
+            return await executor.claim(run.run_id)
+    return None

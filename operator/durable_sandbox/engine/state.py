@@ -9,8 +9,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field
 from pydantic.alias_generators import to_camel
 
-from durable_sandbox.engine.events import call_target
-from durable_sandbox.engine.records import OperationRecord, OpKind, OpStatus, RunRecord
+from durable_sandbox.engine.extensions import GENERIC_JOURNAL, JournalReader
+from durable_sandbox.engine.records import OperationRecord, OpStatus, RunRecord
 from durable_sandbox.engine.runtime import pending_callbacks
 
 _COMPLETED = OpStatus.COMPLETED.value
@@ -45,6 +45,7 @@ class RunState(_Camel):
     run_id: str
     workflow: str
     status: str
+    attempt: int = 1  # of the run as a whole: 1, then 2 and on for each retry (or resume) of a failed run
     input: Any = None
     result: Any = None
     error: dict[str, Any] | None = None
@@ -58,13 +59,14 @@ class RunState(_Camel):
     updated_at: float
 
     _rows: list[OperationRecord] = PrivateAttr(default_factory=list)
+    _reader: JournalReader = PrivateAttr(default=GENERIC_JOURNAL)
 
     # Built on first use: `run`/`resume` of a long run return at once, and the per-operation view
     # (thousands of objects) is made only for whoever reads it (inspect, serialization).
     @computed_field  # type: ignore[prop-decorator]
     @cached_property
     def operations(self) -> list[OperationState]:
-        return operation_states(self._rows)
+        return operation_states(self._rows, self._reader)
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
@@ -83,30 +85,7 @@ def fold(rows: Iterable[OperationRecord]) -> tuple[dict[str, OperationRecord], d
     return first, latest
 
 
-def live_snapshots(rows: Iterable[OperationRecord]) -> list[str]:
-    """Snapshots recorded as taken and not (yet) recorded as deleted, oldest first."""
-    live: dict[str, None] = {}
-    for r in rows:
-        if r.status != _COMPLETED:
-            continue
-        if r.kind == OpKind.SANDBOX_SNAPSHOT.value and isinstance(r.result, dict) and r.result.get("snapshotId"):
-            live[r.result["snapshotId"]] = None
-        elif r.kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value and r.meta and r.meta.get("snapshotId"):
-            live.pop(r.meta["snapshotId"], None)
-    return list(live)
-
-
-def recovery_count(rows: Iterable[OperationRecord]) -> int:
-    return sum(
-        1
-        for r in rows
-        if r.status == _COMPLETED
-        and r.kind == OpKind.SANDBOX_RESTORE.value
-        and (r.meta or {}).get("reason") == "recovery"
-    )
-
-
-def operation_states(rows: list[OperationRecord]) -> list[OperationState]:
+def operation_states(rows: list[OperationRecord], reader: JournalReader = GENERIC_JOURNAL) -> list[OperationState]:
     first, latest = fold(rows)
     # model_construct: these values come from our own journal, already typed.
     return [
@@ -120,7 +99,7 @@ def operation_states(rows: list[OperationRecord]) -> list[OperationState]:
             result=rec.result if rec.status == _COMPLETED else None,
             error=rec.error.to_json() if rec.error else None,
             meta=rec.meta,
-            target=call_target(first[op]),
+            target=reader.target(first[op]),
             started_at=first[op].ts,
             finished_at=rec.ts if rec.status != _STARTED else None,
         )
@@ -128,18 +107,21 @@ def operation_states(rows: list[OperationRecord]) -> list[OperationState]:
     ]
 
 
-def build_state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
+def build_state(run: RunRecord, rows: list[OperationRecord], reader: JournalReader = GENERIC_JOURNAL) -> RunState:
+    """The state of ``run`` from its journal; ``reader`` says what the extensions' records mean (snapshots,
+    recoveries, what a call works on)."""
     _, latest = fold(rows)
     state = RunState(
         run_id=run.run_id,
         workflow=run.workflow,
         status=run.status.value,
+        attempt=run.epoch + 1,
         input=run.input,
         result=run.result,
         error=run.error.to_json() if run.error else None,
         pending_callbacks=[PendingCallback(**p) for p in pending_callbacks(latest.values())],
-        snapshots=live_snapshots(rows),
-        recovery_count=recovery_count(rows),
+        snapshots=reader.snapshots(rows),
+        recovery_count=reader.recoveries(rows),
         thread_id=run.thread_id,
         labels=dict(run.labels),
         wake_at=run.wake_at,
@@ -147,4 +129,5 @@ def build_state(run: RunRecord, rows: list[OperationRecord]) -> RunState:
         updated_at=run.updated_at,
     )
     state._rows = rows
+    state._reader = reader
     return state

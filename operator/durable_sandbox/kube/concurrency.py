@@ -6,7 +6,7 @@ claiming its Lease, so another replica with a free slot can take it, and its Wor
 with reason ``ConcurrencyLimit`` (phase ``Pending``) until a slot frees. Slots are handed
 out first come, first served (asyncio's semaphore queues waiters in order), so no run starves.
 
-A run queued for a slot holds its task (kube/controller.py: an active run); a run that starts waiting on a
+A run queued for a slot holds its task (kube/workflow/scheduler.py: an active run); a run that starts waiting on a
 signal or a timer gives its slot back and is parked (no task at all until woken).
 """
 

@@ -38,8 +38,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from durable_sandbox.kube.models import _ENTRYPOINT, GROUP, VERSION, SandboxResource, WorkflowResource
-from durable_sandbox.sandboxes.session import _RESERVED_HEADS
+from durable_sandbox.kube.models import _ENTRYPOINT, SandboxResource, WorkflowResource
+from durable_sandbox.kube.resources import GROUP, SANDBOXES, VERSION, WORKFLOWS
+from durable_sandbox.sandboxes.journal import RESERVED_HEADS
 from durable_sandbox.workflows.sandbox_agent import PATH_MAX_LENGTH
 
 Schema = dict[str, Any]
@@ -47,7 +48,7 @@ Schema = dict[str, Any]
 REGENERATE = "python -m durable_sandbox.kube.crds --write crds/"
 HEADER = (
     f"# Generated from durable_sandbox.kube.models by `{REGENERATE}`; do not edit.\n"
-    "# tests/unit/test_crds.py fails when this file differs from what the models generate.\n"
+    "# tests/unit/kube/test_crds.py fails when this file differs from what the models generate.\n"
 )
 
 PRESERVE = "x-kubernetes-preserve-unknown-fields"
@@ -93,7 +94,7 @@ def immutable_rule(field: str) -> dict[str, str]:
 
 RESERVED_OPERATION_ID = (
     "operationId is reserved for the sandbox session's own records "
-    f"(ids starting with {', '.join(sorted(_RESERVED_HEADS))})"
+    f"(ids starting with {', '.join(sorted(RESERVED_HEADS))})"
 )
 
 
@@ -152,7 +153,7 @@ MODEL_RULES: dict[str, list[dict[str, str]]] = {
 _OPERATION_ID = {
     VALIDATIONS: [
         rule(
-            " && ".join(f"self != '{h}' && !self.startsWith('{h}/')" for h in sorted(_RESERVED_HEADS)),
+            " && ".join(f"self != '{h}' && !self.startsWith('{h}/')" for h in sorted(RESERVED_HEADS)),
             RESERVED_OPERATION_ID,
         )
     ]
@@ -525,7 +526,7 @@ def generate_crds() -> list[Schema]:
     """The Workflow, Sandbox and Journal CRDs (apiextensions.k8s.io/v1), in that order."""
     workflow = _crd(
         "Workflow",
-        "workflows",
+        WORKFLOWS,
         "dwf",
         structural_schema(
             WorkflowResource,
@@ -557,7 +558,7 @@ def generate_crds() -> list[Schema]:
     )
     sandbox = _crd(
         "Sandbox",
-        "sandboxes",
+        SANDBOXES,
         "dsbx",
         structural_schema(
             SandboxResource,
@@ -615,7 +616,7 @@ SIGNALS_ONLY_GAIN = (
     "spec.signals can only gain keys: a signal, once given, can neither be removed nor changed "
     "(the run may already have acted on it)"
 )
-POLICY_NAME = f"workflows.{GROUP}"
+POLICY_NAME = f"{WORKFLOWS}.{GROUP}"
 POLICY_RULES: list[dict[str, str]] = [
     *(
         {
@@ -656,7 +657,7 @@ def generate_admission_policy() -> list[Schema]:
                         "apiGroups": [GROUP],
                         "apiVersions": ["*"],
                         "operations": ["UPDATE"],
-                        "resources": ["workflows"],
+                        "resources": [WORKFLOWS],
                     }
                 ]
             },

@@ -21,11 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from durable_sandbox.kube.client import ApiException, KubeClient
-from durable_sandbox.kube.models import GROUP, VERSION
+from durable_sandbox.kube.resources import GROUP, SERVED, VERSION
 
 log = logging.getLogger("durable_sandbox.kube.discovery")
 
-PLURALS = ("workflows", "sandboxes")
 # What kopf needs of a resource to serve it with handlers that keep state (its own checks: watchable and
 # patchable, else "Non-watchable/Non-patchable resources will not be served").
 VERBS = frozenset({"list", "watch", "patch"})
@@ -38,7 +37,7 @@ SAY_EVERY = 30.0  # seconds between repeated "still waiting" lines
 class Wanted:
     group: str = GROUP
     version: str = VERSION
-    plurals: tuple[str, ...] = PLURALS
+    plurals: tuple[str, ...] = SERVED
 
     def describe(self) -> str:
         return f"{', '.join(self.plurals)} of {self.group}/{self.version}"

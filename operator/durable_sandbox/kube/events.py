@@ -24,7 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from durable_sandbox.engine.records import OperationRecord, OpKind
+from durable_sandbox.engine.records import OperationRecord
+from durable_sandbox.sandboxes import journal
 
 log = logging.getLogger("durable_sandbox.kube.events")
 
@@ -48,24 +49,22 @@ def lifecycle_events(rows: Iterable[OperationRecord]) -> list[LifecycleEvent]:
     """The lifecycle transitions among newly committed journal rows (sandbox sessions' records)."""
     out: list[LifecycleEvent] = []
     for row in rows:
-        meta = row.meta or {}
-        kind, status = row.kind, row.status
-        if status == "completed" and kind == OpKind.SANDBOX_PROVISION.value and isinstance(row.result, dict):
-            out.append(LifecycleEvent("Provisioned", f"sandbox {row.result.get('id')} provisioned ({row.name})"))
-        elif status == "completed" and kind == OpKind.SANDBOX_SNAPSHOT.value and isinstance(row.result, dict):
-            out.append(LifecycleEvent("SnapshotTaken", f"snapshot {row.result.get('snapshotId')} taken ({row.op_id})"))
-        elif status == "completed" and kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value:
-            out.append(LifecycleEvent("SnapshotDeleted", f"snapshot {meta.get('snapshotId')} deleted"))
-        elif status == "completed" and kind == OpKind.SANDBOX_DESTROY.value and meta.get("reason") == "lost":
+        if row.status != "completed":
+            continue
+        made = journal.provisioned(row)
+        if made is not None and row.kind == journal.PROVISION:
+            out.append(LifecycleEvent("Provisioned", f"sandbox {made.sandbox_id} provisioned ({row.name})"))
+        elif (taken := journal.snapshot_taken(row)) is not None:
+            out.append(LifecycleEvent("SnapshotTaken", f"snapshot {taken} taken ({row.op_id})"))
+        elif row.kind == journal.SNAPSHOT_DELETE:
+            out.append(LifecycleEvent("SnapshotDeleted", f"snapshot {journal.deletion_of(row)} deleted"))
+        elif (lost := journal.lost_sandbox(row)) is not None:
             # Injected or real, a loss is recorded as the destruction of the lost sandbox before recovery.
-            out.append(LifecycleEvent("SandboxLost", f"sandbox {meta.get('sandboxId')} lost; recovering", "Warning"))
-        elif status == "completed" and kind == OpKind.SANDBOX_RESTORE.value and (meta.get("reason") == "recovery"):
-            replayed = len(meta.get("replayed") or [])
-            source = f"snapshot {meta.get('snapshotId')}" if meta.get("snapshotId") else "a fresh sandbox"
-            result = row.result if isinstance(row.result, dict) else {}
-            out.append(LifecycleEvent(
-                "Recovered", f"recovered into sandbox {result.get('id')} from {source}, {replayed} call(s) replayed"
-            ))
+            out.append(LifecycleEvent("SandboxLost", f"sandbox {lost} lost; recovering", "Warning"))
+        elif made is not None and made.recovery:
+            source = f"snapshot {journal.restored_from(row)}" if journal.restored_from(row) else "a fresh sandbox"
+            out.append(LifecycleEvent("Recovered", f"recovered into sandbox {made.sandbox_id} from {source}, "
+                                                   f"{len(journal.replayed(row))} call(s) replayed"))
     return out
 
 

@@ -25,6 +25,8 @@ Settings, and why:
 
 ``STARTUP_HOOKS``: functions ``hook(operator, settings)`` (async or not) run once the operator is
 configured and before any Workflow is served: the place for the metrics and health endpoint.
+``SHUTDOWN_HOOKS``: coroutine functions run last when the operator stops, after its runs were handed over
+(the metrics and health endpoint stops there: it answers while the runs are handed over).
 """
 
 from __future__ import annotations
@@ -43,18 +45,13 @@ from typing import Any, cast
 
 import kopf
 
-from durable_sandbox.kube.client import KubeClient, is_not_found
-from durable_sandbox.kube.controller import (
-    FINALIZER,
-    CleanupPending,
-    Operator,
-    OperatorPolicy,
-    OperatorSettings,
-)
+from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.controller import Operator, OperatorPolicy, OperatorSettings
 from durable_sandbox.kube.discovery import wait_until_served
+from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.metrics import METRICS
-from durable_sandbox.kube.models import GROUP, VERSION
-from durable_sandbox.kube.sandbox_controller import SandboxController, SandboxControllerSettings
+from durable_sandbox.kube.resources import FINALIZER, GROUP, SANDBOXES, VERSION, WORKFLOWS
+from durable_sandbox.kube.sandbox import SandboxController, SandboxControllerSettings
 from durable_sandbox.kube.sweeper import OrphanSweeper
 
 log = logging.getLogger("durable_sandbox.kube.handlers")
@@ -71,8 +68,10 @@ DAEMON_CANCELLATION_TIMEOUT = 30.0
 DAEMON_INSTANT_EXIT = 5.0
 
 StartupHook = Callable[[Operator, kopf.OperatorSettings], Any]
+ShutdownHook = Callable[[], Awaitable[None]]
 Touch = Callable[[], Coroutine[Any, Any, None]]
 STARTUP_HOOKS: list[StartupHook] = []
+SHUTDOWN_HOOKS: list[ShutdownHook] = []
 
 
 @dataclass
@@ -211,16 +210,23 @@ async def _stop_sweep() -> None:
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
     global _operator, _sandboxes
-    await _stop_sweep()
-    if _operator is None:
-        return
-    op, _operator = _operator, None
-    if _sandboxes is not None:
-        await _sandboxes.aclose()
-        _sandboxes = None
-    await op.shutdown()
-    await op.aclose()
-    await op.api.close()
+    try:
+        await _stop_sweep()
+        if _operator is None:
+            return
+        op, _operator = _operator, None
+        if _sandboxes is not None:
+            await _sandboxes.aclose()
+            _sandboxes = None
+        await op.shutdown()
+        await op.aclose()
+        await op.api.close()
+    finally:
+        for hook in SHUTDOWN_HOOKS:
+            try:
+                await hook()
+            except Exception as exc:  # the process is exiting: say so, and run the other hooks
+                log.warning("a shutdown hook failed: %s: %s", type(exc).__name__, exc)
 
 
 async def until_stopped(stopped: kopf.DaemonStopped, serve: Callable[[asyncio.Event], Awaitable[None]],
@@ -293,20 +299,16 @@ def toucher(plural: str, body: kopf.Body) -> Touch:
             return  # the operator is exiting
         stamp = datetime.datetime.now(datetime.UTC).isoformat()
         try:
-            await _operator.api.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, plural, name, {"status": {"kopf": {"dummy": stamp}}},
-                field_manager="durable-sandbox-operator", _content_type="application/merge-patch+json",
-            )
+            # Answers None when it is gone: kopf let it go already.
+            await _operator.objects.patch_status(plural, namespace, name, {"kopf": {"dummy": stamp}})
         except Exception as exc:
-            if is_not_found(exc):
-                return  # kopf let it go already
             log.warning("could not ask kopf to look at %s %s/%s again (%s): its finalizer goes when the daemon's "
                         "graceful backoff of %gs is over", plural, namespace, name, exc, DAEMON_GRACEFUL_EXIT)
 
     return touch
 
 
-@kopf.on.event(GROUP, VERSION, "workflows")
+@kopf.on.event(GROUP, VERSION, WORKFLOWS)
 async def watched(body: kopf.Body, type: str | None, **_: Any) -> None:
     uid = body.get("metadata", {}).get("uid", "")
     if type == "DELETED":
@@ -319,7 +321,7 @@ async def watched(body: kopf.Body, type: str | None, **_: Any) -> None:
         _operator.notice(body)
 
 
-@kopf.on.delete(GROUP, VERSION, "workflows", optional=False, retries=None)
+@kopf.on.delete(GROUP, VERSION, WORKFLOWS, optional=False, retries=None)
 async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
     await _finalize("Workflow", current().cleanup(body, attempt=retry))
 
@@ -342,16 +344,16 @@ def sandboxes() -> SandboxController:
     return _sandboxes
 
 
-@kopf.daemon(GROUP, VERSION, "sandboxes", cancellation_backoff=DAEMON_GRACEFUL_EXIT,
+@kopf.daemon(GROUP, VERSION, SANDBOXES, cancellation_backoff=DAEMON_GRACEFUL_EXIT,
              cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT)
 async def keep_sandbox(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
     # One daemon per Sandbox: provisions, renews the provider lease, suspends and restores it.
     controller = sandboxes()
     await until_stopped(stopped, lambda stop: controller.daemon(lambda: body, stop), kind="Sandbox",
-                        touch=toucher("sandboxes", body))
+                        touch=toucher(SANDBOXES, body))
 
 
-@kopf.on.event(GROUP, VERSION, "sandboxes")
+@kopf.on.event(GROUP, VERSION, SANDBOXES)
 async def sandbox_watched(body: kopf.Body, **_: Any) -> None:
     if _sandboxes is not None:
         _sandboxes.notice(body)
@@ -359,7 +361,7 @@ async def sandbox_watched(body: kopf.Body, **_: Any) -> None:
         _operator.sandbox_changed(body.get("metadata", {}).get("namespace", ""), body.get("metadata", {}).get("name", ""))
 
 
-@kopf.on.delete(GROUP, VERSION, "sandboxes", optional=False, retries=None)
+@kopf.on.delete(GROUP, VERSION, SANDBOXES, optional=False, retries=None)
 async def delete_sandbox(body: kopf.Body, retry: int, **_: Any) -> None:
     await _finalize("Sandbox", sandboxes().cleanup(body, attempt=retry))
 

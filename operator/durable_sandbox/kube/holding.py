@@ -9,86 +9,70 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable_sandbox.kube.client import KubeClient, is_conflict, is_not_found
-from durable_sandbox.kube.models import GROUP, VERSION
+from durable_sandbox.kube.client import is_conflict
+from durable_sandbox.kube.resources import SANDBOXES, WORKFLOWS, CustomObjects
 from durable_sandbox.providers.contract import SandboxHandle
 
-SANDBOXES = "sandboxes"
-WORKFLOWS = "workflows"
-MERGE_PATCH = "application/merge-patch+json"
 FINISHED = frozenset({"Succeeded", "Failed", "Cancelled"})
 
 
-async def _get(api: KubeClient, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
-    try:
-        obj: Any = await api.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
-    except Exception as exc:
-        if is_not_found(exc):
-            return None
-        raise
-    return obj if isinstance(obj, dict) else None
-
-
-async def running_holder(api: KubeClient, namespace: str, sandbox: dict[str, Any]) -> str | None:
+async def running_holder(objects: CustomObjects, namespace: str, sandbox: dict[str, Any]) -> str | None:
     """The Workflow holding ``sandbox`` if it still runs (exists, not finished), else None."""
     holder = (sandbox.get("status") or {}).get("holder")
     if not holder:
         return None
-    wf = await _get(api, namespace, WORKFLOWS, holder)
+    wf = await objects.get(WORKFLOWS, namespace, holder)
     if wf is None or (wf.get("status") or {}).get("phase") in FINISHED:
         return None
     return str(holder)
 
 
-async def _set_holder(api: KubeClient, namespace: str, sandbox: dict[str, Any], holder: str | None) -> bool:
+async def _set_holder(objects: CustomObjects, namespace: str, sandbox: dict[str, Any], holder: str | None) -> bool:
     meta = sandbox["metadata"]
-    body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": {"holder": holder}}
     try:
-        await api.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, SANDBOXES, meta["name"], body,
-            field_manager="durable-sandbox-operator", _content_type=MERGE_PATCH,
-        )
+        written = await objects.patch_status(SANDBOXES, namespace, meta["name"], {"holder": holder},
+                                             precondition=meta["resourceVersion"])
     except Exception as exc:
-        if is_conflict(exc) or is_not_found(exc):
+        if is_conflict(exc):
             return False
         raise
-    return True
+    return written is not None  # None: the Sandbox is gone
 
 
-async def hold(api: KubeClient, namespace: str, name: str, workflow: str) -> str | None:
+async def hold(objects: CustomObjects, namespace: str, name: str, workflow: str) -> str | None:
     """Take Sandbox ``name`` for ``workflow``; None when it is held, else why the Workflow must wait."""
     for _ in range(3):
-        sandbox = await _get(api, namespace, SANDBOXES, name)
+        sandbox = await objects.get(SANDBOXES, namespace, name)
         if sandbox is None:
             return f"spec.sandboxRef: Sandbox {name!r} does not exist in this namespace; create it (the run starts then)"
         status = sandbox.get("status") or {}
         if status.get("holder") == workflow:
             return None
-        holder = await running_holder(api, namespace, sandbox)
+        holder = await running_holder(objects, namespace, sandbox)
         if holder is not None:
             return (f"spec.sandboxRef: Sandbox {name!r} is held by Workflow {holder!r}; this run starts when that "
                     f"Workflow finishes or is cancelled")
         if status.get("phase") != "Ready" or not status.get("providerId"):
             return (f"spec.sandboxRef: Sandbox {name!r} is not Ready (phase {status.get('phase') or 'Pending'}); "
                     f"this run starts when it is")
-        if await _set_holder(api, namespace, sandbox, workflow):
+        if await _set_holder(objects, namespace, sandbox, workflow):
             return None
     return f"spec.sandboxRef: Sandbox {name!r} changed while being taken; trying again"
 
 
-async def release(api: KubeClient, namespace: str, name: str, workflow: str) -> None:
+async def release(objects: CustomObjects, namespace: str, name: str, workflow: str) -> None:
     """Let go of Sandbox ``name`` if ``workflow`` holds it (idempotent)."""
     for _ in range(3):
-        sandbox = await _get(api, namespace, SANDBOXES, name)
+        sandbox = await objects.get(SANDBOXES, namespace, name)
         if sandbox is None or (sandbox.get("status") or {}).get("holder") != workflow:
             return
-        if await _set_holder(api, namespace, sandbox, None):
+        if await _set_holder(objects, namespace, sandbox, None):
             return
 
 
-async def live_handle(api: KubeClient, namespace: str, name: str) -> SandboxHandle:
+async def live_handle(objects: CustomObjects, namespace: str, name: str) -> SandboxHandle:
     """The live sandbox of Sandbox ``name``, as its status records it."""
-    sandbox = await _get(api, namespace, SANDBOXES, name)
+    sandbox = await objects.get(SANDBOXES, namespace, name)
     status = (sandbox or {}).get("status") or {}
     if sandbox is None or not status.get("providerId"):
         phase = status.get("phase") or "missing"

@@ -15,13 +15,11 @@ from typing import Any
 
 from kubernetes.aio.client import models as m
 
-from durable_sandbox.kube.client import JSON_PATCH, ApiException, KubeClient, is_not_found, json_body
-from durable_sandbox.kube.models import API_VERSION, GROUP, VERSION
+from durable_sandbox.kube.client import ApiException, KubeClient, is_not_found, json_body
+from durable_sandbox.kube.resources import API_VERSION, GROUP, JOURNALS, JSON_PATCH, MERGE_PATCH, VERSION
 
 __all__ = ["JOURNALS", "LABEL_PART", "LABEL_RUN", "MANAGED_BY", "MERGE_PATCH", "JournalObjects"]
 
-JOURNALS = "journals"
-MERGE_PATCH = "application/merge-patch+json"
 LABEL_RUN = "durable-sandbox.dev/run-id"
 LABEL_PART = "durable-sandbox.dev/part"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "durable-sandbox"}

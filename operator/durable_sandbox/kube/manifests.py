@@ -19,11 +19,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from durable_sandbox.kube.models import (
-    API_VERSION,
     KINDS,
     SandboxResource,
     WorkflowResource,
 )
+from durable_sandbox.kube.resources import API_VERSION
 from durable_sandbox.workflows.sandbox_agent import ENV_NAME_PATTERN, NO_NUL_PATTERN
 
 _TOOL_TYPES = ("shell", "write_file", "read_file")

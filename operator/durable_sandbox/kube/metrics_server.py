@@ -77,6 +77,7 @@ def operator_startup_hook(metrics: OperatorMetrics, *, port: int, host: str = "0
 
 
 async def stop_servers() -> None:
+    """Stop every server the startup hook started (a shutdown hook: ``kube.handlers.SHUTDOWN_HOOKS``)."""
     while _servers:
         await _servers.pop().stop()
 

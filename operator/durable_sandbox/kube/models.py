@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, field_
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from durable_sandbox.engine.driver import RetrySchedule
+from durable_sandbox.kube.conditions import SANDBOX_CONDITIONS, WORKFLOW_CONDITIONS
 from durable_sandbox.workflows.sandbox_agent import (
     EnvVar,
     FailurePolicy,
@@ -29,10 +31,6 @@ from durable_sandbox.workflows.sandbox_agent import (
     WriteFileCall,
     check_loss_within_calls,
 )
-
-GROUP = "durable-sandbox.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
 
 # Kubernetes object names (DNS-1123 subdomain): what kubectl would accept, so a manifest that passes
 # here does not fail later at `kubectl apply`.
@@ -121,9 +119,14 @@ class RetrySpec(_Model):
     backoff: Annotated[float, Field(ge=1, le=10, strict=True, description="Each further interval is the last one times this.")] = 2.0
     max_interval_seconds: Annotated[float, Field(ge=0, le=86_400, strict=True, description="Upper bound of an interval.")] = 60.0
 
+    def schedule(self) -> RetrySchedule:
+        """The retries as the run driver (engine/driver.py) keeps them."""
+        return RetrySchedule(max_attempts=self.max_attempts, initial_interval=self.initial_interval_seconds,
+                             backoff=self.backoff, max_interval=self.max_interval_seconds)
+
     def interval(self, attempt: int) -> float:
         """Delay before attempt ``attempt`` (2 is the first retry)."""
-        return float(min(self.initial_interval_seconds * self.backoff ** max(attempt - 2, 0), self.max_interval_seconds))
+        return self.schedule().interval(attempt)
 
 
 def _check_provider(name: str) -> None:
@@ -369,7 +372,7 @@ class Condition(_Status):
     """metav1.Condition: one aspect of the run's state."""
 
     type: str = Field(
-        description="Ready, Succeeded, Failed, Suspended, WaitingForSignal, Recovering or CleanupBlocked."
+        description=f"{', '.join(WORKFLOW_CONDITIONS[:-1])} or {WORKFLOW_CONDITIONS[-1]}."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="A CamelCase reason for the last transition.")
@@ -448,8 +451,7 @@ class WorkflowStatus(_Status):
 
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Succeeded, Failed, Suspended, WaitingForSignal, Recovering, CleanupBlocked "
-        "(metav1.Condition; kubectl wait --for=condition=Succeeded).",
+        description=f"{', '.join(WORKFLOW_CONDITIONS)} (metav1.Condition; kubectl wait --for=condition=Succeeded).",
     )
     observed_generation: int | None = Field(
         default=None, description="The metadata.generation of the spec the operator last acted on."
@@ -520,7 +522,7 @@ class SandboxResourceStatus(_Status):
     """Where the sandbox is, written by the operator."""
 
     conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, Suspended, CleanupBlocked (metav1.Condition list)."
+        default_factory=list, description=f"{', '.join(SANDBOX_CONDITIONS)} (metav1.Condition list)."
     )
     observed_generation: int | None = Field(
         default=None, description="The metadata.generation of the spec the operator last acted on."
@@ -590,20 +592,8 @@ def to_sandbox_agent_input(spec: WorkflowSpec, sandbox: SandboxSettings | None =
     )
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy re-export: manifests imports this module, so an eager import here would be circular.
-    if name in ("ManifestError", "load_manifests"):
-        from durable_sandbox.kube import manifests
-
-        return getattr(manifests, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
-    "API_VERSION",
-    "GROUP",
     "KINDS",
-    "VERSION",
     "CallsStatus",
     "Condition",
     "CurrentCall",

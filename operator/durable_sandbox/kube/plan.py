@@ -11,7 +11,7 @@ half-started run (or a provisioned sandbox) behind. Where the two differ, it is 
 - ``sandbox.env[].valueFrom.secretKeyRef`` only resolves in the cluster; the run input keeps the
   reference, never the value (the operator hands values to the sandbox at provision time). Literal
   ``value``s (and a call's ``env``) are kept out of the input too (``RunPlan.env_values``): the engine
-  that drives the run needs an ``env_values`` service returning them by run id (`dsb run` keeps them
+  that drives the run needs ``AgentServices.env_values`` returning them by run id (`dsb run` keeps them
   beside its store, see ``cli/envfiles.py``; the operator re-plans the Workflow object).
 - ``ttlSecondsAfterFinished``/``suspend`` only mean something in the cluster.
 - the operator imports workflow code only from the modules it is configured with
@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from durable_sandbox.engine import WorkflowDefinition, WorkflowNotFound, resolve
+from durable_sandbox.engine.driver import RunPolicy
 from durable_sandbox.engine.errors import NotAWorkflow
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.models import (
@@ -77,8 +78,8 @@ class RunPlan:
     ttl_seconds_after_finished: int | None = None
     provider: str | None = None  # the sandbox provider a toolCalls Workflow uses (None: chosen by the code)
     warnings: list[str] = field(default_factory=list)
-    # A toolCalls Workflow's literal env values, kept out of `input` (which is stored): the engine's
-    # `env_values` service must hand them back by run id (sandbox_agent.detach_env).
+    # A toolCalls Workflow's literal env values, kept out of `input` (which is stored): the engine's extension
+    # value `AgentServices.env_values` must hand them back by run id (sandbox_agent.detach_env).
     env_values: dict[str, str] = field(default_factory=dict)
     where: str = ""  # "<source>: Workflow/<name>: ", for messages about the spec
     sandbox: SandboxSettings | None = None  # a toolCalls Workflow's sandbox, for the provider pre-run check
@@ -87,7 +88,12 @@ class RunPlan:
 
     @property
     def max_attempts(self) -> int:
-        return self.retry.max_attempts if self.retry is not None else 1
+        return self.policy.max_attempts
+
+    @property
+    def policy(self) -> RunPolicy:
+        """The run's policy as a whole (spec.timeoutSeconds, spec.retry), as the run driver keeps it."""
+        return RunPolicy(timeout=self.timeout, retry=self.retry.schedule() if self.retry is not None else None)
 
 
 def cluster_run_id(name: str, uid: str) -> str:
@@ -154,81 +160,20 @@ def plan_workflow(
     name = wf.metadata.name
     where = f"{source}: Workflow/{name}: "
     warnings: list[str] = []
-    settings: SandboxSettings | None = spec.sandbox
-    if spec.sandbox_ref is not None:
-        ref = (sandboxes or {}).get(spec.sandbox_ref.name)
-        if ref is not None:
-            settings = ref.spec.settings()
-        elif cluster:
-            raise PlanError(
-                f"{where}spec.sandboxRef: Sandbox {spec.sandbox_ref.name!r} does not exist in this namespace; "
-                f"create it or use spec.sandbox"
-            )
-        else:
-            warnings.append(
-                f"{where}spec.sandboxRef: Sandbox {spec.sandbox_ref.name!r} is not in this file; "
-                f"ignored locally (using a default local sandbox)"
-            )
+    settings = _sandbox_settings(wf, sandboxes, cluster=cluster, where=where, warnings=warnings)
     if not cluster:
-        for field_name, active in (
-            ("ttlSecondsAfterFinished", spec.ttl_seconds_after_finished is not None),
-            ("suspend", spec.suspend),
-        ):
-            if active:
-                warnings.append(f"{where}spec.{field_name}: only meaningful in a cluster; ignored by dsb run")
-        if settings is not None:
-            for i, var in enumerate(settings.env):
-                if var.value_from is not None:
-                    ref_ = var.value_from.secret_key_ref
-                    raise PlanError(
-                        f"{where}spec.sandbox.env[{i}].valueFrom: Secret {ref_.name}/{ref_.key} can only be read in a "
-                        f"cluster; for dsb run give env var {var.name} a value"
-                    )
-    provider: str | None = None
-    if spec.tool_calls is not None:
-        definition = resolve_workflow(sandbox_agent.NAME, where)
-        agent_input = to_sandbox_agent_input(spec, settings)
-        if cluster and spec.sandbox_ref is not None:
-            # In the cluster the calls run in the Sandbox's own live sandbox (attached, never provisioned).
-            agent_input = agent_input.model_copy(update={"sandbox_ref": spec.sandbox_ref.name})
-        provider = agent_input.sandbox.provider
-        # The run id is derived from the whole input, values included (another value is another run);
-        # the stored input has them replaced by *** and the values travel beside it.
-        identity: Any = agent_input.model_dump(mode="json", by_alias=True, exclude_none=True)
-        stored, env_values = sandbox_agent.detach_env(agent_input)
-        value: Any = stored.model_dump(mode="json", by_alias=True, exclude_none=True)
-    else:
-        assert spec.entrypoint is not None
-        if allowed_modules is not None and not entrypoint_allowed(spec.entrypoint, allowed_modules):
-            configured = ", ".join(allowed_modules) or "none"
-            raise WorkflowNotAllowed(
-                f"{where}spec.entrypoint: {spec.entrypoint!r} is not in a module this operator may import "
-                f"(configured: {configured}); add its module to `dsb operator --workflows`, or use toolCalls. "
-                f"Nothing was imported."
-            )
-        definition = resolve_workflow(spec.entrypoint, f"{where}spec.entrypoint: ")
-        defined_in = getattr(definition.fn, "__module__", "") or ""
-        if allowed_modules is not None and not module_allowed(defined_in, allowed_modules):
-            # `allowed.module:name.attr` can reach a function of any module through an attribute (an imported
-            # module, a re-export): what counts is where the workflow function is defined.
-            raise WorkflowNotAllowed(
-                f"{where}spec.entrypoint: {spec.entrypoint!r} resolves to a workflow defined in module "
-                f"{defined_in!r}, which this operator may not run (configured: {', '.join(allowed_modules) or 'none'}); "
-                f"name the workflow by its own module, and add that module to `dsb operator --workflows`."
-            )
-        value = identity = spec.input
-        env_values = {}
-        check_input(definition, value, f"{where}spec.")
+        _check_local(wf, settings, where=where, warnings=warnings)
+    program = _program(wf, settings, cluster=cluster, where=where, allowed_modules=allowed_modules)
     if cluster:
         if not wf.metadata.uid:
             raise PlanError(f"{where}metadata.uid is missing; the cluster assigns it (read the object back from the API)")
         the_run_id = cluster_run_id(name, wf.metadata.uid)
     else:
-        the_run_id = run_id or local_run_id(name, definition, identity)
+        the_run_id = run_id or local_run_id(name, program.definition, program.identity)
     return RunPlan(
         label=f"Workflow/{name}",
-        definition=definition,
-        input=value,
+        definition=program.definition,
+        input=program.value,
         run_id=the_run_id,
         labels={WORKFLOW_LABEL: name},
         signals=dict(spec.signals),
@@ -237,14 +182,101 @@ def plan_workflow(
         retry=spec.retry,
         timeout=float(spec.timeout_seconds) if spec.timeout_seconds is not None else None,
         ttl_seconds_after_finished=spec.ttl_seconds_after_finished,
-        provider=provider,
+        provider=program.provider,
         warnings=warnings,
-        env_values=env_values,
+        env_values=program.env_values,
         where=where,
         sandbox=(settings or SandboxSettings()) if spec.tool_calls is not None else None,
         snapshot_every=spec.snapshot_every_n_calls,
         inject_loss_after=spec.inject_loss_after_n_calls,
     )
+
+
+def _sandbox_settings(wf: WorkflowResource, sandboxes: Mapping[str, SandboxResource] | None, *, cluster: bool,
+                      where: str, warnings: list[str]) -> SandboxSettings | None:
+    """The sandbox the Workflow's calls run in: spec.sandbox, or the settings of the Sandbox spec.sandboxRef names."""
+    spec = wf.spec
+    if spec.sandbox_ref is None:
+        return spec.sandbox
+    ref = (sandboxes or {}).get(spec.sandbox_ref.name)
+    if ref is not None:
+        return ref.spec.settings()
+    if cluster:
+        raise PlanError(
+            f"{where}spec.sandboxRef: Sandbox {spec.sandbox_ref.name!r} does not exist in this namespace; "
+            f"create it or use spec.sandbox"
+        )
+    warnings.append(
+        f"{where}spec.sandboxRef: Sandbox {spec.sandbox_ref.name!r} is not in this file; "
+        f"ignored locally (using a default local sandbox)"
+    )
+    return spec.sandbox
+
+
+def _check_local(wf: WorkflowResource, settings: SandboxSettings | None, *, where: str, warnings: list[str]) -> None:
+    """What `dsb run` cannot honour: cluster-only fields (a warning), Secret references (an error)."""
+    spec = wf.spec
+    for field_name, active in (
+        ("ttlSecondsAfterFinished", spec.ttl_seconds_after_finished is not None),
+        ("suspend", spec.suspend),
+    ):
+        if active:
+            warnings.append(f"{where}spec.{field_name}: only meaningful in a cluster; ignored by dsb run")
+    for i, var in enumerate(settings.env if settings is not None else []):
+        if var.value_from is not None:
+            ref_ = var.value_from.secret_key_ref
+            raise PlanError(
+                f"{where}spec.sandbox.env[{i}].valueFrom: Secret {ref_.name}/{ref_.key} can only be read in a "
+                f"cluster; for dsb run give env var {var.name} a value"
+            )
+
+
+@dataclass(frozen=True)
+class _Program:
+    definition: WorkflowDefinition
+    value: Any  # the stored input
+    identity: Any  # what the local run id is derived from (the input with its env values)
+    env_values: dict[str, str]
+    provider: str | None
+
+
+def _program(wf: WorkflowResource, settings: SandboxSettings | None, *, cluster: bool, where: str,
+             allowed_modules: Sequence[str] | None) -> _Program:
+    """The workflow and its input: sandbox-agent over spec.toolCalls, or spec.entrypoint (checked against
+    the operator's allowed modules before anything is imported) with spec.input."""
+    spec = wf.spec
+    if spec.tool_calls is not None:
+        definition = resolve_workflow(sandbox_agent.NAME, where)
+        agent_input = to_sandbox_agent_input(spec, settings)
+        if cluster and spec.sandbox_ref is not None:
+            # In the cluster the calls run in the Sandbox's own live sandbox (attached, never provisioned).
+            agent_input = agent_input.model_copy(update={"sandbox_ref": spec.sandbox_ref.name})
+        # The run id is derived from the whole input, values included (another value is another run);
+        # the stored input has them replaced by *** and the values travel beside it.
+        identity: Any = agent_input.model_dump(mode="json", by_alias=True, exclude_none=True)
+        stored, env_values = sandbox_agent.detach_env(agent_input)
+        return _Program(definition, stored.model_dump(mode="json", by_alias=True, exclude_none=True), identity,
+                        env_values, agent_input.sandbox.provider)
+    assert spec.entrypoint is not None
+    if allowed_modules is not None and not entrypoint_allowed(spec.entrypoint, allowed_modules):
+        configured = ", ".join(allowed_modules) or "none"
+        raise WorkflowNotAllowed(
+            f"{where}spec.entrypoint: {spec.entrypoint!r} is not in a module this operator may import "
+            f"(configured: {configured}); add its module to `dsb operator --workflows`, or use toolCalls. "
+            f"Nothing was imported."
+        )
+    definition = resolve_workflow(spec.entrypoint, f"{where}spec.entrypoint: ")
+    defined_in = getattr(definition.fn, "__module__", "") or ""
+    if allowed_modules is not None and not module_allowed(defined_in, allowed_modules):
+        # `allowed.module:name.attr` can reach a function of any module through an attribute (an imported
+        # module, a re-export): what counts is where the workflow function is defined.
+        raise WorkflowNotAllowed(
+            f"{where}spec.entrypoint: {spec.entrypoint!r} resolves to a workflow defined in module "
+            f"{defined_in!r}, which this operator may not run (configured: {', '.join(allowed_modules) or 'none'}); "
+            f"name the workflow by its own module, and add that module to `dsb operator --workflows`."
+        )
+    check_input(definition, spec.input, f"{where}spec.")
+    return _Program(definition, spec.input, spec.input, {}, None)
 
 
 def plan_resources(resources: Sequence[Any], *, source: str, run_id: str | None = None) -> list[RunPlan]:

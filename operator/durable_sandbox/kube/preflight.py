@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from durable_sandbox.providers.contract import Capability, ConfigurationError, ProviderCapabilities
+from durable_sandbox.providers.contract import ConfigurationError, ProviderCapabilities
 from durable_sandbox.providers.registry import available_providers, create_provider
+from durable_sandbox.sandboxes.requirements import unmet
 from durable_sandbox.workflows.sandbox_agent import SandboxSettings
 
 
@@ -44,19 +45,22 @@ async def sandbox_problems(
 def _capability_problems(
     name: str, caps: ProviderCapabilities, settings: SandboxSettings, snapshot_every: int, inject_loss_after: int | None
 ) -> list[str]:
+    """What the session would refuse (sandboxes/requirements.py), named by the spec field that asks for it."""
     problems = []
-    if inject_loss_after is not None and not caps.supports(Capability.LOSS_INJECTION):
-        problems.append(
-            f"spec.injectLossAfterNCalls: sandbox provider [{name}] does not support loss_injection "
-            f"(a test-only capability of the local provider); remove it or use provider: local"
-        )
-    if snapshot_every and not caps.supports(Capability.SNAPSHOT):
-        problems.append(f"spec.snapshotEveryNCalls: sandbox provider [{name}] does not support snapshot")
-    if settings.lease_seconds > caps.maximum_lease_seconds:
-        problems.append(
-            f"spec.sandbox.leaseSeconds: {settings.lease_seconds} s is more than sandbox provider [{name}] allows "
-            f"({caps.maximum_lease_seconds} s)"
-        )
+    for missing in unmet(caps, inject_loss_after=inject_loss_after, snapshot_every=snapshot_every,
+                         lease_seconds=settings.lease_seconds):
+        if missing.option == "inject_loss_after":
+            problems.append(
+                f"spec.injectLossAfterNCalls: sandbox provider [{name}] does not support loss_injection "
+                f"(a test-only capability of the local provider); remove it or use provider: local"
+            )
+        elif missing.option == "snapshot_every":
+            problems.append(f"spec.snapshotEveryNCalls: sandbox provider [{name}] does not support snapshot")
+        elif missing.option == "lease_seconds":
+            problems.append(
+                f"spec.sandbox.leaseSeconds: {settings.lease_seconds} s is more than sandbox provider [{name}] allows "
+                f"({missing.maximum} s)"
+            )
     return problems
 
 

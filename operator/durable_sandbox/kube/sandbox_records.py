@@ -25,7 +25,7 @@ from durable_sandbox.kube.client import (
 )
 from durable_sandbox.kube.journal_objects import LABEL_PART, MANAGED_BY, JournalObjects
 from durable_sandbox.kube.labels import label_value
-from durable_sandbox.kube.models import API_VERSION
+from durable_sandbox.kube.resources import API_VERSION
 from durable_sandbox.kube.sealing import Sealer
 
 __all__ = ["HOLDER", "RECORDED", "SandboxRecords"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import logging
 import time
@@ -22,14 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord, OpKind, RunRecord, RunStatus
+from durable_sandbox.kube.conditions import WORKFLOW_CONDITIONS, by_type, condition, cut, rfc3339
+from durable_sandbox.sandboxes import journal
 
 log = logging.getLogger("durable_sandbox.kube.status")
 
 RECENT_OPERATIONS = 20
 # A result larger than this (JSON bytes) is not copied into status; resultRef says where it is.
 RESULT_INLINE_LIMIT = 4096
-# Messages in status are for people; long ones are cut (the journal has the whole text).
-MESSAGE_LIMIT = 1024
 
 PHASES = {
     RunStatus.PENDING: "Pending",
@@ -41,17 +40,6 @@ PHASES = {
     RunStatus.CANCELLED: "Cancelled",
 }
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
-CONDITION_TYPES = ("Ready", "Succeeded", "Failed", "Suspended", "WaitingForSignal", "Recovering", "CleanupBlocked")
-
-
-def rfc3339(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _cut(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass
@@ -93,34 +81,18 @@ class Projection:
                 self.callbacks[row.op_id] = meta.get("payload")
             else:
                 self.callbacks.pop(row.op_id, None)
-        if kind == OpKind.SANDBOX_CALL.value:
-            index = meta.get("index")
-            if isinstance(index, int):
-                self.calls_seen.add(index)
-                if status == "completed":
-                    self.completed.add(index)
+        index = journal.call_index(row)
+        if index is not None:
+            self.calls_seen.add(index)
+            if status == "completed":
+                self.completed.add(index)
         if status == "started" and kind in (OpKind.SANDBOX_CALL.value, OpKind.STEP.value):
             self.current = {"opId": row.op_id, "kind": kind, "name": row.name}
-            if isinstance(meta.get("index"), int):
-                self.current["index"] = meta["index"]
+            if index is not None:
+                self.current["index"] = index
         elif self.current is not None and self.current["opId"] == row.op_id:
             self.current = None
-        if status == "completed":
-            if kind in (OpKind.SANDBOX_PROVISION.value, OpKind.SANDBOX_RESTORE.value) and isinstance(row.result, dict):
-                session = row.op_id.rsplit("/", 1)[0]
-                self.sandbox = {"name": session, "provider": row.result.get("provider"), "providerId": row.result.get("id")}
-                if kind == OpKind.SANDBOX_RESTORE.value and meta.get("reason") == "recovery":
-                    self.recovery_count += 1
-                    self.recovering = False
-            elif kind == OpKind.SANDBOX_SNAPSHOT.value and isinstance(row.result, dict) and row.result.get("snapshotId"):
-                self.snapshots[row.result["snapshotId"]] = None
-            elif kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value and meta.get("snapshotId"):
-                self.snapshots.pop(meta["snapshotId"], None)
-            elif kind == OpKind.SANDBOX_DESTROY.value and meta.get("finalized") and self.sandbox is not None:
-                self.sandbox = {**self.sandbox, "providerId": None}
-        if kind == OpKind.SANDBOX_INJECT_LOSS.value or (kind == OpKind.SANDBOX_RESTORE.value and status == "started"
-                                                       and meta.get("reason") == "recovery"):
-            self.recovering = True
+        self._fold_sandbox(row)
         if status in ("completed", "failed"):
             summary: dict[str, Any] = {
                 "opId": row.op_id,
@@ -130,11 +102,29 @@ class Projection:
                 "attempt": row.attempt,
                 "finishedAt": rfc3339(row.ts),
             }
-            if kind == OpKind.SANDBOX_CALL.value and isinstance(row.result, dict) and "exitCode" in row.result:
-                summary["exitCode"] = row.result["exitCode"]
+            if (outcome := journal.call_outcome(row)) is not None:
+                summary["exitCode"] = outcome["exitCode"]
             if row.error is not None:
-                summary["error"] = _cut(f"{row.error.type}: {row.error.message}", 256)
+                summary["error"] = cut(f"{row.error.type}: {row.error.message}", 256)
             self.recent.append(summary)
+
+    def _fold_sandbox(self, row: OperationRecord) -> None:
+        """The sandbox, snapshots and recoveries, from the sessions' records (sandboxes/journal.py)."""
+        if row.kind not in journal.SANDBOX_KINDS:
+            return
+        if (made := journal.provisioned(row)) is not None:
+            self.sandbox = {"name": made.session, "provider": made.provider, "providerId": made.sandbox_id}
+            if made.recovery:
+                self.recovery_count += 1
+                self.recovering = False
+        elif (taken := journal.snapshot_taken(row)) is not None:
+            self.snapshots[taken] = None
+        elif (gone := journal.snapshot_deleted(row)) is not None:
+            self.snapshots.pop(gone, None)
+        elif journal.finalized(row) and row.status == "completed" and self.sandbox is not None:
+            self.sandbox = {**self.sandbox, "providerId": None}
+        if journal.recovery_started(row):
+            self.recovering = True
 
     @property
     def latest_snapshot(self) -> str | None:
@@ -161,24 +151,6 @@ def phase_of(run: RunRecord | None, *, suspended: bool = False) -> str:
     return PHASES[run.status]
 
 
-def condition(
-    ctype: str, on: bool, reason: str, message: str, generation: int | None, previous: dict[str, dict[str, Any]]
-) -> dict[str, Any]:
-    """One metav1.Condition (Workflows and Sandboxes); ``previous`` maps type -> the condition as last written."""
-    status = "True" if on else "False"
-    prev = previous.get(ctype)
-    # lastTransitionTime moves only when the status flips (metav1.Condition semantics).
-    changed_at = prev.get("lastTransitionTime") if prev and prev.get("status") == status else None
-    return {
-        "type": ctype,
-        "status": status,
-        "reason": reason,
-        "message": _cut(message),
-        "lastTransitionTime": changed_at or rfc3339(time.time()),
-        "observedGeneration": generation,
-    }
-
-
 @dataclass
 class Extra:
     """What status needs besides the journal: the controller's own knowledge of the object."""
@@ -203,7 +175,7 @@ def render(
     previous_conditions: Iterable[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The whole status document (everything but ``journal`` and ``kopf``, which others own)."""
-    previous = {c.get("type", ""): c for c in previous_conditions if isinstance(c, dict)}
+    previous = by_type(previous_conditions)
     gen = extra.generation
     status: dict[str, Any] = {"observedGeneration": gen, "runId": run_id}
     if extra.rejected is not None:
@@ -214,7 +186,7 @@ def render(
             condition("Failed", True, reason, message, gen, previous),
             condition("Succeeded", False, reason, "the operator did not run this Workflow", gen, previous),
         ]
-        status["error"] = {"type": reason, "message": _cut(message)}
+        status["error"] = {"type": reason, "message": cut(message)}
         return status
     phase = phase_of(run, suspended=extra.suspended)
     status["phase"] = phase
@@ -231,7 +203,7 @@ def render(
     status["startedAt"] = rfc3339(run.created_at) if run is not None else None
     status["finishedAt"] = rfc3339(run.updated_at) if run is not None and run.status.terminal else None
     error = run.error if run is not None and run.status in (RunStatus.FAILED, RunStatus.CANCELLED) else None
-    status["error"] = {"type": error.type, "message": _cut(error.message)} if error is not None else None
+    status["error"] = {"type": error.type, "message": cut(error.message)} if error is not None else None
     status["result"], status["resultRef"] = None, None
     if run is not None and run.status == RunStatus.SUCCEEDED:
         blob = json.dumps(run.result, separators=(",", ":"), default=str)
@@ -281,7 +253,7 @@ def conditions(
         blocked = extra.cleanup_blocked is not None
         out.append(condition("CleanupBlocked", blocked, "ProviderRefused" if blocked else "CleanupDone",
                               extra.cleanup_blocked or "", gen, previous))
-    return out
+    return sorted(out, key=lambda c: WORKFLOW_CONDITIONS.index(c["type"]))  # a type not listed there is an error
 
 
 # A status write that took d seconds is followed by at least WRITE_COST_FACTOR * d seconds without one (phase

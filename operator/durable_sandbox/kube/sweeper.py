@@ -31,7 +31,6 @@ from typing import Any
 from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
 from durable_sandbox.kube.metrics import OperatorMetrics
-from durable_sandbox.kube.models import GROUP, VERSION
 from durable_sandbox.kube.orphans import (
     Inventory,
     LiveOwner,
@@ -41,6 +40,7 @@ from durable_sandbox.kube.orphans import (
     plan_sweep,
     take_inventory,
 )
+from durable_sandbox.kube.resources import SANDBOXES, WORKFLOWS, CustomObjects
 from durable_sandbox.kube.status import TERMINAL_PHASES
 from durable_sandbox.providers.contract import Capability, SandboxProvider
 
@@ -113,6 +113,7 @@ class OrphanSweeper:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
+        self.objects = CustomObjects(api)
         self.installation = installation
         self.namespaces = namespaces
         self._providers = providers
@@ -136,12 +137,10 @@ class OrphanSweeper:
 
     async def _list(self, plural: str) -> list[dict[str, Any]]:
         if not self.namespaces:
-            found: Any = await self.api.custom.list_cluster_custom_object(GROUP, VERSION, plural)
-            return list(found.get("items") or [])
+            return await self.objects.list(plural)
         items: list[dict[str, Any]] = []
         for namespace in self.namespaces:
-            page: Any = await self.api.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
-            items.extend(page.get("items") or [])
+            items.extend(await self.objects.list(plural, namespace))
         return items
 
     async def sweep(self) -> dict[str, SweepResult]:
@@ -154,7 +153,7 @@ class OrphanSweeper:
             except Exception as exc:  # one provider's outage does not stop the others' sweep
                 log.warning("orphan sweep: listing provider %s failed (%s: %s); skipped this round",
                             name, type(exc).__name__, exc)
-        live, protected, bodies = live_owners(await self._list("workflows"), await self._list("sandboxes"))
+        live, protected, bodies = live_owners(await self._list(WORKFLOWS), await self._list(SANDBOXES))
         now = self._clock()
         results: dict[str, SweepResult] = {}
         for name, (provider, inventory) in inventories.items():

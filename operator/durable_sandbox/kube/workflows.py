@@ -13,23 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from durable_sandbox.engine.errors import SignalConflict
-from durable_sandbox.kube.client import (
-    JSON_PATCH,
-    ApiException,
-    KubeClient,
-    is_not_found,
-    is_precondition_failed,
-    json_body,
-)
-from durable_sandbox.kube.models import GROUP, VERSION
+from durable_sandbox.kube.client import ApiException, KubeClient, is_precondition_failed
 from durable_sandbox.kube.plan import cluster_run_id
+from durable_sandbox.kube.resources import CLI_FIELD_MANAGER, JSON_PATCH, WORKFLOWS, CustomObjects
 
-__all__ = ["APPLY_PATCH", "FIELD_MANAGER", "NoSuchWorkflow", "WorkflowClient", "run_id_of"]
+__all__ = ["NoSuchWorkflow", "WorkflowClient", "run_id_of"]
 
-APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (a JSON body is YAML too)
-MERGE_PATCH = "application/merge-patch+json"
-FIELD_MANAGER = "dsb"
-PLURALS = {"Workflow": "workflows", "Sandbox": "sandboxes"}
 # A signal races another writer of spec.signals (a second `dsb signal`, kubectl patch): the JSON Patch
 # tests the resourceVersion it read, and a lost race is retried against the new object.
 SIGNAL_ATTEMPTS = 10
@@ -53,30 +42,16 @@ def _pointer(key: str) -> str:
 class WorkflowClient:
     """Workflows (and Sandboxes) of one namespace."""
 
-    def __init__(self, api: KubeClient, namespace: str, *, field_manager: str = FIELD_MANAGER) -> None:
+    def __init__(self, api: KubeClient, namespace: str, *, field_manager: str = CLI_FIELD_MANAGER) -> None:
         self.api = api
         self.namespace = namespace
-        self.field_manager = field_manager
+        self.objects = CustomObjects(api, field_manager=field_manager)
 
     async def get(self, name: str) -> dict[str, Any] | None:
-        try:
-            return await json_body(
-                self.api.custom.get_namespaced_custom_object_without_preload_content(
-                    GROUP, VERSION, self.namespace, "workflows", name
-                )
-            )
-        except ApiException as exc:
-            if is_not_found(exc):
-                return None
-            raise
+        return await self.objects.get(WORKFLOWS, self.namespace, name)
 
     async def list(self) -> list[dict[str, Any]]:
-        out = await json_body(
-            self.api.custom.list_namespaced_custom_object_without_preload_content(
-                GROUP, VERSION, self.namespace, "workflows"
-            )
-        )
-        return list(out.get("items") or [])
+        return await self.objects.list(WORKFLOWS, self.namespace)
 
     async def find(self, ref: str) -> dict[str, Any]:
         """The Workflow named ``ref``, or the one whose run id is ``ref``."""
@@ -96,12 +71,7 @@ class WorkflowClient:
 
         Server-side, like ``kubectl apply --server-side``: a client-side apply keeps the whole manifest in an
         annotation, which a large spec (10,000 tool calls) takes past the 256 KiB annotation limit."""
-        kind = str(manifest.get("kind"))
-        body = {**manifest, "metadata": {**manifest["metadata"], "namespace": self.namespace}}
-        return await json_body(self.api.custom.patch_namespaced_custom_object_without_preload_content(
-            GROUP, VERSION, self.namespace, PLURALS[kind], manifest["metadata"]["name"], body,
-            field_manager=self.field_manager, _content_type=APPLY_PATCH,
-        ))  # fmt: skip
+        return await self.objects.apply(manifest, self.namespace)
 
     async def signal(self, name: str, callback_id: str, value: Any) -> bool:
         """Set ``spec.signals[callback_id]``; False when it already has this value. A different value for a
@@ -122,21 +92,20 @@ class WorkflowClient:
                 else {"op": "add", "path": f"/spec/signals/{_pointer(callback_id)}", "value": value}
             )
             try:
-                await self.api.custom.patch_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, "workflows", name,
-                    [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, op],
-                    field_manager=self.field_manager, _content_type=JSON_PATCH,
+                patched = await self.objects.patch(
+                    WORKFLOWS, self.namespace, name,
+                    [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, op], patch_type=JSON_PATCH,
                 )  # fmt: skip
             except ApiException as exc:
                 if is_precondition_failed(exc) and "resourceVersion" in str(exc.body):
                     continue  # changed since we read it: judge again against the new object
                 raise
+            if patched is None:
+                raise NoSuchWorkflow(f"Workflow {self.namespace}/{name} is gone")
             return True
         raise RuntimeError(f"spec.signals of Workflow {self.namespace}/{name} kept changing; try again")
 
     async def cancel(self, name: str) -> None:
         """Set ``spec.cancel: true`` (it can never go back)."""
-        await self.api.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, "workflows", name, {"spec": {"cancel": True}},
-            field_manager=self.field_manager, _content_type=MERGE_PATCH,
-        )  # fmt: skip
+        if await self.objects.patch(WORKFLOWS, self.namespace, name, {"spec": {"cancel": True}}) is None:
+            raise NoSuchWorkflow(f"Workflow {self.namespace}/{name} is gone")

@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 
 from durable_sandbox.engine import Context, faults
 from durable_sandbox.engine.errors import DurableError, Handover, LeaseLost, Suspend
-from durable_sandbox.engine.records import ErrorInfo, OperationRecord, OpKind
+from durable_sandbox.engine.executor import RunExecutor
+from durable_sandbox.engine.records import ErrorInfo, Lease, OperationRecord, OpKind, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
 from durable_sandbox.providers.contract import (
@@ -48,6 +49,9 @@ from durable_sandbox.providers.contract import (
     UnsupportedCapability,
 )
 from durable_sandbox.providers.redaction import REDACTED
+from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes.journal import reserved_operation_id, sessions_in
+from durable_sandbox.sandboxes.requirements import unmet
 
 log = logging.getLogger("durable_sandbox.sandboxes")
 
@@ -59,6 +63,7 @@ CLEANUP_ATTEMPTS = 8
 FIRST_RETRY_DELAY = 0.2  # seconds; doubles per attempt up to MAX_RETRY_DELAY
 MAX_RETRY_DELAY = 5.0
 MAX_RATE_LIMIT_WAIT = 300.0  # a provider's Retry-After is honoured up to this long per wait, then asked again
+DEFAULT_HIBERNATE_AFTER = 300.0  # seconds a waiting run keeps its sandbox, when the engine says nothing (DESIGN 6)
 
 
 class ReconstructionError(DurableError):
@@ -86,23 +91,32 @@ class CleanupFailed(DurableError):
     retryable = True
 
 
-_RESERVED_HEADS = frozenset({"provision", "finalize", "snapshot", "restore", "destroy", "inject_loss"})
 
 
 class ToolCallFailed(DurableError):
     """A tool call's outcome failed the run under its failure policy (not retried within the run)."""
 
 
-def reserved_operation_id(operation_id: str) -> bool:
-    """Operation ids that would collide with the session's own journal ids (``<session>/provision``...)."""
-    return operation_id.split("/", 1)[0] in _RESERVED_HEADS
 
 
-def _service_for(rt: RunRuntime, name: str) -> Any:
-    """A service value, or its value for this run when the service is a function of the run id (the
-    operator serves many Workflows from one process: e.g. owner ``<namespace>/<workflow uid>``)."""
-    value = rt.services.get(name)
-    return value(rt.run_id) if callable(value) else value
+@dataclass(frozen=True)
+class SandboxServices:
+    """What the process driving runs tells their sandbox sessions (an extension value of the engine:
+    ``Engine(extensions=[SandboxServices(...)])``; `dsb` gives none). The operator serves many Workflows from
+    one process, so what differs per run is a function of the run id."""
+
+    # run id -> the owner tag of its sandboxes (``<namespace>/<workflow uid>``; orphans are found by it)
+    owner: Callable[[str], str | None] | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)  # on every sandbox (the operator's installation)
+    # (run id, Sandbox resource name) -> that resource's live sandbox, for a session that attaches to it
+    attached: Callable[[str, str], Awaitable[SandboxHandle]] | None = None
+
+    @staticmethod
+    def of(rt: RunRuntime) -> SandboxServices:
+        return rt.extensions.get(SandboxServices) or _NO_SERVICES
+
+
+_NO_SERVICES = SandboxServices()
 
 
 def derived_operation_id(run_id: str, session: str, index: int) -> str:
@@ -196,7 +210,7 @@ class SessionState:
                 st.pending_handles.append(SandboxHandle.model_validate(meta["handle"]))
             if r.kind == OpKind.SANDBOX_RESTORE.value and r.status == "failed":
                 st.restores += 1
-                st.recovery_attempts += meta.get("reason") == "recovery"
+                st.recovery_attempts += meta.get(journal.META_REASON) == journal.REASON_RECOVERY
             if r.status != "completed":
                 continue
             if r.kind in (OpKind.SANDBOX_PROVISION.value, OpKind.SANDBOX_RESTORE.value):
@@ -204,24 +218,25 @@ class SessionState:
                 st.pending_handles = [h for h in st.pending_handles if h.id != st.handle.id]
                 if r.kind == OpKind.SANDBOX_RESTORE.value:
                     st.restores += 1
-                    if meta.get("reason") == "recovery":
+                    if journal.recovered(r):
                         st.recoveries += 1
                         st.recovery_attempts += 1
             elif r.kind == OpKind.SANDBOX_DESTROY.value:
-                gone = meta.get("sandboxId")
+                gone = meta.get(journal.META_SANDBOX_ID)
                 if st.handle is not None and st.handle.id == gone:
                     st.handle = None
                 st.pending_handles = [h for h in st.pending_handles if h.id != gone]
             elif r.kind == OpKind.SANDBOX_SNAPSHOT.value:
                 st.checkpoints.append(Checkpoint(int(meta["count"]), r.result["snapshotId"], r.op_id))
             elif r.kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value:
-                st.checkpoints = [c for c in st.checkpoints if c.snapshot_id != meta.get("snapshotId")]
+                st.checkpoints = [c for c in st.checkpoints if c.snapshot_id != journal.deletion_of(r)]
             elif r.kind == OpKind.SANDBOX_CALL.value:
                 st.calls[int(meta["index"])] = (r.op_id, _result_from(r.result))
-            if meta.get("finalized"):
+            if journal.finalized(r):
                 st.finalized = True
-                st.retained = meta.get("retained")
-                st.finalizations.append((r.epoch, bool(meta.get("succeeded", True))))
+                kept = journal.retained(r)
+                st.retained = kept.snapshot_id if kept else None
+                st.finalizations.append((r.epoch, bool(meta.get(journal.META_SUCCEEDED, True))))
         return st
 
     def reopen_for(self, epoch: int) -> int:
@@ -236,15 +251,6 @@ class SessionState:
             self.finalized = False
             self.retained = None
         return generation
-
-
-def sessions_in(rows: Sequence[OperationRecord]) -> list[str]:
-    """Ids of every session a journal mentions (from their provision records)."""
-    seen: dict[str, None] = {}
-    for r in rows:
-        if r.kind == OpKind.SANDBOX_PROVISION.value and r.op_id.endswith("/provision"):
-            seen[r.op_id[: -len("/provision")]] = None
-    return list(seen)
 
 
 # ------------------------------------------------------------------------------------------ session
@@ -282,18 +288,20 @@ class SandboxSession:
         self.retain_latest_snapshot = retain_latest_snapshot
         self.inject_loss_after = inject_loss_after
         self.suspend_between_calls = suspend_between_calls
-        self.hibernate_after = hibernate_after if hibernate_after is not None else float(rt.services.get("hibernate_after", 300.0))
+        self.hibernate_after = hibernate_after if hibernate_after is not None else (
+            rt.hibernate_after if rt.hibernate_after is not None else DEFAULT_HIBERNATE_AFTER)
         self.lease_seconds = lease_seconds
         # The name of a Sandbox resource whose live sandbox this session uses instead of provisioning one:
         # never destroyed, hibernated or recovered here (the Sandbox's controller owns its lifecycle).
         self.attach = attach
+        services = SandboxServices.of(rt)
         self.spec = SandboxSpec(
             template=template,
             env=dict(env or {}),
-            owner=owner or _service_for(rt, "owner") or "durable-sandbox-local",
+            owner=owner or (services.owner(rt.run_id) if services.owner is not None else None) or "durable-sandbox-local",
             labels={
                 # The operator adds its installation label (orphan sweeps list by it); snapshots keep them.
-                **dict(_service_for(rt, "sandbox_labels") or {}),
+                **services.labels,
                 **({RETAIN_LABEL: "true"} if retain_latest_snapshot else {}),
                 "durable-sandbox.dev/run-id": rt.run_id, "durable-sandbox.dev/session": sid,
             },
@@ -323,7 +331,7 @@ class SandboxSession:
         self._next_index += 1
         if reserved_operation_id(call.operation_id):
             raise ValueError(f"Sandbox {self.sid!r}: operation id {call.operation_id!r} is reserved; choose another id")
-        op_id = f"{self.sid}/{call.operation_id}"
+        op_id = journal.call_id(self.sid, call.operation_id)
         self._calls[op_id] = call  # with its env values, which the journal does not keep (for replay)
         digest = value_digest([call.type, call.args])
         prev = self.rt.enter(op_id, OpKind.SANDBOX_CALL.value, call.type, digest)
@@ -352,14 +360,14 @@ class SandboxSession:
                 failure = ToolCallFailed(reason)
                 await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "failed", digest=digest,
                                     error=ErrorInfo.from_exception(failure, retryable=False),
-                                    meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id,
+                                    meta={journal.META_INDEX: index, journal.META_OPERATION_ID: call.operation_id, journal.META_SANDBOX_ID: sandbox_id,
                                           "outcome": _result_json(result)})
                 raise failure
             # Deferred: committed with the run's next write (the next call's start, a snapshot, the final
             # commit), so a call costs one commit; ``after:<op>`` is reached once it has landed.
             await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "completed", digest=digest,
                                 result=_result_json(result),
-                                meta={"index": index, "operationId": call.operation_id, "sandboxId": sandbox_id},
+                                meta={journal.META_INDEX: index, journal.META_OPERATION_ID: call.operation_id, journal.META_SANDBOX_ID: sandbox_id},
                                 defer=True)
             self.state.calls[index] = (op_id, result)
         await self._after_call(index + 1)
@@ -406,7 +414,7 @@ class SandboxSession:
         self._validate()
         if self.state.finalized:
             return self
-        rec = self.rt.lookup(f"{self.sid}/provision")
+        rec = self.rt.lookup(journal.provision_id(self.sid))
         if rec is None or rec.status != "completed":
             await self._provision(rec)
         return self
@@ -432,17 +440,14 @@ class SandboxSession:
         await self.finalize(succeeded=succeeded)
 
     def _validate(self) -> None:
-        caps = self.provider.capabilities()
-        if self.inject_loss_after is not None and not caps.supports(Capability.LOSS_INJECTION):
-            raise UnsupportedCapability(self.provider.name, Capability.LOSS_INJECTION)
-        if self.suspend_between_calls and not (caps.supports(Capability.SUSPEND) and caps.supports(Capability.RESUME)):
-            raise UnsupportedCapability(self.provider.name, Capability.SUSPEND)
-        if self.snapshot_every and not caps.supports(Capability.SNAPSHOT):
-            raise UnsupportedCapability(self.provider.name, Capability.SNAPSHOT)
-        if self.lease_seconds > caps.maximum_lease_seconds:
+        for missing in unmet(self.provider.capabilities(), inject_loss_after=self.inject_loss_after,
+                             suspend_between_calls=self.suspend_between_calls, snapshot_every=self.snapshot_every,
+                             lease_seconds=self.lease_seconds):
+            if missing.capability is not None:
+                raise UnsupportedCapability(self.provider.name, missing.capability)
             raise ConfigurationError(
                 f"Sandbox {self.sid!r}: lease of {self.lease_seconds} s exceeds provider "
-                f"[{self.provider.name}]'s maximum of {caps.maximum_lease_seconds} s"
+                f"[{self.provider.name}]'s maximum of {missing.maximum} s"
             )
         seen: dict[str, int] = {}
         for i, given in enumerate(self._operation_ids):
@@ -451,7 +456,7 @@ class SandboxSession:
             if reserved_operation_id(given):
                 raise ValueError(
                     f"Sandbox {self.sid!r}: operation id {given!r} (call {i}) is reserved for the session's own "
-                    f"records ({', '.join(sorted(_RESERVED_HEADS))}); choose another id"
+                    f"records ({', '.join(sorted(journal.RESERVED_HEADS))}); choose another id"
                 )
             if given in seen:
                 raise ValueError(
@@ -543,7 +548,7 @@ class SandboxSession:
     # ------------------------------------------------------------------ lifecycle
 
     async def _provision(self, prev: OperationRecord | None) -> None:
-        op_id = f"{self.sid}/provision"
+        op_id = journal.provision_id(self.sid)
         if prev is not None:
             await self._reap_unrecorded()
         self.rt.enter(op_id, OpKind.SANDBOX_PROVISION.value, self.provider.name, None)
@@ -560,8 +565,8 @@ class SandboxSession:
         self.state.provider = self.provider.name
 
     async def _attached_handle(self, name: str) -> SandboxHandle:
-        """The live sandbox of Sandbox resource ``name`` (the ``attached_sandbox`` service finds it)."""
-        find = self.rt.services.get("attached_sandbox")
+        """The live sandbox of Sandbox resource ``name`` (``SandboxServices.attached`` finds it)."""
+        find = SandboxServices.of(self.rt).attached
         if find is None:
             raise ConfigurationError(
                 f"Sandbox {self.sid!r}: sandboxRef {name!r} names a Sandbox resource, which only the operator can "
@@ -629,7 +634,7 @@ class SandboxSession:
     async def _checkpoint(self, count: int, *, fresh: bool = True) -> None:
         """Snapshot at ``count`` calls, record it, then delete the checkpoint it supersedes."""
         # A re-opened session's snapshots get ids of their own: the failed attempt's were deleted.
-        op_id = f"{self.sid}/snapshot/{count}" + (f"~{self.generation}" if self.generation else "")
+        op_id = journal.snapshot_id(self.sid, count, self.generation)
         rec = self.rt.lookup(op_id)
         if not fresh and (rec is None or rec.status != "completed"):
             return
@@ -650,15 +655,15 @@ class SandboxSession:
             await self._delete_snapshot(old)
 
     async def _delete_snapshot(self, cp: Checkpoint) -> None:
-        op_id = f"{cp.op_id}/delete"
-        meta = {"snapshotId": cp.snapshot_id}
+        op_id = journal.delete_id(cp.op_id)
+        meta = {journal.META_SNAPSHOT_ID: cp.snapshot_id}
         await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "started", meta=meta)
         await self._retry_cleanup(f"delete snapshot {cp.snapshot_id}", lambda: self.provider.delete_snapshot(cp.snapshot_id))
         await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "completed", meta=meta)
         self.state.checkpoints = [c for c in self.state.checkpoints if c.snapshot_id != cp.snapshot_id]
 
     async def _inject_loss(self, count: int) -> None:
-        op_id = f"{self.sid}/inject_loss/{count}"
+        op_id = journal.inject_loss_id(self.sid, count)
         rec = self.rt.lookup(op_id)
         if rec is not None and rec.status == "completed":
             return
@@ -667,7 +672,7 @@ class SandboxSession:
         if handle is not None:
             await self.provider.inject_loss(handle)
         await self._journal(op_id, OpKind.SANDBOX_INJECT_LOSS, "inject_loss", "completed",
-                            meta={"count": count, "sandboxId": handle.id if handle else None})
+                            meta={journal.META_COUNT: count, journal.META_SANDBOX_ID: handle.id if handle else None})
         await self._recover("loss injected")
 
     async def _recover(self, why: str) -> None:
@@ -694,12 +699,13 @@ class SandboxSession:
     async def _restore(self, *, reason: str) -> None:
         """Make a replacement sandbox from the newest checkpoint (or fresh), replay the calls since it."""
         number = self.state.restores + 1
-        op_id = f"{self.sid}/restore/{number}"
+        op_id = journal.restore_id(self.sid, number)
         prev = self.rt.lookup(op_id)
         if prev is not None and prev.status == "started":  # finishing a restore a crash interrupted: same reason
-            reason = (prev.meta or {}).get("reason", reason)
+            reason = (prev.meta or {}).get(journal.META_REASON, reason)
         cp = self.state.latest
-        meta: dict[str, Any] = {"reason": reason, "snapshotId": cp.snapshot_id if cp else None, "fromCount": cp.count if cp else 0}
+        meta: dict[str, Any] = {journal.META_REASON: reason, journal.META_SNAPSHOT_ID: cp.snapshot_id if cp else None,
+                                "fromCount": cp.count if cp else 0}
         if prev is not None and prev.status == "started":
             for h in self.state.pending_handles:  # a half-finished restore from before a crash
                 await self._destroy(h, reason="abandoned")
@@ -760,11 +766,11 @@ class SandboxSession:
         return ToolCall(operation_id=op_id[len(self.sid) + 1 :], type=args["type"], args=args["args"])
 
     async def _destroy(self, handle: SandboxHandle, *, reason: str) -> None:
-        op_id = f"{self.sid}/destroy/{handle.id}"
+        op_id = journal.destroy_id(self.sid, handle.id)
         rec = self.rt.lookup(op_id)
         if rec is not None and rec.status == "completed":
             return
-        meta: dict[str, Any] = {"sandboxId": handle.id, "reason": reason}
+        meta: dict[str, Any] = {journal.META_SANDBOX_ID: handle.id, journal.META_REASON: reason}
         if handle.id == self._attached_id():
             # A Sandbox resource's sandbox is let go, not destroyed: it outlives the run.
             meta["detached"] = True
@@ -829,9 +835,10 @@ class SandboxSession:
                 await self._delete_snapshot(cp)
         await self.rt.write(
             OperationRecord(
-                f"{self.sid}/finalize" + (f"~{self.generation}" if self.generation else ""),
+                journal.finalize_id(self.sid, self.generation),
                 OpKind.SANDBOX_DESTROY.value, "finalize", "completed", 1, None, None,
-                meta={"finalized": True, "retained": keep.snapshot_id if keep else None, "succeeded": succeeded},
+                meta={journal.META_FINALIZED: True, journal.META_RETAINED: keep.snapshot_id if keep else None,
+                      journal.META_SUCCEEDED: succeeded},
                 epoch=self.rt.epoch,
             )
         )
@@ -839,7 +846,7 @@ class SandboxSession:
         self.state.retained = keep.snapshot_id if keep else None
 
     def _first_sandbox_id(self) -> str | None:
-        rec = self.rt.lookup(f"{self.sid}/provision")
+        rec = self.rt.lookup(journal.provision_id(self.sid))
         if rec is not None and rec.status == "completed" and isinstance(rec.result, dict):
             return rec.result.get("id")
         return None
@@ -894,7 +901,7 @@ class SessionFactory:
             else:
                 await session.finalize(succeeded=False)
 
-    async def after_run(self, rt: RunRuntime, status: Any) -> None:
+    async def after_run(self, rt: RunRuntime, status: RunStatus) -> None:
         """A retained snapshot passes to the caller only if the *run* succeeds: when it fails or is
         cancelled after its sandbox block ended, the snapshot is deleted like any other."""
         if getattr(status, "value", status) == "succeeded":
@@ -907,14 +914,14 @@ class SessionFactory:
                 session = SandboxSession(rt, sid, self.providers(state.provider))
                 await session._delete_snapshot(kept[0])
 
-    async def cancel_cleanup(self, engine: Any, run: Any, lease: Any) -> None:
+    async def cancel_cleanup(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
         """Finalize every sandbox session of a run that is cancelled while not executing."""
-        rt = await engine.open_runtime(run, lease)
+        rt = await executor.open_runtime(run, lease)
         await self._cleanup_sessions(rt, "finalize")
 
-    async def hibernate_run(self, engine: Any, run: Any, lease: Any) -> None:
+    async def hibernate_run(self, executor: RunExecutor, run: RunRecord, lease: Lease) -> None:
         """Hibernate every live sandbox of a waiting run (snapshot, then destroy)."""
-        rt = await engine.open_runtime(run, lease)
+        rt = await executor.open_runtime(run, lease)
         await self._cleanup_sessions(rt, "hibernate")
 
     async def aclose(self) -> None:

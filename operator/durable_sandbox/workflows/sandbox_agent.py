@@ -9,6 +9,7 @@ manifest is validated identically by ``dsb run`` and by ``kubectl apply``'s admi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
@@ -19,7 +20,7 @@ from durable_sandbox.engine import Context, workflow
 from durable_sandbox.engine.errors import DurableError
 from durable_sandbox.providers.contract import ToolCall, ToolResult, safe_relative_path
 from durable_sandbox.providers.redaction import REDACTED
-from durable_sandbox.sandboxes.session import reserved_operation_id
+from durable_sandbox.sandboxes.journal import reserved_operation_id
 
 NAME = "sandbox-agent"
 
@@ -265,7 +266,7 @@ class SandboxAgentInput(_Spec):
     inject_loss_after_n_calls: Annotated[int, Field(ge=1, strict=True)] | None = None
     hibernate_after_seconds: Annotated[int, Field(ge=0, strict=True)] | None = None
     # "detached": the literal env values were taken out of this input (which the store keeps and `dsb
-    # inspect` shows) and the engine's `env_values` service hands them back by run id (see detach_env).
+    # inspect` shows) and `AgentServices.env_values` hands them back by run id (see detach_env).
     env_values: Literal["inline", "detached"] = "inline"
     failure_policy: FailurePolicy | None = None
     # In a cluster, a Workflow's spec.sandboxRef: the Sandbox resource whose live sandbox the calls run in
@@ -299,7 +300,7 @@ def to_tool_call(spec: ShellCall | WriteFileCall | ReadFileCall, operation_id: s
     return ToolCall(operation_id=operation_id, type=spec.type, args=args)
 
 
-def resolve_env(settings: SandboxSettings, secrets: dict[tuple[str, str], str] | None = None) -> dict[str, str]:
+def resolve_env(settings: SandboxSettings, secrets: Mapping[tuple[str, str], str] | None = None) -> dict[str, str]:
     """Literal values plus secret references resolved by the caller (the operator reads Secrets)."""
     env: dict[str, str] = {}
     for var in settings.env:
@@ -344,7 +345,7 @@ def _with_env(spec: SandboxAgentInput, value_of: Callable[[str, str], str], mode
 def detach_env(spec: SandboxAgentInput) -> tuple[SandboxAgentInput, dict[str, str]]:
     """``spec`` with every literal env value (``sandbox.env[].value``, ``toolCalls[].env``) replaced by
     ``***``, and the values by place. The first is what a run stores; the second goes only to the
-    provider, through the engine's ``env_values`` service (`dsb run` keeps them beside the store in an
+    provider, through ``AgentServices.env_values`` (`dsb run` keeps them beside the store in an
     owner-only file while the run may still need them; the operator re-reads them from the Workflow)."""
     values = dict(_env_keys(spec))
     if not values:
@@ -363,10 +364,26 @@ class EnvValuesUnavailable(DurableError):
     """A run whose env values were kept out of the store is executed where they are not available."""
 
 
+@dataclass(frozen=True)
+class AgentServices:
+    """What the process driving sandbox-agent runs hands them, by run id: values that are never stored (an
+    extension value of the engine: ``Engine(extensions=[AgentServices(...)])``)."""
+
+    # run id -> the literal env values kept out of its stored input (`dsb run`: cli/envfiles.py; the operator
+    # re-plans the Workflow object)
+    env_values: Callable[[str], Mapping[str, str] | None] | None = None
+    # run id -> the Secret values its sandbox env references (the operator reads them just before it executes)
+    secrets: Callable[[str], Mapping[tuple[str, str], str]] | None = None
+
+    @staticmethod
+    def of(ctx: Context) -> AgentServices:
+        return ctx.operations.extensions.get(AgentServices) or AgentServices()
+
+
 def _attached(ctx: Context, spec: SandboxAgentInput) -> SandboxAgentInput:
     if spec.env_values == "inline":
         return spec
-    source = ctx.operations.services.get("env_values")
+    source = AgentServices.of(ctx).env_values
     values = source(ctx.run_id) if source is not None else None
     if values is None:
         raise EnvValuesUnavailable(
@@ -387,11 +404,10 @@ def _failure(where: str, policy: FailurePolicy, result: ToolResult) -> str | Non
 @workflow(name=NAME, version="1")
 async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]:
     spec = _attached(ctx, spec)
-    secrets = ctx.operations.services.get("secrets")
-    if callable(secrets):
-        # The operator serves several namespaces from one process: the values a run may see are looked up
-        # by its run id (read from its namespace's Secrets just before it executes; never journaled).
-        secrets = secrets(ctx.run_id)
+    # The operator serves several namespaces from one process: the values a run may see are looked up by its
+    # run id (read from its namespace's Secrets just before it executes; never journaled).
+    lookup = AgentServices.of(ctx).secrets
+    secrets = lookup(ctx.run_id) if lookup is not None else None
     options: dict[str, Any] = {
         "template": spec.sandbox.template,
         "env": resolve_env(spec.sandbox, secrets),

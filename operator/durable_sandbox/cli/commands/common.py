@@ -14,7 +14,7 @@ import click
 
 from durable_sandbox.cli import render
 from durable_sandbox.cli.errors import EXIT_WAITING, Interrupted, exit_code_for
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import RunState
 
 T = TypeVar("T")

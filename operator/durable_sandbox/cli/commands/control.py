@@ -9,7 +9,8 @@ from durable_sandbox.cli import drive, render
 from durable_sandbox.cli.commands.common import pass_settings, report_outcome, run_async
 from durable_sandbox.cli.errors import EXIT_OK, CliError
 from durable_sandbox.cli.jsonarg import parse_json
-from durable_sandbox.cli.session import Settings, open_client, open_engine
+from durable_sandbox.cli.session import open_client, open_engine
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import RunState
 
 

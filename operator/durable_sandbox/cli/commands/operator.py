@@ -80,7 +80,7 @@ def operator(
         from durable_sandbox.kube import handlers, journal_key
         from durable_sandbox.kube.controller import OperatorPolicy, OperatorSettings
         from durable_sandbox.kube.metrics import METRICS
-        from durable_sandbox.kube.metrics_server import operator_startup_hook
+        from durable_sandbox.kube.metrics_server import operator_startup_hook, stop_servers
         from durable_sandbox.kube.sweeper import default_installation_id
         from durable_sandbox.providers.registry import create_provider
     except ImportError as exc:
@@ -110,6 +110,7 @@ def operator(
     handlers.config.providers = lambda name: METRICS.instrument(create_provider(name))
     if metrics_port is not None:
         handlers.STARTUP_HOOKS.append(operator_startup_hook(METRICS, port=metrics_port, host=metrics_host))
+        handlers.SHUTDOWN_HOOKS.append(stop_servers)
     problem = handlers.run(namespaces=list(namespaces), liveness=liveness)
     if problem is not None:
         raise CliError(problem, code=EXIT_FAILED)

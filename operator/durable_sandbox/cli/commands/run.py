@@ -10,7 +10,8 @@ from durable_sandbox.cli.detach import spawn
 from durable_sandbox.cli.errors import EXIT_OK, CliError
 from durable_sandbox.cli.jsonarg import read_input
 from durable_sandbox.cli.render import emit_data, state_doc
-from durable_sandbox.cli.session import Settings, cluster_module, open_engine
+from durable_sandbox.cli.session import cluster_module, open_engine
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.cli.targets import RunPlan, is_manifest, plan_entrypoint, plan_manifest
 from durable_sandbox.engine import RunRecord, RunState
 from durable_sandbox.stores import SqliteStore

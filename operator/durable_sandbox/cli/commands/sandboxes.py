@@ -10,7 +10,8 @@ import click
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
 from durable_sandbox.cli.errors import CliError
-from durable_sandbox.cli.session import Settings, cluster_module
+from durable_sandbox.cli.session import cluster_module
+from durable_sandbox.cli.settings import Settings
 
 
 @click.command()

@@ -11,7 +11,8 @@ import click
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
 from durable_sandbox.cli.errors import EXIT_OK
-from durable_sandbox.cli.session import Settings, open_engine
+from durable_sandbox.cli.session import open_engine
+from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import RunRecord
 
 

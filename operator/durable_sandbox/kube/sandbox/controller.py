@@ -38,22 +38,27 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from durable_sandbox.engine import faults
 from durable_sandbox.kube import holding
-from durable_sandbox.kube.client import KubeClient, is_not_found
-from durable_sandbox.kube.controller import CleanupPending
+from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.conditions import SANDBOX_CONDITIONS, State, find, merge, rfc3339
+from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
 from durable_sandbox.kube.labels import label_value
 from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
-from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource
-from durable_sandbox.kube.objects import ObjectView
+from durable_sandbox.kube.models import SandboxResource
+from durable_sandbox.kube.resources import API_VERSION, OPERATOR_FIELD_MANAGER, SANDBOXES, CustomObjects
+from durable_sandbox.kube.sandbox.view import (
+    OPERATION_LABEL,
+    SANDBOX_LABEL,
+    SandboxControllerSettings,
+    SandboxView,
+)
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
-from durable_sandbox.kube.status import condition, rfc3339
 from durable_sandbox.kube.store import LABEL_PART, MANAGED_BY
 from durable_sandbox.providers.contract import (
     Capability,
@@ -67,47 +72,11 @@ from durable_sandbox.providers.contract import (
 )
 from durable_sandbox.workflows.sandbox_agent import resolve_env
 
-log = logging.getLogger("durable_sandbox.kube.sandbox_controller")
-
-SANDBOXES = "sandboxes"
-MERGE_PATCH = "application/merge-patch+json"
-SANDBOX_LABEL = "durable-sandbox.dev/sandbox"
-OPERATION_LABEL = "durable-sandbox.dev/operation"
+log = logging.getLogger(__name__)
 
 
-@dataclass
-class SandboxControllerSettings:
-    retry: float = 5.0  # after a transient provider error
-    failed_retry: float = 60.0  # after a refused provision (the spec may change meanwhile)
-    held_retry: float = 2.0  # deletion of a Sandbox a Workflow holds looks again this often
-    cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-    worker_id: str = "durable-sandbox"  # this replica's name in the Sandboxes' Leases
-    lease_ttl: float = 15.0  # a dead replica's Sandboxes are taken over after this long
 
-
-@dataclass(kw_only=True)
-class SandboxView(ObjectView):
-    """One Sandbox as this process serves it: the newest body and the status it wrote last."""
-
-    status: dict[str, Any]
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    lease: HeldLease | None = None  # this replica's claim to reconcile the Sandbox
-    turn: asyncio.Task[float | None] | None = None  # the reconciliation in progress (stopped if the lease is lost)
-    waiting_on: str | None = None  # the replica holding the lease while this one waits
-
-    @property
-    def snapshots(self) -> list[str]:
-        return list(self.status.get("snapshots") or [])
-
-    def handle(self) -> SandboxHandle | None:
-        pid = self.status.get("providerId")
-        if not pid:
-            return None
-        return SandboxHandle(id=pid, provider=self.provider_name, metadata=dict(self.status.get("handle") or {}))
-
-    @property
-    def provider_name(self) -> str:
-        return str((self.body.get("spec") or {}).get("provider") or "local")
+CONDITION_ORDER = SANDBOX_CONDITIONS
 
 
 class SandboxController:
@@ -120,6 +89,7 @@ class SandboxController:
         labels: Mapping[str, str] | None = None,
     ) -> None:
         self.api = api
+        self.objects = CustomObjects(api)
         self.events = events
         self.labels = dict(labels or {})  # on every sandbox provisioned (the installation label: orphan sweeps)
         self._provider_of = provider
@@ -144,26 +114,15 @@ class SandboxController:
                 view.status.pop(key, None)
             else:
                 view.status[key] = value
-        try:
-            await self.api.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, view.namespace, SANDBOXES, view.name, {"status": changes},
-                field_manager="durable-sandbox-operator", _content_type=MERGE_PATCH,
-            )
-        except Exception as exc:
-            if not is_not_found(exc):
-                raise
+        await self.objects.patch_status(SANDBOXES, view.namespace, view.name, changes)
 
-    def _conditions(self, view: SandboxView, **states: tuple[bool, str, str]) -> list[dict[str, Any]]:
+    @staticmethod
+    def _conditions(view: SandboxView, **states: State) -> list[dict[str, Any]]:
         """The conditions with ``states`` (type -> (on, reason, message)) applied over the current ones."""
-        previous = {c.get("type", ""): c for c in view.status.get("conditions") or [] if isinstance(c, dict)}
-        merged = dict(previous)
-        for ctype, (on, reason, message) in states.items():
-            merged[ctype] = condition(ctype, on, reason, message, view.generation, previous)
-        order = ["Ready", "Suspended", "CleanupBlocked"]
-        return [merged[t] for t in order if t in merged] + [c for t, c in merged.items() if t not in order]
+        return merge(view.status.get("conditions") or [], states, view.generation, CONDITION_ORDER)
 
     async def _transition(self, view: SandboxView, phase: str, changes: dict[str, Any] | None = None,
-                          **states: tuple[bool, str, str]) -> None:
+                          **states: State) -> None:
         await self._patch(view, {**(changes or {}), "phase": phase, "conditions": self._conditions(view, **states)})
 
     async def _emit(self, view: SandboxView, reason: str, message: str, kind: str = "Normal") -> None:
@@ -217,8 +176,8 @@ class SandboxController:
             leases = self._leases.get(view.namespace)
             if leases is None:
                 leases = self._leases[view.namespace] = Leases(self.api, view.namespace,
-                                                               field_manager="durable-sandbox-operator")
-            owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Sandbox", "name": view.name, "uid": view.uid}
+                                                               field_manager=OPERATOR_FIELD_MANAGER)
+            owner = {"apiVersion": API_VERSION, "kind": "Sandbox", "name": view.name, "uid": view.uid}
             view.lease = HeldLease(
                 leases, f"dsbx.{view.uid}", self.settings.worker_id, self.settings.lease_ttl,
                 labels={**MANAGED_BY, SANDBOX_LABEL: label_value(view.name), LABEL_PART: "lease"}, owners=[owner],
@@ -243,13 +202,8 @@ class SandboxController:
         log.info("sandbox %s/%s: this replica (%s) reconciles it now (lease epoch %d)", view.namespace, view.name,
                  self.settings.worker_id, epoch)
         # The previous holder wrote status last: start from what the API server has, not from our memory.
-        try:
-            obj: Any = await self.api.custom.get_namespaced_custom_object(GROUP, VERSION, view.namespace, SANDBOXES,
-                                                                          view.name)
-        except Exception as exc:
-            if not is_not_found(exc):
-                raise
-        else:
+        obj = await self.objects.get(SANDBOXES, view.namespace, view.name)
+        if obj is not None:
             view.status = dict(obj.get("status") or {})
         return None
 
@@ -412,7 +366,7 @@ class SandboxController:
     async def _keep_suspended(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> float | None:
         handle = view.handle()
         if handle is not None:
-            holder = await holding.running_holder(self.api, view.namespace, dict(view.latest()))
+            holder = await holding.running_holder(self.objects, view.namespace, dict(view.latest()))
             if holder is not None:
                 # Destroying the sandbox under a running Workflow would fail its calls: wait for it to end.
                 message = f"Workflow {holder} holds this sandbox (spec.sandboxRef); it is suspended once that Workflow ends"
@@ -441,12 +395,12 @@ class SandboxController:
 
     @staticmethod
     def _condition(view: SandboxView, ctype: str) -> dict[str, Any] | None:
-        return next((c for c in view.status.get("conditions") or [] if c.get("type") == ctype), None)
+        return find(view.status.get("conditions") or [], ctype)
 
     # ------------------------------------------------------------------ intent, then effect
 
     async def _begin(self, view: SandboxView, kind: str, phase: str, *, snapshot_id: str | None = None,
-                     **states: tuple[bool, str, str]) -> None:
+                     **states: State) -> None:
         count = int(view.status.get("operationCount") or 0) + 1
         op: dict[str, Any] = {"id": f"dsbx-{view.uid[:8]}-{count}-{kind}", "kind": kind}
         if snapshot_id is not None:
@@ -506,7 +460,7 @@ class SandboxController:
                 self._views.pop(view.uid, None)  # the holder cleans up; nothing of this view is worth keeping
                 raise CleanupPending(f"replica {view.waiting_on} reconciles this Sandbox; its cleanup runs there (or "
                                      f"here once that replica's lease runs out)", busy)
-            holder = await holding.running_holder(self.api, view.namespace, dict(body))
+            holder = await holding.running_holder(self.objects, view.namespace, dict(body))
             if holder is not None:
                 message = (f"Workflow {holder} holds this sandbox (spec.sandboxRef); deletion waits until it finishes "
                            f"or is cancelled")

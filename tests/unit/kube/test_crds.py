@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from durable_sandbox.kube import crds
+from tests.dsb import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"
 
 # Keywords a structural schema node may carry (apiextensions.k8s.io/v1 JSONSchemaProps, minus what we never use).

@@ -12,7 +12,7 @@ from durable_sandbox.engine.records import Lease
 from durable_sandbox.engine.store import Store
 from durable_sandbox.stores import SqliteStore
 from durable_sandbox.stores.testing import StoreContractSuite
-from tests.unit.conftest import Clock
+from tests.clock import Clock
 
 
 class TestSqliteStoreContract(StoreContractSuite):

@@ -11,13 +11,14 @@ observed: only the replica that acts on it does."""
 from __future__ import annotations
 
 import asyncio
-import copy
 from typing import Any
 
-from kubernetes.aio.client.exceptions import ApiException
-
-from durable_sandbox.kube.controller import Operator, OperatorSettings, RunView
+from durable_sandbox.kube.controller import Operator, OperatorSettings
 from durable_sandbox.kube.plan import cluster_run_id
+from durable_sandbox.kube.resources import WORKFLOWS
+from durable_sandbox.kube.workflow.runs import RunView
+from durable_sandbox.kube.workflow.turn import acted_generation
+from tests.fakes.custom_objects import FakeCustomObjects
 
 NS, NAME, UID = "team", "nightly", "0b5e1f2a-0000-4000-8000-000000000002"
 
@@ -28,24 +29,13 @@ def workflow(generation: int, **spec: Any) -> dict[str, Any]:
             "status": {"phase": "Running", "observedGeneration": 1}}
 
 
-class Custom:
-    """The API server's custom objects: GET answers ``current`` (None: 404)."""
-
-    def __init__(self, current: dict[str, Any] | None) -> None:
-        self.current = current
-        self.reads = 0
-
-    async def get_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
-                                           name: str) -> Any:
-        self.reads += 1
-        if self.current is None:
-            raise ApiException(status=404, reason="Not Found")
-        return copy.deepcopy(self.current)
+def api_server(current: dict[str, Any] | None) -> FakeCustomObjects:
+    """The API server's custom objects: the Workflow is ``current`` (None: 404)."""
+    return FakeCustomObjects({(WORKFLOWS, NS, NAME): current} if current is not None else {})
 
 
 class Api:
-    def __init__(self, custom: Custom) -> None:
-        self.custom, self.core = custom, None
+    core = None  # no Event is written on this path
 
 
 class Executor:
@@ -77,17 +67,17 @@ def view_of(body: dict[str, Any]) -> RunView:
     return view
 
 
-async def drive(current: dict[str, Any] | None, seen: dict[str, Any]) -> tuple[str, RunView, Engine, Custom]:
-    custom = Custom(current)
-    op = Operator(Api(custom), settings=OperatorSettings())  # type: ignore[arg-type]
+async def drive(current: dict[str, Any] | None, seen: dict[str, Any]) -> tuple[str, RunView, Engine, FakeCustomObjects]:
+    custom = api_server(current)
+    op = Operator(Api(), settings=OperatorSettings(), objects=custom)  # type: ignore[arg-type]
     engine, view = Engine(), view_of(seen)
-    outcome = await asyncio.wait_for(op._drive(view, engine, Plan(), asyncio.Event(), None), 10)  # type: ignore[arg-type]
+    outcome = await asyncio.wait_for(op.execution.drive(view, engine, Plan(), None), 10)  # type: ignore[arg-type]
     return outcome, view, engine, custom
 
 
 async def test_a_spec_changed_behind_a_lagging_watch_is_not_executed_past() -> None:
     outcome, view, engine, custom = await drive(current=workflow(2, suspend=True), seen=workflow(1))
-    assert custom.reads == 1
+    assert custom.reads() == 1
     assert engine.executor.driven == [], "the run was claimed and executed on a spec its suspend had replaced"
     assert outcome == "again"
     assert view.wake.is_set() and view.body["metadata"]["generation"] == 2 and view.body["spec"]["suspend"] is True
@@ -95,7 +85,7 @@ async def test_a_spec_changed_behind_a_lagging_watch_is_not_executed_past() -> N
 
 async def test_an_unchanged_spec_is_executed() -> None:
     outcome, view, engine, custom = await drive(current=workflow(1), seen=workflow(1))
-    assert engine.executor.driven == [view.run_id] and custom.reads == 1
+    assert engine.executor.driven == [view.run_id] and custom.reads() == 1
     assert outcome == "again" and not view.wake.is_set()
 
 
@@ -125,12 +115,12 @@ def test_a_watch_event_older_than_the_body_held_is_ignored() -> None:
 
 def test_a_suspend_waiting_for_the_lease_is_not_reported_as_observed() -> None:
     pending = view_of(workflow(2, suspend=True))
-    assert Operator._acted_generation(pending) == 1, "would tell the soak (and users) the suspend took effect"
+    assert acted_generation(pending) == 1, "would tell the soak (and users) the suspend took effect"
     pending.extra.suspended = True  # suspended by this replica
-    assert Operator._acted_generation(pending) == 2
+    assert acted_generation(pending) == 2
     signal = view_of(workflow(2, signals={"approval": True}))
-    assert Operator._acted_generation(signal) == 2, "a signal is stored by whichever replica sees it"
+    assert acted_generation(signal) == 2, "a signal is stored by whichever replica sees it"
     for phase in ("Suspended", "Succeeded", "Failed", "Cancelled"):  # nothing left for the suspend to stop
         shown = workflow(3, suspend=True)
         shown["status"]["phase"] = phase
-        assert Operator._acted_generation(view_of(shown)) == 3, phase
+        assert acted_generation(view_of(shown)) == 3, phase

@@ -56,11 +56,11 @@ async def scrape(srv: MetricsServer, path: str = "/metrics") -> tuple[int, str, 
 
 
 async def test_a_run_moves_the_counters_by_what_it_did(
-    server: tuple[OperatorMetrics, MetricsServer], tmp_path: Path, durable_home: Path
+    server: tuple[OperatorMetrics, MetricsServer], tmp_path: Path, home: Path
 ) -> None:
     metrics, srv = server
-    provider = metrics.instrument(LocalProvider(durable_home))
-    assert provider.name == "local" and provider.capabilities() == LocalProvider(durable_home).capabilities()
+    provider = metrics.instrument(LocalProvider(home))
+    assert provider.name == "local" and provider.capabilities() == LocalProvider(home).capabilities()
     engine = durable_sandbox.Engine(SqliteStore(tmp_path / "runs.db"), providers={"local": provider})
     try:
         state = await engine.run(
@@ -158,3 +158,18 @@ def test_api_verbs_are_named_as_the_api_server_names_them(
     method: str, url: str, query: object, expected: tuple[str, str]
 ) -> None:
     assert api_verb(method, url, query) == expected
+
+
+async def test_the_operators_metrics_server_stops_when_the_operator_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dsb operator --metrics-port` serves /metrics from a startup hook; kopf's cleanup handler (the operator
+    stopping) stops it again, after the runs were handed over: the port is free afterwards."""
+    from durable_sandbox.kube import handlers, metrics_server
+
+    monkeypatch.setattr(handlers, "SHUTDOWN_HOOKS", [metrics_server.stop_servers])
+    await metrics_server.operator_startup_hook(OperatorMetrics(), port=0, host="127.0.0.1")()
+    [srv] = metrics_server._servers
+    assert (await scrape(srv, "/healthz"))[0] == 200
+    await handlers.cleanup()
+    assert metrics_server._servers == []
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await scrape(srv, "/healthz")

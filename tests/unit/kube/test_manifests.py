@@ -7,18 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from durable_sandbox.kube.models import (
-    API_VERSION,
-    ManifestError,
-    SandboxResource,
-    WorkflowResource,
-    load_manifests,
-    to_sandbox_agent_input,
-)
+from durable_sandbox.kube.manifests import ManifestError, load_manifests
+from durable_sandbox.kube.models import SandboxResource, WorkflowResource, to_sandbox_agent_input
+from durable_sandbox.kube.resources import API_VERSION
 from durable_sandbox.providers.registry import available_providers
 from durable_sandbox.workflows.sandbox_agent import SandboxAgentInput
+from tests.dsb import ROOT
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = ROOT / "examples"
 
 
 def workflow(spec: str, *, name: str = "demo", head: str | None = None) -> str:

@@ -7,16 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from durable_sandbox.cli.main import cli
 from durable_sandbox.kube.manifests import (
     MAX_EXPANDED_NODES,
     MAX_MANIFEST_BYTES,
     ManifestError,
     load_manifests,
 )
-from durable_sandbox.kube.models import API_VERSION, WorkflowResource
+from durable_sandbox.kube.models import WorkflowResource
+from durable_sandbox.kube.resources import API_VERSION
+from tests.dsb import dsb
 
 HEAD = f"apiVersion: {API_VERSION}\nkind: Workflow\nmetadata:\n  name: demo\nspec:\n"
 CALLS = "  toolCalls:\n    - {type: shell, command: echo hi}\n"
@@ -101,11 +101,10 @@ def test_dsb_run_refuses_an_alias_bomb_and_creates_no_run(tmp_path: Path) -> Non
     manifest = tmp_path / "bomb.yaml"
     manifest.write_text(alias_bomb(7))
     store = tmp_path / "runs.db"
-    runner = CliRunner()
-    result = runner.invoke(cli, ["--store", str(store), "run", str(manifest)])
+    result = dsb("--store", str(store), "run", str(manifest))
     assert result.exit_code == 2, result.output
     assert "expands to more than" in result.stderr
     # Refused before anything was written: not even the store file exists (so `dsb --store` it is an error).
     assert not store.exists()
-    listed = runner.invoke(cli, ["--store", str(store), "-o", "json", "runs"])
+    listed = dsb("--store", str(store), "-o", "json", "runs")
     assert listed.exit_code == 2 and "no such store file" in listed.stderr, listed.output

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from durable_sandbox.kube.client import KubeClient
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.dsb import dsb
 
 KUBECONFIG = """\
 apiVersion: v1
@@ -45,9 +42,7 @@ async def test_a_kubeconfig_list_with_one_existing_file_still_loads(tmp_path: Pa
 
 
 def test_dsb_kube_with_a_missing_kubeconfig_prints_only_error_lines(tmp_path: Path) -> None:
-    env = {**os.environ, "KUBECONFIG": str(tmp_path / "missing"), "DURABLE_SANDBOX_HOME": str(tmp_path / "home")}
-    done = subprocess.run([str(Path(sys.executable).parent / "dsb"), "--kube", "runs"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = dsb("--kube", "runs", env={"KUBECONFIG": str(tmp_path / "missing")}, process=True)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.splitlines()
     assert lines and all(line.startswith("error: ") for line in lines), done.stderr

@@ -201,7 +201,7 @@ async def test_a_projection_catches_up_on_rows_another_replica_committed(store: 
     run (and finishes it), the rows this replica reads from the journal (ObservedStore reports every read)
     are folded before it writes status: the final status shows the run's retained snapshot, not an older one
     (the chaos soak, seed 18)."""
-    from durable_sandbox.kube.controller import ObservedStore
+    from durable_sandbox.kube.workflow.observed import ObservedStore
 
     run_id = await _agent_run(store, 4, snapshotEveryNCalls=1, retainLatestSnapshot=True)
     rows = await store.load_journal(run_id)

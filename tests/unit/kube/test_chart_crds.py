@@ -5,9 +5,8 @@ once that the chart's copy must follow."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from tests.dsb import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART_CRDS = ROOT / "charts" / "durable-sandbox" / "crds"
 
 

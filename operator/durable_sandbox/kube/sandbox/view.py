@@ -1,0 +1,51 @@
+"""One Sandbox resource as the Sandbox controller serves it, and the controller's settings."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from durable_sandbox.kube.leases import HeldLease
+from durable_sandbox.kube.objects import ObjectView
+from durable_sandbox.providers.contract import SandboxHandle
+
+__all__ = ["OPERATION_LABEL", "SANDBOX_LABEL", "SandboxControllerSettings", "SandboxView"]
+
+SANDBOX_LABEL = "durable-sandbox.dev/sandbox"  # on the provider's sandbox: the Sandbox resource it is
+OPERATION_LABEL = "durable-sandbox.dev/operation"  # ... and the operation that made it (to adopt it after a crash)
+
+
+@dataclass
+class SandboxControllerSettings:
+    retry: float = 5.0  # after a transient provider error
+    failed_retry: float = 60.0  # after a refused provision (the spec may change meanwhile)
+    held_retry: float = 2.0  # deletion of a Sandbox a Workflow holds looks again this often
+    cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+    worker_id: str = "durable-sandbox"  # this replica's name in the Sandboxes' Leases
+    lease_ttl: float = 15.0  # a dead replica's Sandboxes are taken over after this long
+
+
+@dataclass(kw_only=True)
+class SandboxView(ObjectView):
+    """One Sandbox as this process serves it: the newest body and the status it wrote last."""
+
+    status: dict[str, Any]
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lease: HeldLease | None = None  # this replica's claim to reconcile the Sandbox
+    turn: asyncio.Task[float | None] | None = None  # the reconciliation in progress (stopped if the lease is lost)
+    waiting_on: str | None = None  # the replica holding the lease while this one waits
+
+    @property
+    def snapshots(self) -> list[str]:
+        return list(self.status.get("snapshots") or [])
+
+    def handle(self) -> SandboxHandle | None:
+        pid = self.status.get("providerId")
+        if not pid:
+            return None
+        return SandboxHandle(id=pid, provider=self.provider_name, metadata=dict(self.status.get("handle") or {}))
+
+    @property
+    def provider_name(self) -> str:
+        return str((self.body.get("spec") or {}).get("provider") or "local")

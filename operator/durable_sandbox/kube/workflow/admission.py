@@ -1,0 +1,141 @@
+"""Admission: policy and plan, before anything is imported, provisioned or executed.
+
+A Workflow is validated and checked against the operator's policy (the local provider only when allowed;
+entrypoints only from the configured modules, the built-in sandbox-agent always) before its workflow code
+is imported; the Secrets its sandbox env names are read (kept in memory for the run, never stored); a
+``spec.sandboxRef`` Sandbox is taken for it. Then its run is created in the namespace's store, owned by the
+Workflow. A refusal is final (phase Failed, a reason, a Warning Event) until the spec changes; code that is
+not importable here, a missing Secret or a busy Sandbox is retried ("not runnable here").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from durable_sandbox.kube import holding
+from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.events import LifecycleEvent
+from durable_sandbox.kube.manifests import format_loc
+from durable_sandbox.kube.models import SandboxResource, WorkflowResource
+from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, plan_workflow
+from durable_sandbox.kube.resources import SANDBOXES
+from durable_sandbox.kube.secrets import read_secret_values, secret_refs
+from durable_sandbox.kube.status import Projection
+from durable_sandbox.kube.store import OwnerRef
+from durable_sandbox.kube.workflow.runs import RunView
+from durable_sandbox.kube.workflow.settings import OperatorPolicy
+from durable_sandbox.kube.workflow.wing import Wing
+from durable_sandbox.workflows import sandbox_agent
+
+__all__ = ["Admission"]
+
+LOCAL_NOT_ALLOWED = (
+    "spec.sandbox.provider: the local provider is not allowed by this operator (it is no isolation boundary); start "
+    "the operator with --allow-local-provider for development, or use another provider"
+)
+
+
+class Admission:
+    def __init__(self, wing: Wing, api: KubeClient, policy: OperatorPolicy) -> None:
+        self.api = api  # Secrets are read with it
+        self.policy = policy
+        self.objects, self.runs, self.engines, self.publisher = wing.objects, wing.runs, wing.engines, wing.publisher
+
+    async def admit(self, view: RunView) -> RunPlan | None:
+        """Policy and plan: returns the plan, or None after recording why the run cannot start
+        (a rejection is final and written as Failed; a missing Secret or workflow code is retried)."""
+        try:
+            wf = WorkflowResource.model_validate(dict(view.body))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            ctx = err.get("ctx") or {}
+            reason = "UnknownProvider" if err.get("type") == "unknown_provider" else "InvalidSpec"
+            loc = format_loc([*err.get("loc", ()), *ctx.get("subloc", [])])
+            await self.reject(view, reason, f"{loc}: {err.get('msg')}")
+            return None
+        plan = await self._plan(view, wf)
+        if plan is None or not await self._ready(view, wf, plan):
+            return None
+        await self._create_run(view, plan)
+        return plan
+
+    async def _plan(self, view: RunView, wf: WorkflowResource) -> RunPlan | None:
+        provider = (wf.spec.sandbox.provider if wf.spec.sandbox is not None else None)
+        sandboxes: dict[str, SandboxResource] = {}
+        if wf.spec.sandbox_ref is not None:
+            found = await self._sandbox(view.namespace, wf.spec.sandbox_ref.name)
+            if found is not None:
+                sandboxes[found.metadata.name] = found
+                provider = found.spec.provider
+        if wf.spec.tool_calls is not None and provider is None:
+            provider = "local"  # sandbox-agent's default
+        if provider == "local" and not self.policy.allow_local_provider:
+            await self.reject(view, "ProviderNotAllowed", LOCAL_NOT_ALLOWED)
+            return None
+        try:
+            return plan_workflow(
+                wf, source=f"{view.namespace}", sandboxes=sandboxes, cluster=True,
+                allowed_modules=[*self.policy.workflow_modules, sandbox_agent.__name__],
+            )
+        except WorkflowUnavailable as exc:
+            view.extra.not_runnable = str(exc)
+            self.publisher.offer(view)
+            return None
+        except PlanError as exc:
+            await self.reject(view, exc.reason, str(exc))
+            return None
+
+    async def _ready(self, view: RunView, wf: WorkflowResource, plan: RunPlan) -> bool:
+        """Whatever the run needs from the cluster, taken for it: the Secret values, the Sandbox it attaches to."""
+        try:
+            self.runs.secrets[view.run_id] = await self._read_secrets(view.namespace, plan)
+        except LookupError as exc:
+            view.extra.not_runnable = str(exc)
+            self.publisher.offer(view)
+            return False
+        if wf.spec.sandbox_ref is not None:
+            waits = await holding.hold(self.objects, view.namespace, wf.spec.sandbox_ref.name, view.name)
+            if waits is not None:
+                view.waiting_for = wf.spec.sandbox_ref.name
+                view.extra.not_runnable, view.extra.not_runnable_reason = waits, "WaitingForSandbox"
+                self.publisher.offer(view)
+                return False
+        view.waiting_for = None
+        view.extra.not_runnable, view.extra.not_runnable_reason = None, None
+        self.runs.env_values[view.run_id] = dict(plan.env_values)
+        return True
+
+    async def _create_run(self, view: RunView, plan: RunPlan) -> None:
+        engine = self.engines.engine_for(view.namespace)
+        record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=plan.labels)
+        store: Any = engine.store  # a KubernetesStore: the run's objects are owned by the Workflow
+        run, _ = await store.create_run(record, owner=OwnerRef(name=view.name, uid=view.uid))
+        view.run = run
+        view.projection = Projection(total_calls=_total_calls(plan))
+        view.projection.feed(await store.load_journal(view.run_id))
+
+    async def reject(self, view: RunView, reason: str, message: str) -> None:
+        view.extra.rejected = (reason, message)
+        self.publisher.emit(view.body, LifecycleEvent(reason, message[:1024], "Warning"))
+        assert view.writer is not None
+        view.writer.offer(self.publisher.status_of(view))
+        await view.writer.flush()
+
+    async def _sandbox(self, namespace: str, name: str) -> SandboxResource | None:
+        obj = await self.objects.get(SANDBOXES, namespace, name)
+        return SandboxResource.model_validate(obj) if obj is not None else None
+
+    async def _read_secrets(self, namespace: str, plan: RunPlan) -> dict[tuple[str, str], str]:
+        """The Secret values the run's sandbox env references (values never leave this process's memory
+        except into the sandbox)."""
+        sandbox = plan.input.get("sandbox") if isinstance(plan.input, dict) else None
+        refs = secret_refs((sandbox or {}).get("env") or [])
+        return await read_secret_values(self.api.core, namespace, refs, where="spec.sandbox.env")
+
+
+def _total_calls(plan: RunPlan) -> int | None:
+    if isinstance(plan.input, dict) and isinstance(plan.input.get("toolCalls"), list):
+        return len(plan.input["toolCalls"])
+    return None

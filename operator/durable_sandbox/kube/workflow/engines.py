@@ -1,0 +1,111 @@
+"""The engines the Workflow controller executes runs with: one per namespace, over that namespace's
+``KubernetesStore`` (observed by the publisher), with the operator's provider policy and the services the
+engine's extensions read for the run they serve (Secret values and literal env values handed over by
+admission, the owner tag of its sandboxes, the live sandbox of an attached Sandbox resource, the labels of
+every sandbox this operator makes)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import durable_sandbox
+from durable_sandbox.kube import holding
+from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.resources import CustomObjects
+from durable_sandbox.kube.store import KubernetesStore
+from durable_sandbox.kube.workflow.observed import ObservedStore
+from durable_sandbox.kube.workflow.publishing import Publisher
+from durable_sandbox.kube.workflow.runs import Runs, RunView
+from durable_sandbox.kube.workflow.settings import OperatorPolicy, OperatorSettings
+from durable_sandbox.providers.contract import INSTALLATION_LABEL, ConfigurationError, SandboxHandle
+from durable_sandbox.sandboxes.session import SandboxServices
+from durable_sandbox.workflows.sandbox_agent import AgentServices
+
+__all__ = ["Engines"]
+
+
+class Engines:
+    def __init__(self, api: KubeClient, objects: CustomObjects, policy: OperatorPolicy, settings: OperatorSettings,
+                 runs: Runs, publisher: Publisher, providers: Any = None, *, journal_key: bytes | None = None) -> None:
+        self.api = api
+        self.objects = objects
+        self.policy = policy
+        self.settings = settings
+        self.runs = runs
+        self.publisher = publisher
+        self._providers = providers
+        self._journal_key = journal_key  # seals every journal value the stores write (kube/sealing.py)
+
+    def engine_for(self, namespace: str) -> durable_sandbox.Engine:
+        engine = self.runs.engines.get(namespace)
+        if engine is None:
+            store = ObservedStore(KubernetesStore(namespace, self.api, journal_key=self._journal_key),
+                                  self.publisher.observed,
+                                  self.publisher.event_interval, self.publisher.read)
+            engine = durable_sandbox.Engine(
+                store,
+                worker_id=self.settings.worker_id,
+                lease_ttl=self.settings.lease_ttl,
+                providers=self.provider,
+                hibernate_after=self.settings.hibernate_after,
+                unresolvable="leave",
+                extensions=[
+                    SandboxServices(owner=self._owner_for, labels=self.sandbox_labels, attached=self._attached_sandbox),
+                    AgentServices(env_values=self._env_values_for, secrets=self._secrets_for),
+                ],
+            )
+            self.runs.engines[namespace] = engine
+        return engine
+
+    @property
+    def sandbox_labels(self) -> dict[str, str]:
+        """Labels of every sandbox this operator provisions (Workflows' and Sandbox resources')."""
+        return {INSTALLATION_LABEL: self.settings.installation_id}
+
+    def provider(self, name: str) -> Any:
+        """Provider ``name`` under this operator's policy (the local provider only when allowed); Sandbox
+        resources get theirs here too."""
+        if name == "local" and not self.policy.allow_local_provider:
+            raise ConfigurationError(
+                "The local provider is not allowed by this operator (it is no isolation boundary); start the "
+                "operator with --allow-local-provider for development, or use another provider."
+            )
+        if self._providers is None:
+            from durable_sandbox.providers.registry import create_provider
+
+            return create_provider(name)
+        return self._providers(name) if callable(self._providers) else self._providers[name]
+
+    # ------------------------------------------------------------------ services, for the run they serve
+
+    def _secrets_for(self, run_id: str) -> dict[tuple[str, str], str]:
+        return self.runs.secrets.get(run_id, {})
+
+    def _env_values_for(self, run_id: str) -> dict[str, str] | None:
+        # Literal env values are kept out of the stored input (they may be secrets): the Workflow object
+        # has them, and every daemon re-plans its object before it drives the run.
+        return self.runs.env_values.get(run_id)
+
+    def _owner_for(self, run_id: str) -> str | None:
+        view = self.runs.views.get(run_id)
+        return view.owner if view is not None else None
+
+    async def _attached_sandbox(self, run_id: str, name: str) -> SandboxHandle:
+        view = self.runs.views.get(run_id)
+        if view is None:
+            raise RuntimeError(f"run {run_id} is not served by this operator")
+        return await holding.live_handle(self.objects, view.namespace, name)
+
+    def forget_run(self, view: RunView) -> None:
+        """The run's task ended: its head's bookkeeping in the store goes too (read again when the run is next
+        active), unless the run is being deleted or still executes here."""
+        engine = self.runs.engines.get(view.namespace)
+        if (engine is not None and hasattr(engine.store, "forget") and not view.deleting
+                and not engine.executor.is_executing(view.run_id)):
+            engine.store.forget(view.run_id)
+
+    async def aclose(self) -> None:
+        for engine in self.runs.engines.values():
+            with contextlib.suppress(Exception):
+                await engine.aclose()

@@ -1,0 +1,54 @@
+"""A finished run: its final status written once, its Sandbox let go, and ``ttlSecondsAfterFinished``
+honoured (the Workflow is deleted then, with everything it owns)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from durable_sandbox.kube import holding
+from durable_sandbox.kube.plan import RunPlan
+from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
+from durable_sandbox.kube.workflow.parking import Outcome, wait_or_park
+from durable_sandbox.kube.workflow.runs import RunView
+from durable_sandbox.kube.workflow.wing import Wing
+
+__all__ = ["Finisher", "let_go"]
+
+
+async def let_go(objects: CustomObjects, view: RunView) -> None:
+    """A finished (or deleted) Workflow lets go of the Sandbox it held through spec.sandboxRef."""
+    if view.released:
+        return
+    ref = ((view.latest().get("spec") or {}).get("sandboxRef") or {}).get("name")
+    if ref:
+        await holding.release(objects, view.namespace, ref, view.name)
+    view.released = True
+
+
+class Finisher:
+    def __init__(self, wing: Wing) -> None:
+        self.wing = wing
+
+    async def finished(self, view: RunView, plan: RunPlan) -> Outcome:
+        """Write the final status once, then honour ttlSecondsAfterFinished."""
+        written = view.body.get("status") or {}
+        rendered = self.wing.publisher.status_of(view)
+        if view.executing or (written.get("phase"), written.get("observedGeneration")) != (
+                rendered.get("phase"), rendered.get("observedGeneration")):
+            # The projection was made when this task admitted the run; another replica may have committed
+            # the rest of it since (and finished it): fold those rows first (ObservedStore reports the read),
+            # or the final status would show an older snapshot as the run's latest.
+            await self.wing.engines.engine_for(view.namespace).store.journal_since(view.run_id, view.projection.last_seq)
+            self.wing.publisher.offer(view)  # not when every replica re-activating a finished Workflow would write it again
+        await let_go(self.wing.objects, view)
+        if plan.ttl_seconds_after_finished is None or view.run is None:
+            await wait_or_park(self.wing.runs, self.wing.settings, view, None, "finished")
+            return "again"
+        due = view.run.updated_at + plan.ttl_seconds_after_finished
+        if time.time() < due:
+            await wait_or_park(self.wing.runs, self.wing.settings, view, due - time.time(), "finished")
+            return "again"
+        with contextlib.suppress(Exception):
+            await self.wing.objects.delete(WORKFLOWS, view.namespace, view.name, uid=view.uid)
+        return "done"

@@ -1,0 +1,153 @@
+"""Publishing: a run's status and lifecycle Events, as projections of what its executor writes.
+
+The executor writes through an :class:`~durable_sandbox.kube.workflow.observed.ObservedStore`, which reports
+every commit and journal read here (:meth:`Publisher.observed`, :meth:`Publisher.read`); the rows are folded
+into the run's :class:`~durable_sandbox.kube.status.Projection`, rendered as the status document and offered
+to the run's :class:`~durable_sandbox.kube.status.StatusWriter` (coalesced to about one patch a second, at
+once on a phase change). Only the replica executing a run writes its status and Events, so nothing is read
+back for them. Writes that follow the clock rather than the work share a budget across every run of this
+replica (``OperatorSettings.periodic_writes_per_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from durable_sandbox.engine.records import Commit, OperationRecord
+from durable_sandbox.kube.events import (
+    TERMINAL_REASONS,
+    EventRecorder,
+    LifecycleEvent,
+    lifecycle_events,
+    run_status_event,
+    terminal_event,
+)
+from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
+from durable_sandbox.kube.status import StatusWriter, render
+from durable_sandbox.kube.store import KubernetesStore
+from durable_sandbox.kube.workflow.runs import Runs, RunView
+from durable_sandbox.kube.workflow.settings import OperatorSettings
+
+__all__ = ["Publisher"]
+
+
+class Publisher:
+    def __init__(self, objects: CustomObjects, events: EventRecorder, runs: Runs, settings: OperatorSettings) -> None:
+        self.objects = objects
+        self.events = events
+        self.runs = runs
+        self.settings = settings
+        self._background: set[asyncio.Task[Any]] = set()  # Events being written
+
+    # ------------------------------------------------------------------ clock-driven writes, on a budget
+
+    def _periodic_interval(self, floor: float) -> float:
+        return max(floor, len(self.runs.views) / self.settings.periodic_writes_per_s)
+
+    def status_interval(self) -> float:
+        return self._periodic_interval(self.settings.status_interval)
+
+    def event_interval(self) -> float:
+        return self._periodic_interval(KubernetesStore.event_interval)
+
+    # ------------------------------------------------------------------ what the executor wrote and read
+
+    def observed(self, run_id: str, commit: Commit | None, changes: dict[str, Any] | None) -> None:
+        view = self.runs.views.get(run_id)
+        if view is None:
+            return
+        if commit is not None and commit.records:
+            view.projection.feed(commit.records)
+            for event in lifecycle_events(commit.records):
+                self.emit(view.body, event)
+        if changes and view.run is not None:
+            known = {k: v for k, v in changes.items() if hasattr(view.run, k)}
+            view.run = replace(view.run, **known)
+        self.offer(view)
+
+    def read(self, run_id: str, rows: list[OperationRecord]) -> None:
+        view = self.runs.views.get(run_id)
+        if view is not None:
+            view.projection.catch_up(rows)
+
+    # ------------------------------------------------------------------ status
+
+    def writer_for(self, view: RunView) -> StatusWriter:
+        async def patch(status: dict[str, Any]) -> None:
+            await self.patch_status(view, status)
+
+        return StatusWriter(patch, interval=self.status_interval)
+
+    def republish(self, view: RunView) -> None:
+        """Write the status anew when this daemon starts and the object's status disagrees with the run: the
+        process that last changed the run may have died (or lost the API server) before its status patch
+        landed, and a run waiting for a signal that says Running would never get one."""
+        shown = view.body.get("status") or {}
+        status = self.status_of(view)
+        if any(shown.get(key) != status.get(key) for key in ("phase", "pendingCallbacks")):
+            self.offer(view)
+
+    def offer(self, view: RunView) -> None:
+        if view.writer is None:
+            return
+        status = self.status_of(view)
+        phase = status.get("phase")
+        if phase != view.phase:
+            event = run_status_event(phase or "", phase_message(view, phase or ""))
+            if event is not None and event.reason in TERMINAL_REASONS and view.run is not None:
+                # Every replica that writes this status (the executing one; one re-activating the finished run
+                # that saw its status stale) may get here: the Event's fixed name keeps it to one.
+                event = terminal_event(event, workflow=view.name, uid=view.uid, epoch=view.run.epoch)
+            if event is not None:
+                self.emit(view.body, event)
+            view.phase = phase
+        view.writer.offer(status)
+
+    def status_of(self, view: RunView) -> dict[str, Any]:
+        previous = (view.body.get("status") or {}).get("conditions") or []
+        status = render(view.run, view.projection, view.extra, run_id=view.run_id, previous_conditions=previous)
+        engine = self.runs.engines.get(view.namespace)
+        if engine is not None:
+            store = engine.store
+            names = store.journal_objects(view.run_id) if hasattr(store, "journal_objects") else []
+            status["journal"] = [{"name": n} for n in names]
+        return status
+
+    async def patch_status(self, view: RunView, status: dict[str, Any]) -> None:
+        await self.objects.patch_status(WORKFLOWS, view.namespace, view.name, status)  # None: the Workflow is gone
+
+    async def patch_conditions(self, view: RunView, body: Mapping[str, Any]) -> None:
+        """Write the conditions alone (the finalizer's CleanupBlocked), whatever else the status says."""
+        view.body = body
+        try:
+            await self.patch_status(view, {"conditions": self.status_of(view)["conditions"]})
+        except Exception:  # a condition is a notice: the cleanup's retry writes it again
+            return
+
+    # ------------------------------------------------------------------ Events
+
+    def emit(self, body: Mapping[str, Any], event: LifecycleEvent) -> None:
+        """Write ``event`` about the object ``body`` in the background (an Event never holds a run up)."""
+        task = asyncio.get_running_loop().create_task(self.events.emit(dict(body), event))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def phase_message(view: RunView, phase: str) -> str:
+    """The message of the Event of a run entering ``phase``."""
+    run = view.run
+    if phase == "Waiting" and run is not None:
+        pending = ", ".join(run.pending_callbacks)
+        return f"waiting for signal(s) {pending}; set spec.signals to continue" if pending else "waiting for a timer"
+    if phase in ("Failed", "Cancelled") and run is not None and run.error is not None:
+        return f"{run.error.type}: {run.error.message}"[:1024]
+    if phase == "Succeeded":
+        calls = view.projection.calls()
+        return f"run {view.run_id} succeeded ({calls['completed']}/{calls['total']} calls)"
+    return f"run {view.run_id} is {phase.lower()}"

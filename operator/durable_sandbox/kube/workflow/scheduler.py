@@ -1,0 +1,197 @@
+"""The scheduler: which runs have a task here (active) and which are parked, and what wakes them.
+
+kopf hands every watch event of a Workflow (the initial listing included) to :meth:`Scheduler.notice`. A
+run never seen is admitted in a task of its own; an active run is woken if its spec changed (status writes
+do not count); a parked run is made active again by the event that can change its course (a new
+``metadata.generation``; for a run another replica executes, also a change of its ``status.phase``) or by
+its timer. When a task ends with a :class:`~durable_sandbox.kube.workflow.parking.Park`, the run is parked:
+a small record and at most one timer handle, never a per-run poll. A replica with no active run left hands
+the memory its last burst used back to the OS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from durable_sandbox.kube.client import is_transient
+from durable_sandbox.kube.metrics import METRICS
+from durable_sandbox.kube.plan import cluster_run_id
+from durable_sandbox.kube.resources import WORKFLOWS
+from durable_sandbox.kube.workflow.parking import Park
+from durable_sandbox.kube.workflow.runs import Parked, RunView
+from durable_sandbox.kube.workflow.wing import Wing
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TRANSIENT_WAKE_SPREAD", "Scheduler", "give_back_memory"]
+
+TRANSIENT_WAKE_SPREAD = 4.0  # a run that woke while it was unreachable looks again after 1-4 x claim_retry
+
+Serve = Callable[[RunView], Awaitable[Park | None]]
+
+
+def give_back_memory() -> None:
+    """No run is active any more: hand the memory the last burst of activity used back to the OS. Without
+    this a replica's RSS stays at the high-water mark of its busiest moment (the C allocator keeps freed
+    heap), however few runs it holds now. A full collection takes milliseconds and happens only when the
+    replica has just gone idle; ``malloc_trim(0)`` where the C library has it (glibc)."""
+    global _malloc_trim
+    gc.collect()
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
+
+
+class Scheduler:
+    def __init__(self, wing: Wing, serve: Serve) -> None:
+        self.wing = wing
+        self.runs, self.settings = wing.runs, wing.settings
+        self._serve = serve  # the turns of one active run (kube/workflow/turn.py)
+
+    # ------------------------------------------------------------------ watch events
+
+    def notice(self, body: Mapping[str, Any]) -> None:
+        """The watch saw ``body`` (or kopf listed it): bring it to its run. An active run is woken if the spec
+        changed (status updates do not count); a parked one is made active again if the event can change
+        its course; one never seen is admitted."""
+        meta = body.get("metadata", {})
+        uid, name = meta.get("uid", ""), meta.get("name", "")
+        if not uid or not name:
+            return
+        run_id = cluster_run_id(name, uid)
+        view = self.runs.views.get(run_id)
+        if view is not None:
+            view.notice(body)
+            return
+        if self.runs.stopping or run_id in self.runs.active:
+            return  # starting up (the task reads the object itself) or stopping
+        if meta.get("deletionTimestamp"):
+            # Being deleted: the delete handler finalizes the run (kube/handlers.py); nothing to drive.
+            self.unpark(run_id)
+            return
+        parked = self.runs.parked.get(run_id)
+        if parked is not None and meta.get("generation") == parked.generation:
+            phase = (body.get("status") or {}).get("phase")
+            if parked.reason != "held" or phase == parked.phase:
+                return
+        self.activate(run_id, body, meta.get("namespace", ""), name, uid)
+
+    def forget(self, body: Mapping[str, Any]) -> None:
+        """The Workflow is gone (its finalizer was removed): drop what is kept of its run."""
+        meta = body.get("metadata", {})
+        if meta.get("uid") and meta.get("name"):
+            self.unpark(cluster_run_id(meta["name"], meta["uid"]))
+
+    def sandbox_changed(self, namespace: str, name: str) -> None:
+        """A Sandbox changed: wake the runs waiting for it (it may be Ready, or let go by its holder)."""
+        for view in self.runs.views.values():
+            if view.namespace == namespace and view.waiting_for == name:
+                view.wake.set()
+        for run_id, parked in list(self.runs.parked.items()):
+            if parked.namespace == namespace and parked.sandbox == name:
+                self.activate(run_id, None, parked.namespace, parked.name, parked.uid)
+
+    # ------------------------------------------------------------------ active and parked
+
+    def unpark(self, run_id: str) -> Parked | None:
+        parked = self.runs.parked.pop(run_id, None)
+        if parked is not None and parked.timer is not None:
+            parked.timer.cancel()
+        return parked
+
+    def activate(self, run_id: str, body: Mapping[str, Any] | None, namespace: str, name: str, uid: str) -> None:
+        self.unpark(run_id)
+        task = asyncio.get_running_loop().create_task(self._run_task(run_id, body, namespace, name, uid),
+                                                      name=f"run {run_id}")
+        self.runs.active[run_id] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self.runs.active.get(run_id) is t:
+                del self.runs.active[run_id]
+            if not self.runs.active and not self.runs.stopping:
+                give_back_memory()
+            if not t.cancelled() and t.exception() is not None:
+                METRICS.reconcile_errors.labels(kind="Workflow").inc()
+                log.error("run %s: %s", run_id, t.exception(), exc_info=t.exception())
+                if not self.runs.stopping:  # try again later, as kopf retried a failed daemon
+                    self.park(Parked(namespace, name, uid, None, "error", None), self.settings.not_runnable_retry)
+
+        task.add_done_callback(done)
+
+    def park(self, parked: Parked, delay: float | None) -> None:
+        run_id = cluster_run_id(parked.name, parked.uid)
+        if self.runs.stopping:
+            return
+        self.unpark(run_id)
+        if delay is not None:
+            parked.timer = asyncio.get_running_loop().call_later(max(0.0, delay), self._due, run_id)
+        self.runs.parked[run_id] = parked
+
+    def _due(self, run_id: str) -> None:
+        """A parked run's timer fired: activate it (its task reads the object afresh)."""
+        parked = self.runs.parked.get(run_id)
+        if parked is not None and not self.runs.stopping:
+            parked.timer = None
+            self.activate(run_id, None, parked.namespace, parked.name, parked.uid)
+
+    # ------------------------------------------------------------------ one active run's task
+
+    async def _run_task(self, run_id: str, body: Mapping[str, Any] | None, namespace: str, name: str, uid: str) -> None:
+        """Drive the run of one Workflow until it has nothing to do, then park it."""
+        if body is None:
+            body = await self._read(run_id, namespace, name, uid)
+            if body is None:
+                return
+        view = RunView(namespace=namespace, name=name, uid=uid, run_id=run_id, body=body)
+        self.runs.views[run_id] = view
+        view.writer = self.wing.publisher.writer_for(view)
+        park: Park | None = None
+        try:
+            park = await self._serve(view)
+        finally:
+            with contextlib.suppress(Exception):
+                await view.writer.aclose()
+            self.runs.forget(run_id)
+            self.wing.engines.forget_run(view)
+        if park is None or self.runs.stopping:
+            return
+        if view.wake.is_set() and not view.deleting:
+            # The spec changed while the task was finishing: look at it now rather than park.
+            self.activate(run_id, view.body, namespace, name, uid)
+            return
+        self.park(Parked(namespace, name, uid, view.generation, park.reason, (view.body.get("status") or {}).get("phase"),
+                         sandbox=view.waiting_for), park.delay)
+
+    async def _read(self, run_id: str, namespace: str, name: str, uid: str) -> Mapping[str, Any] | None:
+        """The Workflow of a run woken by its timer; None when there is nothing to drive."""
+        try:
+            body = await self.wing.objects.get(WORKFLOWS, namespace, name)
+        except Exception as exc:
+            if not is_transient(exc) or self.runs.stopping:
+                raise
+            # A parked run woke (its timer) while the API server is away, e.g. restarting: not the run's
+            # fault, so no error and no not_runnable_retry wait; look again in a few seconds, spread so
+            # that the timers of a whole backlog do not all hit a recovering API server at once.
+            delay = self.settings.claim_retry * random.uniform(1.0, TRANSIENT_WAKE_SPREAD)
+            log.warning("%s/%s: the API server could not be reached (%s: %s); trying again in %.1fs",
+                        namespace, name, type(exc).__name__, exc, delay)
+            self.park(Parked(namespace, name, uid, None, "api-unreachable", None), delay)
+            return None
+        if body is None or body.get("metadata", {}).get("uid") != uid or body["metadata"].get("deletionTimestamp"):
+            return None  # gone, replaced, or being deleted (the delete handler finalizes it)
+        return body

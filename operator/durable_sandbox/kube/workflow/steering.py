@@ -1,0 +1,41 @@
+"""Steering: what the user writes in a Workflow's spec while its run goes (``spec.signals``, ``spec.cancel``)
+brought to the run in the store; idempotent, so every turn (and every replica) may do it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+import durable_sandbox
+from durable_sandbox.engine import SignalConflict
+from durable_sandbox.kube.events import LifecycleEvent
+from durable_sandbox.kube.models import WorkflowResource
+from durable_sandbox.kube.workflow.publishing import Publisher
+from durable_sandbox.kube.workflow.runs import RunView
+
+__all__ = ["sync_spec"]
+
+_MISSING = object()
+
+
+async def sync_spec(view: RunView, engine: durable_sandbox.Engine, publisher: Publisher) -> WorkflowResource | None:
+    """Bring spec.signals and spec.cancel to the run (a signal is stored once); the spec as validated, or
+    None when it is invalid (admission has said why)."""
+    try:
+        wf = WorkflowResource.model_validate(dict(view.body))
+    except ValidationError:
+        return None
+    signals: dict[str, Any] = wf.spec.signals
+    for callback_id, value in signals.items():
+        if view.signals_sent.get(callback_id, _MISSING) == value:
+            continue
+        try:
+            await engine.client.signal(view.run_id, callback_id, value)
+        except SignalConflict as exc:
+            publisher.emit(view.body, LifecycleEvent("SignalConflict", str(exc)[:1024], "Warning"))
+        view.signals_sent[callback_id] = value
+    if wf.spec.cancel and not view.cancel_sent:
+        await engine.client.request_cancel(view.run_id, "spec.cancel is true")
+        view.cancel_sent = True
+    return wf

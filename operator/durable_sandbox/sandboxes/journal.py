@@ -1,0 +1,347 @@
+"""The sandbox sessions' journal records: how they are named, which meta keys they carry, what each means.
+
+The session writes them (``sandboxes/session.py``); everyone who reads them reads them through this module:
+the engine through the :class:`SandboxJournal` reader it is given (``engine/extensions.py``: the engine
+imports nothing of sandboxes), ``dsb inspect``/``history``/``logs`` (``cli/render.py``, ``cli/progress.py``),
+the operator's status, Events and finalizer (``kube/status.py``, ``kube/events.py``,
+``kube/workflow/cleanup.py``).
+
+Op ids of session ``s`` (every id is scoped by its session, so a caller's operation id never collides with
+a step's), with their kind:
+
+====================================  ===========================  ==========================================
+``s/provision``                       ``sandbox.provision``        the session's first sandbox
+``s/<operationId>``                   ``sandbox.call``             a tool call (the caller's id or ``dsv1_...``)
+``s/snapshot/<n>[~g]``                ``sandbox.snapshot``         a checkpoint after ``n`` completed calls
+``s/snapshot/<n>[~g]/delete``         ``sandbox.snapshot_delete``  that checkpoint deleted once superseded
+``s/inject_loss/<n>``                 ``sandbox.inject_loss``      loss injected after ``n`` calls (testing)
+``s/restore/<k>``                     ``sandbox.restore``          the ``k``-th sandbox made again
+``s/destroy/<sandbox id>``            ``sandbox.destroy``          a sandbox destroyed (or detached)
+``s/finalize[~g]``                    ``sandbox.destroy``          the session's end (meta ``finalized``)
+====================================  ===========================  ==========================================
+
+``~g`` is the generation of a session re-opened after its run failed and was retried (the failed
+attempt's ids are taken). Meta keys: see the ``META_*`` names; restore and destroy reasons: ``REASON_*``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from durable_sandbox.engine.records import OperationRecord, OpKind
+
+__all__ = [
+    "META_FINALIZED",
+    "META_REASON",
+    "META_RETAINED",
+    "META_SANDBOX_ID",
+    "META_SNAPSHOT_ID",
+    "REASON_LOST",
+    "REASON_RECOVERY",
+    "Provisioned",
+    "Retained",
+    "SandboxJournal",
+    "call_index",
+    "call_target",
+    "delete_id",
+    "deletion_of",
+    "destroy_id",
+    "finalize_id",
+    "finalized",
+    "inject_loss_id",
+    "live_snapshots",
+    "lost_sandbox",
+    "pinned_provider",
+    "provision_id",
+    "provisioned",
+    "recovered",
+    "recovery_count",
+    "recovery_started",
+    "reserved_operation_id",
+    "restore_id",
+    "retained",
+    "sessions_in",
+    "snapshot_deleted",
+    "snapshot_id",
+    "snapshot_taken",
+]
+
+PROVISION, CALL, SNAPSHOT, SNAPSHOT_DELETE = (OpKind.SANDBOX_PROVISION.value, OpKind.SANDBOX_CALL.value,
+                                              OpKind.SANDBOX_SNAPSHOT.value, OpKind.SANDBOX_SNAPSHOT_DELETE.value)
+INJECT_LOSS, RESTORE, DESTROY = (OpKind.SANDBOX_INJECT_LOSS.value, OpKind.SANDBOX_RESTORE.value,
+                                 OpKind.SANDBOX_DESTROY.value)
+SANDBOX_KINDS = frozenset({PROVISION, CALL, SNAPSHOT, SNAPSHOT_DELETE, INJECT_LOSS, RESTORE, DESTROY})
+
+# Meta keys.
+META_PROVIDER = "provider"  # provision (started): the provider, pinned for the whole run
+META_OPTIONS = "options"  # provision (started): the session's options (lease, attach, ...)
+META_HANDLE = "handle"  # provision/restore (started): a sandbox made, not yet recorded as the session's
+META_INDEX = "index"  # call: its 0-based position in the session
+META_OPERATION_ID = "operationId"  # call: the caller's operation id; snapshot: the provider's
+META_CALL = "call"  # call (started): {type, args}, for replay
+META_COUNT = "count"  # snapshot, inject_loss: completed calls at that point
+META_SNAPSHOT_ID = "snapshotId"  # snapshot_delete, restore: the snapshot concerned
+META_SANDBOX_ID = "sandboxId"  # call, destroy, inject_loss: the sandbox concerned
+META_REASON = "reason"  # restore, destroy: why (REASON_*)
+META_REPLAYED = "replayed"  # restore (completed): the calls replayed into the new sandbox
+META_FINALIZED = "finalized"  # finalize: the session has ended (every sandbox and snapshot gone)
+META_RETAINED = "retained"  # finalize: the snapshot kept for the caller (retain_latest_snapshot), if any
+META_SUCCEEDED = "succeeded"  # finalize: whether the block succeeded (a failed one is re-opened on retry)
+
+# Reasons (META_REASON).
+REASON_RECOVERY = "recovery"  # restore: after the sandbox was lost
+REASON_RESUME = "resume"  # restore: a re-opened session rebuilt from the journal
+REASON_LOST = "lost"  # destroy: the lost sandbox, before recovery
+REASON_FINALIZE = "finalize"
+REASON_HIBERNATE = "hibernate"
+REASON_ABANDONED = "abandoned"
+REASON_REJECTED = "rejected"
+
+
+# ------------------------------------------------------------------ op ids
+
+
+def _generation(generation: int) -> str:
+    return f"~{generation}" if generation else ""
+
+
+def provision_id(sid: str) -> str:
+    return f"{sid}/provision"
+
+
+def call_id(sid: str, operation_id: str) -> str:
+    return f"{sid}/{operation_id}"
+
+
+def snapshot_id(sid: str, count: int, generation: int = 0) -> str:
+    return f"{sid}/snapshot/{count}{_generation(generation)}"
+
+
+def delete_id(snapshot_op_id: str) -> str:
+    return f"{snapshot_op_id}/delete"
+
+
+def inject_loss_id(sid: str, count: int) -> str:
+    return f"{sid}/inject_loss/{count}"
+
+
+def restore_id(sid: str, number: int) -> str:
+    return f"{sid}/restore/{number}"
+
+
+def destroy_id(sid: str, sandbox_id: str) -> str:
+    return f"{sid}/destroy/{sandbox_id}"
+
+
+def finalize_id(sid: str, generation: int = 0) -> str:
+    return f"{sid}/finalize{_generation(generation)}"
+
+
+RESERVED_HEADS = frozenset({"provision", "finalize", "snapshot", "restore", "destroy", "inject_loss"})
+
+
+def reserved_operation_id(operation_id: str) -> bool:
+    """Operation ids that would collide with the session's own ids (``<session>/provision``...)."""
+    return operation_id.split("/", 1)[0] in RESERVED_HEADS
+
+
+def _session(row: OperationRecord) -> str:
+    """The session of a provision, restore or finalize record. (Session ids may contain ``/``: a parallel
+    branch's scope; so may a call's operation id: a call's session is not parsed from its id.)"""
+    if row.kind == RESTORE:
+        return row.op_id.rsplit("/", 2)[0]  # s/restore/<k>
+    return row.op_id.rsplit("/", 1)[0]  # s/provision, s/finalize[~g]
+
+
+def sessions_in(rows: Iterable[OperationRecord]) -> list[str]:
+    """Ids of every session a journal mentions (from their provision records), in order."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        if r.kind == PROVISION and r.op_id.endswith("/provision"):
+            seen[r.op_id[: -len("/provision")]] = None
+    return list(seen)
+
+
+# ------------------------------------------------------------------ what a record means
+
+
+def _meta(row: OperationRecord) -> Mapping[str, Any]:
+    return row.meta or {}
+
+
+def _completed(row: OperationRecord, kind: str) -> bool:
+    return row.kind == kind and row.status == "completed"
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    """A sandbox a session made (provisioned, or restored): where it is."""
+
+    session: str
+    provider: str | None
+    sandbox_id: str | None
+    recovery: bool  # made again after the session's sandbox was lost
+
+
+def provisioned(row: OperationRecord) -> Provisioned | None:
+    """The sandbox a completed provision or restore record made."""
+    if row.status != "completed" or row.kind not in (PROVISION, RESTORE) or not isinstance(row.result, dict):
+        return None
+    return Provisioned(session=_session(row), provider=row.result.get("provider"), sandbox_id=row.result.get("id"),
+                       recovery=row.kind == RESTORE and _meta(row).get(META_REASON) == REASON_RECOVERY)
+
+
+def snapshot_taken(row: OperationRecord) -> str | None:
+    """The snapshot id a completed snapshot record took."""
+    if _completed(row, SNAPSHOT) and isinstance(row.result, dict) and row.result.get("snapshotId"):
+        return str(row.result["snapshotId"])
+    return None
+
+
+def deletion_of(row: OperationRecord) -> str | None:
+    """The snapshot id a snapshot deletion record is about (started: being deleted; completed: deleted)."""
+    value = _meta(row).get(META_SNAPSHOT_ID) if row.kind == SNAPSHOT_DELETE else None
+    return str(value) if value else None
+
+
+def snapshot_deleted(row: OperationRecord) -> str | None:
+    """The snapshot id a completed snapshot deletion deleted."""
+    return deletion_of(row) if row.status == "completed" else None
+
+
+def recovery_started(row: OperationRecord) -> bool:
+    """The session began to recover from a lost sandbox (a loss injected, or a recovery restore begun)."""
+    return row.kind == INJECT_LOSS or (row.kind == RESTORE and row.status == "started"
+                                       and _meta(row).get(META_REASON) == REASON_RECOVERY)
+
+
+def recovered(row: OperationRecord) -> bool:
+    """A recovery finished: the lost sandbox was made again (and every later call replayed)."""
+    return _completed(row, RESTORE) and _meta(row).get(META_REASON) == REASON_RECOVERY
+
+
+def replayed(row: OperationRecord) -> list[str]:
+    return list(_meta(row).get(META_REPLAYED) or [])
+
+
+def restored_from(row: OperationRecord) -> str | None:
+    """The snapshot a restore started from (None: a fresh sandbox)."""
+    value = _meta(row).get(META_SNAPSHOT_ID) if row.kind == RESTORE else None
+    return str(value) if value else None
+
+
+def lost_sandbox(row: OperationRecord) -> str | None:
+    """The id of the sandbox a completed destroy record says was lost (injected or real)."""
+    if _completed(row, DESTROY) and _meta(row).get(META_REASON) == REASON_LOST:
+        return str(_meta(row).get(META_SANDBOX_ID))
+    return None
+
+
+def finalized(row: OperationRecord) -> bool:
+    """The session's closing record: its sandboxes destroyed and its snapshots deleted (but one retained)."""
+    return row.kind == DESTROY and bool(_meta(row).get(META_FINALIZED))
+
+
+@dataclass(frozen=True)
+class Retained:
+    """The snapshot a finalized session kept for the caller (retain_latest_snapshot, on success)."""
+
+    session: str
+    snapshot_id: str
+
+
+def retained(row: OperationRecord) -> Retained | None:
+    value = _meta(row).get(META_RETAINED) if _completed(row, DESTROY) and finalized(row) else None
+    return Retained(_session(row), str(value)) if value else None
+
+
+def pinned_provider(row: OperationRecord) -> tuple[str, str] | None:
+    """(session, provider) of a provision record: the provider is pinned for the whole run, recoveries too."""
+    provider = _meta(row).get(META_PROVIDER) if row.kind == PROVISION else None
+    return (_session(row), str(provider)) if provider else None
+
+
+def destroyed(row: OperationRecord) -> str | None:
+    """The sandbox id a destroy record names (not the closing record)."""
+    value = _meta(row).get(META_SANDBOX_ID) if row.kind == DESTROY and not finalized(row) else None
+    return str(value) if value else None
+
+
+def call_index(row: OperationRecord) -> int | None:
+    index = _meta(row).get(META_INDEX) if row.kind == CALL else None
+    return index if isinstance(index, int) else None
+
+
+def call_target(row: OperationRecord) -> str | None:
+    """What a sandbox call works on: a shell call's command, a file call's path (from its started record)."""
+    call = _meta(row).get(META_CALL) if row.kind == CALL else None
+    if not isinstance(call, dict) or not isinstance(call.get("args"), dict):
+        return None
+    target = call["args"].get("command" if call.get("type") == "shell" else "path")
+    return target if isinstance(target, str) else None
+
+
+def call_outcome(row: OperationRecord) -> dict[str, Any] | None:
+    """A completed call's exit code and output, as the journal keeps them (capped per stream)."""
+    if _completed(row, CALL) and isinstance(row.result, dict) and "exitCode" in row.result:
+        return row.result
+    return None
+
+
+def live_snapshots(rows: Iterable[OperationRecord]) -> list[str]:
+    """Snapshots recorded as taken and not (yet) recorded as deleted, oldest first."""
+    live: dict[str, None] = {}
+    for r in rows:
+        if r.kind == SNAPSHOT and (taken := snapshot_taken(r)) is not None:  # the kind first: O(rows) per state
+            live[taken] = None
+        elif r.kind == SNAPSHOT_DELETE and (gone := snapshot_deleted(r)) is not None:
+            live.pop(gone, None)
+    return list(live)
+
+
+def recovery_count(rows: Iterable[OperationRecord]) -> int:
+    return sum(1 for r in rows if r.kind == RESTORE and recovered(r))
+
+
+# ------------------------------------------------------------------ the engine's reader
+
+
+_EVENTS = {
+    PROVISION: "sandbox.provisioned",
+    SNAPSHOT: "sandbox.snapshot",
+    SNAPSHOT_DELETE: "sandbox.snapshot_deleted",
+    INJECT_LOSS: "sandbox.loss_injected",
+    DESTROY: "sandbox.destroyed",
+}
+
+
+class SandboxJournal:
+    """How the engine reads the sessions' records (``engine.extensions.JournalReader``): the target and
+    outcome of a call, the event a record is in `Engine.stream`, a run's live snapshots and recoveries."""
+
+    def target(self, row: OperationRecord) -> str | None:
+        return call_target(row)
+
+    def event(self, row: OperationRecord) -> dict[str, Any] | None:
+        if row.kind == CALL:
+            out: dict[str, Any] = {"type": f"call.{row.status}"}
+            outcome = call_outcome(row)
+            if outcome is not None:
+                out["exitCode"] = outcome.get("exitCode")
+                out.update({stream: outcome[stream] for stream in ("stdout", "stderr") if outcome.get(stream)})
+            return out
+        if row.kind not in SANDBOX_KINDS or row.status != "completed":
+            return None
+        if row.kind == RESTORE:
+            return {"type": "sandbox.recovered" if recovered(row) else "sandbox.restored"}
+        if finalized(row):
+            return {"type": "sandbox.finalized"}  # the session's closing record, not a second destroy
+        return {"type": _EVENTS[row.kind]}
+
+    def snapshots(self, rows: Iterable[OperationRecord]) -> list[str]:
+        return live_snapshots(rows)
+
+    def recoveries(self, rows: Iterable[OperationRecord]) -> int:
+        return recovery_count(rows)
