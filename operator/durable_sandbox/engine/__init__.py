@@ -22,6 +22,7 @@ from durable_sandbox.engine.errors import (
     StepFailed,
     StepTimeout,
     StoreError,
+    StoreRefused,
     WorkflowNotFound,
 )
 from durable_sandbox.engine.executor import RunExecutor
@@ -63,6 +64,7 @@ __all__ = [
     "StepTimeout",
     "Store",
     "StoreError",
+    "StoreRefused",
     "WorkflowDefinition",
     "WorkflowNotFound",
     "new_run_id",

@@ -221,16 +221,29 @@ class JournalDamaged(StoreError):
     never retried as if it were transient: whoever drives the run stops, says so, and cleans up by what the
     providers themselves record (owner tags), not by what the damaged journal says."""
 
-    def __init__(self, run_id: str, where: str, detail: str, *, tampered: bool) -> None:
+    def __init__(self, run_id: str, where: str, detail: str, *, tampered: bool, lost: bool = False) -> None:
         self.run_id = run_id
         self.where = where
         self.tampered = tampered
-        what = "was changed by someone other than the operator" if tampered else "is damaged"
+        self.lost = lost  # the journal of a run that ran is gone: starting afresh would run committed calls again
+        what = ("was changed by someone other than the operator" if tampered
+                else "is gone" if lost else "is damaged")
         whose = f"The journal of run {run_id!r}" if run_id else "A journal object"
         super().__init__(
             f"{whose} {what} ({where}: {detail}); nothing is executed from it. Delete the Workflow (its "
             f"sandboxes and snapshots are removed by their owner tags) and create it again."
         )
+
+    @property
+    def reason(self) -> str:
+        """The condition reason an operator reports it under."""
+        return "JournalTampered" if self.tampered else "JournalLost" if self.lost else "JournalDamaged"
+
+
+class StoreRefused(StoreError):
+    """The store refused a write for good (not a passing failure): a quota, a size limit, a permission. The run
+    stops where it is without recording anything more (its journal is unchanged); it goes on once whatever
+    refused lets it, from the journal as it was."""
 
 
 class Suspend(BaseException):

@@ -29,6 +29,7 @@ from durable_sandbox.engine.errors import (
     LeaseLost,
     NotRunnableHere,
     RunNotFinished,
+    StoreError,
     Suspend,
     WorkflowNotFound,
 )
@@ -264,6 +265,10 @@ class RunExecutor:
                 await rt.drain()
                 await self._leave_pending(lease, rt, "run.handed_over", reason=h.why)
                 return None
+            except StoreError:
+                # The store cannot record (damaged, refusing, gone): not the workflow's failure, and nothing
+                # more can be written anyway. The caller says why; the run goes on from its journal later.
+                raise
             except Exception as exc:
                 rt.draining = True
                 await rt.drain()

@@ -43,8 +43,10 @@ import durable_sandbox
 from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.concurrency import RunSlots
 from durable_sandbox.kube.events import EventRecorder
+from durable_sandbox.kube.holding import Holding
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.resources import CustomObjects
+from durable_sandbox.kube.sandbox_records import SandboxRecords
 from durable_sandbox.kube.workflow.admission import Admission
 from durable_sandbox.kube.workflow.cleanup import Cleanup
 from durable_sandbox.kube.workflow.engines import Engines
@@ -85,7 +87,10 @@ class Operator:
         # journal_key seals every journal value this operator writes (kube/sealing.py)
         self.engines = Engines(api, self.objects, self.policy, self.settings, self.runs, self.publisher, providers,
                                journal_key=journal_key)
-        wing = Wing(self.objects, self.runs, self.settings, self.publisher, self.engines)
+        self.records = SandboxRecords(api, journal_key)  # the Sandbox resources' own records (kube/sandbox_records.py)
+        self.holding = Holding(self.objects, self.records, self.engines.run_live)
+        self.engines.holding = self.holding
+        wing = Wing(self.objects, self.runs, self.settings, self.publisher, self.engines, self.holding)
         self.admission = Admission(wing, api, self.policy)
         self.execution = Execution(wing, self.slots)
         self.finisher = Finisher(wing)

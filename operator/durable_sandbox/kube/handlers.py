@@ -147,7 +147,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     _operator = Operator(api, policy=config.policy, settings=config.settings, providers=config.providers,
                          journal_key=config.journal_key)
     _sandboxes = SandboxController(api, _operator.events, _operator.provider_for, SandboxControllerSettings(
-        worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl), labels=_operator.sandbox_labels)
+        worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl), labels=_operator.sandbox_labels,
+        records=_operator.records, holding=_operator.holding)
     _start_sweep(api, _operator)
     for hook in STARTUP_HOOKS:
         result = hook(_operator, settings)
@@ -165,12 +166,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 def _sweep_providers(op: Operator, cache: dict[str, Any]) -> dict[str, Any]:
     """The providers this operator may use and can build (configured), one instance each for all sweeps."""
-    import os
-
-    from durable_sandbox.providers.registry import available_providers
-
-    for name, cls in available_providers().items():
-        if name in cache or (name == "local" and not op.policy.allow_local_provider) or cls.configuration_problems(os.environ):
+    for name in op.engines.usable_provider_names():
+        if name in cache:
             continue
         try:
             cache[name] = op.provider_for(name)
@@ -187,7 +184,7 @@ def _start_sweep(api: KubeClient, op: Operator) -> None:
     cache: dict[str, Any] = {}
     sweeper = OrphanSweeper(api, installation=settings.installation_id, namespaces=list(config.namespaces),
                             providers=lambda: _sweep_providers(op, cache), grace=settings.sweep_grace,
-                            events=op.events, metrics=METRICS)
+                            events=op.events, metrics=METRICS, records=op.records)
     stop = asyncio.Event()
     _sweep = (asyncio.create_task(sweeper.run(settings.sweep_interval, stop)), stop, cache)
     log.info("orphan sweep every %gs (grace %gs) for installation %s", settings.sweep_interval, settings.sweep_grace,

@@ -1,82 +1,97 @@
 """Who holds a Sandbox resource: one Workflow at a time runs its calls in a Sandbox's live sandbox.
 
-The holder is ``status.holder`` of the Sandbox (a Workflow name in the same namespace), taken and let go
-with patches conditional on the object's ``resourceVersion``, so two Workflows can never both take it.
-A holder that no longer runs (finished, deleted) holds nothing: the next Workflow takes the Sandbox over.
+The holder is kept in the Sandbox's own record (``kube/sandbox_records.py``: a sealed Journal object no
+namespace role grants), taken and let go with a compare-and-swap of that one value, so two Workflows can never
+both take it; ``status.holder`` only shows it. A holder that no longer runs holds nothing, and whether it runs
+is judged from its own journal (its run finished, or never will), never from its status: anyone granted
+``workflows/status`` could otherwise declare a running holder finished and put a second Workflow's calls into
+its sandbox. Every path to a Sandbox's live sandbox (``spec.sandboxRef``, an entrypoint's ``sandboxRef``
+input) goes through :meth:`Holding.live_handle`, which refuses a Workflow that does not hold it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from durable_sandbox.kube.client import is_conflict
-from durable_sandbox.kube.resources import SANDBOXES, WORKFLOWS, CustomObjects
+from durable_sandbox.kube.resources import SANDBOXES, CustomObjects
+from durable_sandbox.kube.sandbox_records import HOLDER, SandboxRecords
 from durable_sandbox.providers.contract import SandboxHandle
 
-FINISHED = frozenset({"Succeeded", "Failed", "Cancelled"})
+__all__ = ["Holding", "RunLive", "SandboxHeld"]
+
+# (namespace, Workflow name) -> whether that Workflow exists and its run has not finished (from its journal).
+RunLive = Callable[[str, str], Awaitable[bool]]
 
 
-async def running_holder(objects: CustomObjects, namespace: str, sandbox: dict[str, Any]) -> str | None:
-    """The Workflow holding ``sandbox`` if it still runs (exists, not finished), else None."""
-    holder = (sandbox.get("status") or {}).get("holder")
-    if not holder:
-        return None
-    wf = await objects.get(WORKFLOWS, namespace, holder)
-    if wf is None or (wf.get("status") or {}).get("phase") in FINISHED:
-        return None
-    return str(holder)
+class SandboxHeld(LookupError):
+    """The Sandbox is held by another running Workflow (or is not ready): the run must wait for it."""
 
 
-async def _set_holder(objects: CustomObjects, namespace: str, sandbox: dict[str, Any], holder: str | None) -> bool:
-    meta = sandbox["metadata"]
-    try:
-        written = await objects.patch_status(SANDBOXES, namespace, meta["name"], {"holder": holder},
-                                             precondition=meta["resourceVersion"])
-    except Exception as exc:
-        if is_conflict(exc):
-            return False
-        raise
-    return written is not None  # None: the Sandbox is gone
+class Holding:
+    def __init__(self, objects: CustomObjects, records: SandboxRecords, run_live: RunLive) -> None:
+        self.objects = objects
+        self.records = records
+        self.run_live = run_live
 
-
-async def hold(objects: CustomObjects, namespace: str, name: str, workflow: str) -> str | None:
-    """Take Sandbox ``name`` for ``workflow``; None when it is held, else why the Workflow must wait."""
-    for _ in range(3):
-        sandbox = await objects.get(SANDBOXES, namespace, name)
+    async def _sandbox(self, namespace: str, name: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """The Sandbox object (its uid, spec and display status) and its record (what the operator acts on)."""
+        sandbox = await self.objects.get(SANDBOXES, namespace, name)
         if sandbox is None:
-            return f"spec.sandboxRef: Sandbox {name!r} does not exist in this namespace; create it (the run starts then)"
-        status = sandbox.get("status") or {}
-        if status.get("holder") == workflow:
+            return None, {}
+        return sandbox, await self.records.read(namespace, sandbox["metadata"]["uid"])
+
+    async def running_holder(self, namespace: str, record: dict[str, Any]) -> str | None:
+        """The Workflow holding the Sandbox of ``record`` if its run still goes, else None."""
+        holder = record.get(HOLDER)
+        if not holder or not await self.run_live(namespace, str(holder)):
             return None
-        holder = await running_holder(objects, namespace, sandbox)
-        if holder is not None:
-            return (f"spec.sandboxRef: Sandbox {name!r} is held by Workflow {holder!r}; this run starts when that "
-                    f"Workflow finishes or is cancelled")
-        if status.get("phase") != "Ready" or not status.get("providerId"):
-            return (f"spec.sandboxRef: Sandbox {name!r} is not Ready (phase {status.get('phase') or 'Pending'}); "
-                    f"this run starts when it is")
-        if await _set_holder(objects, namespace, sandbox, workflow):
-            return None
-    return f"spec.sandboxRef: Sandbox {name!r} changed while being taken; trying again"
+        return str(holder)
 
+    async def hold(self, namespace: str, name: str, workflow: str) -> str | None:
+        """Take Sandbox ``name`` for ``workflow``; None when it holds it, else why the Workflow must wait."""
+        for _ in range(3):
+            sandbox, record = await self._sandbox(namespace, name)
+            if sandbox is None:
+                return f"spec.sandboxRef: Sandbox {name!r} does not exist in this namespace; create it (the run starts then)"
+            current = record.get(HOLDER)
+            if current == workflow:
+                return None
+            holder = await self.running_holder(namespace, record)
+            if holder is not None:
+                return (f"spec.sandboxRef: Sandbox {name!r} is held by Workflow {holder!r}; this run starts when that "
+                        f"Workflow finishes or is cancelled")
+            if record.get("phase") != "Ready" or not record.get("providerId"):
+                return (f"spec.sandboxRef: Sandbox {name!r} is not Ready (phase {record.get('phase') or 'Pending'}); "
+                        f"this run starts when it is")
+            if await self.records.swap_holder(namespace, sandbox["metadata"]["uid"], current, workflow):
+                await self._show(namespace, name, workflow)
+                return None
+        return f"spec.sandboxRef: Sandbox {name!r} changed while being taken; trying again"
 
-async def release(objects: CustomObjects, namespace: str, name: str, workflow: str) -> None:
-    """Let go of Sandbox ``name`` if ``workflow`` holds it (idempotent)."""
-    for _ in range(3):
-        sandbox = await objects.get(SANDBOXES, namespace, name)
-        if sandbox is None or (sandbox.get("status") or {}).get("holder") != workflow:
-            return
-        if await _set_holder(objects, namespace, sandbox, None):
-            return
+    async def release(self, namespace: str, name: str, workflow: str) -> None:
+        """Let go of Sandbox ``name`` if ``workflow`` holds it (idempotent)."""
+        for _ in range(3):
+            sandbox, record = await self._sandbox(namespace, name)
+            if sandbox is None or record.get(HOLDER) != workflow:
+                return
+            if await self.records.swap_holder(namespace, sandbox["metadata"]["uid"], workflow, None):
+                await self._show(namespace, name, None)
+                return
 
+    async def live_handle(self, namespace: str, name: str, workflow: str) -> SandboxHandle:
+        """The live sandbox of Sandbox ``name`` for ``workflow``, taking the Sandbox for it if it is free;
+        :class:`SandboxHeld` while another running Workflow holds it or it has no live sandbox."""
+        waits = await self.hold(namespace, name, workflow)
+        if waits is not None:
+            raise SandboxHeld(waits)
+        sandbox, record = await self._sandbox(namespace, name)
+        if sandbox is None or not record.get("providerId"):
+            raise SandboxHeld(f"Sandbox {namespace}/{name} has no live sandbox (phase {record.get('phase') or 'missing'}); "
+                              f"set its spec.suspend to false and run the Workflow again")
+        return SandboxHandle(id=str(record["providerId"]), provider=str(sandbox["spec"].get("provider", "local")),
+                             metadata=dict(record.get("handle") or {}))
 
-async def live_handle(objects: CustomObjects, namespace: str, name: str) -> SandboxHandle:
-    """The live sandbox of Sandbox ``name``, as its status records it."""
-    sandbox = await objects.get(SANDBOXES, namespace, name)
-    status = (sandbox or {}).get("status") or {}
-    if sandbox is None or not status.get("providerId"):
-        phase = status.get("phase") or "missing"
-        raise LookupError(f"Sandbox {namespace}/{name} has no live sandbox (phase {phase}); set spec.suspend to false "
-                          f"and run the Workflow again")
-    return SandboxHandle(id=status["providerId"], provider=sandbox["spec"].get("provider", "local"),
-                         metadata=dict(status.get("handle") or {}))
+    async def _show(self, namespace: str, name: str, holder: str | None) -> None:
+        """status.holder, for people (``kubectl get dsbx``); nothing reads it back."""
+        await self.objects.patch_status(SANDBOXES, namespace, name, {HOLDER: holder})

@@ -142,6 +142,38 @@ def _check_provider(name: str) -> None:
 _FIXED = " Fixed at creation: a run's program cannot change under it (create a new Workflow instead)."
 
 
+def signal_problems(signals: dict[str, Any]) -> dict[str, str]:
+    """Why each refused signal is refused (key -> message; the key "" for the bound on all of them together):
+    a value over SIGNAL_MAX_BYTES of JSON, or the first values past SIGNALS_MAX_BYTES in all."""
+    problems: dict[str, str] = {}
+    total = 0
+    for key in sorted(signals):
+        size = len(json.dumps(signals[key], separators=(",", ":"), ensure_ascii=False).encode())
+        if size > SIGNAL_MAX_BYTES:
+            problems[key] = (f"the value is {size} bytes of JSON; a signal may be at most {SIGNAL_MAX_BYTES} (pass a "
+                             f"reference to large data instead, e.g. a URL or an object name)")
+        elif total + size > SIGNALS_MAX_BYTES:
+            problems[key] = (f"with this value the signals add up to more than {SIGNALS_MAX_BYTES} bytes of JSON, "
+                             f"the most all signals together may be")
+        else:
+            total += size
+    return problems
+
+
+def without_refused_signals(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``body`` (a Workflow) without the signals :func:`signal_problems` refuses, and the refusals by key: a
+    refused signal must not stop the rest of the spec (or the other signals) from being acted on."""
+    spec = body.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("signals"), dict):
+        return body, {}
+    signals: dict[str, Any] = spec["signals"]
+    refused = signal_problems(signals)
+    if not refused:
+        return body, {}
+    kept = {k: v for k, v in signals.items() if k not in refused}
+    return {**body, "spec": {**spec, "signals": kept}}, refused
+
+
 class WorkflowSpec(_Model):
     """What to run and how. The program (toolCalls or entrypoint and input, sandbox or sandboxRef) is fixed
     at creation; suspend, cancel and signals steer the run while it goes."""
@@ -286,22 +318,8 @@ class WorkflowSpec(_Model):
         # A signal is carried in the run's journal head (every commit rewrites it) and in the Workflow object
         # (which the API server caps at 1.5 MiB, status and kopf's bookkeeping included): a huge value would
         # make every later write of the object fail, its finalizer included.
-        total = 0
-        for key, signal in value.items():
-            size = len(json.dumps(signal, separators=(",", ":"), ensure_ascii=False).encode())
-            total += size
-            if size > SIGNAL_MAX_BYTES:
-                raise PydanticCustomError(
-                    "signal_too_large",
-                    "the value is {size} bytes of JSON; a signal may be at most {limit} (pass a reference to "
-                    "large data instead, e.g. a URL or an object name)",
-                    {"size": size, "limit": SIGNAL_MAX_BYTES, "subloc": [key]},
-                )
-        if total > SIGNALS_MAX_BYTES:
-            raise PydanticCustomError(
-                "signals_too_large", "the values add up to {total} bytes of JSON; all signals together may be at "
-                "most {limit}", {"total": total, "limit": SIGNALS_MAX_BYTES},
-            )
+        for key, problem in signal_problems(value).items():
+            raise PydanticCustomError("signal_too_large", "{problem}", {"problem": problem, "subloc": [key] if key else []})
         return value
 
     @field_validator("sandbox")

@@ -64,11 +64,27 @@ class SandboxRecords:
     async def read(self, namespace: str, uid: str) -> dict[str, Any]:
         """The record of the Sandbox with ``uid`` (empty when there is none yet); :class:`JournalDamaged` when a
         value fails its seal or cannot be decoded."""
-        objects, sealer = self._of(namespace)
-        name = self.name(uid)
-        body = await objects.get(name)
+        objects, _ = self._of(namespace)
+        body = await objects.get(self.name(uid))
+        return self._decode(namespace, body) if body is not None else {}
+
+    async def all(self, namespace: str) -> dict[str, dict[str, Any] | None]:
+        """Every record of ``namespace`` by its Sandbox's uid (None for one that fails its seals)."""
+        objects, _ = self._of(namespace)
+        out: dict[str, dict[str, Any] | None] = {}
+        for body in await objects.select(f"{LABEL_PART}=sandbox"):
+            uid = body["metadata"]["name"].removeprefix("dsbx.").removesuffix(".state")
+            try:
+                out[uid] = self._decode(namespace, body)
+            except JournalDamaged:
+                out[uid] = None
+        return out
+
+    def _decode(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        _, sealer = self._of(namespace)
+        name = body["metadata"]["name"]
         out: dict[str, Any] = {}
-        for key, stored in ((body or {}).get("data") or {}).items():
+        for key, stored in (body.get("data") or {}).items():
             text = sealer.open(name, key, str(stored), run_id="", where=f"Journal {namespace}/{name}")
             try:
                 out[key] = json.loads(text)

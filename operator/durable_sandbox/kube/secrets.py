@@ -13,6 +13,10 @@ from typing import Any
 from durable_sandbox.kube.client import is_not_found
 
 
+class SecretNotReadable(LookupError):
+    """The operator is not allowed to read a Secret the spec names (RBAC): a person must allow it or change it."""
+
+
 def secret_refs(env: Iterable[Any]) -> set[tuple[str, str]]:
     """``(secret name, key)`` of every ``valueFrom.secretKeyRef`` in an env list (dicts or EnvVar models)."""
     refs: set[tuple[str, str]] = set()
@@ -38,6 +42,13 @@ async def read_secret_values(
         except Exception as exc:
             if is_not_found(exc):
                 raise LookupError(f"{where}: Secret {namespace}/{name} does not exist; create it (the operator retries)") from None
+            if getattr(exc, "status", None) == 403:
+                raise SecretNotReadable(
+                    f"{where}: the operator may not read Secret {namespace}/{name}: only the Secrets the operator's "
+                    f"installation allows (the chart's workflowSecrets, in workflowSecretNamespaces) can reach a "
+                    f"sandbox; use one of those, or ask the operator's administrator to allow this one (the "
+                    f"operator retries)"
+                ) from None
             raise
         data = secret.data or {}
         if key not in data:

@@ -163,6 +163,7 @@ class Extra:
     rejected: tuple[str, str] | None = None  # (reason, message): the operator refused to run the spec
     not_runnable: str | None = None  # this replica cannot import the workflow (left for another)
     not_runnable_reason: str | None = None  # the Ready condition's reason while not runnable (default NotRunnableHere)
+    refused_signals: dict[str, str] = field(default_factory=dict)  # spec.signals keys refused -> why (too big)
     result_ref: str | None = None
 
 
@@ -244,9 +245,10 @@ def conditions(
     out.append(condition("Suspended", phase == "Suspended", "SuspendRequested" if phase == "Suspended" else "NotSuspended",
                           "spec.suspend is true" if phase == "Suspended" else "", gen, previous))
     waiting = bool(pending)
+    refused = "".join(f"; spec.signals.{key} was refused: {why}" for key, why in sorted(extra.refused_signals.items()))
     out.append(condition("WaitingForSignal", waiting, "WaitingForSignal" if waiting else "NotWaiting",
-                          ("waiting for " + ", ".join(pending) + "; set spec.signals.<id> to continue") if waiting else "",
-                          gen, previous))
+                          ("waiting for " + ", ".join(pending) + "; set spec.signals.<id> to continue" + refused)
+                          if waiting else "", gen, previous))
     out.append(condition("Recovering", projection.recovering and phase == "Running", "SandboxLost" if projection.recovering else "NotRecovering",
                           "restoring the sandbox from its newest snapshot" if projection.recovering else "", gen, previous))
     if extra.cleanup_blocked is not None or "CleanupBlocked" in previous:

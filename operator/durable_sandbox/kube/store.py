@@ -58,6 +58,7 @@ from durable_sandbox.engine.errors import (
     RunCancelledError,
     RunNotFound,
     SignalConflict,
+    StoreRefused,
     StoreUnavailable,
 )
 from durable_sandbox.engine.records import (
@@ -384,6 +385,9 @@ class KubernetesStore:
     async def create_run(self, run: RunRecord, *, owner: OwnerRef | None = None) -> tuple[RunRecord, bool]:
         """Insert ``run`` unless its id exists. ``owner``: the Workflow whose deletion deletes the run."""
         key = run_key(run.run_id)
+        existing = await self._head(run.run_id)
+        if existing is not None:  # the common case (every admission of a run that exists): one GET
+            return await self._run_from_head(existing), False
         owners = [owner.to_json()] if owner else []
         data: dict[str, str] = {"fence": "0", "seq": "0", "chunks": self._sealed(key, "chunks", "[]"),
                                 "signals": self._sealed(key, "signals", "{}")}
@@ -393,6 +397,14 @@ class KubernetesStore:
             data[f"run.{f}"] = self._sealed(key, f"run.{f}", stored)
         meta = self._meta(f"dsb.{key}", key, "run", owners, {LABEL_STATUS: run.status.value})
         meta["annotations"] = {ANNOTATION_RUN: run.run_id}
+        lease = await self.leases.read(self._lease_name(run.run_id))
+        if lease is not None:
+            # Its lease outlives the head only if the head was deleted behind the store's back (they go together
+            # otherwise): the run ran, and starting it afresh would execute every committed call again.
+            raise JournalDamaged(
+                run.run_id, f"Journal {self.namespace}/dsb.{key}",
+                f"the run's head is missing while its lease {lease.name} shows it was executed "
+                f"({lease.transitions} claim(s))", tampered=False, lost=True)
         try:
             head = await self._create({"metadata": meta, "data": data})
         except ApiException as exc:
@@ -999,9 +1011,28 @@ def _unavailable_when_unreachable(method: Callable[..., Awaitable[Any]]) -> Call
         except Exception as exc:
             if is_transient(exc):
                 raise StoreUnavailable(f"{method.__name__}: {type(exc).__name__}: {exc}") from exc
+            if isinstance(exc, ApiException) and exc.status in REFUSALS:
+                raise StoreRefused(
+                    f"The API server refused to write the journal in namespace {self.namespace!r} ({method.__name__}: "
+                    f"{exc.status} {_api_message(exc)}); the run stops here and goes on from its journal once that "
+                    f"is fixed (a ResourceQuota on journals.durable-sandbox.dev, the operator's RBAC, a size limit)."
+                ) from exc
             raise
 
     return wrapper
+
+
+# Answers that say the write will not be taken as it is (others are retried inside the store, or transient).
+REFUSALS = frozenset({400, 403, 413, 422})
+
+
+def _api_message(exc: ApiException) -> str:
+    """The API server's own message (a Status object's), short; never a request body."""
+    try:
+        message = str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        message = str(exc.reason)
+    return message[:300]
 
 
 # The store protocol (engine/store.py), as the engine and the operator call it.

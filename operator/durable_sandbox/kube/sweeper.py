@@ -8,12 +8,15 @@ log line, a metric and, when its owner resource still exists, an Event on it. Li
 matters: a resource always exists before anything is made for it, so an owner missing from the later
 listing was deleted. If the live resources cannot be listed completely, nothing is removed that round.
 
-What a live resource references:
-* a Workflow in progress (any phase but Succeeded/Failed/Cancelled) or being deleted: unknown, so everything
-  tagged with it is kept (its run reaps what it made but did not record; its finalizer cleans up);
-* a finished Workflow: nothing (its sessions were finalized; a retained snapshot is marked as such);
-* a Sandbox resource: ``status.providerId`` and ``status.snapshots``, unless an operation is in flight
-  (``status.operation``): then unknown. Any ``spec.fromSnapshot`` is protected whoever made it.
+What a live resource references, from what only the operator writes (never status: anyone granted
+``*/status`` could otherwise make the sweep destroy a running Workflow's sandbox or a Sandbox's live one):
+* a Workflow whose run has not finished (its journal head's status label), has not started, or that is being
+  deleted: unknown, so everything tagged with it is kept (its run reaps what it made but did not record; its
+  finalizer cleans up);
+* a Workflow whose run finished: nothing (its sessions were finalized; a retained snapshot is marked as such);
+* a Sandbox resource: ``providerId`` and ``snapshots`` of its record (``kube/sandbox_records.py``), unless an
+  operation is in flight there or it has no readable record: then unknown. Any ``spec.fromSnapshot`` is
+  protected whoever made it.
 
 Several replicas each run the timer; their sweeps may overlap, which is harmless (removals are idempotent).
 """
@@ -30,6 +33,7 @@ from typing import Any
 
 from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
+from durable_sandbox.kube.journal_objects import LABEL_PART, LABEL_RUN, JournalObjects
 from durable_sandbox.kube.metrics import OperatorMetrics
 from durable_sandbox.kube.orphans import (
     Inventory,
@@ -40,8 +44,10 @@ from durable_sandbox.kube.orphans import (
     plan_sweep,
     take_inventory,
 )
+from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.resources import SANDBOXES, WORKFLOWS, CustomObjects
-from durable_sandbox.kube.status import TERMINAL_PHASES
+from durable_sandbox.kube.sandbox_records import SandboxRecords
+from durable_sandbox.kube.store import LABEL_STATUS, run_key
 from durable_sandbox.providers.contract import Capability, SandboxProvider
 
 __all__ = ["DEFAULT_SWEEP_GRACE", "DEFAULT_SWEEP_INTERVAL", "OrphanSweeper", "default_installation_id", "live_owners"]
@@ -64,9 +70,13 @@ def default_installation_id(namespaces: Sequence[str] = (), environ: Mapping[str
     return f"{namespace}/durable-sandbox" if namespace else "durable-sandbox"
 
 
-def live_owners(workflows: Sequence[Mapping[str, Any]], sandboxes: Sequence[Mapping[str, Any]]) -> tuple[
+def live_owners(workflows: Sequence[Mapping[str, Any]], sandboxes: Sequence[Mapping[str, Any]], *,
+                finished_runs: frozenset[str], records: Mapping[str, Mapping[str, Any] | None]) -> tuple[
         dict[str, LiveOwner], frozenset[str], dict[str, Mapping[str, Any]]]:
-    """(live owners by owner tag, snapshot ids some spec names, the resource body of each owner)."""
+    """(live owners by owner tag, snapshot ids some spec names, the resource body of each owner).
+
+    ``finished_runs``: ``<namespace>/<run key>`` of every run whose journal says it finished; ``records``: each
+    Sandbox's record by uid (None: it cannot be read)."""
     live: dict[str, LiveOwner] = {}
     protected: set[str] = set()
     bodies: dict[str, Mapping[str, Any]] = {}
@@ -74,8 +84,8 @@ def live_owners(workflows: Sequence[Mapping[str, Any]], sandboxes: Sequence[Mapp
         meta = wf.get("metadata") or {}
         owner = f"{meta.get('namespace')}/{meta.get('uid')}"
         bodies[owner] = wf
-        phase = (wf.get("status") or {}).get("phase")
-        if meta.get("deletionTimestamp") or phase not in TERMINAL_PHASES:
+        run = f"{meta.get('namespace')}/{run_key(cluster_run_id(str(meta.get('name')), str(meta.get('uid'))))}"
+        if meta.get("deletionTimestamp") or run not in finished_runs:
             live[owner] = LiveOwner(owner)
         else:
             live[owner] = LiveOwner(owner, frozenset(), frozenset())
@@ -86,15 +96,15 @@ def live_owners(workflows: Sequence[Mapping[str, Any]], sandboxes: Sequence[Mapp
         source = (sb.get("spec") or {}).get("fromSnapshot")
         if isinstance(source, str) and source:
             protected.add(source)
-        status = sb.get("status") or {}
-        if meta.get("deletionTimestamp") or status.get("operation"):
+        record = records.get(str(meta.get("uid")))
+        if meta.get("deletionTimestamp") or record is None or record.get("operation"):
             live[owner] = LiveOwner(owner)
             continue
-        provider_id = status.get("providerId")
+        provider_id = record.get("providerId")
         live[owner] = LiveOwner(
             owner,
             frozenset({provider_id}) if isinstance(provider_id, str) and provider_id else frozenset(),
-            frozenset(s for s in status.get("snapshots") or [] if isinstance(s, str)),
+            frozenset(s for s in record.get("snapshots") or [] if isinstance(s, str)),
         )
     return live, frozenset(protected), bodies
 
@@ -110,9 +120,11 @@ class OrphanSweeper:
         grace: float,
         events: EventRecorder,
         metrics: OperatorMetrics,
+        records: SandboxRecords,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
+        self.records = records
         self.objects = CustomObjects(api)
         self.installation = installation
         self.namespaces = namespaces
@@ -143,6 +155,20 @@ class OrphanSweeper:
             items.extend(await self.objects.list(plural, namespace))
         return items
 
+    async def _operator_state(self, workflows: Sequence[Mapping[str, Any]], sandboxes: Sequence[Mapping[str, Any]]
+                              ) -> tuple[frozenset[str], dict[str, Mapping[str, Any] | None]]:
+        """What only the operator writes, for the namespaces those resources are in: the runs that finished (by
+        their journal heads' status label) and the Sandboxes' records."""
+        namespaces = {str((o.get("metadata") or {}).get("namespace")) for o in [*workflows, *sandboxes]}
+        finished: set[str] = set()
+        records: dict[str, Mapping[str, Any] | None] = {}
+        for namespace in sorted(namespaces):
+            heads = await JournalObjects(self.api, namespace).select(
+                f"{LABEL_PART}=run,{LABEL_STATUS} in (succeeded,failed,cancelled)")
+            finished.update(f"{namespace}/{(h['metadata'].get('labels') or {}).get(LABEL_RUN)}" for h in heads)
+            records.update(await self.records.all(namespace))
+        return frozenset(finished), records
+
     async def sweep(self) -> dict[str, SweepResult]:
         inventories: dict[str, tuple[SandboxProvider, Inventory]] = {}
         for name, provider in self._providers().items():
@@ -153,7 +179,9 @@ class OrphanSweeper:
             except Exception as exc:  # one provider's outage does not stop the others' sweep
                 log.warning("orphan sweep: listing provider %s failed (%s: %s); skipped this round",
                             name, type(exc).__name__, exc)
-        live, protected, bodies = live_owners(await self._list(WORKFLOWS), await self._list(SANDBOXES))
+        workflows, sandboxes = await self._list(WORKFLOWS), await self._list(SANDBOXES)
+        finished, records = await self._operator_state(workflows, sandboxes)
+        live, protected, bodies = live_owners(workflows, sandboxes, finished_runs=finished, records=records)
         now = self._clock()
         results: dict[str, SweepResult] = {}
         for name, (provider, inventory) in inventories.items():

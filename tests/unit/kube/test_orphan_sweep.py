@@ -10,6 +10,8 @@ import pytest
 
 from durable_sandbox.kube.metrics import OperatorMetrics
 from durable_sandbox.kube.orphans import Inventory, LiveOwner, Orphan, SweepPlan, plan_sweep, sweep_once
+from durable_sandbox.kube.plan import cluster_run_id
+from durable_sandbox.kube.store import run_key
 from durable_sandbox.kube.sweeper import default_installation_id, live_owners
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
@@ -106,19 +108,30 @@ def _wf(uid: str, phase: str | None, deleting: bool = False) -> dict[str, object
     return {"metadata": meta, "status": {"phase": phase} if phase else {}}
 
 
-def test_live_owners_from_the_resources() -> None:
-    workflows = [_wf("running", "Running"), _wf("new", None), _wf("done", "Succeeded"), _wf("going", "Failed", True)]
+def test_live_owners_from_what_the_operator_records_never_from_status() -> None:
+    # Every status below says the opposite of the operator's records: status is anyone's with */status rights.
+    workflows = [_wf("running", "Succeeded"), _wf("new", "Succeeded"), _wf("done", "Running"),
+                 _wf("going", "Failed", True)]
+    finished = frozenset({f"ns/{run_key(cluster_run_id('wf-done', 'done'))}",
+                          f"ns/{run_key(cluster_run_id('wf-going', 'going'))}"})
     sandboxes = [
         {"metadata": {"namespace": "ns", "name": "a", "uid": "sb-a"}, "spec": {"fromSnapshot": "user-snap"},
-         "status": {"providerId": "p1", "snapshots": ["s1", "s2"]}},
-        {"metadata": {"namespace": "ns", "name": "b", "uid": "sb-b"}, "status": {"operation": {"id": "op", "kind": "snapshot"}}},
+         "status": {"providerId": "forged", "snapshots": []}},
+        {"metadata": {"namespace": "ns", "name": "b", "uid": "sb-b"}, "status": {}},
+        {"metadata": {"namespace": "ns", "name": "c", "uid": "sb-c"}, "status": {"providerId": "p3"}},
+        {"metadata": {"namespace": "ns", "name": "d", "uid": "sb-d"}, "status": {"providerId": "p4"}},
     ]
-    live, protected, bodies = live_owners(workflows, sandboxes)
-    assert live["ns/running"] == LiveOwner("ns/running") and live["ns/new"] == LiveOwner("ns/new")
+    records = {"sb-a": {"providerId": "p1", "snapshots": ["s1", "s2"]},
+               "sb-b": {"operation": {"id": "op", "kind": "snapshot"}}, "sb-c": None}
+    live, protected, bodies = live_owners(workflows, sandboxes, finished_runs=finished, records=records)
+    assert live["ns/running"] == LiveOwner("ns/running"), "its journal says it has not finished"
+    assert live["ns/new"] == LiveOwner("ns/new"), "no journal yet: not started"
     assert live["ns/done"] == LiveOwner("ns/done", frozenset(), frozenset()), "a finished run references nothing"
     assert live["ns/going"] == LiveOwner("ns/going"), "being deleted: its finalizer cleans up, the sweep waits"
     assert live["ns/sb-a"] == LiveOwner("ns/sb-a", frozenset({"p1"}), frozenset({"s1", "s2"}))
     assert live["ns/sb-b"] == LiveOwner("ns/sb-b"), "an operation in flight: unknown"
+    assert live["ns/sb-c"] == LiveOwner("ns/sb-c"), "a record that fails its seals: unknown, everything kept"
+    assert live["ns/sb-d"] == LiveOwner("ns/sb-d"), "no record yet: unknown"
     assert protected == {"user-snap"} and set(bodies) == set(live)
 
 

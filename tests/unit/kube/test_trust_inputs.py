@@ -12,7 +12,12 @@ import pytest
 from durable_sandbox.engine.errors import JournalDamaged
 from durable_sandbox.kube import crds
 from durable_sandbox.kube.labels import label_value
-from durable_sandbox.kube.models import SIGNAL_MAX_BYTES, SIGNALS_MAX_BYTES, WorkflowResource
+from durable_sandbox.kube.models import (
+    SIGNAL_MAX_BYTES,
+    SIGNALS_MAX_BYTES,
+    WorkflowResource,
+    without_refused_signals,
+)
 from durable_sandbox.kube.plan import PlanError, WorkflowNotAllowed, WorkflowUnavailable, plan_workflow
 from durable_sandbox.kube.sealing import Sealer
 
@@ -68,8 +73,11 @@ def test_a_signal_over_the_bound_is_refused_naming_its_key() -> None:
     assert loc == ("spec", "signals", "approve"), loc
     assert f"a signal may be at most {SIGNAL_MAX_BYTES}" in msg
     many = {f"s{i}": "y" * (SIGNAL_MAX_BYTES - 100) for i in range(SIGNALS_MAX_BYTES // SIGNAL_MAX_BYTES + 1)}
-    [(_, msg)] = errors_of({"toolCalls": [{"type": "shell", "command": "true"}], "signals": many})
-    assert f"all signals together may be at most {SIGNALS_MAX_BYTES}" in msg
+    [(loc, msg)] = errors_of({"toolCalls": [{"type": "shell", "command": "true"}], "signals": many})
+    assert f"add up to more than {SIGNALS_MAX_BYTES} bytes" in msg and loc[-1] == sorted(many)[-1], (loc, msg)
+    kept, refused = without_refused_signals({"spec": {"signals": {**many, "ok": 1}}})
+    assert list(refused) == [sorted(many)[-1]], "the values that fit are kept, in key order"
+    assert set(kept["spec"]["signals"]) == {"ok", *sorted(many)[:-1]}
     fine = workflow({"toolCalls": [{"type": "shell", "command": "true"}], "signals": {"ok": "y" * 1000}})
     assert fine.spec.signals == {"ok": "y" * 1000}
 

@@ -13,14 +13,21 @@ What the daemon keeps true:
   provider without the snapshot capability refuses with ``Suspended=False`` (reason SnapshotUnsupported).
   A superseded snapshot is deleted only after the new one is recorded.
 
-Crash safety: every provider side effect is preceded by a status write of its intent
-(``status.operation``: kind and a stable operation id). A restart finishes the recorded operation: a
+What the controller acts on (the live sandbox's id and handle, the snapshots it owns, the operation in
+progress, its phase) is kept in the Sandbox's own record (``kube/sandbox_records.py``: a sealed Journal object
+no namespace role grants) and shown in status; status is never read back as truth (anyone granted
+``sandboxes/status`` can write it), so nobody but the operator can point a Sandbox at another tenant's sandbox
+or snapshot.
+
+Crash safety: every provider side effect is preceded by a record of its intent (``operation``: kind and a
+stable operation id). A restart finishes the recorded operation: a
 provision or restore looks for the sandbox by owner tag and operation label first (and destroys any
 other sandbox this Sandbox owns), a snapshot is taken again under the same operation id (reconciling
 providers return the same snapshot), a destroy is repeated (idempotent). So a SIGKILL anywhere leaves
 exactly one live sandbox, or exactly one snapshot, after the restart.
 
-Status is written only here, through the status subresource (merge patches), one write per transition.
+Status is written only here, through the status subresource (merge patches), one write per transition, right
+after the record.
 
 One replica at a time: every replica runs a daemon for every Sandbox, but only the holder of the
 Sandbox's ``coordination.k8s.io`` Lease (``dsbx.<uid>``, owned by the Sandbox, see ``kube/leases.py``)
@@ -43,24 +50,33 @@ from typing import Any
 from pydantic import ValidationError
 
 from durable_sandbox.engine import faults
-from durable_sandbox.kube import holding
 from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.conditions import SANDBOX_CONDITIONS, State, find, merge, rfc3339
 from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
+from durable_sandbox.kube.holding import Holding
 from durable_sandbox.kube.labels import label_value
 from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
 from durable_sandbox.kube.models import SandboxResource
-from durable_sandbox.kube.resources import API_VERSION, OPERATOR_FIELD_MANAGER, SANDBOXES, CustomObjects
+from durable_sandbox.kube.objects import owner_tag
+from durable_sandbox.kube.resources import (
+    API_VERSION,
+    OPERATOR_FIELD_MANAGER,
+    SANDBOXES,
+    WORKFLOWS,
+    CustomObjects,
+)
 from durable_sandbox.kube.sandbox.view import (
     OPERATION_LABEL,
     SANDBOX_LABEL,
     SandboxControllerSettings,
     SandboxView,
 )
+from durable_sandbox.kube.sandbox_records import HOLDER, RECORDED, SandboxRecords
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.store import LABEL_PART, MANAGED_BY
 from durable_sandbox.providers.contract import (
+    INSTALLATION_LABEL,
     Capability,
     ProviderError,
     ProvisionError,
@@ -69,6 +85,7 @@ from durable_sandbox.providers.contract import (
     SandboxProvider,
     SandboxSpec,
     UnsupportedCapability,
+    tag_key,
 )
 from durable_sandbox.workflows.sandbox_agent import resolve_env
 
@@ -79,6 +96,13 @@ log = logging.getLogger(__name__)
 CONDITION_ORDER = SANDBOX_CONDITIONS
 
 
+class SnapshotRefused(ProvisionError):
+    """``spec.fromSnapshot`` names a snapshot this namespace may not restore."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
 class SandboxController:
     def __init__(
         self,
@@ -87,8 +111,13 @@ class SandboxController:
         provider: Callable[[str], SandboxProvider],
         settings: SandboxControllerSettings | None = None,
         labels: Mapping[str, str] | None = None,
+        *,
+        records: SandboxRecords,
+        holding: Holding,
     ) -> None:
         self.api = api
+        self.records = records
+        self.holding = holding
         self.objects = CustomObjects(api)
         self.events = events
         self.labels = dict(labels or {})  # on every sandbox provisioned (the installation label: orphan sweeps)
@@ -107,13 +136,15 @@ class SandboxController:
     # ------------------------------------------------------------------ status and events
 
     async def _patch(self, view: SandboxView, changes: dict[str, Any]) -> None:
-        """Write ``changes`` (merge patch; None deletes) to status, and keep them as what we know."""
+        """Record ``changes`` (None deletes) that the controller acts on in the Sandbox's record, then show them
+        all in status (merge patch), and keep them as what we know."""
         changes = {**changes, "observedGeneration": view.generation}
         for key, value in changes.items():
             if value is None:
                 view.status.pop(key, None)
             else:
                 view.status[key] = value
+        await self.records.write(view.namespace, view.name, view.uid, changes)
         await self.objects.patch_status(SANDBOXES, view.namespace, view.name, changes)
 
     @staticmethod
@@ -162,7 +193,7 @@ class SandboxController:
         view = self._views.get(meta["uid"])
         if view is None:
             view = SandboxView(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], body=body,
-                               status=dict(body.get("status") or {}))
+                               status=_shown(body.get("status")))
             self._views[view.uid] = view
         view.body = body
         if body_of is not None:
@@ -201,10 +232,11 @@ class SandboxController:
         view.waiting_on = None
         log.info("sandbox %s/%s: this replica (%s) reconciles it now (lease epoch %d)", view.namespace, view.name,
                  self.settings.worker_id, epoch)
-        # The previous holder wrote status last: start from what the API server has, not from our memory.
+        # The previous holder wrote last: start from what the API server has, not from our memory; what is acted
+        # on from the Sandbox's record, only the conditions (for their transition times) from its status.
         obj = await self.objects.get(SANDBOXES, view.namespace, view.name)
         if obj is not None:
-            view.status = dict(obj.get("status") or {})
+            view.status = {**_shown(obj.get("status")), **await self.records.read(view.namespace, view.uid)}
         return None
 
     def _lease_lost(self, view: SandboxView) -> None:
@@ -262,6 +294,10 @@ class SandboxController:
         except LookupError as exc:  # a Secret named by spec.env is missing
             await self._transition(view, "Pending", Ready=(False, "SecretMissing", str(exc)))
             return self.settings.failed_retry
+        except SnapshotRefused as exc:
+            await self._transition(view, "Failed", Ready=(False, "SnapshotNotOwned", str(exc)))
+            await self._emit(view, "SnapshotNotOwned", str(exc), "Warning")
+            return None  # final until the spec changes
         except ProvisionError as exc:
             if exc.retryable:
                 log.warning("sandbox %s/%s: %s", view.namespace, view.name, exc)
@@ -305,11 +341,32 @@ class SandboxController:
         source = view.snapshots[-1] if view.snapshots else None
         if source is None and reason == "create" and not view.status.get("operationCount") and res.spec.from_snapshot:
             source = res.spec.from_snapshot
+            await self._check_from_snapshot(view, provider, source)
         phase = {"create": "Provisioning", "resume": "Resuming", "recover": "Recovering"}[reason]
         kind = "restore" if source is not None else "provision"
         await self._begin(view, kind, phase, snapshot_id=source,
                           Ready=(False, phase, f"{kind} of a sandbox" + (f" from snapshot {source}" if source else "")))
         await self._run_provision(view, res, provider)
+
+    async def _check_from_snapshot(self, view: SandboxView, provider: SandboxProvider, snapshot_id: str) -> None:
+        """``spec.fromSnapshot`` names a snapshot this namespace owns: one the provider took of a sandbox of this
+        installation whose owner is a Workflow or a Sandbox of this namespace (the owner tag it recorded, never
+        anything a user can write). Snapshot ids are printed in status, Events and logs; knowing another
+        tenant's must not let anyone read its files. :class:`SnapshotRefused` otherwise."""
+        where = f"spec.fromSnapshot: snapshot {snapshot_id}"
+        if not provider.capabilities().supports(Capability.INVENTORY):
+            raise SnapshotRefused(f"{where}: provider {provider.name} cannot tell whose snapshot it is, so it is not "
+                                  f"restored; restore only with a provider that keeps owner tags (inventory)")
+        installation = self.labels.get(INSTALLATION_LABEL, "")
+        entry = next((e for e in await provider.inventory_snapshots(installation) if e.id == snapshot_id), None)
+        if entry is None:
+            raise SnapshotRefused(f"{where} is not one this operator took (or it was deleted); name a snapshot of a "
+                                  f"Workflow (retainLatestSnapshot) or a Sandbox of this namespace")
+        owners = {tag_key(owner_tag(view.namespace, obj["metadata"]["uid"]))
+                  for plural in (WORKFLOWS, SANDBOXES) for obj in await self.objects.list(plural, view.namespace)}
+        if entry.owner_key not in owners:
+            raise SnapshotRefused(f"{where} does not belong to this namespace: only snapshots of this namespace's own "
+                                  f"Workflows and Sandboxes can be restored here")
 
     async def _run_provision(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> None:
         op = view.status["operation"]
@@ -366,7 +423,7 @@ class SandboxController:
     async def _keep_suspended(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> float | None:
         handle = view.handle()
         if handle is not None:
-            holder = await holding.running_holder(self.objects, view.namespace, dict(view.latest()))
+            holder = await self.holding.running_holder(view.namespace, await self.records.read(view.namespace, view.uid))
             if holder is not None:
                 # Destroying the sandbox under a running Workflow would fail its calls: wait for it to end.
                 message = f"Workflow {holder} holds this sandbox (spec.sandboxRef); it is suspended once that Workflow ends"
@@ -460,7 +517,7 @@ class SandboxController:
                 self._views.pop(view.uid, None)  # the holder cleans up; nothing of this view is worth keeping
                 raise CleanupPending(f"replica {view.waiting_on} reconciles this Sandbox; its cleanup runs there (or "
                                      f"here once that replica's lease runs out)", busy)
-            holder = await holding.running_holder(self.objects, view.namespace, dict(body))
+            holder = await self.holding.running_holder(view.namespace, await self.records.read(view.namespace, view.uid))
             if holder is not None:
                 message = (f"Workflow {holder} holds this sandbox (spec.sandboxRef); deletion waits until it finishes "
                            f"or is cancelled")
@@ -530,3 +587,9 @@ def _parse_time(value: Any) -> float | None:
         return dt.datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
     except ValueError:
         return None
+
+
+def _shown(status: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What of a Sandbox's status the controller keeps from the API server: everything but what it acts on
+    (that comes from the Sandbox's record only) and the holder (the record's, shown there by kube/holding.py)."""
+    return {k: v for k, v in (status or {}).items() if k not in RECORDED and k != HOLDER}

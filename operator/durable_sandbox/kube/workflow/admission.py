@@ -14,14 +14,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from durable_sandbox.kube import holding
 from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.events import LifecycleEvent
 from durable_sandbox.kube.manifests import format_loc
-from durable_sandbox.kube.models import SandboxResource, WorkflowResource
+from durable_sandbox.kube.models import SandboxResource, WorkflowResource, without_refused_signals
 from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, plan_workflow
 from durable_sandbox.kube.resources import SANDBOXES
-from durable_sandbox.kube.secrets import read_secret_values, secret_refs
+from durable_sandbox.kube.secrets import SecretNotReadable, read_secret_values, secret_refs
 from durable_sandbox.kube.status import Projection
 from durable_sandbox.kube.store import OwnerRef
 from durable_sandbox.kube.workflow.runs import RunView
@@ -42,12 +41,15 @@ class Admission:
         self.api = api  # Secrets are read with it
         self.policy = policy
         self.objects, self.runs, self.engines, self.publisher = wing.objects, wing.runs, wing.engines, wing.publisher
+        self.holding = wing.holding
 
     async def admit(self, view: RunView) -> RunPlan | None:
         """Policy and plan: returns the plan, or None after recording why the run cannot start
         (a rejection is final and written as Failed; a missing Secret or workflow code is retried)."""
         try:
-            wf = WorkflowResource.model_validate(dict(view.body))
+            # A refused signal (too big) is said by steering (an Event, the WaitingForSignal condition) and must not
+            # make the whole Workflow invalid: the run goes on without it.
+            wf = WorkflowResource.model_validate(without_refused_signals(dict(view.body))[0])
         except ValidationError as exc:
             err = exc.errors()[0]
             ctx = err.get("ctx") or {}
@@ -92,11 +94,11 @@ class Admission:
         try:
             self.runs.secrets[view.run_id] = await self._read_secrets(view.namespace, plan)
         except LookupError as exc:
-            view.extra.not_runnable = str(exc)
-            self.publisher.offer(view)
+            reason = "SecretNotReadable" if isinstance(exc, SecretNotReadable) else "SecretMissing"
+            self.publisher.refused(view, reason, str(exc))
             return False
         if wf.spec.sandbox_ref is not None:
-            waits = await holding.hold(self.objects, view.namespace, wf.spec.sandbox_ref.name, view.name)
+            waits = await self.holding.hold(view.namespace, wf.spec.sandbox_ref.name, view.name)
             if waits is not None:
                 view.waiting_for = wf.spec.sandbox_ref.name
                 view.extra.not_runnable, view.extra.not_runnable_reason = waits, "WaitingForSandbox"

@@ -5,28 +5,33 @@ taking its lease), every sandbox session its journal does not show finalized is 
 succeeded run retained are deleted, and the Sandbox it held is let go. While the provider refuses, or another
 replica still executes the run, :class:`~durable_sandbox.kube.errors.CleanupPending` keeps the finalizer, with
 condition ``CleanupBlocked`` and an Event; kopf retries with the backoff of ``cleanup_backoff``. The journal,
-not status, says what to delete (status is a projection); only when the run's objects are gone already does
-cleanup fall back to the ids in status.
+not status, says what to delete: status is a projection, which anyone granted ``workflows/status`` can write.
+When there is no journal to go by (the run's objects are gone already, or it fails its seals:
+``JournalDamaged``), cleanup goes by what the providers themselves record: the sandboxes and snapshots tagged
+with this Workflow's owner tag (``<namespace>/<uid>``), and nothing else.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import durable_sandbox
-from durable_sandbox.engine import LeaseHeld
+from durable_sandbox.engine import JournalDamaged, LeaseHeld
 from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.events import LifecycleEvent
 from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.workflow.finished import let_go
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.wing import Wing
-from durable_sandbox.providers.contract import SandboxHandle
+from durable_sandbox.providers.contract import Capability, tag_key
 from durable_sandbox.sandboxes import journal
 
 __all__ = ["Cleanup"]
+
+log = logging.getLogger(__name__)
 
 
 class Cleanup:
@@ -42,9 +47,15 @@ class Cleanup:
         engine = self.wing.engines.engine_for(namespace)
         view = self.wing.runs.views.get(run_id) or RunView(namespace=namespace, name=name, uid=uid, run_id=run_id, body=body)
         delay = self.wing.settings.cleanup_backoff[min(attempt, len(self.wing.settings.cleanup_backoff) - 1)]
-        run = await engine.store.get_run(run_id)
+        try:
+            run = await engine.store.get_run(run_id)
+            if run is not None:
+                await engine.store.load_journal(run_id)  # its journal too must be readable to be cleaned up from
+        except JournalDamaged as exc:
+            log.warning("%s/%s: cleaning up by owner tag: %s", namespace, name, exc)
+            run = None
         if run is None:
-            await self._cleanup_from_status(view, body, delay)
+            await self._cleanup_by_owner(view, body, delay)
             await self._done(view, body)
             return
         if not run.status.terminal:
@@ -90,9 +101,13 @@ class Cleanup:
                 providers[pinned[0]] = pinned[1]
             elif (kept := journal.retained(row)) is not None:
                 retained.append(kept)
-        shown = str(((body.get("status") or {}).get("sandbox") or {}).get("provider") or "")
         for kept in retained:
-            await self.wing.engines.provider(providers.get(kept.session) or shown).delete_snapshot(kept.snapshot_id)
+            provider = providers.get(kept.session)
+            if provider is None:  # a retained snapshot of a session the journal shows no provision of: not ours
+                log.warning("run %s: retained snapshot %s has no provider on record; left to the orphan sweep",
+                            run_id, kept.snapshot_id)
+                continue
+            await self.wing.engines.provider(provider).delete_snapshot(kept.snapshot_id)
 
     async def _finalize_leftovers(self, engine: durable_sandbox.Engine, run_id: str) -> None:
         executor = engine.executor
@@ -106,22 +121,29 @@ class Cleanup:
             if run is not None:
                 await hooks.cancel_cleanup(executor, run, lease)
 
-    async def _cleanup_from_status(self, view: RunView, body: Mapping[str, Any], delay: float) -> None:
-        """The run's objects are gone already: the ids cleanup needs are in status too."""
-        st = body.get("status") or {}
-        sandbox = st.get("sandbox") or {}
-        provider_name = sandbox.get("provider")
-        if not provider_name:
-            return
-        try:
-            provider = self.wing.engines.provider(provider_name)
-            if st.get("latestSnapshot"):
-                await provider.delete_snapshot(st["latestSnapshot"])
-            # A Sandbox resource's sandbox (spec.sandboxRef) outlives the Workflow: never destroyed here.
-            if sandbox.get("providerId") and not (body.get("spec") or {}).get("sandboxRef"):
-                await provider.destroy(SandboxHandle(id=sandbox["providerId"], provider=provider_name))
-        except Exception as exc:
-            await self._blocked(view, body, f"cleanup from status is blocked: {type(exc).__name__}: {exc}", delay)
+    async def _cleanup_by_owner(self, view: RunView, body: Mapping[str, Any], delay: float) -> None:
+        """No journal to go by: destroy the sandboxes and delete the snapshots that the providers themselves tag
+        with this Workflow's owner tag (never what status names: anyone granted workflows/status writes it)."""
+        spec = body.get("spec") or {}
+        if spec.get("sandboxRef"):
+            return  # its calls ran in a Sandbox resource's sandbox: that Sandbox's, not this Workflow's
+        named = (spec.get("sandbox") or {}).get("provider") or ("local" if spec.get("toolCalls") else None)
+        names = [str(named)] if named else self.wing.engines.usable_provider_names()
+        owner, installation = view.owner, self.wing.settings.installation_id
+        for name in names:
+            try:
+                provider = self.wing.engines.provider(name)
+                caps = provider.capabilities()
+                if caps.supports(Capability.LEASE_RECONCILIATION):
+                    for handle in await provider.list_sandboxes(owner):
+                        await provider.destroy(handle)
+                if caps.supports(Capability.INVENTORY):
+                    for entry in await provider.inventory_snapshots(installation):
+                        if entry.owner_key == tag_key(owner):
+                            await provider.delete_snapshot(entry.id)
+            except Exception as exc:
+                await self._blocked(view, body, f"cleanup by owner tag ({name}) is blocked: {type(exc).__name__}: "
+                                                f"{exc}", delay)
 
     async def _blocked(self, view: RunView, body: Mapping[str, Any], message: str, delay: float) -> None:
         view.extra.cleanup_blocked = message
@@ -130,7 +152,7 @@ class Cleanup:
         raise CleanupPending(message, delay)
 
     async def _done(self, view: RunView, body: Mapping[str, Any]) -> None:
-        await let_go(self.wing.objects, view)
+        await let_go(self.wing.holding, view)
         if view.extra.cleanup_blocked is not None:
             view.extra.cleanup_blocked = None
             await self.wing.publisher.patch_conditions(view, body)

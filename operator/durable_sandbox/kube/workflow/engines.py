@@ -10,9 +10,11 @@ import contextlib
 from typing import Any
 
 import durable_sandbox
-from durable_sandbox.kube import holding
+from durable_sandbox.engine import JournalDamaged
 from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.resources import CustomObjects
+from durable_sandbox.kube.holding import Holding
+from durable_sandbox.kube.plan import cluster_run_id
+from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.kube.workflow.observed import ObservedStore
 from durable_sandbox.kube.workflow.publishing import Publisher
@@ -36,6 +38,7 @@ class Engines:
         self.publisher = publisher
         self._providers = providers
         self._journal_key = journal_key  # seals every journal value the stores write (kube/sealing.py)
+        self.holding: Holding | None = None  # set by the Operator (it needs run_live, from here)
 
     def engine_for(self, namespace: str) -> durable_sandbox.Engine:
         engine = self.runs.engines.get(namespace)
@@ -77,6 +80,17 @@ class Engines:
             return create_provider(name)
         return self._providers(name) if callable(self._providers) else self._providers[name]
 
+    def usable_provider_names(self) -> list[str]:
+        """The providers this operator may use (the local provider only when allowed) and can build here (their
+        configuration is present): the orphan sweep's, and a cleanup's that cannot trust a journal."""
+        import os
+
+        from durable_sandbox.providers.registry import available_providers
+
+        return sorted(name for name, cls in available_providers().items()
+                      if not (name == "local" and not self.policy.allow_local_provider)
+                      and not cls.configuration_problems(os.environ))
+
     # ------------------------------------------------------------------ services, for the run they serve
 
     def _secrets_for(self, run_id: str) -> dict[tuple[str, str], str]:
@@ -92,10 +106,26 @@ class Engines:
         return view.owner if view is not None else None
 
     async def _attached_sandbox(self, run_id: str, name: str) -> SandboxHandle:
+        """The only way a run reaches a Sandbox resource's live sandbox, whatever named it (spec.sandboxRef, an
+        entrypoint's input): only while this run's Workflow holds the Sandbox (taken here if it is free)."""
         view = self.runs.views.get(run_id)
-        if view is None:
+        if view is None or self.holding is None:
             raise RuntimeError(f"run {run_id} is not served by this operator")
-        return await holding.live_handle(self.objects, view.namespace, name)
+        return await self.holding.live_handle(view.namespace, name, view.name)
+
+    async def run_live(self, namespace: str, workflow: str) -> bool:
+        """Whether Workflow ``workflow`` exists and its run has not finished, by its own journal (never its
+        status, which anyone granted workflows/status can write). A run not created yet is live (admission
+        takes a Sandbox before it creates the run); one whose journal fails its seals is not (it is stopped)."""
+        body = await self.objects.get(WORKFLOWS, namespace, workflow)
+        if body is None:
+            return False
+        meta = body["metadata"]
+        try:
+            run = await self.engine_for(namespace).store.get_run(cluster_run_id(meta["name"], meta["uid"]))
+        except JournalDamaged:
+            return False
+        return run is None or not run.status.terminal
 
     def forget_run(self, view: RunView) -> None:
         """The run's task ended: its head's bookkeeping in the store goes too (read again when the run is next

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
-from durable_sandbox.kube import holding
+from durable_sandbox.kube.holding import Holding
 from durable_sandbox.kube.plan import RunPlan
-from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
+from durable_sandbox.kube.resources import WORKFLOWS
 from durable_sandbox.kube.workflow.parking import Outcome, wait_or_park
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.wing import Wing
@@ -16,13 +17,17 @@ from durable_sandbox.kube.workflow.wing import Wing
 __all__ = ["Finisher", "let_go"]
 
 
-async def let_go(objects: CustomObjects, view: RunView) -> None:
-    """A finished (or deleted) Workflow lets go of the Sandbox it held through spec.sandboxRef."""
+async def let_go(holding: Holding, view: RunView) -> None:
+    """A finished (or deleted) Workflow lets go of the Sandbox it held: the one its spec.sandboxRef names, or
+    an entrypoint's ``sandboxRef`` input (both from its spec; releasing one it does not hold does nothing)."""
     if view.released:
         return
-    ref = ((view.latest().get("spec") or {}).get("sandboxRef") or {}).get("name")
-    if ref:
-        await holding.release(objects, view.namespace, ref, view.name)
+    spec = view.latest().get("spec") or {}
+    raw = spec.get("input")
+    entry_input: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    for ref in ((spec.get("sandboxRef") or {}).get("name"), (entry_input.get("sandboxRef") or {}).get("name")):
+        if isinstance(ref, str) and ref:
+            await holding.release(view.namespace, ref, view.name)
     view.released = True
 
 
@@ -41,7 +46,7 @@ class Finisher:
             # or the final status would show an older snapshot as the run's latest.
             await self.wing.engines.engine_for(view.namespace).store.journal_since(view.run_id, view.projection.last_seq)
             self.wing.publisher.offer(view)  # not when every replica re-activating a finished Workflow would write it again
-        await let_go(self.wing.objects, view)
+        await let_go(self.wing.holding, view)
         if plan.ttl_seconds_after_finished is None or view.run is None:
             await wait_or_park(self.wing.runs, self.wing.settings, view, None, "finished")
             return "again"

@@ -106,6 +106,15 @@ class Publisher:
             view.phase = phase
         view.writer.offer(status)
 
+    def refused(self, view: RunView, reason: str, message: str) -> None:
+        """The run cannot go on here for now, for a reason a person must fix (a Secret it may not read, a journal
+        write the API server refuses): Ready=False with ``reason`` and ``message``, and one Warning Event per
+        distinct message (the state is retried, not re-announced)."""
+        if (view.extra.not_runnable, view.extra.not_runnable_reason) != (message, reason):
+            self.emit(view.body, LifecycleEvent(reason, message[:1024], "Warning"))
+        view.extra.not_runnable, view.extra.not_runnable_reason = message, reason
+        self.offer(view)
+
     def status_of(self, view: RunView) -> dict[str, Any]:
         previous = (view.body.get("status") or {}).get("conditions") or []
         status = render(view.run, view.projection, view.extra, run_id=view.run_id, previous_conditions=previous)

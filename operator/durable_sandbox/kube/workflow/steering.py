@@ -10,7 +10,7 @@ from pydantic import ValidationError
 import durable_sandbox
 from durable_sandbox.engine import SignalConflict
 from durable_sandbox.kube.events import LifecycleEvent
-from durable_sandbox.kube.models import WorkflowResource
+from durable_sandbox.kube.models import WorkflowResource, without_refused_signals
 from durable_sandbox.kube.workflow.publishing import Publisher
 from durable_sandbox.kube.workflow.runs import RunView
 
@@ -22,8 +22,15 @@ _MISSING = object()
 async def sync_spec(view: RunView, engine: durable_sandbox.Engine, publisher: Publisher) -> WorkflowResource | None:
     """Bring spec.signals and spec.cancel to the run (a signal is stored once); the spec as validated, or
     None when it is invalid (admission has said why)."""
+    body, refused = without_refused_signals(dict(view.body))
+    for key, problem in refused.items():
+        if view.extra.refused_signals.get(key) != problem:
+            publisher.emit(view.body, LifecycleEvent("SignalRefused", f"spec.signals.{key}: {problem}"[:1024], "Warning"))
+    if refused != view.extra.refused_signals:
+        view.extra.refused_signals = refused
+        publisher.offer(view)
     try:
-        wf = WorkflowResource.model_validate(dict(view.body))
+        wf = WorkflowResource.model_validate(body)
     except ValidationError:
         return None
     signals: dict[str, Any] = wf.spec.signals

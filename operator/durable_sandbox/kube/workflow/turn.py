@@ -19,12 +19,13 @@ import time
 import durable_sandbox
 from durable_sandbox.engine import LeaseHeld, RunStatus
 from durable_sandbox.engine.driver import decide, time_out
-from durable_sandbox.engine.errors import StoreUnavailable
+from durable_sandbox.engine.errors import JournalDamaged, StoreRefused, StoreUnavailable
 from durable_sandbox.engine.records import RunRecord
 from durable_sandbox.kube.client import is_transient
 from durable_sandbox.kube.events import LifecycleEvent
 from durable_sandbox.kube.plan import RunPlan
 from durable_sandbox.kube.status import TERMINAL_PHASES
+from durable_sandbox.kube.store import run_key
 from durable_sandbox.kube.workflow.admission import Admission
 from durable_sandbox.kube.workflow.execution import Execution
 from durable_sandbox.kube.workflow.finished import Finisher
@@ -83,6 +84,20 @@ class Turn:
                 outcome = await self.step(view, engine, plan)
             except Park as park:
                 return park
+            except JournalDamaged as exc:
+                # Changed behind the operator's back, damaged, or gone: never executed from. Final, with the
+                # reason and the object in the Failed condition and a Warning Event; deleting the Workflow
+                # cleans up by the providers' owner tags (kube/workflow/cleanup.py).
+                log.warning("%s/%s: %s", view.namespace, view.name, exc)
+                await self.admission.reject(view, exc.reason, str(exc))
+                return Park(None, "rejected")
+            except StoreRefused as exc:
+                # A quota, a permission, a size limit: not the run's fault and not passing by itself. Say so
+                # (Ready=False, an Event) and look again after not_runnable_retry; nothing more was recorded.
+                log.warning("%s/%s: %s", view.namespace, view.name, exc)
+                self.publisher.refused(view, "JournalWriteRefused", str(exc))
+                await self._wait(view, self.settings.not_runnable_retry, "journal-refused")
+                continue
             except Exception as exc:
                 if not (is_transient(exc) or isinstance(exc, StoreUnavailable)):
                     raise
@@ -117,8 +132,13 @@ class Turn:
         cancel at the deadline, wait for a backoff or a timer, suspend or resume, finish)."""
         wf = await sync_spec(view, engine, self.publisher)
         run = await engine.store.get_run(view.run_id)
-        if run is None:  # the run's objects are gone (deleted with the Workflow): nothing to drive
-            return "done"
+        if run is None:
+            if view.deleting:  # the run's objects went with the Workflow: nothing to drive
+                return "done"
+            # Admitted (its run was created or found) and now gone, while the Workflow stays: deleted behind the
+            # operator's back. Starting afresh would run every committed call again: stop and say so.
+            raise JournalDamaged(view.run_id, f"Journal {view.namespace}/dsb.{run_key(view.run_id)}",
+                                 "the run's head disappeared while the Workflow exists", tampered=False, lost=True)
         view.run = run
         view.extra.attempt = run.epoch + 1
         policy = plan.policy

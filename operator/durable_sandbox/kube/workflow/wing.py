@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from durable_sandbox.kube.holding import Holding
 from durable_sandbox.kube.resources import CustomObjects
 from durable_sandbox.kube.workflow.engines import Engines
 from durable_sandbox.kube.workflow.publishing import Publisher
@@ -20,3 +21,4 @@ class Wing:
     settings: OperatorSettings
     publisher: Publisher  # status and Events
     engines: Engines  # an engine per namespace, the provider policy
+    holding: Holding  # which Workflow holds which Sandbox resource
