@@ -55,12 +55,12 @@ from durable_sandbox.engine.records import (
 )
 from durable_sandbox.providers.redaction import redact_url
 from durable_sandbox.stores import postgres_schema as schema_mod
+from durable_sandbox.stores.locations import is_postgres_url
 
 log = logging.getLogger("durable_sandbox.stores.postgres")
 
 T = TypeVar("T")
 
-DSN_SCHEMES = ("postgresql", "postgres")
 OUTAGE_TIMEOUT = 60.0  # how long a call waits for the server to come back before StoreUnavailable
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 1.0
 
@@ -91,10 +91,6 @@ def _loads(text: str | None) -> Any:
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def is_postgres_url(text: str) -> bool:
-    return text.split("://", 1)[0].lower() in DSN_SCHEMES and "://" in text
 
 
 def split_dsn(dsn: str) -> tuple[str, str]:
