@@ -139,6 +139,19 @@ def _server_account() -> pwd.struct_passwd:
     return pwd.getpwnam(FALLBACK_USER)
 
 
+def _check_reachable(directory: Path, account: pwd.struct_passwd) -> None:
+    """The server user must be able to enter every directory above its own: say which one it cannot."""
+    if account.pw_uid == os.geteuid():
+        return
+    for parent in directory.resolve().parents:
+        info = parent.stat()
+        if info.st_uid != account.pw_uid and not info.st_mode & 0o001:
+            raise PostgresUnavailable(
+                f"the server runs as {account.pw_name}, who cannot enter {parent} (mode {info.st_mode & 0o777:o}); "
+                f"choose a directory outside it, or `chmod o+x {parent}`"
+            )
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -194,6 +207,7 @@ class PostgresServer:
     def _init(self, bin_dir: Path) -> None:
         account = _server_account()
         self.directory.mkdir(parents=True, exist_ok=True)
+        _check_reachable(self.directory, account)
         os.chmod(self.directory, 0o711)
         self.data.mkdir(mode=0o700, exist_ok=True)
         os.chown(self.data, account.pw_uid, account.pw_gid)

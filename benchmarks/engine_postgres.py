@@ -1,0 +1,199 @@
+"""Durable steps per second on PostgreSQL beside SQLite, and beside DBOS on the same PostgreSQL server.
+
+    python benchmarks/engine_postgres.py                # writes benchmarks/results/engine_postgres.json
+    python benchmarks/engine_postgres.py --steps 500 --repeats 3 --no-dbos --profile
+
+What runs, in this one process and one invocation: a PostgreSQL server of its own (tests/postgres/server.py, with
+PostgreSQL's default durability: every commit flushed to disk, as in production), then for each configuration a
+workflow of N sequential no-op steps (each step's result journaled before the next starts), warm-up discarded,
+the median of --repeats:
+
+- SqliteStore, durability "process" (WAL, synchronous=NORMAL) and "fsync" (synchronous=FULL);
+- PostgresStore on a database with PostgreSQL's defaults (synchronous_commit=on: a commit is on disk before it
+  returns, the class of SQLite's "fsync") and on one with synchronous_commit=off (a commit survives any client
+  crash and a clean server restart; a server crash may lose the last ~0.6 s: about SQLite's "process");
+- DBOS (@DBOS.workflow calling a @DBOS.step N times) with its system database on the same server, defaults.
+
+Async and sync step functions both: a quick sync step runs inline and commits once, an async one twice
+(docs/architecture.md "Durability and the step path"), so the pair shows the cost of one commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import RESULTS_DIR, error_info, fmt, fresh_dir, machine_info, print_table, ratio, repeat, write_results
+from engine_steps import steps_sync_wf, steps_wf
+from tests.postgres.server import PostgresServer
+
+from durable_sandbox.engine import Engine
+from durable_sandbox.stores import SqliteStore
+from durable_sandbox.stores.postgres import PostgresStore
+
+ASYNC_COMMIT_DB = "bench_async_commit"
+
+
+def _engine_once(open_store: Any, n: int, sync: bool, profile: cProfile.Profile | None = None) -> float:
+    async def go() -> float:
+        store = await open_store()
+        try:
+            engine = Engine(store)
+            run_id = f"r-{time.monotonic_ns()}"
+            if profile is not None:
+                profile.enable()
+            t0 = time.perf_counter()
+            state = await engine.run(steps_sync_wf if sync else steps_wf, n, run_id=run_id)
+            dt = time.perf_counter() - t0
+            if profile is not None:
+                profile.disable()
+            assert state.status == "succeeded" and state.result == n, state.status
+            return dt
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def bench(open_store: Any, steps: int, repeats: int, warmup: int, sync: bool) -> dict[str, Any]:
+    t = repeat(lambda warm: _engine_once(open_store, max(steps // 4, 1) if warm else steps, sync), repeats, warmup)
+    return {"steps": steps, "seconds": t, "steps_per_s": steps / t["median"], "step_function": "sync" if sync else "async"}
+
+
+def sqlite_opener(base: Path, durability: str) -> Any:
+    counter = {"k": 0}
+
+    async def open_store() -> SqliteStore:
+        counter["k"] += 1  # a fresh file per measurement: every run starts from an empty store
+        return SqliteStore(base / f"{durability}-{counter['k']}.db", durability=durability)  # type: ignore[arg-type]
+
+    return open_store
+
+
+def postgres_opener(dsn: str) -> Any:
+    counter = {"k": 0}
+
+    async def open_store() -> PostgresStore:
+        counter["k"] += 1  # a fresh schema per measurement
+        return await PostgresStore.connect(f"{dsn}?schema=bench_{counter['k']}")
+
+    return open_store
+
+
+def bench_dbos(dsn: str, steps: int, repeats: int, warmup: int) -> dict[str, Any]:
+    from dbos import DBOS, SetWorkflowID
+
+    DBOS(config={"name": "dsb-bench", "system_database_url": dsn, "log_level": "WARNING"})  # type: ignore[arg-type]
+
+    @DBOS.step()
+    def dbos_noop(i: int) -> int:
+        return i
+
+    @DBOS.workflow()
+    def dbos_wf(n: int) -> int:
+        for i in range(n):
+            dbos_noop(i)
+        return n
+
+    DBOS.launch()
+    try:
+        counter = {"k": 0}
+
+        def once(warm: bool) -> float:
+            n = max(steps // 4, 1) if warm else steps
+            counter["k"] += 1
+            with SetWorkflowID(f"bench-{counter['k']}"):
+                t0 = time.perf_counter()
+                out = dbos_wf(n)
+                dt = time.perf_counter() - t0
+            assert out == n
+            return dt
+
+        t = repeat(once, repeats, warmup)
+    finally:
+        DBOS.destroy(destroy_registry=True)
+    return {"steps": steps, "seconds": t, "steps_per_s": steps / t["median"],
+            "configuration": "system database on the same server, DBOS defaults"}
+
+
+def profile_postgres(dsn: str, steps: int, top: int = 25) -> str:
+    prof = cProfile.Profile()
+    _engine_once(postgres_opener(dsn), steps, False, prof)
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--no-dbos", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="cProfile of the async PostgreSQL run (in the JSON)")
+    ap.add_argument("--tmp", default=None, help="directory for the stores and the server")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "engine_postgres.json")
+    args = ap.parse_args(argv)
+    res: dict[str, Any] = {"machine": machine_info(), "steps": args.steps, "repeats": args.repeats}
+    with fresh_dir("pg", args.tmp) as d:
+        d.chmod(0o711)  # the server runs as the postgres user: it must be able to enter its directory
+        server = PostgresServer(d / "server", durable=True).up()
+        try:
+            server.sql(f"CREATE DATABASE {ASYNC_COMMIT_DB}")
+            server.sql(f"ALTER DATABASE {ASYNC_COMMIT_DB} SET synchronous_commit = off")
+            res["postgres_version"] = server.sql("SHOW server_version").strip()
+            configs = {
+                "sqlite_process": sqlite_opener(d, "process"),
+                "sqlite_fsync": sqlite_opener(d, "fsync"),
+                "postgres": postgres_opener(server.dsn()),
+                "postgres_async_commit": postgres_opener(server.dsn(ASYNC_COMMIT_DB)),
+            }
+            for sync in (False, True):
+                for name, opener in configs.items():
+                    key = name + ("_sync" if sync else "")
+                    print(f"{key} ...", flush=True)
+                    res[key] = bench(opener, args.steps, args.repeats, args.warmup, sync)
+            if not args.no_dbos:
+                print("dbos on postgres ...", flush=True)
+                try:
+                    server.sql("CREATE DATABASE dbos_bench")
+                    res["dbos_postgres"] = bench_dbos(server.dsn("dbos_bench"), args.steps, args.repeats, args.warmup)
+                except Exception as exc:
+                    res["dbos_postgres"] = error_info(exc)
+            if args.profile:
+                res["profile_postgres"] = profile_postgres(server.dsn(), args.steps)
+        finally:
+            server.down(purge=True)
+
+    def sps(key: str) -> float | None:
+        value = res.get(key, {}).get("steps_per_s")
+        return float(value) if value is not None else None
+
+    res["ratios"] = {
+        "postgres_vs_sqlite_process": ratio(sps("postgres"), sps("sqlite_process")),
+        "postgres_vs_sqlite_fsync": ratio(sps("postgres"), sps("sqlite_fsync")),
+        "postgres_async_commit_vs_sqlite_process": ratio(sps("postgres_async_commit"), sps("sqlite_process")),
+        "postgres_vs_dbos_postgres": ratio(sps("postgres"), sps("dbos_postgres")),
+        "postgres_sync_vs_dbos_postgres": ratio(sps("postgres_sync"), sps("dbos_postgres")),
+    }
+    rows = [[key, "sync" if key.endswith("_sync") else "async", fmt(sps(key))]
+            for key in res if isinstance(res[key], dict) and "steps_per_s" in res[key]]
+    print_table(f"durable no-op steps/s ({args.steps} steps, median of {args.repeats})", ["store", "step fn", "steps/s"], rows)
+    for name, value in res["ratios"].items():
+        print(f"{name}: {fmt(value, 'x', 2)}")
+    write_results(res, args.out)
+    return res
+
+
+if __name__ == "__main__":
+    main()
