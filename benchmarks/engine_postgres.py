@@ -33,15 +33,23 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import RESULTS_DIR, error_info, fmt, fresh_dir, machine_info, print_table, ratio, repeat, write_results
-from engine_steps import steps_sync_wf, steps_wf
 from tests.postgres.server import PostgresServer
 
+from _common import (
+    RESULTS_DIR,
+    error_info,
+    fmt,
+    fresh_dir,
+    machine_info,
+    print_table,
+    ratio,
+    repeat,
+    write_results,
+)
 from durable_sandbox.engine import Engine
 from durable_sandbox.stores import SqliteStore
 from durable_sandbox.stores.postgres import PostgresStore
-
-ASYNC_COMMIT_DB = "bench_async_commit"
+from engine_steps import steps_sync_wf, steps_wf
 
 
 def _engine_once(open_store: Any, n: int, sync: bool, profile: cProfile.Profile | None = None) -> float:
@@ -134,6 +142,55 @@ def profile_postgres(dsn: str, steps: int, top: int = 25) -> str:
     return out.getvalue()
 
 
+def measure(server: PostgresServer, workdir: Path, *, steps: int, repeats: int, warmup: int, dbos: bool,
+            profile: bool) -> dict[str, Any]:
+    """Every configuration against ``server`` (databases of this call's own on it), SQLite files in ``workdir``."""
+    tag = time.strftime("%H%M%S")
+    res: dict[str, Any] = {"steps": steps, "repeats": repeats, "postgres_version": server.sql("SHOW server_version").strip()}
+    async_db = f"bench_async_commit_{tag}"
+    server.sql(f"CREATE DATABASE {async_db}")
+    server.sql(f"ALTER DATABASE {async_db} SET synchronous_commit = off")
+    configs = {
+        "sqlite_process": sqlite_opener(workdir, "process"),
+        "sqlite_fsync": sqlite_opener(workdir, "fsync"),
+        "postgres": postgres_opener(server.dsn()),
+        "postgres_async_commit": postgres_opener(server.dsn(async_db)),
+    }
+    for sync in (False, True):
+        for name, opener in configs.items():
+            key = name + ("_sync" if sync else "")
+            print(f"{key} ...", flush=True)
+            res[key] = bench(opener, steps, repeats, warmup, sync)
+    if dbos:
+        print("dbos on postgres ...", flush=True)
+        try:
+            server.sql(f"CREATE DATABASE dbos_bench_{tag}")
+            res["dbos_postgres"] = bench_dbos(server.dsn(f"dbos_bench_{tag}"), steps, repeats, warmup)
+        except Exception as exc:
+            res["dbos_postgres"] = error_info(exc)
+    if profile:
+        res["profile_postgres"] = profile_postgres(server.dsn(), steps)
+
+    def sps(key: str) -> float | None:
+        value = res.get(key, {}).get("steps_per_s")
+        return float(value) if value is not None else None
+
+    res["ratios"] = {
+        "postgres_vs_sqlite_process": ratio(sps("postgres"), sps("sqlite_process")),
+        "postgres_vs_sqlite_fsync": ratio(sps("postgres"), sps("sqlite_fsync")),
+        "postgres_async_commit_vs_sqlite_process": ratio(sps("postgres_async_commit"), sps("sqlite_process")),
+        "postgres_sync_vs_sqlite_process_sync": ratio(sps("postgres_sync"), sps("sqlite_process_sync")),
+        "postgres_vs_dbos_postgres": ratio(sps("postgres"), sps("dbos_postgres")),
+        "postgres_sync_vs_dbos_postgres": ratio(sps("postgres_sync"), sps("dbos_postgres")),
+    }
+    rows = [[key, "sync" if key.endswith("_sync") else "async", fmt(sps(key))]
+            for key in res if isinstance(res[key], dict) and "steps_per_s" in res[key]]
+    print_table(f"durable no-op steps/s ({steps} steps, median of {repeats})", ["store", "step fn", "steps/s"], rows)
+    for name, value in res["ratios"].items():
+        print(f"{name}: {fmt(value, 'x', 2)}")
+    return res
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2000)
@@ -144,53 +201,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tmp", default=None, help="directory for the stores and the server")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "engine_postgres.json")
     args = ap.parse_args(argv)
-    res: dict[str, Any] = {"machine": machine_info(), "steps": args.steps, "repeats": args.repeats}
     with fresh_dir("pg", args.tmp) as d:
         d.chmod(0o711)  # the server runs as the postgres user: it must be able to enter its directory
         server = PostgresServer(d / "server", durable=True).up()
         try:
-            server.sql(f"CREATE DATABASE {ASYNC_COMMIT_DB}")
-            server.sql(f"ALTER DATABASE {ASYNC_COMMIT_DB} SET synchronous_commit = off")
-            res["postgres_version"] = server.sql("SHOW server_version").strip()
-            configs = {
-                "sqlite_process": sqlite_opener(d, "process"),
-                "sqlite_fsync": sqlite_opener(d, "fsync"),
-                "postgres": postgres_opener(server.dsn()),
-                "postgres_async_commit": postgres_opener(server.dsn(ASYNC_COMMIT_DB)),
-            }
-            for sync in (False, True):
-                for name, opener in configs.items():
-                    key = name + ("_sync" if sync else "")
-                    print(f"{key} ...", flush=True)
-                    res[key] = bench(opener, args.steps, args.repeats, args.warmup, sync)
-            if not args.no_dbos:
-                print("dbos on postgres ...", flush=True)
-                try:
-                    server.sql("CREATE DATABASE dbos_bench")
-                    res["dbos_postgres"] = bench_dbos(server.dsn("dbos_bench"), args.steps, args.repeats, args.warmup)
-                except Exception as exc:
-                    res["dbos_postgres"] = error_info(exc)
-            if args.profile:
-                res["profile_postgres"] = profile_postgres(server.dsn(), args.steps)
+            res = {"machine": machine_info(), **measure(server, d, steps=args.steps, repeats=args.repeats,
+                                                        warmup=args.warmup, dbos=not args.no_dbos,
+                                                        profile=args.profile)}
         finally:
             server.down(purge=True)
-
-    def sps(key: str) -> float | None:
-        value = res.get(key, {}).get("steps_per_s")
-        return float(value) if value is not None else None
-
-    res["ratios"] = {
-        "postgres_vs_sqlite_process": ratio(sps("postgres"), sps("sqlite_process")),
-        "postgres_vs_sqlite_fsync": ratio(sps("postgres"), sps("sqlite_fsync")),
-        "postgres_async_commit_vs_sqlite_process": ratio(sps("postgres_async_commit"), sps("sqlite_process")),
-        "postgres_vs_dbos_postgres": ratio(sps("postgres"), sps("dbos_postgres")),
-        "postgres_sync_vs_dbos_postgres": ratio(sps("postgres_sync"), sps("dbos_postgres")),
-    }
-    rows = [[key, "sync" if key.endswith("_sync") else "async", fmt(sps(key))]
-            for key in res if isinstance(res[key], dict) and "steps_per_s" in res[key]]
-    print_table(f"durable no-op steps/s ({args.steps} steps, median of {args.repeats})", ["store", "step fn", "steps/s"], rows)
-    for name, value in res["ratios"].items():
-        print(f"{name}: {fmt(value, 'x', 2)}")
     write_results(res, args.out)
     return res
 

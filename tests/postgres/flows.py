@@ -37,6 +37,25 @@ def _record_and_share(log: str, run: str, step: int) -> int:
     return step
 
 
+def _stop_server_once(server_dir: str, marker: str) -> str:
+    """Stop the test server (tests/postgres/server.py) the first time only: a step whose result could not be
+    committed runs again when the run is resumed, and must not stop the server again then."""
+    from tests.postgres.server import PostgresServer
+
+    if not Path(marker).exists():
+        Path(marker).write_text("stopped")
+        PostgresServer(Path(server_dir)).stop()
+    return "stopped"
+
+
+@durable_sandbox.workflow
+async def stops_the_server(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[str, Any]:
+    first = await ctx.step("before", _record, data["log"], ctx.run_id, 0)
+    await ctx.step("stop", _stop_server_once, data["server"], data["marker"])
+    after = await ctx.step("after", _record, data["log"], ctx.run_id, 2)
+    return {"steps": [first, after]}
+
+
 @durable_sandbox.workflow
 async def counted(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[str, Any]:
     """``data``: log (file), steps (how many), share (the first step waits for a second worker)."""

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+import durable_sandbox.stores.postgres as postgres_mod
+from durable_sandbox.cli.main import cli
 from tests.postgres.server import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,3 +186,34 @@ def test_a_server_restart_under_a_running_dsb_run_loses_and_repeats_nothing(
     assert all(n == 1 for n in Counter(steps).values()), f"an operation was recorded twice: {steps}"
     assert {op for op, status in steps if status == "completed"} == {f"s{i}" for i in range(6)}
     assert "unreachable" in err, "the run met the restart (the store waited for the server)"
+
+
+def test_a_server_down_longer_than_the_store_waits_ends_dsb_run_resumably(
+    postgres_server: PostgresServer, postgres_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step stops the server; its result cannot be committed, and after the store's wait (1 s here) `dsb run`
+    ends saying how to continue, without the password. Once the server is back and the run's lease has lapsed,
+    `dsb resume` finishes the run: the steps before and after ran once; the step in flight ran again (it is
+    idempotent here), as its result was never recorded."""
+    monkeypatch.setattr(postgres_mod, "OUTAGE_TIMEOUT", 1.0)
+    monkeypatch.setenv("DURABLE_SANDBOX_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(ROOT)
+    log = tmp_path / "steps.log"
+    data = {"log": str(log), "server": str(postgres_server.directory), "marker": str(tmp_path / "stopped")}
+    runner = CliRunner()
+    try:
+        ended = runner.invoke(cli, ["--store", postgres_dsn, "run", f"{FLOWS}:stops_the_server", "--run-id", "down",
+                                    "--input", json.dumps(data)])
+    finally:
+        postgres_server.start()
+    assert ended.exit_code == 1, ended.output
+    assert "did not answer for 1s" in ended.stderr, ended.stderr
+    assert "continue it with `dsb --store 'postgresql://***@127.0.0.1:" in ended.stderr and "resume down`" in ended.stderr
+    _no_secret(postgres_server.password, ended.stdout, ended.stderr)
+    # The run's lease lapses (it could not be released while the server was down): time passing, made now.
+    schema = postgres_dsn.rsplit("schema=", 1)[1]
+    postgres_server.sql(f"UPDATE {schema}.runs SET lease_expires_at = 0 WHERE run_id = 'down'")
+    resumed = runner.invoke(cli, ["--store", postgres_dsn, "-o", "json", "resume", "down"])
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads(resumed.stdout)["result"] == {"steps": [0, 2]}
+    assert [(run, step) for run, step, _ in _log_lines(log)] == [("down", 0), ("down", 2)]

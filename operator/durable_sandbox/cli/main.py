@@ -29,6 +29,7 @@ from durable_sandbox.engine import (
     StoreError,
     WorkflowNotFound,
 )
+from durable_sandbox.engine.errors import StoreUnavailable
 from durable_sandbox.kube.manifests import ManifestError
 
 OUTPUTS = ["table", "wide", "json", "yaml"]
@@ -59,6 +60,12 @@ class DsbGroup(click.Group):
             _fail(ctx, str(exc), EXIT_LEASE_HELD)
         except StoreError as exc:
             _fail(ctx, str(exc), EXIT_FAILED)
+        except StoreUnavailable as exc:
+            # The store stayed away longer than it waits (a PostgreSQL server down): nothing is lost.
+            settings = ctx.find_object(Settings)
+            dsb = settings.dsb() if settings is not None else "dsb"
+            then = f"; continue it with `{dsb} resume {shlex.quote(exc.run_id)}` once it is back" if exc.run_id else ""
+            _fail(ctx, f"{exc}{then}", EXIT_FAILED)
         except BrokenPipeError:
             # `dsb logs RUN | head`: the reader went away; stop quietly like other Unix tools.
             devnull = os.open(os.devnull, os.O_WRONLY)

@@ -118,13 +118,13 @@ async def _no_reset(conn: Any) -> None:
 
 
 class PostgresStore:
-    def __init__(self, pool: Any, dsn: str, schema: str, *, outage_timeout: float = OUTAGE_TIMEOUT) -> None:
+    def __init__(self, pool: Any, dsn: str, schema: str, *, outage_timeout: float | None = None) -> None:
         """Use :meth:`connect`."""
         self._pool = pool
         self.dsn = dsn
         self.schema = schema
         self.where = redact_url(dsn) + (f" (schema {schema})" if schema != schema_mod.DEFAULT_SCHEMA else "")
-        self.outage_timeout = outage_timeout
+        self.outage_timeout = OUTAGE_TIMEOUT if outage_timeout is None else outage_timeout
         self.outages = 0  # outages met (a call that had to wait for the server), for tests and logs
         self._commit_sql: dict[tuple[Any, ...], str] = {}
         s = schema
@@ -143,11 +143,12 @@ class PostgresStore:
         dsn: str,
         *,
         pool_size: int = 10,
-        outage_timeout: float = OUTAGE_TIMEOUT,
+        outage_timeout: float | None = None,
         connect_timeout: float = 10.0,
     ) -> PostgresStore:
         """Open a pool on ``dsn`` (``postgresql://user:password@host:port/database[?schema=name]``), create or
-        migrate the schema, and return the store. ``StoreError`` says what was wrong (the DSN redacted)."""
+        migrate the schema, and return the store. ``StoreError`` says what was wrong (the DSN redacted).
+        ``outage_timeout``: how long a call waits for a server that went away (default ``OUTAGE_TIMEOUT``)."""
         if not is_postgres_url(dsn):
             raise StoreError(f"{redact_url(dsn)} is not a PostgreSQL URL (postgresql://user:password@host/db)")
         real_dsn, schema = split_dsn(dsn)
