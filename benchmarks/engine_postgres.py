@@ -49,7 +49,7 @@ from _common import (
 from durable_sandbox.engine import Engine
 from durable_sandbox.stores import SqliteStore
 from durable_sandbox.stores.postgres import PostgresStore
-from engine_steps import steps_sync_wf, steps_wf
+from engine_steps import dbos_steps, steps_sync_wf, steps_wf
 
 
 def _engine_once(open_store: Any, n: int, sync: bool, profile: cProfile.Profile | None = None) -> float:
@@ -99,39 +99,8 @@ def postgres_opener(dsn: str) -> Any:
 
 
 def bench_dbos(dsn: str, steps: int, repeats: int, warmup: int) -> dict[str, Any]:
-    from dbos import DBOS, SetWorkflowID
-
-    DBOS(config={"name": "dsb-bench", "system_database_url": dsn, "log_level": "WARNING"})  # type: ignore[arg-type]
-
-    @DBOS.step()
-    def dbos_noop(i: int) -> int:
-        return i
-
-    @DBOS.workflow()
-    def dbos_wf(n: int) -> int:
-        for i in range(n):
-            dbos_noop(i)
-        return n
-
-    DBOS.launch()
-    try:
-        counter = {"k": 0}
-
-        def once(warm: bool) -> float:
-            n = max(steps // 4, 1) if warm else steps
-            counter["k"] += 1
-            with SetWorkflowID(f"bench-{counter['k']}"):
-                t0 = time.perf_counter()
-                out = dbos_wf(n)
-                dt = time.perf_counter() - t0
-            assert out == n
-            return dt
-
-        t = repeat(once, repeats, warmup)
-    finally:
-        DBOS.destroy(destroy_registry=True)
-    return {"steps": steps, "seconds": t, "steps_per_s": steps / t["median"],
-            "configuration": "system database on the same server, DBOS defaults"}
+    out = dbos_steps({"name": "dsb-bench", "system_database_url": dsn, "log_level": "WARNING"}, steps, repeats, warmup)
+    return {"steps": steps, **out, "configuration": "system database on the same server, DBOS defaults"}
 
 
 def profile_postgres(dsn: str, steps: int, top: int = 25) -> str:
