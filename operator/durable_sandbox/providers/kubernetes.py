@@ -87,6 +87,7 @@ LEASE_ANNOTATION = "durable-sandbox.dev/lease-expires-at"
 META_ANNOTATION = "durable-sandbox.dev/sandbox"
 TIMEOUT_EXIT_CODE = 124
 MAXIMUM_LEASE_SECONDS = 86_400
+STALE_UPLOAD_SECONDS = 3600.0  # an unfinished snapshot upload older than this is a dead taking's
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 # Container states that will not get better by waiting: the provision fails at once, saying which and why.
 _HOPELESS_WAITING = {
@@ -316,8 +317,17 @@ class KubernetesProvider(SandboxProvider):
                                 env_secret=env_secret)
         self._gone.discard(sandbox_id)
         if env_secret is not None:
+            # Before the Pod, so its container starts at once (a missing Secret holds it back for the kubelet's
+            # retry period). Only a process killed between the two requests leaves the Secret without a Pod;
+            # a retried provision of the same operation takes it over (same name).
             await self._put_env_secret(namespace, env_secret, labels, spec.env)
-        pod = await self._create_pod(core, manifest, spec)
+        try:
+            pod = await self._create_pod(core, manifest, spec)
+        except BaseException:
+            if env_secret is not None:
+                with contextlib.suppress(Exception):
+                    await self._delete_env_secret(namespace, env_secret)
+            raise
         try:
             if env_secret is not None:
                 await self._own_env_secret(namespace, env_secret, pod)
@@ -376,10 +386,19 @@ class KubernetesProvider(SandboxProvider):
         except Exception as exc:
             if self._status(exc) != 409:
                 raise self._provision_error(f"create the env Secret of {namespace}/{name}", exc) from None
-            try:  # a retried provision: the same sandbox, its env as this spec says
-                await _body(core.replace_namespaced_secret_without_preload_content(name, namespace, body), parse=False)
+            try:  # a retried provision: the same sandbox, its env as this spec says (patch: never read back)
+                await _body(core.patch_namespaced_secret_without_preload_content(
+                    name, namespace, {"metadata": {"labels": labels}, "stringData": dict(env)}), parse=False)
             except Exception as exc2:
                 raise self._provision_error(f"update the env Secret of {namespace}/{name}", exc2) from None
+
+    async def _delete_env_secret(self, namespace: str, name: str) -> None:
+        core = await self._api()
+        try:
+            await _body(core.delete_namespaced_secret_without_preload_content(name, namespace), parse=False)
+        except Exception as exc:
+            if self._status(exc) != 404:
+                raise self._api_error(f"delete Secret {namespace}/{name}", exc) from None
 
     async def _own_env_secret(self, namespace: str, name: str, pod: dict[str, Any]) -> None:
         """The Pod owns its env Secret, so the cluster deletes the Secret with the Pod, however the Pod goes."""
@@ -751,6 +770,8 @@ class KubernetesProvider(SandboxProvider):
     async def inventory_snapshots(self, installation: str) -> list[SnapshotEntry]:
         if self.store is None:
             return []
+        # Parts of takings that died mid-upload are no snapshot: the sweep that lists snapshots aborts them.
+        await self.store.abort_stale_uploads(installation, older_than=STALE_UPLOAD_SECONDS)
         return await self.store.inventory(installation, provider=self.name)
 
 
