@@ -66,6 +66,7 @@ from durable_sandbox.providers.contract import (
 from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, PodExec, StreamBroken
 from durable_sandbox.providers.kubernetes_template import (
     CONTAINER,
+    WORKSPACE,
     PodTemplate,
     TemplatePolicy,
     pod_template_reference,
@@ -153,6 +154,7 @@ class KubernetesProvider(SandboxProvider):
         self.unschedulable_grace = (unschedulable_grace if unschedulable_grace is not None
                                     else float(env.get(_ENV_UNSCHEDULABLE_GRACE) or 30))
         self._clock = clock
+        self.workspace = WORKSPACE  # where the template mounts the workspace volume (the scripts' root)
         self._api_client: Any = None
         self._core: Any = None
         self._exec: PodExec | None = None
@@ -456,7 +458,7 @@ class KubernetesProvider(SandboxProvider):
     async def _probe(self, handle: SandboxHandle) -> None:
         stderr = OutputBuffer(4096)
         try:
-            code = await self._run(handle, scripts.probe(), stderr=stderr.feed, what="check the image")
+            code = await self._run(handle, scripts.probe(workspace=self.workspace), stderr=stderr.feed, what="check the image")
         except ExecFailed as exc:
             raise ProvisionError(f"sandbox {handle.id}: the image cannot run /bin/sh ({exc}); a sandbox image needs "
                                  f"a POSIX shell and tar", retryable=False) from None
@@ -599,7 +601,7 @@ class KubernetesProvider(SandboxProvider):
         command, timeout, cwd, env = _shell_args(call)
         tag = hashlib.sha256(f"{handle.id}\0{call.operation_id}\0{secrets.token_hex(8)}".encode()).hexdigest()[:24]
         out, err = OutputBuffer(), OutputBuffer()
-        script = scripts.shell(command, tag=tag, cwd=cwd, env=env)
+        script = scripts.shell(command, tag=tag, cwd=cwd, env=env, workspace=self.workspace)
         task = asyncio.ensure_future(self._run(handle, script, stdout=out.feed, stderr=err.feed,
                                                what=f"shell call {call.operation_id}"))
         try:
@@ -634,7 +636,7 @@ class KubernetesProvider(SandboxProvider):
     async def _read_file(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
         path = _path_arg(call)
         out, err = OutputBuffer(), OutputBuffer(4096)
-        code = await self._run(handle, scripts.read_file(path), stdout=out.feed, stderr=err.feed,
+        code = await self._run(handle, scripts.read_file(path, workspace=self.workspace), stdout=out.feed, stderr=err.feed,
                                what=f"read {path}")
         if code == 0:
             return ToolResult(exit_code=0, stdout=out.text(), stderr="", stdout_size=out.full_size)
@@ -647,7 +649,7 @@ class KubernetesProvider(SandboxProvider):
             raise _InvalidCall("Invalid arguments for write_file: 'contents' must be a str")
         data = contents.encode("utf-8")
         err = OutputBuffer(4096)
-        code = await self._run(handle, scripts.write_file(path, len(data)), stderr=err.feed, data=_chunks(data),
+        code = await self._run(handle, scripts.write_file(path, len(data), workspace=self.workspace), stderr=err.feed, data=_chunks(data),
                                what=f"write {path}")
         if code == 0:
             return wrote_file_result(path, len(data))
@@ -676,7 +678,7 @@ class KubernetesProvider(SandboxProvider):
 
         async def produce() -> int:
             try:
-                return await self._run(handle, scripts.archive(), stdout=queue.put, stderr=err.feed,
+                return await self._run(handle, scripts.archive(workspace=self.workspace), stdout=queue.put, stderr=err.feed,
                                        what=f"snapshot (operation {operation_id})")
             finally:
                 await queue.put(None)
@@ -709,7 +711,7 @@ class KubernetesProvider(SandboxProvider):
 
         async def fill(handle: SandboxHandle) -> None:
             err = OutputBuffer(4096)
-            code = await self._run(handle, scripts.extract(size), stderr=err.feed, data=data,
+            code = await self._run(handle, scripts.extract(size, workspace=self.workspace), stderr=err.feed, data=data,
                                    what=f"restore snapshot {snapshot_id}")
             if code != 0:
                 raise ProvisionError(f"restore of snapshot {snapshot_id} into {handle.id}: tar exited {code}: "

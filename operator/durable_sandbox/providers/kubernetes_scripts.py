@@ -41,7 +41,7 @@ dsb_kill() {
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     [ "$p" = "$$" ] && continue
-    case "$(tr '\000' '\n' < "$d/environ" 2>/dev/null)" in
+    case "$(tr '\000' '\n' 2>/dev/null < "$d/environ")" in
       *"$1"*) kill -9 "$p" 2>/dev/null ;;
     esac
   done
