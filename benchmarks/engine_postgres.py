@@ -52,20 +52,23 @@ from durable_sandbox.stores.postgres import PostgresStore
 from engine_steps import dbos_steps, steps_sync_wf, steps_wf
 
 
-def _engine_once(open_store: Any, n: int, sync: bool, profile: cProfile.Profile | None = None) -> float:
+def _engine_once(open_store: Any, n: int, sync: bool, profile: cProfile.Profile | None = None, runs: int = 1) -> float:
+    """Seconds for ``runs`` runs of ``n // runs`` steps each, all at once in this process."""
     async def go() -> float:
         store = await open_store()
         try:
             engine = Engine(store)
-            run_id = f"r-{time.monotonic_ns()}"
+            tag = time.monotonic_ns()
+            each = max(n // runs, 1)
             if profile is not None:
                 profile.enable()
             t0 = time.perf_counter()
-            state = await engine.run(steps_sync_wf if sync else steps_wf, n, run_id=run_id)
+            states = await asyncio.gather(*(engine.run(steps_sync_wf if sync else steps_wf, each, run_id=f"r-{tag}-{i}")
+                                            for i in range(runs)))
             dt = time.perf_counter() - t0
             if profile is not None:
                 profile.disable()
-            assert state.status == "succeeded" and state.result == n, state.status
+            assert all(s.status == "succeeded" and s.result == each for s in states), [s.status for s in states]
             return dt
         finally:
             await store.close()
@@ -73,9 +76,11 @@ def _engine_once(open_store: Any, n: int, sync: bool, profile: cProfile.Profile 
     return asyncio.run(go())
 
 
-def bench(open_store: Any, steps: int, repeats: int, warmup: int, sync: bool) -> dict[str, Any]:
-    t = repeat(lambda warm: _engine_once(open_store, max(steps // 4, 1) if warm else steps, sync), repeats, warmup)
-    return {"steps": steps, "seconds": t, "steps_per_s": steps / t["median"], "step_function": "sync" if sync else "async"}
+def bench(open_store: Any, steps: int, repeats: int, warmup: int, sync: bool, runs: int = 1) -> dict[str, Any]:
+    t = repeat(lambda warm: _engine_once(open_store, max(steps // 4, runs) if warm else steps, sync, runs=runs),
+               repeats, warmup)
+    return {"steps": steps, "runs_at_once": runs, "seconds": t, "steps_per_s": steps / t["median"],
+            "step_function": "sync" if sync else "async"}
 
 
 def sqlite_opener(base: Path, durability: str) -> Any:
@@ -100,7 +105,8 @@ def postgres_opener(dsn: str) -> Any:
 
 def bench_dbos(dsn: str, steps: int, repeats: int, warmup: int) -> dict[str, Any]:
     out = dbos_steps({"name": "dsb-bench", "system_database_url": dsn, "log_level": "WARNING"}, steps, repeats, warmup)
-    return {"steps": steps, **out, "configuration": "system database on the same server, DBOS defaults"}
+    return {"steps": steps, **out, "step_function": "sync",
+            "configuration": "system database on the same server, DBOS defaults"}
 
 
 def profile_postgres(dsn: str, steps: int, top: int = 25) -> str:
@@ -112,7 +118,7 @@ def profile_postgres(dsn: str, steps: int, top: int = 25) -> str:
 
 
 def measure(server: PostgresServer, workdir: Path, *, steps: int, repeats: int, warmup: int, dbos: bool,
-            profile: bool) -> dict[str, Any]:
+            profile: bool, runs_at_once: int = 20) -> dict[str, Any]:
     """Every configuration against ``server`` (databases of this call's own on it), SQLite files in ``workdir``."""
     tag = time.strftime("%H%M%S")
     res: dict[str, Any] = {"steps": steps, "repeats": repeats, "postgres_version": server.sql("SHOW server_version").strip()}
@@ -130,6 +136,10 @@ def measure(server: PostgresServer, workdir: Path, *, steps: int, repeats: int, 
             key = name + ("_sync" if sync else "")
             print(f"{key} ...", flush=True)
             res[key] = bench(opener, steps, repeats, warmup, sync)
+    for name in ("sqlite_process", "sqlite_fsync", "postgres", "postgres_async_commit"):
+        key = f"{name}_{runs_at_once}_runs"
+        print(f"{key} ...", flush=True)
+        res[key] = bench(configs[name], steps, repeats, warmup, False, runs=runs_at_once)
     if dbos:
         print("dbos on postgres ...", flush=True)
         try:
@@ -149,12 +159,18 @@ def measure(server: PostgresServer, workdir: Path, *, steps: int, repeats: int, 
         "postgres_vs_sqlite_fsync": ratio(sps("postgres"), sps("sqlite_fsync")),
         "postgres_async_commit_vs_sqlite_process": ratio(sps("postgres_async_commit"), sps("sqlite_process")),
         "postgres_sync_vs_sqlite_process_sync": ratio(sps("postgres_sync"), sps("sqlite_process_sync")),
+        "postgres_vs_sqlite_process_many_runs": ratio(sps(f"postgres_{runs_at_once}_runs"),
+                                                      sps(f"sqlite_process_{runs_at_once}_runs")),
+        "postgres_vs_sqlite_fsync_many_runs": ratio(sps(f"postgres_{runs_at_once}_runs"),
+                                                    sps(f"sqlite_fsync_{runs_at_once}_runs")),
+        "postgres_many_runs_vs_one": ratio(sps(f"postgres_{runs_at_once}_runs"), sps("postgres")),
         "postgres_vs_dbos_postgres": ratio(sps("postgres"), sps("dbos_postgres")),
         "postgres_sync_vs_dbos_postgres": ratio(sps("postgres_sync"), sps("dbos_postgres")),
     }
-    rows = [[key, "sync" if key.endswith("_sync") else "async", fmt(sps(key))]
+    rows = [[key, res[key]["step_function"], str(res[key].get("runs_at_once", 1)), fmt(sps(key))]
             for key in res if isinstance(res[key], dict) and "steps_per_s" in res[key]]
-    print_table(f"durable no-op steps/s ({steps} steps, median of {repeats})", ["store", "step fn", "steps/s"], rows)
+    print_table(f"durable no-op steps/s ({steps} steps, median of {repeats})",
+                ["configuration", "step fn", "runs at once", "steps/s"], rows)
     for name, value in res["ratios"].items():
         print(f"{name}: {fmt(value, 'x', 2)}")
     return res
@@ -165,6 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--runs-at-once", type=int, default=20, help="the concurrent rows: this many runs share --steps")
     ap.add_argument("--no-dbos", action="store_true")
     ap.add_argument("--profile", action="store_true", help="cProfile of the async PostgreSQL run (in the JSON)")
     ap.add_argument("--tmp", default=None, help="directory for the stores and the server")
@@ -176,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             res = {"machine": machine_info(), **measure(server, d, steps=args.steps, repeats=args.repeats,
                                                         warmup=args.warmup, dbos=not args.no_dbos,
-                                                        profile=args.profile)}
+                                                        profile=args.profile, runs_at_once=args.runs_at_once)}
         finally:
             server.down(purge=True)
     write_results(res, args.out)

@@ -16,8 +16,10 @@ def test_engine_postgres_benchmark_runs_every_configuration(postgres_server: Pos
     if str(BENCH_DIR) not in sys.path:
         sys.path.insert(0, str(BENCH_DIR))
     mod = importlib.import_module("engine_postgres")
-    res = mod.measure(postgres_server, tmp_path, steps=8, repeats=1, warmup=0, dbos=False, profile=True)
+    res = mod.measure(postgres_server, tmp_path, steps=8, repeats=1, warmup=0, dbos=False, profile=True,
+                      runs_at_once=4)
     for key in ("sqlite_process", "sqlite_fsync", "postgres", "postgres_async_commit"):
         assert res[key]["steps_per_s"] > 0 and res[key + "_sync"]["steps_per_s"] > 0
+        assert res[key + "_4_runs"]["steps_per_s"] > 0 and res[key + "_4_runs"]["runs_at_once"] == 4
     assert res["ratios"]["postgres_vs_sqlite_process"] > 0
     assert "function calls" in res["profile_postgres"]
