@@ -195,3 +195,37 @@ async def test_errors_name_the_store_without_its_password(postgres_server: Postg
     with pytest.raises(StoreError) as info:
         await PostgresStore.connect(postgres_server.dsn().replace(str(postgres_server.port), "1"), connect_timeout=2)
     assert postgres_server.password not in str(info.value) and "Cannot connect" in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------- pooling
+
+
+async def test_many_runs_committing_at_once_share_a_bounded_pool(postgres_server: PostgresServer, postgres_dsn: str) -> None:
+    """20 runs commit at once through a pool of 3: every commit lands, in order per run, and the store never
+    holds more than 3 connections to the server."""
+    store = await PostgresStore.connect(postgres_dsn, pool_size=3)
+    try:
+        leases = []
+        for i in range(20):
+            await store.create_run(RunRecord(run_id=f"r{i}", workflow="wf"))
+            leases.append(await store.claim(f"r{i}", "w", 600))
+        peak = 0
+
+        async def connections() -> int:
+            return int(await _sql(postgres_dsn, lambda c, s: c.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'durable-sandbox' "
+                "AND pid <> pg_backend_pid()")))
+
+        async def commits(lease: Any) -> None:
+            nonlocal peak
+            for k in range(5):
+                await store.commit(lease.run_id, lease.fence, Commit([_rec(f"s{k}", k)]))
+            peak = max(peak, await connections())
+
+        await asyncio.gather(*(commits(lease) for lease in leases))
+        for lease in leases:
+            rows = await store.load_journal(lease.run_id)
+            assert [(r.seq, r.op_id) for r in rows] == [(k + 1, f"s{k}") for k in range(5)]
+        assert 1 <= peak <= 3, f"{peak} connections for a pool of 3"
+    finally:
+        await store.close()
