@@ -4,8 +4,10 @@ is away (a restart, a crash), a commit whose answer was lost, and what its error
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -229,3 +231,40 @@ async def test_many_runs_committing_at_once_share_a_bounded_pool(postgres_server
         assert 1 <= peak <= 3, f"{peak} connections for a pool of 3"
     finally:
         await store.close()
+
+
+# ------------------------------------------------------------------------------------------- the harness
+
+
+def test_a_server_whose_test_session_died_is_stopped_and_deleted_by_the_next() -> None:
+    """A session killed before its teardown leaves its server running; the next session's fixture stops it."""
+    import json
+    import shutil
+    import subprocess
+    import tempfile
+
+    from tests.postgres.fixtures import OWNER_FILE, PREFIX, reap_abandoned
+
+    base = Path(tempfile.mkdtemp(prefix="dsb-reap-test-"))  # not under pytest's 0700 tmp: the server user enters it
+    base.chmod(0o711)
+    try:
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        orphan = base / f"{PREFIX}orphan"
+        server = PostgresServer(orphan).up()
+        (orphan / OWNER_FILE).write_text(json.dumps({"pid": dead.pid, "start": "0"}))
+        alive = base / f"{PREFIX}alive"
+        alive.mkdir()
+        (alive / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": _own_start()}))
+        pid = server.pid()
+        assert pid is not None and server.running()
+        assert reap_abandoned(base) == [orphan]
+        assert not orphan.exists() and alive.exists()
+        assert not Path(f"/proc/{pid}").exists() or b"postgres" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _own_start() -> str:
+    stat = Path(f"/proc/{os.getpid()}/stat").read_text()
+    return stat[stat.rfind(")") + 2 :].split()[19]
