@@ -134,6 +134,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 build_controlplane()
             except RuntimeError:
                 pass
+    if any(item.get_closest_marker("browser") for item in session.items):
+        from .browser_support import chromium
+
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            try:
+                chromium()  # scripts/browser: installs Debian's chromium when missing, outside any test's timeout
+            except RuntimeError:
+                pass  # remembered; the browser tests raise it
     if any(item.get_closest_marker("image") for item in session.items):
         from .image_support import build_image
 

@@ -79,3 +79,13 @@ def test_dbos_part(tmp_path: Path) -> None:
     steps = _load("engine_steps")
     res = steps.bench_dbos_variant(5, 1, 0, wal=True, base=str(tmp_path))
     assert res["steps_per_s"] > 0
+
+
+def test_ui_pages_http_part(tmp_path: Path) -> None:
+    mod = _load("ui_pages")
+    out = tmp_path / "ui.json"
+    res = mod.main(["--runs", "12", "--calls", "30", "--repeats", "1", "--no-browser", "--tmp", str(tmp_path),
+                    "--out", str(out)])
+    assert res["http_runs_page_s"]["median"] > 0 and res["baseline_dsb_runs_s"]["median"] > 0
+    assert res["http_timeline_big"]["bytes"] > res["http_timeline_small"]["bytes"] > 0
+    assert json.loads(out.read_text())["runs"] == 12

@@ -170,6 +170,7 @@ def _register() -> None:
         run,
         runs,
         sandboxes,
+        ui,
         worker,
     )
 
@@ -187,6 +188,7 @@ def _register() -> None:
         lifecycle.delete,
         lifecycle.prune,
         worker.worker,
+        ui.ui,
     ):
         _accept_global_options(command)
         cli.add_command(command)
