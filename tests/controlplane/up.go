@@ -131,7 +131,8 @@ func (cp *controlPlane) start(sigs <-chan os.Signal) error {
 	}
 	cp.controllerMgr, err = startChild("kube-controller-manager", filepath.Join(cp.logDir(), "kube-controller-manager.log"),
 		"--kubeconfig="+cmKubeconfig,
-		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller",
+		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,"+
+			"clusterrole-aggregation-controller", // the built-in view, edit and admin roles get their rules
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",
