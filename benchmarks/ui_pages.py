@@ -236,7 +236,8 @@ def browse_run(ui: Ui, browser: Any, run_id: str, repeats: int, steps: int) -> d
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    res: dict[str, Any] = {"machine": machine_info(), "runs": args.runs, "calls": args.calls}
+    res: dict[str, Any] = {"machine": machine_info(), "runs": args.runs, "calls": args.calls,
+                           "load_average_before": os.getloadavg()}
     list_store, calls_store = workdir / "list.db", workdir / "calls.db"
     started = time.perf_counter()
     asyncio.run(make_runs(list_store, args.runs))
@@ -266,6 +267,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     finally:
         list_ui.close()
         calls_ui.close()
+    res["load_average_after"] = os.getloadavg()
     base = res["baseline_dsb_runs_s"]["median"]
     res["ratios"] = {"http_runs_page_vs_dsb_runs": ratio(res["http_runs_page_s"]["median"], base)}
     if args.browser:
@@ -292,6 +294,7 @@ def report(res: dict[str, Any]) -> None:
         rows.append(["/runs in Chromium, to the load event", fmt(b["load_s"]["median"] * 1000, " ms", 0),
                      fmt(res["ratios"]["browser_runs_page_vs_dsb_runs"], "x", 2)])
         rows.append(["/runs in Chromium, first load (cold caches)", fmt(b["first_load_s"] * 1000, " ms", 0), ""])
+    print(f"load average (1, 5, 15 min) before: {res['load_average_before']}, after: {res['load_average_after']}")
     print_table(f"Runs list of {res['runs']:,} runs", ["what", "median", "vs dsb runs"], rows)
     rows = []
     for run_id in ("small", "big"):
@@ -309,7 +312,7 @@ def report(res: dict[str, Any]) -> None:
     print_table(f"Run page: {res['calls']:,} calls vs {SMALL_CALLS} calls (scrolling 120 px a frame)", header, rows)
     if "browser_run_big" in res:
         j = res["browser_run_big"]["scroll_jump"]
-        print(f"  {res['calls']:,} calls, top to bottom in {len(res['browser_run_big'].get('frames', [])) or 'the'} frames: "
+        print(f"  {res['calls']:,} calls, scrolled top to bottom: "
               f"median {fmt(j['median_ms'], ' ms')}, p95 {fmt(j['p95_ms'], ' ms')}, max {fmt(j['max_ms'], ' ms')}, "
               f"{j['over_50ms']} over 50 ms")
 

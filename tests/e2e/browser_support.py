@@ -49,8 +49,9 @@ def chromium() -> Path:
     return _chromium
 
 
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
+def launch_browser() -> Iterator[Any]:
+    """The session's one Chromium: the ``browser`` fixture of tests/e2e/conftest.py (Playwright's sync API
+    allows one instance per thread, so every module must share it)."""
     from playwright.sync_api import sync_playwright
 
     path = chromium()
@@ -97,11 +98,13 @@ def screenshots_dir(tmp_path: Path) -> Path:
 
 
 def shoot(page: Any, directory: Path, name: str, *, full: bool = False) -> Path:
-    """A screenshot of what the test just checked (small: the viewport, or the page up to 1,600 px)."""
+    """A screenshot of what the test just checked: the viewport, or with ``full`` the page from its top, up
+    to 1,400 px (kept small: docs/ui.md shows them)."""
     path = directory / f"{name}.png"
     if full:
-        height = min(int(page.evaluate("document.documentElement.scrollHeight")), 1600)
-        page.screenshot(path=str(path), clip={"x": 0, "y": 0, "width": VIEWPORT["width"], "height": height})
+        height = min(int(page.evaluate("document.documentElement.scrollHeight")), 1400)
+        page.screenshot(path=str(path), full_page=True,
+                        clip={"x": 0, "y": 0, "width": VIEWPORT["width"], "height": height})
     else:
         page.screenshot(path=str(path))
     return path

@@ -300,6 +300,14 @@ def private_control_plane(workdir: Path) -> Iterator[ControlPlane]:
 
 
 @pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (Debian's) driven by Playwright, for the web view's tests (tests/e2e/browser_support.py)."""
+    from .browser_support import launch_browser
+
+    yield from launch_browser()
+
+
+@pytest.fixture(scope="session")
 def helm() -> Path:
     """The pinned helm that scripts/controlplane-build installs into <project>/.bin."""
     if not os.access(HELM_PATH, os.X_OK):

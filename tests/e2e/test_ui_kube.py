@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.browser_support import Page, browser, screenshots_dir, shoot, tab, timeline_rows, ui_servers
+from tests.e2e.browser_support import Page, screenshots_dir, shoot, tab, timeline_rows, ui_servers
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import (
     get,
@@ -24,8 +24,9 @@ from tests.e2e.operator_support import (
     wait_event,
     wait_in_flight,
 )
+from tests.e2e.test_image_operator import sa_kubeconfig
 
-__all__ = ["browser", "namespace", "operators", "tab", "ui_servers"]  # fixtures
+__all__ = ["namespace", "operators", "tab", "ui_servers"]  # fixtures
 
 pytestmark = pytest.mark.browser
 
@@ -128,4 +129,36 @@ def test_suspend_and_resume_from_the_page_set_spec_suspend(
     page.wait_for_selector("#tl-list .tr[data-kind='resume']", timeout=60_000)
     result = status(control_plane, namespace, "pausable")["result"]
     assert json.dumps(result).count("kept across the suspend") == 1
+    tab.check()
+
+
+def test_the_view_has_the_kubeconfig_s_rights_and_no_more(
+    control_plane: ControlPlane, namespace: str, operators: Any, tab: Page, ui_servers: Any, tmp_path: Path
+) -> None:
+    """A viewer (get/list on Workflows, their Journals and Events, nothing else) sees the runs and their
+    timelines; with --allow-actions its cancel is refused by the API server, and the page says so."""
+    operators("--allow-local-provider", "--workflows", "examples.flows")
+    control_plane.apply(manifest("approve-me", entrypoint="examples.flows.hello_flow:hello",
+                                 input={"name": "Ada", "approve": True}, toolCalls=None, sandbox=None,
+                                 snapshotEveryNCalls=None), "-n", namespace)  # fmt: skip
+    wait_condition(control_plane, namespace, "approve-me", "WaitingForSignal")
+    control_plane.kubectl("create", "serviceaccount", "viewer", "-n", namespace)
+    control_plane.kubectl("create", "role", "run-viewer", "-n", namespace, "--verb=get,list,watch",
+                          "--resource=workflows.durable-sandbox.dev,journals.durable-sandbox.dev,"
+                          "sandboxes.durable-sandbox.dev,events")
+    control_plane.kubectl("create", "rolebinding", "run-viewer", "-n", namespace, "--role=run-viewer",
+                          f"--serviceaccount={namespace}:viewer")
+    kubeconfig = tmp_path / "viewer.kubeconfig"
+    sa_kubeconfig(control_plane, namespace, "viewer", kubeconfig)
+    server = ui_servers(("--kube",), ("--allow-actions",), env={"KUBECONFIG": str(kubeconfig)})
+    page = tab.page
+    page.goto(server.url)
+    page.wait_for_selector("tr.run[data-ref='approve-me'][data-status='waiting']")
+    page.click("a[href='/run?id=approve-me']")
+    page.wait_for_selector("#tl-list .tr[data-kind='callback'][data-outcome='waiting']")
+    page.click("button.act-cancel")
+    page.click("button.confirm-cancel")
+    flash = page.inner_text("#flash.bad")
+    assert "the API server refused to patch Workflow" in flash and "(403)" in flash, flash
+    assert not spec(control_plane, namespace, "approve-me").get("cancel")
     tab.check()

@@ -14,7 +14,6 @@ import yaml
 
 from tests.e2e.browser_support import (
     Page,
-    browser,
     dsb,
     screenshots_dir,
     shoot,
@@ -23,7 +22,7 @@ from tests.e2e.browser_support import (
     ui_servers,
 )
 
-__all__ = ["browser", "tab", "ui_servers"]  # fixtures
+__all__ = ["tab", "ui_servers"]  # fixtures
 
 pytestmark = pytest.mark.browser
 

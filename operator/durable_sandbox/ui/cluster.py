@@ -10,8 +10,11 @@ resume set ``spec.suspend``. It never writes the journal or status.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from durable_sandbox.cli.cluster import ClusterEngine
@@ -233,6 +236,19 @@ class ClusterSource:
 
     # ------------------------------------------------------------------ actions: spec writes only
 
+    @contextlib.asynccontextmanager
+    async def _patching(self, name: str) -> AsyncIterator[None]:
+        """A patch the API server refuses (RBAC, admission) is the page's message, not an error page."""
+        try:
+            yield
+        except ApiException as exc:
+            try:
+                why = json.loads(exc.body or "{}").get("message") or exc.reason
+            except (ValueError, AttributeError):
+                why = exc.reason
+            raise ValueError(f"the API server refused to patch Workflow {self.cluster.namespace}/{name} "
+                             f"({exc.status}): {why}") from None
+
     async def _name(self, ref: str, what: str) -> str:
         obj = await self.cluster.workflow(ref)
         phase = str((obj.get("status") or {}).get("phase") or "Pending")
@@ -242,22 +258,26 @@ class ClusterSource:
 
     async def signal(self, ref: str, callback_id: str, value: Any, *, resume: bool) -> str:
         name = await self._name(ref, "signal")
-        new = await self.cluster.workflows.signal(name, callback_id, value)
+        async with self._patching(name):
+            new = await self.cluster.workflows.signal(name, callback_id, value)
         done = f"spec.signals.{callback_id} of Workflow {name} set" if new else \
             f"spec.signals.{callback_id} of Workflow {name} already had this value"
         return f"{done}; the operator continues the run"
 
     async def cancel(self, ref: str, reason: str) -> str:
         name = await self._name(ref, "cancel")
-        await self.cluster.workflows.cancel(name)
+        async with self._patching(name):
+            await self.cluster.workflows.cancel(name)
         return f"spec.cancel of Workflow {name} set to true; the operator cancels the run and cleans up"
 
     async def suspend(self, ref: str) -> str:
         name = await self._name(ref, "suspend")
-        await self.cluster.workflows.suspend(name, True)
+        async with self._patching(name):
+            await self.cluster.workflows.suspend(name, True)
         return f"spec.suspend of Workflow {name} set to true; the operator stops the run at its next call boundary"
 
     async def resume(self, ref: str) -> str:
         name = await self._name(ref, "resume")
-        await self.cluster.workflows.suspend(name, False)
+        async with self._patching(name):
+            await self.cluster.workflows.suspend(name, False)
         return f"spec.suspend of Workflow {name} set to false; the operator continues the run"

@@ -102,11 +102,7 @@ class TimelineView {
   }
 
   apply(d) {
-    if (d.header) {
-      $("#run-header").innerHTML = d.header;
-      const flash = $("#flash");
-      if (flash) flash.remove(); // what it said is now shown by the header itself
-    }
+    if (d.header) $("#run-header").innerHTML = d.header; // rendered by the server from the page's own template
     if (d.status) { this.status = d.status; this.terminal = d.terminal; }
     if (d.lanes) this.lanes = d.lanes;
     let added = false;
@@ -232,7 +228,8 @@ class TimelineView {
     const gutter = h("span", { class: "tg" });
     for (const [c, a, b] of this.spans) if (a <= row && row <= b && c !== mine) gutter.append(h("b", { style: { left: `${c * 10 + 4}px` } }));
     gutter.append(h("b", { style: { left: `${mine * 10 + 4}px` } }), h("b", { class: "dot", style: { left: `${mine * 10 + 4}px` } }));
-    const t1 = it.t1 ?? (this.terminal ? it.t0 : Math.max(it.t0, Date.now() - this.base * 1000));
+    // An operation not finished yet runs until now; events are instants.
+    const t1 = it.t1 ?? (this.terminal || it.r !== 0 ? it.t0 : Math.max(it.t0, Date.now() - this.base * 1000));
     const left = (it.t0 / this.tmax) * 100, width = Math.max(((t1 - it.t0) / this.tmax) * 100, 0.25);
     const label = h("span", { class: "tl" }, it.l);
     if (it.n) label.append(h("small", { text: `[${this.lanes[it.n]?.label ?? it.n}]` }));
