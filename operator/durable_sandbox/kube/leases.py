@@ -36,14 +36,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durable_sandbox.kube.client import KubeClient, is_conflict, is_not_found
+from durable_sandbox.kube.journal_objects import JournalObjects
 from durable_sandbox.kube.metrics import METRICS
-from durable_sandbox.kube.models import API_VERSION, GROUP, VERSION
 
 log = logging.getLogger("durable_sandbox.kube.leases")
 
 __all__ = ["HeldLease", "LeaseBusy", "LeaseGone", "LeaseObject", "Leases"]
-
-JOURNALS = "journals"
 
 
 class LeaseBusy(Exception):
@@ -127,6 +125,7 @@ class Leases:
     def __init__(self, client: KubeClient, namespace: str, *, clock: Callable[[], float] = time.monotonic,
                  field_manager: str = "durable-sandbox") -> None:
         self.client = client
+        self.objects = JournalObjects(client, namespace, field_manager=field_manager)
         self.namespace = namespace
         self.clock = clock
         self.field_manager = field_manager
@@ -157,22 +156,16 @@ class Leases:
         return lease.holder in (None, holder) or self.remaining(lease) <= 0
 
     async def read(self, name: str) -> LeaseObject | None:
-        try:
-            body: Any = await self.client.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, JOURNALS, name)
-        except Exception as exc:
-            if is_not_found(exc):
-                return None
-            raise
+        body = await self.objects.get(name)
+        if body is None:
+            return None
         lease = LeaseObject(body)
         self.observe(lease)
         return lease
 
     async def list(self, label_selector: str) -> dict[str, LeaseObject]:
-        found: Any = await self.client.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, JOURNALS, label_selector=label_selector)
         out: dict[str, LeaseObject] = {}
-        for body in found.get("items") or []:
+        for body in await self.objects.select(label_selector):
             lease = LeaseObject(body)
             self.observe(lease)
             out[lease.name] = lease
@@ -181,9 +174,7 @@ class Leases:
     async def _write(self, lease: LeaseObject) -> LeaseObject:
         """Replace ``lease`` conditional on the resourceVersion it was read at (409 if anyone wrote since)."""
         self.writes += 1
-        body: Any = await self.client.custom.replace_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, JOURNALS, lease.name, lease.body, field_manager=self.field_manager)
-        return LeaseObject(body)
+        return LeaseObject(await self.objects.replace(lease.body))
 
     # ------------------------------------------------------------------ claim, renew, release
 
@@ -200,13 +191,11 @@ class Leases:
             meta: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
             if owners:
                 meta["ownerReferences"] = list(owners)
-            new = LeaseObject({"apiVersion": API_VERSION, "kind": "Journal", "metadata": meta, "run": run,
-                               "part": "lease", "data": {}})
+            new = LeaseObject(JournalObjects.body(meta, {}, run=run, part="lease"))
             new.set(holder=holder, duration=duration, transitions=floor + 1, acquired=True)
             try:
                 self.writes += 1
-                created: Any = await self.client.custom.create_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, JOURNALS, new.body, field_manager=self.field_manager)
+                created = await self.objects.create(new.body)
             except Exception as exc:
                 if not is_conflict(exc):
                     raise

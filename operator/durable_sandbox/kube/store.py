@@ -50,8 +50,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.aio.client import models as m
-
 from durable_sandbox.engine import faults
 from durable_sandbox.engine.errors import (
     JournalDamaged,
@@ -72,29 +70,23 @@ from durable_sandbox.engine.records import (
     RunStatus,
 )
 from durable_sandbox.kube.client import (
-    JSON_PATCH,
     ApiException,
     KubeClient,
     is_conflict,
     is_not_found,
     is_precondition_failed,
     is_transient,
-    json_body,
 )
+from durable_sandbox.kube.journal_objects import LABEL_PART, LABEL_RUN, MANAGED_BY, JournalObjects
 from durable_sandbox.kube.leases import LeaseBusy, LeaseGone, Leases
-from durable_sandbox.kube.models import API_VERSION, GROUP, VERSION
 from durable_sandbox.kube.sealing import Sealer
 
 __all__ = ["KubernetesStore", "OwnerRef"]
 
 log = logging.getLogger("durable_sandbox.kube.store")
-MERGE_PATCH = "application/merge-patch+json"
 
-LABEL_RUN = "durable-sandbox.dev/run-id"
-LABEL_PART = "durable-sandbox.dev/part"
 LABEL_STATUS = "durable-sandbox.dev/status"
 ANNOTATION_RUN = "durable-sandbox.dev/run-id"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "durable-sandbox"}
 
 # The journal kept in the head before it moves to a chunk. Every commit rewrites the head (the apiserver
 # decodes, patches, encodes and stores the whole object), so its size is the cost of a commit: measured on
@@ -112,7 +104,6 @@ _RUN_FIELDS = (
 )
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _RETRIES = 20
-JOURNALS = "journals"  # the plural of the Journal kind (kube/crds.py)
 TRANSIENT_RETRIES = 5  # a commit whose answer was lost, or that the API server failed (5xx, 429), is retried
 
 
@@ -214,8 +205,8 @@ class KubernetesStore:
         self.api = api
         self.field_manager = field_manager
         self.sealer = Sealer(journal_key, namespace)
+        self.objects = JournalObjects(api, namespace, field_manager=field_manager)
         self.leases = Leases(api, namespace, clock=clock, field_manager=field_manager)
-        self.writes: Counter[str] = Counter()  # API writes by "verb kind", for the write budget
         self._runs: dict[str, _RunState] = {}
         self._owns_client = owns_client
 
@@ -231,64 +222,30 @@ class KubernetesStore:
             await self.api.close()
 
     @property
+    def writes(self) -> Counter[str]:
+        """API writes by "verb kind", for the write budget."""
+        return self.objects.writes
+
+    @property
     def write_count(self) -> int:
         return sum(self.writes.values()) + self.leases.writes
 
-    # ------------------------------------------------------------------ raw Journal calls (JSON, no models)
-    # Journal objects go through the *_without_preload_content calls: a head holds tens of KiB of journal, and
-    # building typed models of it on every commit would cost more than the request.
-
-    async def _raw(self, call: Any, *, parse: bool = True) -> dict[str, Any]:
-        return await json_body(call, parse=parse)
+    # ------------------------------------------------------------------ Journal objects (kube/journal_objects.py)
 
     async def _get(self, name: str) -> dict[str, Any] | None:
-        try:
-            return await self._raw(self.api.custom.get_namespaced_custom_object_without_preload_content(
-                GROUP, VERSION, self.namespace, JOURNALS, name))
-        except ApiException as exc:
-            if is_not_found(exc):
-                return None
-            raise
+        return await self.objects.get(name)
 
     async def _list(self, selector: str) -> list[dict[str, Any]]:
-        out = await self._raw(self.api.custom.list_namespaced_custom_object_without_preload_content(
-            GROUP, VERSION, self.namespace, JOURNALS, label_selector=selector))
-        return list(out.get("items") or [])
+        return await self.objects.select(selector)
 
     async def _create(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.writes["create journal"] += 1
-        return await self._raw(self.api.custom.create_namespaced_custom_object_without_preload_content(
-            GROUP, VERSION, self.namespace, JOURNALS, _journal(body), field_manager=self.field_manager))
-
-    async def _replace(self, name: str, body: dict[str, Any]) -> None:
-        self.writes["update journal"] += 1
-        await self._raw(self.api.custom.replace_namespaced_custom_object_without_preload_content(
-            GROUP, VERSION, self.namespace, JOURNALS, name, _journal(body), field_manager=self.field_manager))
+        return await self.objects.create(JournalObjects.body(body["metadata"], body["data"]))
 
     async def _patch(self, name: str, ops: list[dict[str, Any]]) -> None:
-        self.writes["patch journal"] += 1
-        # The answer is the whole object (up to a full tail); nothing in it is needed, so it is not parsed.
-        await self._raw(self.api.custom.patch_namespaced_custom_object_without_preload_content(
-            GROUP, VERSION, self.namespace, JOURNALS, name, ops, field_manager=self.field_manager,
-            _content_type=JSON_PATCH), parse=False)
+        await self.objects.patch(name, ops)
 
     async def _delete(self, name: str, *, resource_version: str | None = None) -> bool:
-        self.writes["delete journal"] += 1
-        body = (m.V1DeleteOptions(preconditions=m.V1Preconditions(resource_version=resource_version))
-                if resource_version else None)
-        try:
-            await self._raw(self.api.custom.delete_namespaced_custom_object_without_preload_content(
-                GROUP, VERSION, self.namespace, JOURNALS, name, body=body))
-        except ApiException as exc:
-            if is_not_found(exc):
-                return False
-            raise
-        return True
-
-    async def _delete_all(self, selector: str) -> None:
-        self.writes["deletecollection journal"] += 1
-        await self._raw(self.api.custom.delete_collection_namespaced_custom_object_without_preload_content(
-            GROUP, VERSION, self.namespace, JOURNALS, label_selector=selector))
+        return await self.objects.delete(name, resource_version=resource_version)
 
     # ------------------------------------------------------------------ sealed values (kube/sealing.py)
 
@@ -491,7 +448,7 @@ class KubernetesStore:
         else:
             raise RuntimeError(f"Could not delete run {run_id!r}: its head kept changing")
         self._runs.pop(run_id, None)
-        await self._delete_all(f"{LABEL_RUN}={key}")  # chunks, blobs and the run's lease
+        await self.objects.delete_all(f"{LABEL_RUN}={key}")  # chunks, blobs and the run's lease
         return True
 
     async def _field_ops(self, run_id: str, changes: dict[str, Any], owners: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -773,10 +730,7 @@ class KubernetesStore:
         the resourceVersion it was read at, and these writes are last-writer-wins by design."""
         for _ in range(_RETRIES):
             try:
-                self.writes["patch journal"] += 1
-                await self._raw(self.api.custom.patch_namespaced_custom_object_without_preload_content(
-                    GROUP, VERSION, self.namespace, JOURNALS, name, {"data": body["data"]},
-                    field_manager=self.field_manager, _content_type=MERGE_PATCH), parse=False)
+                await self.objects.merge(name, body["data"])
                 return
             except ApiException as exc:
                 if not is_not_found(exc):
@@ -1032,13 +986,6 @@ class KubernetesStore:
             if len(out) >= limit:
                 break
         return out
-
-
-def _journal(body: dict[str, Any]) -> dict[str, Any]:
-    """A Journal object from metadata and data, with the plain fields ``kubectl get journals`` shows."""
-    labels = (body.get("metadata") or {}).get("labels") or {}
-    return {"apiVersion": API_VERSION, "kind": "Journal", "run": labels.get(LABEL_RUN, ""),
-            "part": labels.get(LABEL_PART, ""), **body}
 
 
 def _unavailable_when_unreachable(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
