@@ -46,7 +46,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DSB = str(Path(sys.executable).parent / "dsb")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SMALL_CALLS = 200  # the baseline run: long enough to scroll (the page shows about 23 rows)
 URL_LINE = re.compile(r"^dsb ui: (http://\S+)/runs\?token=(\S+)$", re.M)
 
 
@@ -82,12 +81,12 @@ async def make_runs(store_path: Path, runs: int) -> None:
         await store.close()
 
 
-async def make_call_runs(store_path: Path, calls: int) -> dict[str, float]:
+async def make_call_runs(store_path: Path, calls: int, small: int) -> dict[str, float]:
     store = SqliteStore(store_path)
     engine = durable_sandbox.Engine(store)
     took: dict[str, float] = {}
     try:
-        for run_id, n in (("small", SMALL_CALLS), ("big", calls)):
+        for run_id, n in (("small", small), ("big", calls)):
             started = time.perf_counter()
             state = await engine.run(many_calls, n, run_id=run_id)
             assert state.status == "succeeded", state.error
@@ -236,13 +235,13 @@ def browse_run(ui: Ui, browser: Any, run_id: str, repeats: int, steps: int) -> d
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    res: dict[str, Any] = {"machine": machine_info(), "runs": args.runs, "calls": args.calls,
+    res: dict[str, Any] = {"machine": machine_info(), "runs": args.runs, "calls": args.calls, "small_calls": args.small_calls,
                            "load_average_before": os.getloadavg()}
     list_store, calls_store = workdir / "list.db", workdir / "calls.db"
     started = time.perf_counter()
     asyncio.run(make_runs(list_store, args.runs))
     res["make_runs_s"] = time.perf_counter() - started
-    res["make_call_runs_s"] = asyncio.run(make_call_runs(calls_store, args.calls))
+    res["make_call_runs_s"] = asyncio.run(make_call_runs(calls_store, args.calls, args.small_calls))
     res["baseline_dsb_runs_s"] = dsb_runs_seconds(list_store, args.runs, args.repeats)
     res["baseline_engine_runs_s"] = asyncio.run(engine_runs_seconds(list_store, args.runs, args.repeats))
 
@@ -309,7 +308,7 @@ def report(res: dict[str, Any]) -> None:
     header = ["run", "GET /api/timeline", "size"]
     if "browser_run_big" in res:
         header += ["items", "page loaded", "frame median", "frame p95", "frame max", "frames >50ms", "rows in DOM"]
-    print_table(f"Run page: {res['calls']:,} calls vs {SMALL_CALLS} calls (scrolling 120 px a frame)", header, rows)
+    print_table(f"Run page: {res['calls']:,} calls vs {res['small_calls']:,} calls (scrolling 120 px a frame)", header, rows)
     if "browser_run_big" in res:
         j = res["browser_run_big"]["scroll_jump"]
         print(f"  {res['calls']:,} calls, scrolled top to bottom: "
@@ -321,6 +320,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--calls", type=int, default=10_000)
+    parser.add_argument("--small-calls", type=int, default=200,
+                        help="the baseline run: long enough to scroll (the page shows about 23 rows)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--scroll-steps", type=int, default=300)
     parser.add_argument("--no-browser", dest="browser", action="store_false")
