@@ -11,16 +11,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_sandbox.engine.records import OperationRecord, OpKind
-from durable_sandbox.ui.timeline import session_of
-
-# Plain strings: an enum's .value is a property, far too slow for a loop over a 10,000-call journal.
-_SANDBOX_CALL = OpKind.SANDBOX_CALL.value
-_SANDBOX_DESTROY = OpKind.SANDBOX_DESTROY.value
-_SANDBOX_PROVISION = OpKind.SANDBOX_PROVISION.value
-_SANDBOX_RESTORE = OpKind.SANDBOX_RESTORE.value
-_SANDBOX_SNAPSHOT = OpKind.SANDBOX_SNAPSHOT.value
-_SANDBOX_SNAPSHOT_DELETE = OpKind.SANDBOX_SNAPSHOT_DELETE.value
+from durable_sandbox.engine.records import OperationRecord
+from durable_sandbox.ui.timeline import (
+    SANDBOX_CALL,
+    SANDBOX_DESTROY,
+    SANDBOX_PROVISION,
+    SANDBOX_RESTORE,
+    SANDBOX_SNAPSHOT,
+    SANDBOX_SNAPSHOT_DELETE,
+    session_of,
+)
 
 __all__ = ["Session", "SessionFold"]
 
@@ -67,7 +67,7 @@ class SessionFold:
             sid = session_of(row.op_id, row.kind)
             if sid is None:
                 continue
-            if row.kind == _SANDBOX_CALL:
+            if row.kind == SANDBOX_CALL:
                 index = (row.meta or {}).get("index")
                 if isinstance(index, int):
                     self.calls_seen.add((sid, index))
@@ -85,24 +85,24 @@ class SessionFold:
     def _fold(s: Session, row: OperationRecord) -> None:
         meta = row.meta or {}
         kind = row.kind
-        if kind == _SANDBOX_PROVISION:
+        if kind == SANDBOX_PROVISION:
             s.provider = meta.get("provider") or s.provider or row.name
         if row.status != "completed":
             return
-        if kind in (_SANDBOX_PROVISION, _SANDBOX_RESTORE) and isinstance(row.result, dict):
+        if kind in (SANDBOX_PROVISION, SANDBOX_RESTORE) and isinstance(row.result, dict):
             sandbox_id = row.result.get("id")
             if isinstance(sandbox_id, str):
                 s.sandbox_id, s.state = sandbox_id, "live"
                 if sandbox_id not in s.sandboxes:
                     s.sandboxes.append(sandbox_id)
             s.provider = row.result.get("provider") or s.provider
-            if kind == _SANDBOX_RESTORE and meta.get("reason") == "recovery":
+            if kind == SANDBOX_RESTORE and meta.get("reason") == "recovery":
                 s.recoveries += 1
-        elif kind == _SANDBOX_SNAPSHOT and isinstance(row.result, dict) and row.result.get("snapshotId"):
+        elif kind == SANDBOX_SNAPSHOT and isinstance(row.result, dict) and row.result.get("snapshotId"):
             s.snapshots[str(row.result["snapshotId"])] = None
-        elif kind == _SANDBOX_SNAPSHOT_DELETE and meta.get("snapshotId"):
+        elif kind == SANDBOX_SNAPSHOT_DELETE and meta.get("snapshotId"):
             s.snapshots.pop(str(meta["snapshotId"]), None)
-        elif kind == _SANDBOX_DESTROY:
+        elif kind == SANDBOX_DESTROY:
             if meta.get("finalized"):
                 s.state, s.sandbox_id = "finalized", None
                 s.retained = meta.get("retained")

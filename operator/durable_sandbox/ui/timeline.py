@@ -21,35 +21,35 @@ from typing import Any
 from durable_sandbox.engine.events import call_target
 from durable_sandbox.engine.records import Event, OperationRecord, OpKind
 
-# Plain strings: an enum's .value is a property, far too slow for a loop over a 10,000-call journal.
-_CALLBACK = OpKind.CALLBACK.value
-_PARALLEL = OpKind.PARALLEL.value
-_PATCH = OpKind.PATCH.value
-_SANDBOX_CALL = OpKind.SANDBOX_CALL.value
-_SANDBOX_DESTROY = OpKind.SANDBOX_DESTROY.value
-_SANDBOX_INJECT_LOSS = OpKind.SANDBOX_INJECT_LOSS.value
-_SANDBOX_PROVISION = OpKind.SANDBOX_PROVISION.value
-_SANDBOX_RESTORE = OpKind.SANDBOX_RESTORE.value
-_SANDBOX_SNAPSHOT = OpKind.SANDBOX_SNAPSHOT.value
-_SANDBOX_SNAPSHOT_DELETE = OpKind.SANDBOX_SNAPSHOT_DELETE.value
-_SLEEP = OpKind.SLEEP.value
-_STEP = OpKind.STEP.value
+# The kinds as plain strings: an enum's .value is a property, far too slow in a loop over a 10,000-call journal.
+CALLBACK = OpKind.CALLBACK.value
+PARALLEL = OpKind.PARALLEL.value
+PATCH = OpKind.PATCH.value
+SANDBOX_CALL = OpKind.SANDBOX_CALL.value
+SANDBOX_DESTROY = OpKind.SANDBOX_DESTROY.value
+SANDBOX_INJECT_LOSS = OpKind.SANDBOX_INJECT_LOSS.value
+SANDBOX_PROVISION = OpKind.SANDBOX_PROVISION.value
+SANDBOX_RESTORE = OpKind.SANDBOX_RESTORE.value
+SANDBOX_SNAPSHOT = OpKind.SANDBOX_SNAPSHOT.value
+SANDBOX_SNAPSHOT_DELETE = OpKind.SANDBOX_SNAPSHOT_DELETE.value
+SLEEP = OpKind.SLEEP.value
+STEP = OpKind.STEP.value
 
 __all__ = ["Item", "Lane", "Timeline", "session_of"]
 
 _KINDS = {
-    _STEP: "step",
-    _PARALLEL: "parallel",
-    _CALLBACK: "callback",
-    _SLEEP: "timer",
-    _PATCH: "patch",
-    _SANDBOX_PROVISION: "provision",
-    _SANDBOX_CALL: "call",
-    _SANDBOX_SNAPSHOT: "snapshot",
-    _SANDBOX_SNAPSHOT_DELETE: "snapshot-delete",
-    _SANDBOX_RESTORE: "restore",
-    _SANDBOX_INJECT_LOSS: "loss",
-    _SANDBOX_DESTROY: "destroy",
+    STEP: "step",
+    PARALLEL: "parallel",
+    CALLBACK: "callback",
+    SLEEP: "timer",
+    PATCH: "patch",
+    SANDBOX_PROVISION: "provision",
+    SANDBOX_CALL: "call",
+    SANDBOX_SNAPSHOT: "snapshot",
+    SANDBOX_SNAPSHOT_DELETE: "snapshot-delete",
+    SANDBOX_RESTORE: "restore",
+    SANDBOX_INJECT_LOSS: "loss",
+    SANDBOX_DESTROY: "destroy",
 }
 # Kubernetes Event reasons that are a suspend or a resume (kube/controller.py emits them).
 _K8S_KINDS = {"Suspended": "suspend", "Resumed": "resume", "SandboxLost": "lost", "Recovered": "restore"}
@@ -104,13 +104,13 @@ class Item:
 
 
 # How many trailing parts of an op id follow its session's id, by kind (sandboxes/session.py names them).
-_SESSION_TAIL = {_SANDBOX_PROVISION: 1, _SANDBOX_CALL: 1, _SANDBOX_SNAPSHOT: 2, _SANDBOX_SNAPSHOT_DELETE: 3,
-                 _SANDBOX_RESTORE: 2, _SANDBOX_INJECT_LOSS: 2}  # fmt: skip
+_SESSION_TAIL = {SANDBOX_PROVISION: 1, SANDBOX_CALL: 1, SANDBOX_SNAPSHOT: 2, SANDBOX_SNAPSHOT_DELETE: 3,
+                 SANDBOX_RESTORE: 2, SANDBOX_INJECT_LOSS: 2}  # fmt: skip
 
 
 def session_of(op_id: str, kind: str) -> str | None:
     """The sandbox session (``ctx.sandbox`` id, with its scope) an operation of kind ``kind`` belongs to."""
-    if kind == _SANDBOX_DESTROY:
+    if kind == SANDBOX_DESTROY:
         tail = 1 if op_id.endswith("/finalize") else 2
     else:
         tail = _SESSION_TAIL.get(kind, 0)
@@ -205,13 +205,13 @@ class Timeline:
     def _row(self, row: OperationRecord) -> None:
         meta = row.meta or {}
         kind = row.kind
-        if kind == _PARALLEL and isinstance(meta.get("branches"), list):
+        if kind == PARALLEL and isinstance(meta.get("branches"), list):
             parent = self.lane_of(row.op_id)
             for key in meta["branches"]:
                 self._branch(f"{row.op_id}/{key}", str(key), parent)
-        if kind == _STEP and meta.get("branch"):
+        if kind == STEP and meta.get("branch"):
             self._branch(row.op_id, row.op_id.rsplit("/", 1)[-1], self.lane_of(row.op_id.rsplit("/", 1)[0]))
-        if kind == _SANDBOX_CALL and row.status == "started":
+        if kind == SANDBOX_CALL and row.status == "started":
             target = call_target(row)
             self._targets[row.op_id] = f"{row.name}: {target}" if target is not None else row.name
         if row.status == "started":
@@ -222,49 +222,49 @@ class Timeline:
     def _label(self, row: OperationRecord) -> str:
         meta = row.meta or {}
         kind = row.kind
-        if kind == _SANDBOX_CALL:
+        if kind == SANDBOX_CALL:
             return self._targets.get(row.op_id, row.name)
-        if kind == _STEP:
+        if kind == STEP:
             tail = row.op_id.rsplit("/", 1)[-1]
             return tail if tail == row.name else f"{tail} ({row.name})"
-        if kind == _SANDBOX_RESTORE:
+        if kind == SANDBOX_RESTORE:
             source = meta.get("snapshotId") or "nothing (fresh sandbox)"
             return f"{'recovery' if meta.get('reason') == 'recovery' else meta.get('reason', 'restore')} from {source}"
-        if kind == _SANDBOX_SNAPSHOT:
+        if kind == SANDBOX_SNAPSHOT:
             return f"snapshot after {meta.get('count', '?')} calls"
-        if kind == _SANDBOX_SNAPSHOT_DELETE:
+        if kind == SANDBOX_SNAPSHOT_DELETE:
             return f"delete snapshot {meta.get('snapshotId', '?')}"
-        if kind == _SANDBOX_INJECT_LOSS:
+        if kind == SANDBOX_INJECT_LOSS:
             return f"sandbox lost (injected after {meta.get('count', '?')} calls)"
-        if kind == _SANDBOX_DESTROY:
+        if kind == SANDBOX_DESTROY:
             if meta.get("finalized"):
                 return "finalize: snapshots deleted, sandbox destroyed"
             return f"{row.name} {meta.get('sandboxId', '')} ({meta.get('reason', 'destroy')})".replace("  ", " ")
-        if kind == _SANDBOX_PROVISION:
+        if kind == SANDBOX_PROVISION:
             return f"provision ({row.name})"
-        if kind == _SLEEP:
+        if kind == SLEEP:
             return f"sleep {row.op_id}"
-        return row.op_id if kind in (_CALLBACK, _PARALLEL, _PATCH) else row.name
+        return row.op_id if kind in (CALLBACK, PARALLEL, PATCH) else row.name
 
     def _kind(self, row: OperationRecord) -> str:
         meta = row.meta or {}
-        if row.kind == _SANDBOX_DESTROY:
+        if row.kind == SANDBOX_DESTROY:
             if meta.get("finalized"):
                 return "finalize"
             if meta.get("reason") == "hibernate":
                 return "hibernate"
-        if row.kind == _STEP and meta.get("branch"):
+        if row.kind == STEP and meta.get("branch"):
             return "branch"
         return _KINDS.get(row.kind, row.kind)
 
     def _started(self, row: OperationRecord) -> None:
-        if row.kind == _SANDBOX_RESTORE:
+        if row.kind == SANDBOX_RESTORE:
             self._phase_ts[row.op_id] = row.ts
         current = self._open.get(row.op_id)
         if current is not None and current.attempt == row.attempt and current.epoch == row.epoch:
             # The same attempt started again: a restore recording its replacement sandbox, or an operation
             # whose worker stopped before it finished, run again by the next one (same op id).
-            if row.kind != _SANDBOX_RESTORE:
+            if row.kind != SANDBOX_RESTORE:
                 current.note = "started again: the worker running it stopped before it finished"
             current.label = self._label(row)
             self._touch(current)
@@ -275,16 +275,16 @@ class Timeline:
         if backoff is not None:
             backoff.t1 = row.ts
             self._touch(backoff)
-        waiting = row.kind in (_CALLBACK, _SLEEP)
+        waiting = row.kind in (CALLBACK, SLEEP)
         item = Item(
             key=row.op_id if n == 1 else f"{row.op_id}#{n}", kind=self._kind(row), label=self._label(row),
             lane=self.lane_of(row.op_id), t0=row.ts, t1=None, outcome="waiting" if waiting else "running",
             seq=row.seq, op=row.op_id, attempt=row.attempt, epoch=row.epoch,
         )  # fmt: skip
         meta = row.meta or {}
-        if row.kind == _SLEEP and isinstance(meta.get("wakeAt"), int | float):
+        if row.kind == SLEEP and isinstance(meta.get("wakeAt"), int | float):
             item.note = f"until +{meta['wakeAt'] - self.base:.1f}s"
-        if row.kind == _CALLBACK and meta.get("deadline"):
+        if row.kind == CALLBACK and meta.get("deadline"):
             item.note = f"times out at +{float(meta['deadline']) - self.base:.1f}s"
         self._open[row.op_id] = self._put(item)
 
@@ -311,7 +311,7 @@ class Timeline:
             item.outcome = "retrying" if meta.get("nextAttemptAt") is not None else "failed"
             if row.error is not None:
                 item.note = f"{row.error.type}: {row.error.message}"[:300]
-        if row.kind == _SANDBOX_CALL and row.status == "completed" and isinstance(row.result, dict):
+        if row.kind == SANDBOX_CALL and row.status == "completed" and isinstance(row.result, dict):
             code = row.result.get("exitCode")
             if isinstance(code, int):
                 item.exit = code
@@ -320,8 +320,8 @@ class Timeline:
             self._calls[row.op_id] = item
         if meta.get("cache") == "hit":
             item.note = "cache hit"
-        if row.kind == _SANDBOX_INJECT_LOSS or (
-            row.kind == _SANDBOX_DESTROY and meta.get("reason") == "lost"
+        if row.kind == SANDBOX_INJECT_LOSS or (
+            row.kind == SANDBOX_DESTROY and meta.get("reason") == "lost"
         ):
             item.outcome = "warning"
         if row.status == "failed" and meta.get("nextAttemptAt") is not None:
@@ -330,7 +330,7 @@ class Timeline:
                 lane=item.lane, t0=row.ts, t1=float(meta["nextAttemptAt"]), outcome="waiting", seq=row.seq + 0.5,
                 op=row.op_id, attempt=row.attempt, epoch=row.epoch,
             ))  # fmt: skip
-        if row.kind == _SANDBOX_RESTORE and row.status == "completed":
+        if row.kind == SANDBOX_RESTORE and row.status == "completed":
             self._replayed(row, item)
 
     def _replayed(self, row: OperationRecord, restore: Item) -> None:
