@@ -38,7 +38,7 @@ async def engine(db_path: Path) -> AsyncIterator[durable_sandbox.Engine]:
 
 
 def client_for(engine: durable_sandbox.Engine, db_path: Path, *, allow_actions: bool = False) -> httpx.AsyncClient:
-    settings = Settings(store=db_path, store_given=True)
+    settings = Settings(store=str(db_path), store_given=True)
     app = create_app(LocalSource(engine, settings), Guard("127.0.0.1", PORT, TOKEN, allow_actions=allow_actions))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE,
                              headers={"authorization": f"Bearer {TOKEN}"})

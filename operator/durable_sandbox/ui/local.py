@@ -9,6 +9,7 @@ is ``dsb resume`` started in the background, like ``dsb run --detach`` (its stde
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from typing import Any, Literal
 
 import durable_sandbox
 from durable_sandbox.cli.detach import log_path
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.cli.session import STORE_ENV, Settings
 from durable_sandbox.engine import Event, OperationRecord, RunRecord, RunStatus, Store
 from durable_sandbox.engine.client import state_of
 from durable_sandbox.engine.owner import describe_owner, run_is_stale
@@ -75,7 +76,7 @@ class LocalSource:
         return self.engine.store
 
     def where(self) -> str:
-        return f"local store {self.settings.store_path}"
+        return f"local store {self.settings.store_label}"
 
     # ------------------------------------------------------------------ reading
 
@@ -121,7 +122,7 @@ class LocalSource:
         fold = SessionFold()
         fold.feed(rows)
         done, total = fold.calls(total_calls(run.input))
-        facts: list[tuple[str, str]] = [("store", str(self.settings.store_path))]
+        facts: list[tuple[str, str]] = [("store", self.settings.store_label)]
         if run.status == RunStatus.RUNNING and run.lease_owner:
             facts.append(("executed by", describe_owner(run.lease_owner)))
         if run.cancel_requested:
@@ -240,9 +241,11 @@ class LocalSource:
 
 def spawn_resume(settings: Settings, run_id: str) -> subprocess.Popen[bytes]:
     """`dsb resume RUN` in a process (and session) of its own; its stderr is appended to the detach log."""
-    argv = [sys.executable, "-m", "durable_sandbox.cli.main", "--store", str(settings.store_path), "-o", "json",
-            "resume", run_id]  # fmt: skip
+    argv = [sys.executable, "-m", "durable_sandbox.cli.main", "-o", "json", "resume", run_id]
+    # The store in the environment, as `dsb run --detach` passes it: a URL's password must not show in `ps`.
+    env = {**os.environ, STORE_ENV: settings.location}
+    log_path(settings).parent.mkdir(parents=True, exist_ok=True)
     with log_path(settings).open("ab") as log:
         # A session of its own, as `dsb run --detach`: stopping the web view does not stop the run.
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                start_new_session=True)  # fmt: skip
+                                start_new_session=True, env=env)  # fmt: skip
