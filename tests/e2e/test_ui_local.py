@@ -147,6 +147,9 @@ def test_signalling_a_callback_from_the_page_completes_the_run(
     form = page.locator("form.callback[data-callback='approval']")
     assert "Send 'Hello, Ada!'?" in form.inner_text()
     form.locator("textarea").fill('{"approved": true, "by": "the web view"}')
+    # A live update of the header (as the stream sends one whenever the run changes) keeps what was typed.
+    page.evaluate("window.dsbTimeline.apply({header: document.getElementById('run-header').innerHTML})")
+    assert form.locator("textarea").input_value() == '{"approved": true, "by": "the web view"}'
     shoot(page, screenshots_dir(tmp_path), "run-waiting", full=True)
     form.locator("button[type=submit]").click()
     # The confirmation says what will happen; nothing has happened yet.

@@ -102,7 +102,7 @@ class TimelineView {
   }
 
   apply(d) {
-    if (d.header) $("#run-header").innerHTML = d.header; // rendered by the server from the page's own template
+    if (d.header) replaceHeader(d.header);
     if (d.status) { this.status = d.status; this.terminal = d.terminal; }
     if (d.lanes) this.lanes = d.lanes;
     let added = false;
@@ -331,6 +331,34 @@ class TimelineView {
       if (row >= 0) this.list.scrollTop = Math.max(0, row * ROW - this.list.clientHeight / 2);
       this.select(idx);
     }));
+  }
+}
+
+// The run's header, rendered by the server from the page's own template, replaces the shown one; what the
+// user has typed into a callback's form (and where the cursor is) carries over, so a live update never
+// throws away a value being written.
+function replaceHeader(html) {
+  const header = $("#run-header");
+  const fresh = document.createElement("div");
+  fresh.innerHTML = html;
+  const focused = document.activeElement;
+  let refocus = null;
+  for (const form of header.querySelectorAll("form.callback")) {
+    const twin = [...fresh.querySelectorAll("form.callback")].find((f) => f.dataset.callback === form.dataset.callback);
+    if (!twin) continue;
+    for (const el of form.querySelectorAll("textarea, input[type=checkbox]")) {
+      const other = twin.querySelector(`[name="${el.name}"]`);
+      if (!other) continue;
+      if (el.type === "checkbox") other.checked = el.checked;
+      else other.value = el.value;
+      if (el === focused) refocus = [other, el.selectionStart, el.selectionEnd];
+    }
+  }
+  header.replaceChildren(...fresh.childNodes);
+  if (refocus) {
+    const [el, start, end] = refocus;
+    el.focus();
+    el.setSelectionRange(start, end);
   }
 }
 
