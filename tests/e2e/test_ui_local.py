@@ -186,3 +186,31 @@ def test_a_read_only_view_offers_no_action_and_refuses_one(store: Path, tab: Pag
     assert status == 403
     tab.errors.clear()  # the refused POST is the point here
     assert run_ids(store) == {"hello-ada": "waiting"}
+
+
+def test_a_postgresql_store_works_alike_and_its_password_never_shows(
+    postgres_server: Any, postgres_dsn: str, tmp_path: Path, tab: Page, ui_servers: Any
+) -> None:
+    """`dsb --store postgresql://... ui`: the same pages; the URL's password is on no page and in no command line
+    (the background resume gets the store in its environment, as `dsb run --detach` does)."""
+    password = postgres_server.password
+    env = {"DURABLE_SANDBOX_HOME": str(tmp_path / "home")}
+    waiting = dsb("--store", postgres_dsn, "run", "examples.flows.hello_flow:hello", "--run-id", "hello-pg",
+                  "--input", '{"name": "Ada", "approve": true}', env=env)
+    assert waiting.returncode == 3, waiting.stderr
+    server = ui_servers(("--store", postgres_dsn), ("--allow-actions",), env=env)
+    assert password not in server.log.read_text()
+    page = tab.page
+    page.goto(server.url)
+    page.click("a[href='/run?id=hello-pg']")
+    form = page.locator("form.callback[data-callback='approval']")
+    form.locator("textarea").fill('{"approved": true}')
+    form.locator("button[type=submit]").click()
+    assert password not in page.content()
+    page.click("button.confirm-signal")
+    page.wait_for_selector("#run-status:text('succeeded')", timeout=120_000)
+    for html in (page.content(), page.goto(f"{server.base}/runs").text(), page.content()):
+        assert password not in html
+    state = json.loads(dsb("--store", postgres_dsn, "inspect", "hello-pg", "-o", "json", env=env).stdout)
+    assert (state["status"], state["result"]["approval"]) == ("succeeded", {"approved": True})
+    tab.check()

@@ -259,10 +259,11 @@ class TimelineView {
     const bands = Math.min(this.cols || 1, MAX_COLS);
     const bh = Math.min(Math.max(Math.floor((h - 8) / bands), 3), 14);
     const top = Math.max((h - bands * bh) / 2, 2);
+    const now = Date.now() - this.base * 1000;
     for (const idx of this.view) {
       const it = this.items[idx];
       const x = (it.t0 / this.tmax) * w;
-      const x1 = ((it.t1 ?? it.t0) / this.tmax) * w;
+      const x1 = ((it.t1 ?? (this.terminal || it.r !== 0 ? it.t0 : now)) / this.tmax) * w;
       g.fillStyle = this.colors[it.c] || "#999";
       if (it.c === "loss" || it.c === "lost" || it.c === "restore" || it.o === "failed") g.fillRect(x - 1, 0, Math.max(x1 - x, 2), h);
       else g.fillRect(x, top + (this.col.get(it.n) ?? 0) * bh, Math.max(x1 - x, 1), bh - 1);
