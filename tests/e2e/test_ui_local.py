@@ -214,3 +214,16 @@ def test_a_postgresql_store_works_alike_and_its_password_never_shows(
     state = json.loads(dsb("--store", postgres_dsn, "inspect", "hello-pg", "-o", "json", env=env).stdout)
     assert (state["status"], state["result"]["approval"]) == ("succeeded", {"approved": True})
     tab.check()
+
+
+def test_a_run_deleted_while_its_page_is_open_is_said_to_be_gone(store: Path, tab: Page, ui_servers: Any) -> None:
+    assert dsb("--store", str(store), "run", "examples.flows.hello_flow:hello", "--run-id", "short-lived",
+               "--input", '{"name": "Bob"}').returncode == 0
+    server = ui_servers(("--store", str(store)))
+    page = tab.page
+    page.goto(server.url.replace("/runs?", "/run?id=short-lived&"))
+    page.wait_for_selector("#tl-list .tr[data-kind='run'][data-outcome='ok']")
+    assert dsb("--store", str(store), "delete", "short-lived").returncode == 0
+    page.wait_for_selector("#tl-notice:text('This run no longer exists')")
+    assert "short-lived" in page.inner_text("#tl-notice")
+    tab.check()

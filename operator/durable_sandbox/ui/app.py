@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 import time
 from collections import OrderedDict
@@ -50,6 +51,8 @@ from durable_sandbox.ui.source import RunQuery, RunSource, label_filters
 __all__ = ["create_app"]
 
 KEEPALIVE_SECONDS = 15.0
+TROUBLE_SECONDS = 5.0  # after a failed look at the store, a live page waits this long before the next
+log = logging.getLogger("durable_sandbox.ui")
 PER_PAGE = (20, 50, 100, 200)
 STATUSES = [s.value for s in RunStatus]
 T = TypeVar("T")
@@ -152,7 +155,13 @@ def create_app(source: RunSource, guard: Guard) -> Starlette:
             last = None
             quiet = 0.0
             while not await request.is_disconnected():
-                page = await source.list_runs(query)
+                try:
+                    page = await source.list_runs(query)
+                except Exception as exc:  # the store out of reach: say so, go on
+                    log.warning("live update of the runs list failed: %s: %s", type(exc).__name__, exc)
+                    yield _sse("trouble", {"why": f"{type(exc).__name__}: {exc}"[:500]})
+                    await asyncio.sleep(TROUBLE_SECONDS)
+                    continue
                 html = view.render("_runs_rows.html", request, page=page)
                 if html != last:
                     last = html
@@ -202,7 +211,9 @@ def create_app(source: RunSource, guard: Guard) -> Starlette:
             # between rendering the page and opening the stream, or the stream reconnected).
             version: Any = object()
             quiet = 0.0
-            while not await request.is_disconnected():
+
+            async def look() -> dict[str, Any]:
+                nonlocal position, lanes, version
                 await view.timelines.refresh(live)
                 changed = live.log[position:]
                 position = len(live.log)
@@ -213,12 +224,25 @@ def create_app(source: RunSource, guard: Guard) -> Starlette:
                 if len(live.timeline.lanes) != lanes:
                     lanes = len(live.timeline.lanes)
                     out["lanes"] = [lane.to_json() for lane in live.timeline.lanes]
-                now_version = await source.version(ref)
+                now_version = await _found(source.version(ref))
                 if now_version != version:
-                    version = now_version
                     fresh = await _found(source.detail(ref, live.journal))
+                    version = now_version
                     out["header"] = view.render("_run_header.html", request, d=fresh)
                     out["status"], out["terminal"] = fresh.state.status, fresh.terminal
+                return out
+
+            while not await request.is_disconnected():
+                try:
+                    out = await look()
+                except HTTPException as exc:  # the run is gone: deleted (in a cluster, with its Workflow)
+                    yield _sse("gone", {"why": str(exc.detail)})
+                    return
+                except Exception as exc:  # the store out of reach (an API server restarting): say so, go on
+                    log.warning("live update of %s failed: %s: %s", ref, type(exc).__name__, exc)
+                    yield _sse("trouble", {"why": f"{type(exc).__name__}: {exc}"[:500]})
+                    await asyncio.sleep(TROUBLE_SECONDS)
+                    continue
                 if out:
                     out["v"] = position
                     quiet = 0.0

@@ -24,6 +24,11 @@ function runsPage() {
     $("#runs-total").textContent = d.total;
     $("#runs-pages").textContent = d.pages;
     live.classList.remove("off");
+    live.title = "updated as runs change";
+  });
+  es.addEventListener("trouble", (e) => {
+    live.classList.add("off");
+    live.title = `live updates paused: ${JSON.parse(e.data).why}`;
   });
   es.onerror = () => live.classList.add("off");
 }
@@ -99,9 +104,25 @@ class TimelineView {
     this.es = new EventSource(this.url("/api/timeline/stream", `&gen=${this.gen}&v=${this.v}`));
     this.es.addEventListener("delta", (e) => this.apply(JSON.parse(e.data)));
     this.es.addEventListener("reset", () => { this.es.close(); this.load(); });
+    this.es.addEventListener("gone", (e) => {
+      this.es.close();
+      this.notice(`This run no longer exists: ${JSON.parse(e.data).why}`);
+    });
+    this.es.addEventListener("trouble", (e) => this.notice(`Live updates paused (retrying): ${JSON.parse(e.data).why}`));
+  }
+
+  // A line above the timeline saying why it is not live (cleared by the next update).
+  notice(text) {
+    let el = $("#tl-notice");
+    if (!el) {
+      el = h("p", { id: "tl-notice", class: "flash bad" });
+      this.root.prepend(el);
+    }
+    el.textContent = text;
   }
 
   apply(d) {
+    $("#tl-notice")?.remove();
     if (d.header) replaceHeader(d.header);
     if (d.status) { this.status = d.status; this.terminal = d.terminal; }
     if (d.lanes) this.lanes = d.lanes;
