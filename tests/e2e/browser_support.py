@@ -50,8 +50,8 @@ def chromium() -> Path:
 
 
 def launch_browser() -> Iterator[Any]:
-    """The session's one Chromium: the ``browser`` fixture of tests/e2e/conftest.py (Playwright's sync API
-    allows one instance per thread, so every module must share it)."""
+    """Chromium for the ``browser`` fixture of tests/e2e/conftest.py (Playwright's sync API allows one
+    instance at a time in a thread)."""
     from playwright.sync_api import sync_playwright
 
     path = chromium()

@@ -299,9 +299,11 @@ def private_control_plane(workdir: Path) -> Iterator[ControlPlane]:
         _stop(cp.process)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Headless Chromium (Debian's) driven by Playwright, for the web view's tests (tests/e2e/browser_support.py)."""
+    """Headless Chromium (Debian's) driven by Playwright, for the web view's tests (tests/e2e/browser_support.py).
+    One per module, closed when the module's last test ends: Playwright's sync API keeps an event loop running
+    in this thread while it is open, which no async test (pytest-asyncio) may find there."""
     from .browser_support import launch_browser
 
     yield from launch_browser()

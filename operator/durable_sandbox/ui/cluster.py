@@ -70,7 +70,8 @@ def row_of(obj: dict[str, Any]) -> RunRow:
     return RunRow(
         ref=meta["name"], run_id=run_id_of(obj), status=PHASE_STATUS.get(phase, RunStatus.PENDING).value,
         workflow=str(spec.get("entrypoint") or "sandbox-agent"), name=meta["name"], labels=dict(meta.get("labels") or {}),
-        attempt=int(status.get("attempt") or 1), calls_done=calls.get("completed"), calls_total=total,
+        attempt=int(status.get("attempt") or 1), calls_done=calls.get("completed") if total else None,
+        calls_total=total or None,
         created=parse_time(status.get("startedAt")) or created, updated=finished or created, finished=finished,
         waiting_on=[str(p.get("id")) for p in status.get("pendingCallbacks") or [] if isinstance(p, dict)],
         error=error.get("message") if isinstance(error, dict) else None,
