@@ -253,6 +253,11 @@ def scrape(port: int) -> Samples:
     """/metrics parsed with prometheus-client's parser: value by (sample name, labels)."""
     code, text = http_get(port, "/metrics")
     assert code == 200, text
+    return parse_samples(text)
+
+
+def parse_samples(text: str) -> Samples:
+    """A Prometheus text exposition: value by (sample name, labels)."""
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
