@@ -47,10 +47,10 @@ from _common import RESULTS_DIR, fmt, machine_info, print_table, ratio, write_re
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
-# What the operator writes: journal and run objects (ConfigMaps), status (and finalizers) of Workflows, Events,
-# run Leases. Writes to anything else during a phase are the cluster's own (namespace cleanup, ...) and are
+# What the operator writes: journal, run and lease objects (the Journal kind), status (and finalizers) of
+# Workflows, Events. Writes to anything else during a phase are the cluster's own (namespace cleanup, ...) and are
 # reported apart, not counted per call.
-OPERATOR_RESOURCES = ("configmaps", "workflows", "workflows/status", "events", "leases")
+OPERATOR_RESOURCES = ("journals", "workflows", "workflows/status", "events")
 TARGET_CALLS_PER_S = 100.0
 TARGET_WRITES_PER_CALL = 2.0
 POLL_S = 0.5  # how often the benchmark reads the Workflows it waits for (reads are not writes)

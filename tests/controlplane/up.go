@@ -162,10 +162,12 @@ func (cp *controlPlane) start(sigs <-chan os.Signal) error {
 	}
 	cp.controllerMgr, err = startChild("kube-controller-manager", filepath.Join(cp.logDir(), "kube-controller-manager.log"),
 		"--kubeconfig="+cmKubeconfig,
-		// What Pods need besides the three a bare API needs: kube-root-ca.crt in every namespace (each Pod with a
+		// Besides the three a bare API needs: the built-in view, edit and admin roles get their rules
+		// (clusterrole-aggregation); and what Pods need: kube-root-ca.crt in every namespace (each Pod with a
 		// service-account token mounts it), Deployments and ReplicaSets, the not-ready taint lifted from a new
 		// Node, terminated Pods collected, PodDisruptionBudgets' status (evictions consult it).
 		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,"+
+			"clusterrole-aggregation-controller,"+
 			"root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,"+
 			"node-lifecycle-controller,pod-garbage-collector-controller,disruption-controller",
 		"--root-ca-file="+cp.pki.CACert,

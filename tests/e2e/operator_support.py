@@ -30,8 +30,20 @@ from tests.e2e.conftest import ControlPlane, wait_until
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"
 HELLO = ROOT / "examples" / "hello-workflow.yaml"
-CRD_NAMES = ["workflows.durable-sandbox.dev", "sandboxes.durable-sandbox.dev"]
+CRD_NAMES = ["workflows.durable-sandbox.dev", "sandboxes.durable-sandbox.dev", "journals.durable-sandbox.dev"]
 DSB = str(Path(sys.executable).parent / "dsb")
+
+
+def replica_of(holder: str | None) -> str | None:
+    """The ``--worker-id`` a lease holder was started with: its identity is ``<worker-id>:<per-start nonce>``."""
+    return holder.rsplit(":", 1)[0] if holder else holder
+
+
+def leases(cp: ControlPlane, ns: str, selector: str = "") -> list[dict[str, Any]]:
+    """The leases of namespace ``ns`` (Journal objects of part ``lease``: runs' and Sandboxes')."""
+    label = "durable-sandbox.dev/part=lease" + (f",{selector}" if selector else "")
+    items: list[dict[str, Any]] = cp.kubectl_json("get", "journals", "-n", ns, "-l", label)["items"]
+    return items
 
 
 def install_crds(cp: ControlPlane) -> None:

@@ -1,4 +1,5 @@
-"""Shared pieces for the KubernetesStore e2e tests: a namespace per test and a manual monotonic clock."""
+"""Shared pieces for the KubernetesStore e2e tests: a namespace per test, a manual monotonic clock, and the
+journal key the tests' stores seal with (as the operator's do)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import time
 import uuid
 
 from tests.e2e.conftest import ControlPlane
+
+# Every store in these tests seals its values (kube/sealing.py), as the operator's always does.
+TEST_JOURNAL_KEY = b"durable-sandbox e2e journal key!"
 
 
 class ManualMonotonic:
@@ -21,7 +25,15 @@ class ManualMonotonic:
         self.now += seconds
 
 
+_crds_installed: set[str] = set()  # the control planes (by server URL) that have the CRDs, Journal's included
+
+
 def fresh_namespace(control_plane: ControlPlane, prefix: str) -> str:
+    if control_plane.server not in _crds_installed:
+        from tests.e2e.operator_support import install_crds
+
+        install_crds(control_plane)  # the store keeps its objects in the Journal kind
+        _crds_installed.add(control_plane.server)
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     control_plane.kubectl("create", "namespace", name)
     return name

@@ -17,10 +17,11 @@ import sys
 from durable_sandbox.engine.errors import LeaseLost
 from durable_sandbox.engine.records import Commit, OperationRecord
 from durable_sandbox.kube.store import KubernetesStore
+from tests.e2e.store_support import TEST_JOURNAL_KEY
 
 
 async def main(namespace: str, run_id: str, owner: str, thread_state: bool = False) -> None:
-    store = await KubernetesStore.connect(namespace)
+    store = await KubernetesStore.connect(namespace, journal_key=TEST_JOURNAL_KEY)
     try:
         lease = await store.claim(run_id, owner, 30)
         print(f"claimed {lease.fence}", flush=True)

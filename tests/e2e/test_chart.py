@@ -101,8 +101,7 @@ EXPECTED_RULES = {
     "sandboxes/status.durable-sandbox.dev": {"get", "patch", "update"},
     "workflows/finalizers.durable-sandbox.dev": {"update"},
     "sandboxes/finalizers.durable-sandbox.dev": {"update"},
-    "configmaps": {"get", "list", "watch", "create", "patch", "delete"},
-    "leases.coordination.k8s.io": {"get", "list", "watch", "create", "update", "patch", "delete"},
+    "journals.durable-sandbox.dev": {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"},
     "events": {"create", "patch"},
     "events.events.k8s.io": {"create", "patch"},
 }
@@ -127,9 +126,9 @@ def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, he
     docs = render(helm, helm_home)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted([
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-    ]), "default values: no Role, no PodDisruptionBudget (1 replica), no ServiceMonitor"
+    ]), "default values: one Role (the journal key's), no PodDisruptionBudget (1 replica), no ServiceMonitor"
     for doc in docs:
         labels = doc["metadata"]["labels"]
         assert labels["app.kubernetes.io/name"] == "durable-sandbox"
@@ -153,7 +152,7 @@ def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, he
     assert container["image"] == "durable-sandbox:0.1.0"
     assert container["args"] == [
         "--metrics-port=8080", "--max-concurrent-runs=50", f"--installation-id={OPERATOR_NS}/{SA_NAME}",
-        "--sweep-interval=300", "--sweep-grace=600",
+        "--sweep-interval=300", "--sweep-grace=600", f"--journal-key-secret={OPERATOR_NS}/{SA_NAME}-journal-key",
     ], "every namespace; the local provider is off by default; the orphan sweep's label is unique per release"
     probe = container["livenessProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
@@ -166,7 +165,10 @@ def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, he
     assert all("emptyDir" in v for v in pod["volumes"])
 
     role = one(docs, "ClusterRole")
-    assert rules_by_resource(role) == EXPECTED_RULES, "no Secrets at all when workflowSecrets is empty"
+    assert rules_by_resource(role) == EXPECTED_RULES, "no Secrets at all cluster-wide"
+    [key_role] = by_kind(docs, "Role")
+    assert key_role["metadata"]["namespace"] == OPERATOR_NS
+    assert rules_by_resource(key_role) == {f"secrets[{SA_NAME}-journal-key]": {"get"}, "secrets": {"create"}}
     binding = one(docs, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA_NAME, "namespace": OPERATOR_NS}]
 
@@ -185,13 +187,15 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding"), (
         "a namespaced install has nothing cluster-wide in RBAC"
     )
-    roles = by_kind(docs, "Role")
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    for role in roles:
-        expected = {**EXPECTED_RULES, "secrets[sandbox-env]": {"get"}}
-        assert rules_by_resource(role) == expected
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in by_kind(docs, "Role")}
+    assert sorted(roles) == sorted([
+        ("team-a", SA_NAME), ("team-b", SA_NAME), ("team-a", f"{SA_NAME}-secrets"), ("team-b", f"{SA_NAME}-secrets"),
+        (OPERATOR_NS, f"{SA_NAME}-journal-key")])
+    for ns in ("team-a", "team-b"):
+        assert rules_by_resource(roles[ns, SA_NAME]) == EXPECTED_RULES
+        assert rules_by_resource(roles[ns, f"{SA_NAME}-secrets"]) == {"secrets[sandbox-env]": {"get"}}
     bindings = by_kind(docs, "RoleBinding")
-    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert sorted((b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings) == sorted(roles)
     assert all(b["roleRef"]["kind"] == "Role" for b in bindings)
 
     deploy = one(docs, "Deployment")
@@ -200,7 +204,7 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
     assert container["args"] == [
         "--namespace=team-a", "--namespace=team-b", "--allow-local-provider", "--workflows=examples.flows",
         "--metrics-port=8080", "--max-concurrent-runs=20", "--installation-id=team-ab",
-        "--sweep-interval=60", "--sweep-grace=900",
+        "--sweep-interval=60", "--sweep-grace=900", f"--journal-key-secret={OPERATOR_NS}/{SA_NAME}-journal-key",
     ]
     [key] = [e for e in container["env"] if e["name"] == "E2B_API_KEY"]
     assert key["valueFrom"] == {"secretKeyRef": {"name": "e2b-credentials", "key": "E2B_API_KEY"}}
@@ -211,6 +215,20 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
     monitor = one(docs, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_workflow_secrets_are_never_granted_cluster_wide(helm: Path, helm_home: Path) -> None:
+    """Issue 20, item 7: a Secret read granted by a ClusterRole would hold in kube-system too. With every
+    namespace watched, workflowSecrets needs the namespaces where Workflows may use them."""
+    refused = run_helm(helm, helm_home, "template", RELEASE, str(CHART), "--kube-version", kube_version(),
+                       "--set", "workflowSecrets={sandbox-env}", check=False)
+    assert refused.returncode != 0 and "workflowSecrets needs the namespaces" in refused.stderr, refused.stderr
+
+    docs = render(helm, helm_home, "--set", "workflowSecrets={sandbox-env}", "--set", "workflowSecretNamespaces={team-a}")
+    assert rules_by_resource(one(docs, "ClusterRole")) == EXPECTED_RULES, "no Secret in the ClusterRole"
+    secret_roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == f"{SA_NAME}-secrets"]
+    assert [(r["metadata"]["namespace"], rules_by_resource(r)) for r in secret_roles] == [
+        ("team-a", {"secrets[sandbox-env]": {"get"}})]
 
 
 @pytest.mark.parametrize(
@@ -265,6 +283,7 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
     assert crds == {
         "customresourcedefinition.apiextensions.k8s.io/workflows.durable-sandbox.dev",
         "customresourcedefinition.apiextensions.k8s.io/sandboxes.durable-sandbox.dev",
+        "customresourcedefinition.apiextensions.k8s.io/journals.durable-sandbox.dev",
     }
     installed = chart_objects(cluster)
     assert installed == {
@@ -274,6 +293,9 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
         f"PodDisruptionBudget/{OPERATOR_NS}/{SA_NAME}",
         f"Role/team-a/{SA_NAME}", f"RoleBinding/team-a/{SA_NAME}",
         f"Role/team-b/{SA_NAME}", f"RoleBinding/team-b/{SA_NAME}",
+        f"Role/team-a/{SA_NAME}-secrets", f"RoleBinding/team-a/{SA_NAME}-secrets",
+        f"Role/team-b/{SA_NAME}-secrets", f"RoleBinding/team-b/{SA_NAME}-secrets",
+        f"Role/{OPERATOR_NS}/{SA_NAME}-journal-key", f"RoleBinding/{OPERATOR_NS}/{SA_NAME}-journal-key",
         f"ValidatingAdmissionPolicy//{SA_NAME}-no-spec-writes",
         f"ValidatingAdmissionPolicyBinding//{SA_NAME}-no-spec-writes",
     }
@@ -355,8 +377,8 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("delete", "workflows.durable-sandbox.dev", "-n", "team-a"),
         ("patch", "workflows.durable-sandbox.dev", "--subresource=status", "-n", "team-a"),
         ("update", "workflows.durable-sandbox.dev", "--subresource=finalizers", "-n", "team-a"),
-        ("create", "configmaps", "-n", "team-a"),
-        ("create", "leases.coordination.k8s.io", "-n", "team-b"),
+        ("create", "journals.durable-sandbox.dev", "-n", "team-a"),
+        ("update", "journals.durable-sandbox.dev", "-n", "team-b"),
         ("create", "events", "-n", "team-a"),
         ("get", "secrets/sandbox-env", "-n", "team-a"),
     ]
@@ -370,8 +392,13 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("list", "workflows.durable-sandbox.dev", "--all-namespaces"),
         ("create", "workflows.durable-sandbox.dev", "-n", "team-a"),
         ("update", "workflows.durable-sandbox.dev", "-n", "team-a"),
-        ("create", "configmaps", "-n", "team-c"),
-        ("create", "leases.coordination.k8s.io", "-n", OPERATOR_NS),
+        ("create", "journals.durable-sandbox.dev", "-n", "team-c"),
+        ("create", "configmaps", "-n", "team-a"),
+        ("update", "leases.coordination.k8s.io", "-n", "team-a"),
+        ("update", "leases.coordination.k8s.io", "-n", "kube-system"),
+        ("delete", "leases.coordination.k8s.io", "-n", "kube-node-lease"),
+        ("patch", "configmaps", "-n", "kube-system"),
+        ("get", "secrets/sandbox-env", "-n", "kube-system"),
         ("list", "namespaces"),
         ("list", "customresourcedefinitions.apiextensions.k8s.io"),
         ("create", "deployments.apps", "-n", "team-a"),
@@ -388,7 +415,7 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         (("get", "secrets", "-n", "team-a"), "cannot list resource \"secrets\""),
         (("get", "pods", "-n", "team-a"), "cannot list resource \"pods\""),
         (("get", "workflows", "-n", "team-c"), "cannot list resource \"workflows\""),
-        (("create", "configmap", "sneaky", "-n", "team-c"), "cannot create resource \"configmaps\""),
+        (("create", "configmap", "sneaky", "-n", "team-a"), "cannot create resource \"configmaps\""),
     ]:
         proc = as_operator(cluster, *args)
         assert proc.returncode != 0 and what in proc.stderr, (args, proc.stderr)

@@ -17,7 +17,7 @@ from durable_sandbox.engine.errors import LeaseHeld
 from durable_sandbox.engine.records import Commit, Event, OperationRecord, RunRecord
 from durable_sandbox.kube.store import CHUNK_BYTES, TAIL_BYTES, KubernetesStore, OwnerRef
 from tests.e2e.conftest import PROJECT_ROOT, ControlPlane
-from tests.e2e.store_support import ManualMonotonic, drop_namespace, fresh_namespace
+from tests.e2e.store_support import TEST_JOURNAL_KEY, ManualMonotonic, drop_namespace, fresh_namespace
 
 MiB = 1024 * 1024
 
@@ -31,7 +31,7 @@ def namespace(control_plane: ControlPlane) -> Iterator[str]:
 
 @pytest.fixture
 async def store(namespace: str) -> AsyncIterator[KubernetesStore]:
-    s = await KubernetesStore.connect(namespace, clock=ManualMonotonic())
+    s = await KubernetesStore.connect(namespace, clock=ManualMonotonic(), journal_key=TEST_JOURNAL_KEY)
     yield s
     await s.close()
 
@@ -102,9 +102,9 @@ async def test_a_worker_process_that_lost_its_lease_cannot_append(
     assert [(r.seq, r.op_id) for r in rows] == [
         (1, "worker-a-1"), (2, "worker-a-2"), (3, "worker-a-3"), (4, "worker-b-1")]
     # worker-a's release after losing the lease did not free worker-b's.
-    held = control_plane.kubectl_json("get", "lease", f"dsb.{run.run_id}", "-n", namespace)
-    assert held["spec"]["holderIdentity"] == "worker-b"
-    assert held["spec"]["leaseTransitions"] == lease.fence
+    held = control_plane.kubectl_json("get", "journal", f"dsb.{run.run_id}.lease", "-n", namespace)
+    assert held["part"] == "lease" and held["data"]["holder"] == "worker-b"
+    assert held["data"]["transitions"] == str(lease.fence)
     other = await KubernetesStore.connect(namespace)
     try:
         with pytest.raises(LeaseHeld):
@@ -148,7 +148,7 @@ async def test_a_large_journal_rolls_over_into_chunks_under_one_mib(
             expected.append((f"call-{i}", result))
         await store.commit(run.run_id, lease.fence, Commit(batch))
 
-    objects = control_plane.kubectl_json("get", "configmaps", "-n", namespace, "-l",
+    objects = control_plane.kubectl_json("get", "journals", "-n", namespace, "-l",
                                          "durable-sandbox.dev/run-id=big-journal")["items"]
     sizes = {o["metadata"]["name"]: len(json.dumps(o).encode()) for o in objects}
     assert max(sizes.values()) < MiB, f"an object is over 1 MiB: {sizes}"
@@ -160,7 +160,7 @@ async def test_a_large_journal_rolls_over_into_chunks_under_one_mib(
     print(f"\n10,000 records: head {sizes['dsb.big-journal']} bytes, {len(chunks)} chunks of "
           f"{min(sizes[c] for c in chunks)}..{max(sizes[c] for c in chunks)} bytes, {store.write_count} writes")
 
-    fresh = await KubernetesStore.connect(namespace)  # another process's view: nothing cached
+    fresh = await KubernetesStore.connect(namespace)  # another process without the key (dsb --kube): seals stripped
     try:
         rows = await fresh.load_journal(run.run_id)
         assert [r.seq for r in rows] == list(range(1, total + 1)), "gaps or duplicates in the journal"
@@ -181,7 +181,7 @@ def _apiserver_writes(control_plane: ControlPlane) -> dict[str, float]:
             continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
         if labels.get("verb") in ("POST", "PUT", "PATCH", "DELETE", "APPLY") and labels.get("resource") in (
-            "configmaps", "leases"):
+            "journals",):
             key = f"{labels['verb']} {labels['resource']}"
             out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
@@ -204,7 +204,7 @@ async def test_a_commit_costs_one_api_write(control_plane: ControlPlane, store: 
           f"{ {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)} }")
     assert client_writes <= server_writes, "the store must count every write it makes"
     # One patch per commit, plus one chunk write per ~32 KiB of journal (and whatever else the control
-    # plane wrote meanwhile, e.g. its own leader-election-free controllers: nothing on configmaps/leases).
+    # plane wrote meanwhile, e.g. its own leader-election-free controllers: nothing on journals).
     assert per_commit <= 1.05, f"{per_commit:.3f} API writes per commit"
     assert len(await store.load_journal(run.run_id)) == commits
 
@@ -220,14 +220,14 @@ async def test_every_object_of_a_run_is_owned_by_its_workflow_and_goes_with_it(
     lease = await store.claim(run.run_id, "w", 30)
     await store.commit(run.run_id, lease.fence, Commit([_rec(f"c{i}", "r" * 2_000) for i in range(40)]))
     await store.commit(run.run_id, lease.fence, Commit([_rec("big", "b" * 50_000)]))
-    other = await KubernetesStore.connect(namespace)
+    other = await KubernetesStore.connect(namespace, journal_key=TEST_JOURNAL_KEY)
     try:
         await other.append_events([Event(run.run_id, "progress", {"message": "hi"})])
         await other.update_run(run.run_id, {"result": "x" * 40_000})
     finally:
         await other.close()
     selector = "durable-sandbox.dev/run-id=owned"
-    objects = control_plane.kubectl_json("get", "configmaps,leases", "-n", namespace, "-l", selector)["items"]
+    objects = control_plane.kubectl_json("get", "journals", "-n", namespace, "-l", selector)["items"]
     parts = sorted({o["metadata"]["labels"]["durable-sandbox.dev/part"] for o in objects})
     assert parts == ["blob", "events", "journal", "lease", "run"], parts
     unowned = [o["metadata"]["name"] for o in objects
@@ -236,7 +236,7 @@ async def test_every_object_of_a_run_is_owned_by_its_workflow_and_goes_with_it(
 
     control_plane.kubectl("delete", "configmap", "stand-in-owner", "-n", namespace)
     control_plane.wait_until(
-        lambda: not control_plane.kubectl_json("get", "configmaps,leases", "-n", namespace, "-l", selector)["items"],
+        lambda: not control_plane.kubectl_json("get", "journals", "-n", namespace, "-l", selector)["items"],
         60, "the garbage collector to delete the run's objects with their owner")
 
 

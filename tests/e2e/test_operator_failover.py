@@ -13,10 +13,12 @@ from typing import Any
 
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import (
+    leases,
     local_sandboxes,
     manifest,
     namespace,
     operators,
+    replica_of,
     status,
     wait_condition,
     wait_in_flight,
@@ -35,9 +37,9 @@ def effect_calls(effects: Path, n: int, *, gate: Path | None = None, gate_at: in
 
 
 def lease_holder(cp: ControlPlane, ns: str) -> str | None:
-    leases = cp.kubectl_json("get", "leases", "-n", ns)["items"]
-    holders = [lease["spec"].get("holderIdentity") for lease in leases]
-    return holders[0] if holders else None
+    """The replica (its --worker-id) holding the one run lease of ``ns``."""
+    holders = [lease["data"].get("holder") for lease in leases(cp, ns, "durable-sandbox.dev/run-id")]
+    return replica_of(holders[0]) if holders else None
 
 
 def check_journal(cp: ControlPlane, ns: str, run_id: str) -> None:
@@ -116,8 +118,8 @@ def test_two_replicas_execute_every_run_of_a_batch_exactly_once_and_take_over_fr
 
     # Kill the replica executing the gated run; the other takes it over after the lease expires.
     wait_in_flight(control_plane, namespace, "orphan", 1)
-    leases = control_plane.kubectl_json("get", "leases", "-n", namespace)["items"]
-    holder = next(le["spec"]["holderIdentity"] for le in leases if le["spec"].get("holderIdentity"))
+    holder = next(replica_of(le["data"]["holder"]) for le in leases(control_plane, namespace)
+                  if le["data"].get("holder"))
     dead, alive = (a, b) if holder == "r-a" else (b, a)
     dead.kill()
     gate.touch()

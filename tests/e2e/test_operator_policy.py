@@ -56,6 +56,5 @@ def test_operator_rejects_what_admission_cannot_check_and_runs_nothing(
 
     assert not marker.exists(), "the operator imported a module it was not configured with"
     assert local_sandboxes(op.home) == []
-    # Nothing ran: no run objects (journal heads, Leases) exist for any of them.
-    assert cp.kubectl_json("get", "configmaps", "-n", namespace, "-l", "durable-sandbox.dev/run-id")["items"] == []
-    assert cp.kubectl_json("get", "leases", "-n", namespace)["items"] == []
+    # Nothing ran: no run objects (journal heads, leases) exist for any of them.
+    assert cp.kubectl_json("get", "journals", "-n", namespace, "-l", "durable-sandbox.dev/run-id")["items"] == []

@@ -24,7 +24,14 @@ import pytest
 from durable_sandbox.providers.contract import SandboxHandle, ToolCall
 from durable_sandbox.providers.local import LocalProvider
 from tests.e2e.conftest import ControlPlane, wait_until
-from tests.e2e.operator_support import OperatorProcess, local_sandboxes, manifest, namespace, operators
+from tests.e2e.operator_support import (
+    OperatorProcess,
+    local_sandboxes,
+    manifest,
+    namespace,
+    operators,
+    replica_of,
+)
 from tests.e2e.operator_support import status as workflow_status
 from tests.e2e.operator_support import wait_condition as wait_workflow
 from tests.e2e.test_operator_cleanup import fake_e2b
@@ -384,8 +391,9 @@ def test_e2b_sandbox_shared_suspended_resumed_and_deleted_through_a_refusal(scen
 
 
 def sandbox_lease(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
-    """The Lease that says which operator replica reconciles Sandbox ``name``."""
-    items = cp.kubectl_json("get", "leases", "-n", ns, "-l", f"durable-sandbox.dev/sandbox={name}")["items"]
+    """The lease (a Journal object) that says which operator replica reconciles Sandbox ``name``."""
+    items = cp.kubectl_json("get", "journals", "-n", ns, "-l",
+                            f"durable-sandbox.dev/part=lease,durable-sandbox.dev/sandbox={name}")["items"]
     assert len(items) <= 1, items
     return items[0] if items else None
 
@@ -396,13 +404,14 @@ def test_two_replicas_one_reconciles_and_the_other_takes_over_when_it_is_killed(
     st = scene.ready("contested")
     lease = sandbox_lease(cp, ns, "contested")
     assert lease is not None
-    holder = lease["spec"]["holderIdentity"]
+    identity = lease["data"]["holder"]  # <worker-id>:<per-start nonce>
+    holder = replica_of(identity)
     (other,) = set(replicas) - {holder}
     uid = get(cp, ns, "contested")["metadata"]["uid"]  # type: ignore[index]
     assert lease["metadata"]["name"] == f"dsbx.{uid}"
     assert [(o["kind"], o["uid"]) for o in lease["metadata"]["ownerReferences"]] == [("Sandbox", uid)]
     # The other replica tried and was turned away by the Lease (it says so), so it provisioned nothing.
-    wait_until(lambda: f"reconciled by replica {holder}; this one waits" in replicas[other].logs(), 60,
+    wait_until(lambda: f"reconciled by replica {identity}; this one waits" in replicas[other].logs(), 60,
                f"{other} to find the Sandbox's Lease held by {holder}")
     assert workspaces(replicas[holder].home) == [st["providerId"]]
     assert reasons(cp, ns, "contested").count("Provisioned") == 1
@@ -411,10 +420,10 @@ def test_two_replicas_one_reconciles_and_the_other_takes_over_when_it_is_killed(
     set_suspend(cp, ns, "contested", True)
     st = wait_for(cp, ns, "contested", "Suspended")
     taken = sandbox_lease(cp, ns, "contested")
-    assert taken is not None and taken["spec"]["holderIdentity"] == other
-    assert taken["spec"]["leaseTransitions"] > lease["spec"]["leaseTransitions"]
+    assert taken is not None and replica_of(taken["data"]["holder"]) == other
+    assert int(taken["data"]["transitions"]) > int(lease["data"]["transitions"])
     assert workspaces(replicas[other].home) == [] and snapshots(replicas[other].home) == st["snapshots"]
-    assert f"this replica ({other}) reconciles it now" in replicas[other].logs()
+    assert f"this replica ({taken['data']['holder']}) reconciles it now" in replicas[other].logs()
 
     scene.delete_leaving_nothing("contested", replicas[other].home)  # the survivor's cleanup
     wait_until(lambda: sandbox_lease(cp, ns, "contested") is None, 60, "the Lease to go with its Sandbox")
@@ -442,7 +451,7 @@ def test_the_sandbox_env_reaches_every_call_of_a_workflow_in_it_and_its_secret_n
         "Workflow": cp.kubectl("get", "workflow", "uses-env", "-n", ns, "-o", "json").stdout,
         "Events": cp.kubectl("get", "events", "-n", ns, "-o", "json").stdout,
         "operator log": op.logs(),
-        "leases": cp.kubectl("get", "leases,configmaps", "-n", ns, "-o", "json").stdout,
+        "journals": cp.kubectl("get", "journals,configmaps", "-n", ns, "-o", "json").stdout,
     }
     assert [where for where, text in seen.items() if token in text] == []
     cp.kubectl("delete", "workflow", "uses-env", "-n", ns, "--wait=true", "--timeout=90s")

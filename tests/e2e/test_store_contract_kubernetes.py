@@ -1,6 +1,6 @@
 """The store contract kit (stores/testing.py) against KubernetesStore on the real control plane: each test
-in a namespace of its own, a peer instance with its own connection (another replica's view), and lease
-expiry through the stores' injectable monotonic clock (no sleeping)."""
+in a namespace of its own, a peer instance with its own connection (another replica's view), lease expiry
+through the stores' injectable monotonic clock (no sleeping), and every value sealed (as the operator's are)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from durable_sandbox.engine.store import Store
 from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.stores.testing import StoreContractSuite
 from tests.e2e.conftest import ControlPlane
-from tests.e2e.store_support import ManualMonotonic, drop_namespace, fresh_namespace
+from tests.e2e.store_support import TEST_JOURNAL_KEY, ManualMonotonic, drop_namespace, fresh_namespace
 
 
 class TestKubernetesStoreContract(StoreContractSuite):
@@ -22,14 +22,14 @@ class TestKubernetesStoreContract(StoreContractSuite):
     async def store(self, control_plane: ControlPlane) -> AsyncIterator[Store]:
         self.clock = ManualMonotonic()
         self.namespace = fresh_namespace(control_plane, "store-kit")
-        s = await KubernetesStore.connect(self.namespace, clock=self.clock)
+        s = await KubernetesStore.connect(self.namespace, clock=self.clock, journal_key=TEST_JOURNAL_KEY)
         yield s
         await s.close()
         drop_namespace(control_plane, self.namespace)
 
     @pytest.fixture
     async def peer(self, store: Store) -> AsyncIterator[Store]:
-        s = await KubernetesStore.connect(self.namespace, clock=self.clock)
+        s = await KubernetesStore.connect(self.namespace, clock=self.clock, journal_key=TEST_JOURNAL_KEY)
         yield s
         await s.close()
 

@@ -7,7 +7,7 @@ import json
 
 import kopf
 
-from durable_sandbox.kube.handlers import DIFFBASE_SPEC_FIELDS, SteeringDiffBase
+from durable_sandbox.kube.handlers import DIFFBASE_SPEC_FIELDS, SteeringDiffBase, _digest
 
 
 def test_the_diffbase_of_a_10000_call_workflow_stays_small() -> None:
@@ -19,7 +19,7 @@ def test_the_diffbase_of_a_10000_call_workflow_stays_small() -> None:
     storage = SteeringDiffBase(field="status.kopf.diffbase")
     essence = storage.build(body=body)
     assert len(json.dumps(spec)) > 600_000
-    assert dict(essence)["spec"] == {"suspend": True, "signals": {"ok": [1]}, "cancel": False}
+    assert dict(essence)["spec"] == {"suspend": True, "signals": {"ok": _digest([1])}, "cancel": False}
     patch = kopf.Patch()
     storage.store(body=body, patch=patch, essence=essence)
     stored = patch["status"]["kopf"]["diffbase"]
@@ -28,3 +28,18 @@ def test_the_diffbase_of_a_10000_call_workflow_stays_small() -> None:
     other = kopf.Body({**body, "spec": {**spec, "suspend": False}})
     assert storage.build(body=other) != essence
     assert set(dict(storage.build(body=other))["spec"]) <= DIFFBASE_SPEC_FIELDS
+
+
+def test_the_diffbase_keeps_a_digest_of_each_signal_not_its_value() -> None:
+    """A big signal (even one the operator refuses) must not be copied into status: the object would pass the API
+    server's size limit and no write of it could land again, the finalizer's removal included (issue 20, item 5)."""
+    big = "v" * 900_000
+    body = kopf.Body({"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow",
+                      "metadata": {"name": "w", "namespace": "ns"}, "spec": {"signals": {"approve": big}}})
+    storage = SteeringDiffBase(field="status.kopf.diffbase")
+    essence = storage.build(body=body)
+    patch = kopf.Patch()
+    storage.store(body=body, patch=patch, essence=essence)
+    assert len(patch["status"]["kopf"]["diffbase"]) < 256
+    changed = kopf.Body({**body, "spec": {"signals": {"approve": big + "!"}}})
+    assert storage.build(body=changed) != essence, "a changed value is still a change"

@@ -58,27 +58,34 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: ["durable-sandbox.dev"]
   resources: ["workflows/status", "sandboxes/status"]
   verbs: ["get", "patch", "update"]
-# Owner references with blockOwnerDeletion on the journal ConfigMaps and Leases the operator owns.
+# Owner references with blockOwnerDeletion on the Journal objects the operator owns.
 - apiGroups: ["durable-sandbox.dev"]
   resources: ["workflows/finalizers", "sandboxes/finalizers"]
   verbs: ["update"]
-# Journal chunks: append-only ConfigMaps owned by their Workflow.
-- apiGroups: [""]
-  resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# One coordination Lease per run and per Sandbox (which replica acts; fencing between replicas).
-- apiGroups: ["coordination.k8s.io"]
-  resources: ["leases"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# Everything the operator keeps of runs and Sandboxes (journal, leases, Sandbox state): objects of its own kind,
+# which no namespace role grants, so no namespace user can change what it runs, believes or deletes. No
+# ConfigMaps and no coordination.k8s.io Leases: those are everyone's (kube-system's leader elections too).
+- apiGroups: ["durable-sandbox.dev"]
+  resources: ["journals"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]
 # Lifecycle Events on Workflows and Sandboxes.
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-{{- with .Values.workflowSecrets }}
-# Only the Secrets Workflows are allowed to reference (values.workflowSecrets), by name.
-- apiGroups: [""]
-  resources: ["secrets"]
-  resourceNames: {{ toJson . }}
-  verbs: ["get"]
 {{- end }}
+
+{{/* The namespaces whose workflowSecrets the operator may read: never cluster-wide. */}}
+{{- define "durable-sandbox.secretNamespaces" -}}
+{{- if .Values.workflowSecrets }}
+{{- $namespaces := .Values.workflowSecretNamespaces | default .Values.watchNamespaces }}
+{{- if not $namespaces }}
+{{- fail "workflowSecrets needs the namespaces where Workflows may use them: set watchNamespaces, or workflowSecretNamespaces when the operator watches every namespace (the chart never grants Secret reads cluster-wide: kube-system's included)" }}
+{{- end }}
+{{- toJson $namespaces }}
+{{- else }}[]{{- end }}
+{{- end }}
+
+{{/* The Secret holding the journal key (in the release namespace). */}}
+{{- define "durable-sandbox.journalKeySecret" -}}
+{{- printf "%s-journal-key" (include "durable-sandbox.fullname" .) | trunc 253 }}
 {{- end }}

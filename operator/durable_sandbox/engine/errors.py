@@ -163,6 +163,11 @@ class WorkflowNotFound(DurableError):
     pass
 
 
+class NotAWorkflow(WorkflowNotFound):
+    """The reference names something that exists but is not a ``@workflow`` function: a mistake in the
+    reference, not code missing from this process (no other process would find it either)."""
+
+
 class NotRunnableHere(WorkflowNotFound):
     """This process cannot import the run's workflow; the run is left as it is for a process that can
     (another operator replica with the code installed), instead of being failed."""
@@ -208,6 +213,24 @@ class SerializationError(DurableError, TypeError):
 class StoreError(DurableError):
     """The store cannot be used (not a store, not writable, full, deleted under the process, damaged).
     The message names the store and says what to do; nothing is written past this error."""
+
+
+class JournalDamaged(StoreError):
+    """A run's stored data cannot be trusted: a value failed its authentication (``tampered``: written by
+    someone other than the operator that holds the key) or cannot be decoded (damaged). Never replayed and
+    never retried as if it were transient: whoever drives the run stops, says so, and cleans up by what the
+    providers themselves record (owner tags), not by what the damaged journal says."""
+
+    def __init__(self, run_id: str, where: str, detail: str, *, tampered: bool) -> None:
+        self.run_id = run_id
+        self.where = where
+        self.tampered = tampered
+        what = "was changed by someone other than the operator" if tampered else "is damaged"
+        whose = f"The journal of run {run_id!r}" if run_id else "A journal object"
+        super().__init__(
+            f"{whose} {what} ({where}: {detail}); nothing is executed from it. Delete the Workflow (its "
+            f"sandboxes and snapshots are removed by their owner tags) and create it again."
+        )
 
 
 class Suspend(BaseException):

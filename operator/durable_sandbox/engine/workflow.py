@@ -10,7 +10,7 @@ from typing import Any, TypeVar, get_type_hints
 
 from pydantic import TypeAdapter
 
-from durable_sandbox.engine.errors import WorkflowNotFound
+from durable_sandbox.engine.errors import NotAWorkflow, WorkflowNotFound
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -118,7 +118,7 @@ def resolve(ref: str) -> WorkflowDefinition:
     try:
         return definition_of(obj)
     except TypeError:
-        raise WorkflowNotFound(
+        raise NotAWorkflow(
             f"{ref} is not a workflow (it is {type(obj).__name__} {getattr(obj, '__qualname__', '')}); point at an "
             f"async function decorated with @durable_sandbox.workflow."
         ) from None

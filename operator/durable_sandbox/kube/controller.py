@@ -256,8 +256,10 @@ class Operator:
         policy: OperatorPolicy | None = None,
         settings: OperatorSettings | None = None,
         providers: Any = None,
+        journal_key: bytes | None = None,
     ) -> None:
         self.api = api
+        self._journal_key = journal_key  # seals every journal value this operator writes (kube/sealing.py)
         self.policy = policy or OperatorPolicy()
         self.settings = settings or OperatorSettings()
         self.events = EventRecorder(api.core, instance=self.settings.worker_id)
@@ -292,7 +294,8 @@ class Operator:
     def engine_for(self, namespace: str) -> durable_sandbox.Engine:
         engine = self._engines.get(namespace)
         if engine is None:
-            store = ObservedStore(KubernetesStore(namespace, self.api), self._observed, self._event_interval,
+            store = ObservedStore(KubernetesStore(namespace, self.api, journal_key=self._journal_key), self._observed,
+                                  self._event_interval,
                                   self._read)
             engine = durable_sandbox.Engine(
                 store,

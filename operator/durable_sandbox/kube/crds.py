@@ -1,4 +1,5 @@
-"""CustomResourceDefinitions for ``Workflow`` and ``Sandbox``, generated from the resource models.
+"""CustomResourceDefinitions for ``Workflow`` and ``Sandbox``, generated from the resource models, and the
+``Journal`` kind the operator keeps its records in.
 
 The ``openAPIV3Schema`` of each CRD is the pydantic JSON schema of :mod:`durable_sandbox.kube.models`
 (``model_json_schema(by_alias=True)``) rewritten into a *structural* schema, the form the API server
@@ -102,8 +103,10 @@ RESERVED_OPERATION_ID = (
 # keywords are not re-checked on status writes. Each pattern is one rule, so the API server's message
 # (`spec.toolCalls[2].path in body should match '^[^/\\]'`) says which one was broken:
 PATH_RELATIVE = r"^[^/\\]"  # not absolute: starts with neither '/' nor '\'
-_SEGMENT = r"(\.?|\.?[^/.][^/]*|\.\.[^/]+)"  # any path segment but '..'
-PATH_NO_DOTDOT = rf"^{_SEGMENT}(/{_SEGMENT})*$"
+# Segments are separated by '/' or '\', as the models judge them (sandbox_agent.manifest_path): `x\..\y` is refused
+# at admission too, not admitted and then failed by the operator.
+_SEGMENT = r"(\.?|\.?[^/\\.][^/\\]*|\.\.[^/\\]+)"  # any path segment but '..'
+PATH_NO_DOTDOT = rf"^{_SEGMENT}([/\\]{_SEGMENT})*$"
 PATH_NAMES_SOMETHING = "[^./]"  # without '..' segments, a path names nothing only when it is all '.' and '/'
 
 
@@ -456,7 +459,8 @@ _AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"
 
 
 def _crd(
-    kind: str, plural: str, short: str, schema: Schema, columns: list[dict[str, str]], categories: list[str]
+    kind: str, plural: str, short: str, schema: Schema, columns: list[dict[str, str]], categories: list[str],
+    *, status: bool = True,
 ) -> Schema:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -478,7 +482,7 @@ def _crd(
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    **({"subresources": {"status": {}}} if status else {}),
                     "additionalPrinterColumns": columns,
                     "schema": {"openAPIV3Schema": schema},
                 }
@@ -487,8 +491,38 @@ def _crd(
     }
 
 
+def journal_schema() -> Schema:
+    """The ``Journal`` kind: what the operator keeps of runs and Sandboxes (``kube/store.py``,
+    ``kube/leases.py``). Shaped like a ConfigMap (a ``data`` map of strings, so the store's fenced JSON
+    Patches address ``/data/<key>``), plus two plain fields for ``kubectl get``. A kind of its own because
+    namespace roles (``edit``, ``admin``) grant ConfigMaps: whoever could write the journal could change what
+    a run executes, what it was told and what the operator deletes. Nothing but the operator writes it."""
+    text = {"type": "string"}
+    return {
+        "type": "object",
+        "description": (
+            "The operator's own record of a run or a Sandbox (run head, journal chunk, large value, run events, "
+            "thread state, cache entry, lease, Sandbox state). Written only by the operator; values are "
+            "authenticated, so an edit is detected and refused, never replayed."
+        ),
+        "properties": {
+            "apiVersion": {"type": "string", "description": API_VERSION_DOC},
+            "kind": {"type": "string", "description": KIND_DOC},
+            "metadata": {"type": "object"},
+            "run": {**text, "description": "The run (or Sandbox) this object belongs to."},
+            "part": {**text, "description": "What this object holds: run, journal, blob, events, thread, cache, "
+                                            "lease or sandbox."},
+            "data": {
+                "type": "object",
+                "additionalProperties": text,
+                "description": "The store's values, one per key (see docs/kubernetes.md, 'The journal').",
+            },
+        },
+    }
+
+
 def generate_crds() -> list[Schema]:
-    """The Workflow and Sandbox CRDs (apiextensions.k8s.io/v1), in that order."""
+    """The Workflow, Sandbox and Journal CRDs (apiextensions.k8s.io/v1), in that order."""
     workflow = _crd(
         "Workflow",
         "workflows",
@@ -552,7 +586,22 @@ def generate_crds() -> list[Schema]:
         ],
         ["durable-sandbox"],
     )
-    return [workflow, sandbox]
+    journal = _crd(
+        "Journal",
+        "journals",
+        "dsbj",
+        journal_schema(),
+        [
+            {"name": "Run", "type": "string", "jsonPath": ".run", "description": "The run or Sandbox it belongs to."},
+            {"name": "Part", "type": "string", "jsonPath": ".part", "description": "What it holds."},
+            {"name": "Holder", "type": "string", "jsonPath": ".data.holder",
+             "description": "Of a lease: the operator replica that holds it."},
+            _AGE,
+        ],
+        [],  # not in `kubectl get durable-sandbox`: these are the operator's, not the user's
+        status=False,
+    )
+    return [workflow, sandbox, journal]
 
 
 # ------------------------------------------------------------------------------------------- admission policy

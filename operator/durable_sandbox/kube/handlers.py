@@ -32,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import hashlib
 import inspect
+import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
@@ -83,6 +85,7 @@ class Configuration:
     kubeconfig: str | None = None
     providers: Any = None
     namespaces: list[str] = field(default_factory=list)  # served namespaces; empty: every namespace
+    journal_key: bytes | None = field(default=None, repr=False)  # kube/journal_key.py; never printed
 
 
 config = Configuration()
@@ -104,7 +107,10 @@ DIFFBASE_SPEC_FIELDS = frozenset({"suspend", "cancel", "signals", "ttlSecondsAft
 
 
 class SteeringDiffBase(kopf.StatusDiffBaseStorage):
-    """kopf's diff-base in ``status.kopf.diffbase``, without the program."""
+    """kopf's diff-base in ``status.kopf.diffbase``, without the program, and with a digest of each signal
+    value instead of the value: a copy of the signals in status would double the object's share of them, and
+    a big one (whatever a user wrote in spec, even one the operator refuses) would push the object past the
+    API server's size limit, after which no status write, finalizer removal included, could land."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         essence = super().build(body=body, extra_fields=extra_fields)
@@ -112,7 +118,15 @@ class SteeringDiffBase(kopf.StatusDiffBaseStorage):
         spec = mapping.get("spec")
         if isinstance(spec, dict):
             mapping["spec"] = {k: v for k, v in spec.items() if k in DIFFBASE_SPEC_FIELDS}
+            signals = mapping["spec"].get("signals")
+            if isinstance(signals, dict):
+                mapping["spec"]["signals"] = {k: _digest(v) for k, v in signals.items()}
         return essence
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
@@ -132,7 +146,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _operator, _sandboxes
     configure_kopf(settings)
     api = await KubeClient.connect(kubeconfig=config.kubeconfig)
-    _operator = Operator(api, policy=config.policy, settings=config.settings, providers=config.providers)
+    _operator = Operator(api, policy=config.policy, settings=config.settings, providers=config.providers,
+                         journal_key=config.journal_key)
     _sandboxes = SandboxController(api, _operator.events, _operator.provider_for, SandboxControllerSettings(
         worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl), labels=_operator.sandbox_labels)
     _start_sweep(api, _operator)

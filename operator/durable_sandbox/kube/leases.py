@@ -1,21 +1,24 @@
-"""``coordination.k8s.io/v1`` Leases: who executes a run (Lease ``dsb.<run>``) or reconciles a Sandbox
-(Lease ``dsbx.<uid>``), with a fencing epoch.
+"""Leases: who executes a run (``dsb.<run>.lease``) or reconciles a Sandbox (``dsbx.<uid>``), with a fencing
+epoch. Each is a ``Journal`` object (part ``lease``), the operator's own kind: the same semantics as a
+``coordination.k8s.io/v1`` Lease (holder, duration, transitions), but out of reach of namespace roles, which
+grant Leases, and without giving the operator rights over every Lease of the cluster (kube-system's
+leader elections, ``kube-node-lease``). Its ``data``: ``holder``, ``durationSeconds``, ``transitions``,
+``acquireTime``, ``renewTime``.
 
-- **Claim** = an update conditional on the Lease's ``resourceVersion`` (a replace carrying the version we
+- **Claim** = an update conditional on the object's ``resourceVersion`` (a replace carrying the version we
   read: the apiserver refuses it with 409 if anyone wrote in between), so two replicas can never both win.
-- **Fencing epoch** = ``spec.leaseTransitions``: every successful claim increments it (a re-claim by the same
-  holder too), and the store refuses journal writes carrying an older epoch.
-- **Renewal** touches only the Lease (one write).
-- **Expiry** is judged from the Lease's own ``leaseDurationSeconds`` and a *local monotonic* clock: a held
-  Lease is expired once its ``resourceVersion`` has not changed for ``leaseDurationSeconds`` as measured by
-  this process since it first saw that version (what client-go's leader election does). ``renewTime`` is
-  written for people reading ``kubectl get lease``, never compared with our wall clock: two machines'
-  clocks may disagree by more than a lease lasts.
+- **Fencing epoch** = ``transitions``: every successful claim increments it (a re-claim by the same holder
+  too), and the store refuses journal writes carrying an older epoch.
+- **Renewal** touches only the lease (one write).
+- **Expiry** is judged from the lease's own ``durationSeconds`` and a *local monotonic* clock: a held lease is
+  expired once its ``resourceVersion`` has not changed for ``durationSeconds`` as measured by this process
+  since it first saw that version (what client-go's leader election does). ``renewTime`` is written for
+  people, never compared with our wall clock: two machines' clocks may disagree by more than a lease lasts.
 - **Release** clears the holder, so another replica takes the run over at once (SIGTERM handover) instead
   of waiting for an expiry.
 
 :class:`Leases` is the machinery (one namespace, as one process sees it); the store uses it for runs, whose
-renewals the engine's executor drives. :class:`HeldLease` is one Lease a process keeps while it works on
+renewals the engine's executor drives. :class:`HeldLease` is one lease a process keeps while it works on
 one object (a Sandbox): renewed in the background at a third of its length, and reported lost (so the work
 stops) as soon as it is not ours any more or has not been renewed for a whole lease period.
 """
@@ -30,15 +33,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-
-from kubernetes.aio.client import models as m
+from typing import Any
 
 from durable_sandbox.kube.client import KubeClient, is_conflict, is_not_found
+from durable_sandbox.kube.journal_objects import JournalObjects
 from durable_sandbox.kube.metrics import METRICS
 
 log = logging.getLogger("durable_sandbox.kube.leases")
 
-__all__ = ["HeldLease", "LeaseBusy", "LeaseGone", "Leases"]
+__all__ = ["HeldLease", "LeaseBusy", "LeaseGone", "LeaseObject", "Leases"]
 
 
 class LeaseBusy(Exception):
@@ -54,9 +57,60 @@ class LeaseGone(Exception):
     """The lease is no longer ours at this epoch (taken over, released, or deleted)."""
 
 
-def _micro(when: datetime | None) -> datetime | None:
-    """The client serialises with isoformat(), which drops a zero fraction; MicroTime needs six digits."""
-    return when.replace(microsecond=1) if when is not None and when.microsecond == 0 else when
+@dataclass(slots=True)
+class LeaseObject:
+    """One lease as read from the API server (its whole body, so it can be written back conditionally)."""
+
+    body: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def resource_version(self) -> str:
+        return str(self.body["metadata"].get("resourceVersion", ""))
+
+    @property
+    def data(self) -> dict[str, str]:
+        data: dict[str, str] = self.body.setdefault("data", {})
+        return data
+
+    @property
+    def holder(self) -> str | None:
+        return self.data.get("holder") or None
+
+    @property
+    def duration(self) -> int:
+        return _int(self.data.get("durationSeconds"))
+
+    @property
+    def transitions(self) -> int:
+        return _int(self.data.get("transitions"))
+
+    def set(self, *, holder: str | None, duration: int | None = None, transitions: int | None = None,
+            acquired: bool = False) -> None:
+        now = _now()
+        self.data["holder"] = holder or ""
+        if duration is not None:
+            self.data["durationSeconds"] = str(duration)
+        if transitions is not None:
+            self.data["transitions"] = str(transitions)
+        if acquired or not holder:
+            self.data["acquireTime"] = now if holder else ""
+        self.data["renewTime"] = now
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
+
+
+def _now() -> str:
+    # Informational only (people read it); never compared with anyone's clock.
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,73 +120,67 @@ class _Seen:
 
 
 class Leases:
-    """The Leases of one namespace, as one process sees them (``clock`` is its monotonic clock)."""
+    """The leases of one namespace, as one process sees them (``clock`` is its monotonic clock)."""
 
     def __init__(self, client: KubeClient, namespace: str, *, clock: Callable[[], float] = time.monotonic,
                  field_manager: str = "durable-sandbox") -> None:
         self.client = client
+        self.objects = JournalObjects(client, namespace, field_manager=field_manager)
         self.namespace = namespace
         self.clock = clock
         self.field_manager = field_manager
         self._seen: dict[str, _Seen] = {}
-        self._mine: dict[str, m.V1Lease] = {}  # the last version we wrote of each lease we hold
+        self._mine: dict[str, LeaseObject] = {}  # the last version we wrote of each lease we hold
         self.writes = 0
 
     # ------------------------------------------------------------------ observation
 
-    def observe(self, lease: m.V1Lease) -> None:
-        name = lease.metadata.name  # type: ignore[union-attr]
-        rv = lease.metadata.resource_version  # type: ignore[union-attr]
-        seen = self._seen.get(name)  # type: ignore[arg-type]
-        if seen is None or seen.resource_version != rv:
-            self._seen[name] = _Seen(rv, self.clock())  # type: ignore[index, arg-type]
+    def observe(self, lease: LeaseObject) -> None:
+        seen = self._seen.get(lease.name)
+        if seen is None or seen.resource_version != lease.resource_version:
+            self._seen[lease.name] = _Seen(lease.resource_version, self.clock())
 
-    def remaining(self, lease: m.V1Lease) -> float:
+    def remaining(self, lease: LeaseObject) -> float:
         """Seconds until the holder's lease runs out by our clock; 0 when free or expired."""
         self.observe(lease)
-        spec = lease.spec
-        if spec is None or not spec.holder_identity:
+        if not lease.holder:
             return 0.0
-        seen = self._seen[lease.metadata.name]  # type: ignore[union-attr, index]
-        return max(0.0, (spec.lease_duration_seconds or 0) - (self.clock() - seen.at))
+        seen = self._seen[lease.name]
+        return max(0.0, lease.duration - (self.clock() - seen.at))
 
-    def vacant(self, lease: m.V1Lease) -> bool:
+    def vacant(self, lease: LeaseObject) -> bool:
         """Nobody holds it, or the holder's time ran out."""
-        spec = lease.spec
-        return spec is None or not spec.holder_identity or self.remaining(lease) <= 0
+        return not lease.holder or self.remaining(lease) <= 0
 
-    def free_for(self, lease: m.V1Lease, holder: str) -> bool:
-        spec = lease.spec
-        return spec is None or spec.holder_identity in (None, "", holder) or self.remaining(lease) <= 0
+    def free_for(self, lease: LeaseObject, holder: str) -> bool:
+        return lease.holder in (None, holder) or self.remaining(lease) <= 0
 
-    async def read(self, name: str) -> m.V1Lease | None:
-        try:
-            lease = await self.client.coordination.read_namespaced_lease(name, self.namespace)
-        except Exception as exc:
-            if is_not_found(exc):
-                return None
-            raise
+    async def read(self, name: str) -> LeaseObject | None:
+        body = await self.objects.get(name)
+        if body is None:
+            return None
+        lease = LeaseObject(body)
         self.observe(lease)
         return lease
 
-    async def list(self, label_selector: str) -> dict[str, m.V1Lease]:
-        leases = await self.client.coordination.list_namespaced_lease(self.namespace, label_selector=label_selector)
-        out: dict[str, m.V1Lease] = {}
-        for lease in leases.items:
+    async def list(self, label_selector: str) -> dict[str, LeaseObject]:
+        out: dict[str, LeaseObject] = {}
+        for body in await self.objects.select(label_selector):
+            lease = LeaseObject(body)
             self.observe(lease)
-            out[lease.metadata.name] = lease  # type: ignore[union-attr, index]
+            out[lease.name] = lease
         return out
+
+    async def _write(self, lease: LeaseObject) -> LeaseObject:
+        """Replace ``lease`` conditional on the resourceVersion it was read at (409 if anyone wrote since)."""
+        self.writes += 1
+        return LeaseObject(await self.objects.replace(lease.body))
 
     # ------------------------------------------------------------------ claim, renew, release
 
-    @staticmethod
-    def _now() -> datetime:
-        now = datetime.now(UTC)  # informational only (kubectl get lease); never compared
-        return now.replace(microsecond=1) if now.microsecond == 0 else now
-
     async def acquire(self, name: str, holder: str, ttl: float, *, floor: int = 0, take_over_from: str | None = None,
-                      labels: dict[str, str] | None = None,
-                      owners: Sequence[m.V1OwnerReference] | None = None) -> int:
+                      labels: dict[str, str] | None = None, owners: Sequence[dict[str, Any]] | None = None,
+                      run: str = "") -> int:
         """Take the lease for ``holder``; returns the new epoch (> ``floor``). Raises ``LeaseBusy``.
 
         ``take_over_from``: also take it while exactly that holder has it live (one the caller proved dead);
@@ -140,16 +188,14 @@ class Leases:
         duration = max(1, math.ceil(ttl))
         lease = await self.read(name)
         if lease is None:
-            body = m.V1Lease(
-                metadata=m.V1ObjectMeta(name=name, labels=labels, owner_references=list(owners) if owners else None),
-                spec=m.V1LeaseSpec(holder_identity=holder, lease_duration_seconds=duration, lease_transitions=floor + 1,
-                                   acquire_time=self._now(), renew_time=self._now()),
-            )
+            meta: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
+            if owners:
+                meta["ownerReferences"] = list(owners)
+            new = LeaseObject(JournalObjects.body(meta, {}, run=run, part="lease"))
+            new.set(holder=holder, duration=duration, transitions=floor + 1, acquired=True)
             try:
                 self.writes += 1
-                created = await self.client.coordination.create_namespaced_lease(
-                    self.namespace, body, field_manager=self.field_manager
-                )
+                created = await self.objects.create(new.body)
             except Exception as exc:
                 if not is_conflict(exc):
                     raise
@@ -157,45 +203,37 @@ class Leases:
                 lease = await self.read(name)
                 if lease is None:
                     raise
-                who = lease.spec.holder_identity if lease.spec is not None else None
-                raise LeaseBusy(name, who or "?", self.remaining(lease)) from None
-            self._took(created)
+                raise LeaseBusy(name, lease.holder or "?", self.remaining(lease)) from None
+            self._took(LeaseObject(created))
             return floor + 1
-        spec = lease.spec or m.V1LeaseSpec()
-        if not self.free_for(lease, holder) and not (take_over_from and spec.holder_identity == take_over_from):
-            raise LeaseBusy(name, spec.holder_identity or "?", self.remaining(lease))
-        epoch = max(spec.lease_transitions or 0, floor) + 1
-        now = self._now()
-        lease.spec = m.V1LeaseSpec(holder_identity=holder, lease_duration_seconds=duration, lease_transitions=epoch,
-                                   acquire_time=now, renew_time=now)
+        previous = lease.holder
+        if not self.free_for(lease, holder) and not (take_over_from and previous == take_over_from):
+            raise LeaseBusy(name, previous or "?", self.remaining(lease))
+        epoch = max(lease.transitions, floor) + 1
+        lease.set(holder=holder, duration=duration, transitions=epoch, acquired=True)
         try:
-            self.writes += 1
-            # metadata.resourceVersion is the one we read: a concurrent claim makes this a 409.
-            updated = await self.client.coordination.replace_namespaced_lease(
-                name, self.namespace, lease, field_manager=self.field_manager
-            )
+            updated = await self._write(lease)
         except Exception as exc:
             if not is_conflict(exc):
                 raise
             current = await self.read(name)
-            who = current.spec.holder_identity if current is not None and current.spec else None
+            who = current.holder if current is not None else None
             raise LeaseBusy(name, who or "?", self.remaining(current) if current is not None else 0.0) from None
         self._took(updated)
-        if spec.holder_identity not in (None, "", holder):
+        if previous not in (None, holder):
             # Released leases have no holder: taking one that still names another worker is a takeover.
             METRICS.lease_takeovers.inc()
         return epoch
 
-    def _took(self, lease: m.V1Lease) -> None:
+    def _took(self, lease: LeaseObject) -> None:
         self.observe(lease)
-        self._mine[lease.metadata.name] = lease  # type: ignore[union-attr, index]
+        self._mine[lease.name] = lease
 
-    async def _current_for(self, name: str, holder: str, epoch: int) -> m.V1Lease:
+    async def _current_for(self, name: str, holder: str, epoch: int) -> LeaseObject:
         lease = self._mine.get(name)
-        if lease is None or lease.spec is None or lease.spec.lease_transitions != epoch:
+        if lease is None or lease.transitions != epoch:
             lease = await self.read(name)
-        if (lease is None or lease.spec is None or lease.spec.holder_identity != holder
-                or lease.spec.lease_transitions != epoch):
+        if lease is None or lease.holder != holder or lease.transitions != epoch:
             self._mine.pop(name, None)
             raise LeaseGone(name)
         return lease
@@ -204,16 +242,9 @@ class Leases:
         """Extend our lease; ``LeaseGone`` if it is no longer ours at ``epoch``."""
         for _ in range(3):
             lease = await self._current_for(name, holder, epoch)
-            spec = lease.spec
-            assert spec is not None
-            spec.renew_time = self._now()
-            spec.acquire_time = _micro(spec.acquire_time)
-            spec.lease_duration_seconds = max(1, math.ceil(ttl))
+            lease.set(holder=holder, duration=max(1, math.ceil(ttl)))
             try:
-                self.writes += 1
-                updated = await self.client.coordination.replace_namespaced_lease(
-                    name, self.namespace, lease, field_manager=self.field_manager
-                )
+                updated = await self._write(lease)
             except Exception as exc:
                 if is_not_found(exc):
                     raise LeaseGone(name) from None
@@ -232,15 +263,9 @@ class Leases:
                 lease = await self._current_for(name, holder, epoch)
             except LeaseGone:
                 return
-            assert lease.spec is not None
-            lease.spec.holder_identity = None
-            lease.spec.acquire_time = None
-            lease.spec.renew_time = self._now()
+            lease.set(holder=None)
             try:
-                self.writes += 1
-                updated = await self.client.coordination.replace_namespaced_lease(
-                    name, self.namespace, lease, field_manager=self.field_manager
-                )
+                updated = await self._write(lease)
             except Exception as exc:
                 if is_not_found(exc):
                     return
@@ -262,7 +287,8 @@ class HeldLease:
     as another replica may start. :meth:`release` hands it over at once (SIGTERM)."""
 
     def __init__(self, leases: Leases, name: str, holder: str, ttl: float, *, labels: dict[str, str] | None = None,
-                 owners: Sequence[m.V1OwnerReference] | None = None, on_lost: Callable[[], None] | None = None) -> None:
+                 owners: Sequence[dict[str, Any]] | None = None, on_lost: Callable[[], None] | None = None,
+                 run: str = "") -> None:
         self.leases = leases
         self.name = name
         self.holder = holder
@@ -270,6 +296,7 @@ class HeldLease:
         self.labels = labels
         self.owners = owners
         self.on_lost = on_lost
+        self.run = run
         self.epoch: int | None = None
         self._renewer: asyncio.Task[None] | None = None
 
@@ -281,7 +308,8 @@ class HeldLease:
         """Hold it (a no-op while held); returns the epoch. Raises ``LeaseBusy``."""
         if self.epoch is not None:
             return self.epoch
-        self.epoch = await self.leases.acquire(self.name, self.holder, self.ttl, labels=self.labels, owners=self.owners)
+        self.epoch = await self.leases.acquire(self.name, self.holder, self.ttl, labels=self.labels, owners=self.owners,
+                                               run=self.run)
         self._renewer = asyncio.get_running_loop().create_task(self._renew(self.epoch))
         return self.epoch
 

@@ -10,6 +10,7 @@ Loading and error reporting live in :mod:`durable_sandbox.kube.manifests` (``loa
 from __future__ import annotations
 
 import importlib
+import json
 import re
 from typing import Annotated, Any, Literal
 
@@ -37,6 +38,10 @@ API_VERSION = f"{GROUP}/{VERSION}"
 # here does not fail later at `kubectl apply`.
 _DNS1123 = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+# Bounds on spec.signals (JSON bytes): one value, and all of them together.
+SIGNAL_MAX_BYTES = 64 * 1024
+SIGNALS_MAX_BYTES = 256 * 1024
 
 # Used when the provider registry is not installed: the providers this distribution ships.
 BUILTIN_PROVIDERS = frozenset({"local", "e2b"})
@@ -271,6 +276,30 @@ class WorkflowSpec(_Model):
                 )
             seen[call.operation_id] = i
         return calls
+
+    @field_validator("signals")
+    @classmethod
+    def _bounded_signals(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # A signal is carried in the run's journal head (every commit rewrites it) and in the Workflow object
+        # (which the API server caps at 1.5 MiB, status and kopf's bookkeeping included): a huge value would
+        # make every later write of the object fail, its finalizer included.
+        total = 0
+        for key, signal in value.items():
+            size = len(json.dumps(signal, separators=(",", ":"), ensure_ascii=False).encode())
+            total += size
+            if size > SIGNAL_MAX_BYTES:
+                raise PydanticCustomError(
+                    "signal_too_large",
+                    "the value is {size} bytes of JSON; a signal may be at most {limit} (pass a reference to "
+                    "large data instead, e.g. a URL or an object name)",
+                    {"size": size, "limit": SIGNAL_MAX_BYTES, "subloc": [key]},
+                )
+        if total > SIGNALS_MAX_BYTES:
+            raise PydanticCustomError(
+                "signals_too_large", "the values add up to {total} bytes of JSON; all signals together may be at "
+                "most {limit}", {"total": total, "limit": SIGNALS_MAX_BYTES},
+            )
+        return value
 
     @field_validator("sandbox")
     @classmethod

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from durable_sandbox.engine import WorkflowDefinition, WorkflowNotFound, resolve
+from durable_sandbox.engine.errors import NotAWorkflow
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.models import (
     RetrySpec,
@@ -104,15 +105,20 @@ def local_run_id(name: str, definition: WorkflowDefinition, value: Any) -> str:
     return f"{name}-{short_hash(definition.name, value)}"
 
 
-def entrypoint_allowed(entrypoint: str, allowed_modules: Sequence[str]) -> bool:
-    """``pkg.flows:fn`` is allowed by ``pkg.flows`` (and by ``pkg``: a package allows its submodules)."""
-    module = entrypoint.partition(":")[0]
+def module_allowed(module: str, allowed_modules: Sequence[str]) -> bool:
+    """``pkg.flows`` is allowed by ``pkg.flows`` (and by ``pkg``: a package allows its submodules)."""
     return any(module == m or module.startswith(m + ".") for m in allowed_modules)
+
+
+def entrypoint_allowed(entrypoint: str, allowed_modules: Sequence[str]) -> bool:
+    return module_allowed(entrypoint.partition(":")[0], allowed_modules)
 
 
 def resolve_workflow(ref: str, where: str) -> WorkflowDefinition:
     try:
         return resolve(ref)
+    except NotAWorkflow as exc:
+        raise PlanError(f"{where}{exc}") from exc  # final: no other replica would find a workflow there either
     except WorkflowNotFound as exc:
         raise WorkflowUnavailable(f"{where}{exc}") from exc
 
@@ -201,6 +207,15 @@ def plan_workflow(
                 f"Nothing was imported."
             )
         definition = resolve_workflow(spec.entrypoint, f"{where}spec.entrypoint: ")
+        defined_in = getattr(definition.fn, "__module__", "") or ""
+        if allowed_modules is not None and not module_allowed(defined_in, allowed_modules):
+            # `allowed.module:name.attr` can reach a function of any module through an attribute (an imported
+            # module, a re-export): what counts is where the workflow function is defined.
+            raise WorkflowNotAllowed(
+                f"{where}spec.entrypoint: {spec.entrypoint!r} resolves to a workflow defined in module "
+                f"{defined_in!r}, which this operator may not run (configured: {', '.join(allowed_modules) or 'none'}); "
+                f"name the workflow by its own module, and add that module to `dsb operator --workflows`."
+            )
         value = identity = spec.input
         env_values = {}
         check_input(definition, value, f"{where}spec.")

@@ -41,7 +41,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.aio.client import models as k8s_models
 from pydantic import ValidationError
 
 from durable_sandbox.engine import faults
@@ -49,12 +48,13 @@ from durable_sandbox.kube import holding
 from durable_sandbox.kube.client import KubeClient, is_not_found
 from durable_sandbox.kube.controller import CleanupPending
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
+from durable_sandbox.kube.labels import label_value
 from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
 from durable_sandbox.kube.models import GROUP, VERSION, SandboxResource
 from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.status import condition, rfc3339
-from durable_sandbox.kube.store import MANAGED_BY
+from durable_sandbox.kube.store import LABEL_PART, MANAGED_BY
 from durable_sandbox.providers.contract import (
     Capability,
     ProviderError,
@@ -218,12 +218,11 @@ class SandboxController:
             if leases is None:
                 leases = self._leases[view.namespace] = Leases(self.api, view.namespace,
                                                                field_manager="durable-sandbox-operator")
-            owner = k8s_models.V1OwnerReference(api_version=f"{GROUP}/{VERSION}", kind="Sandbox", name=view.name,
-                                                uid=view.uid)
+            owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Sandbox", "name": view.name, "uid": view.uid}
             view.lease = HeldLease(
                 leases, f"dsbx.{view.uid}", self.settings.worker_id, self.settings.lease_ttl,
-                labels={**MANAGED_BY, SANDBOX_LABEL: view.name}, owners=[owner],
-                on_lost=lambda: self._lease_lost(view),
+                labels={**MANAGED_BY, SANDBOX_LABEL: label_value(view.name), LABEL_PART: "lease"}, owners=[owner],
+                on_lost=lambda: self._lease_lost(view), run=view.name,
             )
         return view.lease
 
@@ -364,7 +363,7 @@ class SandboxController:
             template=res.spec.template,
             env=resolve_env(res.spec, await self._secrets(view, res)),
             owner=view.owner,
-            labels={**self.labels, SANDBOX_LABEL: view.name, OPERATION_LABEL: op["id"]},
+            labels={**self.labels, SANDBOX_LABEL: label_value(view.name), OPERATION_LABEL: op["id"]},
             operation_id=op["id"],
         )
         adopted = await self._adopt(view, provider, op["id"])

@@ -1,8 +1,9 @@
 """``KubernetesStore``: the engine's store kept in the API server of the cluster it runs in.
 
-Objects of a run ``R`` (key ``K`` = ``R`` when ``R`` is a DNS label, else a digest of it), all ConfigMaps
-but the Lease, labelled ``durable-sandbox.dev/run-id=K`` and ``durable-sandbox.dev/part=...``, owned by the
-Workflow when the run belongs to one (garbage-collected with it):
+Objects of a run ``R`` (key ``K`` = ``R`` when ``R`` is a DNS label, else a digest of it), all of the kind
+``Journal`` (``durable-sandbox.dev/v1alpha1``, shaped like a ConfigMap: a ``data`` map of strings; see
+``kube/crds.py`` for why a kind of its own), labelled ``durable-sandbox.dev/run-id=K`` and
+``durable-sandbox.dev/part=...``, owned by the Workflow when the run belongs to one (garbage-collected with it):
 
 - ``dsb.K`` (part ``run``), the **head**: the run record (one data key per field, ``run.<field>``), the
   fencing token ``fence``, the last assigned ``seq``, the list of sealed ``chunks``, the ``signals``, and
@@ -13,20 +14,26 @@ Workflow when the run belongs to one (garbage-collected with it):
   the next commit first copies the tail into the current chunk (a new chunk once it would pass
   ``CHUNK_BYTES``, 384 KiB), then removes those keys from the head in the same fenced patch as its own
   records. The head's ``chunks`` list (name, first and last seq) is authoritative; copies are keyed by seq
-  and idempotent (see ``_seal``).
+  and idempotent (see ``_seal_tail``).
 - ``dsb.K.b<digest>.<part>`` (part ``blob``): values too large to keep inline (a record over 32 KiB, a run
   field over 16 KiB: big stdout, results, a 10,000-call input), split into ≤ 512 KiB parts and referenced
-  as ``@name,name`` from the record or field. Content-addressed, so writing one twice is harmless.
+  as ``@name,name`` from the record or field. Content-addressed, so writing one twice is harmless, and the
+  content is checked against the digest in its name on every read.
 - ``dsb.K.events`` (part ``events``): run events (lifecycle, progress), appended with a JSON Patch ``test``
   of their own counter; a bounded feed (the oldest are dropped past ``EVENTS_BYTES``).
-- Lease ``dsb.K``: who executes the run (``kube/leases.py``); ``leaseTransitions`` is the fence.
+- ``dsb.K.lease`` (part ``lease``): who executes the run (``kube/leases.py``); its transitions are the fence.
 
 Cache entries (``dsb.cache.<digest>``) and thread state (``dsb.thread.<digest>``) have their own objects.
 A commit carrying them writes them right after its head patch and records them in the head (``redo``) in
 that same patch, so a worker that dies in between has them re-applied when the run is claimed next.
 
+**Authenticated values.** With a journal key (the operator always has one, ``kube/journal_key.py``), every
+value a run is executed or cleaned up from (records, run fields, signals, the chunk list, redo, thread state,
+cache entries) is sealed (``kube/sealing.py``) and checked on every read; one that fails, or cannot be
+decoded, raises :class:`~durable_sandbox.engine.errors.JournalDamaged`, never a replay of it.
+
 API writes: a commit is one write (plus one chunk write per ~32 KiB of journal, plus a blob create per
-large value); a claim is two (Lease, head fence); renew and release one each. ``writes`` counts them.
+large value); a claim is two (lease, head fence); renew and release one each. ``writes`` counts them.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import logging
 import re
 import time
 from collections import Counter
@@ -42,10 +50,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.aio.client import models as m
-
 from durable_sandbox.engine import faults
 from durable_sandbox.engine.errors import (
+    JournalDamaged,
     LeaseHeld,
     LeaseLost,
     RunCancelledError,
@@ -63,30 +70,29 @@ from durable_sandbox.engine.records import (
     RunStatus,
 )
 from durable_sandbox.kube.client import (
-    JSON_PATCH,
     ApiException,
     KubeClient,
     is_conflict,
     is_not_found,
     is_precondition_failed,
     is_transient,
-    json_body,
 )
+from durable_sandbox.kube.journal_objects import LABEL_PART, LABEL_RUN, MANAGED_BY, JournalObjects
 from durable_sandbox.kube.leases import LeaseBusy, LeaseGone, Leases
+from durable_sandbox.kube.sealing import Sealer
 
 __all__ = ["KubernetesStore", "OwnerRef"]
 
-LABEL_RUN = "durable-sandbox.dev/run-id"
-LABEL_PART = "durable-sandbox.dev/part"
+log = logging.getLogger("durable_sandbox.kube.store")
+
 LABEL_STATUS = "durable-sandbox.dev/status"
 ANNOTATION_RUN = "durable-sandbox.dev/run-id"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "durable-sandbox"}
 
 # The journal kept in the head before it moves to a chunk. Every commit rewrites the head (the apiserver
 # decodes, patches, encodes and stores the whole object), so its size is the cost of a commit: measured on
 # the e2e control plane, 128 KiB gave ~27 commits/s, 32 KiB ~43/s, 8 KiB ~56/s (one loaded 2-core machine).
 TAIL_BYTES = 32 * 1024
-CHUNK_BYTES = 384 * 1024  # a chunk takes tails until it would pass this: well under the 1 MiB ConfigMap limit
+CHUNK_BYTES = 384 * 1024  # a chunk takes tails until it would pass this: well under the 1.5 MiB object limit
 INLINE_RECORD_BYTES = 32 * 1024
 INLINE_FIELD_BYTES = 16 * 1024
 BLOB_PART_BYTES = 512 * 1024
@@ -109,9 +115,6 @@ class OwnerRef:
     uid: str
     api_version: str = "durable-sandbox.dev/v1alpha1"
     kind: str = "Workflow"
-
-    def model(self) -> m.V1OwnerReference:
-        return m.V1OwnerReference(api_version=self.api_version, kind=self.kind, name=self.name, uid=self.uid)
 
     def to_json(self) -> dict[str, Any]:
         return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name, "uid": self.uid}
@@ -193,12 +196,17 @@ class KubernetesStore:
     event_interval: float = 1.0
 
     def __init__(self, namespace: str, api: KubeClient, *, clock: Callable[[], float] = time.monotonic,
-                 field_manager: str = "durable-sandbox", owns_client: bool = False) -> None:
+                 field_manager: str = "durable-sandbox", owns_client: bool = False,
+                 journal_key: bytes | None = None) -> None:
+        """``journal_key``: the operator's key (``kube/journal_key.py``); every value this store acts on is then
+        sealed when written and checked when read. Without one (``dsb --kube`` reads with the user's own
+        credentials) seals are stripped unchecked."""
         self.namespace = namespace
         self.api = api
         self.field_manager = field_manager
+        self.sealer = Sealer(journal_key, namespace)
+        self.objects = JournalObjects(api, namespace, field_manager=field_manager)
         self.leases = Leases(api, namespace, clock=clock, field_manager=field_manager)
-        self.writes: Counter[str] = Counter()  # API writes by "verb kind", for the write budget
         self._runs: dict[str, _RunState] = {}
         self._owns_client = owns_client
 
@@ -214,57 +222,50 @@ class KubernetesStore:
             await self.api.close()
 
     @property
+    def writes(self) -> Counter[str]:
+        """API writes by "verb kind", for the write budget."""
+        return self.objects.writes
+
+    @property
     def write_count(self) -> int:
         return sum(self.writes.values()) + self.leases.writes
 
-    # ------------------------------------------------------------------ raw ConfigMap calls (JSON, no models)
-    # ConfigMaps go through the *_without_preload_content calls: a head holds tens of KiB of journal, and
-    # building typed models of it on every commit would cost more than the request.
-
-    async def _raw(self, call: Any, *, parse: bool = True) -> dict[str, Any]:
-        return await json_body(call, parse=parse)
+    # ------------------------------------------------------------------ Journal objects (kube/journal_objects.py)
 
     async def _get(self, name: str) -> dict[str, Any] | None:
-        try:
-            return await self._raw(
-                self.api.core.read_namespaced_config_map_without_preload_content(name, self.namespace)
-            )
-        except ApiException as exc:
-            if is_not_found(exc):
-                return None
-            raise
+        return await self.objects.get(name)
 
     async def _list(self, selector: str) -> list[dict[str, Any]]:
-        out = await self._raw(
-            self.api.core.list_namespaced_config_map_without_preload_content(self.namespace, label_selector=selector)
-        )
-        return list(out.get("items") or [])
+        return await self.objects.select(selector)
 
     async def _create(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.writes["create configmap"] += 1
-        return await self._raw(self.api.core.create_namespaced_config_map_without_preload_content(
-            self.namespace, m.V1ConfigMap.model_validate(body), field_manager=self.field_manager))
-
-    async def _replace(self, name: str, body: dict[str, Any]) -> None:
-        self.writes["update configmap"] += 1
-        await self._raw(self.api.core.replace_namespaced_config_map_without_preload_content(
-            name, self.namespace, m.V1ConfigMap.model_validate(body), field_manager=self.field_manager))
+        return await self.objects.create(JournalObjects.body(body["metadata"], body["data"]))
 
     async def _patch(self, name: str, ops: list[dict[str, Any]]) -> None:
-        self.writes["patch configmap"] += 1
-        # The answer is the whole object (up to a full tail); nothing in it is needed, so it is not parsed.
-        await self._raw(self.api.core.patch_namespaced_config_map_without_preload_content(
-            name, self.namespace, ops, field_manager=self.field_manager, _content_type=JSON_PATCH), parse=False)
+        await self.objects.patch(name, ops)
 
-    async def _delete(self, name: str) -> bool:
-        self.writes["delete configmap"] += 1
+    async def _delete(self, name: str, *, resource_version: str | None = None) -> bool:
+        return await self.objects.delete(name, resource_version=resource_version)
+
+    # ------------------------------------------------------------------ sealed values (kube/sealing.py)
+
+    def _sealed(self, scope: str, name: str, value: str) -> str:
+        return self.sealer.seal(scope, name, value)
+
+    def _opened(self, run_id: str, scope: str, name: str, stored: str, where: str) -> str:
+        return self.sealer.open(scope, name, stored, run_id=run_id, where=f"Journal {self.namespace}/{where}")
+
+    def _loads(self, run_id: str, scope: str, data: dict[str, Any], name: str, where: str, default: str) -> Any:
+        """The JSON value of ``data[name]``, opened and decoded; :class:`JournalDamaged` when it is not."""
+        text = data.get(name)
+        if text is None:
+            return json.loads(default)
+        opened = self._opened(run_id, scope, name, str(text), where)
         try:
-            await self._raw(self.api.core.delete_namespaced_config_map_without_preload_content(name, self.namespace))
-        except ApiException as exc:
-            if is_not_found(exc):
-                return False
-            raise
-        return True
+            return json.loads(opened)
+        except ValueError as exc:
+            raise JournalDamaged(run_id, f"Journal {self.namespace}/{where} key {name!r}",
+                                 f"not JSON ({exc})", tampered=False) from None
 
     def _meta(self, name: str, key: str | None, part: str, owners: list[dict[str, Any]],
               extra_labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -289,8 +290,7 @@ class KubernetesStore:
 
         async def put(name: str, part: str) -> None:
             try:
-                await self._create({"metadata": self._meta(name, key, "blob", owners), "data": {"v": part},
-                                    "immutable": True})
+                await self._create({"metadata": self._meta(name, key, "blob", owners), "data": {"v": part}})
             except ApiException as exc:
                 if not is_conflict(exc):  # content-addressed: an existing blob holds the same bytes
                     raise
@@ -298,28 +298,37 @@ class KubernetesStore:
         await asyncio.gather(*(put(n, p) for n, p in zip(names, parts, strict=True)))
         return "@" + ",".join(names)
 
-    async def _value(self, text: str) -> str:
+    async def _value(self, run_id: str, text: str, where: str) -> str:
+        """``text`` itself, or the content of the blobs it references, checked against their digest."""
         if not text.startswith("@"):
             return text
         names = text[1:].split(",")
         blobs = await asyncio.gather(*(self._get(n) for n in names))
         missing = [n for n, b in zip(names, blobs, strict=True) if b is None]
         if missing:
-            raise RuntimeError(
-                f"Journal value object(s) {missing} in namespace {self.namespace!r} are missing (deleted by hand?); "
-                f"the run's data is incomplete and it cannot be loaded."
-            )
-        return "".join(b["data"]["v"] for b in blobs if b is not None)
+            raise JournalDamaged(run_id, f"Journal {self.namespace}/{where}",
+                                 f"the value object(s) {missing} it references are missing", tampered=False)
+        content = "".join(str((b.get("data") or {}).get("v", "")) for b in blobs if b is not None)
+        digest = names[0].rsplit(".", 2)[-2][1:]  # dsb.<key>.b<digest>.<part>
+        if hashlib.sha256(content.encode()).hexdigest()[:20] != digest:
+            raise JournalDamaged(run_id, f"Journal {self.namespace}/{names[0]}",
+                                 "the value's content does not match the digest in its name", tampered=True)
+        return content
 
     # ------------------------------------------------------------------ runs
 
     def _state_from_head(self, run_id: str, head: dict[str, Any]) -> _RunState:
         data = head.get("data") or {}
+        name = head["metadata"]["name"]
         tail = {int(k[2:]): len(v.encode()) for k, v in data.items() if k.startswith("j.")}
+        try:
+            fence, seq = int(data.get("fence", "0")), int(data.get("seq", "0"))
+        except ValueError:
+            raise JournalDamaged(run_id, f"Journal {self.namespace}/{name}", "fence or seq is not a number",
+                                 tampered=False) from None
         st = _RunState(
-            name=head["metadata"]["name"], fence=int(data.get("fence", "0")), seq=int(data.get("seq", "0")),
-            chunks=json.loads(data.get("chunks", "[]")), tail=tail,
-            owners=list(head["metadata"].get("ownerReferences") or []),
+            name=name, fence=fence, seq=seq, chunks=self._loads(run_id, run_key(run_id), data, "chunks", name, "[]"),
+            tail=tail, owners=list(head["metadata"].get("ownerReferences") or []),
         )
         old = self._runs.get(run_id)
         if old is not None:
@@ -333,31 +342,55 @@ class KubernetesStore:
             self._state_from_head(run_id, head)
         return head
 
+    @staticmethod
+    def _run_id_of(head: dict[str, Any]) -> str:
+        meta = head["metadata"]
+        return str((meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN])
+
+    async def _field(self, run_id: str, data: dict[str, Any], name: str, where: str) -> Any:
+        """A run field of a head: opened, its blobs resolved, decoded."""
+        key = f"run.{name}"
+        text = data.get(key)
+        if text is None:
+            return None
+        value = await self._value(run_id, self._opened(run_id, run_key(run_id), key, str(text), where), where)
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise JournalDamaged(run_id, f"Journal {self.namespace}/{where} key {key!r}", f"not JSON ({exc})",
+                                 tampered=False) from None
+
     async def _run_from_head(self, head: dict[str, Any]) -> RunRecord:
         data = head.get("data") or {}
-        meta = head["metadata"]
-        run_id = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
-        texts = await asyncio.gather(*(self._value(data.get(f"run.{f}", "null")) for f in _RUN_FIELDS))
-        values = {f: json.loads(t) for f, t in zip(_RUN_FIELDS, texts, strict=True)}
-        return RunRecord(
-            run_id=run_id, workflow=values["workflow"], status=RunStatus(values["status"]), input=values["input"],
-            result=values["result"],
-            error=ErrorInfo.from_json(values["error"]) if values["error"] else None,
-            thread_id=values["thread_id"], created_at=values["created_at"], updated_at=values["updated_at"],
-            wake_at=values["wake_at"], pending_callbacks=values["pending_callbacks"] or [],
-            cancel_requested=values["cancel_requested"], epoch=values["epoch"] or 0,
-            lease_owner=values["lease_owner"], fence=int(data.get("fence", "0")), labels=values["labels"] or {},
-            workflow_ref=values["workflow_ref"],
-        )
+        run_id, where = self._run_id_of(head), head["metadata"]["name"]
+        texts = [await self._field(run_id, data, f, where) for f in _RUN_FIELDS]  # blobs are rare: no gather
+        values = dict(zip(_RUN_FIELDS, texts, strict=True))
+        try:
+            return RunRecord(
+                run_id=run_id, workflow=values["workflow"], status=RunStatus(values["status"]), input=values["input"],
+                result=values["result"],
+                error=ErrorInfo.from_json(values["error"]) if values["error"] else None,
+                thread_id=values["thread_id"], created_at=values["created_at"], updated_at=values["updated_at"],
+                wake_at=values["wake_at"], pending_callbacks=values["pending_callbacks"] or [],
+                cancel_requested=values["cancel_requested"], epoch=values["epoch"] or 0,
+                lease_owner=values["lease_owner"], fence=int(data.get("fence", "0")), labels=values["labels"] or {},
+                workflow_ref=values["workflow_ref"],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise JournalDamaged(run_id, f"Journal {self.namespace}/{where}",
+                                 f"the run record cannot be decoded ({type(exc).__name__}: {exc})",
+                                 tampered=False) from None
 
     async def create_run(self, run: RunRecord, *, owner: OwnerRef | None = None) -> tuple[RunRecord, bool]:
         """Insert ``run`` unless its id exists. ``owner``: the Workflow whose deletion deletes the run."""
         key = run_key(run.run_id)
         owners = [owner.to_json()] if owner else []
-        data: dict[str, str] = {"fence": "0", "seq": "0", "chunks": "[]", "signals": "{}"}
+        data: dict[str, str] = {"fence": "0", "seq": "0", "chunks": self._sealed(key, "chunks", "[]"),
+                                "signals": self._sealed(key, "signals", "{}")}
         for f in _RUN_FIELDS:
             value = _field_value(f, getattr(run, f))
-            data[f"run.{f}"] = await self._put_value(key, _dumps(value), INLINE_FIELD_BYTES, owners)
+            stored = await self._put_value(key, _dumps(value), INLINE_FIELD_BYTES, owners)
+            data[f"run.{f}"] = self._sealed(key, f"run.{f}", stored)
         meta = self._meta(f"dsb.{key}", key, "run", owners, {LABEL_STATUS: run.status.value})
         meta["annotations"] = {ANNOTATION_RUN: run.run_id}
         try:
@@ -384,7 +417,9 @@ class KubernetesStore:
             selector += f",{LABEL_STATUS} in ({','.join(RunStatus(s).value for s in status)})"
         heads = await self._list(selector)
         if workflow is not None:
-            heads = [h for h in heads if json.loads((h.get("data") or {}).get("run.workflow", "null")) == workflow]
+            heads = [h for h in heads
+                     if await self._field(self._run_id_of(h), h.get("data") or {}, "workflow",
+                                          h["metadata"]["name"]) == workflow]
         runs = await asyncio.gather(*(self._run_from_head(h) for h in heads))
         return sorted(runs, key=lambda r: r.created_at, reverse=True)[:limit]
 
@@ -402,14 +437,10 @@ class KubernetesStore:
             if fence is not None and int((head.get("data") or {}).get("fence", "0")) != fence:
                 raise LeaseLost(run_id, fence)
             await self._delete(f"{name}.events")
-            self.writes["delete configmap"] += 1
             try:
-                await self._raw(self.api.core.delete_namespaced_config_map_without_preload_content(
-                    name, self.namespace, body=m.V1DeleteOptions(preconditions=m.V1Preconditions(
-                        resource_version=head["metadata"]["resourceVersion"]))))
-            except ApiException as exc:
-                if is_not_found(exc):
+                if not await self._delete(name, resource_version=head["metadata"]["resourceVersion"]):
                     return False
+            except ApiException as exc:
                 if is_conflict(exc):
                     continue  # written since we checked the fence: check again
                 raise
@@ -417,15 +448,7 @@ class KubernetesStore:
         else:
             raise RuntimeError(f"Could not delete run {run_id!r}: its head kept changing")
         self._runs.pop(run_id, None)
-        self.writes["deletecollection configmap"] += 1
-        await self._raw(self.api.core.delete_collection_namespaced_config_map_without_preload_content(
-            self.namespace, label_selector=f"{LABEL_RUN}={key}"))
-        self.leases.writes += 1
-        try:
-            await self.api.coordination.delete_namespaced_lease(name, self.namespace)
-        except ApiException as exc:
-            if not is_not_found(exc):
-                raise
+        await self.objects.delete_all(f"{LABEL_RUN}={key}")  # chunks, blobs and the run's lease
         return True
 
     async def _field_ops(self, run_id: str, changes: dict[str, Any], owners: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -435,7 +458,8 @@ class KubernetesStore:
             if name not in _RUN_FIELDS:
                 raise ValueError(f"{name!r} is not a run field a store can change (known: {', '.join(_RUN_FIELDS)})")
             encoded = await self._put_value(key, _dumps(_field_value(name, value)), INLINE_FIELD_BYTES, owners)
-            ops.append({"op": "add", "path": _jp("data", f"run.{name}"), "value": encoded})
+            ops.append({"op": "add", "path": _jp("data", f"run.{name}"),
+                        "value": self._sealed(key, f"run.{name}", encoded)})
             if name == "status":
                 ops.append({"op": "add", "path": _jp("metadata", "labels", LABEL_STATUS),
                             "value": RunStatus(value).value})
@@ -485,7 +509,8 @@ class KubernetesStore:
             st = await self._fenced_state(run_id, fence, refresh=refresh)
             ops: list[dict[str, Any]] = [{"op": "test", "path": "/data/fence", "value": str(fence)}]
             if commit.check_cancel:
-                ops.append({"op": "test", "path": "/data/run.cancel_requested", "value": "null"})
+                ops.append({"op": "test", "path": "/data/run.cancel_requested",
+                            "value": self._sealed(key, "run.cancel_requested", "null")})
             ops.append({"op": "test", "path": "/data/seq", "value": str(st.seq)})
             encoded: list[str] = []
             for r in commit.records:
@@ -493,18 +518,20 @@ class KubernetesStore:
             new_bytes = sum(len(e.encode()) for e in encoded)
             sealed: tuple[list[dict[str, Any]], list[int]] | None = None
             if st.tail and sum(st.tail.values()) + new_bytes > TAIL_BYTES:
-                sealed = await self._seal(run_id, st, fence, ops)
+                sealed = await self._seal_tail(run_id, st, fence, ops)
             first, seq = st.seq + 1, st.seq
+            stored: list[str] = []
             for text in encoded:
                 seq += 1
-                ops.append({"op": "add", "path": _jp("data", _seq_key(seq)), "value": text})
+                stored.append(self._sealed(key, _seq_key(seq), text))
+                ops.append({"op": "add", "path": _jp("data", _seq_key(seq)), "value": stored[-1]})
             if commit.records:
                 ops.append({"op": "replace", "path": "/data/seq", "value": str(seq)})
             if commit.run:
                 ops.extend(await self._field_ops(run_id, commit.run, st.owners))
             redo = self._redo(run_id, fence, seq, commit)
             if redo is not None:
-                ops.append({"op": "add", "path": "/data/redo", "value": _dumps(redo)})
+                ops.append({"op": "add", "path": "/data/redo", "value": self._sealed(key, "redo", _dumps(redo))})
             try:
                 await self._patch(st.name, ops)
             except Exception as exc:
@@ -539,12 +566,12 @@ class KubernetesStore:
                 head = await self._head(run_id)
                 if head is None or self._runs[run_id].fence != fence:
                     raise LeaseLost(run_id, fence) from None
-                cancel = json.loads((head.get("data") or {}).get("run.cancel_requested", "null"))
+                cancel = await self._field(run_id, head.get("data") or {}, "cancel_requested", st.name)
                 if commit.check_cancel and cancel is not None:
                     raise RunCancelledError(run_id, cancel) from None
                 refresh = True  # our idea of seq or the tail was stale: try again from the head
                 continue
-            for r, text, s in zip(commit.records, encoded, range(first, seq + 1), strict=True):
+            for r, text, s in zip(commit.records, stored, range(first, seq + 1), strict=True):
                 r.seq = s
                 st.tail[s] = len(text.encode())
             if sealed is not None:
@@ -573,7 +600,7 @@ class KubernetesStore:
                 await asyncio.sleep(0.2 * 2**attempt)
         return None  # pragma: no cover - the loop returns or raises
 
-    async def _seal(self, run_id: str, st: _RunState, fence: int,
+    async def _seal_tail(self, run_id: str, st: _RunState, fence: int,
                     ops: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
         """Move the head's tail into the current chunk (a new one once it would pass ``CHUNK_BYTES``); add
         the head ops that drop the tail and list the chunk. Returns (new chunk list, sealed seqs).
@@ -590,7 +617,7 @@ class KubernetesStore:
         tail = {k: v for k, v in data.items() if k.startswith("j.")}
         seqs = sorted(int(k[2:]) for k in tail)
         size = sum(len(v.encode()) for v in tail.values())
-        chunks = [dict(c) for c in json.loads(data.get("chunks", "[]"))]
+        chunks = [dict(c) for c in self._loads(run_id, key, data, "chunks", st.name, "[]")]
         current = chunks[-1] if chunks and chunks[-1].get("bytes", CHUNK_BYTES) + size <= CHUNK_BYTES else None
         if current is not None:
             adds = [{"op": "add", "path": _jp("data", k), "value": v} for k, v in sorted(tail.items())]
@@ -608,7 +635,7 @@ class KubernetesStore:
                                          for k, v in sorted(tail.items())])
             chunks.append({"name": name, "first": seqs[0], "last": seqs[-1], "bytes": size})
         ops.extend({"op": "remove", "path": _jp("data", k)} for k in sorted(tail))
-        ops.append({"op": "add", "path": "/data/chunks", "value": _dumps(chunks)})
+        ops.append({"op": "add", "path": "/data/chunks", "value": self._sealed(key, "chunks", _dumps(chunks))})
         return chunks, seqs
 
     async def load_journal(self, run_id: str) -> list[OperationRecord]:
@@ -618,22 +645,35 @@ class KubernetesStore:
         head = await self._head(run_id)
         if head is None:
             return []
+        key, name = run_key(run_id), head["metadata"]["name"]
         data = head.get("data") or {}
-        chunks = [c for c in json.loads(data.get("chunks", "[]")) if c["last"] > after_seq]
+        st = self._runs[run_id]
+        chunks = [c for c in st.chunks if c["last"] > after_seq]
         bodies = await asyncio.gather(*(self._get(c["name"]) for c in chunks))
-        items: dict[int, str] = {}
+        items: dict[int, tuple[str, str]] = {}  # seq -> (the object it was read from, its stored text)
         for c, body in zip(chunks, bodies, strict=True):
             if body is None:
-                raise RuntimeError(
-                    f"Journal chunk {c['name']!r} of run {run_id!r} is missing from namespace {self.namespace!r} "
-                    f"(deleted by hand?); the journal cannot be loaded without it."
-                )
-            items.update((seq, v) for k, v in (body.get("data") or {}).items()
+                raise JournalDamaged(run_id, f"Journal {self.namespace}/{c['name']}",
+                                     "this journal chunk, which the run's head lists, is missing", tampered=False)
+            items.update((seq, (c["name"], v)) for k, v in (body.get("data") or {}).items()
                          if k.startswith("j.") and c["first"] <= (seq := int(k[2:])) <= c["last"])
-        items.update((int(k[2:]), v) for k, v in data.items() if k.startswith("j."))
-        seqs = [s for s in sorted(items) if s > after_seq]
-        texts = await asyncio.gather(*(self._value(items[s]) for s in seqs))
-        return [_decode_record(s, t) for s, t in zip(seqs, texts, strict=True)]
+        items.update((int(k[2:]), (name, v)) for k, v in data.items() if k.startswith("j."))
+        seqs = list(range(after_seq + 1, st.seq + 1))
+        missing = [s for s in seqs if s not in items]
+        if missing:
+            raise JournalDamaged(run_id, f"Journal {self.namespace}/{name}",
+                                 f"records {missing[:5]} of 1..{st.seq} are missing", tampered=False)
+        opened = [self._opened(run_id, key, _seq_key(s), items[s][1], items[s][0]) for s in seqs]
+        texts = await asyncio.gather(*(self._value(run_id, t, items[s][0]) for s, t in zip(seqs, opened, strict=True)))
+        out = []
+        for s, text in zip(seqs, texts, strict=True):
+            try:
+                out.append(_decode_record(s, text))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise JournalDamaged(run_id, f"Journal {self.namespace}/{items[s][0]} key {_seq_key(s)!r}",
+                                     f"the record cannot be decoded ({type(exc).__name__}: {exc})",
+                                     tampered=False) from None
+        return out
 
     def forget(self, run_id: str) -> None:
         """Drop this instance's bookkeeping of a run's head (the operator parks a waiting run with nothing of
@@ -665,63 +705,92 @@ class KubernetesStore:
         writes: list[tuple[str, str, dict[str, str], Any]] = []
         if "thread" in redo:
             tid, state = redo["thread"]
-            writes.append((self._side_name("thread", tid), "thread", {"thread": tid}, state))
+            writes.append((self._side_name("thread", tid), "thread", {"thread": _dumps(tid)}, state))
         if "cache" in redo:
             ckey, value, expires = redo["cache"]
             writes.append((self._side_name("cache", ckey), "cache",
-                           {"key": ckey, "createdAt": _dumps(time.time()), "expiresAt": _dumps(expires)}, value))
+                           {"key": _dumps(ckey), "createdAt": _dumps(time.time()), "expiresAt": _dumps(expires)},
+                           value))
         for name, part, data, value in writes:
             if only_if_ours:
                 current = await self._get(name)
-                was = ((current or {}).get("data") or {}).get("writer", "")
-                if current is not None and (was == writer or was.rsplit(":", 3)[0] != run_id):
-                    continue  # applied already, or another run wrote since: that write is newer
+                if current is not None:
+                    was = self._side(current, "writer", "")
+                    if was == writer or was.rsplit(":", 3)[0] != run_id:
+                        continue  # applied already, or another run wrote since: that write is newer
             digest = name.rsplit(".", 1)[1]
-            data["writer"] = writer
+            data["writer"] = _dumps(writer)
             data["value"] = await self._put_value(digest, _dumps(value), INLINE_FIELD_BYTES, [])
-            body = {"metadata": self._meta(name, None, part, []), "data": data}
+            body = {"metadata": self._meta(name, None, part, []),
+                    "data": {k: self._sealed(name, k, v) for k, v in data.items()}}
+            await self._upsert(name, body)
+
+    async def _upsert(self, name: str, body: dict[str, Any]) -> None:
+        """Create ``name`` or overwrite its data. A merge patch: a custom object cannot be replaced without
+        the resourceVersion it was read at, and these writes are last-writer-wins by design."""
+        for _ in range(_RETRIES):
             try:
-                await self._replace(name, body)
+                await self.objects.merge(name, body["data"])
+                return
             except ApiException as exc:
                 if not is_not_found(exc):
                     raise
-                try:
-                    await self._create(body)
-                except ApiException as again:
-                    if not is_conflict(again):
-                        raise
-                    await self._replace(name, body)
+            try:
+                await self._create(body)
+                return
+            except ApiException as exc:
+                if not is_conflict(exc):
+                    raise
+        raise RuntimeError(f"Could not write Journal {self.namespace}/{name}: it kept being created and deleted")
+
+    def _side(self, obj: dict[str, Any], key: str, default: Any) -> Any:
+        """A value of a thread-state or cache object, opened and decoded."""
+        name = obj["metadata"]["name"]
+        return self._loads("", name, obj.get("data") or {}, key, name, _dumps(default))
 
     @staticmethod
     def _side_name(kind: str, key: str) -> str:
         return f"dsb.{kind}.{hashlib.sha256(key.encode()).hexdigest()[:40]}"
 
+    async def _side_value(self, obj: dict[str, Any]) -> Any:
+        name = obj["metadata"]["name"]
+        stored = (obj.get("data") or {}).get("value")
+        if stored is None:
+            return None
+        text = await self._value("", self._opened("", name, "value", str(stored), name), name)
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise JournalDamaged("", f"Journal {self.namespace}/{name} key 'value'", f"not JSON ({exc})",
+                                 tampered=False) from None
+
     async def get_thread_state(self, thread_id: str) -> Any:
         obj = await self._get(self._side_name("thread", thread_id))
-        if obj is None:
-            return None
-        return json.loads(await self._value((obj.get("data") or {}).get("value", "null")))
+        return None if obj is None else await self._side_value(obj)
 
     async def cache_get(self, key: str, now: float) -> tuple[Any, float] | None:
         obj = await self._get(self._side_name("cache", key))
         if obj is None:
             return None
-        data = obj.get("data") or {}
-        expires = json.loads(data.get("expiresAt", "null"))
+        expires = self._side(obj, "expiresAt", None)
         if expires is not None and expires <= now:
             return None
-        return json.loads(await self._value(data.get("value", "null"))), float(json.loads(data["createdAt"]))
+        return await self._side_value(obj), float(self._side(obj, "createdAt", 0.0))
 
     async def cache_clear(self, key: str | None = None, *, prefix: str | None = None) -> int:
         if key is not None:
             return int(await self._delete(self._side_name("cache", key)))
         entries = await self._list(f"{LABEL_PART}=cache")
         doomed = [e["metadata"]["name"] for e in entries
-                  if prefix is None or (e.get("data") or {}).get("key", "").startswith(prefix)]
+                  if prefix is None or str(self._side(e, "key", "")).startswith(prefix)]
         deleted = await asyncio.gather(*(self._delete(n) for n in doomed))
         return sum(deleted)
 
     # ------------------------------------------------------------------ leases
+
+    @staticmethod
+    def _lease_name(run_id: str) -> str:
+        return f"dsb.{run_key(run_id)}.lease"
 
     async def claim(self, run_id: str, owner: str, ttl: float, *, take_over_from: str | None = None) -> Lease:
         head = await self._head(run_id)
@@ -731,20 +800,20 @@ class KubernetesStore:
         key = run_key(run_id)
         try:
             fence = await self.leases.acquire(
-                f"dsb.{key}", owner, ttl, floor=st.fence, take_over_from=take_over_from, labels={**MANAGED_BY, LABEL_RUN: key, LABEL_PART: "lease"},
-                owners=[m.V1OwnerReference(**{_snake(k): v for k, v in o.items()}) for o in st.owners],
+                self._lease_name(run_id), owner, ttl, floor=st.fence, take_over_from=take_over_from,
+                labels={**MANAGED_BY, LABEL_RUN: key, LABEL_PART: "lease"}, owners=st.owners, run=run_id,
             )
         except LeaseBusy as busy:
             raise LeaseHeld(run_id, busy.holder, time.time() + busy.remaining) from None
-        # The Lease is ours at `fence`: move the head's fence to it, so older holders can no longer write.
+        # The lease is ours at `fence`: move the head's fence to it, so older holders can no longer write.
         for _ in range(_RETRIES):
             if st.fence >= fence:  # a newer claim already moved it: we lost the race after all
-                raise LeaseHeld(run_id, json.loads((head.get("data") or {}).get("run.lease_owner", "null")) or "?",
-                                time.time() + ttl)
+                holder = await self._field(run_id, head.get("data") or {}, "lease_owner", st.name)
+                raise LeaseHeld(run_id, holder or "?", time.time() + ttl)
             ops = [
                 {"op": "test", "path": "/data/fence", "value": str(st.fence)},
                 {"op": "replace", "path": "/data/fence", "value": str(fence)},
-                {"op": "add", "path": "/data/run.lease_owner", "value": _dumps(owner)},
+                {"op": "add", "path": "/data/run.lease_owner", "value": self._sealed(key, "run.lease_owner", _dumps(owner))},
             ]
             try:
                 await self._patch(st.name, ops)
@@ -762,20 +831,20 @@ class KubernetesStore:
             break
         else:
             raise LeaseHeld(run_id, "?", time.time() + ttl)
-        redo = (head.get("data") or {}).get("redo")
+        redo = self._loads(run_id, key, head.get("data") or {}, "redo", st.name, "null")
         if redo:
-            await self._apply_redo(json.loads(redo), only_if_ours=True)
+            await self._apply_redo(redo, only_if_ours=True)
         return Lease(run_id, owner, fence, time.time() + ttl)
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
         try:
-            await self.leases.renew(f"dsb.{run_key(lease.run_id)}", lease.owner, lease.fence, ttl)
+            await self.leases.renew(self._lease_name(lease.run_id), lease.owner, lease.fence, ttl)
         except LeaseGone:
             raise LeaseLost(lease.run_id, lease.fence) from None
         return Lease(lease.run_id, lease.owner, lease.fence, time.time() + ttl)
 
     async def release(self, lease: Lease) -> None:
-        await self.leases.release(f"dsb.{run_key(lease.run_id)}", lease.owner, lease.fence)
+        await self.leases.release(self._lease_name(lease.run_id), lease.owner, lease.fence)
 
     async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None) -> Lease | None:
         selector = f"{LABEL_PART}=run,{LABEL_STATUS} in (pending,waiting,running,suspended)"
@@ -783,10 +852,15 @@ class KubernetesStore:
         now = time.time()
         candidates: list[tuple[float, str]] = []
         for head in heads:
+            run_id, where = self._run_id_of(head), head["metadata"]["name"]
             data = head.get("data") or {}
-            status = json.loads(data.get("run.status", "null"))
-            wake_at = json.loads(data.get("run.wake_at", "null"))
-            cancel = json.loads(data.get("run.cancel_requested", "null"))
+            try:
+                status, wake_at, cancel, workflow, updated_at = [
+                    await self._field(run_id, data, f, where)
+                    for f in ("status", "wake_at", "cancel_requested", "workflow", "updated_at")]
+            except JournalDamaged as exc:
+                log.warning("%s", exc)  # never handed out; the other runs go on
+                continue
             runnable = (
                 status in ("pending", "running")
                 or (status == "waiting" and wake_at is not None and wake_at <= now)
@@ -794,14 +868,12 @@ class KubernetesStore:
             )
             if not runnable:
                 continue
-            if workflows and json.loads(data.get("run.workflow", "null")) not in workflows:
+            if workflows and workflow not in workflows:
                 continue
-            lease = leases.get(head["metadata"]["name"])
+            lease = leases.get(self._lease_name(run_id))
             if lease is not None and not self.leases.vacant(lease):
                 continue  # held, by another worker or by this one: not ours to hand out again
-            meta = head["metadata"]
-            run_id = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
-            candidates.append((json.loads(data.get("run.updated_at", "0")), run_id))
+            candidates.append((float(updated_at or 0), run_id))
         for _, run_id in sorted(candidates):
             try:
                 return await self.claim(run_id, owner, ttl)
@@ -812,19 +884,21 @@ class KubernetesStore:
     # ------------------------------------------------------------------ signals
 
     async def put_signal(self, run_id: str, callback_id: str, value: Any) -> bool:
+        key = run_key(run_id)
         for _ in range(_RETRIES):
-            head = await self._get(f"dsb.{run_key(run_id)}")
+            head = await self._get(f"dsb.{key}")
             if head is None:
                 raise RunNotFound(run_id)
-            current = (head.get("data") or {}).get("signals", "{}")
-            signals = json.loads(current)
+            current = (head.get("data") or {}).get("signals")
+            signals = dict(self._loads(run_id, key, head.get("data") or {}, "signals", head["metadata"]["name"], "{}"))
             if callback_id in signals:
                 if _canonical(signals[callback_id]) == _canonical(value):
                     return False
                 raise SignalConflict(run_id, callback_id)
             signals[callback_id] = value
-            ops = [{"op": "test", "path": "/data/signals", "value": current},
-                   {"op": "replace", "path": "/data/signals", "value": _dumps(signals)}]
+            ops = [{"op": "test", "path": "/data/signals", "value": current} if current is not None
+                   else {"op": "add", "path": "/data/signals", "value": self._sealed(key, "signals", "{}")},
+                   {"op": "replace", "path": "/data/signals", "value": self._sealed(key, "signals", _dumps(signals))}]
             try:
                 await self._patch(head["metadata"]["name"], ops)
             except ApiException as exc:
@@ -837,8 +911,11 @@ class KubernetesStore:
         raise RuntimeError(f"Could not store signal {callback_id!r} of run {run_id!r}: too many concurrent signals")
 
     async def get_signals(self, run_id: str) -> dict[str, Any]:
-        head = await self._get(f"dsb.{run_key(run_id)}")
-        return {} if head is None else dict(json.loads((head.get("data") or {}).get("signals", "{}")))
+        key = run_key(run_id)
+        head = await self._get(f"dsb.{key}")
+        if head is None:
+            return {}
+        return dict(self._loads(run_id, key, head.get("data") or {}, "signals", head["metadata"]["name"], "{}"))
 
     # ------------------------------------------------------------------ events
 
@@ -909,10 +986,6 @@ class KubernetesStore:
             if len(out) >= limit:
                 break
         return out
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 def _unavailable_when_unreachable(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

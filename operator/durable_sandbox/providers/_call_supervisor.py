@@ -101,6 +101,10 @@ def main(argv: list[str]) -> int:
         try:
             os.setpgid(0, 0)
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != me:
+                # The supervisor died between the fork and the line above (a cancel's SIGTERM arriving before
+                # its handlers are installed): no death signal will come, so start nothing.
+                os._exit(137)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             os.execvp(command[0], command)

@@ -133,7 +133,8 @@ class ShellCall(_ToolCallBase):
     """Run a shell command in the sandbox. A nonzero exit is a completed call (recorded with its exit code)."""
 
     type: Literal["shell"]
-    command: Annotated[str, Field(min_length=1, description="The command line, run by bash in the workspace (shell calls).")]
+    command: Annotated[str, Field(min_length=1, pattern=NO_NUL_PATTERN,
+                                  description="The command line, run by bash in the workspace (shell calls).")]
     timeout: Annotated[
         float,
         Field(gt=0, le=86_400, strict=True, description="Seconds the command may run before it is stopped (exit 124) (shell calls)."),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import uuid
 
 import click
 
@@ -39,7 +41,12 @@ def _modules(value: str) -> tuple[str, ...]:
 @click.option("--sweep-grace", default=600.0, show_default=True, type=click.FloatRange(0.0),
               help="An orphan is removed only once seen orphaned for this many seconds (longer than a "
                    "provision takes to be journaled).")
-@click.option("--worker-id", default=None, help="This replica's identity in run leases [default: host:pid:random].")
+@click.option("--worker-id", default=None,
+              help="This replica's name in run leases; a per-start nonce is appended, so two processes started with "
+                   "the same name never both hold a lease [default: host:pid:start:random].")
+@click.option("--journal-key-secret", metavar="[NAMESPACE/]NAME", default=None,
+              help="Secret holding the key that seals the operator's journal values (created with a random key if "
+                   "missing) [default: $POD_NAMESPACE (else default)/durable-sandbox-journal-key].")
 @click.option("--liveness", metavar="URL", default=None,
               help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
@@ -58,6 +65,7 @@ def operator(
     sweep_interval: float,
     sweep_grace: float,
     worker_id: str | None,
+    journal_key_secret: str | None,
     liveness: str | None,
     metrics_port: int | None,
     metrics_host: str,
@@ -69,7 +77,7 @@ def operator(
     stopping replica (SIGTERM) hands its runs to the others at a call boundary.
     """
     try:
-        from durable_sandbox.kube import handlers
+        from durable_sandbox.kube import handlers, journal_key
         from durable_sandbox.kube.controller import OperatorPolicy, OperatorSettings
         from durable_sandbox.kube.metrics import METRICS
         from durable_sandbox.kube.metrics_server import operator_startup_hook
@@ -88,8 +96,16 @@ def operator(
                                 installation_id=installation_id or default_installation_id(namespaces),
                                 sweep_interval=sweep_interval, sweep_grace=sweep_grace)
     if worker_id:
-        settings.worker_id = worker_id
+        settings.worker_id = f"{worker_id}:{uuid.uuid4().hex[:8]}"
     handlers.config.settings = settings
+    try:
+        key_namespace, key_name = (journal_key.parse_location(journal_key_secret) if journal_key_secret
+                                   else journal_key.default_location())
+        handlers.config.journal_key = asyncio.run(journal_key.fetch(key_namespace, key_name))
+    except (journal_key.JournalKeyError, RuntimeError) as exc:
+        raise CliError(str(exc), code=EXIT_FAILED) from None
+    except Exception as exc:
+        raise CliError(f"Cannot read the journal key Secret: {type(exc).__name__}: {exc}", code=EXIT_FAILED) from None
     # Every provider the operator uses is counted (tool calls, latency, snapshots, losses, cleanup failures).
     handlers.config.providers = lambda name: METRICS.instrument(create_provider(name))
     if metrics_port is not None:
