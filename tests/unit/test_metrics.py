@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 import durable_sandbox
