@@ -9,7 +9,7 @@ import pytest
 
 from tests.fakes.fixtures import fake_e2b
 
-__all__ = ["control_plane", "fake_e2b"]
+__all__ = ["control_plane", "fake_e2b", "s3_server"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,3 +30,17 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from tests.e2e.conftest import session_control_plane
 
     yield from session_control_plane(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3-compatible store (versitygw, tests/objectstore.py) on loopback, one per session."""
+    from tests.objectstore import S3Server, install_versitygw
+
+    root = tmp_path_factory.mktemp("s3")
+    server = S3Server(binary=install_versitygw(), data=root / "data", log=root / "versitygw.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -20,18 +20,11 @@ from durable_sandbox.providers.contract import SandboxHandle, SandboxSpec, ToolC
 from durable_sandbox.providers.e2b import snapshot_name
 from tests.contract.e2b_support import RecordingSleep, make_provider
 from tests.fakes.e2b_state import FakeState
+from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
 from tests.unit.sandbox_session_support import Hooked, derived_id, engine_for, journal_index
 
 AGENT = "sandbox-agent"
 
-CALLS = [
-    {"type": "write_file", "path": "a.txt", "contents": "hello\n"},
-    {"type": "shell", "command": "cat a.txt; echo more >> a.txt"},
-    {"type": "shell", "command": "echo broken >> a.txt; ls nope"},  # nonzero exit that mutates the workspace
-    {"type": "read_file", "path": "a.txt"},
-    {"type": "shell", "command": "wc -l < a.txt"},
-    {"type": "shell", "command": "echo done >> a.txt; cat a.txt"},
-]
 
 
 class KillingSleep(RecordingSleep):

@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from durable_sandbox.providers.kubernetes_template import PodTemplate, TemplatePolicy
+
 from .conftest import ControlPlane, private_control_plane
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +95,15 @@ def rules_by_resource(role: dict[str, Any]) -> dict[str, set[str]]:
     return out
 
 
+# The kubernetes provider's, in a watched namespace's Role only (never in a ClusterRole).
+SANDBOX_POD_RULES = {
+    "pods": {"get", "list", "create", "patch", "delete"},
+    "pods/exec": {"get", "create"},
+    "pods/log": {"get"},
+    "secrets": {"create", "patch", "delete"},
+    "podtemplates": {"get"},
+}
+
 # What the operator uses, and nothing else (docs/operations.md explains each line).
 EXPECTED_RULES = {
     "workflows.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete"},
@@ -158,8 +169,10 @@ def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, he
     assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
-    env = {e["name"] for e in container["env"]}
-    assert env == {"POD_NAME", "POD_NAMESPACE"}, "no provider credentials unless an existing Secret is named"
+    env = {e["name"]: e for e in container["env"]}
+    assert set(env) == {"POD_NAME", "POD_NAMESPACE", "DSB_K8S_DISABLED", "DSB_K8S_READY_TIMEOUT",
+                        "DSB_K8S_UNSCHEDULABLE_GRACE"}, "no provider credentials unless an existing Secret is named"
+    assert "only in watchNamespaces" in env["DSB_K8S_DISABLED"]["value"], "no Pods cluster-wide: the provider is off"
     # A read-only root filesystem: the writable places are emptyDirs.
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp", "/var/lib/durable-sandbox"}
     assert all("emptyDir" in v for v in pod["volumes"])
@@ -192,7 +205,7 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
         ("team-a", SA_NAME), ("team-b", SA_NAME), ("team-a", f"{SA_NAME}-secrets"), ("team-b", f"{SA_NAME}-secrets"),
         (OPERATOR_NS, f"{SA_NAME}-journal-key")])
     for ns in ("team-a", "team-b"):
-        assert rules_by_resource(roles[ns, SA_NAME]) == EXPECTED_RULES
+        assert rules_by_resource(roles[ns, SA_NAME]) == {**EXPECTED_RULES, **SANDBOX_POD_RULES}
         assert rules_by_resource(roles[ns, f"{SA_NAME}-secrets"]) == {"secrets[sandbox-env]": {"get"}}
     bindings = by_kind(docs, "RoleBinding")
     assert sorted((b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings) == sorted(roles)
@@ -208,6 +221,23 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
     ]
     [key] = [e for e in container["env"] if e["name"] == "E2B_API_KEY"]
     assert key["valueFrom"] == {"secretKeyRef": {"name": "e2b-credentials", "key": "E2B_API_KEY"}}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DSB_K8S_NAMESPACES"]["value"] == "team-a,team-b" and "DSB_K8S_DISABLED" not in env
+    for var, optional in (("DSB_S3_BUCKET", False), ("DSB_S3_SECRET_ACCESS_KEY", False), ("DSB_S3_ENDPOINT", True)):
+        ref = env[var]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "s3-snapshots" and ref["key"] == var and ref.get("optional", False) is optional
+    assert json.loads(env["DSB_K8S_TEMPLATE"]["value"]) == {"image": "localhost/sandbox:test"}
+    assert json.loads(env["DSB_K8S_POLICY"]["value"]) == {"runtimeClasses": ["gvisor"]}
+    # The policy the operator gets from these values still refuses a privileged template (and host namespaces).
+    policy = TemplatePolicy.from_environ({"DSB_K8S_POLICY": env["DSB_K8S_POLICY"]["value"]})
+    asking = PodTemplate.model_validate({"securityContext": {"privileged": True}, "hostPID": True})
+    assert [p.split(":")[0] for p in asking.problems(policy)] == ["securityContext.privileged", "hostPID"]
+    policies = by_kind(docs, "NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    for policy in policies:
+        assert policy["spec"]["podSelector"] == {"matchLabels": {"durable-sandbox.dev/sandbox-pod": "true"}}
+        assert policy["spec"]["ingress"] == [] and policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        assert policy["spec"]["egress"] == [{"ports": [{"port": 53, "protocol": "UDP"}]}]
 
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
@@ -260,7 +290,8 @@ def chart_objects(cp: ControlPlane) -> set[str]:
     """Everything labelled as this release's, cluster-wide and in every namespace."""
     kinds = (
         "deployments,services,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,"
-        "poddisruptionbudgets,validatingadmissionpolicies,validatingadmissionpolicybindings,configmaps,secrets"
+        "poddisruptionbudgets,validatingadmissionpolicies,validatingadmissionpolicybindings,configmaps,secrets,"
+        "networkpolicies"
     )
     items = cp.kubectl_json("get", kinds, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]
     return {f"{i['kind']}/{i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in items}
@@ -293,6 +324,7 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
         f"PodDisruptionBudget/{OPERATOR_NS}/{SA_NAME}",
         f"Role/team-a/{SA_NAME}", f"RoleBinding/team-a/{SA_NAME}",
         f"Role/team-b/{SA_NAME}", f"RoleBinding/team-b/{SA_NAME}",
+        f"NetworkPolicy/team-a/{SA_NAME}-sandboxes", f"NetworkPolicy/team-b/{SA_NAME}-sandboxes",
         f"Role/team-a/{SA_NAME}-secrets", f"RoleBinding/team-a/{SA_NAME}-secrets",
         f"Role/team-b/{SA_NAME}-secrets", f"RoleBinding/team-b/{SA_NAME}-secrets",
         f"Role/{OPERATOR_NS}/{SA_NAME}-journal-key", f"RoleBinding/{OPERATOR_NS}/{SA_NAME}-journal-key",
@@ -381,13 +413,33 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("update", "journals.durable-sandbox.dev", "-n", "team-b"),
         ("create", "events", "-n", "team-a"),
         ("get", "secrets/sandbox-env", "-n", "team-a"),
+        # The kubernetes provider, in the watched namespaces only: sandbox Pods, exec, their env Secrets.
+        ("create", "pods", "-n", "team-a"),
+        ("list", "pods", "-n", "team-b"),
+        ("patch", "pods", "-n", "team-a"),
+        ("delete", "pods", "-n", "team-b"),
+        ("create", "pods", "--subresource=exec", "-n", "team-a"),
+        ("get", "pods", "--subresource=exec", "-n", "team-b"),
+        ("get", "pods", "--subresource=log", "-n", "team-b"),
+        ("create", "secrets", "-n", "team-a"),
+        ("get", "podtemplates", "-n", "team-a"),
     ]
     denied = [
         ("get", "secrets/other", "-n", "team-a"),
         ("list", "secrets", "-n", "team-a"),
         ("get", "secrets/sandbox-env", "-n", "team-c"),
-        ("list", "pods", "-n", "team-a"),
-        ("create", "pods", "-n", "team-a"),
+        ("list", "pods", "-n", "team-c"),
+        ("create", "pods", "-n", "team-c"),
+        ("list", "pods", "--all-namespaces"),
+        ("create", "pods", "--subresource=exec", "-n", "team-c"),
+        ("create", "pods", "--subresource=exec", "-n", OPERATOR_NS),
+        ("update", "pods", "-n", "team-a"),
+        ("create", "pods", "--subresource=attach", "-n", "team-a"),
+        ("create", "pods", "--subresource=portforward", "-n", "team-a"),
+        ("create", "pods", "--subresource=ephemeralcontainers", "-n", "team-a"),
+        ("watch", "secrets", "-n", "team-a"),
+        ("create", "secrets", "-n", "team-c"),
+        ("list", "podtemplates", "-n", "team-a"),
         ("list", "workflows.durable-sandbox.dev", "-n", "team-c"),
         ("list", "workflows.durable-sandbox.dev", "--all-namespaces"),
         ("create", "workflows.durable-sandbox.dev", "-n", "team-a"),
@@ -413,7 +465,8 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         (("get", "secret", "other", "-n", "team-a"), 'secrets "other" is forbidden'),
         (("get", "secret", "sandbox-env", "-n", "team-c"), 'secrets "sandbox-env" is forbidden'),
         (("get", "secrets", "-n", "team-a"), "cannot list resource \"secrets\""),
-        (("get", "pods", "-n", "team-a"), "cannot list resource \"pods\""),
+        (("get", "pods", "-n", "team-c"), "cannot list resource \"pods\""),
+        (("get", "pods", "-A"), "cannot list resource \"pods\""),
         (("get", "workflows", "-n", "team-c"), "cannot list resource \"workflows\""),
         (("create", "configmap", "sneaky", "-n", "team-a"), "cannot create resource \"configmaps\""),
     ]:

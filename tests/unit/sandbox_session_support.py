@@ -45,6 +45,17 @@ from durable_sandbox.providers.local import LocalProvider
 REPO = Path(__file__).resolve().parents[2]
 WORKER = "test-worker"  # the child and the test process share it, so a resume may take the dead child's lease
 
+# The calls of the provider-backed session tests (e2b, kubernetes): a nonzero exit that mutates the workspace
+# among them, so a replay after a loss must give it again.
+SESSION_CALLS = [
+    {"type": "write_file", "path": "a.txt", "contents": "hello\n"},
+    {"type": "shell", "command": "cat a.txt; echo more >> a.txt"},
+    {"type": "shell", "command": "echo broken >> a.txt; ls nope"},
+    {"type": "read_file", "path": "a.txt"},
+    {"type": "shell", "command": "wc -l < a.txt"},
+    {"type": "shell", "command": "echo done >> a.txt; cat a.txt"},
+]
+
 ExecuteHook = Callable[[SandboxHandle, ToolCall], Awaitable[None]]
 ResultHook = Callable[[SandboxHandle, ToolCall, ToolResult], Awaitable[None]]
 

@@ -79,3 +79,16 @@ def test_dbos_part(tmp_path: Path) -> None:
     steps = _load("engine_steps")
     res = steps.bench_dbos_variant(5, 1, 0, wal=True, base=str(tmp_path))
     assert res["steps_per_s"] > 0
+
+
+async def test_kubernetes_provider_store_part(s3_server: object) -> None:
+    from durable_sandbox.providers.s3_snapshots import S3SnapshotStore
+
+    mod = _load("kubernetes_provider")
+    store = S3SnapshotStore(s3_server.config("bench-smoke"))  # type: ignore[attr-defined]
+    try:
+        await store.ensure_bucket()
+        res = await mod.store_part(store, [mod.MB])
+    finally:
+        await store.aclose()
+    assert res["1MB"]["put_MBps"] > 0 and res["1MB"]["get_MBps"] > 0 and res["1MB"]["get_heap_peak_MB"] < 5

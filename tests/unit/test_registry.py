@@ -18,6 +18,7 @@ from durable_sandbox.providers.contract import (
     SandboxProvider,
 )
 from durable_sandbox.providers.e2b import E2BProvider
+from durable_sandbox.providers.kubernetes import KubernetesProvider
 
 
 class MemoryProvider(SandboxProvider):
@@ -66,17 +67,19 @@ def test_builtins_are_available_without_plugins(monkeypatch: pytest.MonkeyPatch)
     found = registry.available_providers()
     assert found["e2b"] is E2BProvider
     assert found["local"].name == "local"
+    assert found["kubernetes"] is KubernetesProvider
 
 
 def test_pyproject_registers_the_builtins_as_entry_points() -> None:
     names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=registry.ENTRY_POINT_GROUP)}
     assert names["e2b"] == "durable_sandbox.providers.e2b:E2BProvider"
     assert names["local"] == "durable_sandbox.providers.local:LocalProvider"
+    assert names["kubernetes"] == "durable_sandbox.providers.kubernetes:KubernetesProvider"
 
 
 def test_unknown_name_lists_the_known_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     plugins(monkeypatch, StubEntryPoint("memory", "x:MemoryProvider", lambda: MemoryProvider))
-    with pytest.raises(ConfigurationError, match=r"Unknown sandbox provider \[nope\]; known providers: e2b, local, memory"):
+    with pytest.raises(ConfigurationError, match=r"Unknown sandbox provider \[nope\]; known providers: e2b, kubernetes, local, memory"):
         registry.create_provider("nope")
 
 

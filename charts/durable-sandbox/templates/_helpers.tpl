@@ -89,3 +89,34 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "durable-sandbox.journalKeySecret" -}}
 {{- printf "%s-journal-key" (include "durable-sandbox.fullname" .) | trunc 253 }}
 {{- end }}
+
+
+{{- /* The kubernetes provider's rights: in a watched namespace's Role only, never in a ClusterRole. */}}
+{{- define "durable-sandbox.sandboxPodRules" -}}
+# Sandbox Pods: made, read (their state), annotated (the lease), listed (orphan sweeps, adoption), deleted.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+# Tool calls and snapshots: exec through the API server. The WebSocket's GET is authorized as get, and the
+# upgrade to exec as create too (both are needed: tests/e2e/test_kubernetes_provider_apiserver.py).
+- apiGroups: [""]
+  resources: ["pods/exec"]
+  verbs: ["get", "create"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+# Each sandbox's env (it may hold secrets) in a Secret of its own, given to its Pod (ownerReferences), deleted
+# with it. Never read back: no get, list or watch on Secrets comes from this.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "patch", "delete"]
+# Templates a Workflow names as podtemplate/<name>.
+- apiGroups: [""]
+  resources: ["podtemplates"]
+  verbs: ["get"]
+{{- end }}
+
+{{- /* Whether the kubernetes provider is on: enabled, and namespaces to grant its rights in. */}}
+{{- define "durable-sandbox.kubernetesProvider" -}}
+{{- if and .Values.providers.kubernetes.enabled .Values.watchNamespaces }}true{{ end }}
+{{- end }}

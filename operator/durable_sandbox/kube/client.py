@@ -9,19 +9,17 @@ blocks the event loop and no thread pool is involved. Configuration comes from `
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-from collections.abc import Awaitable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 from kubernetes.aio import client as k8s
-from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
 from durable_sandbox.kube.metrics import METRICS
+from durable_sandbox.providers.contract import ConfigurationError
+from durable_sandbox.providers.kubernetes_api import json_body, load_configuration
 
 __all__ = [
     "ApiException", "KubeClient", "is_conflict", "is_gone", "is_not_found", "is_precondition_failed", "is_transient",
@@ -56,28 +54,6 @@ def is_precondition_failed(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 422
 
 
-async def json_body(call: Awaitable[Any], *, parse: bool = True) -> dict[str, Any]:
-    """The JSON body of a ``*_without_preload_content`` call ({} unless ``parse``), or ApiException for an
-    error status.
-
-    For large objects (no typed models are built) and for answers the generated client does not map
-    (a server-side apply that creates its object answers 201, which its patch call decodes as None)."""
-    resp = await call
-    try:
-        body = await resp.read()
-    finally:
-        resp.release()
-    if resp.status >= 400:
-        raise ApiException(status=resp.status, reason=resp.reason, body=body.decode(errors="replace"))
-    out: dict[str, Any] = json.loads(body) if body and parse else {}
-    return out
-
-
-def _any_file(paths: str) -> bool:
-    """Whether any of the ``os.pathsep``-separated paths (as in ``$KUBECONFIG``) is a file."""
-    return any(os.path.isfile(p) for p in paths.split(os.pathsep) if p)
-
-
 @dataclass
 class KubeClient:
     """One aiohttp connection pool and the typed API groups on it. Close it with :meth:`close`."""
@@ -94,30 +70,12 @@ class KubeClient:
     @classmethod
     async def connect(cls, *, kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> KubeClient:
         """Configuration from ``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else in-cluster."""
-        configuration = k8s.Configuration()
-        path = kubeconfig or os.environ.get("KUBECONFIG") or None
-        default = Path.home() / ".kube" / "config"
-        if path is None and not default.exists() and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        else:
-            # Read here, not at import: the kubernetes package snapshots $KUBECONFIG when it is imported.
-            chosen = str(path) if path is not None else str(default)
-            # $KUBECONFIG may list several files; the client merges those that exist and, when none does, only
-            # logs a bare "Config not found" line before failing with a misleading message. Say what is wrong.
-            if not _any_file(chosen):
-                raise RuntimeError(
-                    f"Cannot configure the Kubernetes client from {chosen}: no such kubeconfig file. Set KUBECONFIG "
-                    f"to a kubeconfig for the cluster, or run inside the cluster with a service account."
-                )
-            try:
-                await k8s_config.load_kube_config(
-                    config_file=chosen, context=context, client_configuration=configuration, persist_config=False
-                )
-            except (k8s_config.ConfigException, FileNotFoundError) as exc:
-                raise RuntimeError(
-                    f"Cannot configure the Kubernetes client from {chosen}: {exc}. Set KUBECONFIG to a "
-                    f"kubeconfig for the cluster, or run inside the cluster with a service account."
-                ) from exc
+        # One way to read a kubeconfig for the whole package: the kubernetes provider's (providers are the bottom
+        # layer, so the reader lives there).
+        try:
+            configuration = await load_configuration(kubeconfig=kubeconfig, context=context)
+        except ConfigurationError as exc:
+            raise RuntimeError(str(exc)) from exc.__cause__
         return cls(k8s.ApiClient(configuration))
 
     async def close(self) -> None:

@@ -48,7 +48,7 @@ def _capability_problems(
     if inject_loss_after is not None and not caps.supports(Capability.LOSS_INJECTION):
         problems.append(
             f"spec.injectLossAfterNCalls: sandbox provider [{name}] does not support loss_injection "
-            f"(a test-only capability of the local provider); remove it or use provider: local"
+            f"(a testing aid of the local and kubernetes providers); remove it or use one of those"
         )
     if snapshot_every and not caps.supports(Capability.SNAPSHOT):
         problems.append(f"spec.snapshotEveryNCalls: sandbox provider [{name}] does not support snapshot")

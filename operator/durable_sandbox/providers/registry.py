@@ -22,6 +22,7 @@ ENTRY_POINT_GROUP = "durable_sandbox.providers"
 BUILTIN_PROVIDERS: dict[str, str] = {
     "local": "durable_sandbox.providers.local:LocalProvider",
     "e2b": "durable_sandbox.providers.e2b:E2BProvider",
+    "kubernetes": "durable_sandbox.providers.kubernetes:KubernetesProvider",
 }
 
 

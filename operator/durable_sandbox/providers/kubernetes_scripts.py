@@ -1,0 +1,182 @@
+"""The POSIX sh scripts a ``kubernetes`` sandbox runs for each tool call (what the image must have: ``sh``,
+``head``, ``cat``, ``tr``, ``mkdir``, ``mv``, ``readlink``, ``tar``; busybox has them all).
+
+Every exec has the same command line, :data:`BOOT`: ``sh -c 'eval "$(head -c N)"' dsb N``. The script itself,
+and anything after it (a file's contents, a snapshot's archive), comes on stdin. So nothing of a call but its
+length is in the exec URL, which API servers and kubelets log: not the per-call env (it may hold secrets), not
+the command. Values are single-quoted (:func:`quote`), which sh takes literally whatever they hold.
+
+Confinement is the other providers': a path is relative (``safe_relative_path`` already refused ``..`` and
+absolute paths) and every directory on the way, and a symlink at the end, must resolve inside the workspace.
+Exit codes of the file scripts are the provider's own protocol (:data:`NOT_FOUND` ...), mapped to the contract's
+result texts in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from durable_sandbox.providers.kubernetes_template import WORKSPACE
+
+__all__ = ["BOOT", "boot_command", "kill_call", "quote", "read_file", "shell", "write_file"]
+
+BOOT = 'eval "$(head -c "$1")"'
+NOT_FOUND, IS_DIRECTORY, OUTSIDE, NOT_REGULAR, NO_DIRECTORY, CANNOT = 64, 65, 66, 67, 68, 69
+PROBE_MISSING = 127
+CALL_VARIABLE = "DSB_CALL"
+
+
+def quote(value: str) -> str:
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def boot_command(script: bytes) -> list[str]:
+    return ["/bin/sh", "-c", BOOT, "dsb", str(len(script))]
+
+
+# Kills every process whose environment carries the call's tag, except the shell running this (children that
+# left the process group or were re-parented to the container's init still carry it).
+_KILL_TAGGED = r"""
+dsb_kill() {
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = "$$" ] && continue
+    case "$(tr '\000' '\n' 2>/dev/null < "$d/environ")" in
+      *"$1"*) kill -9 "$p" 2>/dev/null ;;
+    esac
+  done
+}
+"""
+
+# Resolves a relative directory inside the workspace, one component at a time, creating it when $2 is
+# "create"; prints the physical path. Fails with the protocol's code when a component is missing (NOT_FOUND),
+# not a directory (NO_DIRECTORY) or leads outside (OUTSIDE).
+_CONFINE = rf"""
+ws=$(cd -P -- "$DSB_WS" && pwd -P) || exit {CANNOT}
+dsb_inside() {{ case "$1/" in "$ws"/*) return 0 ;; esac; return 1; }}
+dsb_dir() {{
+  cur=$ws
+  old_ifs=$IFS; IFS=/; set -f
+  for c in $1; do
+    if [ -z "$c" ] || [ "$c" = . ]; then continue; fi
+    if [ ! -e "$cur/$c" ] && [ ! -L "$cur/$c" ]; then
+      [ "$2" = create ] || exit {NOT_FOUND}
+      mkdir -- "$cur/$c" || exit {CANNOT}
+    fi
+    [ -d "$cur/$c" ] || exit {NO_DIRECTORY}
+    cur=$(cd -P -- "$cur/$c" && pwd -P) || exit {CANNOT}
+    dsb_inside "$cur" || exit {OUTSIDE}
+  done
+  IFS=$old_ifs; set +f
+}}
+dsb_target() {{
+  dsb_dir "$1" "$3"
+  f="$cur/$2"
+  if [ -L "$f" ]; then
+    f=$(readlink -f -- "$f") || exit {OUTSIDE}
+    dsb_inside "$f" || exit {OUTSIDE}
+  fi
+}}
+"""
+
+
+# The container's count of processes the out-of-memory killer ended (cgroup v2, then v1; 0 where neither is
+# readable, e.g. under gVisor): a call whose count moved says so, since its exit code alone (137) does not.
+_OOM_COUNT = r"""
+dsb_oom() {
+  for f in $DSB_OOM_FILES; do
+    if [ -r "$f" ]; then
+      while read -r k v; do [ "$k" = oom_kill ] && { echo "$v"; return; }; done < "$f"
+    fi
+  done
+  echo 0
+}
+"""
+OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")  # the container's own
+OOM_MESSAGE = ("the out-of-memory killer ended a process of this call (the sandbox's memory limit); raise the "
+               "template's resources.limits.memory")
+
+
+def _split(path: str) -> tuple[str, str]:
+    parent, _, base = path.rpartition("/")
+    return parent or ".", base
+
+
+def _workspace(workspace: str) -> str:
+    return f"DSB_WS={quote(workspace)}"
+
+
+def shell(command: str, *, tag: str, cwd: str | None, env: Mapping[str, str], workspace: str = WORKSPACE,
+          oom_files: tuple[str, ...] = OOM_FILES) -> bytes:
+    """A shell call: the command under ``sh -c`` in the workspace (or ``cwd`` in it), stdin from /dev/null, its
+    processes tagged so that a timeout, and the call's end, kill every one of them."""
+    lines = [_KILL_TAGGED, _OOM_COUNT, _workspace(workspace), f"DSB_OOM_FILES={quote(' '.join(oom_files))}",
+             f"export {CALL_VARIABLE}={quote(tag)}"]
+    lines += [f"export {name}={quote(value)}" for name, value in env.items()]
+    if cwd is None:
+        lines.append('cd -- "$DSB_WS" || exit 1')
+    else:
+        unsafe = f"Unsafe path: {cwd}: it resolves outside the workspace through a symlink"
+        missing = f"Invalid arguments for shell: cwd {cwd} is not a directory in the workspace"
+        lines += [
+            _CONFINE,
+            # In a subshell: its exit codes are the protocol's, never mistaken for the command's.
+            f"d=$(dsb_dir {quote(cwd)} find; printf '%s' \"$cur\"); st=$?",
+            f"case $st in 0) ;; {OUTSIDE}) printf '%s\\n' {quote(unsafe)} >&2; exit 1 ;;"
+            f" *) printf '%s\\n' {quote(missing)} >&2; exit 1 ;; esac",
+            'cd -- "$d" || exit 1',
+        ]
+    lines += [
+        "oom=$(dsb_oom)",
+        f"/bin/sh -c {quote(command)} </dev/null",
+        "rc=$?",
+        f'[ "$(dsb_oom)" = "$oom" ] || printf \'\\n%s\\n\' {quote(OOM_MESSAGE)} >&2',
+        f'dsb_kill "{CALL_VARIABLE}=$DSB_CALL"',  # nothing of the call outlives it
+        "exit $rc",
+    ]
+    return "\n".join(lines).encode()
+
+
+def kill_call(tag: str) -> bytes:
+    return "\n".join([_KILL_TAGGED, f"dsb_kill {quote(f'{CALL_VARIABLE}={tag}')}"]).encode()
+
+
+def read_file(path: str, *, workspace: str = WORKSPACE) -> bytes:
+    parent, base = _split(path)
+    return "\n".join([
+        _workspace(workspace), _CONFINE, f"dsb_target {quote(parent)} {quote(base)} find",
+        f'[ -e "$f" ] || exit {NOT_FOUND}',
+        f'[ -d "$f" ] && exit {IS_DIRECTORY}',
+        f'[ -f "$f" ] || exit {NOT_REGULAR}',
+        'exec cat -- "$f"',
+    ]).encode()
+
+
+def write_file(path: str, size: int, *, workspace: str = WORKSPACE) -> bytes:
+    """Then ``size`` bytes of contents follow on stdin: written to a temp file beside the target, renamed over it."""
+    parent, base = _split(path)
+    return "\n".join([
+        _workspace(workspace), _CONFINE, f"dsb_target {quote(parent)} {quote(base)} create",
+        f'[ -d "$f" ] && exit {IS_DIRECTORY}',
+        f'if [ -e "$f" ] && [ ! -f "$f" ]; then exit {NOT_REGULAR}; fi',
+        't="$f.dsb-$$.tmp"',
+        f'head -c {size} > "$t" || {{ rm -f -- "$t"; exit {CANNOT}; }}',
+        f'mv -f -- "$t" "$f" || {{ rm -f -- "$t"; exit {CANNOT}; }}',
+    ]).encode()
+
+
+def probe(*, workspace: str = WORKSPACE) -> bytes:
+    """What a sandbox needs of its image, checked once it runs: exit PROBE_MISSING naming what is missing."""
+    tools = "head cat tr mkdir mv rm readlink tar"
+    return (f'for t in {tools}; do command -v "$t" >/dev/null 2>&1 || {{ echo "$t" >&2; exit {PROBE_MISSING}; }}; done\n'
+            f"[ -w {quote(workspace)} ] || {{ echo 'the workspace is not writable' >&2; exit {CANNOT}; }}").encode()
+
+
+def archive(*, workspace: str = WORKSPACE) -> bytes:
+    """The workspace as a tar stream on stdout (the volume's contents, not the container's root filesystem)."""
+    return f"cd -- {quote(workspace)} || exit {CANNOT}\nexec tar -cf - .".encode()
+
+
+def extract(size: int, *, workspace: str = WORKSPACE) -> bytes:
+    """Then ``size`` bytes of a tar archive follow on stdin, extracted into the (fresh) workspace."""
+    return f"cd -- {quote(workspace)} || exit {CANNOT}\nhead -c {size} | tar -xf -".encode()

@@ -1,0 +1,256 @@
+"""The kubernetes provider with Pods really running: the contract kit, sandbox sessions (cadence, loss and
+replay with a nonzero exit among the replayed calls, retained snapshot, finalize), and bad input and faults.
+Snapshots go to a real S3 server (versitygw on loopback).
+
+Needs a Ready node joined to the test control plane (issue 22's node harness) and a sandbox image on it:
+``DSB_TEST_SANDBOX_IMAGE`` (default the busybox the node harness imports). Without a Ready node these tests are
+skipped with that reason, never passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durable_sandbox
+from durable_sandbox.providers.contract import (
+    ProviderError,
+    ProvisionError,
+    SandboxGone,
+    SandboxHandle,
+    SandboxProvider,
+    SandboxSpec,
+    ToolCall,
+)
+from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvider
+from durable_sandbox.providers.kubernetes_template import PodTemplate
+from durable_sandbox.providers.s3_snapshots import S3SnapshotStore, SnapshotName
+from durable_sandbox.providers.testing import ProviderContractSuite
+from tests.objectstore import S3Server
+from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
+from tests.unit.sandbox_session_support import engine_for
+
+from .conftest import ControlPlane
+
+IMAGE = os.environ.get("DSB_TEST_SANDBOX_IMAGE", "docker.io/library/busybox:1.36")
+NO_SHELL_IMAGE = os.environ.get("DSB_TEST_NO_SHELL_IMAGE", "localhost/pause:3.10")  # FROM scratch: no /bin/sh
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+@pytest.fixture(scope="module")
+def node(control_plane: ControlPlane) -> str:
+    nodes = control_plane.kubectl_json("get", "nodes")["items"]
+    ready = [n["metadata"]["name"] for n in nodes if any(
+        c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))]
+    if not ready:
+        pytest.skip("needs a Ready node joined to the test control plane (the node harness of issue 22)")
+    return ready[0]
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, node: str) -> Iterator[str]:
+    name = "kpn-" + secrets.token_hex(4)
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    leftover = control_plane.kubectl_json("get", "pods", "-n", name, "-l", f"{SANDBOX_LABEL}=true")["items"]
+    control_plane.kubectl("delete", "namespace", name, "--wait=false")
+    assert [p["metadata"]["name"] for p in leftover if not p["metadata"].get("deletionTimestamp")] == [], \
+        "the test left sandbox Pods behind"
+
+
+@pytest.fixture
+async def store(s3_server: S3Server) -> AsyncIterator[S3SnapshotStore]:
+    store = S3SnapshotStore(s3_server.config("kpn-" + secrets.token_hex(4), prefix="snapshots"))
+    await store.ensure_bucket()
+    yield store
+    await store.aclose()
+
+
+def make_provider(cp: ControlPlane, namespace: str, store: S3SnapshotStore | None, **kwargs: Any) -> KubernetesProvider:
+    return KubernetesProvider(kubeconfig=str(cp.kubeconfig), namespace=namespace, environ={},
+                              template=kwargs.pop("template", PodTemplate(image=IMAGE, imagePullPolicy="Never")),
+                              store=store, **kwargs)
+
+
+async def stored_objects(store: S3SnapshotStore) -> list[str]:
+    s3 = await store._s3()
+    answer = await s3.list_objects_v2(Bucket=store.config.bucket)
+    return [o["Key"] for o in answer.get("Contents", []) or []]
+
+
+class TestKubernetesContract(ProviderContractSuite):
+    @pytest.fixture
+    async def provider(self, control_plane: ControlPlane, namespace: str,
+                       store: S3SnapshotStore) -> AsyncIterator[SandboxProvider]:
+        self.cp, self.clock = control_plane, ManualClock()
+        provider = make_provider(control_plane, namespace, store, clock=self.clock)
+        yield provider
+        await provider.aclose()
+
+    async def lose(self, provider: SandboxProvider, handle: SandboxHandle) -> None:
+        namespace, name = handle.id.split("/")
+        # Gone from the API at once, as after an eviction whose Pod object was removed.
+        self.cp.kubectl("delete", "pod", "-n", namespace, name, "--grace-period=0", "--force")
+
+    async def expire_lease(self, provider: SandboxProvider, handle: SandboxHandle) -> None:
+        self.clock.offset += self.lease_seconds + 1
+
+
+# ------------------------------------------------------------------------------------------- calls
+
+
+@pytest.fixture
+async def provider(control_plane: ControlPlane, namespace: str,
+                   store: S3SnapshotStore) -> AsyncIterator[KubernetesProvider]:
+    provider = make_provider(control_plane, namespace, store)
+    yield provider
+    await provider.aclose()
+
+
+def spec(namespace: str, **fields: Any) -> SandboxSpec:
+    return SandboxSpec(owner=f"{namespace}/owner-uid", operation_id="op-" + secrets.token_hex(6), **fields)
+
+
+async def call(provider: KubernetesProvider, handle: SandboxHandle, type_: str, **args: Any) -> Any:
+    return await provider.execute(handle, ToolCall(operation_id="c-" + secrets.token_hex(4), type=type_, args=args))
+
+
+async def test_a_timeout_kills_the_calls_processes_in_the_pod(provider: KubernetesProvider, namespace: str) -> None:
+    handle = await provider.provision(spec(namespace), lease_seconds=600)
+    try:
+        result = await call(provider, handle, "shell", command="echo started; sleep 300 & setsid sleep 301 & wait",
+                            timeout=2)
+        assert result.exit_code == 124 and result.stdout == "started\n"
+        assert result.stderr.endswith("Command timed out after 2 seconds")
+        left = await call(provider, handle, "shell", command="ps -o comm | grep -c sleep || true")
+        assert left.stdout.strip() == "0", "the timed-out call's processes were killed, also the setsid one"
+    finally:
+        await provider.destroy(handle)
+
+
+async def test_big_output_is_kept_head_and_tail_and_binary_files_round_trip(provider: KubernetesProvider,
+                                                                           namespace: str) -> None:
+    handle = await provider.provision(spec(namespace), lease_seconds=600)
+    try:
+        result = await call(provider, handle, "shell", command="head -c 5000000 /dev/zero | tr '\\0' a")
+        assert result.stdout_size == 5_000_000 and "output truncated" in result.stdout
+        text = "".join(chr(c) for c in range(1, 0x800)) * 50
+        await call(provider, handle, "write_file", path="d/u.txt", contents=text)
+        assert (await call(provider, handle, "read_file", path="d/u.txt")).stdout == text
+    finally:
+        await provider.destroy(handle)
+
+
+# ------------------------------------------------------------------------------------------- faults
+
+
+async def test_bad_images_fail_the_provision_saying_why_and_leave_no_pod(control_plane: ControlPlane, namespace: str,
+                                                                         provider: KubernetesProvider) -> None:
+    for image, reason in (("localhost/no-such-image:1", "ErrImageNeverPull"), (NO_SHELL_IMAGE, "/bin/sh")):
+        with pytest.raises(ProvisionError) as failed:
+            await provider.provision(spec(namespace, template=image), lease_seconds=600)
+        assert reason in str(failed.value) and failed.value.retryable is False, str(failed.value)
+    pods = control_plane.kubectl_json("get", "pods", "-n", namespace)["items"]
+    assert [p for p in pods if not p["metadata"].get("deletionTimestamp")] == []
+
+
+async def test_a_privileged_pod_template_is_refused_before_any_pod(control_plane: ControlPlane, namespace: str,
+                                                                   provider: KubernetesProvider) -> None:
+    control_plane.apply({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "priv", "namespace": namespace},
+                         "template": {"spec": {"containers": [{"name": "c", "image": IMAGE,
+                                                               "securityContext": {"privileged": True}}]}}})
+    with pytest.raises(ProvisionError, match=r"securityContext\.privileged"):
+        await provider.provision(spec(namespace, template="podtemplate/priv"), lease_seconds=600)
+    assert control_plane.kubectl_json("get", "pods", "-n", namespace)["items"] == []
+
+
+async def test_a_pod_deleted_mid_call_is_sandbox_gone(control_plane: ControlPlane, namespace: str,
+                                                      provider: KubernetesProvider) -> None:
+    handle = await provider.provision(spec(namespace), lease_seconds=600)
+    running = asyncio.ensure_future(call(provider, handle, "shell", command="sleep 300"))
+    namespace_, name = handle.id.split("/")
+    control_plane.kubectl("delete", "pod", "-n", namespace_, name, "--grace-period=0", "--force")
+    with pytest.raises(SandboxGone):
+        await asyncio.wait_for(running, 120)
+    await provider.destroy(handle)
+
+
+async def test_a_store_that_is_down_fails_the_snapshot_retryably_and_leaves_no_object(
+        s3_server: S3Server, store: S3SnapshotStore, provider: KubernetesProvider, namespace: str) -> None:
+    handle = await provider.provision(spec(namespace), lease_seconds=600)
+    try:
+        await call(provider, handle, "write_file", path="a.txt", contents="a")
+        s3_server.stop()
+        try:
+            with pytest.raises(ProviderError) as failed:
+                await provider.snapshot(handle, operation_id="snap-down")
+            assert failed.value.retryable is True and s3_server.secret_key not in str(failed.value)
+        finally:
+            s3_server.start()
+        snapshot = await provider.snapshot(handle, operation_id="snap-down")  # the same operation, once it is back
+        name = SnapshotName.parse(snapshot)
+        assert name is not None and await stored_objects(store) == [store.key(name)]
+        await provider.delete_snapshot(snapshot)
+        assert await stored_objects(store) == []
+    finally:
+        await provider.destroy(handle)
+
+
+# ------------------------------------------------------------------------------------------- sessions
+
+AGENT = "sandbox-agent"
+
+
+@pytest.fixture
+async def engine(tmp_path: Path, provider: KubernetesProvider) -> AsyncIterator[durable_sandbox.Engine]:
+    e = engine_for(tmp_path / "runs.db", {"kubernetes": provider})
+    yield e
+    await e.aclose()
+
+
+def outcomes(state: durable_sandbox.RunState) -> list[tuple[int, str, str]]:
+    return [(r["exitCode"], r["stdout"], r["stderr"]) for r in state.result["toolResults"]]
+
+
+def agent(calls: list[dict[str, Any]], namespace: str, **options: Any) -> dict[str, Any]:
+    return {"toolCalls": calls, "sandbox": {"provider": "kubernetes", "leaseSeconds": 600}, **options}
+
+
+async def test_sessions_cadence_loss_with_replay_retain_and_finalize(
+        engine: durable_sandbox.Engine, store: S3SnapshotStore, provider: KubernetesProvider, namespace: str,
+        control_plane: ControlPlane) -> None:
+    plain = await engine.run(AGENT, agent(CALLS, namespace), run_id="k-plain")
+    assert plain.status == "succeeded", plain.error
+    expected = outcomes(plain)
+    assert expected[2][0] != 0, "the nonzero exit is a result"
+    lost = await engine.run(AGENT, agent(CALLS, namespace, snapshotEveryNCalls=2, injectLossAfterNCalls=3),
+                            run_id="k-lost")
+    assert lost.status == "succeeded", lost.error
+    assert outcomes(lost) == expected, "restore of the newest snapshot and replay give the same outcomes"
+    assert lost.recovery_count == 1
+    assert await stored_objects(store) == [], "finalize deleted every snapshot"
+    kept = await engine.run(AGENT, agent(CALLS[:2], namespace, snapshotEveryNCalls=1, retainLatestSnapshot=True),
+                            run_id="k-kept")
+    assert kept.status == "succeeded", kept.error
+    latest = SnapshotName.parse(kept.result["latestSnapshot"])
+    assert latest is not None and await stored_objects(store) == [store.key(latest)], "only the retained one"
+    restored = await provider.restore(kept.result["latestSnapshot"], spec(namespace), lease_seconds=60)
+    assert (await call(provider, restored, "read_file", path="a.txt")).stdout == "hello\nmore\n"
+    await provider.destroy(restored)
+    await provider.delete_snapshot(kept.result["latestSnapshot"])
+    pods = control_plane.kubectl_json("get", "pods", "-n", namespace, "-l", f"{SANDBOX_LABEL}=true")["items"]
+    assert [p for p in pods if not p["metadata"].get("deletionTimestamp")] == [], "no Pod outlives its run"

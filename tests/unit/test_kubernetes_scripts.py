@@ -1,0 +1,148 @@
+"""The kubernetes provider's in-Pod scripts, run by this machine's POSIX sh exactly as an exec runs them
+(``sh -c BOOT dsb N`` with the script, then the data, on stdin), in a temp directory standing in for the
+workspace: confinement, result codes, tagging and the kill of a call's processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from durable_sandbox.providers import kubernetes_scripts as scripts
+
+
+def run(script: bytes, data: bytes = b"", timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(scripts.boot_command(script), input=script + data, capture_output=True, timeout=timeout,
+                          check=False)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text("outside")
+    return workspace
+
+
+def test_shell_runs_in_the_workspace_with_env_cwd_and_exit_code(ws: Path) -> None:
+    (ws / "sub").mkdir()
+    value = "it's $HOME `x` \"q\"\nline"
+    out = run(scripts.shell('pwd; printf %s "$V"; exit 3', tag="t1", cwd="sub", env={"V": value}, workspace=str(ws)))
+    assert out.returncode == 3
+    assert out.stdout.decode() == f"{ws.resolve()}/sub\n{value}"
+
+
+def test_shell_cwd_is_confined(ws: Path) -> None:
+    os.symlink(ws.parent / "outside", ws / "link")
+    out = run(scripts.shell("pwd", tag="t", cwd="link", env={}, workspace=str(ws)))
+    assert (out.returncode, out.stderr.decode()) == (1, "Unsafe path: link: it resolves outside the workspace through a symlink\n")
+    out = run(scripts.shell("pwd", tag="t", cwd="nope", env={}, workspace=str(ws)))
+    assert (out.returncode, out.stderr.decode()) == (1, "Invalid arguments for shell: cwd nope is not a directory in the workspace\n")
+
+
+def test_write_then_read_is_binary_safe_and_confined(ws: Path) -> None:
+    data = bytes(range(256)) * 1000
+    out = run(scripts.write_file("a/b/c.bin", len(data), workspace=str(ws)), data + b"ignored tail")
+    assert out.returncode == 0, out.stderr
+    assert (ws / "a" / "b" / "c.bin").read_bytes() == data
+    assert not [p for p in (ws / "a" / "b").iterdir() if p.name.endswith(".tmp")]
+    out = run(scripts.read_file("a/b/c.bin", workspace=str(ws)))
+    assert (out.returncode, out.stdout) == (0, data)
+    assert run(scripts.read_file("missing.txt", workspace=str(ws))).returncode == scripts.NOT_FOUND
+    assert run(scripts.read_file("a", workspace=str(ws))).returncode == scripts.IS_DIRECTORY
+    os.mkfifo(ws / "fifo")
+    assert run(scripts.read_file("fifo", workspace=str(ws))).returncode == scripts.NOT_REGULAR
+    assert run(scripts.write_file("fifo", 1, workspace=str(ws)), b"x").returncode == scripts.NOT_REGULAR
+    os.symlink(ws.parent / "outside" / "secret.txt", ws / "leak")
+    os.symlink(ws.parent / "outside", ws / "dirlink")
+    assert run(scripts.read_file("leak", workspace=str(ws))).returncode == scripts.OUTSIDE
+    assert run(scripts.read_file("dirlink/secret.txt", workspace=str(ws))).returncode == scripts.OUTSIDE
+    assert run(scripts.write_file("dirlink/new.txt", 1, workspace=str(ws)), b"x").returncode == scripts.OUTSIDE
+    assert not (ws.parent / "outside" / "new.txt").exists()
+    os.symlink("a/b/c.bin", ws / "inside")
+    assert run(scripts.read_file("inside", workspace=str(ws))).stdout == data, "a link inside the workspace is fine"
+
+
+def test_a_calls_leftover_processes_are_killed_when_it_ends(ws: Path) -> None:
+    out = run(scripts.shell("(sleep 300 &) ; setsid sleep 301 & echo started", tag="leftover-tag", cwd=None, env={},
+                            workspace=str(ws)))
+    assert (out.returncode, out.stdout) == (0, b"started\n")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _tagged("leftover-tag"):
+        time.sleep(0.05)
+    assert _tagged("leftover-tag") == []
+
+
+def test_kill_call_ends_a_running_call_and_everything_it_started(ws: Path) -> None:
+    script = scripts.shell("sleep 300 & setsid sleep 302 & wait", tag="kill-me", cwd=None, env={}, workspace=str(ws))
+    proc = subprocess.Popen(scripts.boot_command(script), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(script)
+    proc.stdin.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(_tagged("kill-me")) < 3:
+        time.sleep(0.05)
+    assert len(_tagged("kill-me")) >= 3
+    assert run(scripts.kill_call("kill-me")).returncode == 0
+    assert proc.wait(timeout=10) != 0
+    assert _tagged("kill-me") == []
+
+
+def test_probe_archive_and_extract_round_trip(tmp_path: Path, ws: Path) -> None:
+    assert run(scripts.probe(workspace=str(ws))).returncode == 0
+    (ws / "d").mkdir()
+    (ws / "d" / "f.txt").write_text("kept")
+    tar = run(scripts.archive(workspace=str(ws)))
+    assert tar.returncode == 0
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    out = run(scripts.extract(len(tar.stdout), workspace=str(fresh)), tar.stdout)
+    assert out.returncode == 0, out.stderr
+    assert (fresh / "d" / "f.txt").read_text() == "kept"
+
+
+def _tagged(tag: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"DSB_CALL={tag}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_call_that_the_oom_killer_hit_says_so(ws: Path) -> None:
+    """In a memory cgroup of its own (as a container is), a call that outgrows the limit gets 137 and a line
+    naming the out-of-memory killer; a call that does not gets nothing added."""
+    parent = Path("/sys/fs/cgroup/memory")
+    if not os.access(parent, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 memory hierarchy (root on this machine)")
+    group = parent / f"dsb-test-oom-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text("40000000")
+        files = (str(group / "memory.oom_control"),)
+
+        def in_group(command: str) -> subprocess.CompletedProcess[bytes]:
+            script = scripts.shell(command, tag="oom", cwd=None, env={}, workspace=str(ws), oom_files=files)
+            enter = f"echo $$ > {group}/cgroup.procs; exec \"$@\""
+            return subprocess.run(["/bin/sh", "-c", enter, "enter", *scripts.boot_command(script)], input=script,
+                                  capture_output=True, timeout=60, check=False)
+
+        fine = in_group("echo small")
+        assert (fine.returncode, fine.stderr) == (0, b"")
+        hit = in_group("head -c 300000000 /dev/zero | tail > /dev/null")
+        assert hit.returncode == 137 and scripts.OOM_MESSAGE in hit.stderr.decode()
+    finally:
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)  # the killed processes are still leaving the group
