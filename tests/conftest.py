@@ -8,8 +8,17 @@ from typing import Any
 import pytest
 
 from tests.fakes.fixtures import fake_e2b
+from tests.postgres.fixtures import install_if_selected, mark_postgres_tests, postgres_dsn, postgres_server
 
-__all__ = ["control_plane", "fake_e2b", "s3_server"]
+__all__ = ["control_plane", "fake_e2b", "postgres_dsn", "postgres_server", "s3_server"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_postgres_tests(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    install_if_selected(session)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import os
 import shlex
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -13,18 +15,21 @@ from typing import TYPE_CHECKING, Any
 import durable_sandbox
 from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.errors import CliError
-from durable_sandbox.engine import StoreError
-from durable_sandbox.stores import SqliteStore, default_home
+from durable_sandbox.engine import Store, StoreError
+from durable_sandbox.stores import default_home
+from durable_sandbox.stores.locations import describe, is_postgres_url, open_store
 
 if TYPE_CHECKING:
     from durable_sandbox.cli.cluster import ClusterEngine
 
 log = logging.getLogger("durable_sandbox.cli")
 
+STORE_ENV = "DSB_STORE"  # the store when --store is not given: a path or a postgresql:// URL
+
 
 @dataclass
 class Settings:
-    store: Path | None = None  # None: $DURABLE_SANDBOX_HOME/runs.db
+    store: str | None = None  # --store: a SQLite file's path or a postgresql:// URL; None: $DSB_STORE, else the default
     output: str = "table"  # table, json or yaml; `-o wide` is the table with full ids (wide=True)
     wide: bool = False
     store_given: bool = False  # echo --store in the commands we print, so they work as printed
@@ -36,21 +41,43 @@ class Settings:
         self.output, self.wide = ("table", True) if value == "wide" else (value, False)
 
     @property
+    def location(self) -> str:
+        """The store: --store, else $DSB_STORE, else $DURABLE_SANDBOX_HOME/runs.db."""
+        if self.store is not None:
+            return self.store
+        return os.environ.get(STORE_ENV) or str(default_home() / "runs.db")
+
+    @property
+    def postgres(self) -> bool:
+        return is_postgres_url(self.location)
+
+    @property
+    def store_label(self) -> str:
+        """The store as it may be shown (a URL without its password)."""
+        return describe(self.location)
+
+    @property
     def store_path(self) -> Path:
-        return self.store if self.store is not None else default_home() / "runs.db"
+        """The SQLite store's file; for a PostgreSQL store, the local stand-in that names the files `dsb` keeps
+        on this machine for it (`<path>.env/`, `<path>.detached.log`), one per server, database and schema."""
+        if not self.postgres:
+            return Path(self.location)
+        key = hashlib.sha256(self.store_label.encode()).hexdigest()[:16]
+        return default_home() / f"postgres-{key}"
 
     def dsb(self) -> str:
-        """The `dsb` prefix of a command line that targets the same store (or cluster namespace)."""
+        """The `dsb` prefix of a command line that targets the same store (or cluster namespace). A URL is
+        shown without its password: give it again yourself, or keep it in $DSB_STORE or ~/.pgpass."""
         if self.kube:
             return "dsb --kube" + (f" -n {shlex.quote(self.namespace)}" if self.namespace else "")
-        return f"dsb --store {shlex.quote(str(self.store_path))}" if self.store_given else "dsb"
+        return f"dsb --store {shlex.quote(self.store_label)}" if self.store_given else "dsb"
 
 
 def check_store(settings: Settings, *, create: bool) -> None:
     """A --store that does not exist is a mistake (a typo would otherwise show an empty store, and
     create one), except for `dsb run`, which creates the store it records runs in. The default store is
     created on first use by any command."""
-    if settings.store_given and not create and not settings.store_path.exists():
+    if settings.store_given and not create and not settings.postgres and not settings.store_path.exists():
         raise CliError(
             f"--store {settings.store_path}: no such store file; check the path (`dsb run --store PATH ...` creates one)"
         )
@@ -77,6 +104,16 @@ def cluster_module() -> Any:
     return cluster
 
 
+async def open_local_store(settings: Settings) -> Store:
+    """The store --store (or $DSB_STORE) names; a location that is no store, or a server that cannot be
+    reached, is a usage error that names it (without a password)."""
+    try:
+        store: Store = await open_store(settings.location)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+    return store
+
+
 @contextlib.asynccontextmanager
 async def open_engine(settings: Settings, *, create: bool = False) -> AsyncIterator[durable_sandbox.Engine]:
     if settings.kube:
@@ -85,10 +122,7 @@ async def open_engine(settings: Settings, *, create: bool = False) -> AsyncItera
             "inspect, history, logs, signal, cancel, runs, sandboxes)"
         )
     check_store(settings, create=create)
-    try:
-        store = SqliteStore(settings.store_path)
-    except StoreError as exc:  # a --store that is no store is a usage error
-        raise CliError(str(exc)) from None
+    store = await open_local_store(settings)
     env_values = LocalEnvValues(settings.store_path)
     engine = durable_sandbox.Engine(store, services={"env_values": env_values})
     try:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from durable_sandbox.engine.errors import StoreUnavailable
 from durable_sandbox.engine.executor import RunExecutor
+
+log = logging.getLogger("durable_sandbox.engine")
 
 
 async def poll_store(
@@ -38,15 +42,22 @@ async def poll_store(
             next_sweep = time.time() + max(1.0, min(float(hibernate_after) / 2, 30.0))
             await executor.hibernate_idle(float(hibernate_after))
         lease = None
+        away = False
         if len(running) < concurrency:
-            lease = await store.claim_next(executor.worker_id, executor.lease_ttl, workflows=workflows)
+            try:
+                lease = await store.claim_next(executor.worker_id, executor.lease_ttl, workflows=workflows)
+            except StoreUnavailable as exc:
+                # The store is away for longer than it waits (a server restart, a failover): the worker is
+                # not broken, it looks again later, as it does when nothing is runnable.
+                log.warning("worker %s: %s", executor.worker_id, exc)
+                away = True
         if lease is not None:
             executed.append(lease.run_id)
             task = asyncio.create_task(executor.run_claimed(lease))
             running.add(task)
             task.add_done_callback(running.discard)
             continue
-        if idle_exit and not running:
+        if idle_exit and not running and not away:  # "idle" is what the store said, not that it was away
             return executed
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), poll_interval)
