@@ -3,6 +3,9 @@ schema of its own per test."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import shutil
 import tempfile
 import uuid
@@ -14,6 +17,33 @@ import pytest
 from tests.postgres.server import PostgresServer, PostgresUnavailable, install
 
 FIXTURE = "postgres_server"
+PREFIX = "dsb-postgres-"
+OWNER_FILE = "owner.json"  # which test session a server directory belongs to
+
+
+def _process_start(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()[19]
+
+
+def reap_abandoned(base: Path) -> list[Path]:
+    """Stop and delete the servers of test sessions that died without their teardown (SIGKILL, a CI job cut
+    off): a session's server otherwise outlives it. A directory's owner is its pytest process (pid and start
+    time, so a reused pid is not mistaken for it)."""
+    reaped = []
+    for directory in base.glob(f"{PREFIX}*"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            owner = json.loads((directory / OWNER_FILE).read_text())
+            if _process_start(int(owner["pid"])) == owner["start"]:
+                continue  # its session is alive
+            with contextlib.suppress(PostgresUnavailable):
+                PostgresServer(directory).down()
+            shutil.rmtree(directory, ignore_errors=True)
+            reaped.append(directory)
+    return reaped
 
 
 def install_if_selected(session: pytest.Session) -> None:
@@ -36,7 +66,9 @@ def mark_postgres_tests(items: list[pytest.Item]) -> None:
 def postgres_server() -> Iterator[PostgresServer]:
     """A PostgreSQL server of this session's own on 127.0.0.1 (a free port), stopped and deleted at the end.
     Outside pytest's tmp dir on purpose: the server user must be able to enter its directory."""
-    directory = Path(tempfile.mkdtemp(prefix="dsb-postgres-"))
+    reap_abandoned(Path(tempfile.gettempdir()))
+    directory = Path(tempfile.mkdtemp(prefix=PREFIX))
+    (directory / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": _process_start(os.getpid())}))
     server = PostgresServer(directory)
     try:
         server.up()

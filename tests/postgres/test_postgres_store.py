@@ -4,8 +4,10 @@ is away (a restart, a crash), a commit whose answer was lost, and what its error
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -195,3 +197,74 @@ async def test_errors_name_the_store_without_its_password(postgres_server: Postg
     with pytest.raises(StoreError) as info:
         await PostgresStore.connect(postgres_server.dsn().replace(str(postgres_server.port), "1"), connect_timeout=2)
     assert postgres_server.password not in str(info.value) and "Cannot connect" in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------- pooling
+
+
+async def test_many_runs_committing_at_once_share_a_bounded_pool(postgres_server: PostgresServer, postgres_dsn: str) -> None:
+    """20 runs commit at once through a pool of 3: every commit lands, in order per run, and the store never
+    holds more than 3 connections to the server."""
+    store = await PostgresStore.connect(postgres_dsn, pool_size=3)
+    try:
+        leases = []
+        for i in range(20):
+            await store.create_run(RunRecord(run_id=f"r{i}", workflow="wf"))
+            leases.append(await store.claim(f"r{i}", "w", 600))
+        peak = 0
+
+        async def connections() -> int:
+            return int(await _sql(postgres_dsn, lambda c, s: c.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'durable-sandbox' "
+                "AND pid <> pg_backend_pid()")))
+
+        async def commits(lease: Any) -> None:
+            nonlocal peak
+            for k in range(5):
+                await store.commit(lease.run_id, lease.fence, Commit([_rec(f"s{k}", k)]))
+            peak = max(peak, await connections())
+
+        await asyncio.gather(*(commits(lease) for lease in leases))
+        for lease in leases:
+            rows = await store.load_journal(lease.run_id)
+            assert [(r.seq, r.op_id) for r in rows] == [(k + 1, f"s{k}") for k in range(5)]
+        assert 1 <= peak <= 3, f"{peak} connections for a pool of 3"
+    finally:
+        await store.close()
+
+
+# ------------------------------------------------------------------------------------------- the harness
+
+
+def test_a_server_whose_test_session_died_is_stopped_and_deleted_by_the_next() -> None:
+    """A session killed before its teardown leaves its server running; the next session's fixture stops it."""
+    import json
+    import shutil
+    import subprocess
+    import tempfile
+
+    from tests.postgres.fixtures import OWNER_FILE, PREFIX, reap_abandoned
+
+    base = Path(tempfile.mkdtemp(prefix="dsb-reap-test-"))  # not under pytest's 0700 tmp: the server user enters it
+    base.chmod(0o711)
+    try:
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        orphan = base / f"{PREFIX}orphan"
+        server = PostgresServer(orphan).up()
+        (orphan / OWNER_FILE).write_text(json.dumps({"pid": dead.pid, "start": "0"}))
+        alive = base / f"{PREFIX}alive"
+        alive.mkdir()
+        (alive / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": _own_start()}))
+        pid = server.pid()
+        assert pid is not None and server.running()
+        assert reap_abandoned(base) == [orphan]
+        assert not orphan.exists() and alive.exists()
+        assert not Path(f"/proc/{pid}").exists() or b"postgres" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _own_start() -> str:
+    stat = Path(f"/proc/{os.getpid()}/stat").read_text()
+    return stat[stat.rfind(")") + 2 :].split()[19]
