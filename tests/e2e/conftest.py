@@ -156,6 +156,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 prepare_node()
             except RuntimeError:  # remembered; the node tests raise it
                 pass
+    if any(item.get_closest_marker("browser") for item in session.items):
+        from .browser_support import chromium
+
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            try:
+                chromium()  # scripts/browser: installs Debian's chromium when missing, outside any test's timeout
+            except RuntimeError:
+                pass  # remembered; the browser tests raise it
     if any(item.get_closest_marker("image") for item in session.items):
         from .image_support import build_image
 
@@ -319,6 +328,14 @@ def private_control_plane(workdir: Path) -> Iterator[ControlPlane]:
         yield cp
     finally:
         stop_control_plane(cp.process)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (Debian's) driven by Playwright, for the web view's tests (tests/e2e/browser_support.py)."""
+    from .browser_support import launch_browser
+
+    yield from launch_browser()
 
 
 @pytest.fixture(scope="session")
