@@ -6,6 +6,7 @@ unless shared), with an optional fault point (engine/faults.py) so a test kills 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -265,6 +266,11 @@ def scrape(port: int) -> Samples:
     """/metrics parsed with prometheus-client's parser: value by (sample name, labels)."""
     code, text = http_get(port, "/metrics")
     assert code == 200, text
+    return parse_samples(text)
+
+
+def parse_samples(text: str) -> Samples:
+    """A Prometheus text exposition: value by (sample name, labels)."""
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
@@ -276,3 +282,19 @@ def total(got: Samples, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples whose labels include ``labels``."""
     want = set(labels.items())
     return sum(v for (n, ls), v in got.items() if n == name and want <= ls)
+
+
+def sa_kubeconfig(cp: ControlPlane, namespace: str, sa: str, path: Path) -> None:
+    """A kubeconfig holding a TokenRequest token of ``sa`` (what the kubelet mounts into a Pod)."""
+    token = cp.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
+    admin = yaml.safe_load(cp.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    ca = cluster.get("certificate-authority-data") or base64.b64encode(
+        Path(cluster["certificate-authority"]).read_bytes()
+    ).decode()
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "cp", "cluster": {"server": cp.server, "certificate-authority-data": ca}}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "cp", "user": sa, "namespace": namespace}}],
+    }))

@@ -19,12 +19,12 @@ from tests.e2e.operator_support import (
     manifest,
     namespace,
     operators,
+    sa_kubeconfig,
     status,
     wait_condition,
     wait_event,
     wait_in_flight,
 )
-from tests.e2e.test_image_operator import sa_kubeconfig
 
 __all__ = ["namespace", "operators", "tab", "ui_servers"]  # fixtures
 
