@@ -81,6 +81,8 @@ async def test_each_attempt_is_a_segment_with_its_backoff(store: SqliteStore, wa
     assert first.note == "ConnectionError: the first attempt fails"
     assert backoff.t0 == first.t1 and backoff.t1 == second.t0  # the backoff ends when attempt 2 starts
     assert [first.key, second.key] == ["flaky", "flaky#2"]
+    nap = tl.items["nap"]
+    assert (nap.kind, nap.outcome, nap.label) == ("timer", "ok", "sleep nap") and (nap.t1 or 0) > nap.t0
 
 
 async def test_parallel_branches_get_lanes_of_their_own(store: SqliteStore, waiting_run: tuple[Engine, str]) -> None:

@@ -27,6 +27,7 @@ async def everything(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict
     flaky = await ctx.step("flaky", _flaky, str(data["key"]), retry=RetryPolicy(max_attempts=3, initial_interval=0.01,
                                                                                   jitter=False))
     secret = await ctx.step("secret", _secret_result)
+    await ctx.sleep("nap", 0.01)  # a durable timer short enough to be waited inline
 
     async def branch(c: durable_sandbox.Context) -> int:
         await c.step("inner", lambda: 1)
