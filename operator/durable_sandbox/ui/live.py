@@ -55,7 +55,7 @@ class LiveTimeline:
 class Timelines:
     """The live timelines of the runs being looked at, least recently used dropped first."""
 
-    def __init__(self, source: RunSource, *, capacity: int = 8) -> None:
+    def __init__(self, source: RunSource, *, capacity: int = 4) -> None:  # a 10,000-call run: tens of MB
         self.source = source
         self.capacity = capacity
         self._cache: OrderedDict[str, LiveTimeline] = OrderedDict()
