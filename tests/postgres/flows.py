@@ -56,6 +56,21 @@ async def stops_the_server(ctx: durable_sandbox.Context, data: dict[str, Any]) -
     return {"steps": [first, after]}
 
 
+def _wait_for_file(path: str) -> str:
+    deadline = time.monotonic() + SHARE_DEADLINE_S
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within the deadline")
+        time.sleep(0.02)
+    return Path(path).read_text()
+
+
+@durable_sandbox.workflow
+async def waits_for_file(ctx: durable_sandbox.Context, data: dict[str, Any]) -> str:
+    """Runs until the test creates ``data["path"]``: the test can look at the process executing it meanwhile."""
+    return await ctx.step("wait", _wait_for_file, data["path"])
+
+
 @durable_sandbox.workflow
 async def counted(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[str, Any]:
     """``data``: log (file), steps (how many), share (the first step waits for a second worker)."""

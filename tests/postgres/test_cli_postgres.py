@@ -20,6 +20,7 @@ from click.testing import CliRunner
 import durable_sandbox.stores.postgres as postgres_mod
 from durable_sandbox.cli.main import cli
 from tests.postgres.server import PostgresServer
+from tests.unit.process_support import pids_with_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DSB = str(Path(sys.executable).parent / "dsb")
@@ -217,3 +218,34 @@ def test_a_server_down_longer_than_the_store_waits_ends_dsb_run_resumably(
     assert resumed.exit_code == 0, resumed.output
     assert json.loads(resumed.stdout)["result"] == {"steps": [0, 2]}
     assert [(run, step) for run, step, _ in _log_lines(log)] == [("down", 0), ("down", 2)]
+
+
+def test_dsb_run_detach_hands_the_store_to_its_child_outside_the_command_line(
+    postgres_server: PostgresServer, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """`dsb run --detach` on a PostgreSQL store: the background `dsb run` finishes the run; the URL reaches it in
+    $DSB_STORE, never in its argv (which `ps` shows to every user), and its log sits under
+    $DURABLE_SANDBOX_HOME, free of the password."""
+    env = _env(tmp_path)
+    gate = tmp_path / "gate"
+    started = _dsb(env, "--store", postgres_dsn, "-o", "json", "run", "--detach", f"{FLOWS}:waits_for_file",
+                   "--input", json.dumps({"path": str(gate)}), "--run-id", "bg")
+    assert started.returncode == 0, started.stderr
+    schema = postgres_dsn.rsplit("schema=", 1)[1]  # unique to this test: finds the child by its environment
+    children: list[int] = []
+
+    def child_found() -> bool:
+        children[:] = [pid for pid in pids_with_env(schema) if pid != os.getpid()]
+        return bool(children)
+
+    _wait(child_found, "the background dsb run")
+    for pid in children:
+        assert postgres_server.password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), \
+            "the store's URL (with its password) is on the background process's command line"
+    gate.write_text("open")
+    waited = _dsb(env, "--store", postgres_dsn, "-o", "json", "wait", "bg")
+    assert waited.returncode == 0, waited.stderr
+    assert json.loads(waited.stdout)["result"] == "open"
+    logs = list((tmp_path / "home").glob("postgres-*.detached.log"))
+    assert len(logs) == 1, logs
+    _no_secret(postgres_server.password, started.stdout, started.stderr, waited.stdout, logs[0].read_text())

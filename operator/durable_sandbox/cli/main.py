@@ -177,6 +177,7 @@ def _register() -> None:
         run,
         runs,
         sandboxes,
+        ui,
         worker,
     )
 
@@ -194,6 +195,7 @@ def _register() -> None:
         lifecycle.delete,
         lifecycle.prune,
         worker.worker,
+        ui.ui,
     ):
         _accept_global_options(command)
         cli.add_command(command)

@@ -123,7 +123,7 @@ class PostgresStore:
         self._pool = pool
         self.dsn = dsn
         self.schema = schema
-        self.where = redact_url(dsn) + (f" (schema {schema})" if schema != schema_mod.DEFAULT_SCHEMA else "")
+        self.where = redact_url(dsn)  # names the schema too when it is not the default (?schema=...)
         self.outage_timeout = OUTAGE_TIMEOUT if outage_timeout is None else outage_timeout
         self.outages = 0  # outages met (a call that had to wait for the server), for tests and logs
         self._commit_sql: dict[tuple[Any, ...], str] = {}
@@ -200,7 +200,7 @@ class PostgresStore:
                             self.where, what, _describe(error), self.outage_timeout)
             if now >= deadline:
                 raise StoreUnavailable(
-                    f"PostgreSQL {self.where} did not answer for {self.outage_timeout:.0f}s ({what}: "
+                    f"PostgreSQL {self.where} did not answer for {self.outage_timeout:g}s ({what}: "
                     f"{_describe(error)})", run_id
                 ) from None
             await asyncio.sleep(min(delay, max(deadline - now, 0.0)))
