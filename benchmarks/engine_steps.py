@@ -346,45 +346,52 @@ def _dbos_wal_engine(url: str) -> Any:
     return engine
 
 
-def bench_dbos_variant(steps: int, repeats: int, warmup: int, *, wal: bool, base: str | None = None) -> dict[str, Any]:
+def dbos_steps(config: dict[str, Any], steps: int, repeats: int, warmup: int) -> dict[str, Any]:
+    """A @DBOS.workflow calling a @DBOS.step ``steps`` times, timed as ours; ``config`` is DBOS's (which
+    system database). All repeats share that database, on distinct workflow ids."""
     from dbos import DBOS, SetWorkflowID
 
+    DBOS(config=config)  # type: ignore[arg-type]
+
+    @DBOS.step()
+    def dbos_noop(i: int) -> int:
+        return i
+
+    @DBOS.workflow()
+    def dbos_wf(n: int) -> int:
+        for i in range(n):
+            dbos_noop(i)
+        return n
+
+    DBOS.launch()
+    try:
+        counter = {"k": 0}
+
+        def once(warm: bool) -> float:
+            n = max(steps // 4, 1) if warm else steps
+            counter["k"] += 1
+            with SetWorkflowID(f"bench-{counter['k']}"):
+                t0 = time.perf_counter()
+                out = dbos_wf(n)
+                dt = time.perf_counter() - t0
+            assert out == n
+            return dt
+
+        t = repeat(once, repeats, warmup)
+    finally:
+        DBOS.destroy(destroy_registry=True)
+    return {"seconds": t, "steps_per_s": steps / t["median"]}
+
+
+def bench_dbos_variant(steps: int, repeats: int, warmup: int, *, wal: bool, base: str | None = None) -> dict[str, Any]:
     with fresh_dir("dbos", base) as d:
         url = f"sqlite:///{d / 'dbos.sqlite'}"
         config: dict[str, Any] = {"name": "dsb-bench", "system_database_url": url, "log_level": "WARNING"}
         if wal:
             config["system_database_engine"] = _dbos_wal_engine(url)
-        DBOS(config=config)  # type: ignore[arg-type]
-
-        @DBOS.step()
-        def dbos_noop(i: int) -> int:
-            return i
-
-        @DBOS.workflow()
-        def dbos_wf(n: int) -> int:
-            for i in range(n):
-                dbos_noop(i)
-            return n
-
-        DBOS.launch()
-        try:
-            counter = {"k": 0}
-
-            def once(warm: bool) -> float:
-                n = max(steps // 4, 1) if warm else steps
-                counter["k"] += 1
-                with SetWorkflowID(f"bench-{counter['k']}"):
-                    t0 = time.perf_counter()
-                    out = dbos_wf(n)
-                    dt = time.perf_counter() - t0
-                assert out == n
-                return dt
-
-            t = repeat(once, repeats, warmup)
-            size = sqlite_bytes(d / "dbos.sqlite")
-        finally:
-            DBOS.destroy(destroy_registry=True)
-    return {"seconds": t, "steps_per_s": steps / t["median"], "store_bytes": size}
+        out = dbos_steps(config, steps, repeats, warmup)
+        out["store_bytes"] = sqlite_bytes(d / "dbos.sqlite")
+    return out
 
 
 def bench_dbos(steps: int, repeats: int, warmup: int, base: str | None = None) -> dict[str, Any]:

@@ -15,8 +15,17 @@ import durable_sandbox.engine.executor as executor_mod
 import durable_sandbox.stores.sqlite as sqlite_mod
 from tests.clock import Clock
 from tests.fakes.fixtures import fake_e2b
+from tests.postgres.fixtures import install_if_selected, mark_postgres_tests, postgres_dsn, postgres_server
 
-__all__ = ["clock", "control_plane", "fake_e2b", "s3_server"]
+__all__ = ["clock", "control_plane", "fake_e2b", "postgres_dsn", "postgres_server", "s3_server"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_postgres_tests(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    install_if_selected(session)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -144,6 +144,16 @@ async def test_parts_a_crashed_taking_left_are_aborted_by_the_retry_and_by_delet
     assert await unfinished_uploads(store) == [] and not await store.exists(snapshot)
 
 
+async def test_the_sweep_aborts_stale_uploads_of_its_installation_only(store: S3SnapshotStore) -> None:
+    s3 = await store._s3()
+    for snapshot in (name("dead"), name("other-inst", installation="other")):
+        await s3.create_multipart_upload(Bucket=store.config.bucket, Key=store.key(snapshot))
+    assert await store.abort_stale_uploads("inst", older_than=3600) == 0, "a taking in progress is left alone"
+    assert len(await unfinished_uploads(store)) == 2
+    assert await store.abort_stale_uploads("inst", older_than=0) == 1
+    assert await unfinished_uploads(store) == [store.key(name("other-inst", installation="other"))]
+
+
 async def test_delete_is_idempotent_and_a_deleted_snapshot_is_missing(store: S3SnapshotStore) -> None:
     snapshot = name("gone")
     await store.put(snapshot, chunks(b"data"))

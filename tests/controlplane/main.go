@@ -1,16 +1,21 @@
 // Command controlplane is the end-to-end test harness of durable-sandbox: a real Kubernetes control plane
-// (embedded etcd, kube-apiserver, kube-controller-manager) built from Kubernetes' own Go modules, because no
-// container engine is available to run kind, k3d or minikube.
+// (embedded etcd, kube-apiserver, kube-controller-manager) and, on request, a real node beside it (kubelet,
+// kube-scheduler, with the host's containerd), all built from Kubernetes' own Go modules, because no container
+// engine is available to run kind, k3d or minikube.
 //
 //	controlplane kube-apiserver [upstream flags]
 //	controlplane kube-controller-manager [upstream flags]
-//	controlplane up --dir D --ready-file F
+//	controlplane kube-scheduler [upstream flags]
+//	controlplane kubelet [upstream flags]
+//	controlplane up --dir D --ready-file F [--node NAME --node-image ARCHIVE ...]
+//	controlplane node-clean
 //
 // The components run as separate child processes of this same binary: upstream's commands own process-wide
 // state (signal handling, logging configuration, feature gates, metrics registries) that cannot be set up twice.
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -20,12 +25,19 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"  // same version metric as the upstream binaries
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanagerapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	schedulerapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubeletapp "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 const usage = `usage:
   controlplane kube-apiserver [flags]            upstream kube-apiserver
   controlplane kube-controller-manager [flags]   upstream kube-controller-manager
-  controlplane up --dir D --ready-file F         etcd + both components; D/kubeconfig once ready
+  controlplane kube-scheduler [flags]            upstream kube-scheduler
+  controlplane kubelet [flags]                   upstream kubelet
+  controlplane up --dir D --ready-file F         etcd + apiserver + controller-manager; D/kubeconfig once ready
+      [--node NAME --node-image ARCHIVE ...]     and a node: containerd, kubelet, scheduler (root; see node.go)
+  controlplane node-clean                        remove what a node left behind (processes, mounts, links,
+                                                 cgroups, sysctls) after an up that was killed
 `
 
 func main() {
@@ -42,6 +54,16 @@ func main() {
 		cmd := controllermanagerapp.NewControllerManagerCommand()
 		cmd.SetArgs(os.Args[2:])
 		os.Exit(cli.Run(cmd))
+	case "kube-scheduler":
+		cmd := schedulerapp.NewSchedulerCommand()
+		cmd.SetArgs(os.Args[2:])
+		os.Exit(cli.Run(cmd))
+	case "kubelet":
+		cmd := kubeletapp.NewKubeletCommand(context.Background())
+		cmd.SetArgs(os.Args[2:])
+		os.Exit(cli.Run(cmd))
+	case "node-clean":
+		os.Exit(runNodeClean(os.Args[2:]))
 	case "up":
 		os.Exit(runUp(os.Args[2:]))
 	case "-h", "--help", "help":

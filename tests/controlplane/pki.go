@@ -24,6 +24,13 @@ type pki struct {
 	ServingCert, ServingKey string
 	AdminCert, AdminKey     string
 	SAKey, SAPub            string
+	// The apiserver's client certificate towards kubelets (exec, logs, port-forward): the kubelet API
+	// authenticates it by this CA and authorizes it by a SubjectAccessReview, like any other user.
+	KubeletClientCert, KubeletClientKey string
+
+	ca     *x509.Certificate
+	caKey  crypto.Signer
+	window [2]time.Time
 }
 
 func writePKI(dir string) (*pki, error) {
@@ -35,6 +42,8 @@ func writePKI(dir string) (*pki, error) {
 		ServingCert: filepath.Join(dir, "apiserver.crt"), ServingKey: filepath.Join(dir, "apiserver.key"),
 		AdminCert: filepath.Join(dir, "admin.crt"), AdminKey: filepath.Join(dir, "admin.key"),
 		SAKey: filepath.Join(dir, "sa.key"), SAPub: filepath.Join(dir, "sa.pub"),
+		KubeletClientCert: filepath.Join(dir, "apiserver-kubelet-client.crt"),
+		KubeletClientKey:  filepath.Join(dir, "apiserver-kubelet-client.key"),
 	}
 	now := time.Now()
 	// Backdated so that small clock differences between processes never make a fresh certificate "not yet valid".
@@ -64,33 +73,21 @@ func writePKI(dir string) (*pki, error) {
 	if err := writeCertAndKey(p.CACert, p.CAKey, caDER, caKey); err != nil {
 		return nil, err
 	}
+	p.ca, p.caKey, p.window = caCert, caKey, [2]time.Time{notBefore, notAfter}
 
 	// In-cluster clients reach the apiserver as the first service IP or the kubernetes.default names.
-	serving := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: "kube-apiserver"},
-		NotBefore:    notBefore,
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-			"kubernetes.default.svc.cluster.local"},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1"), net.ParseIP("10.0.0.1")},
-	}
-	if err := issue(serving, caCert, caKey, p.ServingCert, p.ServingKey); err != nil {
+	if err := p.issueServing("kube-apiserver", []string{"localhost", "kubernetes", "kubernetes.default",
+		"kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1"), net.ParseIP(serviceIP)},
+		p.ServingCert, p.ServingKey); err != nil {
 		return nil, err
 	}
 
 	// O=system:masters is bound to cluster-admin by the bootstrap RBAC policy and may impersonate anyone.
-	admin := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: "durable-sandbox-admin", Organization: []string{"system:masters"}},
-		NotBefore:    notBefore,
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	if err := p.issueClient("durable-sandbox-admin", []string{"system:masters"}, p.AdminCert, p.AdminKey); err != nil {
+		return nil, err
 	}
-	if err := issue(admin, caCert, caKey, p.AdminCert, p.AdminKey); err != nil {
+	if err := p.issueClient(kubeletClientUser, nil, p.KubeletClientCert, p.KubeletClientKey); err != nil {
 		return nil, err
 	}
 
@@ -110,6 +107,35 @@ func writePKI(dir string) (*pki, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// The user name the apiserver presents to kubelets; bound to ClusterRole system:kubelet-api-admin when a node starts.
+const kubeletClientUser = "kube-apiserver-kubelet-client"
+
+// issueClient writes a client certificate for user cn in groups orgs, signed by the cluster CA.
+func (p *pki) issueClient(cn string, orgs []string, certPath, keyPath string) error {
+	return issue(&x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: cn, Organization: orgs},
+		NotBefore:    p.window[0],
+		NotAfter:     p.window[1],
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, p.ca, p.caKey, certPath, keyPath)
+}
+
+// issueServing writes a serving certificate for the given names and addresses, signed by the cluster CA.
+func (p *pki) issueServing(cn string, dns []string, ips []net.IP, certPath, keyPath string) error {
+	return issue(&x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    p.window[0],
+		NotAfter:     p.window[1],
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:     dns,
+		IPAddresses:  ips,
+	}, p.ca, p.caKey, certPath, keyPath)
 }
 
 func issue(tmpl, ca *x509.Certificate, caKey crypto.Signer, certPath, keyPath string) error {

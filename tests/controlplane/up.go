@@ -43,12 +43,26 @@ type readyInfo struct {
 	Etcd       string `json:"etcd"`
 	PID        int    `json:"pid"`
 	Logs       string `json:"logs"`
+	// With --node: the Node's name and the containerd socket images are imported through (`ctr --address`).
+	Node       string `json:"node,omitempty"`
+	Containerd string `json:"containerd,omitempty"`
 }
 
 func runUp(args []string) int {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	dir := fs.String("dir", "", "working directory for certificates, etcd data, logs and the kubeconfig (required)")
 	readyFile := fs.String("ready-file", "", "written (JSON) once the control plane serves requests; removed on stop")
+	nodeName := fs.String("node", "", "also run a node of this name (root; one per machine): containerd, kubelet, kube-scheduler")
+	var nodeImages []string
+	fs.Func("node-image", "an OCI archive to import into the node's containerd before the kubelet starts "+
+		"(repeatable; one must hold "+pauseImage+")", func(v string) error {
+		abs, err := filepath.Abs(v)
+		nodeImages = append(nodeImages, abs)
+		return err
+	})
+	lockTimeout := fs.Duration("node-lock-timeout", 30*time.Minute, "how long to wait for another node on this machine to stop")
+	lockFD := fs.Int("node-lock-fd", -1, "an inherited descriptor of "+nodeLockPath+" on which the caller holds the "+
+		"node lock (it then checks the machine after `up` exits, still holding it)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -74,6 +88,22 @@ func runUp(args []string) int {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 
 	cp := &controlPlane{dir: d, readyFile: rf}
+	if *nodeName != "" {
+		// Checked before anything starts: a node that cannot run leaves nothing half-started.
+		if err := nodePreflight(); err != nil {
+			logf("%v", err)
+			return 1
+		}
+		lock, err := acquireNodeLock(*lockFD, *lockTimeout, sigs)
+		if err != nil {
+			if errors.Is(err, errStopped) {
+				return 0
+			}
+			logf("%v", err)
+			return 1
+		}
+		cp.node = &node{name: *nodeName, images: nodeImages, cp: cp, lock: lock}
+	}
 	err = cp.start(sigs)
 	if err == nil {
 		err = cp.serve(sigs)
@@ -97,6 +127,7 @@ type controlPlane struct {
 	apiserver      *child
 	apiserverPort  int
 	controllerMgr  *child
+	node           *node
 }
 
 func (cp *controlPlane) logDir() string { return filepath.Join(cp.dir, "logs") }
@@ -131,8 +162,15 @@ func (cp *controlPlane) start(sigs <-chan os.Signal) error {
 	}
 	cp.controllerMgr, err = startChild("kube-controller-manager", filepath.Join(cp.logDir(), "kube-controller-manager.log"),
 		"--kubeconfig="+cmKubeconfig,
+		// Besides the three a bare API needs: the built-in view, edit and admin roles get their rules
+		// (clusterrole-aggregation); and what Pods need: kube-root-ca.crt in every namespace (each Pod with a
+		// service-account token mounts it), Deployments and ReplicaSets, the not-ready taint lifted from a new
+		// Node, terminated Pods collected, PodDisruptionBudgets' status (evictions consult it).
 		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,"+
-			"clusterrole-aggregation-controller", // the built-in view, edit and admin roles get their rules
+			"clusterrole-aggregation-controller,"+
+			"root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,"+
+			"node-lifecycle-controller,pod-garbage-collector-controller,disruption-controller",
+		"--root-ca-file="+cp.pki.CACert,
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",
@@ -148,14 +186,21 @@ func (cp *controlPlane) start(sigs <-chan os.Signal) error {
 		}); err != nil {
 		return err
 	}
+	if cp.node != nil {
+		if err := cp.node.start(sigs); err != nil {
+			return err
+		}
+	}
 	kubeconfig := filepath.Join(cp.dir, "kubeconfig")
 	if err := cp.writeKubeconfig(kubeconfig); err != nil {
 		return err
 	}
 	if cp.readyFile != "" {
-		info, _ := json.MarshalIndent(readyInfo{
-			Kubeconfig: kubeconfig, Server: cp.server(), Etcd: cp.etcdURL, PID: os.Getpid(), Logs: cp.logDir(),
-		}, "", "  ")
+		ri := readyInfo{Kubeconfig: kubeconfig, Server: cp.server(), Etcd: cp.etcdURL, PID: os.Getpid(), Logs: cp.logDir()}
+		if cp.node != nil {
+			ri.Node, ri.Containerd = cp.node.name, containerdSocket()
+		}
+		info, _ := json.MarshalIndent(ri, "", "  ")
 		if err := writeFileAtomic(cp.readyFile, append(info, '\n'), 0o644); err != nil {
 			return err
 		}
@@ -234,7 +279,14 @@ func (cp *controlPlane) startAPIServer(sigs <-chan os.Signal) error {
 			"--tls-private-key-file="+cp.pki.ServingKey,
 			"--cert-dir="+filepath.Join(cp.dir, "pki"),
 			"--client-ca-file="+cp.pki.CACert,
-			"--authorization-mode=RBAC",
+			// Node: kubelets may touch only their own Node and what their Pods use (with NodeRestriction).
+			"--authorization-mode=Node,RBAC",
+			"--enable-admission-plugins=NodeRestriction",
+			// exec, logs and port-forward go to the kubelet as this client, verifying the kubelet's certificate.
+			"--kubelet-client-certificate="+cp.pki.KubeletClientCert,
+			"--kubelet-client-key="+cp.pki.KubeletClientKey,
+			"--kubelet-certificate-authority="+cp.pki.CACert,
+			"--kubelet-preferred-address-types=InternalIP",
 			fmt.Sprintf("--service-account-issuer=https://127.0.0.1:%d", cp.apiserverPort),
 			"--service-account-key-file="+cp.pki.SAPub,
 			"--service-account-signing-key-file="+cp.pki.SAKey,
@@ -284,7 +336,7 @@ func (cp *controlPlane) waitFor(sigs <-chan os.Signal, timeout time.Duration, wh
 		for _, c := range watched {
 			select {
 			case <-c.done:
-				return fmt.Errorf("%s exited before %s was ready: %v", c.name, what, c.err)
+				return fmt.Errorf("%s exited before %s was ready: %v (log: %s)", c.name, what, c.err, c.log)
 			default:
 			}
 		}
@@ -326,6 +378,11 @@ func (cp *controlPlane) get(c *http.Client, path string) int {
 }
 
 func (cp *controlPlane) writeKubeconfig(path string) error {
+	return cp.writeKubeconfigFor(path, "durable-sandbox-admin", cp.pki.AdminCert, cp.pki.AdminKey)
+}
+
+// writeKubeconfigFor writes a kubeconfig for the client certificate certFile/keyFile of user.
+func (cp *controlPlane) writeKubeconfigFor(path, user, certFile, keyFile string) error {
 	b64 := func(p string) (string, error) {
 		data, err := os.ReadFile(p)
 		return base64.StdEncoding.EncodeToString(data), err
@@ -334,11 +391,11 @@ func (cp *controlPlane) writeKubeconfig(path string) error {
 	if err != nil {
 		return err
 	}
-	cert, err := b64(cp.pki.AdminCert)
+	cert, err := b64(certFile)
 	if err != nil {
 		return err
 	}
-	key, err := b64(cp.pki.AdminKey)
+	key, err := b64(keyFile)
 	if err != nil {
 		return err
 	}
@@ -348,27 +405,38 @@ kind: Config
 clusters:
 - name: durable-sandbox
   cluster:
-    server: %s
-    certificate-authority-data: %s
+    server: %[1]s
+    certificate-authority-data: %[5]s
 users:
-- name: durable-sandbox-admin
+- name: %[2]s
   user:
-    client-certificate-data: %s
-    client-key-data: %s
+    client-certificate-data: %[3]s
+    client-key-data: %[4]s
 contexts:
 - name: durable-sandbox
   context:
     cluster: durable-sandbox
-    user: durable-sandbox-admin
+    user: %[2]s
     namespace: default
 current-context: durable-sandbox
-`, cp.server(), ca, cert, key)
+`, cp.server(), user, cert, key, ca)
 	return writeFileAtomic(path, []byte(kc), 0o600)
 }
 
 // serve blocks until a stop signal, or until a component dies: a half-dead control plane must not look healthy.
 func (cp *controlPlane) serve(sigs <-chan os.Signal) error {
+	nodeDone := make(chan error, 1)
+	if cp.node != nil {
+		for _, c := range cp.node.children() {
+			go func(c *child) {
+				<-c.done
+				nodeDone <- fmt.Errorf("%s exited: %v (log: %s)", c.name, c.err, c.log)
+			}(c)
+		}
+	}
 	select {
+	case err := <-nodeDone:
+		return err
 	case <-sigs:
 		return errStopped
 	case <-cp.apiserver.done:
@@ -385,6 +453,10 @@ func (cp *controlPlane) stop() {
 	if cp.readyFile != "" {
 		_ = os.Remove(cp.readyFile)
 	}
+	// The node first: its Pods are deleted through the API, which must still be up.
+	if cp.node != nil {
+		cp.node.stop()
+	}
 	if cp.controllerMgr != nil {
 		cp.controllerMgr.stop(stopTimeout)
 	}
@@ -398,6 +470,7 @@ func (cp *controlPlane) stop() {
 
 type child struct {
 	name string
+	log  string
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error
@@ -410,12 +483,17 @@ func startChild(name, logPath string, args ...string) (*child, error) {
 	if err != nil {
 		return nil, err
 	}
+	return startProgram(name, logPath, exe, append([]string{name}, args...)...)
+}
+
+// startProgram runs program (a path, or a name looked up on PATH) as a child, as startChild does.
+func startProgram(name, logPath, program string, args ...string) (*child, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	c := &child{name: name, done: make(chan struct{})}
-	c.cmd = exec.Command(exe, append([]string{name}, args...)...)
+	c := &child{name: name, log: logPath, done: make(chan struct{})}
+	c.cmd = exec.Command(program, args...)
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	c.cmd.SysProcAttr = childSysProcAttr()
 	started := make(chan error, 1)
@@ -444,12 +522,13 @@ func (c *child) stop(timeout time.Duration) {
 		return
 	default:
 	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	// The process group: socat forks a child per connection, which would outlive it.
+	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGTERM)
 	select {
 	case <-c.done:
 	case <-time.After(timeout):
 		logf("%s did not stop within %s, killing it", c.name, timeout)
-		_ = c.cmd.Process.Kill()
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
 		<-c.done
 	}
 }

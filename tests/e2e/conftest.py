@@ -14,10 +14,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
@@ -33,6 +33,9 @@ READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from .node_support import NodeCluster
 
 
 def wait_until(
@@ -119,6 +122,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if E2E_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
+        if uses_node(item):
+            item.add_marker(pytest.mark.node)
+    # The node is machine-wide and held from its first test to the end of the session: run the tests that use
+    # it last (in their order), so another worktree's session waits for it as briefly as possible; and the
+    # tests that start a node of their own (scripts/dev-cluster) before the session's node holds the machine.
+    items.sort(key=lambda item: 2 if uses_node(item) else 0 if item.get_closest_marker("own_node") else 1)
+
+
+def uses_node(item: pytest.Item) -> bool:
+    return "node_cluster" in getattr(item, "fixturenames", ())
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -134,6 +147,24 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 build_controlplane()
             except RuntimeError:
                 pass
+    if any(uses_node(item) or item.get_closest_marker("own_node") for item in session.items):
+        from .node_support import prepare_node
+
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            try:
+                prepare_node()
+            except RuntimeError:  # remembered; the node tests raise it
+                pass
+    if any(item.get_closest_marker("browser") for item in session.items):
+        from .browser_support import chromium
+
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            try:
+                chromium()  # scripts/browser: installs Debian's chromium when missing, outside any test's timeout
+            except RuntimeError:
+                pass  # remembered; the browser tests raise it
     if any(item.get_closest_marker("image") for item in session.items):
         from .image_support import build_image
 
@@ -204,13 +235,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
 
 
-def _start(binary: Path, workdir: Path) -> ControlPlane:
+def start_control_plane(
+    binary: Path,
+    workdir: Path,
+    *,
+    extra_args: Sequence[str] = (),
+    pass_fds: Sequence[int] = (),
+    ready_timeout: float = READY_TIMEOUT_S,
+) -> ControlPlane:
+    """``controlplane up`` in ``workdir`` (``extra_args``: e.g. a node's), waited for until ready."""
     ready_file = workdir / "ready.json"
     log = (workdir / "up.log").open("wb")
     process = subprocess.Popen(
-        [str(binary), "up", "--dir", str(workdir), "--ready-file", str(ready_file)],
+        [str(binary), "up", "--dir", str(workdir), "--ready-file", str(ready_file), *extra_args],
         stdout=log,
         stderr=subprocess.STDOUT,
+        pass_fds=tuple(pass_fds),
         # Its own session: a Ctrl-C on pytest must not hit the control plane before the fixture stops it in order.
         start_new_session=True,
         preexec_fn=_die_with_parent,
@@ -226,9 +266,9 @@ def _start(binary: Path, workdir: Path) -> ControlPlane:
         return ready_file.exists()
 
     try:
-        wait_until(ready, READY_TIMEOUT_S, "the control plane to become ready", interval=0.1)
+        wait_until(ready, ready_timeout, "the control plane to become ready", interval=0.1)
     except BaseException:
-        _stop(process)
+        stop_control_plane(process)
         raise
     info = json.loads(ready_file.read_text())
     return ControlPlane(
@@ -241,7 +281,7 @@ def _start(binary: Path, workdir: Path) -> ControlPlane:
     )
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_control_plane(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is not None:
         return
     process.send_signal(signal.SIGTERM)
@@ -258,7 +298,7 @@ def session_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     soak (tests/soak) share one instance in a run of both."""
     binary = build_controlplane()
     workdir = tmp_path_factory.mktemp("controlplane")
-    cp = _start(binary, workdir)
+    cp = start_control_plane(binary, workdir)
     saved = {k: os.environ.get(k) for k in ("KUBECONFIG", "KUBECACHEDIR")}
     # Subprocesses (the operator, helm, plain kubectl) find the cluster the usual way; a private discovery cache
     # keeps a developer's ~/.kube/cache out of it.
@@ -272,7 +312,7 @@ def session_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        _stop(cp.process)
+        stop_control_plane(cp.process)
         if cp.process.returncode not in (0, -signal.SIGKILL):
             # A non-zero exit means a component died during the session; the tests may have passed by luck.
             print(f"controlplane up exited with {cp.process.returncode}; logs in {cp.logs}", file=sys.stderr)
@@ -283,11 +323,21 @@ def private_control_plane(workdir: Path) -> Iterator[ControlPlane]:
     """A second, fresh control plane of its own (no CRDs, nothing installed), for tests that must see a
     cluster from scratch (e.g. what `helm install` creates and `helm uninstall` leaves). It does not touch
     KUBECONFIG; pass ``--kubeconfig`` (``cp.kubeconfig``) explicitly."""
-    cp = _start(build_controlplane(), workdir)
+    cp = start_control_plane(build_controlplane(), workdir)
     try:
         yield cp
     finally:
-        _stop(cp.process)
+        stop_control_plane(cp.process)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (Debian's) driven by Playwright, for the web view's tests (tests/e2e/browser_support.py).
+    One per module, closed when the module's last test ends: Playwright's sync API keeps an event loop running
+    in this thread while it is open, which no async test (pytest-asyncio) may find there."""
+    from .browser_support import launch_browser
+
+    yield from launch_browser()
 
 
 @pytest.fixture(scope="session")
@@ -298,3 +348,12 @@ def helm() -> Path:
     if not os.access(HELM_PATH, os.X_OK):
         raise RuntimeError(f"{HELM_PATH} missing: run scripts/controlplane-build")
     return HELM_PATH
+
+
+@pytest.fixture(scope="session")
+def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
+    """A control plane of its own with a Ready node (Pods run), one per session, holding the machine's node
+    lock; see tests/e2e/node_support.py and docs/testing.md ("The node")."""
+    from .node_support import session_node_cluster
+
+    yield from session_node_cluster(tmp_path_factory)

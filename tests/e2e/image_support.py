@@ -1,13 +1,11 @@
 """The operator image, built from the repository's Dockerfile by scripts/image-build (buildah, chroot isolation),
-and processes run from it the way a container runtime would run them, without one: ``buildah run`` with chroot
-isolation, as a given UID, with given env and read-only bind mounts. The process shares the host's network, so it
-reaches the test control plane on 127.0.0.1."""
+and commands run from it without a container runtime (``buildah run`` with chroot isolation, as a given UID, with
+given env and read-only bind mounts) to inspect its contents. The operator running from it as a real Pod is
+tests/e2e/test_chart_on_node.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -98,15 +96,3 @@ def run_args(
 def run_in(ctr: str, argv: Sequence[str], *, user: str = "10001:10001", **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(run_args(ctr, argv, user=user, **kw), capture_output=True, text=True, timeout=300,
                           check=False)
-
-
-def stop(process: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    """SIGTERM the process group (buildah and what it runs), then SIGKILL after ``timeout``."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()

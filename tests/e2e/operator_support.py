@@ -7,6 +7,7 @@ unless shared), with an optional fault point (engine/faults.py) so a test kills 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -265,6 +266,11 @@ def scrape(port: int) -> Samples:
     """/metrics parsed with prometheus-client's parser: value by (sample name, labels)."""
     code, text = http_get(port, "/metrics")
     assert code == 200, text
+    return parse_samples(text)
+
+
+def parse_samples(text: str) -> Samples:
+    """A Prometheus text exposition: value by (sample name, labels)."""
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
@@ -308,3 +314,19 @@ def check_journal(cp: ControlPlane, ns: str, run_id: str) -> None:
     assert [r.seq for r in rows] == list(range(1, len(rows) + 1)), "journal has gaps or duplicates"
     completed = [r.op_id for r in rows if r.status == "completed"]
     assert len(completed) == len(set(completed)), "an operation completed twice"
+
+
+def sa_kubeconfig(cp: ControlPlane, namespace: str, sa: str, path: Path) -> None:
+    """A kubeconfig holding a TokenRequest token of ``sa`` (what the kubelet mounts into a Pod)."""
+    token = cp.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
+    admin = yaml.safe_load(cp.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    ca = cluster.get("certificate-authority-data") or base64.b64encode(
+        Path(cluster["certificate-authority"]).read_bytes()
+    ).decode()
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "cp", "cluster": {"server": cp.server, "certificate-authority-data": ca}}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "cp", "user": sa, "namespace": namespace}}],
+    }))

@@ -167,6 +167,7 @@ def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, he
     ], "every namespace; the local provider is off by default; the orphan sweep's label is unique per release"
     probe = container["livenessProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
     env = {e["name"]: e for e in container["env"]}
     assert set(env) == {"POD_NAME", "POD_NAMESPACE", "DSB_K8S_DISABLED", "DSB_K8S_READY_TIMEOUT",

@@ -3,7 +3,7 @@ mmdebstrap under the Dockerfile's FROM name, buildah with chroot isolation; no t
 
 What the image promises (docs/operations.md): a non-root numeric UID, `dsb operator` as entrypoint, OCI labels,
 the operator's dependencies importable, and no pip, compilers, apt lists or caches in the final stage.
-Running the operator from it against a control plane is in test_image_operator.py."""
+The image running as the Helm chart's Pod on a real node is in test_chart_on_node.py."""
 
 from __future__ import annotations
 

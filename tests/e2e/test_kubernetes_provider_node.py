@@ -33,13 +33,13 @@ from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvid
 from durable_sandbox.providers.kubernetes_template import PodTemplate
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore, SnapshotName
 from durable_sandbox.providers.testing import ProviderContractSuite
+from tests.e2e.sandbox_support import IMAGE
 from tests.objectstore import S3Server
 from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
 from tests.unit.sandbox_session_support import engine_for
 
 from .conftest import ControlPlane
 
-IMAGE = os.environ.get("DSB_TEST_SANDBOX_IMAGE", "docker.io/library/busybox:1.36")
 NO_SHELL_IMAGE = os.environ.get("DSB_TEST_NO_SHELL_IMAGE", "localhost/pause:3.10")  # FROM scratch: no /bin/sh
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -35,38 +34,10 @@ from tests.e2e.operator_support import (
 )
 from tests.e2e.operator_support import status as workflow_status
 from tests.e2e.operator_support import wait_condition as wait_workflow
+from tests.e2e.sandbox_support import get, sandbox, set_suspend, status, wait_for
 from tests.fakes.e2b_state import FakeState
 
 __all__ = ["fake_e2b", "namespace", "operators"]  # fixtures
-
-
-def sandbox(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "durable-sandbox.dev/v1alpha1",
-        "kind": "Sandbox",
-        "metadata": {"name": name},
-        "spec": {"provider": "local", **spec},
-    }
-
-
-def get(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
-    proc = cp.kubectl("get", "dsbx", name, "-n", ns, "-o", "json", check=False)
-    return json.loads(proc.stdout) if proc.returncode == 0 else None
-
-
-def status(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
-    st: dict[str, Any] = (get(cp, ns, name) or {}).get("status") or {}
-    return st
-
-
-def wait_for(cp: ControlPlane, ns: str, name: str, ctype: str, value: str = "true", timeout: float = 90) -> dict[str, Any]:
-    """`kubectl wait --for=condition=<type>=<value>` on the Sandbox; returns its status."""
-    proc = cp.kubectl("wait", f"--for=condition={ctype}={value}", f"dsbx/{name}", "-n", ns, f"--timeout={int(timeout)}s",
-                      check=False, timeout=timeout + 30)
-    if proc.returncode != 0:
-        raise AssertionError(f"Sandbox {ns}/{name} never got {ctype}={value}: {proc.stderr}\n"
-                             f"status: {json.dumps(status(cp, ns, name))[:3000]}")
-    return status(cp, ns, name)
 
 
 def event_messages(cp: ControlPlane, ns: str, name: str) -> list[tuple[str, str]]:
@@ -95,10 +66,6 @@ def run_call(home: Path, provider_id: str, call_type: str, **args: Any) -> tuple
         return result.exit_code, result.stdout
 
     return asyncio.run(go())
-
-
-def set_suspend(cp: ControlPlane, ns: str, name: str, value: bool) -> None:
-    cp.kubectl("patch", "dsbx", name, "-n", ns, "--type=merge", "-p", json.dumps({"spec": {"suspend": value}}))
 
 
 def delete_and_wait(cp: ControlPlane, ns: str, name: str) -> None:

@@ -19,6 +19,7 @@ from tests.e2e.operator_support import (
     manifest,
     namespace,
     operators,
+    replica_of,
     scrape,
     status,
     total,
@@ -60,5 +61,5 @@ def test_a_second_replica_on_a_finished_run_writes_no_second_succeeded_event(
     wait_until(b_wrote_status_and_event, 90, "replica B to write the final status and its Succeeded Event")
     written = succeeded_events(cp, ns, "once")
     assert len(written) == 1, [(e["metadata"]["name"], e.get("reportingInstance")) for e in written]
-    assert written[0].get("reportingInstance") == "replica-a"
+    assert replica_of(written[0].get("reportingInstance")) == "replica-a"  # <worker-id>:<per-start nonce>
     assert written[0].get("count") == 1

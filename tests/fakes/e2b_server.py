@@ -850,11 +850,13 @@ def build_apps(state: FakeState) -> tuple[web.Application, web.Application]:
 
 
 class FakeE2BServer:
-    """Runs the two apps on loopback; ``async with`` starts and stops them."""
+    """Runs the two apps on loopback (or ``host``); ``async with`` starts and stops them."""
 
-    def __init__(self, state: FakeState | None = None, *, port: int = 0, sandbox_port: int = 0) -> None:
+    def __init__(self, state: FakeState | None = None, *, port: int = 0, sandbox_port: int = 0,
+                 host: str = "127.0.0.1") -> None:
         self.state = state or FakeState()
         self._ports = (port, sandbox_port)
+        self._host = host  # another local address for clients in the test node's Pods (its bridge's)
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> FakeState:
@@ -862,10 +864,10 @@ class FakeE2BServer:
         for app, port in zip(build_apps(self.state), self._ports, strict=True):
             runner = web.AppRunner(app, handle_signals=False, access_log=None)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", port)
+            site = web.TCPSite(runner, self._host, port)
             await site.start()
             self._runners.append(runner)
-            urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+            urls.append(f"http://{self._host}:{runner.addresses[0][1]}")
         self.state.api_url, self.state.sandbox_url = urls
         return self.state
 

@@ -38,7 +38,7 @@ async def fake_e2b(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fa
 
 
 @contextlib.contextmanager
-def fake_e2b_in_thread(root: Path) -> Iterator[tuple[FakeState, asyncio.AbstractEventLoop]]:
+def fake_e2b_in_thread(root: Path, host: str = "127.0.0.1") -> Iterator[tuple[FakeState, asyncio.AbstractEventLoop]]:
     """The fake E2B server on an event loop thread of its own, for tests that block (on kubectl, on processes).
     Yields its state and that loop: mutate the state from the loop (``run_coroutine_threadsafe``) while
     requests may be in flight."""
@@ -46,7 +46,7 @@ def fake_e2b_in_thread(root: Path) -> Iterator[tuple[FakeState, asyncio.Abstract
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="fake-e2b", daemon=True)
     thread.start()
-    server = FakeE2BServer(state)
+    server = FakeE2BServer(state, host=host)
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
     try:
         yield state, loop

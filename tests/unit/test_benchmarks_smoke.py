@@ -92,3 +92,13 @@ async def test_kubernetes_provider_store_part(s3_server: object) -> None:
     finally:
         await store.aclose()
     assert res["1MB"]["put_MBps"] > 0 and res["1MB"]["get_MBps"] > 0 and res["1MB"]["get_heap_peak_MB"] < 5
+
+
+def test_ui_pages_http_part(tmp_path: Path) -> None:
+    mod = _load("ui_pages")
+    out = tmp_path / "ui.json"
+    res = mod.main(["--runs", "12", "--calls", "30", "--small-calls", "6", "--repeats", "1", "--no-browser",
+                    "--tmp", str(tmp_path), "--out", str(out)])
+    assert res["http_runs_page_s"]["median"] > 0 and res["baseline_dsb_runs_s"]["median"] > 0
+    assert res["http_timeline_big"]["bytes"] > res["http_timeline_small"]["bytes"] > 0
+    assert json.loads(out.read_text())["runs"] == 12

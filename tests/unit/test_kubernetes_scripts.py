@@ -115,3 +115,34 @@ def _tagged(tag: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def test_a_call_that_the_oom_killer_hit_says_so(ws: Path) -> None:
+    """In a memory cgroup of its own (as a container is), a call that outgrows the limit gets 137 and a line
+    naming the out-of-memory killer; a call that does not gets nothing added."""
+    parent = Path("/sys/fs/cgroup/memory")
+    if not os.access(parent, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 memory hierarchy (root on this machine)")
+    group = parent / f"dsb-test-oom-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text("40000000")
+        files = (str(group / "memory.oom_control"),)
+
+        def in_group(command: str) -> subprocess.CompletedProcess[bytes]:
+            script = scripts.shell(command, tag="oom", cwd=None, env={}, workspace=str(ws), oom_files=files)
+            enter = f"echo $$ > {group}/cgroup.procs; exec \"$@\""
+            return subprocess.run(["/bin/sh", "-c", enter, "enter", *scripts.boot_command(script)], input=script,
+                                  capture_output=True, timeout=60, check=False)
+
+        fine = in_group("echo small")
+        assert (fine.returncode, fine.stderr) == (0, b"")
+        hit = in_group("head -c 300000000 /dev/zero | tail > /dev/null")
+        assert hit.returncode == 137 and scripts.OOM_MESSAGE in hit.stderr.decode()
+    finally:
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)  # the killed processes are still leaving the group

@@ -35,6 +35,8 @@ def test_the_default_pod_is_restricted_tokenless_and_never_restarted() -> None:
     assert {"name": "workspace", "emptyDir": {"sizeLimit": "1Gi"}} in spec["volumes"]
     assert {"name": "workspace", "mountPath": WORKSPACE} in container["volumeMounts"]
     assert "envFrom" not in container and "serviceAccountName" not in spec
+    assert {(t["key"], t["tolerationSeconds"]) for t in spec["tolerations"]} == {
+        ("node.kubernetes.io/not-ready", 30), ("node.kubernetes.io/unreachable", 30)}, "a lost node: evicted in 30 s"
     assert manifest["metadata"]["labels"] == {"durable-sandbox.dev/owner-key": "k"}
     assert PodTemplate().problems(TemplatePolicy()) == []
 

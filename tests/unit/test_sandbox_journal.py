@@ -18,9 +18,8 @@ PACKAGE = Path(journal.__file__).resolve().parents[1]
 
 # What decoding a session's record by hand looks like: its meta keys read, its op ids taken apart.
 DECODING = re.compile(
-    r"""\.get\(["'](?:reason|finalized|retained|replayed|snapshotId|sandboxId|index)["']"""
+    r"""meta\b.*\.get\(["'](?:reason|finalized|retained|replayed|snapshotId|sandboxId|index|count|detached)["']"""
     r"""|["']/(?:provision|finalize|restore|destroy|inject_loss|snapshot)["'/]"""
-    r"""|op_id\.rsplit\("""
 )
 WRITERS_AND_OWNER = {"sandboxes/journal.py", "sandboxes/session.py"}
 # Documents of their own, not journal records: Kubernetes conditions, the Sandbox controller's status.operation.

@@ -12,7 +12,6 @@ import os
 import shlex
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -30,6 +29,7 @@ from durable_sandbox.engine import (
     StoreError,
     WorkflowNotFound,
 )
+from durable_sandbox.engine.errors import StoreUnavailable
 from durable_sandbox.kube.manifests import ManifestError
 
 OUTPUTS = ["table", "wide", "json", "yaml"]
@@ -60,6 +60,12 @@ class DsbGroup(click.Group):
             _fail(ctx, str(exc), EXIT_LEASE_HELD)
         except StoreError as exc:
             _fail(ctx, str(exc), EXIT_FAILED)
+        except StoreUnavailable as exc:
+            # The store stayed away longer than it waits (a PostgreSQL server down): nothing is lost.
+            settings = ctx.find_object(Settings)
+            dsb = settings.dsb() if settings is not None else "dsb"
+            then = f"; continue it with `{dsb} resume {shlex.quote(exc.run_id)}` once it is back" if exc.run_id else ""
+            _fail(ctx, f"{exc}{then}", EXIT_FAILED)
         except BrokenPipeError:
             # `dsb logs RUN | head`: the reader went away; stop quietly like other Unix tools.
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -85,9 +91,10 @@ class DsbGroup(click.Group):
 @click.group(cls=DsbGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--store",
-    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="PATH|URL",
     default=None,
-    help="SQLite store file [default: $DURABLE_SANDBOX_HOME/runs.db].",
+    help="The store: a SQLite file, or postgresql://user@host/db (password from ~/.pgpass or $PGPASSWORD) "
+    "[default: $DSB_STORE, else $DURABLE_SANDBOX_HOME/runs.db].",
 )
 @click.option(
     "-o",
@@ -106,7 +113,7 @@ class DsbGroup(click.Group):
 @click.option("-n", "--namespace", metavar="NS", help="With --kube: the namespace [default: the kubeconfig's].")
 @click.version_option(package_name="durable-sandbox", prog_name="dsb")
 @click.pass_context
-def cli(ctx: click.Context, store: Path | None, output: str, kube: bool, namespace: str | None) -> None:
+def cli(ctx: click.Context, store: str | None, output: str, kube: bool, namespace: str | None) -> None:
     """Durable sandbox workflows on your machine (or, with --kube, in a cluster): run, inspect, signal, resume, cancel."""
     # module:function references resolve from the current directory, as with `python -m`;
     # resume/cancel need this too, to re-import a run's workflow.
@@ -120,7 +127,7 @@ def _set_output(ctx: click.Context, _param: click.Parameter, value: str | None) 
         ctx.find_object(Settings).set_output(value)  # type: ignore[union-attr]
 
 
-def _set_store(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+def _set_store(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     if value is not None:
         settings = ctx.find_object(Settings)
         assert settings is not None
@@ -144,8 +151,8 @@ def _accept_global_options(command: click.Command) -> None:
                      expose_value=False, callback=_set_output, help="Output format (same as before the command).")
     )
     command.params.append(
-        click.Option(["--store"], type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     expose_value=False, callback=_set_store, help="SQLite store file (same as before the command).")
+        click.Option(["--store"], metavar="PATH|URL", default=None, expose_value=False, callback=_set_store,
+                     help="The store (same as before the command).")
     )
     taken = {name for param in command.params for name in getattr(param, "opts", [])}
     if "--kube" not in taken:
@@ -170,6 +177,7 @@ def _register() -> None:
         run,
         runs,
         sandboxes,
+        ui,
         worker,
     )
 
@@ -187,6 +195,7 @@ def _register() -> None:
         lifecycle.delete,
         lifecycle.prune,
         worker.worker,
+        ui.ui,
     ):
         _accept_global_options(command)
         cli.add_command(command)

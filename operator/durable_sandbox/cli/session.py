@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import durable_sandbox
 from durable_sandbox.cli.envfiles import LocalEnvValues
 from durable_sandbox.cli.errors import CliError
-from durable_sandbox.cli.settings import Settings
-from durable_sandbox.engine import StoreError
-from durable_sandbox.stores import SqliteStore
+from durable_sandbox.cli.settings import STORE_ENV, Settings
+from durable_sandbox.engine import Store, StoreError
+from durable_sandbox.stores.locations import open_store
 from durable_sandbox.workflows.sandbox_agent import AgentServices
 
 if TYPE_CHECKING:
@@ -22,12 +22,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("durable_sandbox.cli")
 
+__all__ = ["STORE_ENV", "Settings", "check_store", "cluster_module", "open_client", "open_engine", "open_local_store"]
+
 
 def check_store(settings: Settings, *, create: bool) -> None:
     """A --store that does not exist is a mistake (a typo would otherwise show an empty store, and
     create one), except for `dsb run`, which creates the store it records runs in. The default store is
     created on first use by any command."""
-    if settings.store_given and not create and not settings.store_path.exists():
+    if settings.store_given and not create and not settings.postgres and not settings.store_path.exists():
         raise CliError(
             f"--store {settings.store_path}: no such store file; check the path (`dsb run --store PATH ...` creates one)"
         )
@@ -54,18 +56,25 @@ def cluster_module() -> Any:
     return cluster
 
 
+async def open_local_store(settings: Settings) -> Store:
+    """The store --store (or $DSB_STORE) names; a location that is no store, or a server that cannot be
+    reached, is a usage error that names it (without a password)."""
+    try:
+        store: Store = await open_store(settings.location)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+    return store
+
+
 @contextlib.asynccontextmanager
 async def open_engine(settings: Settings, *, create: bool = False) -> AsyncIterator[durable_sandbox.Engine]:
     if settings.kube:
         raise CliError(
             "this command works on the local store; in a cluster the operator executes runs (with --kube: run, "
-            "inspect, history, logs, signal, cancel, runs, sandboxes)"
+            "inspect, history, logs, signal, cancel, runs, sandboxes, ui)"
         )
     check_store(settings, create=create)
-    try:
-        store = SqliteStore(settings.store_path)
-    except StoreError as exc:  # a --store that is no store is a usage error
-        raise CliError(str(exc)) from None
+    store = await open_local_store(settings)
     env_values = LocalEnvValues(settings.store_path)
     engine = durable_sandbox.Engine(store, extensions=[AgentServices(env_values=env_values)])
     try:

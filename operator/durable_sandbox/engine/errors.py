@@ -145,6 +145,7 @@ class StoreUnavailable(LeaseLost):
     journal when claimed again."""
 
     def __init__(self, detail: str, run_id: str | None = None) -> None:
+        self.run_id = run_id
         what = f"run {run_id!r}" if run_id else "the run"
         DurableError.__init__(
             self,

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from durable_sandbox.engine.errors import LeaseHeld
+from durable_sandbox.engine.errors import LeaseHeld, StoreUnavailable
 from durable_sandbox.engine.executor import RunExecutor
 from durable_sandbox.engine.records import Lease, RunRecord
 
 # Runs' policies (deadlines, retries: engine/driver.py) are looked at this often at most.
 POLICY_SWEEP_SECONDS = 1.0
+
+log = logging.getLogger("durable_sandbox.engine")
 
 
 async def poll_store(
@@ -48,20 +51,31 @@ async def poll_store(
         if hibernate_after is not None and executor.hooks is not None and time.time() >= next_sweep:
             next_sweep = time.time() + max(1.0, min(float(hibernate_after) / 2, 30.0))
             await executor.hibernate_idle(float(hibernate_after))
+        away = False
         if sweep is not None and not retries and time.time() >= next_policy_sweep:
             next_policy_sweep = time.time() + max(POLICY_SWEEP_SECONDS, poll_interval)
-            retries = [r for r in await sweep() if not workflows or r.workflow in workflows]
+            try:
+                retries = [r for r in await sweep() if not workflows or r.workflow in workflows]
+            except StoreUnavailable as exc:  # as for claim_next below: looked at again at the next sweep
+                log.warning("worker %s: %s", executor.worker_id, exc)
+                away = True
         lease = None
         if len(running) < concurrency:
-            lease = await _claim_retry(executor, retries) or await store.claim_next(
-                executor.worker_id, executor.lease_ttl, workflows=workflows)
+            try:
+                lease = await _claim_retry(executor, retries) or await store.claim_next(
+                    executor.worker_id, executor.lease_ttl, workflows=workflows)
+            except StoreUnavailable as exc:
+                # The store is away for longer than it waits (a server restart, a failover): the worker is
+                # not broken, it looks again later, as it does when nothing is runnable.
+                log.warning("worker %s: %s", executor.worker_id, exc)
+                away = True
         if lease is not None:
             executed.append(lease.run_id)
             task = asyncio.create_task(executor.run_claimed(lease))
             running.add(task)
             task.add_done_callback(running.discard)
             continue
-        if idle_exit and not running:
+        if idle_exit and not running and not away:  # "idle" is what the store said, not that it was away
             return executed
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), poll_interval)

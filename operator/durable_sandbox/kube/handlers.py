@@ -50,6 +50,7 @@ from durable_sandbox.kube.controller import Operator, OperatorPolicy, OperatorSe
 from durable_sandbox.kube.discovery import wait_until_served
 from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.metrics import METRICS
+from durable_sandbox.kube.metrics_server import READINESS
 from durable_sandbox.kube.resources import FINALIZER, GROUP, SANDBOXES, VERSION, WORKFLOWS
 from durable_sandbox.kube.sandbox import SandboxController, SandboxControllerSettings
 from durable_sandbox.kube.sweeper import OrphanSweeper
@@ -159,6 +160,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     asyncio.get_running_loop().call_later(GRACEFUL_STOP_INSTALL_DELAY, _install_graceful_stop)
     # kopf reads discovery once, right after this handler returns (scanning is disabled): only once it is complete.
     await wait_until_served(api)
+    READINESS.ready()
     log.info("operator %s serving Workflows (local provider %s; workflow modules: %s)",
              config.settings.worker_id, "allowed" if config.policy.allow_local_provider else "refused",
              ", ".join(config.policy.workflow_modules) or "none")
@@ -414,6 +416,7 @@ def _begin_stop(sig: signal.Signals) -> None:
         _stop_flag.set()
         return
     log.info("%s: handing this replica's runs over, then stopping", sig.name)
+    READINESS.not_ready("stopping: handing runs over to other replicas")
     _stopping = asyncio.get_running_loop().create_task(_graceful_stop(_stop_flag))
 
 

@@ -1,7 +1,10 @@
-"""One small HTTP server for the operator: ``/metrics`` (Prometheus text exposition) and ``/healthz`` (liveness).
+"""One small HTTP server for the operator: ``/metrics`` (Prometheus text exposition), ``/healthz`` (liveness)
+and ``/readyz`` (readiness).
 
-Both on one port (the chart's ``metrics.port``), served by aiohttp on the operator's event loop: a probe
-that gets an answer has also shown that the loop is not blocked.
+All on one port (the chart's ``metrics.port``), served by aiohttp on the operator's event loop: a probe
+that gets an answer has also shown that the loop is not blocked. Ready means this replica serves Workflows:
+from the end of its startup (discovery serves every resource, kopf is about to watch) until a stop begins
+(SIGTERM: its runs are being handed over), so a rolling update sees the new Pod ready only once it serves.
 """
 
 from __future__ import annotations
@@ -22,6 +25,22 @@ HealthCheck = Callable[[], Awaitable[str | None]]
 
 
 @dataclass
+class Readiness:
+    """Why this replica is not ready (None: ready); set by kube.handlers at the end of startup and at a stop."""
+
+    problem: str | None = "starting"
+
+    def ready(self) -> None:
+        self.problem = None
+
+    def not_ready(self, why: str) -> None:
+        self.problem = why
+
+
+READINESS = Readiness()
+
+
+@dataclass
 class MetricsServer:
     runner: web.AppRunner
     host: str
@@ -31,7 +50,9 @@ class MetricsServer:
         await self.runner.cleanup()
 
 
-def make_app(metrics: OperatorMetrics, health: HealthCheck | None = None) -> web.Application:
+def make_app(
+    metrics: OperatorMetrics, health: HealthCheck | None = None, readiness: Readiness = READINESS
+) -> web.Application:
     async def metrics_handler(_: web.Request) -> web.Response:
         return web.Response(body=metrics.generate(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -41,16 +62,23 @@ def make_app(metrics: OperatorMetrics, health: HealthCheck | None = None) -> web
             return web.Response(status=503, text=f"unhealthy: {problem}\n")
         return web.Response(text="ok\n")
 
+    async def readyz_handler(_: web.Request) -> web.Response:
+        if readiness.problem:
+            return web.Response(status=503, text=f"not ready: {readiness.problem}\n")
+        return web.Response(text="ok\n")
+
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz_handler)
+    app.router.add_get("/readyz", readyz_handler)
     return app
 
 
 async def start_metrics_server(
     metrics: OperatorMetrics, *, port: int, host: str = "0.0.0.0", health: HealthCheck | None = None
 ) -> MetricsServer:
-    """Serve ``/metrics`` and ``/healthz`` on ``host:port`` (port 0: any free port; the bound one is returned)."""
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0: any free port; the bound one is
+    returned)."""
     runner = web.AppRunner(make_app(metrics, health), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -62,7 +90,7 @@ async def start_metrics_server(
             exc.errno, f"cannot serve metrics on {host}:{port}: {exc.strerror}; choose another --metrics-port"
         ) from exc
     bound = int(runner.addresses[0][1]) if runner.addresses else port
-    log.info("serving /metrics and /healthz on %s:%d", host, bound)
+    log.info("serving /metrics, /healthz and /readyz on %s:%d", host, bound)
     return MetricsServer(runner=runner, host=host, port=bound)
 
 

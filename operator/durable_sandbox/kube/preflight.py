@@ -52,7 +52,7 @@ def _capability_problems(
         if missing.option == "inject_loss_after":
             problems.append(
                 f"spec.injectLossAfterNCalls: sandbox provider [{name}] does not support loss_injection "
-                f"(a test-only capability of the local provider); remove it or use provider: local"
+                f"(a testing aid of the local and kubernetes providers); remove it or use one of those"
             )
         elif missing.option == "snapshot_every":
             problems.append(f"spec.snapshotEveryNCalls: sandbox provider [{name}] does not support snapshot")

@@ -1,5 +1,5 @@
 """Workflow objects as a client uses them: apply a manifest, find a Workflow by name or run id, signal it,
-cancel it, list them. ``dsb --kube`` talks to a cluster through this (and reads runs through
+cancel, suspend or resume it, list them. ``dsb --kube`` talks to a cluster through this (and reads runs through
 ``KubernetesStore``, as the operator writes them); the operator never writes spec, so these are the only
 spec writes the package makes.
 
@@ -107,5 +107,13 @@ class WorkflowClient:
 
     async def cancel(self, name: str) -> None:
         """Set ``spec.cancel: true`` (it can never go back)."""
-        if await self.objects.patch(WORKFLOWS, self.namespace, name, {"spec": {"cancel": True}}) is None:
+        await self._merge_spec(name, {"cancel": True})
+
+    async def suspend(self, name: str, suspend: bool) -> None:
+        """Set ``spec.suspend``: true stops the run at its next call boundary with its sandbox hibernated
+        (as batch/v1 Job's ``suspend``), false lets the operator continue it."""
+        await self._merge_spec(name, {"suspend": suspend})
+
+    async def _merge_spec(self, name: str, fields: Mapping[str, Any]) -> None:
+        if await self.objects.patch(WORKFLOWS, self.namespace, name, {"spec": dict(fields)}) is None:
             raise NoSuchWorkflow(f"Workflow {self.namespace}/{name} is gone")

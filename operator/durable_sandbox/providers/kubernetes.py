@@ -66,6 +66,7 @@ from durable_sandbox.providers.contract import (
 from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, PodExec, StreamBroken
 from durable_sandbox.providers.kubernetes_template import (
     CONTAINER,
+    WORKSPACE,
     PodTemplate,
     TemplatePolicy,
     pod_template_reference,
@@ -87,6 +88,7 @@ LEASE_ANNOTATION = "durable-sandbox.dev/lease-expires-at"
 META_ANNOTATION = "durable-sandbox.dev/sandbox"
 TIMEOUT_EXIT_CODE = 124
 MAXIMUM_LEASE_SECONDS = 86_400
+STALE_UPLOAD_SECONDS = 3600.0  # an unfinished snapshot upload older than this is a dead taking's
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 # Container states that will not get better by waiting: the provision fails at once, saying which and why.
 _HOPELESS_WAITING = {
@@ -152,6 +154,7 @@ class KubernetesProvider(SandboxProvider):
         self.unschedulable_grace = (unschedulable_grace if unschedulable_grace is not None
                                     else float(env.get(_ENV_UNSCHEDULABLE_GRACE) or 30))
         self._clock = clock
+        self.workspace = WORKSPACE  # where the template mounts the workspace volume (the scripts' root)
         self._api_client: Any = None
         self._core: Any = None
         self._exec: PodExec | None = None
@@ -316,8 +319,17 @@ class KubernetesProvider(SandboxProvider):
                                 env_secret=env_secret)
         self._gone.discard(sandbox_id)
         if env_secret is not None:
+            # Before the Pod, so its container starts at once (a missing Secret holds it back for the kubelet's
+            # retry period). Only a process killed between the two requests leaves the Secret without a Pod;
+            # a retried provision of the same operation takes it over (same name).
             await self._put_env_secret(namespace, env_secret, labels, spec.env)
-        pod = await self._create_pod(core, manifest, spec)
+        try:
+            pod = await self._create_pod(core, manifest, spec)
+        except BaseException:
+            if env_secret is not None:
+                with contextlib.suppress(Exception):
+                    await self._delete_env_secret(namespace, env_secret)
+            raise
         try:
             if env_secret is not None:
                 await self._own_env_secret(namespace, env_secret, pod)
@@ -376,10 +388,19 @@ class KubernetesProvider(SandboxProvider):
         except Exception as exc:
             if self._status(exc) != 409:
                 raise self._provision_error(f"create the env Secret of {namespace}/{name}", exc) from None
-            try:  # a retried provision: the same sandbox, its env as this spec says
-                await _body(core.replace_namespaced_secret_without_preload_content(name, namespace, body), parse=False)
+            try:  # a retried provision: the same sandbox, its env as this spec says (patch: never read back)
+                await _body(core.patch_namespaced_secret_without_preload_content(
+                    name, namespace, {"metadata": {"labels": labels}, "stringData": dict(env)}), parse=False)
             except Exception as exc2:
                 raise self._provision_error(f"update the env Secret of {namespace}/{name}", exc2) from None
+
+    async def _delete_env_secret(self, namespace: str, name: str) -> None:
+        core = await self._api()
+        try:
+            await _body(core.delete_namespaced_secret_without_preload_content(name, namespace), parse=False)
+        except Exception as exc:
+            if self._status(exc) != 404:
+                raise self._api_error(f"delete Secret {namespace}/{name}", exc) from None
 
     async def _own_env_secret(self, namespace: str, name: str, pod: dict[str, Any]) -> None:
         """The Pod owns its env Secret, so the cluster deletes the Secret with the Pod, however the Pod goes."""
@@ -437,7 +458,7 @@ class KubernetesProvider(SandboxProvider):
     async def _probe(self, handle: SandboxHandle) -> None:
         stderr = OutputBuffer(4096)
         try:
-            code = await self._run(handle, scripts.probe(), stderr=stderr.feed, what="check the image")
+            code = await self._run(handle, scripts.probe(workspace=self.workspace), stderr=stderr.feed, what="check the image")
         except ExecFailed as exc:
             raise ProvisionError(f"sandbox {handle.id}: the image cannot run /bin/sh ({exc}); a sandbox image needs "
                                  f"a POSIX shell and tar", retryable=False) from None
@@ -580,7 +601,7 @@ class KubernetesProvider(SandboxProvider):
         command, timeout, cwd, env = _shell_args(call)
         tag = hashlib.sha256(f"{handle.id}\0{call.operation_id}\0{secrets.token_hex(8)}".encode()).hexdigest()[:24]
         out, err = OutputBuffer(), OutputBuffer()
-        script = scripts.shell(command, tag=tag, cwd=cwd, env=env)
+        script = scripts.shell(command, tag=tag, cwd=cwd, env=env, workspace=self.workspace)
         task = asyncio.ensure_future(self._run(handle, script, stdout=out.feed, stderr=err.feed,
                                                what=f"shell call {call.operation_id}"))
         try:
@@ -615,7 +636,7 @@ class KubernetesProvider(SandboxProvider):
     async def _read_file(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
         path = _path_arg(call)
         out, err = OutputBuffer(), OutputBuffer(4096)
-        code = await self._run(handle, scripts.read_file(path), stdout=out.feed, stderr=err.feed,
+        code = await self._run(handle, scripts.read_file(path, workspace=self.workspace), stdout=out.feed, stderr=err.feed,
                                what=f"read {path}")
         if code == 0:
             return ToolResult(exit_code=0, stdout=out.text(), stderr="", stdout_size=out.full_size)
@@ -628,7 +649,7 @@ class KubernetesProvider(SandboxProvider):
             raise _InvalidCall("Invalid arguments for write_file: 'contents' must be a str")
         data = contents.encode("utf-8")
         err = OutputBuffer(4096)
-        code = await self._run(handle, scripts.write_file(path, len(data)), stderr=err.feed, data=_chunks(data),
+        code = await self._run(handle, scripts.write_file(path, len(data), workspace=self.workspace), stderr=err.feed, data=_chunks(data),
                                what=f"write {path}")
         if code == 0:
             return wrote_file_result(path, len(data))
@@ -657,7 +678,7 @@ class KubernetesProvider(SandboxProvider):
 
         async def produce() -> int:
             try:
-                return await self._run(handle, scripts.archive(), stdout=queue.put, stderr=err.feed,
+                return await self._run(handle, scripts.archive(workspace=self.workspace), stdout=queue.put, stderr=err.feed,
                                        what=f"snapshot (operation {operation_id})")
             finally:
                 await queue.put(None)
@@ -690,7 +711,7 @@ class KubernetesProvider(SandboxProvider):
 
         async def fill(handle: SandboxHandle) -> None:
             err = OutputBuffer(4096)
-            code = await self._run(handle, scripts.extract(size), stderr=err.feed, data=data,
+            code = await self._run(handle, scripts.extract(size, workspace=self.workspace), stderr=err.feed, data=data,
                                    what=f"restore snapshot {snapshot_id}")
             if code != 0:
                 raise ProvisionError(f"restore of snapshot {snapshot_id} into {handle.id}: tar exited {code}: "
@@ -751,6 +772,8 @@ class KubernetesProvider(SandboxProvider):
     async def inventory_snapshots(self, installation: str) -> list[SnapshotEntry]:
         if self.store is None:
             return []
+        # Parts of takings that died mid-upload are no snapshot: the sweep that lists snapshots aborts them.
+        await self.store.abort_stale_uploads(installation, older_than=STALE_UPLOAD_SECONDS)
         return await self.store.inventory(installation, provider=self.name)
 
 

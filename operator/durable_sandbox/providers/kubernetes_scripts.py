@@ -41,7 +41,7 @@ dsb_kill() {
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     [ "$p" = "$$" ] && continue
-    case "$(tr '\000' '\n' < "$d/environ" 2>/dev/null)" in
+    case "$(tr '\000' '\n' 2>/dev/null < "$d/environ")" in
       *"$1"*) kill -9 "$p" 2>/dev/null ;;
     esac
   done
@@ -80,6 +80,23 @@ dsb_target() {{
 """
 
 
+# The container's count of processes the out-of-memory killer ended (cgroup v2, then v1; 0 where neither is
+# readable, e.g. under gVisor): a call whose count moved says so, since its exit code alone (137) does not.
+_OOM_COUNT = r"""
+dsb_oom() {
+  for f in $DSB_OOM_FILES; do
+    if [ -r "$f" ]; then
+      while read -r k v; do [ "$k" = oom_kill ] && { echo "$v"; return; }; done < "$f"
+    fi
+  done
+  echo 0
+}
+"""
+OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")  # the container's own
+OOM_MESSAGE = ("the out-of-memory killer ended a process of this call (the sandbox's memory limit); raise the "
+               "template's resources.limits.memory")
+
+
 def _split(path: str) -> tuple[str, str]:
     parent, _, base = path.rpartition("/")
     return parent or ".", base
@@ -89,10 +106,12 @@ def _workspace(workspace: str) -> str:
     return f"DSB_WS={quote(workspace)}"
 
 
-def shell(command: str, *, tag: str, cwd: str | None, env: Mapping[str, str], workspace: str = WORKSPACE) -> bytes:
+def shell(command: str, *, tag: str, cwd: str | None, env: Mapping[str, str], workspace: str = WORKSPACE,
+          oom_files: tuple[str, ...] = OOM_FILES) -> bytes:
     """A shell call: the command under ``sh -c`` in the workspace (or ``cwd`` in it), stdin from /dev/null, its
     processes tagged so that a timeout, and the call's end, kill every one of them."""
-    lines = [_KILL_TAGGED, _workspace(workspace), f"export {CALL_VARIABLE}={quote(tag)}"]
+    lines = [_KILL_TAGGED, _OOM_COUNT, _workspace(workspace), f"DSB_OOM_FILES={quote(' '.join(oom_files))}",
+             f"export {CALL_VARIABLE}={quote(tag)}"]
     lines += [f"export {name}={quote(value)}" for name, value in env.items()]
     if cwd is None:
         lines.append('cd -- "$DSB_WS" || exit 1')
@@ -108,8 +127,10 @@ def shell(command: str, *, tag: str, cwd: str | None, env: Mapping[str, str], wo
             'cd -- "$d" || exit 1',
         ]
     lines += [
+        "oom=$(dsb_oom)",
         f"/bin/sh -c {quote(command)} </dev/null",
         "rc=$?",
+        f'[ "$(dsb_oom)" = "$oom" ] || printf \'\\n%s\\n\' {quote(OOM_MESSAGE)} >&2',
         f'dsb_kill "{CALL_VARIABLE}=$DSB_CALL"',  # nothing of the call outlives it
         "exit $rc",
     ]

@@ -122,6 +122,9 @@ class PodTemplate(_Model):
     volumes: tuple[dict[str, Any], ...] = ()  # extra volumes (hostPath refused by policy)
     volume_mounts: tuple[dict[str, Any], ...] = Field(default=(), alias="volumeMounts")
     termination_grace_period_seconds: int = Field(default=5, alias="terminationGracePeriodSeconds", ge=0)
+    # How long the Pod stays bound to a node that went away (not ready, unreachable) before the cluster evicts
+    # it: a sandbox is recovered from its snapshot on a new Pod instead of waiting the cluster's default 300 s.
+    node_lost_seconds: int = Field(default=30, alias="nodeLostSeconds", ge=0)
 
     @field_validator("security_context", mode="before")
     @classmethod
@@ -293,8 +296,12 @@ class PodTemplate(_Model):
             spec["runtimeClassName"] = self.runtime_class_name
         if self.node_selector:
             spec["nodeSelector"] = self.node_selector
-        if self.tolerations:
-            spec["tolerations"] = list(self.tolerations)
+        tolerations = list(self.tolerations)
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+            if not any(t.get("key") == key for t in tolerations):
+                tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute",
+                                    "tolerationSeconds": self.node_lost_seconds})
+        spec["tolerations"] = tolerations
         if self.image_pull_secrets:
             spec["imagePullSecrets"] = [{"name": n} for n in self.image_pull_secrets]
         return {

@@ -32,6 +32,7 @@ import hashlib
 import logging
 import os
 import re
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -341,7 +342,14 @@ class S3SnapshotStore:
         """Abort every unfinished multipart upload of ``name`` (a crashed taking's parts); how many."""
         return await self._abort_under(self.key(name), exact=True)
 
-    async def _abort_under(self, prefix: str, *, exact: bool = False) -> int:
+    async def abort_stale_uploads(self, installation: str, *, older_than: float) -> int:
+        """Abort the unfinished uploads of ``installation``'s snapshots begun more than ``older_than`` seconds
+        ago: parts of takings whose process died and whose snapshot was never taken again (the orphan sweep's
+        part; a taking in progress is younger)."""
+        cutoff = time.time() - older_than
+        return await self._abort_under(f"{self.config.prefix}ks/{tag_key(installation)}/", before=cutoff)
+
+    async def _abort_under(self, prefix: str, *, exact: bool = False, before: float | None = None) -> int:
         s3 = await self._s3()
         count = 0
         try:
@@ -350,6 +358,9 @@ class S3SnapshotStore:
                                                   PaginationConfig={"PageSize": self.page_size}):
                 for upload in page.get("Uploads", []) or []:
                     if exact and upload["Key"] != prefix:
+                        continue
+                    initiated = upload.get("Initiated")
+                    if before is not None and initiated is not None and initiated.timestamp() > before:
                         continue
                     await self._abort(self.config.bucket, upload["Key"], upload["UploadId"])
                     count += 1
@@ -411,10 +422,6 @@ class S3SnapshotStore:
         except self._handled() as exc:
             raise self._failure(f"list the snapshots of installation {installation}", exc) from None
         return entries
-
-    async def abort_installation_uploads(self, installation: str) -> int:
-        """Abort the unfinished uploads of every snapshot of ``installation`` (the orphan sweep's part)."""
-        return await self._abort_under(f"{self.config.prefix}ks/{tag_key(installation)}/")
 
     async def ensure_bucket(self) -> None:
         """Create the bucket when it does not exist (development and tests; operators create theirs)."""

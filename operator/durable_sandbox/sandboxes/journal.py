@@ -45,9 +45,11 @@ __all__ = [
     "SandboxJournal",
     "call_index",
     "call_target",
+    "count",
     "delete_id",
     "deletion_of",
     "destroy_id",
+    "detached",
     "finalize_id",
     "finalized",
     "inject_loss_id",
@@ -56,12 +58,14 @@ __all__ = [
     "pinned_provider",
     "provision_id",
     "provisioned",
+    "reason",
     "recovered",
     "recovery_count",
     "recovery_started",
     "reserved_operation_id",
     "restore_id",
     "retained",
+    "session_of",
     "sessions_in",
     "snapshot_deleted",
     "snapshot_id",
@@ -86,6 +90,7 @@ META_SNAPSHOT_ID = "snapshotId"  # snapshot_delete, restore: the snapshot concer
 META_SANDBOX_ID = "sandboxId"  # call, destroy, inject_loss: the sandbox concerned
 META_REASON = "reason"  # restore, destroy: why (REASON_*)
 META_REPLAYED = "replayed"  # restore (completed): the calls replayed into the new sandbox
+META_DETACHED = "detached"  # destroy: an attached Sandbox resource's sandbox let go, not destroyed
 META_FINALIZED = "finalized"  # finalize: the session has ended (every sandbox and snapshot gone)
 META_RETAINED = "retained"  # finalize: the snapshot kept for the caller (retain_latest_snapshot), if any
 META_SUCCEEDED = "succeeded"  # finalize: whether the block succeeded (a failed one is re-opened on retry)
@@ -145,6 +150,28 @@ RESERVED_HEADS = frozenset({"provision", "finalize", "snapshot", "restore", "des
 def reserved_operation_id(operation_id: str) -> bool:
     """Operation ids that would collide with the session's own ids (``<session>/provision``...)."""
     return operation_id.split("/", 1)[0] in RESERVED_HEADS
+
+
+# How many trailing parts of a lifecycle record's op id follow its session's id, by kind.
+_SESSION_TAIL = {PROVISION: 1, SNAPSHOT: 2, SNAPSHOT_DELETE: 3, RESTORE: 2, INJECT_LOSS: 2}
+
+
+def session_of(row: OperationRecord) -> str | None:
+    """The session (``ctx.sandbox`` id, with its scope) a sandbox record belongs to; None for other records. A
+    call's is its op id without the operation id its meta records (session and operation ids may hold ``/``)."""
+    if row.kind == CALL:
+        operation_id = _meta(row).get(META_OPERATION_ID)
+        if isinstance(operation_id, str) and row.op_id.endswith("/" + operation_id):
+            return row.op_id[: -len(operation_id) - 1]
+        return row.op_id.rsplit("/", 1)[0] if "/" in row.op_id else None
+    if row.kind == DESTROY:  # s/destroy/<sandbox id>, or the closing s/finalize[~g]
+        parts = row.op_id.rsplit("/", 2)
+        tail = 2 if len(parts) == 3 and parts[1] == "destroy" and not finalized(row) else 1
+    else:
+        tail = _SESSION_TAIL.get(row.kind, 0)
+    if not tail or row.op_id.count("/") < tail:
+        return None
+    return row.op_id.rsplit("/", tail)[0]
 
 
 def _session(row: OperationRecord) -> str:
@@ -261,6 +288,23 @@ def pinned_provider(row: OperationRecord) -> tuple[str, str] | None:
     """(session, provider) of a provision record: the provider is pinned for the whole run, recoveries too."""
     provider = _meta(row).get(META_PROVIDER) if row.kind == PROVISION else None
     return (_session(row), str(provider)) if provider else None
+
+
+def reason(row: OperationRecord) -> str | None:
+    """Why a restore or a destroy happened (``REASON_*``)."""
+    value = _meta(row).get(META_REASON) if row.kind in (RESTORE, DESTROY) else None
+    return str(value) if value else None
+
+
+def detached(row: OperationRecord) -> bool:
+    """A destroy record that only let go of an attached Sandbox resource's sandbox (never destroyed here)."""
+    return row.kind == DESTROY and bool(_meta(row).get(META_DETACHED))
+
+
+def count(row: OperationRecord) -> int | None:
+    """The completed calls at a snapshot or a loss injection."""
+    value = _meta(row).get(META_COUNT) if row.kind in (SNAPSHOT, INJECT_LOSS) else None
+    return value if isinstance(value, int) else None
 
 
 def destroyed(row: OperationRecord) -> str | None:

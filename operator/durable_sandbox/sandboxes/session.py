@@ -773,7 +773,7 @@ class SandboxSession:
         meta: dict[str, Any] = {journal.META_SANDBOX_ID: handle.id, journal.META_REASON: reason}
         if handle.id == self._attached_id():
             # A Sandbox resource's sandbox is let go, not destroyed: it outlives the run.
-            meta["detached"] = True
+            meta[journal.META_DETACHED] = True
             await self._journal(op_id, OpKind.SANDBOX_DESTROY, "detach", "completed", meta=meta)
             if self.state.handle is not None and self.state.handle.id == handle.id:
                 self.state.handle = None

@@ -238,12 +238,14 @@ class SandboxSettings(_Spec):
         Field(
             min_length=1,
             pattern=r"^[a-z0-9][a-z0-9_.-]*$",
-            description="The sandbox provider: 'e2b', or 'local' (subprocess workspaces; the operator accepts it "
-            "only with --allow-local-provider), or one installed as a plugin.",
+            description="The sandbox provider: 'kubernetes' (a Pod in this namespace), 'e2b', or 'local' "
+            "(subprocess workspaces; the operator accepts it only with --allow-local-provider), or one installed "
+            "as a plugin.",
         ),
     ] = "local"
     template: str | None = Field(
-        default=None, description="The provider's template (image) for the sandbox; the provider's default if unset."
+        default=None, description="The provider's template for the sandbox (kubernetes: an image, or "
+        "podtemplate/<name> of a PodTemplate in this namespace); the provider's default if unset."
     )
     env: list[EnvVar] = Field(default_factory=list, description="Environment variables of the sandbox.")
     lease_seconds: Annotated[

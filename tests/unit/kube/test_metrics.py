@@ -12,11 +12,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 import durable_sandbox
 from durable_sandbox.kube.metrics import PHASES, OperatorMetrics, api_verb
-from durable_sandbox.kube.metrics_server import MetricsServer, start_metrics_server
+from durable_sandbox.kube.metrics_server import MetricsServer, Readiness, make_app, start_metrics_server
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore
 
@@ -126,6 +127,26 @@ async def test_healthz_answers_and_reports_a_failing_check() -> None:
         status, _, text = await scrape(srv, "/healthz")
         assert status == 503 and "the watch stream stopped 300s ago" in text
         assert (await scrape(srv, "/nope"))[0] == 404
+    finally:
+        await srv.stop()
+
+
+async def test_readyz_says_not_ready_until_startup_ends_and_again_once_a_stop_begins() -> None:
+    readiness = Readiness()
+    runner = web.AppRunner(make_app(OperatorMetrics(process_collectors=False), readiness=readiness))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    srv = MetricsServer(runner=runner, host="127.0.0.1", port=int(runner.addresses[0][1]))
+    try:
+        status, _, text = await scrape(srv, "/readyz")
+        assert (status, text) == (503, "not ready: starting\n")
+        readiness.ready()
+        assert (await scrape(srv, "/readyz"))[0::2] == (200, "ok\n")
+        readiness.not_ready("stopping: handing runs over to other replicas")
+        status, _, text = await scrape(srv, "/readyz")
+        assert status == 503 and "handing runs over" in text
+        assert (await scrape(srv, "/healthz"))[0] == 200, "a stopping replica is alive"
     finally:
         await srv.stop()
 

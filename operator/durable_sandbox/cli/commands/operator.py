@@ -50,7 +50,7 @@ def _modules(value: str) -> tuple[str, ...]:
 @click.option("--liveness", metavar="URL", default=None,
               help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="Serve Prometheus metrics (/metrics) and liveness (/healthz) on this port "
+              help="Serve Prometheus metrics (/metrics), liveness (/healthz) and readiness (/readyz) on this port "
                    "(docs/operations.md) [default: not served].")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address for --metrics-port.")
 @click.option("-v", "--verbose", is_flag=True, help="Log kopf's own activity too.")

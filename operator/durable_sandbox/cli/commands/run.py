@@ -10,11 +10,10 @@ from durable_sandbox.cli.detach import spawn
 from durable_sandbox.cli.errors import EXIT_OK, CliError
 from durable_sandbox.cli.jsonarg import read_input
 from durable_sandbox.cli.render import emit_data, state_doc
-from durable_sandbox.cli.session import cluster_module, open_engine
+from durable_sandbox.cli.session import cluster_module, open_engine, open_local_store
 from durable_sandbox.cli.settings import Settings
 from durable_sandbox.cli.targets import RunPlan, is_manifest, plan_entrypoint, plan_manifest
 from durable_sandbox.engine import RunRecord, RunState
-from durable_sandbox.stores import SqliteStore
 
 
 @click.command()
@@ -113,9 +112,9 @@ def _created(run: RunRecord) -> dict[str, str]:
 
 async def _existing(settings: Settings, plans: list[RunPlan]) -> list[RunRecord | None]:
     """The runs the plans would continue, read without creating a store that does not exist."""
-    if not settings.store_path.exists():
+    if not settings.postgres and not settings.store_path.exists():
         return [None] * len(plans)
-    store = SqliteStore(settings.store_path)
+    store = await open_local_store(settings)
     try:
         return [await store.get_run(p.run_id) if p.run_id else None for p in plans]
     finally:

@@ -37,7 +37,7 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.add_signal_handler(sig, stop.set)
-            click.echo(f"worker {engine.worker_id} serving {settings.store_path}", err=True)
+            click.echo(f"worker {engine.worker_id} serving {settings.store_label}", err=True)
             executed = await engine.worker(
                 concurrency=concurrency,
                 poll_interval=poll_interval,

@@ -1,0 +1,398 @@
+"""A run's timeline: journal rows and run events folded into items on lanes, for the run page.
+
+One item per *segment* of an operation (each attempt of a step is its own segment, a retry's backoff is
+one too), per run event (signals received, the run starting, waiting, being handed over for a suspend,
+sandbox loss notices, progress), per Kubernetes Event of the Workflow (``--kube``), and per call that a
+recovery replayed into the replacement sandbox (the journal lists those in the restore's completed
+record; they are marked ``replayed`` and point at the call they reproduce). Parallel branches get lanes
+of their own (``<parallel op id>/<branch key>``, nested branches nest), so the page can draw them side
+by side.
+
+The fold is incremental: :meth:`Timeline.feed` takes rows and events in commit order and returns the
+items it created or changed, which is what the page's live updates send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from durable_sandbox.engine.records import Event, OperationRecord, OpKind
+from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes.journal import call_target
+
+# The kinds as plain strings: an enum's .value is a property, far too slow in a loop over a 10,000-call journal.
+CALLBACK = OpKind.CALLBACK.value
+PARALLEL = OpKind.PARALLEL.value
+PATCH = OpKind.PATCH.value
+SANDBOX_CALL = OpKind.SANDBOX_CALL.value
+SANDBOX_DESTROY = OpKind.SANDBOX_DESTROY.value
+SANDBOX_INJECT_LOSS = OpKind.SANDBOX_INJECT_LOSS.value
+SANDBOX_PROVISION = OpKind.SANDBOX_PROVISION.value
+SANDBOX_RESTORE = OpKind.SANDBOX_RESTORE.value
+SANDBOX_SNAPSHOT = OpKind.SANDBOX_SNAPSHOT.value
+SANDBOX_SNAPSHOT_DELETE = OpKind.SANDBOX_SNAPSHOT_DELETE.value
+SLEEP = OpKind.SLEEP.value
+STEP = OpKind.STEP.value
+
+__all__ = ["Item", "Lane", "Timeline", "session_of"]
+
+_KINDS = {
+    STEP: "step",
+    PARALLEL: "parallel",
+    CALLBACK: "callback",
+    SLEEP: "timer",
+    PATCH: "patch",
+    SANDBOX_PROVISION: "provision",
+    SANDBOX_CALL: "call",
+    SANDBOX_SNAPSHOT: "snapshot",
+    SANDBOX_SNAPSHOT_DELETE: "snapshot-delete",
+    SANDBOX_RESTORE: "restore",
+    SANDBOX_INJECT_LOSS: "loss",
+    SANDBOX_DESTROY: "destroy",
+}
+# Kubernetes Event reasons that are a suspend or a resume (kube/controller.py emits them).
+_K8S_KINDS = {"Suspended": "suspend", "Resumed": "resume", "SandboxLost": "lost", "Recovered": "restore"}
+
+
+@dataclass(slots=True)
+class Lane:
+    id: str  # the op id prefix of the branch ("" for the run itself)
+    label: str
+    parent: int  # index of the enclosing lane (-1 for the run)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "label": self.label, "parent": self.parent}
+
+
+@dataclass(slots=True)
+class Item:
+    key: str
+    kind: str  # step, call, snapshot, loss, restore, signal, run, suspend, ... (CSS class on the page)
+    label: str
+    lane: int
+    t0: float
+    t1: float | None
+    outcome: str  # ok, nonzero, failed, retrying, running, waiting, replayed, info, warning
+    seq: float  # commit order, to order items that share a timestamp
+    src: int = 0  # 0 journal, 1 run event, 2 Kubernetes Event: the tie-break after time
+    op: str | None = None
+    attempt: int = 1
+    epoch: int = 0
+    exit: int | None = None
+    note: str | None = None
+    of: str | None = None  # a replayed call: the key of the item of the call it reproduces
+    version: int = 0
+
+    def to_json(self, base: float) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "k": self.key, "c": self.kind, "l": self.label, "n": self.lane, "o": self.outcome,
+            "t0": round((self.t0 - base) * 1000, 1), "t1": None if self.t1 is None else round((self.t1 - base) * 1000, 1),
+            "s": self.seq, "r": self.src,
+        }  # fmt: skip
+        if self.op is not None and self.op != self.key:  # (the page reads a missing op of a journal item as its key)
+            out["op"] = self.op
+        if self.attempt != 1:
+            out["a"] = self.attempt
+        if self.exit is not None:
+            out["x"] = self.exit
+        if self.note:
+            out["note"] = self.note
+        if self.of is not None:
+            out["of"] = self.of
+        return out
+
+
+def session_of(op_id: str, kind: str, meta: dict[str, Any] | None = None) -> str | None:
+    """The sandbox session (``ctx.sandbox`` id, with its scope) an operation of kind ``kind`` belongs to
+    (sandboxes/journal.py says how its records are named)."""
+    return journal.session_of(OperationRecord(op_id, kind, "", "", meta=meta))
+
+
+@dataclass
+class Timeline:
+    """The items of one run, built incrementally from its journal rows and events."""
+
+    base: float  # the run's creation time: item times are shown relative to it
+    lanes: list[Lane] = field(default_factory=lambda: [Lane("", "run", -1)])
+    items: dict[str, Item] = field(default_factory=dict)
+    version: int = 0
+    op_seq: int = 0  # the newest journal seq folded
+    ev_seq: int = 0  # the newest run event seq folded
+    _prefix_lane: dict[str, int] = field(default_factory=dict)
+    _open: dict[str, Item] = field(default_factory=dict)  # op id -> its segment not finished yet
+    _segments: dict[str, int] = field(default_factory=dict)  # op id -> segments made
+    _calls: dict[str, Item] = field(default_factory=dict)  # call op id -> its newest finished segment
+    _targets: dict[str, str] = field(default_factory=dict)  # call op id -> its label (from the started record)
+    _phase_ts: dict[str, float] = field(default_factory=dict)  # restore op id -> time of its newest started row
+    _backoff: dict[str, Item] = field(default_factory=dict)  # op id -> the backoff before its next attempt
+    _changed: list[Item] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ feeding
+
+    def feed(self, rows: Iterable[OperationRecord] = (), events: Iterable[Event] = (),
+             k8s_events: Iterable[dict[str, Any]] = ()) -> list[Item]:
+        """Fold new rows and events; returns the items created or changed (each once)."""
+        self.version += 1
+        self._changed = []
+        for row in rows:
+            if row.seq and row.seq <= self.op_seq:
+                continue
+            self.op_seq = max(self.op_seq, row.seq)
+            self._row(row)
+        for event in events:
+            if event.seq and event.seq <= self.ev_seq:
+                continue
+            self.ev_seq = max(self.ev_seq, event.seq)
+            self._event(event)
+        for k8s in k8s_events:
+            self._k8s_event(k8s)
+        seen: set[str] = set()
+        out = []
+        for item in self._changed:
+            if item.key not in seen:
+                seen.add(item.key)
+                out.append(item)
+        return out
+
+    def sorted_items(self, *, progress: bool = True) -> list[Item]:
+        items = self.items.values() if progress else (i for i in self.items.values() if i.kind != "progress")
+        return sorted(items, key=lambda i: (i.t0, i.src, i.seq))
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for item in self.items.values():
+            out[item.kind] = out.get(item.kind, 0) + 1
+        return out
+
+    # ------------------------------------------------------------------ lanes
+
+    def lane_of(self, op_id: str) -> int:
+        parts = op_id.split("/")
+        for n in range(len(parts), 0, -1):
+            lane = self._prefix_lane.get("/".join(parts[:n]))
+            if lane is not None:
+                return lane
+        return 0
+
+    def _branch(self, prefix: str, label: str, parent: int) -> None:
+        if prefix not in self._prefix_lane:
+            self._prefix_lane[prefix] = len(self.lanes)
+            self.lanes.append(Lane(prefix, label, parent))
+
+    # ------------------------------------------------------------------ journal rows
+
+    def _put(self, item: Item) -> Item:
+        item.version = self.version
+        self.items[item.key] = item
+        self._changed.append(item)
+        return item
+
+    def _touch(self, item: Item) -> None:
+        item.version = self.version
+        self._changed.append(item)
+
+    def _row(self, row: OperationRecord) -> None:
+        meta = row.meta or {}
+        kind = row.kind
+        if kind == PARALLEL and isinstance(meta.get("branches"), list):
+            parent = self.lane_of(row.op_id)
+            for key in meta["branches"]:
+                self._branch(f"{row.op_id}/{key}", str(key), parent)
+        if kind == STEP and meta.get("branch"):
+            self._branch(row.op_id, row.op_id.rsplit("/", 1)[-1], self.lane_of(row.op_id.rsplit("/", 1)[0]))
+        if kind == SANDBOX_CALL and row.status == "started":
+            target = call_target(row)
+            self._targets[row.op_id] = f"{row.name}: {target}" if target is not None else row.name
+        if row.status == "started":
+            self._started(row)
+        else:
+            self._finished(row)
+
+    def _label(self, row: OperationRecord) -> str:
+        kind = row.kind
+        if kind == SANDBOX_CALL:
+            return self._targets.get(row.op_id, row.name)
+        if kind == STEP:
+            tail = row.op_id.rsplit("/", 1)[-1]
+            return tail if tail == row.name else f"{tail} ({row.name})"
+        if kind == SANDBOX_RESTORE:
+            source = journal.restored_from(row) or "nothing (fresh sandbox)"
+            return f"{journal.reason(row) or 'restore'} from {source}"
+        if kind == SANDBOX_SNAPSHOT:
+            return f"snapshot after {journal.count(row) if journal.count(row) is not None else '?'} calls"
+        if kind == SANDBOX_SNAPSHOT_DELETE:
+            return f"delete snapshot {journal.deletion_of(row) or '?'}"
+        if kind == SANDBOX_INJECT_LOSS:
+            return f"sandbox lost (injected after {journal.count(row) if journal.count(row) is not None else '?'} calls)"
+        if kind == SANDBOX_DESTROY:
+            if journal.finalized(row):
+                return "finalize: snapshots deleted, sandbox destroyed"
+            return f"{row.name} {journal.destroyed(row) or ''} ({journal.reason(row) or 'destroy'})".replace("  ", " ")
+        if kind == SANDBOX_PROVISION:
+            return f"provision ({row.name})"
+        if kind == SLEEP:
+            return f"sleep {row.op_id}"
+        return row.op_id if kind in (CALLBACK, PARALLEL, PATCH) else row.name
+
+    def _kind(self, row: OperationRecord) -> str:
+        meta = row.meta or {}
+        if row.kind == SANDBOX_DESTROY:
+            if journal.finalized(row):
+                return "finalize"
+            if journal.reason(row) == journal.REASON_HIBERNATE:
+                return "hibernate"
+        if row.kind == STEP and meta.get("branch"):
+            return "branch"
+        return _KINDS.get(row.kind, row.kind)
+
+    def _started(self, row: OperationRecord) -> None:
+        if row.kind == SANDBOX_RESTORE:
+            self._phase_ts[row.op_id] = row.ts
+        current = self._open.get(row.op_id)
+        if current is not None and current.attempt == row.attempt and current.epoch == row.epoch:
+            # The same attempt started again: a restore recording its replacement sandbox, or an operation
+            # whose worker stopped before it finished, run again by the next one (same op id).
+            if row.kind != SANDBOX_RESTORE:
+                current.note = "started again: the worker running it stopped before it finished"
+            current.label = self._label(row)
+            self._touch(current)
+            return
+        n = self._segments.get(row.op_id, 0) + 1
+        self._segments[row.op_id] = n
+        backoff = self._backoff.pop(row.op_id, None)
+        if backoff is not None:
+            backoff.t1 = row.ts
+            self._touch(backoff)
+        waiting = row.kind in (CALLBACK, SLEEP)
+        item = Item(
+            key=row.op_id if n == 1 else f"{row.op_id}#{n}", kind=self._kind(row), label=self._label(row),
+            lane=self.lane_of(row.op_id), t0=row.ts, t1=None, outcome="waiting" if waiting else "running",
+            seq=row.seq, op=row.op_id, attempt=row.attempt, epoch=row.epoch,
+        )  # fmt: skip
+        meta = row.meta or {}
+        if row.kind == SLEEP and isinstance(meta.get("wakeAt"), int | float):
+            item.note = f"until +{meta['wakeAt'] - self.base:.1f}s"
+        if row.kind == CALLBACK and meta.get("deadline"):
+            item.note = f"times out at +{float(meta['deadline']) - self.base:.1f}s"
+        self._open[row.op_id] = self._put(item)
+
+    def _finished(self, row: OperationRecord) -> None:
+        meta = row.meta or {}
+        item = self._open.pop(row.op_id, None)
+        if item is None:
+            # Finished with no start of its own: a cache hit, a branch's closing record, a callback whose
+            # signal was there already, a finalize, a patch marker: an instant.
+            n = self._segments.get(row.op_id, 0) + 1
+            self._segments[row.op_id] = n
+            item = Item(
+                key=row.op_id if n == 1 else f"{row.op_id}#{n}", kind=self._kind(row), label=self._label(row),
+                lane=self.lane_of(row.op_id), t0=row.ts, t1=row.ts, outcome="ok", seq=row.seq, op=row.op_id,
+                attempt=row.attempt, epoch=row.epoch,
+            )  # fmt: skip
+            self._put(item)
+        else:
+            item.t1 = row.ts
+            item.label = self._label(row)
+            self._touch(item)
+        item.outcome = "ok"
+        if row.status == "failed":
+            item.outcome = "retrying" if meta.get("nextAttemptAt") is not None else "failed"
+            if row.error is not None:
+                item.note = f"{row.error.type}: {row.error.message}"[:300]
+        if row.kind == SANDBOX_CALL and row.status == "completed" and isinstance(row.result, dict):
+            code = row.result.get("exitCode")
+            if isinstance(code, int):
+                item.exit = code
+                if code != 0:
+                    item.outcome = "nonzero"
+            self._calls[row.op_id] = item
+        if meta.get("cache") == "hit":
+            item.note = "cache hit"
+        if row.kind == SANDBOX_INJECT_LOSS or (row.kind == SANDBOX_DESTROY and journal.reason(row) == journal.REASON_LOST):
+            item.outcome = "warning"
+        if row.status == "failed" and meta.get("nextAttemptAt") is not None:
+            self._backoff[row.op_id] = self._put(Item(
+                key=f"{item.key}~backoff", kind="backoff", label=f"backoff before attempt {row.attempt + 1}",
+                lane=item.lane, t0=row.ts, t1=float(meta["nextAttemptAt"]), outcome="waiting", seq=row.seq + 0.5,
+                op=row.op_id, attempt=row.attempt, epoch=row.epoch,
+            ))  # fmt: skip
+        if row.kind == SANDBOX_RESTORE and row.status == "completed":
+            self._replayed(row, item)
+
+    def _replayed(self, row: OperationRecord, restore: Item) -> None:
+        replayed = [op for op in journal.replayed(row) if isinstance(op, str)]
+        restore.note = f"replayed {len(replayed)} call{'s' if len(replayed) != 1 else ''} into the new sandbox"
+        if not replayed:
+            return
+        start = self._phase_ts.get(row.op_id, restore.t0)
+        span = max(row.ts - start, 0.0) / len(replayed)
+        for i, op in enumerate(replayed):
+            original = self._calls.get(op)
+            self._put(Item(
+                key=f"{row.op_id}>{op}", kind="call", label=original.label if original else self._targets.get(op, op),
+                lane=restore.lane, t0=start + i * span, t1=start + (i + 1) * span, outcome="replayed",
+                seq=row.seq - 1 + (i + 1) / (len(replayed) + 1), op=op, exit=original.exit if original else None,
+                note=f"replayed by {row.op_id}: same op id, outcome checked against the journal",
+                of=original.key if original else None,
+            ))  # fmt: skip
+
+    # ------------------------------------------------------------------ events
+
+    def _event(self, event: Event) -> None:
+        data = event.data or {}
+        etype = event.type
+        kind, outcome, lane = "event", "info", 0
+        label = etype
+        if etype == "signal.received":
+            kind, label = "signal", f"signal received for {data.get('callbackId')}"
+        elif etype == "progress":
+            kind = "progress"
+            pct = data.get("percent")
+            label = str(data.get("message", "")) + (f" ({pct:g}%)" if isinstance(pct, int | float) else "")
+            if isinstance(data.get("scope"), str):
+                lane = self.lane_of(data["scope"].rstrip("/"))
+        elif etype == "run.handed_over":
+            reason = str(data.get("reason") or "")
+            kind = "suspend" if "suspend" in reason else "run"
+            label = f"handed over: {reason}" if reason else "handed over"
+        elif etype.startswith("run."):
+            kind = "run"
+            state = etype[4:]
+            label = f"run {state}"
+            if etype == "run.waiting":
+                label += " for " + (", ".join(data.get("callbacks") or []) or "a timer")
+            if data.get("worker"):
+                label += f" (worker {data['worker']})"
+            if etype in ("run.failed", "run.cancelled"):
+                outcome = "failed" if etype == "run.failed" else "warning"
+                why = data.get("error") or data.get("reason")
+                if why:
+                    label += f": {why}"
+            elif etype == "run.succeeded":
+                outcome = "ok"
+        elif etype == "sandbox.lost":
+            kind, outcome = "lost", "warning"
+            label = f"sandbox lost ({data.get('session', '?')}): {data.get('reason', '')}"
+        elif etype == "sandbox.hibernated":
+            kind = "hibernate"
+            label = f"sandbox hibernated ({data.get('session', '?')}) after {data.get('count', '?')} calls"
+        if isinstance(data.get("session"), str):
+            lane = self.lane_of(data["session"])
+        self._put(Item(key=f"e{event.seq}", kind=kind, label=label[:400], lane=lane, t0=event.ts, t1=None,
+                       outcome=outcome, seq=event.seq, src=1))
+
+    def _k8s_event(self, ev: dict[str, Any]) -> None:
+        """A Kubernetes Event of the Workflow (``{uid, ts, reason, message, type, count}``)."""
+        key = f"k8s:{ev.get('uid')}"
+        reason = str(ev.get("reason") or "")
+        label = f"{reason}: {ev.get('message') or ''}"[:400]
+        count = int(ev.get("count") or 1)
+        if count > 1:
+            label += f" (x{count})"
+        known = self.items.get(key)
+        if known is not None and known.label == label:
+            return
+        self._put(Item(key=key, kind=_K8S_KINDS.get(reason, "k8s"), label=label, lane=0, t0=float(ev["ts"]), t1=None,
+                       outcome="warning" if ev.get("type") == "Warning" else "info", seq=0, src=2))

@@ -1,0 +1,46 @@
+"""Sandbox resources as the e2e tests drive them with kubectl: a manifest, its object and status, waiting for
+a condition, suspending it; and the image the kubernetes provider's sandbox Pods run in these tests."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from tests.e2e.conftest import ControlPlane
+
+# The node harness imports it (reference/node.md); DSB_TEST_SANDBOX_IMAGE picks another.
+IMAGE = os.environ.get("DSB_TEST_SANDBOX_IMAGE", "docker.io/library/busybox:1.36")
+
+
+def sandbox(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "durable-sandbox.dev/v1alpha1",
+        "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {"provider": "local", **spec},
+    }
+
+
+def get(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    proc = cp.kubectl("get", "dsbx", name, "-n", ns, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def status(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    st: dict[str, Any] = (get(cp, ns, name) or {}).get("status") or {}
+    return st
+
+
+def wait_for(cp: ControlPlane, ns: str, name: str, ctype: str, value: str = "true", timeout: float = 90) -> dict[str, Any]:
+    """`kubectl wait --for=condition=<type>=<value>` on the Sandbox; returns its status."""
+    proc = cp.kubectl("wait", f"--for=condition={ctype}={value}", f"dsbx/{name}", "-n", ns, f"--timeout={int(timeout)}s",
+                      check=False, timeout=timeout + 30)
+    if proc.returncode != 0:
+        raise AssertionError(f"Sandbox {ns}/{name} never got {ctype}={value}: {proc.stderr}\n"
+                             f"status: {json.dumps(status(cp, ns, name))[:3000]}")
+    return status(cp, ns, name)
+
+
+def set_suspend(cp: ControlPlane, ns: str, name: str, value: bool) -> None:
+    cp.kubectl("patch", "dsbx", name, "-n", ns, "--type=merge", "-p", json.dumps({"spec": {"suspend": value}}))

@@ -1,0 +1,336 @@
+"""The Helm chart's operator as a real Pod on the test node (issue 22): the image built from the repository's
+Dockerfile (scripts/image-build), imported into the node under the name the chart's defaults give it
+(`durable-sandbox:<appVersion>`), installed with `helm install` exactly as the README says, and run by the
+kubelet: in-cluster configuration through the `kubernetes` Service, the chart's ServiceAccount token and RBAC,
+its probes, its securityContext applied by a real container runtime.
+
+The tests share one release and run in order: install and reconcile hello, the Pod's security, then
+`helm upgrade` rolls the Pod and `helm uninstall` leaves only the CRDs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.e2b_state import FakeState
+from tests.fakes.fixtures import fake_e2b_in_thread
+
+from .image_support import build_image
+from .node_support import NodeCluster
+from .operator_support import parse_samples, total
+from .test_chart import CHART, run_helm
+from .test_operator_failover import check_journal
+
+pytestmark = [pytest.mark.image, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+HELLO = ROOT / "examples" / "hello-workflow.yaml"
+NODE_IP = "10.88.0.1"  # the node's address on its Pod bridge: where a Pod reaches a server of the host
+RELEASE = "dsb"
+OPERATOR_NS = "durable-sandbox-system"
+DEPLOYMENT = f"{RELEASE}-durable-sandbox"
+SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
+
+
+@pytest.fixture(scope="module")
+def operator_image(node_cluster: NodeCluster) -> str:
+    image = build_image()
+    version = image.name.rsplit(":", 1)[1]
+    # What `durable-sandbox:0.1.0` (the chart's default) means to the container runtime.
+    return node_cluster.load_image(image.name, f"docker.io/library/durable-sandbox:{version}")
+
+
+@pytest.fixture(scope="module")
+def flows_image(node_cluster: NodeCluster, operator_image: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The operator image plus this repository's example workflows (chart value ``workflows`` names modules
+    importable in the image: this is how a user adds theirs)."""
+    image = build_image()
+    base_id = subprocess.run(["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", image.name],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    context = tmp_path_factory.mktemp("flows-image")
+    shutil.copytree(ROOT / "examples" / "flows", context / "examples" / "flows",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (context / "examples" / "__init__.py").write_text("")
+    # FROM by id: the context's content hash then changes whenever the operator image does.
+    (context / "Dockerfile").write_text(
+        f"FROM {image.name}\n# operator image {base_id}\n"
+        "COPY examples /opt/dsb-test/examples\nENV PYTHONPATH=/opt/dsb-test\n")
+    return node_cluster.build_image(context, "localhost/durable-sandbox-flows:0.1.0")
+
+
+@pytest.fixture(scope="module")
+def fake_e2b(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeState]:
+    """The fake E2B server on the node's address, reachable from the operator's Pod: its sandboxes (and the
+    commands run in them, as host processes) live outside the Pod and survive its replacement."""
+    with fake_e2b_in_thread(tmp_path_factory.mktemp("fake-e2b"), host=NODE_IP) as (state, _):
+        yield state
+
+
+@pytest.fixture(scope="module")
+def helm_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("helm-home")
+
+
+class Release:
+    def __init__(self, cluster: NodeCluster, helm: Path, home: Path) -> None:
+        self.k = cluster
+        self.helm = helm
+        self.home = home
+
+    def helm_run(self, *args: str) -> str:
+        return run_helm(self.helm, self.home, *args, kubeconfig=self.k.kubeconfig).stdout
+
+    def pods(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.k.kubectl_json("get", "pods", "-n", OPERATOR_NS, "-l", SELECTOR)["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def ready_pod(self) -> str:
+        self.k.kubectl("rollout", "status", f"deployment/{DEPLOYMENT}", "-n", OPERATOR_NS, "--timeout=300s")
+        [pod] = self.pods()
+        return str(pod["metadata"]["name"])
+
+    def exec(self, pod: str, script: str) -> str:
+        return self.k.kubectl("exec", pod, "-n", OPERATOR_NS, "--", "python3", "-c", script).stdout
+
+    def metrics(self, pod: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        # Through the API server's Pod proxy: API server -> the Pod's address on the node's bridge.
+        return parse_samples(self.k.kubectl("get", "--raw", f"/api/v1/namespaces/{OPERATOR_NS}/pods/{pod}:8080/proxy/metrics").stdout)
+
+    def logs(self) -> str:
+        out = self.k.kubectl("logs", "-n", OPERATOR_NS, "-l", SELECTOR, "--tail=200", "--prefix", check=False)
+        return out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def release(node_cluster: NodeCluster, helm: Path, helm_home: Path, operator_image: str) -> Iterator[Release]:
+    r = Release(node_cluster, helm, helm_home)
+    # The README's command, unchanged.
+    r.helm_run("install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace", "--set", "allowLocalProvider=true")
+    yield r
+    r.helm_run("uninstall", RELEASE, "-n", OPERATOR_NS, "--ignore-not-found", "--wait")
+
+
+def test_installed_operator_pod_is_ready_and_reconciles_hello(release: Release, tmp_path: Path) -> None:
+    k = release.k
+    try:
+        pod = release.ready_pod()
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- operator log:\n{release.logs()}") from exc
+    status = k.kubectl_json("get", "pod", pod, "-n", OPERATOR_NS)
+    assert {c["type"]: c["status"] for c in status["status"]["conditions"]}["Ready"] == "True"
+    [container] = status["status"]["containerStatuses"]
+    assert container["restartCount"] == 0
+    assert container["image"] == "docker.io/library/durable-sandbox:0.1.0"
+
+    # The kubelet's own counts: its readiness probe (/readyz) and liveness probe (/healthz) were answered.
+    def probes(kind: str) -> float:
+        raw = k.kubectl("get", "--raw", f"/api/v1/nodes/{k.node}/proxy/metrics/probes").stdout
+        return total(parse_samples(raw), "prober_probe_total", probe_type=kind, result="successful", pod=pod)
+
+    assert probes("Readiness") >= 1
+    k.wait_until(lambda: probes("Liveness") >= 1, 120, "the kubelet's first successful liveness probe")
+
+    ns = f"hello-{uuid.uuid4().hex[:6]}"
+    k.kubectl("create", "namespace", ns)
+    k.kubectl("apply", "-n", ns, "-f", str(HELLO))
+    try:
+        k.kubectl("wait", "--for=condition=Succeeded", "workflow/hello", "-n", ns, "--timeout=180s")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- operator log:\n{release.logs()}") from exc
+    wf = k.kubectl_json("get", "workflow", "hello", "-n", ns)["status"]
+    assert wf["phase"] == "Succeeded" and wf["calls"] == {"completed": 4, "total": 4}
+    assert [r["exitCode"] for r in wf["result"]["toolResults"]] == [0, 0, 0, 2]
+
+    got = release.metrics(pod)
+    assert total(got, "durable_sandbox_tool_calls_total", provider="local") == 4
+    requests = [(dict(labels), v) for (n, labels), v in got.items() if n == "durable_sandbox_kube_api_requests_total"]
+    assert sum(v for labels, v in requests if labels["code"].startswith("2") and labels["verb"] == "patch") > 0
+    denied = [labels for labels, v in requests if labels["code"] == "403" and v]
+    assert denied == [], f"the chart's RBAC refused requests the operator made: {denied}"
+    # In-cluster configuration: the ServiceAccount token the kubelet mounted, the `kubernetes` Service.
+    env = release.exec(pod, "import os; print(os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT'])")
+    assert env.split() == ["10.0.0.1", "443"]
+    assert "KUBECONFIG" not in json.dumps(status["spec"]["containers"][0].get("env", []))
+    k.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+SECURITY = r"""
+import json, os
+status = dict(line.split(":", 1) for line in open("/proc/1/status").read().splitlines())
+root = [l.split() for l in open("/proc/1/mountinfo") if l.split()[4] == "/"][-1]
+try:
+    open("/written-to-root", "w")
+    root_write = "allowed"
+except OSError as exc:
+    root_write = exc.strerror
+cmdline = open("/proc/1/cmdline").read().split("\0")
+print(json.dumps({k: status[k].strip() for k in ("Uid", "Gid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
+                                                   "NoNewPrivs", "Seccomp")}
+                 | {"root_options": root[5], "root_write": root_write, "cmdline": cmdline,
+                    "self_uid": os.getuid()}))
+"""
+
+
+def test_the_pod_runs_restricted_as_the_container_runtime_applied_it(release: Release) -> None:
+    pod = release.ready_pod()
+    got = json.loads(release.exec(pod, SECURITY))
+    # PID 1 is the operator itself (the image's entrypoint), not a shell.
+    assert got["cmdline"][:3] == ["/opt/durable-sandbox/bin/python3", "/opt/durable-sandbox/bin/dsb", "operator"] \
+        or got["cmdline"][1:3] == ["/opt/durable-sandbox/bin/dsb", "operator"], got["cmdline"]
+    assert got["Uid"].split() == ["10001"] * 4 and got["Gid"].split() == ["10001"] * 4
+    assert got["self_uid"] == 10001, "kubectl exec runs with the Pod's securityContext too"
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(got[cap], 16) == 0, f"{cap} is {got[cap]}: capabilities drop ALL"
+    assert got["NoNewPrivs"] == "1", "allowPrivilegeEscalation: false"
+    assert got["Seccomp"] == "2", "seccomp RuntimeDefault: a filter is applied"
+    assert got["root_options"].split(",")[0] == "ro" and got["root_write"] == "Read-only file system"
+
+
+def effect_calls(effects: Path, n: int, gate: Path, gate_at: int) -> list[dict[str, Any]]:
+    """Shell calls that append to a log on the host (outside any sandbox): one line per execution; call
+    ``gate_at`` waits for ``gate`` to exist first, so the test knows it is in flight."""
+    calls = []
+    for i in range(1, n + 1):
+        wait = f"while [ ! -e {gate} ]; do sleep 0.05; done; " if i == gate_at else ""
+        calls.append({"type": "shell", "operationId": f"c{i}", "command": f"{wait}echo c{i} >> {effects}; echo c{i}"})
+    return calls
+
+
+def test_rollout_restart_hands_a_waiting_and_a_running_workflow_to_the_new_pod(
+    release: Release, fake_e2b: FakeState, flows_image: str, tmp_path: Path
+) -> None:
+    k = release.k
+    ns = f"handover-{uuid.uuid4().hex[:6]}"
+    k.kubectl("create", "namespace", ns)
+    k.kubectl("create", "secret", "generic", "e2b", "-n", OPERATOR_NS, f"--from-literal=E2B_API_KEY={fake_e2b.api_key}")
+    repo, tag = flows_image.rsplit(":", 1)
+    release.helm_run("upgrade", RELEASE, str(CHART), "-n", OPERATOR_NS, "--reuse-values",
+                     "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+                     "--set", "workflows={examples.flows.hello_flow}", "--set", "providers.e2b.existingSecret=e2b",
+                     "--set", f"providers.e2b.apiUrl={fake_e2b.api_url}",
+                     "--set", f"providers.e2b.sandboxUrl={fake_e2b.sandbox_url}")
+    old = release.ready_pod()
+
+    effects, gate = tmp_path / "effects.log", tmp_path / "gate"
+    k.apply({"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow", "metadata": {"name": "waits"},
+             "spec": {"entrypoint": "examples.flows.hello_flow:hello", "input": {"name": "Ada", "approve": True}}},
+            "-n", ns)
+    k.apply({"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow", "metadata": {"name": "calls"},
+             "spec": {"sandbox": {"provider": "e2b", "template": "base"}, "snapshotEveryNCalls": 2,
+                      "toolCalls": effect_calls(effects, 6, gate, gate_at=3)}}, "-n", ns)
+
+    def wf(name: str) -> dict[str, Any]:
+        st: dict[str, Any] = k.kubectl_json("get", "workflow", name, "-n", ns).get("status") or {}
+        return st
+
+    try:
+        k.wait_until(lambda: wf("waits").get("pendingCallbacks"), 180, "the workflow to wait on its callback")
+        k.wait_until(lambda: effects.exists() and effects.read_text().split() == ["c1", "c2"], 180,
+                     "calls c1 and c2 done, c3 in flight")
+        [sandbox] = fake_e2b.live_sandboxes()
+
+        k.kubectl("rollout", "restart", f"deployment/{DEPLOYMENT}", "-n", OPERATOR_NS)
+        # The kubelet has sent the old Pod its SIGTERM (it is terminating) while c3 is still running in it.
+        k.wait_until(lambda: k.kubectl_json("get", "pod", old, "-n", OPERATOR_NS)["metadata"].get("deletionTimestamp"),
+                     120, "the old Pod to be terminating")
+        gate.touch()
+        k.kubectl("wait", "--for=delete", f"pod/{old}", "-n", OPERATOR_NS, "--timeout=180s")
+        new = release.ready_pod()
+        assert new != old
+        k.kubectl("patch", "workflow", "waits", "-n", ns, "--type=merge",
+                  "-p", json.dumps({"spec": {"signals": {"approval": {"approved": True, "by": "node-test"}}}}))
+        for name in ("waits", "calls"):
+            k.kubectl("wait", "--for=condition=Succeeded", f"workflow/{name}", "-n", ns, "--timeout=240s")
+    except (AssertionError, TimeoutError) as exc:
+        raise AssertionError(f"{exc}\n--- operator logs:\n{release.logs()}") from exc
+    assert wf("waits")["result"]["approval"] == {"approved": True, "by": "node-test"}
+    # No committed call ran again: one line per call, in order (the call in flight finished in the old Pod).
+    assert effects.read_text().split() == [f"c{i}" for i in range(1, 7)]
+    # One sandbox for the whole run, never finalized by the handover: the new Pod used the same one.
+    created = [r for r in fake_e2b.calls("POST", "/v2/sandboxes") if r.path == "/v2/sandboxes"]
+    assert len(created) == 1, [r.path for r in created]
+    assert fake_e2b.calls("POST", f"/sandboxes/{sandbox}/pause") == []
+    kills = [r.path for r in fake_e2b.calls("DELETE", f"/sandboxes/{sandbox}")]
+    assert len(kills) <= 1, kills  # finalized once, when the run finished
+    k.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_two_replicas_with_their_pdb_run_a_batch_exactly_once_while_one_pod_is_force_deleted(
+    release: Release, fake_e2b: FakeState, tmp_path: Path
+) -> None:
+    k = release.k
+    release.helm_run("upgrade", RELEASE, str(CHART), "-n", OPERATOR_NS, "--reuse-values", "--set", "replicaCount=2")
+    k.kubectl("rollout", "status", f"deployment/{DEPLOYMENT}", "-n", OPERATOR_NS, "--timeout=300s")
+    k.wait_until(lambda: len(release.pods()) == 2, 120, "two operator Pods")
+    # The disruption controller keeps the chart's PDB's status: an eviction would be allowed for one Pod only.
+    k.wait_until(lambda: (k.kubectl_json("get", "pdb", DEPLOYMENT, "-n", OPERATOR_NS).get("status") or {})
+                 .get("currentHealthy") == 2, 120, "the PDB to count two healthy Pods")
+    pdb = k.kubectl_json("get", "pdb", DEPLOYMENT, "-n", OPERATOR_NS)
+    assert pdb["spec"]["minAvailable"] == 1 and pdb["status"]["disruptionsAllowed"] == 1
+
+    ns = f"batch-{uuid.uuid4().hex[:6]}"
+    k.kubectl("create", "namespace", ns)
+    effects = tmp_path / "effects.log"
+    names = [f"b{i}" for i in range(20)]
+    for name in names:
+        calls = [{"type": "shell", "operationId": f"c{j}", "command": f"echo {name}/c{j} >> {effects}; sleep 0.2"}
+                 for j in range(1, 4)]
+        k.apply({"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
+                 "spec": {"sandbox": {"provider": "e2b", "template": "base"}, "toolCalls": calls}}, "-n", ns)
+    # Once both replicas execute runs of the batch, one of them is force-deleted (no grace: its runs are not
+    # handed over; their leases lapse and the other replica or the replacement takes them).
+    k.wait_until(lambda: effects.exists() and len(effects.read_text().split()) >= 6, 180, "the batch to be under way")
+    victim = release.pods()[0]["metadata"]["name"]
+    k.kubectl("delete", "pod", victim, "-n", OPERATOR_NS, "--grace-period=0", "--force")
+    try:
+        for name in names:
+            k.kubectl("wait", "--for=condition=Succeeded", f"workflow/{name}", "-n", ns, "--timeout=600s")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- operator logs:\n{release.logs()}") from exc
+    lines = effects.read_text().split()
+    for name in names:
+        st = k.kubectl_json("get", "workflow", name, "-n", ns)["status"]
+        assert st["phase"] == "Succeeded" and st["calls"] == {"completed": 3, "total": 3}, (name, st)
+        check_journal(k, ns, st["runId"])
+        counts = [lines.count(f"{name}/c{j}") for j in range(1, 4)]
+        # Every call ran; a committed call never ran again. Only the one call a run had in flight in the killed
+        # Pod may have run twice (its completion was never committed).
+        assert min(counts) >= 1 and sum(counts) - 3 <= 1, (name, counts)
+    k.wait_until(lambda: len(release.pods()) == 2, 120, "the Deployment to replace the deleted Pod")
+    k.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_helm_upgrade_rolls_the_pod_and_uninstall_leaves_only_the_crds(release: Release) -> None:
+    k = release.k
+    release.helm_run("upgrade", RELEASE, str(CHART), "-n", OPERATOR_NS, "--reuse-values", "--set", "replicaCount=1")
+    before = release.ready_pod()
+    release.helm_run("upgrade", RELEASE, str(CHART), "-n", OPERATOR_NS, "--reuse-values",
+                     "--set", "maxConcurrentRuns=7")
+    k.kubectl("rollout", "status", f"deployment/{DEPLOYMENT}", "-n", OPERATOR_NS, "--timeout=300s")
+    k.wait_until(lambda: [p["metadata"]["name"] for p in release.pods()] not in ([], [before]), 120,
+                 "the old Pod to be replaced")
+    after = release.ready_pod()
+    assert after != before
+    [pod] = release.pods()
+    assert "--max-concurrent-runs=7" in pod["spec"]["containers"][0]["args"]
+
+    release.helm_run("uninstall", RELEASE, "-n", OPERATOR_NS, "--wait")
+    # Gone, not just terminating: the kubelet has stopped them (the operator exits within its grace period).
+    k.wait_until(lambda: not k.kubectl_json("get", "pods", "-n", OPERATOR_NS, "-l", SELECTOR)["items"], 180,
+                 "the operator's Pods to be gone")
+    kinds = ("deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,clusterroles,"
+             "clusterrolebindings,poddisruptionbudgets,validatingadmissionpolicies,validatingadmissionpolicybindings,"
+             "configmaps,secrets")
+    left = k.kubectl_json("get", kinds, "-A", "-l", SELECTOR)["items"]
+    assert [f"{i['kind']}/{i['metadata']['name']}" for i in left] == []
+    crds = set(k.kubectl("get", "crd", "-o", "name").stdout.split())
+    assert crds >= {"customresourcedefinition.apiextensions.k8s.io/workflows.durable-sandbox.dev",
+                    "customresourcedefinition.apiextensions.k8s.io/sandboxes.durable-sandbox.dev"}

@@ -1,0 +1,175 @@
+"""`dsb operator` with the kubernetes provider (issue 23, acceptance 2): sandboxes are Pods on the test node,
+snapshots go to a real S3 server (versitygw on loopback).
+
+The example Workflow reaches Succeeded; loss injection and a Pod deleted by hand both recover by restore and
+replay; a Sandbox suspends to zero Pods and resumes with its files; deleting a Workflow mid-run leaves no Pod and
+no snapshot object; with the store down, deleting it is CleanupBlocked, then cleanup finishes once it is back.
+
+Needs a Ready node (issue 22's node harness) with ``DSB_TEST_SANDBOX_IMAGE`` on it; skipped naming that without.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from durable_sandbox.providers.contract import SandboxHandle, ToolCall
+from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvider
+from durable_sandbox.providers.s3_snapshots import S3SnapshotStore
+from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.operator_support import (
+    OperatorProcess,
+    namespace,
+    operators,
+    status,
+    wait_condition,
+    wait_gone,
+    wait_in_flight,
+)
+from tests.e2e.sandbox_support import IMAGE, set_suspend, wait_for
+from tests.objectstore import S3Server
+
+__all__ = ["namespace", "operators"]  # fixtures
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "kubernetes-workflow.yaml"
+
+
+@pytest.fixture(scope="module")
+def node(control_plane: ControlPlane) -> str:
+    nodes = control_plane.kubectl_json("get", "nodes")["items"]
+    ready = [n["metadata"]["name"] for n in nodes if any(
+        c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))]
+    if not ready:
+        pytest.skip("needs a Ready node joined to the test control plane (the node harness of issue 22)")
+    return ready[0]
+
+
+class Cluster:
+    def __init__(self, cp: ControlPlane, ns: str, s3: S3Server, start: Any) -> None:
+        self.cp, self.ns, self.s3, self.start = cp, ns, s3, start
+        self.bucket = "op-" + secrets.token_hex(5)
+
+    def operator(self) -> OperatorProcess:
+        env = {**self.s3.environ(self.bucket, prefix="dsb"), "DSB_K8S_NAMESPACES": self.ns,
+               "DSB_K8S_TEMPLATE": json.dumps({"image": IMAGE, "imagePullPolicy": "Never"})}
+        op: OperatorProcess = self.start(env=env)
+        return op
+
+    def workflow(self, name: str, **spec: Any) -> dict[str, Any]:
+        doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+        doc["metadata"]["name"] = name
+        doc["spec"]["sandbox"].pop("template")  # the operator's default template: the image on the node
+        doc["spec"].update(spec)
+        return doc
+
+    def pods(self) -> list[str]:
+        items = self.cp.kubectl_json("get", "pods", "-n", self.ns, "-l", f"{SANDBOX_LABEL}=true")["items"]
+        return [p["metadata"]["name"] for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def objects(self) -> list[str]:
+        root = self.s3.data / self.bucket
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*.tar")) if root.exists() else []
+
+
+@pytest.fixture
+def cluster(control_plane: ControlPlane, node: str, namespace: str, operators: Any,
+            s3_server: S3Server) -> Iterator[Cluster]:
+    scene = Cluster(control_plane, namespace, s3_server, operators)
+
+    async def make_bucket() -> None:
+        store = S3SnapshotStore(s3_server.config(scene.bucket))
+        try:
+            await store.ensure_bucket()
+        finally:
+            await store.aclose()
+
+    asyncio.run(make_bucket())
+    yield scene
+
+
+def test_the_example_succeeds_on_a_pod_and_leaves_nothing(cluster: Cluster) -> None:
+    cluster.operator()
+    cluster.cp.apply(cluster.workflow("hello-pod"), "-n", cluster.ns)
+    wait_condition(cluster.cp, cluster.ns, "hello-pod", "Succeeded", timeout=180)
+    results = status(cluster.cp, cluster.ns, "hello-pod")
+    assert results.get("phase") == "Succeeded", results
+    wait_until(lambda: cluster.pods() == [] and cluster.objects() == [], 60, "the run's Pod and snapshots to go")
+
+
+def test_loss_injection_and_a_pod_deleted_by_hand_recover_by_restore_and_replay(cluster: Cluster) -> None:
+    cluster.operator()
+    cluster.cp.apply(cluster.workflow("injected", injectLossAfterNCalls=3), "-n", cluster.ns)
+    wait_condition(cluster.cp, cluster.ns, "injected", "Succeeded", timeout=240)
+    assert status(cluster.cp, cluster.ns, "injected").get("recoveryCount") == 1
+
+    calls = [{"type": "write_file", "path": "a.txt", "contents": "a"}, {"type": "shell", "command": "cat a.txt"},
+             {"type": "shell", "command": "sleep 30; cat a.txt"}, {"type": "read_file", "path": "a.txt"}]
+    cluster.cp.apply(cluster.workflow("by-hand", toolCalls=calls, snapshotEveryNCalls=1), "-n", cluster.ns)
+    wait_in_flight(cluster.cp, cluster.ns, "by-hand", 2, timeout=180)
+    [pod] = cluster.pods()
+    cluster.cp.kubectl("delete", "pod", "-n", cluster.ns, pod, "--grace-period=0", "--force")
+    wait_condition(cluster.cp, cluster.ns, "by-hand", "Succeeded", timeout=240)
+    assert status(cluster.cp, cluster.ns, "by-hand").get("recoveryCount") == 1
+    wait_until(lambda: cluster.pods() == [] and cluster.objects() == [], 60, "the runs' Pods and snapshots to go")
+
+
+def test_a_sandbox_suspends_to_zero_pods_and_resumes_with_its_files(cluster: Cluster) -> None:
+    cluster.operator()
+    cluster.cp.apply({"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": "box"},
+                      "spec": {"provider": "kubernetes"}}, "-n", cluster.ns)
+    first = wait_for(cluster.cp, cluster.ns, "box", "Ready", timeout=180)["providerId"]
+    assert _call(cluster, first, "write_file", path="notes.txt", contents="kept\n") == (0, "wrote notes.txt 5 bytes")
+    set_suspend(cluster.cp, cluster.ns, "box", True)
+    wait_for(cluster.cp, cluster.ns, "box", "Suspended", timeout=180)
+    wait_until(lambda: cluster.pods() == [], 60, "the suspended Sandbox's Pod to go")
+    assert len(cluster.objects()) == 1, "suspend is a snapshot in the store"
+    set_suspend(cluster.cp, cluster.ns, "box", False)
+    second = wait_for(cluster.cp, cluster.ns, "box", "Ready", timeout=180)["providerId"]
+    assert second != first and _call(cluster, second, "read_file", path="notes.txt") == (0, "kept\n")
+    cluster.cp.kubectl("delete", "dsbx", "box", "-n", cluster.ns)
+    wait_until(lambda: cluster.pods() == [] and cluster.objects() == [], 90, "the Sandbox's Pod and snapshots to go")
+
+
+def test_deleting_mid_run_leaves_nothing_and_a_store_that_is_down_blocks_cleanup_until_it_is_back(
+        cluster: Cluster) -> None:
+    cluster.operator()
+    calls = [{"type": "write_file", "path": "a.txt", "contents": "a"}, {"type": "shell", "command": "cat a.txt"},
+             {"type": "shell", "command": "sleep 600"}]
+    cluster.cp.apply(cluster.workflow("mid-run", toolCalls=calls, snapshotEveryNCalls=1), "-n", cluster.ns)
+    wait_in_flight(cluster.cp, cluster.ns, "mid-run", 2, timeout=180)
+    assert cluster.objects(), "a snapshot was taken before the call in flight"
+    cluster.cp.kubectl("delete", "workflow", "mid-run", "-n", cluster.ns, "--wait=false")
+    wait_gone(cluster.cp, cluster.ns, "mid-run", timeout=180)
+    assert cluster.pods() == [] and cluster.objects() == []
+
+    cluster.cp.apply(cluster.workflow("blocked", toolCalls=calls, snapshotEveryNCalls=1), "-n", cluster.ns)
+    wait_in_flight(cluster.cp, cluster.ns, "blocked", 2, timeout=180)
+    cluster.s3.stop()
+    try:
+        cluster.cp.kubectl("delete", "workflow", "blocked", "-n", cluster.ns, "--wait=false")
+        wait_condition(cluster.cp, cluster.ns, "blocked", "CleanupBlocked", timeout=180)
+    finally:
+        cluster.s3.start()
+    wait_gone(cluster.cp, cluster.ns, "blocked", timeout=300)
+    assert cluster.pods() == [] and cluster.objects() == []
+
+
+def _call(cluster: Cluster, provider_id: str, call_type: str, **args: Any) -> tuple[int, str]:
+    async def go() -> tuple[int, str]:
+        provider = KubernetesProvider(kubeconfig=str(cluster.cp.kubeconfig), environ={})
+        try:
+            result = await provider.execute(SandboxHandle(id=provider_id, provider="kubernetes"),
+                                            ToolCall(operation_id=f"test-{call_type}", type=call_type, args=args))
+        finally:
+            await provider.aclose()
+        return result.exit_code, result.stdout
+
+    return asyncio.run(go())

@@ -1,0 +1,142 @@
+"""The web view's HTTP surface over a real store (ui/app.py, ui/security.py, ui/local.py): who gets in,
+what the pages show, and that an action does only what it says, only when allowed and confirmed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import durable_sandbox
+from durable_sandbox.cli.errors import CliError
+from durable_sandbox.cli.session import Settings
+from durable_sandbox.stores import SqliteStore
+from durable_sandbox.ui.app import create_app
+from durable_sandbox.ui.local import LocalSource
+from durable_sandbox.ui.security import Guard
+from durable_sandbox.ui.server import check_token
+from tests.unit import ui_flows
+
+PORT = 41234
+TOKEN = "test-token-0123456789"
+BASE = f"http://127.0.0.1:{PORT}"
+
+
+@pytest.fixture
+async def engine(db_path: Path) -> AsyncIterator[durable_sandbox.Engine]:
+    store = SqliteStore(db_path)
+    e = durable_sandbox.Engine(store, worker_id="ui-test")
+    ui_flows.ATTEMPTS.clear()
+    assert (await e.run(ui_flows.everything, {"key": "a"}, run_id="ui-a", labels={"team": "infra"})).status == "waiting"
+    await e.create(ui_flows.everything, {"key": "b"}, run_id="ui-b", labels={"team": "web"})
+    yield e
+    await e.aclose()
+    await store.close()
+
+
+def client_for(engine: durable_sandbox.Engine, db_path: Path, *, allow_actions: bool = False) -> httpx.AsyncClient:
+    settings = Settings(store=str(db_path), store_given=True)
+    app = create_app(LocalSource(engine, settings), Guard("127.0.0.1", PORT, TOKEN, allow_actions=allow_actions))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE,
+                             headers={"authorization": f"Bearer {TOKEN}"})
+
+
+async def test_every_page_needs_the_token_and_the_url_with_it_sets_a_cookie(engine: durable_sandbox.Engine, db_path: Path) -> None:
+    async with client_for(engine, db_path) as c:
+        bare = httpx.AsyncClient(transport=c._transport, base_url=BASE)
+        assert (await bare.get("/runs")).status_code == 401
+        assert (await bare.get("/runs", headers={"authorization": "Bearer wrong-token-000000"})).status_code == 401
+        assert (await bare.get("/runs?token=nope")).status_code == 401
+        assert (await bare.get("/healthz")).status_code == 200
+        got = await bare.get(f"/runs?status=waiting&token={TOKEN}")
+        assert got.status_code == 303 and got.headers["location"] == "/runs?status=waiting"
+        assert f"dsb_ui_{PORT}={TOKEN}" in got.headers["set-cookie"] and "HttpOnly" in got.headers["set-cookie"]
+        assert "SameSite=Strict" in got.headers["set-cookie"]
+        with_cookie = httpx.AsyncClient(transport=c._transport, base_url=BASE, cookies={f"dsb_ui_{PORT}": TOKEN})
+        assert (await with_cookie.get("/runs")).status_code == 200
+        # Another address for the same port (DNS rebinding) is refused even with the token.
+        assert (await c.get("/runs", headers={"host": f"evil.example:{PORT}"})).status_code == 421
+        page = await c.get("/runs")
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+
+
+async def test_the_runs_list_filters_pages_and_shows_calls(engine: durable_sandbox.Engine, db_path: Path) -> None:
+    async with client_for(engine, db_path) as c:
+        page = (await c.get("/runs")).text
+        rows = re.findall(r'<tr class="run st-(\w+)" data-ref="([^"]+)"', page)
+        assert rows == [("pending", "ui-b"), ("waiting", "ui-a")]  # newest first
+        assert "waiting on approve" in page
+        assert 'class="num calls">4/4<' in page  # a code workflow's total: the sandbox calls it reached (as status.calls)
+        assert re.findall(r'data-ref="([^"]+)"', (await c.get("/runs?status=waiting")).text) == ["ui-a"]
+        assert re.findall(r'data-ref="([^"]+)"', (await c.get("/runs?label=team%3Dweb")).text) == ["ui-b"]
+        assert re.findall(r'data-ref="([^"]+)"', (await c.get("/runs?label=team")).text) == ["ui-b", "ui-a"]
+        assert re.findall(r'data-ref="([^"]+)"', (await c.get("/runs?workflow=ui-everything&per=20&page=1")).text) == ["ui-b", "ui-a"]
+        assert "No runs here that match" in (await c.get("/runs?workflow=other")).text
+        second = (await c.get("/runs?per=20&page=2")).text
+        assert "data-ref=" not in second and "page 2 of" in second
+
+
+async def test_the_run_page_and_its_records_show_no_secret(engine: durable_sandbox.Engine, db_path: Path) -> None:
+    async with client_for(engine, db_path) as c:
+        page = (await c.get("/run?id=ui-a")).text
+        assert "ui-a" in page and "Waiting for 1 signal" in page and "ship it?" in page
+        assert "do-not-show" not in page  # the callback payload's env value
+        assert "/action/signal" not in page  # read-only: no action forms at all
+        tl = (await c.get("/api/timeline?id=ui-a")).json()
+        kinds = [i["c"] for i in tl["items"]]
+        assert kinds.count("call") == 5 and "loss" in kinds and "restore" in kinds  # 4 calls + 1 replayed
+        [secret] = [i for i in tl["items"] if i["k"] == "secret"]
+        record = (await c.get(f"/api/record?id=ui-a&key={secret['k']}")).text
+        assert "sk-live-do-not-show" not in record and "pw@" not in record and "abc" not in record
+        assert '\\"inputTokens\\": 12' in record
+        assert (await c.get("/run?id=nope")).status_code == 404
+        assert (await c.get("/api/record?id=ui-a&key=nope")).status_code == 404
+        assert "no such" not in (await c.get("/sandboxes?all=1")).text
+        assert "finalized" in (await c.get("/sandboxes?all=1")).text
+
+
+async def test_actions_need_allow_actions_the_csrf_token_and_a_confirmation(engine: durable_sandbox.Engine, db_path: Path) -> None:
+    form = {"id": "ui-a", "callback": "approve", "value": '{"ok": true}'}
+    async with client_for(engine, db_path) as c:
+        refused = await c.post("/action/signal", data=form)
+        assert refused.status_code == 403 and "--allow-actions" in refused.text
+    async with client_for(engine, db_path, allow_actions=True) as c:
+        page = (await c.get("/run?id=ui-a")).text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert csrf is not None
+        assert (await c.post("/action/signal", data=form)).status_code == 403  # no CSRF token
+        assert (await c.post("/action/signal", data={**form, "csrf": "forged"})).status_code == 403
+        other_site = await c.post("/action/signal", data={**form, "csrf": csrf[1]}, headers={"origin": "http://evil.example"})
+        assert other_site.status_code == 403
+        # Without confirmed=yes: a page that says exactly what will happen, and nothing happens.
+        ask = await c.post("/action/signal", data={**form, "csrf": csrf[1]}, headers={"origin": BASE})
+        assert ask.status_code == 200 and "Confirm: Signal" in ask.text and "signal ui-a CALLBACK VALUE" in ask.text
+        assert await engine.store.get_signals("ui-a") == {}
+        bad = await c.post("/action/signal", data={**form, "value": "{nope", "csrf": csrf[1], "confirmed": "yes"})
+        assert bad.status_code == 400 and "not JSON" in bad.text
+        done = await c.post("/action/signal", data={**form, "csrf": csrf[1], "confirmed": "yes"})
+        assert done.status_code == 303 and done.headers["location"].startswith("/run?id=ui-a&flash=")
+        assert await engine.store.get_signals("ui-a") == {"approve": {"ok": True}}
+        shown = (await c.get(done.headers["location"])).text
+        assert "signalled approve of run ui-a" in shown
+        # Suspend does not exist locally; cancel does what `dsb cancel` does.
+        assert (await c.post("/action/suspend", data={"id": "ui-b", "csrf": csrf[1], "confirmed": "yes"})).status_code == 409
+        cancelled = await c.post("/action/cancel", data={"id": "ui-b", "csrf": csrf[1], "confirmed": "yes", "reason": "no"})
+        assert cancelled.status_code == 303
+        assert (await engine.inspect("ui-b")).status == "cancelled"
+        again = await c.post("/action/cancel", data={"id": "ui-b", "csrf": csrf[1], "confirmed": "yes"})
+        assert again.status_code == 409 and "the run has finished" in again.text
+
+
+def test_a_token_is_required_off_loopback_and_made_on_it() -> None:
+    with pytest.raises(CliError, match="not a loopback address"):
+        check_token("0.0.0.0", None)
+    with pytest.raises(CliError, match="16 or more"):
+        check_token("0.0.0.0", "short")
+    assert check_token("0.0.0.0", "a-long-enough-token") == "a-long-enough-token"
+    made = check_token("127.0.0.1", None)
+    assert len(made) >= 32 and made != check_token("127.0.0.1", None)
