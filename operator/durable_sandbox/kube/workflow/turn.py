@@ -76,6 +76,7 @@ class Turn:
             view.generation = view.body.get("metadata", {}).get("generation")
             view.wake.clear()
             view.extra.generation = acted_generation(view)
+            pause: tuple[float, str] | None = None  # waited out below, outside the handlers: a wait may park
             try:
                 if plan is None:
                     plan = await self._admitted(view)
@@ -96,8 +97,7 @@ class Turn:
                 # (Ready=False, an Event) and look again after not_runnable_retry; nothing more was recorded.
                 log.warning("%s/%s: %s", view.namespace, view.name, exc)
                 self.publisher.refused(view, "JournalWriteRefused", str(exc))
-                await self._wait(view, self.settings.not_runnable_retry, "journal-refused")
-                continue
+                pause = (self.settings.not_runnable_retry, "journal-refused")
             except Exception as exc:
                 if not (is_transient(exc) or isinstance(exc, StoreUnavailable)):
                     raise
@@ -107,7 +107,12 @@ class Turn:
                 delay = min(self.settings.claim_retry * 2 ** (failures - 1), TRANSIENT_BACKOFF_MAX)
                 log.warning("%s/%s: the API server could not be reached (%s: %s); trying again in %.1fs",
                             view.namespace, view.name, type(exc).__name__, exc, delay)
-                await self._wait(view, delay, "api-unreachable")
+                pause = (delay, "api-unreachable")
+            if pause is not None:
+                try:
+                    await self._wait(view, *pause)
+                except Park as park:
+                    return park
                 continue
             failures = 0
             if outcome == "done":

@@ -1,0 +1,206 @@
+"""States nobody used to explain, and the low-severity inputs of issue 20 (items 6 and 9), on the real control
+plane with a real operator: each ends with a condition and an Event saying what is wrong, never a traceback
+loop, a silent restart or a run that waits for ever.
+
+Refusals by the API server are made real with ValidatingAdmissionPolicies (what a quota, a policy engine or a
+size limit does to the operator's writes); the Secret the operator may not read, with an operator running on a
+ServiceAccount token whose RBAC does not grant it (as the chart's does not for Secrets outside
+``workflowSecrets``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_sandbox.kube.store import run_key
+from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.operator_support import (
+    condition,
+    event_reasons,
+    manifest,
+    namespace,
+    operators,
+    sa_kubeconfig,
+    status,
+    wait_condition,
+    wait_in_flight,
+)
+
+__all__ = ["namespace", "operators"]  # fixtures
+
+
+def _workflow(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
+            "spec": spec}
+
+
+def _ready_reason(cp: ControlPlane, ns: str, name: str) -> str | None:
+    return (condition(cp, ns, name, "Ready") or {}).get("reason")
+
+
+@pytest.fixture
+def refusing(control_plane: ControlPlane, namespace: str) -> Iterator[Any]:
+    """``refuse(part)``: the API server refuses to create Journal objects of ``part`` in the test's namespace
+    (a ValidatingAdmissionPolicy); returns a function that lifts it again."""
+    made: list[str] = []
+    control_plane.kubectl("label", "namespace", namespace, f"dsb-test-refuse={namespace}")
+
+    def refuse(part: str) -> Any:
+        name = f"refuse-{part}-{uuid.uuid4().hex[:6]}"
+        control_plane.apply({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {"failurePolicy": "Fail",
+                     "matchConstraints": {"resourceRules": [{"apiGroups": ["durable-sandbox.dev"], "apiVersions": ["*"],
+                                                             "operations": ["CREATE"], "resources": ["journals"]}]},
+                     "validations": [{"expression": f"object.part != '{part}'",
+                                      "message": f"journal objects of part {part} are refused here (test quota)"}]},
+        })
+        control_plane.apply({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"],
+                     "matchResources": {"namespaceSelector": {"matchLabels": {"dsb-test-refuse": namespace}}}},
+        })
+        made.append(name)
+        probe = {"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Journal", "run": "probe", "part": part,
+                 "metadata": {"name": f"probe-{name}"}, "data": {}}
+        wait_until(lambda: "test quota" in control_plane.kubectl(
+            "create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(probe), check=False).stderr,
+            60, f"the policy refusing {part} objects to take effect")
+
+        def lift() -> None:
+            for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+                control_plane.kubectl("delete", kind, name, "--ignore-not-found")
+        return lift
+
+    yield refuse
+    for name in made:
+        for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+            control_plane.kubectl("delete", kind, name, "--ignore-not-found")
+
+
+def test_a_refused_journal_create_is_shown_and_the_run_starts_once_it_is_allowed(
+    control_plane: ControlPlane, namespace: str, operators: Any, refusing: Any
+) -> None:
+    cp = control_plane
+    lift = refusing("run")
+    op = operators("--allow-local-provider")
+    cp.apply(manifest("refused", toolCalls=[{"type": "shell", "command": "echo ok"}], snapshotEveryNCalls=0),
+             "-n", namespace)
+    wait_until(lambda: _ready_reason(cp, namespace, "refused") == "JournalWriteRefused", 90,
+               f"Ready=False JournalWriteRefused ({status(cp, namespace, 'refused')})")
+    ready = condition(cp, namespace, "refused", "Ready")
+    assert ready is not None and "test quota" in ready["message"] and "refused" in ready["message"]
+    assert "JournalWriteRefused" in event_reasons(cp, namespace, "refused")
+    lift()
+    wait_condition(cp, namespace, "refused", "Succeeded", timeout=180)
+    assert "Traceback" not in op.logs()
+
+
+def test_a_write_refused_mid_run_stops_the_run_where_it_is_and_it_goes_on_after(
+    control_plane: ControlPlane, namespace: str, operators: Any, refusing: Any, tmp_path: Path
+) -> None:
+    """The second call's output is too big to keep inline (a blob object): its create is refused. The run
+    says so and does not fail; once writes are allowed again it goes on, and the first call never ran twice."""
+    cp = control_plane
+    effects = tmp_path / "effects.log"
+    op = operators("--allow-local-provider")
+    calls = [{"type": "shell", "command": f"echo first >> {effects}"},
+             {"type": "shell", "command": f"echo second >> {effects}; head -c 60000 /dev/zero | tr '\\0' x"}]
+    lift = refusing("blob")
+    cp.apply(manifest("midway", toolCalls=calls, snapshotEveryNCalls=0), "-n", namespace)
+    wait_until(lambda: _ready_reason(cp, namespace, "midway") == "JournalWriteRefused", 120,
+               f"Ready=False JournalWriteRefused ({status(cp, namespace, 'midway')})")
+    assert status(cp, namespace, "midway").get("phase") not in ("Failed", "Succeeded")
+    assert "JournalWriteRefused" in event_reasons(cp, namespace, "midway")
+    lift()
+    wait_condition(cp, namespace, "midway", "Succeeded", timeout=180)
+    assert effects.read_text().split().count("first") == 1, "a committed call never runs again"
+    assert "Traceback" not in op.logs()
+
+
+def test_a_journal_deleted_mid_run_stops_the_run_instead_of_starting_it_over(
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+) -> None:
+    cp = control_plane
+    effects, gate = tmp_path / "effects.log", tmp_path / "gate"
+    operators("--allow-local-provider")
+    calls = [{"type": "shell", "command": f"echo c1 >> {effects}"},
+             {"type": "shell", "command": f"while [ ! -e {gate} ]; do sleep 0.05; done; echo c2 >> {effects}"}]
+    cp.apply(manifest("lost", toolCalls=calls, snapshotEveryNCalls=0), "-n", namespace)
+    wait_in_flight(cp, namespace, "lost", 1)
+    head = f"dsb.{run_key(status(cp, namespace, 'lost')['runId'])}"
+    cp.kubectl("delete", "journal", head, "-n", namespace)  # a cluster administrator's mistake
+    gate.touch()
+    wait_condition(cp, namespace, "lost", "Failed", timeout=120)
+    failed = condition(cp, namespace, "lost", "Failed")
+    assert failed is not None and failed["reason"] == "JournalLost" and head in failed["message"]
+    assert "JournalLost" in event_reasons(cp, namespace, "lost")
+    assert effects.read_text().split().count("c1") == 1, "the committed first call did not run again"
+
+
+def test_a_secret_the_operator_may_not_read_is_said_not_logged_as_a_traceback(
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+) -> None:
+    cp = control_plane
+    sa = "restricted-operator"
+    cp.kubectl("create", "serviceaccount", sa, "-n", namespace)
+    cp.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+              "metadata": {"name": sa, "namespace": namespace},
+              "rules": [
+                  {"apiGroups": ["durable-sandbox.dev"], "resources": ["workflows", "sandboxes"],
+                   "verbs": ["get", "list", "watch", "patch", "delete"]},
+                  {"apiGroups": ["durable-sandbox.dev"], "resources": ["workflows/status", "sandboxes/status"],
+                   "verbs": ["get", "patch", "update"]},
+                  {"apiGroups": ["durable-sandbox.dev"], "resources": ["journals"],
+                   "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]},
+                  {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+                  {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["journal-key"], "verbs": ["get"]},
+                  {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+              ]})
+    cp.kubectl("create", "rolebinding", sa, "-n", namespace, f"--role={sa}", f"--serviceaccount={namespace}:{sa}")
+    cp.kubectl("create", "secret", "generic", "other", "-n", namespace, "--from-literal=token=t")
+    kubeconfig = tmp_path / "sa-kubeconfig"
+    sa_kubeconfig(cp, namespace, sa, kubeconfig)
+    op = operators("--allow-local-provider", "--journal-key-secret", f"{namespace}/journal-key",
+                   env={"KUBECONFIG": str(kubeconfig)})
+    env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "other", "key": "token"}}}]
+    cp.apply(manifest("needs-other", toolCalls=[{"type": "shell", "command": "true"}],
+                      sandbox={"provider": "local", "env": env}, snapshotEveryNCalls=0), "-n", namespace)
+    wait_until(lambda: _ready_reason(cp, namespace, "needs-other") == "SecretNotReadable", 90,
+               f"Ready=False SecretNotReadable ({status(cp, namespace, 'needs-other')})")
+    ready = condition(cp, namespace, "needs-other", "Ready")
+    assert ready is not None and f"{namespace}/other" in ready["message"] and "workflowSecrets" in ready["message"]
+    assert "SecretNotReadable" in event_reasons(cp, namespace, "needs-other")
+    assert "Traceback" not in op.logs() and " ERROR " not in op.logs()
+
+
+# --------------------------------------------------------------------------------------------- item 9
+
+
+def test_bad_commands_and_paths_are_refused_at_apply_and_bad_entrypoints_fail(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    cp = control_plane
+    for name, call in (("nul", {"type": "shell", "command": "echo a\u0000b"}),
+                       ("dotdot", {"type": "write_file", "path": "x\\..\\..\\y", "contents": "x"})):
+        refused = cp.kubectl("apply", "-n", namespace, "-f", "-", check=False,
+                             input=json.dumps(manifest(name, toolCalls=[call])))
+        assert refused.returncode != 0 and "should match" in refused.stderr, (name, refused.stderr)
+    operators("--allow-local-provider", "--workflows", "tests.unit.entrypoint_policy_support")
+    cp.apply(_workflow("not-a-workflow", entrypoint="tests.unit.entrypoint_policy_support:not_a_workflow",
+                       input={}), "-n", namespace)
+    cp.apply(_workflow("elsewhere", entrypoint="tests.unit.entrypoint_policy_support:elsewhere.doubler",
+                       input={}), "-n", namespace)
+    wait_condition(cp, namespace, "not-a-workflow", "Failed")
+    assert "is not a workflow" in (condition(cp, namespace, "not-a-workflow", "Failed") or {})["message"]
+    wait_condition(cp, namespace, "elsewhere", "Failed")
+    failed = condition(cp, namespace, "elsewhere", "Failed") or {}
+    assert failed.get("reason") == "WorkflowNotAllowed" and "tests.unit.cli_flows" in failed.get("message", "")
