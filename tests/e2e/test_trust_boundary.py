@@ -270,8 +270,11 @@ def test_inputs_that_would_block_deletion_are_bounded_and_everything_deletes(ten
     patched = t.as_user(AUTHOR, "patch", "workflow", "big-signal", "-n", t.a, "--type=merge", "--patch-file", str(huge))
     assert patched.returncode == 0, patched.stderr
     wait_until(lambda: "SignalRefused" in event_reasons(t.cp, t.a, "big-signal"), 60, "the refusal's Event")
+    # The Event is emitted as the refusal is seen; the condition follows with the next status publish.
+    wait_until(lambda: "spec.signals.approve" in (condition(t.cp, t.a, "big-signal", "WaitingForSignal")
+                                                   or {}).get("message", ""), 60, "the refusal in the condition")
     waiting = condition(t.cp, t.a, "big-signal", "WaitingForSignal")
-    assert waiting is not None and waiting["status"] == "True" and "spec.signals.approve" in waiting["message"]
+    assert waiting is not None and waiting["status"] == "True" and "was refused" in waiting["message"]
     for kind, name in (("workflow", "big-signal"), ("sandbox", long_name)):
         done = t.cp.kubectl("delete", kind, name, "-n", t.a, "--timeout=120s", check=False, timeout=150)
         assert done.returncode == 0, (kind, done.stderr)
