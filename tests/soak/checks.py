@@ -105,3 +105,24 @@ def retained_snapshots(tracked: list[Tracked]) -> dict[str, int]:
         if t.script.retain and st.get("phase") == "Succeeded" and st.get("latestSnapshot"):
             kept[t.script.provider] += 1
     return dict(kept)
+
+
+def snapshot_owners(tracked: list[Tracked], kubeconfig: Path, namespace: str, keys: set[str]) -> list[str]:
+    """For whoever replays a seed that left snapshots: the Workflow each owner key (a provider's tag of
+    ``<namespace>/<uid>``) belongs to, its script and end, and its journal's sandbox rows."""
+    from durable_sandbox.kube.objects import owner_tag
+    from durable_sandbox.kube.plan import cluster_run_id
+    from durable_sandbox.providers.contract import tag_key
+
+    found: list[str] = []
+    for t in tracked:
+        meta = (t.final or {}).get("metadata") or {}
+        uid = meta.get("uid")
+        if not uid or tag_key(owner_tag(namespace, uid)) not in keys:
+            continue
+        run_id = cluster_run_id(meta["name"], uid)
+        rows = load_journals(kubeconfig, namespace, [run_id]).get(run_id, [])
+        sandbox_rows = [(r.op_id, r.status, r.meta, r.result) for r in rows if r.kind.startswith("sandbox")]
+        found.append(f"owner {tag_key(owner_tag(namespace, uid))} is {meta['name']} ({t.script}), ended "
+                     f"{((t.final or {}).get('status') or {}).get('phase')}; its sandbox rows: {sandbox_rows}")
+    return found

@@ -15,6 +15,7 @@ DSB_SOAK_*) run the long version or replay a seed (docs/reliability.md)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ import pytest
 from tests.e2e.apiserver_support import RestartableAPIServer
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import OperatorProcess, local_sandboxes, namespace, operators
-from tests.soak.checks import retained_snapshots, run_problems
+from tests.soak.checks import retained_snapshots, run_problems, snapshot_owners
 from tests.soak.conftest import SoakSettings
 from tests.soak.driver import FakeE2B, Soak
 from tests.soak.plan import FAULT_KINDS, make_plan
@@ -84,6 +85,8 @@ def test_chaos_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
             problems.append(f"live sandboxes after every run ended: local {live_local}, e2b {labels or live_e2b}")
         if len(local_snaps) != kept.get("local", 0) or len(e2b_snaps) != kept.get("e2b", 0):
             problems.append(f"snapshots left: local {local_snaps}, e2b {e2b_snaps}; retained on purpose: {kept}")
+            keys = {m.group(1) for s in e2b_snaps if (m := re.search(r"dsb-[0-9a-f]{12}-([0-9a-f]{12})-", s))}
+            problems.extend(snapshot_owners(tracked, control_plane.kubeconfig, namespace, keys))
 
         # Deleting every Workflow completes (no finalizer stuck) and takes the retained snapshots with it.
         control_plane.kubectl("delete", "workflows", "--all", "-n", namespace, "--wait=false")

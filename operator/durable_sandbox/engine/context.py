@@ -176,6 +176,8 @@ class Context:
     # Longer than the ~80 lines a function gets here, on purpose: this is the engine's hot path (every
     # ctx.step of every run; docs/benchmarks.md measures its cost per step against peers), and it reads top to
     # bottom as the step's durability rules: replay, cache, start record, attempt, retry, outcome record.
+    # Long on purpose: a step's durable protocol (replay, cache, start record, retry, outcome record, the
+    # fault points between them) reads in one place, top to bottom, in the order its records are written.
     async def step(
         self,
         id: str,
@@ -284,6 +286,8 @@ class Context:
 
     # ------------------------------------------------------------------ parallel
 
+    # Long on purpose: the fan-out's replay, its concurrency bound and the join's one commit are one
+    # protocol; split, the order of its records would be spread over helpers.
     async def parallel(
         self,
         id: str,

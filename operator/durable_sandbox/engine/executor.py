@@ -200,6 +200,8 @@ class RunExecutor:
     # Longer than the ~80 lines a function gets here, on purpose: its except clauses are the table of how an
     # execution can end (waiting, cancelled, interrupted, lease lost, handed over, failed, succeeded), and
     # each ends in the same final commit below them; split, that table would be spread over several places.
+    # Long on purpose: one execution under one lease, from the fenced start to the terminal commit; every
+    # exit (done, failed, suspended, cancelled, lease lost) is a branch here, so none is missed by a helper.
     async def execute(self, lease: Lease, definition: WorkflowDefinition | None) -> list[OperationRecord] | None:
         """Execute the run once under ``lease``; returns its journal rows (None if nothing ran)."""
         store = self.store

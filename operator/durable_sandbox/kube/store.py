@@ -513,6 +513,8 @@ class KubernetesStore:
             raise LeaseLost(run_id, fence)
         return st
 
+    # Long on purpose: one fenced commit as one JSON patch (test fence, records, chunk rollover) with its
+    # retries; the uncertain-outcome bookkeeping must see every attempt, so the loop stays whole.
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
         key = run_key(run_id)
         refresh = False
