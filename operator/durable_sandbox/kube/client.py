@@ -50,6 +50,13 @@ def is_precondition_failed(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 422
 
 
+# At most this many connections to the API server per client (the kubernetes package's default is 100). Each
+# idle TLS connection holds about 128 KiB of buffers, and a replica that parks many runs at once (a restart's
+# listing) opened one per run: 40 Workflows cost 5 MiB that stayed for aiohttp's keep-alive. Requests beyond
+# the bound wait for a connection; a replica's work is bound by the API server long before 16 are busy.
+API_CONNECTIONS = 16
+
+
 @dataclass
 class KubeClient:
     """One aiohttp connection pool and the typed API groups on it. Close it with :meth:`close`."""
@@ -72,6 +79,7 @@ class KubeClient:
             configuration = await load_configuration(kubeconfig=kubeconfig, context=context)
         except ConfigurationError as exc:
             raise RuntimeError(str(exc)) from exc.__cause__
+        configuration.connection_pool_maxsize = API_CONNECTIONS
         return cls(k8s.ApiClient(configuration))
 
     async def close(self) -> None:

@@ -10,6 +10,7 @@
 - ``steering.py``: spec.signals and spec.cancel brought to the run.
 - ``suspend.py``: spec.suspend on a run no replica executes.
 - ``finished.py``: the final status, the Sandbox let go, ttlSecondsAfterFinished.
+- ``leftovers.py``: what a finished run left on its providers (by their owner tags), removed once.
 - ``cleanup.py``: the finalizer (deleting a Workflow).
 - ``publishing.py``: status and Events as projections of what the executor writes.
 - ``observed.py``: the store wrapper that reports those writes.

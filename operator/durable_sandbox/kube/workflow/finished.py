@@ -10,6 +10,7 @@ from typing import Any
 from durable_sandbox.kube.holding import Holding
 from durable_sandbox.kube.plan import RunPlan
 from durable_sandbox.kube.resources import WORKFLOWS
+from durable_sandbox.kube.workflow.leftovers import remove_leftovers
 from durable_sandbox.kube.workflow.parking import Outcome, wait_or_park
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.wing import Wing
@@ -44,8 +45,14 @@ class Finisher:
             # The projection was made when this task admitted the run; another replica may have committed
             # the rest of it since (and finished it): fold those rows first (ObservedStore reports the read),
             # or the final status would show an older snapshot as the run's latest.
-            await self.wing.engines.engine_for(view.namespace).store.journal_since(view.run_id, view.projection.last_seq)
+            store = self.wing.engines.engine_for(view.namespace).store
+            await store.journal_since(view.run_id, view.projection.last_seq)
             self.wing.publisher.offer(view)  # not when every replica re-activating a finished Workflow would write it again
+            if not view.leftovers_removed:
+                # Once, where the end is first seen (not by every replica re-activating a finished Workflow:
+                # an inventory per finished run at each start would grow with the history).
+                view.leftovers_removed = True
+                await remove_leftovers(self.wing, view)
         await let_go(self.wing.holding, view)
         if plan.ttl_seconds_after_finished is None or view.run is None:
             await wait_or_park(self.wing.runs, self.wing.settings, view, None, "finished")

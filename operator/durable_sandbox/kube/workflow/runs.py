@@ -32,6 +32,7 @@ class RunView(ObjectView):
     executing: bool = False  # this process holds the lease and writes status/events
     waiting_for: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
     released: bool = False  # the Sandbox this run held has been let go
+    leftovers_removed: bool = False  # the providers were asked for what the finished run left (leftovers.py)
 
 
 @dataclass(slots=True)
