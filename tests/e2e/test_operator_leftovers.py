@@ -13,7 +13,15 @@ from durable_sandbox.kube.sweeper import default_installation_id
 from durable_sandbox.providers.contract import INSTALLATION_LABEL, SandboxSpec
 from durable_sandbox.providers.local import LocalProvider
 from tests.e2e.conftest import ControlPlane, wait_until
-from tests.e2e.operator_support import get, local_sandboxes, manifest, namespace, operators, status, wait_condition
+from tests.e2e.operator_support import (
+    get,
+    local_sandboxes,
+    manifest,
+    namespace,
+    operators,
+    status,
+    wait_condition,
+)
 
 __all__ = ["namespace", "operators"]  # fixtures
 
