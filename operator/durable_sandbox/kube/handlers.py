@@ -189,7 +189,8 @@ def _start_sweep(api: KubeClient, op: Operator) -> None:
     cache: dict[str, Any] = {}
     sweeper = OrphanSweeper(api, installation=settings.installation_id, namespaces=list(config.namespaces),
                             providers=lambda: _sweep_providers(op, cache), grace=settings.sweep_grace,
-                            events=op.events, metrics=METRICS, records=op.records)
+                            events=op.events, metrics=METRICS, records=op.records,
+                            finished_runs=op.engines.journals.finished_run_keys)
     stop = asyncio.Event()
     _sweep = (asyncio.create_task(sweeper.run(settings.sweep_interval, stop)), stop, cache)
     log.info("orphan sweep every %gs (grace %gs) for installation %s", settings.sweep_interval, settings.sweep_grace,

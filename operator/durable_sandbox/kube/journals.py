@@ -18,9 +18,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_sandbox.engine.records import RunRecord
+from durable_sandbox.engine.records import RunRecord, RunStatus
 from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.store import KubernetesStore, OwnerRef
+from durable_sandbox.kube.store import KubernetesStore, OwnerRef, run_key
 from durable_sandbox.providers.redaction import redact_url
 from durable_sandbox.stores.postgres import PostgresStore, split_dsn
 from durable_sandbox.stores.postgres_schema import check_schema_name
@@ -29,6 +29,8 @@ __all__ = ["ApiServerJournal", "JournalChoice", "JournalStores", "NamespaceSchem
            "namespace_schema", "open_journal", "probe"]
 
 _MAX_IDENTIFIER = 63
+FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+FINISHED_LIMIT = 1_000_000  # the sweep's view of one namespace's finished runs (kept until their Workflow goes)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class JournalStores:
         self._journal_key = journal_key
         self._pool = pool  # the PostgreSQL pool (open_journal opens it), None for the API server
         self._base_schema = split_dsn(choice.dsn)[1] if isinstance(choice, PostgresJournal) else ""
+        self._schemas: dict[str, NamespaceSchemaStore] = {}  # one per namespace: its schema is checked once
 
     @property
     def collected_with_workflow(self) -> bool:
@@ -117,8 +120,20 @@ class JournalStores:
 
     def store_for(self, namespace: str) -> Any:
         if isinstance(self.choice, PostgresJournal):
-            return NamespaceSchemaStore(self._pool, self.choice.dsn, namespace_schema(self._base_schema, namespace))
+            store = self._schemas.get(namespace)
+            if store is None:
+                store = self._schemas[namespace] = NamespaceSchemaStore(
+                    self._pool, self.choice.dsn, namespace_schema(self._base_schema, namespace))
+            return store
         return KubernetesStore(namespace, self._api, journal_key=self._journal_key)
+
+    async def finished_run_keys(self, namespace: str) -> set[str] | None:
+        """The run keys (``run_key``) of ``namespace``'s finished runs, by their journal in PostgreSQL, for the
+        orphan sweep; None for the API-server journal (the sweep reads its Journal objects' labels)."""
+        if not isinstance(self.choice, PostgresJournal):
+            return None
+        runs = await self.store_for(namespace).list_runs(status=FINISHED, limit=FINISHED_LIMIT)
+        return {run_key(r.run_id) for r in runs}
 
     async def aclose(self) -> None:
         if self._pool is not None:
