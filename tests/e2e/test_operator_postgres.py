@@ -7,6 +7,7 @@ nothing. Side effects are appended to a log outside the sandboxes, one line per 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from durable_sandbox.stores.postgres import PostgresStore, split_dsn
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     HELLO,
+    effect_calls,
     event_reasons,
     events,
     local_sandboxes,
@@ -33,7 +35,7 @@ from tests.e2e.operator_support import (
     wait_gone,
     wait_in_flight,
 )
-from tests.e2e.test_operator_failover import effect_calls
+from tests.e2e.sweep_support import local_provider, sweeps_leftovers
 from tests.postgres.server import PostgresServer
 
 __all__ = ["namespace", "operators"]  # fixtures
@@ -181,3 +183,13 @@ def test_a_dsn_that_does_not_reach_postgres_stops_the_operator_at_start_saying_s
     logs = op.logs()
     assert "--journal" in logs and "Cannot connect" in logs, logs[-2000:]
     assert _password(journal_dsn) not in logs
+
+
+def test_the_orphan_sweep_goes_by_the_runs_in_postgres(
+    control_plane: ControlPlane, namespace: str, operators: Any, journal_dsn: str, tmp_path: Path
+) -> None:
+    """The sweep of the API-server journal's test: leftovers of operators killed between create and journal are
+    removed, a running Workflow's sandbox is kept, and a finished one's is gone, with the runs in PostgreSQL."""
+    provider = local_provider(tmp_path / "home")
+    sweeps_leftovers(control_plane, namespace, operators,
+                      dataclasses.replace(provider, env={**provider.env, ENV: journal_dsn}), tmp_path)
