@@ -476,8 +476,9 @@ class WorkflowStatus(_Status):
     )
     phase: str | None = Field(
         default=None,
-        description="One word for kubectl get: Pending, Running, Waiting, Suspended, Succeeded, Failed, "
-        "Cancelled. The conditions carry the detail.",
+        description="One word for kubectl get: Pending, Running, Waiting, Suspended, Retrying (an attempt "
+        "failed and spec.retry starts another at wakeAt), Succeeded, Failed, Cancelled. The conditions carry the "
+        "detail.",
     )
     run_id: str | None = Field(default=None, description="The run's id in the journal: <name>-<uid[:8]>.")
     calls: CallsStatus | None = Field(default=None, description="Progress in tool calls.")
@@ -491,6 +492,7 @@ class WorkflowStatus(_Status):
         default=None, description="When a run that is sleeping (a durable timer or a retry backoff) wakes (RFC 3339)."
     )
     attempt: int | None = Field(default=None, description="The run attempt (1 is the first; spec.retry adds more).")
+    max_attempts: int | None = Field(default=None, description="Attempts in all (spec.retry.maxAttempts; 1 without it).")
     error: StatusError | None = Field(default=None, description="Why the run (or its last attempt) failed.")
     recent_operations: list[OperationSummary] = Field(
         default_factory=list,
