@@ -61,6 +61,13 @@ def test_a_retry_in_backoff_is_not_final(
         assert failed_gate.returncode == 0, err
         st = status(cp, namespace, "doomed")  # the gate returned only once the last attempt had failed
         assert (st["phase"], st["attempt"]) == ("Failed", 2) and st.get("wakeAt") is None, st
+        # What failed is where a person looks first: the failing call's command and the end of its stderr in
+        # the Failed condition and status.error (so `kubectl describe`), and the command in recentOperations.
+        described = cp.kubectl("describe", "workflow", "doomed", "-n", namespace).stdout
+        assert "command: echo nope >&2; exit 7; stderr: nope" in st["error"]["message"], st["error"]
+        assert "command: echo nope >&2; exit 7; stderr: nope" in " ".join(described.split()), described
+        calls = [op for op in st["recentOperations"] if op["kind"] == "sandbox.call"]
+        assert calls and calls[-1]["target"] == "echo nope >&2; exit 7" and calls[-1]["exitCode"] == 7, calls
 
         _, err = succeeded_gate.communicate(timeout=150)
         assert succeeded_gate.returncode == 0, err

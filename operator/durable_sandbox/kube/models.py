@@ -417,6 +417,7 @@ class CurrentCall(_Status):
     kind: str = Field(description="sandbox.call for a tool call, step for a workflow step.")
     name: str = Field(description="What it is (for a tool call: its type and a summary).")
     index: int | None = Field(default=None, description="A tool call's position in spec.toolCalls (from 0).")
+    target: str | None = Field(default=None, description="A tool call's command (or path), cut to 200 characters.")
 
 
 class PendingCallbackStatus(_Status):
@@ -441,6 +442,7 @@ class OperationSummary(_Status):
     name: str = Field(description="What it is.")
     status: str = Field(description="started, completed or failed.")
     attempt: int = Field(default=1, description="Which attempt of the operation this is.")
+    target: str | None = Field(default=None, description="A tool call's command (or path), cut to 200 characters.")
     exit_code: int | None = Field(default=None, description="A shell call's exit code.")
     error: str | None = Field(default=None, description="Why it failed.")
     finished_at: str | None = Field(default=None, description="When it finished (RFC 3339).")

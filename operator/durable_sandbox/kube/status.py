@@ -30,6 +30,7 @@ log = logging.getLogger("durable_sandbox.kube.status")
 RECENT_OPERATIONS = 20
 # A result larger than this (JSON bytes) is not copied into status; resultRef says where it is.
 RESULT_INLINE_LIMIT = 4096
+TARGET_LIMIT = 200  # characters of a call's command (or path) in currentCall and recentOperations
 
 PHASES = {
     RunStatus.PENDING: "Pending",
@@ -89,11 +90,15 @@ class Projection:
             self.calls_seen.add(index)
             if status == "completed":
                 self.completed.add(index)
+        target = None
         if status == "started" and kind in (OpKind.SANDBOX_CALL.value, OpKind.STEP.value):
             self.current = {"opId": row.op_id, "kind": kind, "name": row.name}
             if index is not None:
                 self.current["index"] = index
+            if (started_target := journal.call_target(row)) is not None:
+                self.current["target"] = cut(started_target, TARGET_LIMIT)
         elif self.current is not None and self.current["opId"] == row.op_id:
+            target = self.current.get("target")  # a call's command is in its started record only
             self.current = None
         self._fold_sandbox(row)
         if status in ("completed", "failed"):
@@ -105,7 +110,9 @@ class Projection:
                 "attempt": row.attempt,
                 "finishedAt": rfc3339(row.ts),
             }
-            if (outcome := journal.call_outcome(row)) is not None:
+            if target is not None:
+                summary["target"] = target
+            if (outcome := journal.call_outcome(row) or journal.failed_call_outcome(row)) is not None:
                 summary["exitCode"] = outcome["exitCode"]
             if row.error is not None:
                 summary["error"] = cut(f"{row.error.type}: {row.error.message}", 256)

@@ -248,3 +248,23 @@ async def test_a_failed_run_with_an_attempt_left_is_retrying_not_failed(store: S
     run.epoch = 0  # a retry that could start only after spec.timeoutSeconds never starts: final too
     late = RunPolicy(timeout=run.updated_at - run.created_at + 1, retry=policy.retry)
     assert render(run, Projection(), Extra(policy=late), run_id=run_id)["phase"] == "Failed"
+
+
+async def test_recent_operations_name_the_calls_command_and_a_failed_calls_exit_code(store: SqliteStore) -> None:
+    engine = durable_sandbox.Engine(store, worker_id="w")
+    try:
+        calls = [{"type": "shell", "command": "echo ok"},
+                 {"type": "shell", "command": "echo nope >&2; exit 7", "failurePolicy": {"onNonZeroExit": "fail"}}]
+        state = await engine.run(sandbox_agent.NAME, {"toolCalls": calls}, run_id="f")
+    finally:
+        await engine.aclose()
+    assert state.status == "failed"
+    run = await store.get_run("f")
+    assert run is not None
+    p = Projection(total_calls=2)
+    p.feed(await store.load_journal("f"))
+    st = render(run, p, Extra(), run_id="f")
+    shown = [(op["target"], op.get("exitCode"), op["status"]) for op in st["recentOperations"] if "target" in op]
+    assert shown == [("echo ok", 0, "completed"), ("echo nope >&2; exit 7", 7, "failed")]
+    failed = {c["type"]: c for c in st["conditions"]}["Failed"]
+    assert failed["message"].endswith("; command: echo nope >&2; exit 7; stderr: nope"), failed
