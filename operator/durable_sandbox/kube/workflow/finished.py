@@ -7,9 +7,12 @@ import contextlib
 import time
 from typing import Any
 
+from durable_sandbox.kube.events import LifecycleEvent
 from durable_sandbox.kube.holding import Holding
 from durable_sandbox.kube.plan import RunPlan
 from durable_sandbox.kube.resources import WORKFLOWS
+from durable_sandbox.kube.status import TERMINAL_PHASES
+from durable_sandbox.kube.workflow.ignored import ignored_fields, ignored_notice
 from durable_sandbox.kube.workflow.leftovers import remove_leftovers
 from durable_sandbox.kube.workflow.parking import Outcome, wait_or_park
 from durable_sandbox.kube.workflow.runs import RunView
@@ -45,8 +48,8 @@ class Finisher:
             # The projection was made when this task admitted the run; another replica may have committed
             # the rest of it since (and finished it): fold those rows first (ObservedStore reports the read),
             # or the final status would show an older snapshot as the run's latest.
-            store = self.wing.engines.engine_for(view.namespace).store
-            await store.journal_since(view.run_id, view.projection.last_seq)
+            await self.wing.engines.engine_for(view.namespace).store.journal_since(view.run_id, view.projection.last_seq)
+            self._said_ignored(view, written)
             self.wing.publisher.offer(view)  # not when every replica re-activating a finished Workflow would write it again
             if not view.leftovers_removed:
                 # Once, where the end is first seen (not by every replica re-activating a finished Workflow:
@@ -64,3 +67,16 @@ class Finisher:
         with contextlib.suppress(Exception):
             await self.wing.objects.delete(WORKFLOWS, view.namespace, view.name, uid=view.uid)
         return "done"
+
+    def _said_ignored(self, view: RunView, written: dict[str, Any]) -> None:
+        """The spec changed after the final status was written (its generation moved past the one that status
+        was written for): what it asked for is not done, and a kubectl patch printed `patched`; say so."""
+        shown, generation = written.get("observedGeneration"), view.generation
+        phase = written.get("phase")
+        if (view.run is None or phase not in TERMINAL_PHASES or not isinstance(shown, int)
+                or not isinstance(generation, int) or generation <= shown):
+            return
+        fields = ignored_fields(view.body.get("spec") or {}, view.run, view.projection.answered)
+        view.extra.ignored = ignored_notice(fields, phase, generation)
+        reason, message = view.extra.ignored
+        self.wing.publisher.emit(view.body, LifecycleEvent(reason, message, "Warning"))

@@ -105,8 +105,9 @@ class Turn:
                 # must not crash (kopf would wait a minute before restarting it); look again shortly.
                 failures += 1
                 delay = min(self.settings.claim_retry * 2 ** (failures - 1), TRANSIENT_BACKOFF_MAX)
-                log.warning("%s/%s: the API server could not be reached (%s: %s); trying again in %.1fs",
-                            view.namespace, view.name, type(exc).__name__, exc, delay)
+                away = "the journal's store" if isinstance(exc, StoreUnavailable) else "the API server"
+                log.warning("%s/%s: %s could not be reached (%s: %s); trying again in %.1fs",
+                            view.namespace, view.name, away, type(exc).__name__, exc, delay)
                 pause = (delay, "api-unreachable")
             if pause is not None:
                 try:
@@ -128,7 +129,7 @@ class Turn:
                 raise Park(None, "rejected")
             await self._wait(view, self.settings.not_runnable_retry, "not-runnable")
             return None
-        view.extra.max_attempts = plan.max_attempts
+        view.extra.policy = plan.policy
         self.publisher.republish(view)
         return plan
 
@@ -159,6 +160,7 @@ class Turn:
             return await self.finisher.finished(view, plan)
         if step.kind == "backoff":
             assert step.at is not None
+            self.publisher.offer(view)  # the backoff as read now (its time from the run's own updated_at)
             await self._wait(view, step.at - time.time(), "backoff")
             return "again"
         if step.kind == "resume":
