@@ -2,9 +2,9 @@
 replay with a nonzero exit among the replayed calls, retained snapshot, finalize), and bad input and faults.
 Snapshots go to a real S3 server (versitygw on loopback).
 
-Needs a Ready node joined to the test control plane (issue 22's node harness) and a sandbox image on it:
-``DSB_TEST_SANDBOX_IMAGE`` (default the busybox the node harness imports). Without a Ready node these tests are
-skipped with that reason, never passed.
+Runs on the test node (issue 22's ``node_cluster``): the sandbox image is the busybox test image built from the
+host's busybox and imported into the node (``DSB_TEST_SANDBOX_IMAGE`` names another already there). A node that
+cannot be prepared fails these tests; they are never skipped.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvid
 from durable_sandbox.providers.kubernetes_template import PodTemplate
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore, SnapshotName
 from durable_sandbox.providers.testing import ProviderContractSuite
-from tests.e2e.sandbox_support import IMAGE
+from tests.e2e.node_support import NodeCluster
+from tests.e2e.sandbox_support import IMAGE, sandbox_image
 from tests.objectstore import S3Server
 from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
 from tests.unit.sandbox_session_support import engine_for
@@ -52,13 +53,17 @@ class ManualClock:
 
 
 @pytest.fixture(scope="module")
-def node(control_plane: ControlPlane) -> str:
-    nodes = control_plane.kubectl_json("get", "nodes")["items"]
-    ready = [n["metadata"]["name"] for n in nodes if any(
-        c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))]
-    if not ready:
-        pytest.skip("needs a Ready node joined to the test control plane (the node harness of issue 22)")
-    return ready[0]
+def control_plane(node_cluster: NodeCluster) -> NodeCluster:
+    """The node's control plane stands in for the plain one in this module (and in every fixture it uses):
+    sandbox Pods must really run. A node that cannot be prepared errors these tests, never skips them."""
+    return node_cluster
+
+
+@pytest.fixture(scope="module")
+def node(node_cluster: NodeCluster) -> str:
+    """The sandbox image is on the node; the node's name."""
+    sandbox_image(node_cluster)
+    return node_cluster.node
 
 
 @pytest.fixture
