@@ -141,7 +141,8 @@ async def test_a_timeout_kills_the_calls_processes_in_the_pod(provider: Kubernet
                             timeout=2)
         assert result.exit_code == 124 and result.stdout == "started\n"
         assert result.stderr.endswith("Command timed out after 2 seconds")
-        left = await call(provider, handle, "shell", command="ps -o comm | grep -c sleep || true")
+        # By argument: the Pod's keep-alive loop has a sleep of its own.
+        left = await call(provider, handle, "shell", command="ps -o args | grep -c 'sleep 30[01]' || true")
         assert left.stdout.strip() == "0", "the timed-out call's processes were killed, also the setsid one"
     finally:
         await provider.destroy(handle)
@@ -153,7 +154,8 @@ async def test_big_output_is_kept_head_and_tail_and_binary_files_round_trip(prov
     try:
         result = await call(provider, handle, "shell", command="head -c 5000000 /dev/zero | tr '\\0' a")
         assert result.stdout_size == 5_000_000 and "output truncated" in result.stdout
-        text = "".join(chr(c) for c in range(1, 0x800)) * 50
+        # 119,010 bytes: beyond one exec frame, within what a result keeps whole (head and tail of 64 KiB each).
+        text = "".join(chr(c) for c in range(1, 0x800)) * 30
         await call(provider, handle, "write_file", path="d/u.txt", contents=text)
         assert (await call(provider, handle, "read_file", path="d/u.txt")).stdout == text
     finally:
