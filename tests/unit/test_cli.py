@@ -6,6 +6,7 @@ script as a subprocess, the way users do, to prove the entry point, exit codes a
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
+import durable_sandbox
+from durable_sandbox.engine.driver import RetrySchedule, RunPolicy
+from durable_sandbox.stores import SqliteStore
 from tests.dsb import ROOT, Ran, dsb
+from tests.unit import cli_flows
 
 EXAMPLE = ROOT / "examples" / "hello-workflow.yaml"
 FLOWS = "tests.unit.cli_flows"
@@ -420,3 +425,27 @@ def test_dsb_worker_wakes_a_due_durable_timer_and_finishes_the_run(tmp_path: Pat
     assert served.returncode == 0, served.stderr
     state = json.loads(run("-o", "json", "inspect", "nap").stdout)
     assert state["status"] == "succeeded" and state["result"] == "rested"
+
+
+def test_a_run_in_a_retry_backoff_is_shown_retrying_not_failed(home: Path) -> None:
+    """A failed run that its recorded spec.retry will try again (`dsb run` sleeps through the backoff; `dsb
+    worker` picks it up) is not finished: `dsb inspect` and `dsb runs` say retrying, which attempt and when."""
+    async def fail_once() -> None:
+        engine = durable_sandbox.Engine(SqliteStore(home / "runs.db"), worker_id="w")
+        try:
+            policy = RunPolicy(retry=RetrySchedule(max_attempts=2, initial_interval=3600))
+            state = await engine.run(cli_flows.boom, run_id="bo", labels=policy.to_labels())
+            assert state.status == "failed"
+        finally:
+            await engine.aclose()
+
+    asyncio.run(fail_once())
+    shown = dsb("inspect", "bo")
+    assert shown.exit_code == 0, shown.output
+    assert "retrying" in shown.stdout and "Next attempt  2 of 2 at " in shown.stdout, shown.stdout
+    assert "Attempt 1 of 2 failed: " in shown.stdout and "kaboom" in shown.stdout
+    doc = as_json(dsb("-o", "json", "inspect", "bo"))
+    assert doc["status"] == "failed" and doc["nextAttempt"]["attempt"] == 2 and doc["nextAttempt"]["maxAttempts"] == 2
+    listed = dsb("runs")
+    assert "retrying (2/2 at " in listed.stdout, listed.stdout
+    assert as_json(dsb("-o", "json", "runs"))[0]["nextAttempt"]["attempt"] == 2

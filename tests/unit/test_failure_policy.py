@@ -101,3 +101,31 @@ def test_policy_values_and_on_timeout_for_a_file_call_are_refused() -> None:
         load_manifests(head + "  failurePolicy: {onNonZeroExit: abort}\n  toolCalls:\n    - {type: shell, command: ls}\n")
     with pytest.raises(ManifestError, match=r"spec.toolCalls\[0\].failurePolicy.onTimeout: only shell calls"):
         load_manifests(head + "  toolCalls:\n    - {type: read_file, path: a, failurePolicy: {onTimeout: fail}}\n")
+
+
+def test_the_failing_calls_command_and_output_are_where_a_person_looks_first(tmp_path: Path) -> None:
+    """The run's error names the failing call's command and ends with what it printed (stderr first), bounded
+    and with env values redacted: `dsb inspect`'s table, `dsb logs --call-output` and the run's error (the
+    operator's Failed condition and status.error are that error) show it without `-o json`."""
+    spec = """
+        sandbox:
+          env: [{name: TOKEN, value: s3cr3t-value}]
+        toolCalls:
+          - type: shell
+            command: 'for i in $(seq 1 50); do echo "noise $i" >&2; done; echo "token $TOKEN" >&2; echo "error: undefined symbol foo" >&2; exit 1'
+            failurePolicy: {onNonZeroExit: fail}
+    """
+    ran = dsb("-o", "json", "run", manifest(tmp_path, spec), "--run-id", "cc")
+    assert ran.exit_code == 1, ran.output
+    message = json.loads(ran.stdout)["error"]["message"]
+    assert message.startswith("toolCalls[0] failed the run: it exited with exit code 1")
+    assert "; command: for i in $(seq 1 50)" in message and "exit 1; stderr: " in message
+    assert message.endswith("noise 50 | token *** | error: undefined symbol foo"), message
+    assert "noise 1 |" not in message and len(message) < 1024  # the end of the output, bounded
+    assert "s3cr3t-value" not in message
+    shown = dsb("inspect", "cc", "-o", "table")
+    assert "error: undefined symbol foo" in shown.stdout and "command: for i in" in shown.stdout, shown.stdout
+    assert "s3cr3t-value" not in shown.output
+    # The call's own output, as for every call with --call-output (the journal keeps it as printed).
+    logs = dsb("logs", "cc", "--call-output")
+    assert "error: undefined symbol foo" in logs.stdout and "noise 1\n" in logs.stdout, logs.stdout

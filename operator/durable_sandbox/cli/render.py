@@ -15,7 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from durable_sandbox.cli.settings import Settings
-from durable_sandbox.engine import OperationRecord, RunRecord, RunState
+from durable_sandbox.engine import OperationRecord, RunRecord, RunState, RunStatus
+from durable_sandbox.engine.driver import Backoff, RunPolicy, backoff
 from durable_sandbox.kube.plan import WORKFLOW_LABEL
 from durable_sandbox.sandboxes import journal
 
@@ -29,6 +30,7 @@ _STATUS_STYLE = {
     "started": "blue",
     "pending": "dim",
     "suspended": "magenta",
+    "retrying": "yellow",
 }
 
 
@@ -174,6 +176,29 @@ def _add_column(table: Table, name: str, *, wide: bool) -> None:
         table.add_column(name, no_wrap=True, overflow="ellipsis")
 
 
+def retry_of(run: RunRecord) -> Backoff | None:
+    """The retry a failed run waits for, under the policy recorded with it (`dsb run` records spec.retry): such a
+    run is shown as retrying, never as finished."""
+    return backoff(run, RunPolicy.of(run))
+
+
+def state_retry(state: RunState) -> Backoff | None:
+    record = RunRecord(state.run_id, state.workflow, status=RunStatus(state.status), created_at=state.created_at,
+                       updated_at=state.updated_at, epoch=state.attempt - 1, labels=dict(state.labels))
+    return retry_of(record)
+
+
+def retry_doc(retry: Backoff | None) -> dict[str, Any] | None:
+    """``nextAttempt`` of -o json/yaml: the attempt a failed run waits for, of how many, and when it starts."""
+    if retry is None:
+        return None
+    return {"attempt": retry.next, "maxAttempts": retry.of, "at": rfc3339(retry.at)}
+
+
+def shown_status(status: str, retry: Backoff | None) -> Text:
+    return styled("retrying") if retry is not None else styled(status)
+
+
 def state_table(state: RunState, *, wide: bool = False) -> list[Any]:
     """The renderables `dsb inspect` prints: summary, result/error, pending callbacks, operations."""
     out: list[Any] = []
@@ -182,7 +207,11 @@ def state_table(state: RunState, *, wide: bool = False) -> list[Any]:
     summary.add_column()
     summary.add_row("Run", state.run_id)
     summary.add_row("Workflow", workflow_name(state.workflow, state.labels, wide=True))
-    summary.add_row("Status", styled(state.status))
+    retry = state_retry(state)
+    summary.add_row("Status", shown_status(state.status, retry))
+    if retry is not None:
+        summary.add_row("Next attempt", f"{retry.next} of {retry.of} at {fmt_time(retry.at)} (spec.retry; "
+                                        f"`dsb resume {shlex.quote(state.run_id)}` starts it now)")
     summary.add_row("Created", fmt_time(state.created_at))
     summary.add_row("Updated", fmt_time(state.updated_at))
     if state.thread_id:
@@ -197,7 +226,8 @@ def state_table(state: RunState, *, wide: bool = False) -> list[Any]:
         out.append(Text("\nResult", style="bold"))
         out.append(Text(json.dumps(state.result, indent=2, ensure_ascii=False, default=str)))
     if state.error:
-        out.append(Text(f"\nError: {state.error.get('type')}: {state.error.get('message')}", style="red"))
+        label = f"Attempt {retry.failed} of {retry.of} failed" if retry is not None else "Error"
+        out.append(Text(f"\n{label}: {state.error.get('type')}: {state.error.get('message')}", style="red"))
     if state.pending_callbacks:
         table = Table(title="Pending callbacks", title_justify="left", title_style="bold")
         table.add_column("Callback")
@@ -265,6 +295,7 @@ def run_summary(run: RunRecord) -> dict[str, Any]:
         "pendingCallbacks": list(run.pending_callbacks),
         "labels": dict(run.labels),
         "error": run.error.to_json() if run.error else None,
+        "nextAttempt": retry_doc(retry_of(run)),
     }
 
 
@@ -279,7 +310,7 @@ def render_runs(settings: Settings, runs: list[RunRecord], *, empty: str = "no r
         table.add_row(
             r.run_id,
             workflow_name(r.workflow, r.labels, wide=settings.wide),
-            styled(r.status.value) if not r.stale else Text("running (stale: its worker is gone)", style="yellow"),
+            _run_status(r),
             fmt_time(r.created_at),
             fmt_time(r.updated_at),
             ", ".join(r.pending_callbacks) if r.status.value == "waiting" else "",
@@ -289,6 +320,14 @@ def render_runs(settings: Settings, runs: list[RunRecord], *, empty: str = "no r
         con.print(table)
     elif empty:
         con.print(empty)
+
+
+def _run_status(run: RunRecord) -> Text:
+    if run.stale:
+        return Text("running (stale: its worker is gone)", style="yellow")
+    if (retry := retry_of(run)) is not None:
+        return Text(f"retrying ({retry.next}/{retry.of} at {fmt_time(retry.at)})", style="yellow")
+    return styled(run.status.value)
 
 
 def kube_age(seconds: float) -> str:
@@ -340,6 +379,7 @@ def render_sandboxes(settings: Settings, rows: list[dict[str, Any]], *, now: flo
 def state_doc(state: RunState) -> dict[str, Any]:
     """A run's state as -o json/yaml print it: RunState's JSON with RFC 3339 times."""
     doc = state.to_json()
+    doc["nextAttempt"] = retry_doc(state_retry(state))
     for key in ("createdAt", "updatedAt", "wakeAt"):
         doc[key] = rfc3339(doc.get(key))
     for op in doc.get("operations", []):

@@ -49,10 +49,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "POLICY_LABEL",
+    "Backoff",
     "LocalDriver",
     "RetrySchedule",
     "RunPolicy",
     "Step",
+    "backoff",
     "decide",
     "enforce",
     "time_out",
@@ -136,6 +138,40 @@ class RunPolicy:
                 backoff=float(retry["backoff"]), max_interval=float(retry["maxIntervalSeconds"]),
             ) if retry else None,
         )
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """A failed run that will be tried again: attempt ``failed`` of ``of`` failed, attempt ``failed + 1`` is due
+    ``at``. Such a run is not finished, and nothing shown of it (a Workflow's phase and conditions, ``dsb
+    inspect``) may say it is: a CI gate on ``kubectl wait --for=condition=Failed`` would stop at the first
+    attempt."""
+
+    failed: int
+    of: int
+    at: float
+
+    @property
+    def next(self) -> int:
+        return self.failed + 1
+
+    def describe(self, error: str | None = None, *, at: str | None = None) -> str:
+        """One line for people: what failed and when the next attempt starts (``at`` preformatted, else UTC)."""
+        when = at if at is not None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at))
+        failed = f"attempt {self.failed} of {self.of} failed" + (f" ({error})" if error else "")
+        return f"{failed}; attempt {self.next} of {self.of} starts at {when} (spec.retry)"
+
+
+def backoff(run: RunRecord, policy: RunPolicy) -> Backoff | None:
+    """The backoff ``run`` is in under ``policy``: None unless it failed and another attempt will start (one
+    that could start only after the deadline will not: the run is over, it is cancelled at the deadline)."""
+    at = policy.retry_at(run)
+    if at is None:
+        return None
+    deadline = policy.deadline(run)
+    if deadline is not None and at >= deadline:
+        return None
+    return Backoff(failed=run.epoch + 1, of=policy.max_attempts, at=at)
 
 
 class Driven(Protocol):

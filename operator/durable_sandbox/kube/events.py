@@ -1,7 +1,7 @@
 """Kubernetes Events for a Workflow's lifecycle transitions, never one per call.
 
 Reasons (CamelCase, as `kubectl describe` shows them): Provisioned, SnapshotTaken, SnapshotDeleted,
-SandboxLost, Recovered, WaitingForSignal, Suspended, Resumed, Succeeded, Failed, Cancelled,
+SandboxLost, Recovered, WaitingForSignal, Suspended, Resumed, Retrying, Succeeded, Failed, Cancelled,
 CleanupBlocked, CleanupDone, plus the operator's refusals (WorkflowNotAllowed, ProviderNotAllowed,
 UnknownProvider, InvalidSpec). :func:`lifecycle_events` picks them out of newly committed journal rows;
 :class:`EventRecorder` writes them, de-duplicated (the same reason and message for the same object is
@@ -76,10 +76,11 @@ def run_status_event(phase: str, message: str) -> LifecycleEvent | None:
         "Succeeded": "Succeeded",
         "Failed": "Failed",
         "Cancelled": "Cancelled",
+        "Retrying": "Retrying",  # one per retry: an attempt failed and another will start
     }.get(phase)
     if reason is None:
         return None
-    return LifecycleEvent(reason, message, "Warning" if reason in ("Failed",) else "Normal")
+    return LifecycleEvent(reason, message, "Warning" if reason in ("Failed", "Retrying") else "Normal")
 
 
 def terminal_event(event: LifecycleEvent, *, workflow: str, uid: str, epoch: int) -> LifecycleEvent:

@@ -417,6 +417,7 @@ class CurrentCall(_Status):
     kind: str = Field(description="sandbox.call for a tool call, step for a workflow step.")
     name: str = Field(description="What it is (for a tool call: its type and a summary).")
     index: int | None = Field(default=None, description="A tool call's position in spec.toolCalls (from 0).")
+    target: str | None = Field(default=None, description="A tool call's command (or path), cut to 200 characters.")
 
 
 class PendingCallbackStatus(_Status):
@@ -441,6 +442,7 @@ class OperationSummary(_Status):
     name: str = Field(description="What it is.")
     status: str = Field(description="started, completed or failed.")
     attempt: int = Field(default=1, description="Which attempt of the operation this is.")
+    target: str | None = Field(default=None, description="A tool call's command (or path), cut to 200 characters.")
     exit_code: int | None = Field(default=None, description="A shell call's exit code.")
     error: str | None = Field(default=None, description="Why it failed.")
     finished_at: str | None = Field(default=None, description="When it finished (RFC 3339).")
@@ -476,8 +478,9 @@ class WorkflowStatus(_Status):
     )
     phase: str | None = Field(
         default=None,
-        description="One word for kubectl get: Pending, Running, Waiting, Suspended, Succeeded, Failed, "
-        "Cancelled. The conditions carry the detail.",
+        description="One word for kubectl get: Pending, Running, Waiting, Suspended, Retrying (an attempt "
+        "failed and spec.retry starts another at wakeAt), Succeeded, Failed, Cancelled. The conditions carry the "
+        "detail.",
     )
     run_id: str | None = Field(default=None, description="The run's id in the journal: <name>-<uid[:8]>.")
     calls: CallsStatus | None = Field(default=None, description="Progress in tool calls.")
@@ -491,6 +494,7 @@ class WorkflowStatus(_Status):
         default=None, description="When a run that is sleeping (a durable timer or a retry backoff) wakes (RFC 3339)."
     )
     attempt: int | None = Field(default=None, description="The run attempt (1 is the first; spec.retry adds more).")
+    max_attempts: int | None = Field(default=None, description="Attempts in all (spec.retry.maxAttempts; 1 without it).")
     error: StatusError | None = Field(default=None, description="Why the run (or its last attempt) failed.")
     recent_operations: list[OperationSummary] = Field(
         default_factory=list,

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from durable_sandbox.engine.driver import Backoff, RunPolicy, backoff
 from durable_sandbox.engine.records import OperationRecord, OpKind, RunRecord, RunStatus
 from durable_sandbox.kube.conditions import WORKFLOW_CONDITIONS, by_type, condition, cut, rfc3339
 from durable_sandbox.sandboxes import journal
@@ -29,6 +30,7 @@ log = logging.getLogger("durable_sandbox.kube.status")
 RECENT_OPERATIONS = 20
 # A result larger than this (JSON bytes) is not copied into status; resultRef says where it is.
 RESULT_INLINE_LIMIT = 4096
+TARGET_LIMIT = 200  # characters of a call's command (or path) in currentCall and recentOperations
 
 PHASES = {
     RunStatus.PENDING: "Pending",
@@ -39,6 +41,8 @@ PHASES = {
     RunStatus.FAILED: "Failed",
     RunStatus.CANCELLED: "Cancelled",
 }
+# A failed run whose next attempt will start (spec.retry): not finished, so neither Failed nor Succeeded.
+RETRYING = "Retrying"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
 
 
@@ -86,11 +90,15 @@ class Projection:
             self.calls_seen.add(index)
             if status == "completed":
                 self.completed.add(index)
+        target = None
         if status == "started" and kind in (OpKind.SANDBOX_CALL.value, OpKind.STEP.value):
             self.current = {"opId": row.op_id, "kind": kind, "name": row.name}
             if index is not None:
                 self.current["index"] = index
+            if (started_target := journal.call_target(row)) is not None:
+                self.current["target"] = cut(started_target, TARGET_LIMIT)
         elif self.current is not None and self.current["opId"] == row.op_id:
+            target = self.current.get("target")  # a call's command is in its started record only
             self.current = None
         self._fold_sandbox(row)
         if status in ("completed", "failed"):
@@ -102,7 +110,9 @@ class Projection:
                 "attempt": row.attempt,
                 "finishedAt": rfc3339(row.ts),
             }
-            if (outcome := journal.call_outcome(row)) is not None:
+            if target is not None:
+                summary["target"] = target
+            if (outcome := journal.call_outcome(row) or journal.failed_call_outcome(row)) is not None:
                 summary["exitCode"] = outcome["exitCode"]
             if row.error is not None:
                 summary["error"] = cut(f"{row.error.type}: {row.error.message}", 256)
@@ -158,7 +168,7 @@ class Extra:
     generation: int | None = None
     suspended: bool = False
     attempt: int = 1
-    max_attempts: int = 1
+    policy: RunPolicy = field(default_factory=RunPolicy)  # the spec's timeoutSeconds and retry (a backoff is shown)
     cleanup_blocked: str | None = None  # why the provider refuses cleanup, while it does
     rejected: tuple[str, str] | None = None  # (reason, message): the operator refused to run the spec
     not_runnable: str | None = None  # this replica cannot import the workflow (left for another)
@@ -189,7 +199,8 @@ def render(
         ]
         status["error"] = {"type": reason, "message": cut(message)}
         return status
-    phase = phase_of(run, suspended=extra.suspended)
+    retry = backoff(run, extra.policy) if run is not None else None
+    phase = RETRYING if retry is not None else phase_of(run, suspended=extra.suspended)
     status["phase"] = phase
     status["calls"] = projection.calls()
     status["currentCall"] = projection.current if phase == "Running" else None
@@ -197,12 +208,14 @@ def render(
     status["sandbox"] = projection.sandbox
     status["latestSnapshot"] = projection.latest_snapshot
     status["recoveryCount"] = projection.recovery_count
-    status["attempt"] = extra.attempt
+    status["attempt"] = run.epoch + 1 if run is not None else extra.attempt
+    status["maxAttempts"] = extra.policy.max_attempts
     pending = list(run.pending_callbacks) if run is not None and run.status == RunStatus.WAITING else []
     status["pendingCallbacks"] = [_pending(cb, projection.callbacks.get(cb)) for cb in pending]
-    status["wakeAt"] = rfc3339(run.wake_at) if run is not None and run.status == RunStatus.WAITING else None
+    status["wakeAt"] = (rfc3339(retry.at) if retry is not None
+                        else rfc3339(run.wake_at) if run is not None and run.status == RunStatus.WAITING else None)
     status["startedAt"] = rfc3339(run.created_at) if run is not None else None
-    status["finishedAt"] = rfc3339(run.updated_at) if run is not None and run.status.terminal else None
+    status["finishedAt"] = rfc3339(run.updated_at) if run is not None and run.status.terminal and retry is None else None
     error = run.error if run is not None and run.status in (RunStatus.FAILED, RunStatus.CANCELLED) else None
     status["error"] = {"type": error.type, "message": cut(error.message)} if error is not None else None
     status["result"], status["resultRef"] = None, None
@@ -212,8 +225,15 @@ def render(
             status["result"] = run.result
         else:
             status["resultRef"] = extra.result_ref or f"dsb --kube inspect {run_id}"
-    status["conditions"] = conditions(run, projection, extra, previous, phase, pending)
+    status["conditions"] = conditions(run, projection, extra, previous, phase, pending, retry)
     return status
+
+
+def retry_message(run: RunRecord | None, retry: Backoff) -> str:
+    """What a run in backoff shows (its conditions, its Event): the failed attempt, why, and when the next starts."""
+    error = run.error if run is not None else None
+    return retry.describe(cut(f"{error.type}: {error.message}", 512) if error is not None else None,
+                          at=rfc3339(retry.at))
 
 
 def conditions(
@@ -223,25 +243,20 @@ def conditions(
     previous: dict[str, dict[str, Any]],
     phase: str,
     pending: list[str],
+    retry: Backoff | None = None,
 ) -> list[dict[str, Any]]:
     gen = extra.generation
     err = run.error.message if run is not None and run.error is not None else ""
-    out = []
-    if extra.not_runnable is not None:
-        ready = (False, extra.not_runnable_reason or "NotRunnableHere", extra.not_runnable)
-    elif phase in TERMINAL_PHASES:
-        ready = (False, phase, f"the run is {phase.lower()}")
-    elif phase == "Waiting":
-        ready = (True, "Waiting", "the run waits for " + (", ".join(pending) if pending else "a timer"))
-    elif phase == "Suspended":
-        ready = (True, "Suspended", "spec.suspend is true; the run is paused between calls")
+    out: list[dict[str, Any]] = []
+    if retry is not None:
+        # Neither Failed nor Succeeded is True while another attempt will start: `kubectl wait
+        # --for=condition=Failed` returns once the last attempt failed, not at the first.
+        message = retry_message(run, retry)
+        out.append(condition("Ready", False, RETRYING, message, gen, previous))
+        out.append(condition("Succeeded", False, RETRYING, message, gen, previous))
+        out.append(condition("Failed", False, RETRYING, message, gen, previous))
     else:
-        ready = (True, phase, f"the run is {phase.lower()}")
-    out.append(condition("Ready", ready[0], ready[1], ready[2], gen, previous))
-    out.append(condition("Succeeded", phase == "Succeeded", "Succeeded" if phase == "Succeeded" else "NotFinished" if phase not in TERMINAL_PHASES else phase,
-                          "the run succeeded" if phase == "Succeeded" else err or f"the run is {phase.lower()}", gen, previous))
-    failed = phase in ("Failed", "Cancelled")
-    out.append(condition("Failed", failed, phase if failed else "NotFailed", err if failed else "", gen, previous))
+        out.extend(_outcome(extra, previous, phase, pending, err))
     out.append(condition("Suspended", phase == "Suspended", "SuspendRequested" if phase == "Suspended" else "NotSuspended",
                           "spec.suspend is true" if phase == "Suspended" else "", gen, previous))
     waiting = bool(pending)
@@ -256,6 +271,30 @@ def conditions(
         out.append(condition("CleanupBlocked", blocked, "ProviderRefused" if blocked else "CleanupDone",
                               extra.cleanup_blocked or "", gen, previous))
     return sorted(out, key=lambda c: WORKFLOW_CONDITIONS.index(c["type"]))  # a type not listed there is an error
+
+
+def _outcome(extra: Extra, previous: dict[str, dict[str, Any]], phase: str,
+             pending: list[str], err: str) -> list[dict[str, Any]]:
+    """Ready, Succeeded and Failed of a run that is not in a retry's backoff."""
+    gen = extra.generation
+    if extra.not_runnable is not None:
+        ready = (False, extra.not_runnable_reason or "NotRunnableHere", extra.not_runnable)
+    elif phase in TERMINAL_PHASES:
+        ready = (False, phase, f"the run is {phase.lower()}")
+    elif phase == "Waiting":
+        ready = (True, "Waiting", "the run waits for " + (", ".join(pending) if pending else "a timer"))
+    elif phase == "Suspended":
+        ready = (True, "Suspended", "spec.suspend is true; the run is paused between calls")
+    else:
+        ready = (True, phase, f"the run is {phase.lower()}")
+    failed = phase in ("Failed", "Cancelled")
+    return [
+        condition("Ready", ready[0], ready[1], ready[2], gen, previous),
+        condition("Succeeded", phase == "Succeeded",
+                  "Succeeded" if phase == "Succeeded" else "NotFinished" if phase not in TERMINAL_PHASES else phase,
+                  "the run succeeded" if phase == "Succeeded" else err or f"the run is {phase.lower()}", gen, previous),
+        condition("Failed", failed, phase if failed else "NotFailed", err if failed else "", gen, previous),
+    ]
 
 
 # A status write that took d seconds is followed by at least WRITE_COST_FACTOR * d seconds without one (phase

@@ -334,6 +334,13 @@ def call_outcome(row: OperationRecord) -> dict[str, Any] | None:
     return None
 
 
+def failed_call_outcome(row: OperationRecord) -> dict[str, Any] | None:
+    """The exit code and output of a call that failed the run under its failurePolicy (kept in the failed
+    record's meta: a failed record has an error, not a result)."""
+    outcome = _meta(row).get("outcome") if row.kind == CALL and row.status == "failed" else None
+    return outcome if isinstance(outcome, dict) and "exitCode" in outcome else None
+
+
 def live_snapshots(rows: Iterable[OperationRecord]) -> list[str]:
     """Snapshots recorded as taken and not (yet) recorded as deleted, oldest first."""
     live: dict[str, None] = {}
@@ -371,7 +378,7 @@ class SandboxJournal:
     def event(self, row: OperationRecord) -> dict[str, Any] | None:
         if row.kind == CALL:
             out: dict[str, Any] = {"type": f"call.{row.status}"}
-            outcome = call_outcome(row)
+            outcome = call_outcome(row) or failed_call_outcome(row)  # the output of a failing call matters most
             if outcome is not None:
                 out["exitCode"] = outcome.get("exitCode")
                 out.update({stream: outcome[stream] for stream in ("stdout", "stderr") if outcome.get(stream)})

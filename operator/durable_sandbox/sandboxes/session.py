@@ -50,6 +50,7 @@ from durable_sandbox.providers.contract import (
 )
 from durable_sandbox.providers.redaction import REDACTED
 from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes.call_failure import failure_message
 from durable_sandbox.sandboxes.journal import reserved_operation_id, sessions_in
 from durable_sandbox.sandboxes.requirements import unmet
 
@@ -357,7 +358,7 @@ class SandboxSession:
             sandbox_id = self.state.handle.id if self.state.handle else None
             reason = fails(result) if fails is not None else None
             if reason is not None:
-                failure = ToolCallFailed(reason)
+                failure = ToolCallFailed(failure_message(reason, call, result, self.spec.env.values()))
                 await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "failed", digest=digest,
                                     error=ErrorInfo.from_exception(failure, retryable=False),
                                     meta={journal.META_INDEX: index, journal.META_OPERATION_ID: call.operation_id, journal.META_SANDBOX_ID: sandbox_id,

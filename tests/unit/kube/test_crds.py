@@ -329,6 +329,6 @@ def test_status_declares_every_field_the_operator_writes() -> None:
     status = set(openapi("Workflow")["properties"]["status"]["properties"])
     assert status == {
         "conditions", "observedGeneration", "phase", "runId", "calls", "currentCall", "pendingCallbacks",
-        "wakeAt", "attempt", "error", "recentOperations", "journal", "sandbox", "latestSnapshot",
+        "wakeAt", "attempt", "maxAttempts", "error", "recentOperations", "journal", "sandbox", "latestSnapshot",
         "recoveryCount", "result", "resultRef", "startedAt", "finishedAt", "kopf",
     }  # fmt: skip

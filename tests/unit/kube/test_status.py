@@ -220,3 +220,51 @@ async def test_a_projection_catches_up_on_rows_another_replica_committed(store: 
     st = render(run, p, Extra(generation=1), run_id=run_id)
     assert st["latestSnapshot"] == retained
     assert st["calls"] == {"completed": 4, "total": 4}
+
+
+async def test_a_failed_run_with_an_attempt_left_is_retrying_not_failed(store: SqliteStore) -> None:
+    """spec.retry: while the next attempt waits, neither Failed nor Succeeded is True (a `kubectl wait
+    --for=condition=Failed` would stop at the first attempt), and the backoff is shown; the last attempt's
+    failure is final."""
+    from durable_sandbox.engine.driver import RetrySchedule, RunPolicy
+
+    run_id = await _agent_run(store, 1)
+    run = await store.get_run(run_id)
+    assert run is not None
+    run.status, run.error = RunStatus.FAILED, ErrorInfo("ToolCallFailed", "exit 7")
+    policy = RunPolicy(retry=RetrySchedule(max_attempts=2, initial_interval=8))
+    st = render(run, Projection(), Extra(policy=policy), run_id=run_id)
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert st["phase"] == "Retrying" and (st["attempt"], st["maxAttempts"]) == (1, 2)
+    assert st["wakeAt"] is not None and st["finishedAt"] is None
+    assert conds["Failed"]["status"] == "False" and conds["Succeeded"]["status"] == "False"
+    assert conds["Failed"]["reason"] == "Retrying"
+    assert "attempt 1 of 2 failed (ToolCallFailed: exit 7); attempt 2 of 2 starts at " in conds["Failed"]["message"]
+    assert st["error"]["message"] == "exit 7"  # the failed attempt's error stays visible
+    run.epoch = 1  # the last attempt failed: final
+    st = render(run, Projection(), Extra(policy=policy), run_id=run_id)
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert st["phase"] == "Failed" and conds["Failed"]["status"] == "True" and st["wakeAt"] is None
+    run.epoch = 0  # a retry that could start only after spec.timeoutSeconds never starts: final too
+    late = RunPolicy(timeout=run.updated_at - run.created_at + 1, retry=policy.retry)
+    assert render(run, Projection(), Extra(policy=late), run_id=run_id)["phase"] == "Failed"
+
+
+async def test_recent_operations_name_the_calls_command_and_a_failed_calls_exit_code(store: SqliteStore) -> None:
+    engine = durable_sandbox.Engine(store, worker_id="w")
+    try:
+        calls = [{"type": "shell", "command": "echo ok"},
+                 {"type": "shell", "command": "echo nope >&2; exit 7", "failurePolicy": {"onNonZeroExit": "fail"}}]
+        state = await engine.run(sandbox_agent.NAME, {"toolCalls": calls}, run_id="f")
+    finally:
+        await engine.aclose()
+    assert state.status == "failed"
+    run = await store.get_run("f")
+    assert run is not None
+    p = Projection(total_calls=2)
+    p.feed(await store.load_journal("f"))
+    st = render(run, p, Extra(), run_id="f")
+    shown = [(op["target"], op.get("exitCode"), op["status"]) for op in st["recentOperations"] if "target" in op]
+    assert shown == [("echo ok", 0, "completed"), ("echo nope >&2; exit 7", 7, "failed")]
+    failed = {c["type"]: c for c in st["conditions"]}["Failed"]
+    assert failed["message"].endswith("; command: echo nope >&2; exit 7; stderr: nope"), failed

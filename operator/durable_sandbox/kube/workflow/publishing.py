@@ -12,10 +12,12 @@ replica (``OperatorSettings.periodic_writes_per_s``).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from durable_sandbox.engine.driver import backoff
 from durable_sandbox.engine.records import Commit, OperationRecord
 from durable_sandbox.kube.events import (
     TERMINAL_REASONS,
@@ -26,7 +28,7 @@ from durable_sandbox.kube.events import (
     terminal_event,
 )
 from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
-from durable_sandbox.kube.status import StatusWriter, render
+from durable_sandbox.kube.status import RETRYING, StatusWriter, render, retry_message
 from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.kube.workflow.runs import Runs, RunView
 from durable_sandbox.kube.workflow.settings import OperatorSettings
@@ -65,7 +67,8 @@ class Publisher:
                 self.emit(view.body, event)
         if changes and view.run is not None:
             known = {k: v for k, v in changes.items() if hasattr(view.run, k)}
-            view.run = replace(view.run, **known)
+            # The store stamps updated_at on every write; a retry's backoff is counted from it.
+            view.run = replace(view.run, **known, updated_at=time.time())
         self.offer(view)
 
     def read(self, run_id: str, rows: list[OperationRecord]) -> None:
@@ -151,6 +154,8 @@ class Publisher:
 def phase_message(view: RunView, phase: str) -> str:
     """The message of the Event of a run entering ``phase``."""
     run = view.run
+    if phase == RETRYING and run is not None and (retry := backoff(run, view.extra.policy)) is not None:
+        return retry_message(run, retry)
     if phase == "Waiting" and run is not None:
         pending = ", ".join(run.pending_callbacks)
         return f"waiting for signal(s) {pending}; set spec.signals to continue" if pending else "waiting for a timer"

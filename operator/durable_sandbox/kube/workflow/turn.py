@@ -128,7 +128,7 @@ class Turn:
                 raise Park(None, "rejected")
             await self._wait(view, self.settings.not_runnable_retry, "not-runnable")
             return None
-        view.extra.max_attempts = plan.max_attempts
+        view.extra.policy = plan.policy
         self.publisher.republish(view)
         return plan
 
@@ -159,6 +159,7 @@ class Turn:
             return await self.finisher.finished(view, plan)
         if step.kind == "backoff":
             assert step.at is not None
+            self.publisher.offer(view)  # the backoff as read now (its time from the run's own updated_at)
             await self._wait(view, step.at - time.time(), "backoff")
             return "again"
         if step.kind == "resume":
