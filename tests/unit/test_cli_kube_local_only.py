@@ -15,7 +15,7 @@ def kube_commands_in_docs() -> set[str]:
 
 
 def test_a_local_only_command_with_kube_names_every_kube_command(tmp_path: Path) -> None:
-    done = dsb("--kube", "resume", "some-run", env={"KUBECONFIG": str(tmp_path / "missing")}, process=True)
+    done = dsb("--kube", "worker", env={"KUBECONFIG": str(tmp_path / "missing")}, process=True)
     assert done.returncode == 2, done.stdout + done.stderr
     named = set(re.search(r"with --kube: ([a-z, ]+)\)", done.stderr).group(1).split(", "))  # type: ignore[union-attr]
     documented = kube_commands_in_docs()

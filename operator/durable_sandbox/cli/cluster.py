@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -33,7 +34,9 @@ from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.manifests import load_manifests
 from durable_sandbox.kube.models import Resource
 from durable_sandbox.kube.resources import SANDBOXES
+from durable_sandbox.kube.status import TERMINAL_PHASES
 from durable_sandbox.kube.store import KubernetesStore
+from durable_sandbox.kube.workflow.ignored import RERUN_HINT
 from durable_sandbox.kube.workflows import NoSuchWorkflow, WorkflowClient, run_id_of
 from durable_sandbox.sandboxes.journal import SandboxJournal
 
@@ -159,6 +162,19 @@ class ClusterEngine:
         return await self.client.inspect(rid)
 
     async def resume(self, ref: str, **_: Any) -> RunState:
+        try:
+            obj: dict[str, Any] | None = await self.workflow(ref)
+        except CliError:
+            obj = None  # no such Workflow: the answer below holds for it too
+        phase = ((obj or {}).get("status") or {}).get("phase")
+        if obj is not None and phase in TERMINAL_PHASES:
+            name = obj["metadata"]["name"]
+            retry = json.dumps({"spec": {"retry": {"maxAttempts": 2}}}, separators=(",", ":"))
+            raise CliError(
+                f"Workflow {name} is {phase.lower()}: a Workflow is one run, and a finished one is not run "
+                f"again; {RERUN_HINT} (`kubectl patch workflow {name} -n {self.namespace} --type merge "
+                f"-p '{retry}'`)"
+            )
         raise CliError(
             f"in a cluster the operator continues runs by itself (after a signal, a timer, a crash); "
             f"`dsb --kube -n {self.namespace} logs -f {ref}` follows it"

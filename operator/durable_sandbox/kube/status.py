@@ -60,6 +60,7 @@ class Projection:
     recovery_count: int = 0
     recovering: bool = False
     callbacks: dict[str, Any] = field(default_factory=dict)  # pending callback id -> its payload
+    answered: set[str] = field(default_factory=set)  # callbacks the run got its signal for
     last_seq: int = 0
 
     def feed(self, rows: Iterable[OperationRecord]) -> None:
@@ -85,6 +86,8 @@ class Projection:
                 self.callbacks[row.op_id] = meta.get("payload")
             else:
                 self.callbacks.pop(row.op_id, None)
+                if status == "completed":
+                    self.answered.add(row.op_id)
         index = journal.call_index(row)
         if index is not None:
             self.calls_seen.add(index)
@@ -174,6 +177,7 @@ class Extra:
     not_runnable: str | None = None  # this replica cannot import the workflow (left for another)
     not_runnable_reason: str | None = None  # the Ready condition's reason while not runnable (default NotRunnableHere)
     refused_signals: dict[str, str] = field(default_factory=dict)  # spec.signals keys refused -> why (too big)
+    ignored: tuple[str, str] | None = None  # (reason, message): a spec change after the run finished
     result_ref: str | None = None
 
 
@@ -279,6 +283,8 @@ def _outcome(extra: Extra, previous: dict[str, dict[str, Any]], phase: str,
     gen = extra.generation
     if extra.not_runnable is not None:
         ready = (False, extra.not_runnable_reason or "NotRunnableHere", extra.not_runnable)
+    elif phase in TERMINAL_PHASES and extra.ignored is not None:
+        ready = (False, *extra.ignored)
     elif phase in TERMINAL_PHASES:
         ready = (False, phase, f"the run is {phase.lower()}")
     elif phase == "Waiting":

@@ -103,6 +103,9 @@ def resume(settings: Settings, run_id: str, wait: bool) -> None:
     """
 
     async def go() -> RunState:
+        if settings.kube:  # refused, saying what to do instead (the operator continues runs by itself)
+            async with open_client(settings) as cluster:
+                return await cluster.resume(run_id)
         async with open_engine(settings) as engine:
             return await drive.resume_run(engine, settings, run_id, wait=wait)
 

@@ -7,9 +7,12 @@ import contextlib
 import time
 from typing import Any
 
+from durable_sandbox.kube.events import LifecycleEvent
 from durable_sandbox.kube.holding import Holding
 from durable_sandbox.kube.plan import RunPlan
 from durable_sandbox.kube.resources import WORKFLOWS
+from durable_sandbox.kube.status import TERMINAL_PHASES
+from durable_sandbox.kube.workflow.ignored import ignored_fields, ignored_notice
 from durable_sandbox.kube.workflow.parking import Outcome, wait_or_park
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.wing import Wing
@@ -45,6 +48,7 @@ class Finisher:
             # the rest of it since (and finished it): fold those rows first (ObservedStore reports the read),
             # or the final status would show an older snapshot as the run's latest.
             await self.wing.engines.engine_for(view.namespace).store.journal_since(view.run_id, view.projection.last_seq)
+            self._said_ignored(view, written)
             self.wing.publisher.offer(view)  # not when every replica re-activating a finished Workflow would write it again
         await let_go(self.wing.holding, view)
         if plan.ttl_seconds_after_finished is None or view.run is None:
@@ -57,3 +61,16 @@ class Finisher:
         with contextlib.suppress(Exception):
             await self.wing.objects.delete(WORKFLOWS, view.namespace, view.name, uid=view.uid)
         return "done"
+
+    def _said_ignored(self, view: RunView, written: dict[str, Any]) -> None:
+        """The spec changed after the final status was written (its generation moved past the one that status
+        was written for): what it asked for is not done, and a kubectl patch printed `patched`; say so."""
+        shown, generation = written.get("observedGeneration"), view.generation
+        phase = written.get("phase")
+        if (view.run is None or phase not in TERMINAL_PHASES or not isinstance(shown, int)
+                or not isinstance(generation, int) or generation <= shown):
+            return
+        fields = ignored_fields(view.body.get("spec") or {}, view.run, view.projection.answered)
+        view.extra.ignored = ignored_notice(fields, phase, generation)
+        reason, message = view.extra.ignored
+        self.wing.publisher.emit(view.body, LifecycleEvent(reason, message, "Warning"))
