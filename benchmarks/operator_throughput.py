@@ -53,6 +53,11 @@ WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
 OPERATOR_RESOURCES = ("journals", "workflows", "workflows/status", "events")
 TARGET_CALLS_PER_S = 100.0
 TARGET_WRITES_PER_CALL = 2.0
+# With the journal in PostgreSQL (issue 25): half of `dsb run`'s calls/s for one Workflow, 500 calls/s over 20,
+# and status only (coalesced) in the API server.
+PG_TARGET_RATIO_ONE = 0.5
+PG_TARGET_CALLS_PER_S_MANY = 500.0
+PG_TARGET_WRITES_PER_CALL = 0.2
 POLL_S = 0.5  # how often the benchmark reads the Workflows it waits for (reads are not writes)
 IDLE_S = 10.0  # the idle window that measures the cluster's own writes
 
@@ -222,53 +227,89 @@ def through_dsb_run(dsb: str, docs: list[dict[str, Any]], workdir: Path) -> dict
 # ------------------------------------------------------------------------------------------- main
 
 
+def operator_phases(args: argparse.Namespace, kubeconfig: str, workdir: Path, journal: str,
+                    extra_env: dict[str, str]) -> dict[str, Any]:
+    """One operator (its journal in ``journal``) serving a fresh namespace: warm-up, the cluster's idle writes,
+    one Workflow, then ``--workflows`` at once."""
+    res: dict[str, Any] = {}
+    namespace = f"bench-{journal}-{os.getpid()}"
+    kubectl(kubeconfig, "create", "namespace", namespace)
+    home = workdir / f"operator-home-{journal}"
+    home.mkdir()
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "DURABLE_SANDBOX_HOME": str(home), "PYTHONUNBUFFERED": "1",
+           **extra_env}
+    command = [args.dsb, "operator", "--allow-local-provider", "-n", namespace]
+    profile = workdir / f"operator-{journal}.prof"
+    if args.profile:
+        command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "durable_sandbox.cli.main",
+                   *command[1:]]
+    log = (workdir / f"operator-{journal}.log").open("wb")
+    operator = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        # Warm-up: the operator is serving once a small Workflow has gone through (not timed).
+        asyncio.run(wait_succeeded(kubeconfig, namespace, [_apply(kubeconfig, namespace, manifest("warmup", 10))],
+                                   180, []))
+        before = write_counts(kubeconfig)
+        time.sleep(IDLE_S)  # the cluster's own writes while nothing of ours runs
+        idle_writes, _ = split_seconds(minus_f(write_counts(kubeconfig), before))
+        baseline = {k: v / IDLE_S for k, v in idle_writes.items()}
+        res["idle_writes_per_s"] = baseline
+        one = [manifest("one", args.calls)]
+        many = [manifest(f"many-{i:02d}", args.calls_each) for i in range(args.workflows)]
+        with sampled(operator.pid, workdir / f"one-{journal}.pyspy", enabled=args.py_spy):
+            res["operator_one"] = through_operator(kubeconfig, namespace, one, baseline, args.timeout)
+        if args.py_spy:
+            res["py_spy"] = summarize_samples(workdir / f"one-{journal}.pyspy",
+                                              RESULTS_DIR / f"operator_throughput_{journal}_pyspy.txt")
+        res["operator_many"] = through_operator(kubeconfig, namespace, many, baseline, args.timeout)
+    finally:
+        operator.send_signal(signal.SIGTERM)
+        try:
+            operator.wait(120)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+        log.close()
+        with contextlib.suppress(RuntimeError):
+            kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false")
+    if args.profile and profile.exists():
+        out = RESULTS_DIR / f"operator_throughput_{journal}_profile.txt"
+        with out.open("w") as f:
+            pstats.Stats(str(profile), stream=f).sort_stats("cumulative").print_stats(40)
+        res["profile"] = str(out.relative_to(ROOT))
+    return res
+
+
+@contextlib.contextmanager
+def postgres_journal(workdir: Path, enabled: bool) -> Iterator[str | None]:
+    """A PostgreSQL server of this run's own (tests/postgres/server.py, durable: every commit flushed as in
+    production) for the operator's journal; None when not measured."""
+    if not enabled:
+        yield None
+        return
+    sys.path.insert(0, str(ROOT))
+    from tests.postgres.server import PostgresServer
+
+    directory = workdir / "postgres"
+    directory.mkdir()
+    workdir.chmod(0o711)  # the server runs as the postgres user: it must be able to enter its directory
+    server = PostgresServer(directory / "server", durable=True).up()
+    try:
+        yield server.dsn()
+    finally:
+        server.down(purge=True)
+
+
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     res: dict[str, Any] = {"machine": machine_info(), "args": vars(args)}
-    with control_plane(args.kubeconfig, workdir) as kubeconfig:
+    with control_plane(args.kubeconfig, workdir) as kubeconfig, postgres_journal(workdir, args.postgres) as dsn:
         kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
         kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/workflows.durable-sandbox.dev", "--timeout=60s")
-        namespace = f"bench-{os.getpid()}"
-        kubectl(kubeconfig, "create", "namespace", namespace)
-        home = workdir / "operator-home"
-        home.mkdir()
-        env = {**os.environ, "KUBECONFIG": kubeconfig, "DURABLE_SANDBOX_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-        command = [args.dsb, "operator", "--allow-local-provider", "-n", namespace]
-        profile = workdir / "operator.prof"
-        if args.profile:
-            command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "durable_sandbox.cli.main",
-                       *command[1:]]
-        log = (workdir / "operator.log").open("wb")
-        operator = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            # Warm-up: the operator is serving once a small Workflow has gone through (not timed).
-            asyncio.run(wait_succeeded(kubeconfig, namespace, [_apply(kubeconfig, namespace, manifest("warmup", 10))],
-                                       180, []))
-            before = write_counts(kubeconfig)
-            time.sleep(IDLE_S)  # the cluster's own writes while nothing of ours runs
-            idle_writes, _ = split_seconds(minus_f(write_counts(kubeconfig), before))
-            baseline = {k: v / IDLE_S for k, v in idle_writes.items()}
-            res["idle_writes_per_s"] = baseline
-            one = [manifest("one", args.calls)]
-            many = [manifest(f"many-{i:02d}", args.calls_each) for i in range(args.workflows)]
-            with sampled(operator.pid, workdir / "one.pyspy", enabled=args.py_spy):
-                res["operator_one"] = through_operator(kubeconfig, namespace, one, baseline, args.timeout)
-            if args.py_spy:
-                res["py_spy"] = summarize_samples(workdir / "one.pyspy", RESULTS_DIR / "operator_throughput_pyspy.txt")
-            res["operator_many"] = through_operator(kubeconfig, namespace, many, baseline, args.timeout)
-        finally:
-            operator.send_signal(signal.SIGTERM)
-            try:
-                operator.wait(120)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-            log.close()
-            with contextlib.suppress(RuntimeError):
-                kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false")
-        if args.profile and profile.exists():
-            out = RESULTS_DIR / "operator_throughput_profile.txt"
-            with out.open("w") as f:
-                pstats.Stats(str(profile), stream=f).sort_stats("cumulative").print_stats(40)
-            res["profile"] = str(out.relative_to(ROOT))
+        res.update(operator_phases(args, kubeconfig, workdir, "apiserver", {}))
+        if dsn is not None:
+            res["postgres"] = operator_phases(args, kubeconfig, workdir, "postgres",
+                                              {"DSB_OPERATOR_JOURNAL": f"{dsn}?schema=bench"})
+    one = [manifest("one", args.calls)]
+    many = [manifest(f"many-{i:02d}", args.calls_each) for i in range(args.workflows)]
     res["dsb_run_one"] = through_dsb_run(args.dsb, one, workdir)
     res["dsb_run_many"] = through_dsb_run(args.dsb, many, workdir)
     res["ratio_one"] = ratio(res["operator_one"]["calls_per_s"], res["dsb_run_one"]["calls_per_s"])
@@ -279,6 +320,19 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "met_writes": max(res["operator_one"]["writes_per_call"], res["operator_many"]["writes_per_call"])
         <= TARGET_WRITES_PER_CALL,
     }  # fmt: skip
+    if "postgres" in res:
+        pg = res["postgres"]
+        pg["ratio_one"] = ratio(pg["operator_one"]["calls_per_s"], res["dsb_run_one"]["calls_per_s"])
+        pg["ratio_many"] = ratio(pg["operator_many"]["calls_per_s"], res["dsb_run_many"]["calls_per_s"])
+        pg["vs_apiserver_one"] = ratio(pg["operator_one"]["calls_per_s"], res["operator_one"]["calls_per_s"])
+        pg["vs_apiserver_many"] = ratio(pg["operator_many"]["calls_per_s"], res["operator_many"]["calls_per_s"])
+        worst = max(pg["operator_one"]["writes_per_call"], pg["operator_many"]["writes_per_call"])
+        pg["targets"] = {  # issue 25's goals for this journal
+            "ratio_one": PG_TARGET_RATIO_ONE, "met_ratio_one": pg["ratio_one"] >= PG_TARGET_RATIO_ONE,
+            "calls_per_s_many": PG_TARGET_CALLS_PER_S_MANY,
+            "met_calls_per_s_many": pg["operator_many"]["calls_per_s"] >= PG_TARGET_CALLS_PER_S_MANY,
+            "writes_per_call": PG_TARGET_WRITES_PER_CALL, "met_writes": worst <= PG_TARGET_WRITES_PER_CALL,
+        }  # fmt: skip
     return res
 
 
@@ -338,12 +392,16 @@ def _apply(kubeconfig: str, namespace: str, doc: dict[str, Any]) -> str:
 
 def report(res: dict[str, Any]) -> None:
     rows = []
-    for key, label in (("one", "1 Workflow"), ("many", f"{res['operator_many']['workflows']} Workflows at once")):
-        op, local = res[f"operator_{key}"], res[f"dsb_run_{key}"]
-        rows.append([label, str(op["calls"]), fmt(op["calls_per_s"]), fmt(local["calls_per_s"]),
-                     fmt(res[f"ratio_{key}"], "x", 2), fmt(op["writes_per_call"], "", 2), str(op["status_bytes_max"])])
+    journals = [("API server", res), *([("PostgreSQL", res["postgres"])] if "postgres" in res else [])]
+    for journal, got in journals:
+        for key, label in (("one", "1 Workflow"), ("many", f"{got['operator_many']['workflows']} Workflows at once")):
+            op, local = got[f"operator_{key}"], res[f"dsb_run_{key}"]
+            rows.append([journal, label, str(op["calls"]), fmt(op["calls_per_s"]), fmt(local["calls_per_s"]),
+                         fmt(got[f"ratio_{key}"], "x", 2), fmt(op["writes_per_call"], "", 2),
+                         str(op["status_bytes_max"])])
     print_table("no-op tool calls through the operator vs dsb run (local SQLite)",
-                ["", "calls", "operator calls/s", "dsb run calls/s", "ratio", "API writes/call", "max .status bytes"], rows)
+                ["journal", "", "calls", "operator calls/s", "dsb run calls/s", "ratio", "API writes/call",
+                 "max .status bytes"], rows)
     for key in ("one", "many"):
         op = res[f"operator_{key}"]
         print(f"\nwrites by resource ({key}; {op['ms_per_call']:.1f} ms per call), mean API server ms per write:")
@@ -364,6 +422,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the operator (results/*_profile.txt)")
     parser.add_argument("--py-spy", action="store_true",
                         help="sample the operator with py-spy during the one-Workflow phase (results/*_pyspy.txt)")
+    parser.add_argument("--no-postgres", dest="postgres", action="store_false",
+                        help="measure the API-server journal only (not also the operator with --journal postgresql://)")
     parser.add_argument("--tmp", help="where the temp files go")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "operator_throughput.json")
     args = parser.parse_args()

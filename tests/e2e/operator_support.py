@@ -157,6 +157,14 @@ def operators(tmp_path: Path, namespace: str) -> Iterator[Any]:
                 print(f"--- {op.log_path.name} (exit {op.process.returncode})\n{op.logs()[-6000:]}", file=sys.stderr)
 
 
+def effect_calls(effects: Path, n: int, *, gate: Path | None = None, gate_at: int = -1) -> list[dict[str, Any]]:
+    calls = []
+    for i in range(1, n + 1):
+        wait = f"while [ ! -e {gate} ]; do sleep 0.05; done; " if gate is not None and i == gate_at else ""
+        calls.append({"type": "shell", "operationId": f"c{i}", "command": f"{wait}echo c{i} >> {effects}; echo c{i}"})
+    return calls
+
+
 def manifest(name: str, **spec: Any) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load(HELLO.read_text())
     doc["metadata"]["name"] = name

@@ -261,11 +261,25 @@ def test_workflow_secrets_are_never_granted_cluster_wide(helm: Path, helm_home: 
         ("team-a", {"secrets[sandbox-env]": {"get"}})]
 
 
+def test_postgres_journal_dsn_comes_from_a_secret_never_a_value(helm: Path, helm_home: Path) -> None:
+    default = one(render(helm, helm_home), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "DSB_OPERATOR_JOURNAL" not in {e["name"] for e in default["env"]}, "the API-server journal by default"
+
+    docs = render(helm, helm_home, "--set", "journal.postgres.secretName=journal-db", "--set", "journal.postgres.key=url")
+    [container] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    [env] = [e for e in container["env"] if e["name"] == "DSB_OPERATOR_JOURNAL"]
+    assert env == {"name": "DSB_OPERATOR_JOURNAL", "valueFrom": {"secretKeyRef": {"name": "journal-db", "key": "url"}}}
+    assert not any("journal" in a and "postgres" in a for a in container["args"]), "never in the arguments"
+    # The Secret is read by the kubelet: the operator gets no RBAC on it.
+    assert not any("journal-db" in json.dumps(r) for r in [*by_kind(docs, "Role"), *by_kind(docs, "ClusterRole")])
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
         ("typo.yaml", "additional properties 'replicas' not allowed"),
         ("wrong-type.yaml", "at '/metrics/port': got string, want integer"),
+        ("journal-dsn-in-values.yaml", "additional properties 'dsn' not allowed"),
     ],
 )
 def test_bad_values_are_refused_naming_the_key(helm: Path, helm_home: Path, values: str, message: str) -> None:

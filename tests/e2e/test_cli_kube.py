@@ -176,3 +176,12 @@ def test_sandboxes_lists_the_sandbox_resources_with_phase_provider_ready_holder_
 
     proc = dsb("sandboxes", "-n", ns, process=True)
     assert proc.returncode == 2 and "dsb --kube sandboxes" in proc.stderr, proc.stderr
+
+
+def test_a_missing_namespace_is_one_line_that_says_what_to_do_and_exit_2(control_plane: ControlPlane, ns: str) -> None:
+    missing = f"{ns}-missing"
+    proc = dsb("--kube", "-n", missing, "run", "--detach", str(HELLO), process=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f'error: namespaces "{missing}" not found: create it (`kubectl create namespace '
+                                  f'{missing}`) or choose another with -n'), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "ApiException" not in proc.stderr, proc.stderr

@@ -14,6 +14,7 @@ from typing import Any
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import (
     check_journal,
+    effect_calls,
     journal,
     leases,
     local_sandboxes,
@@ -27,14 +28,6 @@ from tests.e2e.operator_support import (
 )
 
 __all__ = ["namespace", "operators"]  # fixtures
-
-
-def effect_calls(effects: Path, n: int, *, gate: Path | None = None, gate_at: int = -1) -> list[dict[str, Any]]:
-    calls = []
-    for i in range(1, n + 1):
-        wait = f"while [ ! -e {gate} ]; do sleep 0.05; done; " if gate is not None and i == gate_at else ""
-        calls.append({"type": "shell", "operationId": f"c{i}", "command": f"{wait}echo c{i} >> {effects}; echo c{i}"})
-    return calls
 
 
 def lease_holder(cp: ControlPlane, ns: str) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from durable_sandbox.cli.api_errors import api_refusal
 from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_LEASE_HELD, EXIT_USAGE, CliError, Interrupted
 from durable_sandbox.cli.settings import Settings
 from durable_sandbox.cli.targets import add_cwd_to_path
@@ -84,6 +85,9 @@ class DsbGroup(click.Group):
         except Exception as exc:
             if os.environ.get("DSB_DEBUG"):
                 raise
+            settings = ctx.find_object(Settings)
+            if (refusal := api_refusal(exc, settings.namespace if settings is not None else None)) is not None:
+                _fail(ctx, *refusal)  # dsb --kube: one line, not the client's dump
             _fail(ctx, f"{type(exc).__name__}: {exc} (set DSB_DEBUG=1 for a traceback)", EXIT_FAILED)
         return None
 

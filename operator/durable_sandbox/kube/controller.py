@@ -44,6 +44,7 @@ from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.concurrency import RunSlots
 from durable_sandbox.kube.events import EventRecorder
 from durable_sandbox.kube.holding import Holding
+from durable_sandbox.kube.journals import ApiServerJournal, JournalStores
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.resources import CustomObjects
 from durable_sandbox.kube.sandbox_records import SandboxRecords
@@ -75,6 +76,7 @@ class Operator:
         providers: Any = None,
         objects: CustomObjects | None = None,
         journal_key: bytes | None = None,
+        journals: JournalStores | None = None,
     ) -> None:
         self.api = api
         self.objects = objects if objects is not None else CustomObjects(api)
@@ -85,8 +87,10 @@ class Operator:
         self.slots = RunSlots(self.settings.max_concurrent_runs)
         self.publisher = Publisher(self.objects, self.events, self.runs, self.settings)
         # journal_key seals every journal value this operator writes (kube/sealing.py)
-        self.engines = Engines(api, self.objects, self.policy, self.settings, self.runs, self.publisher, providers,
-                               journal_key=journal_key)
+        if journals is None:
+            journals = JournalStores(ApiServerJournal(), api, journal_key=journal_key)
+        self.engines = Engines(api, self.objects, self.policy, self.settings, self.runs, self.publisher, journals,
+                               providers)
         self.records = SandboxRecords(api, journal_key)  # the Sandbox resources' own records (kube/sandbox_records.py)
         self.holding = Holding(self.objects, self.records, self.engines.run_live)
         self.engines.holding = self.holding

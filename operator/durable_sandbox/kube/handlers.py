@@ -49,6 +49,7 @@ from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.controller import Operator, OperatorPolicy, OperatorSettings
 from durable_sandbox.kube.discovery import wait_until_served
 from durable_sandbox.kube.errors import CleanupPending
+from durable_sandbox.kube.journals import ApiServerJournal, JournalChoice, open_journal
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.metrics_server import READINESS
 from durable_sandbox.kube.resources import FINALIZER, GROUP, SANDBOXES, VERSION, WORKFLOWS
@@ -85,6 +86,7 @@ class Configuration:
     providers: Any = None
     namespaces: list[str] = field(default_factory=list)  # served namespaces; empty: every namespace
     journal_key: bytes | None = field(default=None, repr=False)  # kube/journal_key.py; never printed
+    journal: JournalChoice = field(default_factory=ApiServerJournal)  # where runs' journals go (kube/journals.py)
 
 
 config = Configuration()
@@ -145,8 +147,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _operator, _sandboxes
     configure_kopf(settings)
     api = await KubeClient.connect(kubeconfig=config.kubeconfig)
+    journals = await open_journal(config.journal, api, journal_key=config.journal_key)
     _operator = Operator(api, policy=config.policy, settings=config.settings, providers=config.providers,
-                         journal_key=config.journal_key)
+                         journal_key=config.journal_key, journals=journals)
     _sandboxes = SandboxController(api, _operator.events, _operator.provider_for, SandboxControllerSettings(
         worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl), labels=_operator.sandbox_labels,
         records=_operator.records, holding=_operator.holding)
@@ -161,9 +164,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf reads discovery once, right after this handler returns (scanning is disabled): only once it is complete.
     await wait_until_served(api)
     READINESS.ready()
-    log.info("operator %s serving Workflows (local provider %s; workflow modules: %s)",
+    log.info("operator %s serving Workflows (local provider %s; workflow modules: %s; journal in %s)",
              config.settings.worker_id, "allowed" if config.policy.allow_local_provider else "refused",
-             ", ".join(config.policy.workflow_modules) or "none")
+             ", ".join(config.policy.workflow_modules) or "none", config.journal)
 
 
 def _sweep_providers(op: Operator, cache: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +189,8 @@ def _start_sweep(api: KubeClient, op: Operator) -> None:
     cache: dict[str, Any] = {}
     sweeper = OrphanSweeper(api, installation=settings.installation_id, namespaces=list(config.namespaces),
                             providers=lambda: _sweep_providers(op, cache), grace=settings.sweep_grace,
-                            events=op.events, metrics=METRICS, records=op.records)
+                            events=op.events, metrics=METRICS, records=op.records,
+                            finished_runs=op.engines.journals.finished_run_keys)
     stop = asyncio.Event()
     _sweep = (asyncio.create_task(sweeper.run(settings.sweep_interval, stop)), stop, cache)
     log.info("orphan sweep every %gs (grace %gs) for installation %s", settings.sweep_interval, settings.sweep_grace,

@@ -262,18 +262,19 @@ def conditions(
     else:
         out.extend(_outcome(extra, previous, phase, pending, err))
     out.append(condition("Suspended", phase == "Suspended", "SuspendRequested" if phase == "Suspended" else "NotSuspended",
-                          "spec.suspend is true" if phase == "Suspended" else "", gen, previous))
+                          "spec.suspend is true" if phase == "Suspended" else "the run is not suspended", gen, previous))
     waiting = bool(pending)
     refused = "".join(f"; spec.signals.{key} was refused: {why}" for key, why in sorted(extra.refused_signals.items()))
     out.append(condition("WaitingForSignal", waiting, "WaitingForSignal" if waiting else "NotWaiting",
                           ("waiting for " + ", ".join(pending) + "; set spec.signals.<id> to continue" + refused)
-                          if waiting else "", gen, previous))
+                          if waiting else "the run waits for no signal", gen, previous))
     out.append(condition("Recovering", projection.recovering and phase == "Running", "SandboxLost" if projection.recovering else "NotRecovering",
-                          "restoring the sandbox from its newest snapshot" if projection.recovering else "", gen, previous))
+                          "restoring the sandbox from its newest snapshot" if projection.recovering
+                          else f"no sandbox is being recovered ({projection.recovery_count} recovery(ies) so far)", gen, previous))
     if extra.cleanup_blocked is not None or "CleanupBlocked" in previous:
         blocked = extra.cleanup_blocked is not None
         out.append(condition("CleanupBlocked", blocked, "ProviderRefused" if blocked else "CleanupDone",
-                              extra.cleanup_blocked or "", gen, previous))
+                              extra.cleanup_blocked or "the provider cleaned up", gen, previous))
     return sorted(out, key=lambda c: WORKFLOW_CONDITIONS.index(c["type"]))  # a type not listed there is an error
 
 
@@ -286,11 +287,14 @@ def _outcome(extra: Extra, previous: dict[str, dict[str, Any]], phase: str,
     elif phase in TERMINAL_PHASES and extra.ignored is not None:
         ready = (False, *extra.ignored)
     elif phase in TERMINAL_PHASES:
-        ready = (False, phase, f"the run is {phase.lower()}")
+        # Finished: nothing more will happen to it (Succeeded or Failed says how it ended).
+        ended = {"Succeeded": "the run succeeded", "Failed": "the run failed", "Cancelled": "the run was cancelled"}
+        ready = (False, phase, f"{ended[phase]}: it is finished" + (f" ({cut(err, 512)})" if err else ""))
     elif phase == "Waiting":
         ready = (True, "Waiting", "the run waits for " + (", ".join(pending) if pending else "a timer"))
     elif phase == "Suspended":
-        ready = (True, "Suspended", "spec.suspend is true; the run is paused between calls")
+        # Not Ready: paused by the user, it makes no progress until spec.suspend is false again.
+        ready = (False, "Suspended", "spec.suspend is true: the run is paused between calls; set it to false to resume")
     else:
         ready = (True, phase, f"the run is {phase.lower()}")
     failed = phase in ("Failed", "Cancelled")
@@ -299,7 +303,8 @@ def _outcome(extra: Extra, previous: dict[str, dict[str, Any]], phase: str,
         condition("Succeeded", phase == "Succeeded",
                   "Succeeded" if phase == "Succeeded" else "NotFinished" if phase not in TERMINAL_PHASES else phase,
                   "the run succeeded" if phase == "Succeeded" else err or f"the run is {phase.lower()}", gen, previous),
-        condition("Failed", failed, phase if failed else "NotFailed", err if failed else "", gen, previous),
+        condition("Failed", failed, phase if failed else "NotFailed",
+                  (err or f"the run {phase.lower()}") if failed else "the run has not failed", gen, previous),
     ]
 
 

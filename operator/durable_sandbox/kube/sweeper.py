@@ -28,7 +28,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from durable_sandbox.kube.client import KubeClient
@@ -122,8 +122,12 @@ class OrphanSweeper:
         metrics: OperatorMetrics,
         records: SandboxRecords,
         clock: Callable[[], float] = time.monotonic,
+        finished_runs: Callable[[str], Awaitable[set[str] | None]] | None = None,
     ) -> None:
         self.api = api
+        # A namespace's finished run keys from a journal kept outside the API server (kube/journals.py); None
+        # (or its answer None): the Journal objects' status labels say.
+        self.finished_runs = finished_runs
         self.records = records
         self.objects = CustomObjects(api)
         self.installation = installation
@@ -163,9 +167,12 @@ class OrphanSweeper:
         finished: set[str] = set()
         records: dict[str, Mapping[str, Any] | None] = {}
         for namespace in sorted(namespaces):
-            heads = await JournalObjects(self.api, namespace).select(
-                f"{LABEL_PART}=run,{LABEL_STATUS} in (succeeded,failed,cancelled)")
-            finished.update(f"{namespace}/{(h['metadata'].get('labels') or {}).get(LABEL_RUN)}" for h in heads)
+            keys = await self.finished_runs(namespace) if self.finished_runs is not None else None
+            if keys is None:
+                heads = await JournalObjects(self.api, namespace).select(
+                    f"{LABEL_PART}=run,{LABEL_STATUS} in (succeeded,failed,cancelled)")
+                keys = {str((h["metadata"].get("labels") or {}).get(LABEL_RUN)) for h in heads}
+            finished.update(f"{namespace}/{key}" for key in keys)
             records.update(await self.records.all(namespace))
         return frozenset(finished), records
 

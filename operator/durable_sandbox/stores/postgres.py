@@ -137,6 +137,11 @@ class PostgresStore:
     def __str__(self) -> str:
         return self.where
 
+    @property
+    def pool(self) -> Any:
+        """The connection pool, for stores of other schemas on the same server (the operator's namespaces)."""
+        return self._pool
+
     @classmethod
     async def connect(
         cls,

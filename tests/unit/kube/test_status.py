@@ -268,3 +268,17 @@ async def test_recent_operations_name_the_calls_command_and_a_failed_calls_exit_
     assert shown == [("echo ok", 0, "completed"), ("echo nope >&2; exit 7", 7, "failed")]
     failed = {c["type"]: c for c in st["conditions"]}["Failed"]
     assert failed["message"].endswith("; command: echo nope >&2; exit 7; stderr: nope"), failed
+
+
+async def test_every_condition_says_something_and_ready_means_making_progress(store: SqliteStore) -> None:
+    run_id = await _agent_run(store, 1)
+    run = await store.get_run(run_id)
+    assert run is not None
+    st = render(run, Projection(), Extra(), run_id=run_id)
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert all(c["message"] for c in conds.values()), conds  # no condition that says nothing
+    assert (conds["Ready"]["status"], conds["Ready"]["message"]) == ("False", "the run succeeded: it is finished")
+    run.status = RunStatus.RUNNING
+    paused = {c["type"]: c for c in render(run, Projection(), Extra(suspended=True), run_id=run_id)["conditions"]}
+    assert paused["Ready"]["status"] == "False" and paused["Ready"]["reason"] == "Suspended"  # paused: no progress
+    assert paused["Suspended"]["status"] == "True"

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from typing import TYPE_CHECKING
 
 import click
 
 from durable_sandbox.cli.errors import EXIT_FAILED, CliError
+
+if TYPE_CHECKING:
+    from durable_sandbox.kube.journals import JournalChoice
 
 
 def _modules(value: str) -> tuple[str, ...]:
@@ -47,6 +51,12 @@ def _modules(value: str) -> tuple[str, ...]:
 @click.option("--journal-key-secret", metavar="[NAMESPACE/]NAME", default=None,
               help="Secret holding the key that seals the operator's journal values (created with a random key if "
                    "missing) [default: $POD_NAMESPACE (else default)/durable-sandbox-journal-key].")
+@click.option("--journal", "journal_dsn", metavar="apiserver|postgresql://...", default="apiserver", show_default=True,
+              envvar="DSB_OPERATOR_JOURNAL", show_envvar=True,
+              help="Where runs' journals, events and signals go: the API server (Journal objects), or PostgreSQL "
+                   "(postgresql://user:password@host/db[?schema=base]; one schema per namespace). Give a DSN "
+                   "with a password through the environment variable (the chart sets it from a Secret), never "
+                   "on the command line, where every process listing shows it.")
 @click.option("--liveness", metavar="URL", default=None,
               help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
@@ -66,6 +76,7 @@ def operator(
     sweep_grace: float,
     worker_id: str | None,
     journal_key_secret: str | None,
+    journal_dsn: str,
     liveness: str | None,
     metrics_port: int | None,
     metrics_host: str,
@@ -106,6 +117,7 @@ def operator(
         raise CliError(str(exc), code=EXIT_FAILED) from None
     except Exception as exc:
         raise CliError(f"Cannot read the journal key Secret: {type(exc).__name__}: {exc}", code=EXIT_FAILED) from None
+    handlers.config.journal = _journal_choice(journal_dsn)
     # Every provider the operator uses is counted (tool calls, latency, snapshots, losses, cleanup failures).
     handlers.config.providers = lambda name: METRICS.instrument(create_provider(name))
     if metrics_port is not None:
@@ -114,3 +126,23 @@ def operator(
     problem = handlers.run(namespaces=list(namespaces), liveness=liveness)
     if problem is not None:
         raise CliError(problem, code=EXIT_FAILED)
+
+
+def _journal_choice(value: str) -> JournalChoice:
+    """The journal ``--journal`` names, its PostgreSQL server reached once here so that a wrong DSN or a server
+    out of reach is said at start (redacted), not retried by kopf's startup handler forever."""
+    from durable_sandbox.engine.errors import StoreError
+    from durable_sandbox.kube.journals import ApiServerJournal, PostgresJournal, probe
+    from durable_sandbox.providers.redaction import redact_url
+    from durable_sandbox.stores.urls import is_postgres_url
+
+    if value.strip().lower() in ("", "apiserver"):
+        return ApiServerJournal()
+    if not is_postgres_url(value):
+        raise CliError(f"--journal {redact_url(value)}: give apiserver or a postgresql:// URL", code=EXIT_FAILED)
+    choice = PostgresJournal(value.strip())
+    try:
+        asyncio.run(probe(choice))
+    except StoreError as exc:
+        raise CliError(f"--journal: {exc}", code=EXIT_FAILED) from None
+    return choice

@@ -152,6 +152,9 @@ class Cleanup:
         raise CleanupPending(message, delay)
 
     async def _done(self, view: RunView, body: Mapping[str, Any]) -> None:
+        if not self.wing.engines.journals.collected_with_workflow:
+            # A PostgreSQL journal has no owner reference to go by: the run goes with its Workflow, here.
+            await self.wing.engines.engine_for(view.namespace).store.delete_run(view.run_id)
         await let_go(self.wing.holding, view)
         if view.extra.cleanup_blocked is not None:
             view.extra.cleanup_blocked = None

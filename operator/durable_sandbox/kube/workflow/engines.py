@@ -1,5 +1,5 @@
 """The engines the Workflow controller executes runs with: one per namespace, over that namespace's
-``KubernetesStore`` (observed by the publisher), with the operator's provider policy and the services the
+store (``KubernetesStore`` or PostgreSQL: kube/journals.py; observed by the publisher), with the operator's provider policy and the services the
 engine's extensions read for the run they serve (Secret values and literal env values handed over by
 admission, the owner tag of its sandboxes, the live sandbox of an attached Sandbox resource, the labels of
 every sandbox this operator makes)."""
@@ -13,9 +13,9 @@ import durable_sandbox
 from durable_sandbox.engine import JournalDamaged
 from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.holding import Holding
+from durable_sandbox.kube.journals import JournalStores
 from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
-from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.kube.workflow.observed import ObservedStore
 from durable_sandbox.kube.workflow.publishing import Publisher
 from durable_sandbox.kube.workflow.runs import Runs, RunView
@@ -29,7 +29,7 @@ __all__ = ["Engines"]
 
 class Engines:
     def __init__(self, api: KubeClient, objects: CustomObjects, policy: OperatorPolicy, settings: OperatorSettings,
-                 runs: Runs, publisher: Publisher, providers: Any = None, *, journal_key: bytes | None = None) -> None:
+                 runs: Runs, publisher: Publisher, journals: JournalStores, providers: Any = None) -> None:
         self.api = api
         self.objects = objects
         self.policy = policy
@@ -37,13 +37,13 @@ class Engines:
         self.runs = runs
         self.publisher = publisher
         self._providers = providers
-        self._journal_key = journal_key  # seals every journal value the stores write (kube/sealing.py)
+        self.journals = journals  # each namespace's store: the API server's Journal objects or PostgreSQL
         self.holding: Holding | None = None  # set by the Operator (it needs run_live, from here)
 
     def engine_for(self, namespace: str) -> durable_sandbox.Engine:
         engine = self.runs.engines.get(namespace)
         if engine is None:
-            store = ObservedStore(KubernetesStore(namespace, self.api, journal_key=self._journal_key),
+            store = ObservedStore(self.journals.store_for(namespace),
                                   self.publisher.observed,
                                   self.publisher.event_interval, self.publisher.read)
             engine = durable_sandbox.Engine(
@@ -139,3 +139,5 @@ class Engines:
         for engine in self.runs.engines.values():
             with contextlib.suppress(Exception):
                 await engine.aclose()
+        with contextlib.suppress(Exception):
+            await self.journals.aclose()

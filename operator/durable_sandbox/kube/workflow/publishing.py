@@ -163,5 +163,7 @@ def phase_message(view: RunView, phase: str) -> str:
         return f"{run.error.type}: {run.error.message}"[:1024]
     if phase == "Succeeded":
         calls = view.projection.calls()
+        if not calls["total"]:  # an entrypoint that made no tool calls: a count of 0/0 says nothing
+            return f"run {view.run_id} succeeded"
         return f"run {view.run_id} succeeded ({calls['completed']}/{calls['total']} calls)"
     return f"run {view.run_id} is {phase.lower()}"

@@ -105,8 +105,9 @@ class Turn:
                 # must not crash (kopf would wait a minute before restarting it); look again shortly.
                 failures += 1
                 delay = min(self.settings.claim_retry * 2 ** (failures - 1), TRANSIENT_BACKOFF_MAX)
-                log.warning("%s/%s: the API server could not be reached (%s: %s); trying again in %.1fs",
-                            view.namespace, view.name, type(exc).__name__, exc, delay)
+                away = "the journal's store" if isinstance(exc, StoreUnavailable) else "the API server"
+                log.warning("%s/%s: %s could not be reached (%s: %s); trying again in %.1fs",
+                            view.namespace, view.name, away, type(exc).__name__, exc, delay)
                 pause = (delay, "api-unreachable")
             if pause is not None:
                 try:

@@ -1,0 +1,195 @@
+"""Issue 25: the operator with its journal in PostgreSQL (`dsb operator --journal`, the DSN from the environment as
+the chart gives it). The key behaviours of the API-server journal's suite, on a real PostgreSQL server the harness
+starts: hello succeeds with the same status, a signal answers an approval, an operator killed mid-run resumes
+with no call run twice, deleting a Workflow deletes its run, and a PostgreSQL restart mid-run loses and repeats
+nothing. Side effects are appended to a log outside the sandboxes, one line per execution of a call."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from durable_sandbox.engine.records import OperationRecord, RunRecord
+from durable_sandbox.kube.journals import namespace_schema
+from durable_sandbox.stores.postgres import PostgresStore, split_dsn
+from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.operator_support import (
+    HELLO,
+    effect_calls,
+    event_reasons,
+    events,
+    local_sandboxes,
+    manifest,
+    namespace,
+    operators,
+    status,
+    wait_condition,
+    wait_gone,
+    wait_in_flight,
+)
+from tests.e2e.sweep_support import local_provider, sweeps_leftovers
+from tests.postgres.server import PostgresServer
+
+__all__ = ["namespace", "operators"]  # fixtures
+
+ENV = "DSB_OPERATOR_JOURNAL"
+
+
+@pytest.fixture
+def journal_dsn(postgres_dsn: str, postgres_server: PostgresServer, namespace: str) -> Iterator[str]:
+    """The operator's DSN (its base schema this test's own); the namespace's schema is dropped afterwards."""
+    yield postgres_dsn
+    if not postgres_server.running():
+        postgres_server.start()
+    postgres_server.sql(f"DROP SCHEMA IF EXISTS {namespace_schema(split_dsn(postgres_dsn)[1], namespace)} CASCADE")
+
+
+def _store_dsn(dsn: str, ns: str) -> str:
+    """A DSN naming ``ns``'s schema, to read what the operator wrote there."""
+    real, base = split_dsn(dsn)
+    return f"{real}?schema={namespace_schema(base, ns)}"
+
+
+def pg_run(dsn: str, ns: str, run_id: str) -> tuple[RunRecord | None, list[OperationRecord]]:
+    async def read() -> tuple[RunRecord | None, list[OperationRecord]]:
+        store = await PostgresStore.connect(_store_dsn(dsn, ns), pool_size=1)
+        try:
+            return await store.get_run(run_id), await store.load_journal(run_id)
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def check_pg_journal(dsn: str, ns: str, run_id: str) -> None:
+    run, rows = pg_run(dsn, ns, run_id)
+    assert run is not None, f"run {run_id} is not in PostgreSQL"
+    assert [r.seq for r in rows] == list(range(1, len(rows) + 1)), "journal has gaps or duplicates"
+    completed = [r.op_id for r in rows if r.status == "completed"]
+    assert len(completed) == len(set(completed)), "an operation completed twice"
+
+
+def _password(dsn: str) -> str:
+    password = urlsplit(dsn).password
+    assert password, "the test server's DSN has a password"
+    return password
+
+
+def test_hello_runs_with_its_journal_in_postgres_and_deleting_it_deletes_the_run(
+    control_plane: ControlPlane, namespace: str, operators: Any, journal_dsn: str
+) -> None:
+    op = operators("--allow-local-provider", env={ENV: journal_dsn})
+    control_plane.kubectl("apply", "-n", namespace, "-f", str(HELLO))
+    wait_condition(control_plane, namespace, "hello", "Succeeded", timeout=120)
+
+    st = status(control_plane, namespace, "hello")
+    assert st["phase"] == "Succeeded" and st["calls"] == {"completed": 4, "total": 4}
+    reasons = event_reasons(control_plane, namespace, "hello")
+    assert "Provisioned" in reasons and "Succeeded" in reasons
+    # The journal is in PostgreSQL, not in the API server.
+    check_pg_journal(journal_dsn, namespace, st["runId"])
+    assert control_plane.kubectl_json("get", "journals.durable-sandbox.dev", "-n", namespace)["items"] == []
+    # The password is in no log, status or Event.
+    password = _password(journal_dsn)
+    assert password not in op.logs()
+    assert password not in json.dumps(st) and password not in json.dumps(events(control_plane, namespace, "hello"))
+    assert "journal in PostgreSQL" in op.logs()
+
+    control_plane.kubectl("delete", "-n", namespace, "-f", str(HELLO), "--timeout=60s")
+    wait_gone(control_plane, namespace, "hello")
+    assert "CleanupDone" in event_reasons(control_plane, namespace, "hello")
+    assert pg_run(journal_dsn, namespace, st["runId"]) == (None, [])
+    assert local_sandboxes(op.home) == []
+
+
+def test_a_signal_answers_the_approval(
+    control_plane: ControlPlane, namespace: str, operators: Any, journal_dsn: str
+) -> None:
+    operators("--allow-local-provider", "--workflows", "examples.flows", env={ENV: journal_dsn})
+    doc = manifest("approve-me", entrypoint="examples.flows.hello_flow:hello", input={"name": "Ada", "approve": True},
+                   toolCalls=None, sandbox=None, snapshotEveryNCalls=None)
+    control_plane.apply(doc, "-n", namespace)
+    wait_condition(control_plane, namespace, "approve-me", "WaitingForSignal")
+    st = status(control_plane, namespace, "approve-me")
+    assert st["pendingCallbacks"] == [{"id": "approval", "payload": {"question": "Send 'Hello, Ada!'?"}}]
+    control_plane.kubectl("patch", "workflow", "approve-me", "-n", namespace, "--type", "merge",
+                          "-p", json.dumps({"spec": {"signals": {"approval": {"approved": True, "by": "grace"}}}}))
+    wait_condition(control_plane, namespace, "approve-me", "Succeeded")
+    result = status(control_plane, namespace, "approve-me")["result"]
+    assert result["approval"] == {"approved": True, "by": "grace"} and result["greeting"] == "Hello, Ada!"
+
+
+def test_sigkill_mid_run_then_restart_runs_no_committed_call_twice(
+    control_plane: ControlPlane, namespace: str, operators: Any, journal_dsn: str, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.log"
+    control_plane.apply(manifest("crashy", toolCalls=effect_calls(effects, 6), snapshotEveryNCalls=2), "-n", namespace)
+    for i, fault in enumerate(("after:sandbox/c2", "before:sandbox/c4"), 1):
+        op = operators("--allow-local-provider", fault=fault, name=f"crash-{i}", env={ENV: journal_dsn})
+        assert op.wait_exit(timeout=180) == -signal.SIGKILL, op.logs()[-3000:]
+    operators("--allow-local-provider", name="survivor", env={ENV: journal_dsn})
+    wait_condition(control_plane, namespace, "crashy", "Succeeded", timeout=180)
+
+    assert effects.read_text().split() == [f"c{i}" for i in range(1, 7)]  # each call exactly once
+    st = status(control_plane, namespace, "crashy")
+    assert [r["stdout"] for r in st["result"]["toolResults"]] == [f"c{i}\n" for i in range(1, 7)]
+    check_pg_journal(journal_dsn, namespace, st["runId"])
+    assert local_sandboxes(tmp_path / "home") == []
+
+
+def test_a_postgres_restart_mid_run_loses_and_repeats_nothing(
+    control_plane: ControlPlane, namespace: str, operators: Any, journal_dsn: str, postgres_server: PostgresServer,
+    tmp_path: Path
+) -> None:
+    effects, gate = tmp_path / "effects.log", tmp_path / "gate"
+    op = operators("--allow-local-provider", env={ENV: journal_dsn})
+    control_plane.apply(manifest("through", toolCalls=effect_calls(effects, 5, gate=gate, gate_at=3),
+                                 snapshotEveryNCalls=0), "-n", namespace)
+    wait_in_flight(control_plane, namespace, "through", 2)
+    # The server goes away as in a crash while call 3 runs; the call finishes meanwhile, and its completion
+    # waits (the run pauses at this call boundary) until the server is back.
+    postgres_server.stop("immediate")
+    try:
+        gate.touch()
+        wait_until(lambda: effects.exists() and "c3" in effects.read_text().split(), 60, "call 3 to run")
+    finally:
+        postgres_server.start()
+    wait_condition(control_plane, namespace, "through", "Succeeded", timeout=180)
+
+    assert effects.read_text().split() == [f"c{i}" for i in range(1, 6)]  # each call exactly once
+    st = status(control_plane, namespace, "through")
+    assert [r["stdout"] for r in st["result"]["toolResults"]] == [f"c{i}\n" for i in range(1, 6)]
+    check_pg_journal(journal_dsn, namespace, st["runId"])
+    assert "unreachable" in op.logs()  # the outage was met, and waited out
+    assert _password(journal_dsn) not in op.logs()
+
+
+def test_a_dsn_that_does_not_reach_postgres_stops_the_operator_at_start_saying_so(
+    namespace: str, operators: Any, journal_dsn: str
+) -> None:
+    real, _ = split_dsn(journal_dsn)
+    parts = urlsplit(real)
+    wrong = real.replace(f":{parts.port}/", ":1/")  # nothing listens on port 1
+    op = operators(env={ENV: wrong})
+    assert op.wait_exit(timeout=60) != 0
+    logs = op.logs()
+    assert "--journal" in logs and "Cannot connect" in logs, logs[-2000:]
+    assert _password(journal_dsn) not in logs
+
+
+def test_the_orphan_sweep_goes_by_the_runs_in_postgres(
+    control_plane: ControlPlane, namespace: str, operators: Any, journal_dsn: str, tmp_path: Path
+) -> None:
+    """The sweep of the API-server journal's test: leftovers of operators killed between create and journal are
+    removed, a running Workflow's sandbox is kept, and a finished one's is gone, with the runs in PostgreSQL."""
+    provider = local_provider(tmp_path / "home")
+    sweeps_leftovers(control_plane, namespace, operators,
+                      dataclasses.replace(provider, env={**provider.env, ENV: journal_dsn}), tmp_path)
