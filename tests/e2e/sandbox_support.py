@@ -8,9 +8,16 @@ import os
 from typing import Any
 
 from tests.e2e.conftest import ControlPlane
+from tests.e2e.node_support import BUSYBOX, NodeCluster, busybox_image
 
-# The node harness imports it (reference/node.md); DSB_TEST_SANDBOX_IMAGE picks another.
-IMAGE = os.environ.get("DSB_TEST_SANDBOX_IMAGE", "docker.io/library/busybox:1.36")
+# The node harness builds it from the host's busybox and imports it (tests/e2e/node_support.py, nothing is
+# pulled); DSB_TEST_SANDBOX_IMAGE names another, already on the node.
+IMAGE = os.environ.get("DSB_TEST_SANDBOX_IMAGE", BUSYBOX)
+
+
+def sandbox_image(cluster: NodeCluster) -> str:
+    """The sandbox Pods' image, on the node: the busybox test image is built and imported here."""
+    return busybox_image(cluster) if IMAGE == BUSYBOX else IMAGE
 
 
 def sandbox(name: str, **spec: Any) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 replay with a nonzero exit among the replayed calls, retained snapshot, finalize), and bad input and faults.
 Snapshots go to a real S3 server (versitygw on loopback).
 
-Needs a Ready node joined to the test control plane (issue 22's node harness) and a sandbox image on it:
-``DSB_TEST_SANDBOX_IMAGE`` (default the busybox the node harness imports). Without a Ready node these tests are
-skipped with that reason, never passed.
+Runs on the test node (issue 22's ``node_cluster``): the sandbox image is the busybox test image built from the
+host's busybox and imported into the node (``DSB_TEST_SANDBOX_IMAGE`` names another already there). A node that
+cannot be prepared fails these tests; they are never skipped.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvid
 from durable_sandbox.providers.kubernetes_template import PodTemplate
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore, SnapshotName
 from durable_sandbox.providers.testing import ProviderContractSuite
-from tests.e2e.sandbox_support import IMAGE
+from tests.e2e.node_support import NodeCluster
+from tests.e2e.sandbox_support import IMAGE, sandbox_image
 from tests.objectstore import S3Server
 from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
 from tests.unit.sandbox_session_support import engine_for
@@ -52,13 +53,17 @@ class ManualClock:
 
 
 @pytest.fixture(scope="module")
-def node(control_plane: ControlPlane) -> str:
-    nodes = control_plane.kubectl_json("get", "nodes")["items"]
-    ready = [n["metadata"]["name"] for n in nodes if any(
-        c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))]
-    if not ready:
-        pytest.skip("needs a Ready node joined to the test control plane (the node harness of issue 22)")
-    return ready[0]
+def control_plane(node_cluster: NodeCluster) -> NodeCluster:
+    """The node's control plane stands in for the plain one in this module (and in every fixture it uses):
+    sandbox Pods must really run. A node that cannot be prepared errors these tests, never skips them."""
+    return node_cluster
+
+
+@pytest.fixture(scope="module")
+def node(node_cluster: NodeCluster) -> str:
+    """The sandbox image is on the node; the node's name."""
+    sandbox_image(node_cluster)
+    return node_cluster.node
 
 
 @pytest.fixture
@@ -136,7 +141,8 @@ async def test_a_timeout_kills_the_calls_processes_in_the_pod(provider: Kubernet
                             timeout=2)
         assert result.exit_code == 124 and result.stdout == "started\n"
         assert result.stderr.endswith("Command timed out after 2 seconds")
-        left = await call(provider, handle, "shell", command="ps -o comm | grep -c sleep || true")
+        # By argument: the Pod's keep-alive loop has a sleep of its own.
+        left = await call(provider, handle, "shell", command="ps -o args | grep -c 'sleep 30[01]' || true")
         assert left.stdout.strip() == "0", "the timed-out call's processes were killed, also the setsid one"
     finally:
         await provider.destroy(handle)
@@ -148,7 +154,8 @@ async def test_big_output_is_kept_head_and_tail_and_binary_files_round_trip(prov
     try:
         result = await call(provider, handle, "shell", command="head -c 5000000 /dev/zero | tr '\\0' a")
         assert result.stdout_size == 5_000_000 and "output truncated" in result.stdout
-        text = "".join(chr(c) for c in range(1, 0x800)) * 50
+        # 119,010 bytes: beyond one exec frame, within what a result keeps whole (head and tail of 64 KiB each).
+        text = "".join(chr(c) for c in range(1, 0x800)) * 30
         await call(provider, handle, "write_file", path="d/u.txt", contents=text)
         assert (await call(provider, handle, "read_file", path="d/u.txt")).stdout == text
     finally:

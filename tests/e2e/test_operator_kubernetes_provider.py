@@ -5,7 +5,8 @@ The example Workflow reaches Succeeded; loss injection and a Pod deleted by hand
 replay; a Sandbox suspends to zero Pods and resumes with its files; deleting a Workflow mid-run leaves no Pod and
 no snapshot object; with the store down, deleting it is CleanupBlocked, then cleanup finishes once it is back.
 
-Needs a Ready node (issue 22's node harness) with ``DSB_TEST_SANDBOX_IMAGE`` on it; skipped naming that without.
+Runs on the test node (issue 22's ``node_cluster``, whose control plane the operator serves); the sandbox image
+is built and imported there. A node that cannot be prepared fails these tests; they are never skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from durable_sandbox.providers.contract import SandboxHandle, ToolCall
 from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvider
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore
 from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.node_support import NodeCluster
 from tests.e2e.operator_support import (
     OperatorProcess,
     namespace,
@@ -33,7 +35,7 @@ from tests.e2e.operator_support import (
     wait_gone,
     wait_in_flight,
 )
-from tests.e2e.sandbox_support import IMAGE, set_suspend, wait_for
+from tests.e2e.sandbox_support import IMAGE, sandbox_image, set_suspend, wait_for
 from tests.objectstore import S3Server
 
 __all__ = ["namespace", "operators"]  # fixtures
@@ -43,13 +45,17 @@ EXAMPLE = ROOT / "examples" / "kubernetes-workflow.yaml"
 
 
 @pytest.fixture(scope="module")
-def node(control_plane: ControlPlane) -> str:
-    nodes = control_plane.kubectl_json("get", "nodes")["items"]
-    ready = [n["metadata"]["name"] for n in nodes if any(
-        c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))]
-    if not ready:
-        pytest.skip("needs a Ready node joined to the test control plane (the node harness of issue 22)")
-    return ready[0]
+def control_plane(node_cluster: NodeCluster) -> NodeCluster:
+    """The node's control plane stands in for the plain one in this module (and in every fixture it uses):
+    sandbox Pods must really run. A node that cannot be prepared errors these tests, never skips them."""
+    return node_cluster
+
+
+@pytest.fixture(scope="module")
+def node(node_cluster: NodeCluster) -> str:
+    """The sandbox image is on the node; the node's name."""
+    sandbox_image(node_cluster)
+    return node_cluster.node
 
 
 class Cluster:
@@ -59,6 +65,8 @@ class Cluster:
 
     def operator(self) -> OperatorProcess:
         env = {**self.s3.environ(self.bucket, prefix="dsb"), "DSB_K8S_NAMESPACES": self.ns,
+               # The node's control plane, whatever KUBECONFIG the session's plain one set.
+               "KUBECONFIG": str(self.cp.kubeconfig),
                "DSB_K8S_TEMPLATE": json.dumps({"image": IMAGE, "imagePullPolicy": "Never"})}
         op: OperatorProcess = self.start(env=env)
         return op

@@ -19,6 +19,24 @@ def run(script: bytes, data: bytes = b"", timeout: float = 30) -> subprocess.Com
                           check=False)
 
 
+BUSYBOX = Path("/bin/busybox")
+
+
+@pytest.mark.skipif(not BUSYBOX.exists(), reason="needs /bin/busybox (scripts/node-prepare installs busybox-static)")
+def test_the_data_after_the_script_reaches_it_under_busybox(ws: Path, tmp_path: Path) -> None:
+    """busybox's head -c reads a whole buffer from a pipe: the boot must not take any of the data."""
+    applets = tmp_path / "bin"
+    applets.mkdir()
+    for name in ("sh", "dd", "head", "cat", "tr", "mkdir", "mv", "rm", "readlink", "pwd"):
+        os.symlink(BUSYBOX, applets / name)
+    script = scripts.write_file("a.txt", 5, workspace=str(ws))
+    command = [str(applets / "sh"), *scripts.boot_command(script)[1:]]
+    out = subprocess.run(command, input=script + b"alive", capture_output=True, timeout=30, check=False,
+                         env={"PATH": str(applets)})
+    assert out.returncode == 0, out.stderr
+    assert (ws / "a.txt").read_bytes() == b"alive"
+
+
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
     workspace = tmp_path / "workspace"

@@ -87,6 +87,7 @@ RUN_LABEL = "durable-sandbox.dev/run-id"
 LEASE_ANNOTATION = "durable-sandbox.dev/lease-expires-at"
 META_ANNOTATION = "durable-sandbox.dev/sandbox"
 TIMEOUT_EXIT_CODE = 124
+_KILLED_EXIT_CODES = frozenset({128 + 9, 128 + 15})  # the exec's shell ended by SIGKILL or SIGTERM
 MAXIMUM_LEASE_SECONDS = 86_400
 STALE_UPLOAD_SECONDS = 3600.0  # an unfinished snapshot upload older than this is a dead taking's
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -580,6 +581,13 @@ class KubernetesProvider(SandboxProvider):
         except ExecFailed as exc:
             lost = await self._lost(handle, exc)
             raise lost from None
+        if outcome.exit_code in _KILLED_EXIT_CODES:
+            # A Pod deleted or evicted while a call runs stops its container: the exec's shell is killed and
+            # the status channel says 137 (or 143) instead of breaking the stream. That is the sandbox lost,
+            # not the call's outcome; recorded as a result, a replay after restore could never match it.
+            gone = await self._lost(handle, ProviderError(f"{what} in sandbox {handle.id}: killed"))
+            if isinstance(gone, SandboxGone):
+                raise gone
         return outcome.exit_code
 
     # ------------------------------------------------------------------------------------- calls

@@ -1,8 +1,10 @@
 """The POSIX sh scripts a ``kubernetes`` sandbox runs for each tool call (what the image must have: ``sh``,
-``head``, ``cat``, ``tr``, ``mkdir``, ``mv``, ``readlink``, ``tar``; busybox has them all).
+``dd``, ``head``, ``cat``, ``tr``, ``mkdir``, ``mv``, ``readlink``, ``tar``; busybox has them all).
 
-Every exec has the same command line, :data:`BOOT`: ``sh -c 'eval "$(head -c N)"' dsb N``. The script itself,
-and anything after it (a file's contents, a snapshot's archive), comes on stdin. So nothing of a call but its
+Every exec has the same command line, :data:`BOOT`: ``sh -c 'eval "$(dd bs=1 count=N)"' dsb N``. The script
+itself, and anything after it (a file's contents, a snapshot's archive), comes on stdin. The script is read one
+byte at a time because what follows it belongs to the script: busybox's ``head -c`` reads a whole buffer from a
+pipe, so it swallowed the start of a file's contents (the test node's busybox image wrote empty files). So nothing of a call but its
 length is in the exec URL, which API servers and kubelets log: not the per-call env (it may hold secrets), not
 the command. Values are single-quoted (:func:`quote`), which sh takes literally whatever they hold.
 
@@ -20,7 +22,7 @@ from durable_sandbox.providers.kubernetes_template import WORKSPACE
 
 __all__ = ["BOOT", "boot_command", "kill_call", "quote", "read_file", "shell", "write_file"]
 
-BOOT = 'eval "$(head -c "$1")"'
+BOOT = 'eval "$(dd bs=1 count="$1" 2>/dev/null)"'
 NOT_FOUND, IS_DIRECTORY, OUTSIDE, NOT_REGULAR, NO_DIRECTORY, CANNOT = 64, 65, 66, 67, 68, 69
 PROBE_MISSING = 127
 CALL_VARIABLE = "DSB_CALL"
@@ -167,7 +169,7 @@ def write_file(path: str, size: int, *, workspace: str = WORKSPACE) -> bytes:
 
 def probe(*, workspace: str = WORKSPACE) -> bytes:
     """What a sandbox needs of its image, checked once it runs: exit PROBE_MISSING naming what is missing."""
-    tools = "head cat tr mkdir mv rm readlink tar"
+    tools = "dd head cat tr mkdir mv rm readlink tar"
     return (f'for t in {tools}; do command -v "$t" >/dev/null 2>&1 || {{ echo "$t" >&2; exit {PROBE_MISSING}; }}; done\n'
             f"[ -w {quote(workspace)} ] || {{ echo 'the workspace is not writable' >&2; exit {CANNOT}; }}").encode()
 

@@ -209,7 +209,8 @@ class ProviderContractSuite:
                 with pytest.raises(UnsupportedCapability) as excinfo:
                     await attempt()
                 _expect_unsupported(excinfo, provider, cap)
-        assert (await kit.run(handle, "read_file", path="canary.txt")).outcome == (0, "alive", "")
+        canary = (await kit.run(handle, "read_file", path="canary.txt")).outcome
+        assert canary == (0, "alive", ""), f"the refused calls changed the sandbox: read_file gave {canary}"
 
     # --------------------------------------------------------------------------------- tool types
 
