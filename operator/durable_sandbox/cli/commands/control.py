@@ -53,7 +53,7 @@ def signal(settings: Settings, run_id: str, callback_id: str, value_json: str, t
 
     Signalling the same value twice is a no-op; a different value for a signalled callback is an error.
     """
-    value = parse_json(value_json, "VALUE_JSON")
+    value = parse_json(value_json, "VALUE_JSON", flag="")
     if then_resume and settings.kube:
         raise CliError("--resume is for local runs: in a cluster the operator continues a signalled run by itself")
 
