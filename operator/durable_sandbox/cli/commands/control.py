@@ -66,6 +66,8 @@ def signal(settings: Settings, run_id: str, callback_id: str, value_json: str, t
             new = await engine.signal(run_id, callback_id, value)
             after = None
             if then_resume and isinstance(engine, durable_sandbox.Engine):
+                if settings.output == "table":  # said first: the resume may not get far (its code not importable here)
+                    click.echo(f"signalled {callback_id} of run {run_id}" + ("" if new else " (already had this value)"))
                 after = await drive.resume_run(engine, settings, run_id)
             return new, pending, after
 
