@@ -19,15 +19,15 @@ from tests.dsb import ROOT, dsb
 from tests.unit import cli_flows
 
 MODULE = "dsb_wrongdir_flow"  # only importable from the project directory the test writes
-FLOW = f'''
+FLOW = '''
 import durable_sandbox as ds
 
 
 @ds.workflow(name="wrongdir-hello")
 async def hello(ctx: ds.Context, who: str) -> dict:
-    greeting = await ctx.step("greet", lambda: f"hello {{who}}")
-    approved = await ctx.callback("approve", {{"greeting": greeting}})
-    return {{"greeting": greeting, "approved": approved}}
+    greeting = await ctx.step("greet", lambda: f"hello {who}")
+    approved = await ctx.callback("approve", {"greeting": greeting})
+    return {"greeting": greeting, "approved": approved}
 '''
 
 
