@@ -29,6 +29,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("e2e", "the e2e tier (tests/e2e, docs/testing.md)").addoption(
+        "--operator-journal", choices=["apiserver", "postgres"], default=None,
+        help="The journal of every operator the e2e harness starts (default apiserver; env DSB_TEST_OPERATOR_JOURNAL)")
     group = parser.getgroup("soak", "the chaos soak (tests/soak, docs/reliability.md)")
     group.addoption("--soak-workflows", type=int, default=None,
                     help="Workflows in the soak (default 30, the CI version; env DSB_SOAK_WORKFLOWS)")

@@ -35,6 +35,7 @@ STOP_TIMEOUT_S = 60.0
 T = TypeVar("T")
 
 if TYPE_CHECKING:
+    from .journal_support import OperatorJournal
     from .node_support import NodeCluster
 
 
@@ -124,14 +125,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         if uses_node(item):
             item.add_marker(pytest.mark.node)
+    from .journal_support import journal_items
+
+    journal_items(config, [item for item in items if item.get_closest_marker("e2e")])
     # The node is machine-wide and held from its first test to the end of the session: run the tests that use
     # it last (in their order), so another worktree's session waits for it as briefly as possible; and the
     # tests that start a node of their own (scripts/dev-cluster) before the session's node holds the machine.
     items.sort(key=lambda item: 2 if uses_node(item) else 0 if item.get_closest_marker("own_node") else 1)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    from .journal_support import parametrize_both
+
+    parametrize_both(metafunc)
+
+
 def uses_node(item: pytest.Item) -> bool:
     return "node_cluster" in getattr(item, "fixturenames", ())
+
+
+def will_run(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items not skipped at collection (e.g. by the journal switch): only they need a browser or an image."""
+    return [item for item in items if item.get_closest_marker("skip") is None]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -156,7 +171,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 prepare_node()
             except RuntimeError:  # remembered; the node tests raise it
                 pass
-    if any(item.get_closest_marker("browser") for item in session.items):
+    if any(item.get_closest_marker("browser") for item in will_run(session.items)):
         from .browser_support import chromium
 
         capture = session.config.pluginmanager.getplugin("capturemanager")
@@ -165,7 +180,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 chromium()  # scripts/browser: installs Debian's chromium when missing, outside any test's timeout
             except RuntimeError:
                 pass  # remembered; the browser tests raise it
-    if any(item.get_closest_marker("image") for item in session.items):
+    if any(item.get_closest_marker("image") for item in will_run(session.items)):
         from .image_support import build_image
 
         capture = session.config.pluginmanager.getplugin("capturemanager")
@@ -328,6 +343,15 @@ def private_control_plane(workdir: Path) -> Iterator[ControlPlane]:
         yield cp
     finally:
         stop_control_plane(cp.process)
+
+
+@pytest.fixture
+def operator_journal(request: pytest.FixtureRequest, control_plane: ControlPlane) -> Iterator[OperatorJournal]:
+    """The journal of the test's operators (tests/e2e/journal_support.py): the API server's by default, PostgreSQL
+    under ``DSB_TEST_OPERATOR_JOURNAL=postgres`` or as a ``both_journals`` test's second run."""
+    from .journal_support import operator_journal_fixture
+
+    yield from operator_journal_fixture(request, control_plane)
 
 
 @pytest.fixture(scope="module")

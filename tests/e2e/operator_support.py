@@ -6,7 +6,6 @@ unless shared), with an optional fault point (engine/faults.py) so a test kills 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -28,9 +27,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from durable_sandbox.engine.records import OperationRecord
-from durable_sandbox.kube.store import KubernetesStore
 from tests.dsb import DSB
 from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.journal_support import OperatorJournal, check_rows, kube_journal
 from tests.fakes.e2b_state import FakeState
 from tests.fakes.fixtures import fake_e2b_in_thread
 
@@ -131,9 +130,10 @@ class OperatorProcess:
 
 
 @pytest.fixture
-def operators(tmp_path: Path, namespace: str) -> Iterator[Any]:
-    """A factory of operator replicas serving the test's namespace (other tests' Workflows are not theirs);
-    every one still running is stopped at the end of the test."""
+def operators(tmp_path: Path, namespace: str, operator_journal: OperatorJournal) -> Iterator[Any]:
+    """A factory of operator replicas serving the test's namespace (other tests' Workflows are not theirs),
+    each with the test's journal (``operator_journal``: the API server's, or PostgreSQL under the switch of
+    tests/e2e/journal_support.py; a test's own ``env`` wins); every one still running is stopped at the end."""
     started: list[OperatorProcess] = []
 
     def make(*args: str, home: Path | None = None, env: dict[str, str] | None = None,
@@ -141,7 +141,8 @@ def operators(tmp_path: Path, namespace: str) -> Iterator[Any]:
         name = name or f"operator-{len(started) + 1}"
         op = OperatorProcess(
             home=home or tmp_path / "home", log_path=tmp_path / f"{name}.log",
-            args=["--lease-seconds", "6", "--worker-id", name, "--namespace", namespace, *args], env=env or {},
+            args=["--lease-seconds", "6", "--worker-id", name, "--namespace", namespace, *args],
+            env={**operator_journal.env, **(env or {})},
         )
         op.home.mkdir(parents=True, exist_ok=True)
         started.append(op)
@@ -307,26 +308,16 @@ def fake_e2b(tmp_path: Path) -> Iterator[FakeState]:
         yield state
 
 
-# -- a run's journal as the operator wrote it (KubernetesStore, read with the test's kubeconfig)
+# -- a run's journal in the API server (the chart's tests; the harness's operators: OperatorJournal)
 
 
 def journal(cp: ControlPlane, ns: str, run_id: str) -> list[OperationRecord]:
-    async def load() -> list[OperationRecord]:
-        store = await KubernetesStore.connect(ns, kubeconfig=str(cp.kubeconfig))
-        try:
-            return await store.load_journal(run_id)
-        finally:
-            await store.close()
-
-    return asyncio.run(load())
+    return kube_journal(cp, ns, run_id)
 
 
 def check_journal(cp: ControlPlane, ns: str, run_id: str) -> None:
     """No gap and no duplicate in the journal, and no operation completed twice."""
-    rows = journal(cp, ns, run_id)
-    assert [r.seq for r in rows] == list(range(1, len(rows) + 1)), "journal has gaps or duplicates"
-    completed = [r.op_id for r in rows if r.status == "completed"]
-    assert len(completed) == len(set(completed)), "an operation completed twice"
+    check_rows(journal(cp, ns, run_id))
 
 
 def sa_kubeconfig(cp: ControlPlane, namespace: str, sa: str, path: Path) -> None:

@@ -25,9 +25,8 @@ from tests.fakes.fixtures import fake_e2b_in_thread
 
 from .image_support import build_image
 from .node_support import NodeCluster
-from .operator_support import parse_samples, total
+from .operator_support import check_journal, parse_samples, total
 from .test_chart import CHART, run_helm
-from .test_operator_failover import check_journal
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(900)]
 

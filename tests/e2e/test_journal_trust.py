@@ -19,6 +19,11 @@ from durable_sandbox.kube.store import KubernetesStore
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.store_support import TEST_JOURNAL_KEY, ManualMonotonic, drop_namespace, fresh_namespace
 
+pytestmark = pytest.mark.apiserver_journal(
+    "Journal objects' RBAC and the journal key's seal; in PostgreSQL who may write the tables is the database's "
+    "access control, out of every namespace user's reach (docs/operations.md)"
+)
+
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:

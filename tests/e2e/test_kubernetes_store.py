@@ -19,6 +19,8 @@ from durable_sandbox.kube.store import CHUNK_BYTES, TAIL_BYTES, KubernetesStore,
 from tests.e2e.conftest import PROJECT_ROOT, ControlPlane
 from tests.e2e.store_support import TEST_JOURNAL_KEY, ManualMonotonic, drop_namespace, fresh_namespace
 
+pytestmark = pytest.mark.apiserver_journal("KubernetesStore itself; PostgresStore's own: tests/postgres")
+
 MiB = 1024 * 1024
 
 

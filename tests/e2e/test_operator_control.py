@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.dsb import dsb
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
@@ -25,6 +27,9 @@ from tests.e2e.operator_support import (
 )
 
 __all__ = ["namespace", "operators"]  # fixtures
+
+# CI runs these under the PostgreSQL journal too: once per journal (tests/e2e/journal_support.py).
+pytestmark = pytest.mark.both_journals
 
 
 def gated_calls(gate: Path, *, after: int = 2) -> list[dict[str, Any]]:

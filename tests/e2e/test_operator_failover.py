@@ -11,12 +11,12 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.e2e.conftest import ControlPlane
+from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import (
-    check_journal,
     effect_calls,
-    journal,
-    leases,
     local_sandboxes,
     manifest,
     namespace,
@@ -29,15 +29,18 @@ from tests.e2e.operator_support import (
 
 __all__ = ["namespace", "operators"]  # fixtures
 
+# CI runs these under the PostgreSQL journal too: once per journal (tests/e2e/journal_support.py).
+pytestmark = pytest.mark.both_journals
 
-def lease_holder(cp: ControlPlane, ns: str) -> str | None:
-    """The replica (its --worker-id) holding the one run lease of ``ns``."""
-    holders = [lease["data"].get("holder") for lease in leases(cp, ns, "durable-sandbox.dev/run-id")]
+
+def lease_holder(journal: OperatorJournal, ns: str) -> str | None:
+    """The replica (its --worker-id) holding the one run claim of ``ns``."""
+    holders = journal.run_holders(ns)
     return replica_of(holders[0]) if holders else None
 
 
 def test_sigkill_at_fault_points_then_restart_completes_without_repeating_committed_calls(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+    control_plane: ControlPlane, namespace: str, operators: Any, operator_journal: OperatorJournal, tmp_path: Path
 ) -> None:
     effects = tmp_path / "effects.log"
     control_plane.apply(manifest("crashy", toolCalls=effect_calls(effects, 6), snapshotEveryNCalls=2), "-n", namespace)
@@ -52,12 +55,12 @@ def test_sigkill_at_fault_points_then_restart_completes_without_repeating_commit
     assert effects.read_text().split() == [f"c{i}" for i in range(1, 7)]  # each call exactly once
     st = status(control_plane, namespace, "crashy")
     assert [r["stdout"] for r in st["result"]["toolResults"]] == [f"c{i}\n" for i in range(1, 7)]
-    check_journal(control_plane, namespace, st["runId"])
+    operator_journal.check(namespace, st["runId"])
     assert local_sandboxes(tmp_path / "home") == []  # nothing leaked by any of the crashes
 
 
 def test_sigterm_hands_runs_over_at_a_call_boundary_to_the_other_replica(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+    control_plane: ControlPlane, namespace: str, operators: Any, operator_journal: OperatorJournal, tmp_path: Path
 ) -> None:
     # Leases last 10 minutes here: the run can only move to the other replica because it was released.
     replicas = {name: operators("--allow-local-provider", "--lease-seconds", "600", name=name) for name in ("r-a", "r-b")}
@@ -65,18 +68,18 @@ def test_sigterm_hands_runs_over_at_a_call_boundary_to_the_other_replica(
     control_plane.apply(manifest("rolling", toolCalls=effect_calls(effects, 5, gate=gate, gate_at=3),
                                  snapshotEveryNCalls=0), "-n", namespace)
     wait_in_flight(control_plane, namespace, "rolling", 2)
-    holder = lease_holder(control_plane, namespace)
+    holder = lease_holder(operator_journal, namespace)
     assert holder in replicas
     replicas[holder].process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
     gate.touch()  # the call in flight completes on the stopping replica, then the run stops at the boundary
     assert replicas[holder].wait_exit(timeout=90) == 0, replicas[holder].logs()[-3000:]
     wait_condition(control_plane, namespace, "rolling", "Succeeded", timeout=90)
     other = next(n for n in replicas if n != holder)
-    assert lease_holder(control_plane, namespace) in (other, None, "")
+    assert lease_holder(operator_journal, namespace) in (other, None, "")
 
     assert effects.read_text().split() == [f"c{i}" for i in range(1, 6)]
     st = status(control_plane, namespace, "rolling")
-    rows = journal(control_plane, namespace, st["runId"])
+    rows = operator_journal.load(namespace, st["runId"])
     provisions = [r for r in rows if r.kind == "sandbox.provision" and r.status == "completed"]
     destroys = [r for r in rows if r.kind == "sandbox.destroy" and r.status == "completed"]
     assert len(provisions) == 1  # the other replica re-attached to the same live sandbox
@@ -85,7 +88,7 @@ def test_sigterm_hands_runs_over_at_a_call_boundary_to_the_other_replica(
 
 
 def test_two_replicas_execute_every_run_of_a_batch_exactly_once_and_take_over_from_a_dead_one(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+    control_plane: ControlPlane, namespace: str, operators: Any, operator_journal: OperatorJournal, tmp_path: Path
 ) -> None:
     a = operators("--allow-local-provider", name="r-a")
     b = operators("--allow-local-provider", name="r-b")
@@ -101,12 +104,11 @@ def test_two_replicas_execute_every_run_of_a_batch_exactly_once_and_take_over_fr
         wait_condition(control_plane, namespace, f"batch-{i}", "Succeeded", timeout=240)
     for i in range(20):
         assert (logs / f"{i}.log").read_text().split() == ["c1", "c2", "c3"], f"batch-{i}"
-        check_journal(control_plane, namespace, status(control_plane, namespace, f"batch-{i}")["runId"])
+        operator_journal.check(namespace, status(control_plane, namespace, f"batch-{i}")["runId"])
 
     # Kill the replica executing the gated run; the other takes it over after the lease expires.
     wait_in_flight(control_plane, namespace, "orphan", 1)
-    holder = next(replica_of(le["data"]["holder"]) for le in leases(control_plane, namespace)
-                  if le["data"].get("holder"))
+    holder = lease_holder(operator_journal, namespace)
     dead, alive = (a, b) if holder == "r-a" else (b, a)
     dead.kill()
     gate.touch()

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.dsb import dsb
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import (
@@ -20,6 +22,9 @@ from tests.e2e.operator_support import (
 )
 
 __all__ = ["namespace", "operators"]  # fixtures
+
+# CI runs these under the PostgreSQL journal too: once per journal (tests/e2e/journal_support.py).
+pytestmark = pytest.mark.both_journals
 
 
 def _outcomes(result: dict[str, Any]) -> list[tuple[int, str, str]]:

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import (
     OperatorProcess,
-    check_journal,
     local_sandboxes,
     namespace,
     operators,
@@ -191,7 +191,7 @@ def effect_calls(effects: Path, n: int) -> list[dict[str, Any]]:
 
 
 def test_sigkill_of_one_of_two_replicas_mid_batch_the_other_finishes_every_run_with_no_double_execution(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+    control_plane: ControlPlane, namespace: str, operators: Any, operator_journal: OperatorJournal, tmp_path: Path
 ) -> None:
     cp, logs = control_plane, tmp_path / "effects"
     logs.mkdir()
@@ -228,7 +228,7 @@ def test_sigkill_of_one_of_two_replicas_mid_batch_the_other_finishes_every_run_w
                 assert count == 2 and [who for c, who in runs if c == call] == ["r-a", "r-b"], f"{n}: {runs}"
         if {who for _, who in runs} == {"r-a", "r-b"}:
             taken_over.append((n, runs))
-        check_journal(cp, namespace, status(cp, namespace, n)["runId"])
+        operator_journal.check(namespace, status(cp, namespace, n)["runId"])
     # The run r-a died in had c1 and c2 committed by r-a: r-b took it over and ran only what was left.
     assert any([who for _, who in runs] == ["r-a", "r-a", "r-b"] for _, runs in taken_over), taken_over
     assert local_sandboxes(tmp_path / "home") == []

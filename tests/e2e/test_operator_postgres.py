@@ -1,8 +1,10 @@
 """Issue 25: the operator with its journal in PostgreSQL (`dsb operator --journal`, the DSN from the environment as
 the chart gives it). The key behaviours of the API-server journal's suite, on a real PostgreSQL server the harness
 starts: hello succeeds with the same status, a signal answers an approval, an operator killed mid-run resumes
-with no call run twice, deleting a Workflow deletes its run, and a PostgreSQL restart mid-run loses and repeats
-nothing. Side effects are appended to a log outside the sandboxes, one line per execution of a call."""
+with no call run twice, deleting a Workflow deletes its run, a PostgreSQL restart mid-run loses and repeats
+nothing, and a run deleted from the database mid-run stops instead of starting over (test_trust_states.py's
+deleted Journal object, here). The whole operator e2e suite runs on this journal too: tests/e2e/journal_support.py,
+docs/testing.md. Side effects are appended to a log outside the sandboxes, one line per execution of a call."""
 
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from durable_sandbox.engine.records import OperationRecord, RunRecord
 from durable_sandbox.kube.journals import namespace_schema
 from durable_sandbox.stores.postgres import PostgresStore, split_dsn
 from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.journal_support import check_rows, drop_namespace_schemas, namespace_dsn
 from tests.e2e.operator_support import (
     HELLO,
+    condition,
     effect_calls,
     event_reasons,
     events,
@@ -44,23 +48,15 @@ ENV = "DSB_OPERATOR_JOURNAL"
 
 
 @pytest.fixture
-def journal_dsn(postgres_dsn: str, postgres_server: PostgresServer, namespace: str) -> Iterator[str]:
-    """The operator's DSN (its base schema this test's own); the namespace's schema is dropped afterwards."""
+def journal_dsn(postgres_dsn: str, postgres_server: PostgresServer) -> Iterator[str]:
+    """The operator's DSN (its base schema this test's own); the namespaces' schemas are dropped afterwards."""
     yield postgres_dsn
-    if not postgres_server.running():
-        postgres_server.start()
-    postgres_server.sql(f"DROP SCHEMA IF EXISTS {namespace_schema(split_dsn(postgres_dsn)[1], namespace)} CASCADE")
-
-
-def _store_dsn(dsn: str, ns: str) -> str:
-    """A DSN naming ``ns``'s schema, to read what the operator wrote there."""
-    real, base = split_dsn(dsn)
-    return f"{real}?schema={namespace_schema(base, ns)}"
+    drop_namespace_schemas(postgres_server, split_dsn(postgres_dsn)[1])
 
 
 def pg_run(dsn: str, ns: str, run_id: str) -> tuple[RunRecord | None, list[OperationRecord]]:
     async def read() -> tuple[RunRecord | None, list[OperationRecord]]:
-        store = await PostgresStore.connect(_store_dsn(dsn, ns), pool_size=1)
+        store = await PostgresStore.connect(namespace_dsn(dsn, ns), pool_size=1)
         try:
             return await store.get_run(run_id), await store.load_journal(run_id)
         finally:
@@ -72,9 +68,7 @@ def pg_run(dsn: str, ns: str, run_id: str) -> tuple[RunRecord | None, list[Opera
 def check_pg_journal(dsn: str, ns: str, run_id: str) -> None:
     run, rows = pg_run(dsn, ns, run_id)
     assert run is not None, f"run {run_id} is not in PostgreSQL"
-    assert [r.seq for r in rows] == list(range(1, len(rows) + 1)), "journal has gaps or duplicates"
-    completed = [r.op_id for r in rows if r.status == "completed"]
-    assert len(completed) == len(set(completed)), "an operation completed twice"
+    check_rows(rows)
 
 
 def _password(dsn: str) -> str:
@@ -193,3 +187,31 @@ def test_the_orphan_sweep_goes_by_the_runs_in_postgres(
     provider = local_provider(tmp_path / "home")
     sweeps_leftovers(control_plane, namespace, operators,
                       dataclasses.replace(provider, env={**provider.env, ENV: journal_dsn}), tmp_path)
+
+
+def test_a_run_deleted_from_postgres_mid_run_stops_instead_of_starting_over(
+    control_plane: ControlPlane, namespace: str, operators: Any, journal_dsn: str, postgres_server: PostgresServer,
+    tmp_path: Path
+) -> None:
+    """A database administrator's mistake: the run's row deleted while it runs, its journal rows left (as
+    test_trust_states.py deletes a run's head Journal object). Starting afresh would run the committed first
+    call again; the Workflow fails saying its journal is gone, and still deletes."""
+    cp = control_plane
+    effects, gate = tmp_path / "effects.log", tmp_path / "gate"
+    operators("--allow-local-provider", env={ENV: journal_dsn})
+    calls = [{"type": "shell", "command": f"echo c1 >> {effects}"},
+             {"type": "shell", "command": f"while [ ! -e {gate} ]; do sleep 0.05; done; echo c2 >> {effects}"}]
+    cp.apply(manifest("lost", toolCalls=calls, snapshotEveryNCalls=0), "-n", namespace)
+    wait_in_flight(cp, namespace, "lost", 1)
+    run_id = status(cp, namespace, "lost")["runId"]
+    schema = namespace_schema(split_dsn(journal_dsn)[1], namespace)
+    postgres_server.sql(f"DELETE FROM {schema}.runs WHERE run_id = '{run_id}'")
+    gate.touch()
+    wait_condition(cp, namespace, "lost", "Failed", timeout=120)
+    failed = condition(cp, namespace, "lost", "Failed")
+    assert failed is not None and failed["reason"] == "JournalLost", failed
+    assert schema in failed["message"] and "Journal " not in failed["message"], failed["message"]
+    assert "JournalLost" in event_reasons(cp, namespace, "lost")
+    assert effects.read_text().split().count("c1") == 1, "the committed first call did not run again"
+    cp.kubectl("delete", "workflow", "lost", "-n", namespace, "--timeout=120s")
+    wait_gone(cp, namespace, "lost")

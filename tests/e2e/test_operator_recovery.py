@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import (
     event_reasons,
     get,
-    journal,
     local_sandboxes,
     manifest,
     namespace,
@@ -24,11 +26,14 @@ from tests.e2e.operator_support import (
 
 __all__ = ["namespace", "operators"]  # fixtures
 
+# CI runs these under the PostgreSQL journal too: once per journal (tests/e2e/journal_support.py).
+pytestmark = pytest.mark.both_journals
+
 CALLS = [{"type": "shell", "command": f"echo {i} >> log.txt; cat log.txt | wc -l"} for i in range(1, 7)]
 
 
 def test_loss_is_recovered_from_the_newest_snapshot_and_superseded_snapshots_are_deleted(
-    control_plane: ControlPlane, namespace: str, operators: Any
+    control_plane: ControlPlane, namespace: str, operators: Any, operator_journal: OperatorJournal
 ) -> None:
     op = operators("--allow-local-provider")
     control_plane.apply(manifest("lossy", toolCalls=CALLS, snapshotEveryNCalls=2, injectLossAfterNCalls=3), "-n", namespace)
@@ -40,7 +45,7 @@ def test_loss_is_recovered_from_the_newest_snapshot_and_superseded_snapshots_are
     reasons = event_reasons(control_plane, namespace, "lossy")
     assert "SandboxLost" in reasons and "Recovered" in reasons
 
-    rows = journal(control_plane, namespace, st["runId"])
+    rows = operator_journal.load(namespace, st["runId"])
     done = [(r.op_id.split("/", 1)[1], r.kind) for r in rows if r.status == "completed"]
     kinds = [k for _, k in done]
     assert "sandbox.inject_loss" in kinds

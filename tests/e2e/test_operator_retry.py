@@ -9,10 +9,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import condition, events, manifest, namespace, operators, status
 
 __all__ = ["namespace", "operators"]  # fixtures
+
+# CI runs these under the PostgreSQL journal too: once per journal (tests/e2e/journal_support.py).
+pytestmark = pytest.mark.both_journals
 
 BACKOFF = 8  # seconds: long enough to look at the Workflow while it waits
 

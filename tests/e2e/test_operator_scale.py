@@ -28,6 +28,7 @@ from kubernetes import watch as k8s_watch
 from durable_sandbox.kube.resources import GROUP, VERSION, WORKFLOWS
 from tests.dsb import dsb
 from tests.e2e.conftest import ControlPlane
+from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import condition, namespace, operators
 
 __all__ = ["namespace", "operators"]  # fixtures
@@ -119,7 +120,8 @@ def apply_server_side(cp: ControlPlane, ns: str, path: Path, *args: str) -> subp
 
 # The run takes many minutes (docs/testing.md has the time): past pytest-timeout's default of 300 s.
 @pytest.mark.timeout(5400)
-def test_ten_thousand_calls(control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path) -> None:
+def test_ten_thousand_calls(control_plane: ControlPlane, namespace: str, operators: Any,
+                            operator_journal: OperatorJournal, tmp_path: Path) -> None:
     doc = big_manifest("big", CALLS)
     path = tmp_path / "big.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -162,8 +164,11 @@ def test_ten_thousand_calls(control_plane: ControlPlane, namespace: str, operato
     assert max([*watcher.sizes, status_size(final)]) < STATUS_BUDGET, max(watcher.sizes)
     assert final["status"]["calls"] == {"completed": CALLS, "total": CALLS}
 
-    # The whole journal is readable: every call's started and completed record.
-    hist = dsb("--kube", "-n", namespace, "history", "big", "-o", "json", timeout=600, process=True)
+    # The whole journal is readable: every call's started and completed record (`dsb --kube` reads Journal
+    # objects; the PostgreSQL journal is read as any PostgreSQL store is, from the namespace's schema).
+    where = (("--kube", "-n", namespace, "history", "big") if operator_journal.dsn is None
+             else ("--store", operator_journal.store_dsn(namespace), "history", final["status"]["runId"]))
+    hist = dsb(*where, "-o", "json", timeout=600, process=True)
     assert hist.returncode == 0, hist.stderr
     records = json.loads(hist.stdout)
     calls = [r for r in records if r["kind"] == "sandbox.call"]

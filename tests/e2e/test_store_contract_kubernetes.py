@@ -16,6 +16,8 @@ from durable_sandbox.stores.testing import StoreContractSuite
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.store_support import TEST_JOURNAL_KEY, ManualMonotonic, drop_namespace, fresh_namespace
 
+pytestmark = pytest.mark.apiserver_journal("KubernetesStore itself; PostgresStore's own: tests/postgres")
+
 
 class TestKubernetesStoreContract(StoreContractSuite):
     @pytest.fixture

@@ -86,6 +86,8 @@ def refusing(control_plane: ControlPlane, namespace: str) -> Iterator[Any]:
             control_plane.kubectl("delete", kind, name, "--ignore-not-found")
 
 
+@pytest.mark.apiserver_journal("the API server refusing the Journal objects the operator writes (an admission "
+                               "policy); PostgreSQL down or refusing pauses the run: test_operator_postgres.py")
 def test_a_refused_journal_create_is_shown_and_the_run_starts_once_it_is_allowed(
     control_plane: ControlPlane, namespace: str, operators: Any, refusing: Any
 ) -> None:
@@ -104,6 +106,8 @@ def test_a_refused_journal_create_is_shown_and_the_run_starts_once_it_is_allowed
     assert "Traceback" not in op.logs()
 
 
+@pytest.mark.apiserver_journal("the API server refusing the Journal objects the operator writes (an admission "
+                               "policy); PostgreSQL down or refusing pauses the run: test_operator_postgres.py")
 def test_a_write_refused_mid_run_stops_the_run_where_it_is_and_it_goes_on_after(
     control_plane: ControlPlane, namespace: str, operators: Any, refusing: Any, tmp_path: Path
 ) -> None:
@@ -126,6 +130,8 @@ def test_a_write_refused_mid_run_stops_the_run_where_it_is_and_it_goes_on_after(
     assert "Traceback" not in op.logs()
 
 
+@pytest.mark.apiserver_journal("a run's Journal object deleted; in PostgreSQL: "
+                               "test_operator_postgres.py's rows deleted mid-run")
 def test_a_journal_deleted_mid_run_stops_the_run_instead_of_starting_it_over(
     control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
 ) -> None:

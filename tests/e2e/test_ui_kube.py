@@ -28,7 +28,11 @@ from tests.e2e.operator_support import (
 
 __all__ = ["namespace", "operators", "tab", "ui_servers"]  # fixtures
 
-pytestmark = pytest.mark.browser
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.apiserver_journal("`dsb --kube ui` reads runs from Journal objects; it does not see the PostgreSQL "
+                                  "journal's yet (docs/operations.md, 'Not yet with this journal')"),
+]
 
 
 def spec(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:

@@ -49,7 +49,9 @@ def reap_abandoned(base: Path) -> list[Path]:
 def install_if_selected(session: pytest.Session) -> None:
     """Install the server (Debian's packages) before the first test when any selected test needs it, so
     the install never counts against a test's timeout. A failure is reported by the fixture, per test."""
-    if any(FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+    # The marker too: the e2e tier marks the tests whose operators journal in PostgreSQL (tests/e2e/journal_support.py).
+    if any(FIXTURE in getattr(item, "fixturenames", ()) or item.get_closest_marker("postgres")
+           for item in session.items):
         try:
             install()
         except PostgresUnavailable:

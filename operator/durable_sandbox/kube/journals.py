@@ -127,6 +127,12 @@ class JournalStores:
             return store
         return KubernetesStore(namespace, self._api, journal_key=self._journal_key)
 
+    def location(self, namespace: str, run_id: str) -> str:
+        """Where ``run_id``'s journal is, as a message to a cluster administrator names it."""
+        if isinstance(self.choice, PostgresJournal):
+            return f"PostgreSQL {self.store_for(namespace).where}"
+        return f"Journal {namespace}/dsb.{run_key(run_id)}"
+
     async def finished_run_keys(self, namespace: str) -> set[str] | None:
         """The run keys (``run_key``) of ``namespace``'s finished runs, by their journal in PostgreSQL, for the
         orphan sweep; None for the API-server journal (the sweep reads its Journal objects' labels)."""

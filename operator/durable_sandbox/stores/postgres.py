@@ -36,6 +36,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 
 from durable_sandbox.engine.errors import (
+    JournalDamaged,
     LeaseHeld,
     LeaseLost,
     RunCancelledError,
@@ -267,6 +268,14 @@ class PostgresStore:
         params = ", ".join(f"${i}" for i in range(1, len(values) + 1))
 
         async def run_it(conn: Any) -> tuple[RunRecord, bool]:
+            # Never over a journal left without its run (its row deleted behind the store's back): the run ran,
+            # and starting it afresh would execute every committed step and call again.
+            if await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {s}.ops WHERE run_id=$1) AND NOT EXISTS "
+                                   f"(SELECT 1 FROM {s}.runs WHERE run_id=$1)", run.run_id):
+                raise JournalDamaged(
+                    run.run_id, f"PostgreSQL store {self.where}",
+                    "its journal rows are there but the run's row is missing (deleted behind the store's back)",
+                    tampered=False, lost=True)
             inserted = await conn.fetchval(
                 f"INSERT INTO {s}.runs ({_RUN_SELECT}) VALUES ({params}) ON CONFLICT (run_id) DO NOTHING "
                 f"RETURNING true", *values)

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import durable_sandbox
 from durable_sandbox.engine import LeaseHeld, NotRunnableHere, RunStatus
-from durable_sandbox.engine.errors import StoreUnavailable
+from durable_sandbox.engine.errors import RunNotFound, StoreUnavailable
 from durable_sandbox.kube.client import is_transient
 from durable_sandbox.kube.concurrency import CONCURRENCY_LIMIT_REASON, RunSlots, concurrency_limit_condition
 from durable_sandbox.kube.plan import RunPlan
@@ -203,6 +203,11 @@ class Execution:
             jitter = random.uniform(0.0, self.settings.claim_retry)
             raise Park(min(max(held.remaining, self.settings.claim_retry), self.settings.lease_ttl) + jitter,
                        "held") from None
+        except RunNotFound:
+            # The run vanished while executing here (deleted behind the operator's back, the Workflow still
+            # there): the next turn finds it gone and says so (JournalLost), starting nothing afresh.
+            view.executing = False
+            return "again"
         except NotRunnableHere as exc:
             view.executing = False
             view.extra.not_runnable = str(exc)

@@ -25,7 +25,6 @@ from durable_sandbox.kube.client import is_transient
 from durable_sandbox.kube.events import LifecycleEvent
 from durable_sandbox.kube.plan import RunPlan
 from durable_sandbox.kube.status import TERMINAL_PHASES
-from durable_sandbox.kube.store import run_key
 from durable_sandbox.kube.workflow.admission import Admission
 from durable_sandbox.kube.workflow.execution import Execution
 from durable_sandbox.kube.workflow.finished import Finisher
@@ -143,8 +142,8 @@ class Turn:
                 return "done"
             # Admitted (its run was created or found) and now gone, while the Workflow stays: deleted behind the
             # operator's back. Starting afresh would run every committed call again: stop and say so.
-            raise JournalDamaged(view.run_id, f"Journal {view.namespace}/dsb.{run_key(view.run_id)}",
-                                 "the run's head disappeared while the Workflow exists", tampered=False, lost=True)
+            raise JournalDamaged(view.run_id, self.engines.journals.location(view.namespace, view.run_id),
+                                 "the run's record disappeared while the Workflow exists", tampered=False, lost=True)
         view.run = run
         view.extra.attempt = run.epoch + 1
         policy = plan.policy
