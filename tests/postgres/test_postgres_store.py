@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from durable_sandbox.engine.errors import StoreError, StoreUnavailable
+from durable_sandbox.engine.errors import JournalDamaged, StoreError, StoreUnavailable
 from durable_sandbox.engine.records import Commit, OperationRecord, RunRecord
 from durable_sandbox.stores import postgres_schema
 from durable_sandbox.stores.postgres import PostgresStore, split_dsn
@@ -110,6 +110,24 @@ async def test_processes_creating_the_schema_at_once_both_get_it(postgres_dsn: s
     finally:
         for s in stores:
             await s.close()
+
+
+async def test_a_run_whose_row_was_deleted_behind_the_store_is_not_created_afresh_over_its_journal(
+    store: PostgresStore, postgres_dsn: str
+) -> None:
+    """Its journal rows say it ran: creating it again would execute every committed step again. A run deleted
+    whole (``delete_run``: the Workflow's cleanup, ``dsb prune``) leaves nothing behind and may be created anew."""
+    run, _ = await store.create_run(RunRecord(run_id="ran", workflow="wf"))
+    lease = await store.claim(run.run_id, "w", 60)
+    await store.commit(run.run_id, lease.fence, Commit([_rec("a", 1)]))
+    await _sql(postgres_dsn, lambda conn, s: conn.execute(f"DELETE FROM {s}.runs WHERE run_id='ran'"))
+    with pytest.raises(JournalDamaged, match="journal rows are there but the run's row is missing") as caught:
+        await store.create_run(RunRecord(run_id="ran", workflow="wf"))
+    assert caught.value.lost and not caught.value.tampered and caught.value.reason == "JournalLost"
+
+    await store.create_run(RunRecord(run_id="whole", workflow="wf"))
+    assert await store.delete_run("whole")
+    assert (await store.create_run(RunRecord(run_id="whole", workflow="wf")))[1]
 
 
 # ------------------------------------------------------------------------------------------- the server away
