@@ -162,7 +162,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 build_controlplane()
             except RuntimeError:
                 pass
-    if any(uses_node(item) or item.get_closest_marker("own_node") for item in session.items):
+    if any(uses_node(item) or item.get_closest_marker("own_node") for item in will_run(session.items)):
         from .node_support import prepare_node
 
         capture = session.config.pluginmanager.getplugin("capturemanager")
