@@ -11,7 +11,7 @@ from typing import Any
 from tests.dsb import dsb
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import HELLO, namespace, operators, status, wait_condition
-from tests.e2e.test_operator_postgres import ENV, journal_dsn
+from tests.e2e.postgres_journal_support import ENV, journal_dsn
 
 __all__ = ["journal_dsn", "namespace", "operators"]  # fixtures
 

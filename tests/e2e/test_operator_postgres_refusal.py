@@ -20,7 +20,7 @@ from tests.e2e.operator_support import (
     wait_condition,
     wait_in_flight,
 )
-from tests.e2e.test_operator_postgres import ENV, check_pg_journal, journal_dsn
+from tests.e2e.postgres_journal_support import ENV, check_pg_journal, journal_dsn
 from tests.postgres.server import PostgresServer
 
 __all__ = ["journal_dsn", "namespace", "operators"]  # fixtures
