@@ -114,3 +114,16 @@ def test_dsb_operator_refuses_a_default_provider_that_is_not_installed() -> None
 def test_dsb_operator_documents_its_default_provider() -> None:
     text = " ".join(CliRunner().invoke(cli, ["operator", "--help"]).output.split())
     assert "--default-provider NAME" in text and "[env var: DSB_DEFAULT_PROVIDER; default: local]" in text
+
+
+def test_the_default_provider_example_names_none_and_needs_no_object_store() -> None:
+    from pathlib import Path
+
+    from durable_sandbox.kube.manifests import load_manifests
+
+    (wf,) = load_manifests(Path(__file__).resolve().parents[3] / "examples" / "default-provider-workflow.yaml")
+    assert isinstance(wf, WorkflowResource) and wf.spec.sandbox is not None and wf.spec.sandbox.provider is None
+    assert wf.spec.snapshot_every_n_calls == 0, "no snapshots: a chart without an object store runs it"
+    cluster = wf.model_copy(update={"metadata": wf.metadata.model_copy(update={"uid": UID})})
+    assert stored_provider(cluster, default_provider="kubernetes") == "kubernetes"
+    assert plan_workflow(wf, source="file").input["sandbox"]["provider"] == "local", "dsb run"
