@@ -7,6 +7,8 @@ Either way the answer is a :class:`Ran` (``exit_code``, also as ``returncode``; 
 
 ``home`` is the DURABLE_SANDBOX_HOME the command sees (default: the test's, see tests/unit/conftest.py),
 ``store`` is prepended as ``--store``, ``env`` adds variables; a fault spec is never inherited by accident.
+``cwd`` runs it in another directory (in a child process: which modules import depends on it; default: the
+repository root).
 """
 
 from __future__ import annotations
@@ -39,16 +41,16 @@ class Ran:
 
 def dsb(*args: str, input: str | None = None, home: Path | None = None, store: Path | None = None,
         env: Mapping[str, str] | None = None, fault: str | None = None, process: bool = False,
-        timeout: float = 180) -> Ran:
+        timeout: float = 180, cwd: Path | None = None) -> Ran:
     argv = [*(["--store", str(store)] if store is not None else []), *args]
     overrides = {**({"DURABLE_SANDBOX_HOME": str(home)} if home is not None else {}), **(env or {})}
-    if not process and fault is None:
+    if not process and fault is None and cwd is None:
         return _in_process(argv, input, overrides)
     environ = {**os.environ, **overrides}
     environ.pop(FAULT, None)
     if fault is not None:
         environ[FAULT] = fault
-    proc = subprocess.run([DSB, *argv], cwd=ROOT, env=environ, input=input, capture_output=True, text=True,
+    proc = subprocess.run([DSB, *argv], cwd=cwd or ROOT, env=environ, input=input, capture_output=True, text=True,
                           timeout=timeout, check=False)
     return Ran(proc.returncode, proc.stdout, proc.stderr, proc.stdout + proc.stderr)
 

@@ -49,7 +49,7 @@ class Engine(_BareEngine):
         worker_id: str | None = None,
         lease_ttl: float = 30.0,
         inline_sleep_limit: float = 5.0,
-        unresolvable: Unresolvable = "fail",
+        unresolvable: Unresolvable = "leave",
     ) -> None:
         from durable_sandbox.sandboxes.journal import SandboxJournal
         from durable_sandbox.sandboxes.session import SessionFactory

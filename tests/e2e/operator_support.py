@@ -222,8 +222,13 @@ def events(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
     return items
 
 
+def event_time(event: dict[str, Any]) -> str:
+    """When an Event happened: the operator's carry an eventTime (microseconds), others' a lastTimestamp."""
+    return str(event.get("eventTime") or event.get("lastTimestamp") or event.get("firstTimestamp") or "")
+
+
 def event_reasons(cp: ControlPlane, ns: str, name: str) -> list[str]:
-    return [e["reason"] for e in sorted(events(cp, ns, name), key=lambda e: e.get("firstTimestamp") or "")]
+    return [e["reason"] for e in sorted(events(cp, ns, name), key=event_time)]
 
 
 def wait_event(cp: ControlPlane, ns: str, name: str, reason: str, timeout: float = 60) -> None:

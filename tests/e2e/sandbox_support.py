@@ -7,6 +7,8 @@ import json
 import os
 from typing import Any
 
+import pytest
+
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.node_support import BUSYBOX, NodeCluster, busybox_image
 
@@ -18,6 +20,21 @@ IMAGE = os.environ.get("DSB_TEST_SANDBOX_IMAGE", BUSYBOX)
 def sandbox_image(cluster: NodeCluster) -> str:
     """The sandbox Pods' image, on the node: the busybox test image is built and imported here."""
     return busybox_image(cluster) if IMAGE == BUSYBOX else IMAGE
+
+
+# Fixtures for the modules whose sandboxes are Pods: they import them and name them in their __all__.
+@pytest.fixture(scope="module", name="control_plane")
+def control_plane_on_the_node(node_cluster: NodeCluster) -> NodeCluster:
+    """The node's control plane stands in for the plain one in the importing module (and in every fixture it
+    uses): sandbox Pods must really run. A node that cannot be prepared errors these tests, never skips them."""
+    return node_cluster
+
+
+@pytest.fixture(scope="module")
+def node(node_cluster: NodeCluster) -> str:
+    """The sandbox image is on the node; the node's name."""
+    sandbox_image(node_cluster)
+    return node_cluster.node
 
 
 def sandbox(name: str, **spec: Any) -> dict[str, Any]:

@@ -93,9 +93,24 @@ class Release:
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
     def ready_pod(self) -> str:
-        self.k.kubectl("rollout", "status", f"deployment/{DEPLOYMENT}", "-n", OPERATOR_NS, "--timeout=300s")
+        # kubectl's own deadline, not the subprocess's, ends the wait: a rollout that does not finish then says
+        # why (the Pods, their Events and the operator's log) instead of a bare timeout.
+        out = self.k.kubectl("rollout", "status", f"deployment/{DEPLOYMENT}", "-n", OPERATOR_NS, "--timeout=300s",
+                             check=False, timeout=330)
+        if out.returncode != 0:
+            raise AssertionError(f"the operator's rollout did not finish: {out.stdout}{out.stderr}\n{self.diagnosis()}")
         [pod] = self.pods()
         return str(pod["metadata"]["name"])
+
+    def diagnosis(self) -> str:
+        parts = []
+        for args in (("get", "pods", "-n", OPERATOR_NS, "-o", "wide"),
+                     ("describe", "pods", "-n", OPERATOR_NS, "-l", SELECTOR),
+                     ("get", "events", "-n", OPERATOR_NS, "--sort-by=.lastTimestamp")):
+            out = self.k.kubectl(*args, check=False)
+            parts.append(f"--- kubectl {' '.join(args)}:\n{out.stdout}{out.stderr}")
+        parts.append(f"--- operator log:\n{self.logs()}")
+        return "\n".join(parts)
 
     def exec(self, pod: str, script: str) -> str:
         return self.k.kubectl("exec", pod, "-n", OPERATOR_NS, "--", "python3", "-c", script).stdout
@@ -120,10 +135,7 @@ def release(node_cluster: NodeCluster, helm: Path, helm_home: Path, operator_ima
 
 def test_installed_operator_pod_is_ready_and_reconciles_hello(release: Release, tmp_path: Path) -> None:
     k = release.k
-    try:
-        pod = release.ready_pod()
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n--- operator log:\n{release.logs()}") from exc
+    pod = release.ready_pod()
     status = k.kubectl_json("get", "pod", pod, "-n", OPERATOR_NS)
     assert {c["type"]: c["status"] for c in status["status"]["conditions"]}["Ready"] == "True"
     [container] = status["status"]["containerStatuses"]

@@ -33,13 +33,14 @@ from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvid
 from durable_sandbox.providers.kubernetes_template import PodTemplate
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore, SnapshotName
 from durable_sandbox.providers.testing import ProviderContractSuite
-from tests.e2e.node_support import NodeCluster
-from tests.e2e.sandbox_support import IMAGE, sandbox_image
+from tests.e2e.sandbox_support import IMAGE, control_plane_on_the_node, node
 from tests.objectstore import S3Server
 from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
 from tests.unit.sandbox_session_support import engine_for
 
 from .conftest import ControlPlane
+
+__all__ = ["control_plane_on_the_node", "node"]  # fixtures
 
 NO_SHELL_IMAGE = os.environ.get("DSB_TEST_NO_SHELL_IMAGE", "localhost/pause:3.10")  # FROM scratch: no /bin/sh
 
@@ -50,20 +51,6 @@ class ManualClock:
 
     def __call__(self) -> float:
         return time.time() + self.offset
-
-
-@pytest.fixture(scope="module")
-def control_plane(node_cluster: NodeCluster) -> NodeCluster:
-    """The node's control plane stands in for the plain one in this module (and in every fixture it uses):
-    sandbox Pods must really run. A node that cannot be prepared errors these tests, never skips them."""
-    return node_cluster
-
-
-@pytest.fixture(scope="module")
-def node(node_cluster: NodeCluster) -> str:
-    """The sandbox image is on the node; the node's name."""
-    sandbox_image(node_cluster)
-    return node_cluster.node
 
 
 @pytest.fixture

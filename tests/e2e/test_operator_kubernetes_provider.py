@@ -25,7 +25,6 @@ from durable_sandbox.providers.contract import SandboxHandle, ToolCall
 from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvider
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore
 from tests.e2e.conftest import ControlPlane, wait_until
-from tests.e2e.node_support import NodeCluster
 from tests.e2e.operator_support import (
     OperatorProcess,
     namespace,
@@ -35,27 +34,13 @@ from tests.e2e.operator_support import (
     wait_gone,
     wait_in_flight,
 )
-from tests.e2e.sandbox_support import IMAGE, sandbox_image, set_suspend, wait_for
+from tests.e2e.sandbox_support import IMAGE, control_plane_on_the_node, node, set_suspend, wait_for
 from tests.objectstore import S3Server
 
-__all__ = ["namespace", "operators"]  # fixtures
+__all__ = ["control_plane_on_the_node", "namespace", "node", "operators"]  # fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "kubernetes-workflow.yaml"
-
-
-@pytest.fixture(scope="module")
-def control_plane(node_cluster: NodeCluster) -> NodeCluster:
-    """The node's control plane stands in for the plain one in this module (and in every fixture it uses):
-    sandbox Pods must really run. A node that cannot be prepared errors these tests, never skips them."""
-    return node_cluster
-
-
-@pytest.fixture(scope="module")
-def node(node_cluster: NodeCluster) -> str:
-    """The sandbox image is on the node; the node's name."""
-    sandbox_image(node_cluster)
-    return node_cluster.node
 
 
 class Cluster:

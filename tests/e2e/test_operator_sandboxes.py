@@ -25,6 +25,7 @@ from durable_sandbox.providers.local import LocalProvider
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     OperatorProcess,
+    event_time,
     fake_e2b,
     local_sandboxes,
     manifest,
@@ -42,7 +43,7 @@ __all__ = ["fake_e2b", "namespace", "operators"]  # fixtures
 
 def event_messages(cp: ControlPlane, ns: str, name: str) -> list[tuple[str, str]]:
     out = cp.kubectl_json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name},involvedObject.kind=Sandbox")
-    return [(e["reason"], e["message"]) for e in sorted(out.get("items", []), key=lambda e: e.get("firstTimestamp") or "")]
+    return [(e["reason"], e["message"]) for e in sorted(out.get("items", []), key=event_time)]
 
 
 def reasons(cp: ControlPlane, ns: str, name: str) -> list[str]:

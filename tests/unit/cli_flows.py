@@ -107,3 +107,36 @@ def _gate(flag: str, go: str) -> str:
 async def gated(ctx: durable_sandbox.Context, data: dict[str, Any]) -> str:
     """One step that holds until a file exists (tests of leases: a worker that is alive mid-step)."""
     return await ctx.step("gate", _gate, data["flag"], data["go"])
+
+
+# Plain annotations, checked like models (tests/unit/test_cli_input_types.py).
+
+
+@durable_sandbox.workflow
+async def named(ctx: durable_sandbox.Context, who: str) -> str:
+    return await ctx.step("greet", lambda: f"hello {who}")
+
+
+@durable_sandbox.workflow
+async def counted(ctx: durable_sandbox.Context, n: int) -> int:
+    return await ctx.step("count", lambda: n + 1)
+
+
+@durable_sandbox.workflow
+async def tagged(ctx: durable_sandbox.Context, tags: list[int] | None) -> int:
+    return sum(tags or [])
+
+
+@durable_sandbox.workflow
+async def scored(ctx: durable_sandbox.Context, scores: dict[str, float]) -> float:
+    return sum(scores.values())
+
+
+@durable_sandbox.workflow
+async def either(ctx: durable_sandbox.Context, key: int | str) -> str:
+    return repr(key)
+
+
+@durable_sandbox.workflow
+async def anything(ctx: durable_sandbox.Context, data) -> str:  # unannotated: takes any JSON
+    return repr(data)

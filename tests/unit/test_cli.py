@@ -363,22 +363,31 @@ def test_console_script_runs_example_manifest(home: Path) -> None:
 
 
 def test_docs_cli_examples_work(home: Path) -> None:
-    """Every `dsb ...` command in a code block of docs/cli.md runs, in order, as written."""
+    """Every `dsb ...` command in a code block of docs/cli.md runs, in order, as written; one whose transcript
+    shows `error: ` lines exits 2 with exactly those lines on stderr."""
     import shlex
 
-    commands: list[str] = []
+    commands: list[tuple[str, list[str]]] = []  # (command, the error lines its transcript shows)
+    errors: list[str] | None = None  # where the error lines shown next belong (None: to no command run here)
     in_block = False
     for line in (ROOT / "docs" / "cli.md").read_text().splitlines():
         if line.startswith("```"):
-            in_block = not in_block
+            in_block, errors = not in_block, None
             continue
         text = line.removeprefix("$ ")  # transcripts; indented lines in them are output, not commands
         if in_block and text.startswith("dsb "):
-            commands.append(text)
-    assert len(commands) >= 15
-    for command in commands:
+            commands.append((text, errors := []))
+        elif in_block and line.startswith("$ "):
+            errors = None  # another command (`cd /tmp && dsb ...`): the doc says which test runs it
+        elif in_block and line.startswith("error: ") and errors is not None:
+            errors.append(line)
+    assert len(commands) >= 15 and sum(1 for _, errors in commands if errors) >= 4
+    for command, errors in commands:
         done = sh(home, *shlex.split(command)[1:])
-        assert done.returncode in (0, 3), f"{command}: exit {done.returncode}\n{done.stderr}"
+        if errors:
+            assert (done.returncode, done.stderr.splitlines()) == (2, errors), command
+        else:
+            assert done.returncode in (0, 3), f"{command}: exit {done.returncode}\n{done.stderr}"
 
 
 def test_docs_cli_dry_run_transcript_is_what_dsb_prints(home: Path) -> None:

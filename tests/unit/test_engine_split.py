@@ -94,24 +94,25 @@ async def test_claimed_duplicate_is_released_without_executing(store: SqliteStor
     assert state is not None and state.status == "succeeded" and state.result == 10
 
 
-async def test_unimportable_workflow_fails_in_dsb_but_is_left_for_others_by_the_operator(tmp_path: Path) -> None:
+async def test_unimportable_workflow_is_left_as_it_is_unless_the_executor_is_told_to_fail_it(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "runs.db")
     try:
-        for run_id in ("fail-here", "leave-it"):
+        for run_id in ("leave-it", "fail-here"):
             await store.create_run(RunRecord(run_id=run_id, workflow="nowhere.flows:missing", workflow_ref="nowhere.flows:missing"))
-        dsb = RunExecutor(store, worker_id="dsb")
-        with pytest.raises(WorkflowNotFound):
-            await dsb.drive("fail-here")
-        failed = await store.get_run("fail-here")
-        assert failed is not None and failed.status == RunStatus.FAILED and "nowhere" in (failed.error.message if failed.error else "")
-
-        op = RunExecutor(store, worker_id="operator", unresolvable="leave")
+        default = RunExecutor(store, worker_id="dsb")  # dsb and the operator alike: code missing here is no failure
         with pytest.raises(NotRunnableHere) as info:
-            await op.drive("leave-it")
-        assert "leave-it" in str(info.value) and "nowhere" in str(info.value)
+            await default.drive("leave-it")
+        assert "leave-it" in str(info.value) and "import module 'nowhere.flows'" in str(info.value)
+        assert info.value.module == "nowhere.flows"
         left = await store.get_run("leave-it")
         assert left is not None and left.status == RunStatus.PENDING and left.error is None
-        assert left.lease_owner is None  # released for a replica that has the code
+        assert left.lease_owner is None  # released for a process that has the code
+
+        failing = RunExecutor(store, worker_id="embedder", unresolvable="fail")
+        with pytest.raises(WorkflowNotFound):
+            await failing.drive("fail-here")
+        failed = await store.get_run("fail-here")
+        assert failed is not None and failed.status == RunStatus.FAILED and "nowhere" in (failed.error.message if failed.error else "")
     finally:
         await store.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,15 @@ def nesting_depth(value: Any) -> int:
     return deepest
 
 
-def parse_json(text: str, what: str) -> Any:
+def parse_json(text: str, what: str, *, flag: str | None = None) -> Any:
+    """``text`` as JSON. ``flag`` says the text came from the command line and how (``"--input "``, ``""`` for
+    an argument), so the hint for a bare word is a shell word; None: from a file, the hint is JSON."""
     too_deep = CliError(f"{what} nests lists/objects more than {MAX_DEPTH} levels deep; flatten it")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CliError(f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+        raise CliError(f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+                       f"{_string_hint(text, flag)}") from exc
     except RecursionError:
         raise too_deep from None
     if nesting_depth(value) > MAX_DEPTH:
@@ -43,12 +47,21 @@ def parse_json(text: str, what: str) -> Any:
     return value
 
 
+def _string_hint(text: str, flag: str | None) -> str:
+    """How to pass ``text`` as a JSON string, when it looks like a bare word meant as one (`--input Ada`)."""
+    bare = text.strip()
+    if not bare or bare[0] in "{[\"'":
+        return ""  # malformed JSON, not a string without quotes
+    quoted = json.dumps(bare, ensure_ascii=False)
+    return f"; a string needs JSON's double quotes: {quoted if flag is None else flag + shlex.quote(quoted)}"
+
+
 def read_input(inline: str | None, path: str | None) -> tuple[bool, Any]:
     """(given, value) from --input / --input-file ('-' reads stdin)."""
     if inline is not None and path is not None:
         raise CliError("give --input or --input-file, not both")
     if inline is not None:
-        return True, parse_json(inline, "--input")
+        return True, parse_json(inline, "--input", flag="--input ")
     if path is not None:
         if path == "-":
             return True, parse_json(sys.stdin.read(), "--input-file -")

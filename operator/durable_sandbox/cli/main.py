@@ -22,6 +22,7 @@ from durable_sandbox.cli.settings import Settings
 from durable_sandbox.cli.targets import add_cwd_to_path
 from durable_sandbox.engine import (
     LeaseHeld,
+    NotRunnableHere,
     RunConflict,
     RunNotFinished,
     RunNotFound,
@@ -55,6 +56,12 @@ class DsbGroup(click.Group):
             raise
         except CliError as exc:
             _fail(ctx, str(exc), exc.code)
+        except NotRunnableHere as exc:
+            # Code this process cannot import is no failure of the run: it stays as it was, to continue from
+            # where its module imports.
+            settings = ctx.find_object(Settings)
+            dsb = settings.dsb() if settings is not None else "dsb"
+            _fail(ctx, f"{exc} Then continue it with `{dsb} resume {shlex.quote(exc.run_id)}`.", EXIT_USAGE)
         except _USAGE_ERRORS as exc:
             _fail(ctx, str(exc), EXIT_USAGE)
         except LeaseHeld as exc:

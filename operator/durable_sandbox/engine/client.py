@@ -51,8 +51,8 @@ class RunClient:
         definition = definition_of(workflow)
         data = to_jsonable(input, what="The workflow input")
         try:
-            definition.prepare_input(data)  # reject bad input before a run exists, not when it executes
-        except ValueError as exc:
+            definition.check_input(data)  # reject bad input before a run exists, not when it executes
+        except InvalidInput as exc:
             raise InvalidInput(f"Input for workflow {definition.name!r} is invalid: {exc}") from None
         return RunRecord(
             run_id=run_id or new_run_id(),

@@ -57,7 +57,7 @@ class Engine:
         reader: JournalReader = GENERIC_JOURNAL,
         hibernate_after: float | None = None,
         extensions: Iterable[object] = (),
-        unresolvable: Unresolvable = "fail",
+        unresolvable: Unresolvable = "leave",
     ) -> None:
         self.client = RunClient(store, reader=reader)
         self.executor = RunExecutor(

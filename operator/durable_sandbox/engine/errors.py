@@ -171,14 +171,22 @@ class NotAWorkflow(WorkflowNotFound):
 
 class NotRunnableHere(WorkflowNotFound):
     """This process cannot import the run's workflow; the run is left as it is for a process that can
-    (another operator replica with the code installed), instead of being failed."""
+    (one started where the code imports from, another operator replica with the code installed), instead
+    of being failed: code missing from a process is not a failure of the run."""
 
-    def __init__(self, run_id: str, cause: WorkflowNotFound) -> None:
+    def __init__(self, run_id: str, cause: WorkflowNotFound, *, status: str = "", module: str | None = None) -> None:
         self.run_id = run_id
         self.cause = cause
+        self.module = module  # the module the run's workflow is imported from (None: a name registered elsewhere)
+        needs = (
+            f"a process that can import module {module!r}: run from the directory it imports from, or with "
+            f"PYTHONPATH set to that directory (or the code installed)"
+            if module else "a process that registers its workflow (imports the module that defines it)"
+        )
+        state = f" ({status})" if status else ""
         super().__init__(
-            f"Run {run_id!r} is not runnable in this process: {cause} It was left unchanged for a worker that "
-            f"has the workflow's code installed."
+            f"Run {run_id!r} is not runnable in this process: {str(cause).rstrip('.')}. It was left as it is{state}, "
+            f"for {needs}."
         )
 
 

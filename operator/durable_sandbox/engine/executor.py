@@ -44,9 +44,9 @@ from durable_sandbox.engine.workflow import WorkflowDefinition, resolve
 
 log = logging.getLogger("durable_sandbox.engine")
 
-# What to do with a run whose workflow this process cannot import: "fail" it (dsb: the local store has
-# no other worker that could, and `resume` retries it once the code is importable), or "leave" it
-# untouched for another process (the operator: another replica may have the code) and raise NotRunnableHere.
+# What to do with a run whose workflow this process cannot import: "leave" it untouched for a process that
+# can (`dsb` started in the project's directory, another operator replica with the code) and raise
+# NotRunnableHere, or "fail" it (an embedder with one worker that wants the run to say so).
 Unresolvable = Literal["fail", "leave"]
 
 
@@ -92,7 +92,7 @@ class RunExecutor:
         reader: JournalReader = GENERIC_JOURNAL,
         hibernate_after: float | None = None,
         extensions: Iterable[object] = (),
-        unresolvable: Unresolvable = "fail",
+        unresolvable: Unresolvable = "leave",
     ) -> None:
         self.store = store
         self.worker_id = worker_id or default_worker_id()
@@ -177,25 +177,33 @@ class RunExecutor:
             log.warning("run %s: its lease holder %s is dead; taking the run over", run_id, held.owner)
             return await self.store.claim(run_id, self.worker_id, self.lease_ttl, take_over_from=held.owner)
 
-    async def run_claimed(self, lease: Lease) -> None:
-        """Execute a run whose lease a run source claimed for this worker, then release the lease."""
+    async def run_claimed(self, lease: Lease) -> NotRunnableHere | None:
+        """Execute a run whose lease a run source claimed for this worker, then release the lease.
+
+        A run whose workflow this process cannot import is returned as ``NotRunnableHere`` with its lease
+        kept (not renewed): released, the source would be handed the same run again at once; kept, it runs
+        out after the lease's TTL, the run unchanged and claimable by any worker (the source may release it
+        sooner, when it stops)."""
         async with self._exclusive(lease.run_id, wait=False) as mine:
             if not mine:
                 # Already executing here: this claim advanced the fence past the execution's, so give
                 # it back at once (release is fenced: it only clears this claim).
                 with contextlib.suppress(Exception):
                     await self.store.release(lease)
-                return
+                return None
             self.driven.add(lease.run_id)
+            not_runnable = None
             try:
                 await self.execute(lease, None)
             except NotRunnableHere as exc:
-                log.info("%s", exc)
+                not_runnable = exc
             except Exception:
                 log.exception("worker %s failed executing run %s", self.worker_id, lease.run_id)
             finally:
-                with contextlib.suppress(Exception):
-                    await self.store.release(lease)
+                if not_runnable is None:
+                    with contextlib.suppress(Exception):
+                        await self.store.release(lease)
+            return not_runnable
 
     # Longer than the ~80 lines a function gets here, on purpose: its except clauses are the table of how an
     # execution can end (waiting, cancelled, interrupted, lease lost, handed over, failed, succeeded), and
@@ -216,9 +224,8 @@ class RunExecutor:
                 definition = resolve_run_workflow(run)
             except WorkflowNotFound as exc:
                 if self.unresolvable == "leave":
-                    raise NotRunnableHere(run.run_id, exc) from exc
-                # Failing (rather than leaving it runnable) stops workers from claiming it forever;
-                # `resume` retries it once the code is importable.
+                    raise NotRunnableHere(run.run_id, exc, status=run.status.value, module=workflow_module(run)) from exc
+                # Failed, `resume` retries it once the code is importable.
                 await store.update_run(
                     run.run_id, {"status": RunStatus.FAILED, "error": ErrorInfo.from_exception(exc)}, fence=lease.fence
                 )
@@ -506,6 +513,14 @@ def resolve_run_workflow(run: RunRecord) -> WorkflowDefinition:
                 f"{definition.name!r}; restore the name or start a new run."
             ) from None
         return definition
+
+
+def workflow_module(run: RunRecord) -> str | None:
+    """The module a run's workflow is imported from (``pkg.flows`` of ``pkg.flows:fn``), if it was recorded."""
+    for ref in (run.workflow_ref, run.workflow):
+        if ref and ":" in ref:
+            return ref.partition(":")[0]
+    return None
 
 
 async def _call_workflow(definition: WorkflowDefinition, ctx: Context, raw_input: Any) -> Any:

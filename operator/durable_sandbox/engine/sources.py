@@ -41,55 +41,92 @@ async def poll_store(
     runs whose next attempt is due, which are claimed and executed like the others."""
     stop = stop or asyncio.Event()
     executed: list[str] = []
+    skipped = _Skipped(executor)
     store = executor.store
     running: set[asyncio.Task[Any]] = set()
     retries: list[RunRecord] = []
     next_policy_sweep = 0.0
     hibernate_after = executor.hibernate_after
     next_sweep = 0.0
-    while not stop.is_set():
-        if hibernate_after is not None and executor.hooks is not None and time.time() >= next_sweep:
-            next_sweep = time.time() + max(1.0, min(float(hibernate_after) / 2, 30.0))
-            await executor.hibernate_idle(float(hibernate_after))
-        away = False
-        if sweep is not None and not retries and time.time() >= next_policy_sweep:
-            next_policy_sweep = time.time() + max(POLICY_SWEEP_SECONDS, poll_interval)
-            try:
-                retries = [r for r in await sweep() if not workflows or r.workflow in workflows]
-            except StoreUnavailable as exc:  # as for claim_next below: looked at again at the next sweep
-                log.warning("worker %s: %s", executor.worker_id, exc)
-                away = True
-        lease = None
-        if len(running) < concurrency:
-            try:
-                lease = await _claim_retry(executor, retries) or await store.claim_next(
-                    executor.worker_id, executor.lease_ttl, workflows=workflows)
-            except StoreUnavailable as exc:
-                # The store is away for longer than it waits (a server restart, a failover): the worker is
-                # not broken, it looks again later, as it does when nothing is runnable.
-                log.warning("worker %s: %s", executor.worker_id, exc)
-                away = True
-        if lease is not None:
-            executed.append(lease.run_id)
-            task = asyncio.create_task(executor.run_claimed(lease))
-            running.add(task)
-            task.add_done_callback(running.discard)
-            continue
-        if idle_exit and not running and not away:  # "idle" is what the store said, not that it was away
-            return executed
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), poll_interval)
-    for task in running:
-        task.cancel()
-    await asyncio.gather(*running, return_exceptions=True)
-    return executed
+    try:
+        while not stop.is_set():
+            if hibernate_after is not None and executor.hooks is not None and time.time() >= next_sweep:
+                next_sweep = time.time() + max(1.0, min(float(hibernate_after) / 2, 30.0))
+                await executor.hibernate_idle(float(hibernate_after))
+            away = False
+            if sweep is not None and not retries and time.time() >= next_policy_sweep:
+                next_policy_sweep = time.time() + max(POLICY_SWEEP_SECONDS, poll_interval)
+                try:
+                    retries = [r for r in await sweep() if not workflows or r.workflow in workflows]
+                except StoreUnavailable as exc:  # as for claim_next below: looked at again at the next sweep
+                    log.warning("worker %s: %s", executor.worker_id, exc)
+                    away = True
+            lease = None
+            if len(running) < concurrency:
+                try:
+                    lease = await _claim_retry(executor, retries, skipped) or await store.claim_next(
+                        executor.worker_id, executor.lease_ttl, workflows=workflows)
+                except StoreUnavailable as exc:
+                    # The store is away for longer than it waits (a server restart, a failover): the worker is
+                    # not broken, it looks again later, as it does when nothing is runnable.
+                    log.warning("worker %s: %s", executor.worker_id, exc)
+                    away = True
+            if lease is not None:
+                executed.append(lease.run_id)
+                task = asyncio.create_task(skipped.run(lease))
+                running.add(task)
+                task.add_done_callback(running.discard)
+                continue
+            if idle_exit and not running and not away:  # "idle" is what the store said, not that it was away
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), poll_interval)
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await skipped.release_all()  # the runs it could not import go to the next worker at once
+    return [run_id for run_id in executed if run_id not in skipped.warned]
 
 
-async def _claim_retry(executor: RunExecutor, retries: list[RunRecord]) -> Lease | None:
-    """The lease of the next failed run whose retry is due (one another worker holds is skipped)."""
+class _Skipped:
+    """The runs whose workflow this worker cannot import: each said once (a WARNING), its claim kept until
+    its lease runs out so the store does not hand it out again at once (a hot loop that would starve the
+    other runs), then tried again; every claim still kept is given back when the worker stops."""
+
+    def __init__(self, executor: RunExecutor) -> None:
+        self.executor = executor
+        self.parked: dict[str, Lease] = {}
+        self.warned: set[str] = set()
+
+    async def run(self, lease: Lease) -> None:
+        not_runnable = await self.executor.run_claimed(lease)
+        if not_runnable is None:
+            self.parked.pop(lease.run_id, None)
+            self.warned.discard(lease.run_id)
+            return
+        self.parked[lease.run_id] = lease
+        if lease.run_id not in self.warned:
+            self.warned.add(lease.run_id)
+            log.warning("worker %s skips run %s: %s", self.executor.worker_id, lease.run_id, not_runnable)
+
+    def holds(self, run_id: str) -> bool:
+        lease = self.parked.get(run_id)
+        return lease is not None and lease.expires_at > time.time()
+
+    async def release_all(self) -> None:
+        for lease in self.parked.values():
+            with contextlib.suppress(Exception):
+                await self.executor.store.release(lease)
+        self.parked.clear()
+
+
+async def _claim_retry(executor: RunExecutor, retries: list[RunRecord], skipped: _Skipped) -> Lease | None:
+    """The lease of the next failed run whose retry is due (one another worker holds is skipped, and one
+    whose workflow this worker could not import, until that claim runs out)."""
     while retries:
         run = retries.pop(0)
-        if executor.is_executing(run.run_id):
+        if executor.is_executing(run.run_id) or skipped.holds(run.run_id):
             continue
         with contextlib.suppress(LeaseHeld):
             return await executor.claim(run.run_id)

@@ -6,11 +6,12 @@ import importlib
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, TypeVar
 
-from pydantic import TypeAdapter
+from pydantic import ValidationError
 
-from durable_sandbox.engine.errors import NotAWorkflow, WorkflowNotFound
+from durable_sandbox.engine.errors import InvalidInput, NotAWorkflow, WorkflowNotFound
+from durable_sandbox.engine.inputs import InputParameter, describe_mismatch, input_parameter
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -22,8 +23,7 @@ class WorkflowDefinition:
     name: str
     version: str
     fn: Callable[..., Awaitable[Any]]
-    takes_input: bool
-    input_adapter: TypeAdapter[Any] | None
+    input: InputParameter | None  # None: the workflow takes no input (only the context)
 
     @property
     def ref(self) -> str | None:
@@ -34,9 +34,20 @@ class WorkflowDefinition:
         return f"{self.fn.__module__}:{qualname}"
 
     def prepare_input(self, raw: Any) -> tuple[Any, ...]:
-        if not self.takes_input:
+        """The arguments after the context: the input as its parameter's annotation makes it (pydantic's
+        ``ValidationError`` when it does not fit; :meth:`check_input` says so in one line)."""
+        if self.input is None:
             return ()
-        return (raw if self.input_adapter is None else self.input_adapter.validate_python(raw),)
+        return (raw if self.input.adapter is None else self.input.adapter.validate_python(raw),)
+
+    def check_input(self, raw: Any, *, root: str = "input") -> None:
+        """``InvalidInput`` in one line naming the place, what was expected and what was given, and the
+        parameter (``root`` is how the message names the input: ``spec.input`` in a manifest)."""
+        try:
+            self.prepare_input(raw)
+        except ValidationError as exc:
+            assert self.input is not None  # only a parameter's annotation validates
+            raise InvalidInput(describe_mismatch(exc, raw, self.input.label, root)) from None
 
 
 def _define(fn: Callable[..., Awaitable[Any]], name: str | None, version: str) -> WorkflowDefinition:
@@ -45,21 +56,11 @@ def _define(fn: Callable[..., Awaitable[Any]], name: str | None, version: str) -
     params = list(inspect.signature(fn).parameters.values())
     if not params:
         raise TypeError(f"Workflow {fn.__qualname__} must take the context as its first parameter.")
-    takes_input = len(params) >= 2
-    adapter = None
-    if takes_input:
-        try:
-            ann = get_type_hints(fn).get(params[1].name)
-        except Exception:
-            ann = None
-        if ann not in (None, Any, dict, list, str, int, float, bool):
-            adapter = TypeAdapter(ann)
     return WorkflowDefinition(
         name=name or f"{fn.__module__}:{fn.__qualname__}",
         version=version,
         fn=fn,
-        takes_input=takes_input,
-        input_adapter=adapter,
+        input=input_parameter(fn, params[1]) if len(params) >= 2 else None,
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -87,12 +88,12 @@ def terminal_event(event: LifecycleEvent, *, workflow: str, uid: str, epoch: int
     """``event`` (the end of a run) under a name every replica derives alike: ``<workflow>.<digest>`` of the
     Workflow's uid, the reason and the run's epoch (a failed run that is retried ends again in a new epoch)."""
     digest = hashlib.sha256(f"{uid}\0{event.reason}\0{epoch}".encode()).hexdigest()[:16]
-    prefix = workflow[: _NAME_MAX - len(digest) - 1].rstrip(".-")
-    return LifecycleEvent(event.reason, event.message, event.type, name=f"{prefix}.{digest}")
+    # "z": after every other Event of the Workflow in name order (theirs are hex times), see EventRecorder.emit.
+    return LifecycleEvent(event.reason, event.message, event.type, name=_event_name(workflow, f"z{digest}"))
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _event_name(workflow: str, suffix: str) -> str:
+    return f"{workflow[: _NAME_MAX - len(suffix) - 1].rstrip('.-')}.{suffix}"
 
 
 class EventRecorder:
@@ -113,12 +114,17 @@ class EventRecorder:
         self._seen[key] = None
         if len(self._seen) > _DEDUP_CAPACITY:
             self._seen.popitem(last=False)
-        now = _now()
-        naming = {"name": event.name} if event.name else {"generateName": f"{meta.get('name', 'workflow')}."}
+        # `kubectl describe` orders Events by lastTimestamp, which has whole seconds, and keeps the API server's
+        # order (by name) among Events of one second: a run's SnapshotTaken and SnapshotDeleted came out in any
+        # order. Named as the kubelet names its Events, <object>.<time in ns, hex>, they list as they happened;
+        # eventTime carries the microseconds for the clients that read it.
+        now = dt.datetime.now(dt.UTC)
+        seconds, micros = now.strftime("%Y-%m-%dT%H:%M:%SZ"), now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        name = event.name or _event_name(str(meta.get("name") or "workflow"), f"{time.time_ns():x}")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {**naming, "namespace": meta.get("namespace")},
+            "metadata": {"name": name, "namespace": meta.get("namespace")},
             "involvedObject": {
                 "apiVersion": obj.get("apiVersion", "durable-sandbox.dev/v1alpha1"),
                 "kind": obj.get("kind", "Workflow"),
@@ -131,9 +137,11 @@ class EventRecorder:
             "type": event.type,
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance[:128],
-            "firstTimestamp": now,
-            "lastTimestamp": now,
+            "reportingInstance": self.instance[:128] or COMPONENT,
+            "action": event.reason[:128],  # required of an Event with an eventTime: what the operator did
+            "eventTime": micros,
+            "firstTimestamp": seconds,
+            "lastTimestamp": seconds,
             "count": 1,
         }
         try:

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from durable_sandbox.engine.inputs import format_loc
 from durable_sandbox.kube.models import (
     KINDS,
     SandboxResource,
@@ -82,16 +83,6 @@ def _suggest(name: str) -> str:
         _VOCABULARY = _field_vocabulary()
     match = difflib.get_close_matches(name, sorted(_VOCABULARY), n=1, cutoff=0.75)
     return f"; did you mean {match[0]!r}?" if match else ""
-
-
-def format_loc(loc: Sequence[int | str]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
 
 
 def _clean_loc(loc: Sequence[int | str]) -> list[int | str]:

@@ -29,12 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from durable_sandbox.engine import WorkflowDefinition, WorkflowNotFound, resolve
 from durable_sandbox.engine.driver import RunPolicy
-from durable_sandbox.engine.errors import NotAWorkflow
-from durable_sandbox.kube.manifests import format_loc
+from durable_sandbox.engine.errors import InvalidInput, NotAWorkflow
 from durable_sandbox.kube.models import (
     RetrySpec,
     SandboxResource,
@@ -132,16 +129,13 @@ def resolve_workflow(ref: str, where: str) -> WorkflowDefinition:
         raise WorkflowUnavailable(f"{where}{exc}") from exc
 
 
-def check_input(definition: WorkflowDefinition, value: Any, where: str) -> None:
-    """Validate the input against the workflow's declared type now, not inside the run."""
+def check_input(definition: WorkflowDefinition, value: Any, where: str, root: str = "input") -> None:
+    """Validate the input against the workflow's declared type now, not inside the run (one line: the
+    place, what was expected and given, the parameter; ``root`` names the input: ``spec.input``)."""
     try:
-        definition.prepare_input(value)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = format_loc(["input", *err.get("loc", ())])
-            lines.append(f"{where}{loc}: {err.get('msg')}")
-        raise PlanError("\n".join(lines)) from exc
+        definition.check_input(value, root=root)
+    except InvalidInput as exc:
+        raise PlanError(f"{where}{exc}") from exc
 
 
 def plan_workflow(
@@ -283,7 +277,7 @@ def _program(wf: WorkflowResource, settings: SandboxSettings, *, cluster: bool, 
             f"{defined_in!r}, which this operator may not run (configured: {', '.join(allowed_modules) or 'none'}); "
             f"name the workflow by its own module, and add that module to `dsb operator --workflows`."
         )
-    check_input(definition, spec.input, f"{where}spec.")
+    check_input(definition, spec.input, where, "spec.input")
     return _Program(definition, spec.input, spec.input, {}, None)
 
 

@@ -161,7 +161,9 @@ class KubernetesProvider(SandboxProvider):
         self._exec: PodExec | None = None
         self._connect_lock = asyncio.Lock()
         self._leases: dict[str, float] = {}  # sandbox id -> lease expiry this process knows (renewals)
-        self._gone: set[str] = set()  # destroyed here: a terminating Pod may still answer an exec
+        # Sandbox id -> why it is gone, for Pods this process deleted: a terminating Pod may still answer an exec
+        # for its grace period, and a call that ran there would be lost with it.
+        self._gone: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"KubernetesProvider(namespace={self._namespace!r}, store={self.store!r})"
@@ -318,7 +320,7 @@ class KubernetesProvider(SandboxProvider):
         env_secret = f"{name}-env" if spec.env else None
         manifest = template.pod(name=name, namespace=namespace, labels=labels, annotations=annotations,
                                 env_secret=env_secret)
-        self._gone.discard(sandbox_id)
+        self._gone.pop(sandbox_id, None)
         if env_secret is not None:
             # Before the Pod, so its container starts at once (a missing Secret holds it back for the kubelet's
             # retry period). Only a process killed between the two requests leaves the Secret without a Pod;
@@ -507,13 +509,15 @@ class KubernetesProvider(SandboxProvider):
 
     async def destroy(self, handle: SandboxHandle) -> None:
         namespace, name = _split_id(handle.id)
-        self._gone.add(handle.id)
+        self._gone[handle.id] = "it was destroyed"
         self._leases.pop(handle.id, None)
         await self._delete(namespace, name)
 
     async def inject_loss(self, handle: SandboxHandle) -> None:
-        """Delete the Pod behind the caller's back, as an eviction would (testing aid)."""
+        """Delete the Pod behind the caller's back, as an eviction would (testing aid). The sandbox is gone when
+        this returns, as the contract says, although the Pod may answer for its grace period yet."""
         namespace, name = _split_id(handle.id)
+        self._gone[handle.id] = "loss was injected: its Pod was deleted"
         await self._delete(namespace, name)
 
     async def _delete(self, namespace: str, name: str) -> None:
@@ -531,10 +535,10 @@ class KubernetesProvider(SandboxProvider):
 
     async def _require_live(self, handle: SandboxHandle) -> None:
         if handle.id in self._gone:
-            raise SandboxGone(handle.id, "it was destroyed")
+            raise SandboxGone(handle.id, self._gone[handle.id])
         expires = max(self._leases.get(handle.id, 0.0), handle.lease_expires_at or 0.0)
         if expires and self._clock() >= expires:
-            self._gone.add(handle.id)
+            self._gone[handle.id] = "its lease ran out; the Pod was deleted"
             namespace, name = _split_id(handle.id)
             await self._delete(namespace, name)
             raise SandboxGone(handle.id, "its lease ran out; the Pod was deleted")

@@ -53,7 +53,7 @@ def signal(settings: Settings, run_id: str, callback_id: str, value_json: str, t
 
     Signalling the same value twice is a no-op; a different value for a signalled callback is an error.
     """
-    value = parse_json(value_json, "VALUE_JSON")
+    value = parse_json(value_json, "VALUE_JSON", flag="")
     if then_resume and settings.kube:
         raise CliError("--resume is for local runs: in a cluster the operator continues a signalled run by itself")
 
@@ -66,6 +66,8 @@ def signal(settings: Settings, run_id: str, callback_id: str, value_json: str, t
             new = await engine.signal(run_id, callback_id, value)
             after = None
             if then_resume and isinstance(engine, durable_sandbox.Engine):
+                if settings.output == "table":  # said first: the resume may not get far (its code not importable here)
+                    click.echo(f"signalled {callback_id} of run {run_id}" + ("" if new else " (already had this value)"))
                 after = await drive.resume_run(engine, settings, run_id)
             return new, pending, after
 

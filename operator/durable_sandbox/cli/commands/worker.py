@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
+from collections.abc import Iterator
 
 import click
 
@@ -27,7 +29,8 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
     """Execute runnable runs: pending ones, runs whose durable timer is due, runs a dead process left behind.
 
     Workflows are imported by the path their runs recorded (run it from the directory your code imports
-    from). Waiting runs that hold a sandbox are hibernated after the engine's hibernate_after.
+    from): a run whose module it cannot import is skipped with a warning and left as it is. Waiting runs
+    that hold a sandbox are hibernated after the engine's hibernate_after.
     """
 
     async def go() -> list[RunRecord]:
@@ -48,9 +51,28 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
             # Each run once, as it stands now (a run woken twice was executed twice).
             return [await engine.client.get(run_id) for run_id in dict.fromkeys(executed)]
 
-    ran = run_async(go())
+    with _engine_warnings():
+        ran = run_async(go())
     # What it ran, and how each run stands: the worker's report (`dsb runs` lists the same way).
     if settings.output == "table":
         click.echo(f"worker executed {len(ran)} run(s)")
     render.render_runs(settings, ran, empty="")
     click.get_current_context().exit(EXIT_OK)
+
+
+class _Echo(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"{record.levelname.lower()}: {self.format(record)}", err=True)
+
+
+@contextlib.contextmanager
+def _engine_warnings() -> Iterator[None]:
+    """What the engine warns of while the worker serves (a run it cannot import and skips, the store away)
+    as `warning: ...` lines on stderr, as dsb says everything else."""
+    logger = logging.getLogger("durable_sandbox")
+    handler = _Echo(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
