@@ -257,7 +257,8 @@ def sandbox_summary(obj: dict[str, Any]) -> dict[str, Any]:
     return {
         "name": obj["metadata"]["name"],
         "phase": status.get("phase") or "Pending",
-        "provider": spec.get("provider") or "local",
+        # Display only: the provider the operator pinned (its default when the spec names none), else the spec's.
+        "provider": status.get("provider") or spec.get("provider") or "-",
         "ready": (ready or {}).get("status") or "Unknown",
         "reason": (ready or {}).get("reason"),
         "holder": status.get("holder"),  # the Workflow running in it (spec.sandboxRef)
