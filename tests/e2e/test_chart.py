@@ -162,9 +162,11 @@ def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, he
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["image"] == "durable-sandbox:0.1.0"
     assert container["args"] == [
+        "--default-provider=kubernetes",
         "--metrics-port=8080", "--max-concurrent-runs=50", f"--installation-id={OPERATOR_NS}/{SA_NAME}",
         "--sweep-interval=300", "--sweep-grace=600", f"--journal-key-secret={OPERATOR_NS}/{SA_NAME}-journal-key",
-    ], "every namespace; the local provider is off by default; the orphan sweep's label is unique per release"
+    ], ("every namespace; the local provider is off by default; kubernetes by default (off here: each Workflow naming "
+        "no provider is refused saying so); the orphan sweep's label is unique per release")
     probe = container["livenessProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
@@ -215,7 +217,8 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
     assert deploy["spec"]["replicas"] == 2
     [container] = deploy["spec"]["template"]["spec"]["containers"]
     assert container["args"] == [
-        "--namespace=team-a", "--namespace=team-b", "--allow-local-provider", "--workflows=examples.flows",
+        "--namespace=team-a", "--namespace=team-b", "--allow-local-provider", "--default-provider=kubernetes",
+        "--workflows=examples.flows",
         "--metrics-port=8080", "--max-concurrent-runs=20", "--installation-id=team-ab",
         "--sweep-interval=60", "--sweep-grace=900", f"--journal-key-secret={OPERATOR_NS}/{SA_NAME}-journal-key",
     ]
@@ -245,6 +248,52 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
     monitor = one(docs, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def operator_args(helm: Path, home: Path, *args: str) -> list[str]:
+    [container] = one(render(helm, home, *args), "Deployment")["spec"]["template"]["spec"]["containers"]
+    return list(container["args"])
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (["--set", "watchNamespaces={team-a}"], "kubernetes"),  # the kubernetes provider is on: it is the default
+        (["--set", "watchNamespaces={team-a}", "--set", "allowLocalProvider=true",
+          "--set", "providers.e2b.existingSecret=e2b"], "kubernetes"),
+        # The kubernetes provider off: what else works here, else kubernetes (refused per Workflow, saying why).
+        (["--set", "watchNamespaces={team-a}", "--set", "providers.kubernetes.enabled=false",
+          "--set", "providers.e2b.existingSecret=e2b"], "e2b"),
+        (["--set", "allowLocalProvider=true"], "local"),
+        ([], "kubernetes"),
+        # Named: passed as it is.
+        (["--set", "watchNamespaces={team-a}", "--set", "defaultProvider=e2b"], "e2b"),
+        (["--set", "allowLocalProvider=true", "--set", "defaultProvider=local"], "local"),
+    ],
+    ids=["kubernetes-on", "kubernetes-before-others", "e2b-when-kubernetes-off", "local-when-allowed", "none-works",
+         "named-e2b", "named-local"],
+)
+def test_chart_passes_the_default_provider(helm: Path, helm_home: Path, values: list[str], expected: str) -> None:
+    args = operator_args(helm, helm_home, *values)
+    assert [a for a in args if a.startswith("--default-provider")] == [f"--default-provider={expected}"], args
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["--set", "defaultProvider=kubernetes"], "defaultProvider is kubernetes, but the chart's kubernetes provider is off"),
+        (["--set", "watchNamespaces={team-a}", "--set", "providers.kubernetes.enabled=false",
+          "--set", "defaultProvider=kubernetes"], "set watchNamespaces (and providers.kubernetes.enabled: true)"),
+        (["--set", "defaultProvider=local"], "defaultProvider is local, which the operator refuses unless allowLocalProvider"),
+        (["--set", "defaultProvider=Not A Name"], "at '/defaultProvider'"),
+    ],
+    ids=["kubernetes-off", "kubernetes-disabled", "local-not-allowed", "not-a-name"],
+)
+def test_a_default_provider_that_cannot_work_fails_the_install(helm: Path, helm_home: Path, values: list[str],
+                                                               message: str) -> None:
+    proc = run_helm(helm, helm_home, "template", RELEASE, str(CHART), "--kube-version", kube_version(), *values,
+                    check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
 def test_workflow_secrets_are_never_granted_cluster_wide(helm: Path, helm_home: Path) -> None:
@@ -324,6 +373,7 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
     assert "kubectl -n durable-sandbox-system rollout status deployment/dsb-durable-sandbox" in proc.stdout, (
         "NOTES.txt tells the user what to do next"
     )
+    assert 'names no provider gets "kubernetes"' in proc.stdout and "examples/default-provider-workflow.yaml" in proc.stdout
     crds = set(cluster.kubectl("get", "crd", "-o", "name").stdout.split())
     assert crds == {
         "customresourcedefinition.apiextensions.k8s.io/workflows.durable-sandbox.dev",

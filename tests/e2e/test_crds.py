@@ -113,11 +113,12 @@ def test_sandbox_is_accepted_and_listed_with_printer_columns(
     assert apply(control_plane, namespace, sandbox).returncode == 0
     control_plane.kubectl(
         "patch", "dsbx", "shared", "-n", namespace, "--subresource=status", "--type=merge",
-        "-p", json.dumps({"status": {"phase": "Ready", "providerId": "p-1"}}),
+        "-p", json.dumps({"status": {"phase": "Ready", "provider": "e2b", "providerId": "p-1"}}),
     )  # fmt: skip
     table = control_plane.kubectl("get", "dsbx", "-n", namespace).stdout.splitlines()
     assert table[0].split() == ["NAME", "PHASE", "PROVIDER", "READY", "AGE"]
-    assert table[1].split()[:3] == ["shared", "Ready", "local"]
+    # The provider shown is the one the operator pinned (status.provider; its default when the spec names none).
+    assert table[1].split()[:3] == ["shared", "Ready", "e2b"]
 
     bad = copy.deepcopy(sandbox)
     bad["metadata"]["name"] = "bad-env"
@@ -352,7 +353,8 @@ def test_defaults_are_applied_so_the_stored_spec_is_the_effective_one(
     assert (spec["snapshotEveryNCalls"], spec["retainLatestSnapshot"], spec["suspend"], spec["cancel"]) == (
         0, False, False, False,
     )  # fmt: skip
-    assert (spec["sandbox"]["provider"], spec["sandbox"]["leaseSeconds"]) == ("local", 3600)
+    assert spec["sandbox"]["leaseSeconds"] == 3600
+    assert "provider" not in spec["sandbox"], "no provider default: the operator's --default-provider decides it"
     assert spec["retry"] == {"maxAttempts": 3, "initialIntervalSeconds": 1, "backoff": 2, "maxIntervalSeconds": 60}
     # What has no default stays absent: absent means "not set" (no timeout, no TTL).
     assert "timeoutSeconds" not in spec and "ttlSecondsAfterFinished" not in spec and "sandboxRef" not in spec

@@ -8,22 +8,16 @@ docs/testing.md. Side effects are appended to a log outside the sandboxes, one l
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
-
-from durable_sandbox.engine.records import OperationRecord, RunRecord
 from durable_sandbox.kube.journals import namespace_schema
-from durable_sandbox.stores.postgres import PostgresStore, split_dsn
+from durable_sandbox.stores.postgres import split_dsn
 from tests.e2e.conftest import ControlPlane, wait_until
-from tests.e2e.journal_support import check_rows, drop_namespace_schemas, namespace_dsn
 from tests.e2e.operator_support import (
     HELLO,
     condition,
@@ -39,37 +33,11 @@ from tests.e2e.operator_support import (
     wait_gone,
     wait_in_flight,
 )
+from tests.e2e.postgres_journal_support import ENV, check_pg_journal, journal_dsn, pg_run
 from tests.e2e.sweep_support import local_provider, sweeps_leftovers
 from tests.postgres.server import PostgresServer
 
-__all__ = ["namespace", "operators"]  # fixtures
-
-ENV = "DSB_OPERATOR_JOURNAL"
-
-
-@pytest.fixture
-def journal_dsn(postgres_dsn: str, postgres_server: PostgresServer) -> Iterator[str]:
-    """The operator's DSN (its base schema this test's own); the namespaces' schemas are dropped afterwards."""
-    yield postgres_dsn
-    drop_namespace_schemas(postgres_server, split_dsn(postgres_dsn)[1])
-
-
-def pg_run(dsn: str, ns: str, run_id: str) -> tuple[RunRecord | None, list[OperationRecord]]:
-    async def read() -> tuple[RunRecord | None, list[OperationRecord]]:
-        store = await PostgresStore.connect(namespace_dsn(dsn, ns), pool_size=1)
-        try:
-            return await store.get_run(run_id), await store.load_journal(run_id)
-        finally:
-            await store.close()
-
-    return asyncio.run(read())
-
-
-def check_pg_journal(dsn: str, ns: str, run_id: str) -> None:
-    run, rows = pg_run(dsn, ns, run_id)
-    assert run is not None, f"run {run_id} is not in PostgreSQL"
-    check_rows(rows)
-
+__all__ = ["journal_dsn", "namespace", "operators"]  # fixtures
 
 def _password(dsn: str) -> str:
     password = urlsplit(dsn).password

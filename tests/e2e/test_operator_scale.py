@@ -164,11 +164,10 @@ def test_ten_thousand_calls(control_plane: ControlPlane, namespace: str, operato
     assert max([*watcher.sizes, status_size(final)]) < STATUS_BUDGET, max(watcher.sizes)
     assert final["status"]["calls"] == {"completed": CALLS, "total": CALLS}
 
-    # The whole journal is readable: every call's started and completed record (`dsb --kube` reads Journal
-    # objects; the PostgreSQL journal is read as any PostgreSQL store is, from the namespace's schema).
-    where = (("--kube", "-n", namespace, "history", "big") if operator_journal.dsn is None
-             else ("--store", operator_journal.store_dsn(namespace), "history", final["status"]["runId"]))
-    hist = dsb(*where, "-o", "json", timeout=600, process=True)
+    # The whole journal is readable: every call's started and completed record (`dsb --kube` reads a PostgreSQL
+    # journal when given the operator's URL).
+    where = ("--store", operator_journal.dsn) if operator_journal.dsn else ()
+    hist = dsb("--kube", "-n", namespace, *where, "history", "big", "-o", "json", timeout=600, process=True)
     assert hist.returncode == 0, hist.stderr
     records = json.loads(hist.stdout)
     calls = [r for r in records if r["kind"] == "sandbox.call"]

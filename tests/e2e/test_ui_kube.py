@@ -30,8 +30,8 @@ __all__ = ["namespace", "operators", "tab", "ui_servers"]  # fixtures
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.apiserver_journal("`dsb --kube ui` reads runs from Journal objects; it does not see the PostgreSQL "
-                                  "journal's yet (docs/operations.md, 'Not yet with this journal')"),
+    pytest.mark.apiserver_journal("`dsb --kube ui` is started here without the PostgreSQL journal's --store URL "
+                                  "(test_cli_kube_postgres.py reads such runs through `dsb --kube --store`)"),
 ]
 
 

@@ -120,3 +120,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "durable-sandbox.kubernetesProvider" -}}
 {{- if and .Values.providers.kubernetes.enabled .Values.watchNamespaces }}true{{ end }}
 {{- end }}
+
+{{- /* The provider of a Workflow or Sandbox that names none (dsb operator --default-provider). Unset: kubernetes when
+the chart's kubernetes provider is on; else e2b with operator-wide credentials, local when allowed; else kubernetes,
+which the operator then refuses per Workflow saying why it is off and what to set. A value the chart knows cannot
+work here fails the install instead. */}}
+{{- define "durable-sandbox.defaultProvider" -}}
+{{- $kubernetes := include "durable-sandbox.kubernetesProvider" . -}}
+{{- with .Values.defaultProvider -}}
+{{- if and (eq . "kubernetes") (not $kubernetes) -}}
+{{- fail "defaultProvider is kubernetes, but the chart's kubernetes provider is off: set watchNamespaces (and providers.kubernetes.enabled: true), or set defaultProvider to another provider" -}}
+{{- end -}}
+{{- if and (eq . "local") (not $.Values.allowLocalProvider) -}}
+{{- fail "defaultProvider is local, which the operator refuses unless allowLocalProvider is true (development only: no isolation boundary)" -}}
+{{- end -}}
+{{- . -}}
+{{- else -}}
+{{- if $kubernetes }}kubernetes{{ else if $.Values.providers.e2b.existingSecret }}e2b{{ else if $.Values.allowLocalProvider }}local{{ else }}kubernetes{{ end -}}
+{{- end -}}
+{{- end }}

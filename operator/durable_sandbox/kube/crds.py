@@ -575,8 +575,8 @@ def generate_crds() -> list[Schema]:
             {
                 "name": "Provider",
                 "type": "string",
-                "jsonPath": ".spec.provider",
-                "description": "The sandbox provider.",
+                "jsonPath": ".status.provider",
+                "description": "The sandbox provider (spec.provider, or the operator's default when unset).",
             },
             {
                 "name": "Ready",

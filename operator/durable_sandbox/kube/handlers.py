@@ -151,8 +151,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     _operator = Operator(api, policy=config.policy, settings=config.settings, providers=config.providers,
                          journal_key=config.journal_key, journals=journals)
     _sandboxes = SandboxController(api, _operator.events, _operator.provider_for, SandboxControllerSettings(
-        worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl), labels=_operator.sandbox_labels,
-        records=_operator.records, holding=_operator.holding)
+        worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl,
+        default_provider=config.policy.default_provider, allow_local_provider=config.policy.allow_local_provider),
+        labels=_operator.sandbox_labels, records=_operator.records, holding=_operator.holding)
     _start_sweep(api, _operator)
     for hook in STARTUP_HOOKS:
         result = hook(_operator, settings)
@@ -164,8 +165,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf reads discovery once, right after this handler returns (scanning is disabled): only once it is complete.
     await wait_until_served(api)
     READINESS.ready()
-    log.info("operator %s serving Workflows (local provider %s; workflow modules: %s; journal in %s)",
-             config.settings.worker_id, "allowed" if config.policy.allow_local_provider else "refused",
+    log.info("operator %s serving Workflows (default provider %s; local provider %s; workflow modules: %s; journal "
+             "in %s)", config.settings.worker_id, config.policy.default_provider,
+             "allowed" if config.policy.allow_local_provider else "refused",
              ", ".join(config.policy.workflow_modules) or "none", config.journal)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from durable_sandbox.kube.provider_choice import LOCAL, sandbox_choice
 from durable_sandbox.kube.resources import SANDBOXES, CustomObjects
 from durable_sandbox.kube.sandbox_records import HOLDER, SandboxRecords
 from durable_sandbox.providers.contract import SandboxHandle
@@ -89,8 +90,10 @@ class Holding:
         if sandbox is None or not record.get("providerId"):
             raise SandboxHeld(f"Sandbox {namespace}/{name} has no live sandbox (phase {record.get('phase') or 'missing'}); "
                               f"set its spec.suspend to false and run the Workflow again")
-        return SandboxHandle(id=str(record["providerId"]), provider=str(sandbox["spec"].get("provider", "local")),
-                             metadata=dict(record.get("handle") or {}))
+        # The provider its record pins (a live sandbox always has one; one made before pins existed, its spec's,
+        # which the CRD then defaulted to local); never its status.
+        provider = sandbox_choice(record, (sandbox.get("spec") or {}).get("provider"), LOCAL).name
+        return SandboxHandle(id=str(record["providerId"]), provider=provider, metadata=dict(record.get("handle") or {}))
 
     async def _show(self, namespace: str, name: str, holder: str | None) -> None:
         """status.holder, for people (``kubectl get dsbx``); nothing reads it back."""

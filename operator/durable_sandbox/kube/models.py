@@ -21,10 +21,13 @@ from pydantic_core import PydanticCustomError
 from durable_sandbox.engine.driver import RetrySchedule
 from durable_sandbox.kube.conditions import SANDBOX_CONDITIONS, WORKFLOW_CONDITIONS
 from durable_sandbox.workflows.sandbox_agent import (
+    PROVIDER_DESCRIPTION,
+    PROVIDER_NAME_PATTERN,
     EnvVar,
     FailurePolicy,
     ReadFileCall,
     SandboxAgentInput,
+    SandboxOptions,
     SandboxSettings,
     ShellCall,
     ToolCallSpec,
@@ -42,7 +45,7 @@ SIGNAL_MAX_BYTES = 64 * 1024
 SIGNALS_MAX_BYTES = 256 * 1024
 
 # Used when the provider registry is not installed: the providers this distribution ships.
-BUILTIN_PROVIDERS = frozenset({"local", "e2b"})
+BUILTIN_PROVIDERS = frozenset({"local", "e2b", "kubernetes"})
 
 
 def available_provider_names() -> set[str]:
@@ -141,6 +144,23 @@ def _check_provider(name: str) -> None:
 
 _FIXED = " Fixed at creation: a run's program cannot change under it (create a new Workflow instead)."
 
+_UNSET_PROVIDER = (" Unset: the operator's default provider (dsb operator --default-provider; the chart's defaultProvider, "
+                   "kubernetes when the chart's kubernetes provider is on), pinned when the operator first takes it "
+                   "up; dsb run uses local.")
+
+
+class ResourceSandboxSettings(SandboxOptions):
+    """The sandbox settings of a Workflow or a Sandbox resource: the provider may be left to the operator."""
+
+    provider: Annotated[
+        str, Field(min_length=1, pattern=PROVIDER_NAME_PATTERN, description=PROVIDER_DESCRIPTION + _UNSET_PROVIDER)
+    ] | None = None
+
+    def settings(self, provider: str) -> SandboxSettings:
+        """These settings as a run's sandbox, with ``provider`` (the one decided for it) when they name none."""
+        return SandboxSettings(provider=self.provider or provider, template=self.template, env=list(self.env),
+                               lease_seconds=self.lease_seconds)
+
 
 def signal_problems(signals: dict[str, Any]) -> dict[str, str]:
     """Why each refused signal is refused (key -> message; the key "" for the bound on all of them together):
@@ -197,10 +217,10 @@ class WorkflowSpec(_Model):
         default=None,
         description="The entrypoint's argument, any JSON value (only with entrypoint)." + _FIXED,
     )
-    sandbox: SandboxSettings | None = Field(
+    sandbox: ResourceSandboxSettings | None = Field(
         default=None,
-        description="The sandbox the toolCalls run in (provider 'local' when neither sandbox nor sandboxRef is "
-        "set). Set at most one of sandbox or sandboxRef." + _FIXED,
+        description="The sandbox the toolCalls run in (the operator's default provider when neither sandbox nor "
+        "sandboxRef is set, or sandbox names no provider). Set at most one of sandbox or sandboxRef." + _FIXED,
     )
     sandbox_ref: SandboxRef | None = Field(
         default=None,
@@ -324,8 +344,8 @@ class WorkflowSpec(_Model):
 
     @field_validator("sandbox")
     @classmethod
-    def _known_provider(cls, value: SandboxSettings | None) -> SandboxSettings | None:
-        if value is not None:
+    def _known_provider(cls, value: ResourceSandboxSettings | None) -> ResourceSandboxSettings | None:
+        if value is not None and value.provider is not None:
             _check_provider(value.provider)
         return value
 
@@ -353,7 +373,7 @@ class WorkflowSpec(_Model):
 
 
 # A Workflow's inline `sandbox` settings plus what only a standalone Sandbox has.
-class SandboxResourceSpec(SandboxSettings):
+class SandboxResourceSpec(ResourceSandboxSettings):
     """A sandbox's settings; Workflows use them through spec.sandboxRef."""
 
     # A standalone Sandbox renews its own lease, so a short one only makes loss detection sooner.
@@ -370,17 +390,16 @@ class SandboxResourceSpec(SandboxSettings):
 
     @field_validator("provider")
     @classmethod
-    def _known_provider(cls, value: str) -> str:
+    def _known_provider(cls, value: str | None) -> str | None:
         known = available_provider_names()
-        if value not in known:
+        if value is not None and value not in known:
             raise ValueError(f"unknown sandbox provider {value!r}; available: {', '.join(sorted(known))}")
         return value
 
-    def settings(self) -> SandboxSettings:
+    def settings(self, provider: str) -> SandboxSettings:
         # A Workflow's own lease is at least a minute; a shorter Sandbox lease is the Sandbox's to renew.
-        return SandboxSettings(
-            provider=self.provider, template=self.template, env=list(self.env), lease_seconds=max(60, self.lease_seconds)
-        )
+        return SandboxSettings(provider=self.provider or provider, template=self.template, env=list(self.env),
+                               lease_seconds=max(60, self.lease_seconds))
 
 
 # --------------------------------------------------------------------------------------------- status
@@ -550,6 +569,10 @@ class SandboxResourceStatus(_Status):
         default=None, description="The metadata.generation of the spec the operator last acted on."
     )
     phase: str | None = Field(default=None, description="One word for kubectl get.")  # printer convenience
+    provider: str | None = Field(
+        default=None, description="The provider it uses: spec.provider, or the operator's default when that is unset; "
+        "fixed when the operator first reconciles the Sandbox."
+    )
     provider_id: str | None = Field(default=None, description="The provider's id of the live sandbox.")
     handle: dict[str, Any] | None = Field(
         default=None, description="The provider's handle metadata for the live sandbox (never secrets)."
@@ -598,14 +621,17 @@ KINDS: dict[str, type[WorkflowResource] | type[SandboxResource]] = {
 }
 
 
-def to_sandbox_agent_input(spec: WorkflowSpec, sandbox: SandboxSettings | None = None) -> SandboxAgentInput:
-    """The ``sandbox-agent`` input for a toolCalls Workflow. ``sandbox`` overrides ``spec.sandbox``
-    (the caller resolves ``sandboxRef`` to settings)."""
+def to_sandbox_agent_input(spec: WorkflowSpec, sandbox: SandboxSettings | None = None, *,
+                           provider: str = "local") -> SandboxAgentInput:
+    """The ``sandbox-agent`` input for a toolCalls Workflow. ``sandbox`` overrides ``spec.sandbox`` (the caller
+    resolves ``sandboxRef`` to settings); ``provider`` is the one when neither names a provider."""
     if spec.tool_calls is None:
         raise ValueError("this Workflow has an entrypoint, not toolCalls; it does not run sandbox-agent")
+    if sandbox is None:
+        sandbox = spec.sandbox.settings(provider) if spec.sandbox is not None else SandboxSettings(provider=provider)
     return SandboxAgentInput(
         tool_calls=list(spec.tool_calls),
-        sandbox=sandbox or spec.sandbox or SandboxSettings(),
+        sandbox=sandbox,
         snapshot_every_n_calls=spec.snapshot_every_n_calls,
         retain_latest_snapshot=spec.retain_latest_snapshot,
         inject_loss_after_n_calls=spec.inject_loss_after_n_calls,
@@ -627,6 +653,7 @@ __all__ = [
     "PendingCallbackStatus",
     "ReadFileCall",
     "Resource",
+    "ResourceSandboxSettings",
     "RetrySpec",
     "SandboxRef",
     "SandboxResource",

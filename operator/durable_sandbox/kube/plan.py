@@ -14,6 +14,9 @@ half-started run (or a provisioned sandbox) behind. Where the two differ, it is 
   that drives the run needs ``AgentServices.env_values`` returning them by run id (`dsb run` keeps them
   beside its store, see ``cli/envfiles.py``; the operator re-plans the Workflow object).
 - ``ttlSecondsAfterFinished``/``suspend`` only mean something in the cluster.
+- a sandbox that names no provider: ``local`` for `dsb run`; in the cluster the operator decides
+  (``kube/provider_choice.py``: the provider its journal pinned, else its ``--default-provider``) and passes it
+  as ``default_provider``.
 - the operator imports workflow code only from the modules it is configured with
   (``allowed_modules``); the check happens before anything is imported.
 """
@@ -143,18 +146,21 @@ def plan_workflow(
     run_id: str | None = None,
     cluster: bool = False,
     allowed_modules: Sequence[str] | None = None,
+    default_provider: str = "local",
 ) -> RunPlan:
     """The run plan of one Workflow.
 
     ``sandboxes`` are the Sandbox resources ``spec.sandboxRef`` may name (the same file locally, the
     namespace in the cluster). ``cluster`` selects the cluster's meaning (see the module doc); it needs
     ``metadata.uid``. ``allowed_modules`` (operator policy) limits which entrypoints may be imported.
+    ``default_provider``: the provider of a toolCalls sandbox that names none.
     """
     spec = wf.spec
     name = wf.metadata.name
     where = f"{source}: Workflow/{name}: "
     warnings: list[str] = []
-    settings = _sandbox_settings(wf, sandboxes, cluster=cluster, where=where, warnings=warnings)
+    settings = _sandbox_settings(wf, sandboxes, cluster=cluster, where=where, warnings=warnings,
+                                 default_provider=default_provider)
     if not cluster:
         _check_local(wf, settings, where=where, warnings=warnings)
     program = _program(wf, settings, cluster=cluster, where=where, allowed_modules=allowed_modules)
@@ -180,21 +186,23 @@ def plan_workflow(
         warnings=warnings,
         env_values=program.env_values,
         where=where,
-        sandbox=(settings or SandboxSettings()) if spec.tool_calls is not None else None,
+        sandbox=settings if spec.tool_calls is not None else None,
         snapshot_every=spec.snapshot_every_n_calls,
         inject_loss_after=spec.inject_loss_after_n_calls,
     )
 
 
 def _sandbox_settings(wf: WorkflowResource, sandboxes: Mapping[str, SandboxResource] | None, *, cluster: bool,
-                      where: str, warnings: list[str]) -> SandboxSettings | None:
-    """The sandbox the Workflow's calls run in: spec.sandbox, or the settings of the Sandbox spec.sandboxRef names."""
+                      where: str, warnings: list[str], default_provider: str) -> SandboxSettings:
+    """The sandbox the Workflow's calls run in: spec.sandbox, or the settings of the Sandbox spec.sandboxRef names,
+    with ``default_provider`` when they name none."""
     spec = wf.spec
+    own = spec.sandbox.settings(default_provider) if spec.sandbox is not None else SandboxSettings(provider=default_provider)
     if spec.sandbox_ref is None:
-        return spec.sandbox
+        return own
     ref = (sandboxes or {}).get(spec.sandbox_ref.name)
     if ref is not None:
-        return ref.spec.settings()
+        return ref.spec.settings(default_provider)
     if cluster:
         raise PlanError(
             f"{where}spec.sandboxRef: Sandbox {spec.sandbox_ref.name!r} does not exist in this namespace; "
@@ -204,10 +212,10 @@ def _sandbox_settings(wf: WorkflowResource, sandboxes: Mapping[str, SandboxResou
         f"{where}spec.sandboxRef: Sandbox {spec.sandbox_ref.name!r} is not in this file; "
         f"ignored locally (using a default local sandbox)"
     )
-    return spec.sandbox
+    return own
 
 
-def _check_local(wf: WorkflowResource, settings: SandboxSettings | None, *, where: str, warnings: list[str]) -> None:
+def _check_local(wf: WorkflowResource, settings: SandboxSettings, *, where: str, warnings: list[str]) -> None:
     """What `dsb run` cannot honour: cluster-only fields (a warning), Secret references (an error)."""
     spec = wf.spec
     for field_name, active in (
@@ -216,7 +224,7 @@ def _check_local(wf: WorkflowResource, settings: SandboxSettings | None, *, wher
     ):
         if active:
             warnings.append(f"{where}spec.{field_name}: only meaningful in a cluster; ignored by dsb run")
-    for i, var in enumerate(settings.env if settings is not None else []):
+    for i, var in enumerate(settings.env):
         if var.value_from is not None:
             ref_ = var.value_from.secret_key_ref
             raise PlanError(
@@ -234,7 +242,7 @@ class _Program:
     provider: str | None
 
 
-def _program(wf: WorkflowResource, settings: SandboxSettings | None, *, cluster: bool, where: str,
+def _program(wf: WorkflowResource, settings: SandboxSettings, *, cluster: bool, where: str,
              allowed_modules: Sequence[str] | None) -> _Program:
     """The workflow and its input: sandbox-agent over spec.toolCalls, or spec.entrypoint (checked against
     the operator's allowed modules before anything is imported) with spec.input."""

@@ -33,7 +33,8 @@ __all__ = ["HOLDER", "RECORDED", "SandboxRecords"]
 SANDBOX_LABEL = "durable-sandbox.dev/sandbox"
 HOLDER = "holder"
 # The fields of a Sandbox's status that the operator acts on: kept here, shown in status.
-RECORDED = ("providerId", "handle", "leaseExpiresAt", "snapshots", "operation", "operationCount", "phase",
+# "provider" pins the Sandbox's provider (kube/provider_choice.py) before anything is provisioned.
+RECORDED = ("provider", "providerId", "handle", "leaseExpiresAt", "snapshots", "operation", "operationCount", "phase",
             "capabilities")
 
 

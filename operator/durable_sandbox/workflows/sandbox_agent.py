@@ -230,19 +230,16 @@ class EnvVar(_Spec):
         return self
 
 
-class SandboxSettings(_Spec):
-    """The sandbox a run works in."""
+PROVIDER_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
+PROVIDER_DESCRIPTION = (
+    "The sandbox provider: 'kubernetes' (a Pod in this namespace), 'e2b', or 'local' (subprocess workspaces; "
+    "the operator accepts it only with --allow-local-provider), or one installed as a plugin."
+)
 
-    provider: Annotated[
-        str,
-        Field(
-            min_length=1,
-            pattern=r"^[a-z0-9][a-z0-9_.-]*$",
-            description="The sandbox provider: 'kubernetes' (a Pod in this namespace), 'e2b', or 'local' "
-            "(subprocess workspaces; the operator accepts it only with --allow-local-provider), or one installed "
-            "as a plugin.",
-        ),
-    ] = "local"
+
+class SandboxOptions(_Spec):
+    """A sandbox's settings but its provider (which the Kubernetes resources may leave to the operator's default)."""
+
     template: str | None = Field(
         default=None, description="The provider's template for the sandbox (kubernetes: an image, or "
         "podtemplate/<name> of a PodTemplate in this namespace); the provider's default if unset."
@@ -258,6 +255,14 @@ class SandboxSettings(_Spec):
             "it works, so this bounds how long a sandbox outlives a crashed worker.",
         ),
     ] = 3600
+
+
+class SandboxSettings(SandboxOptions):
+    """The sandbox a run works in: always a provider by name (the one its journal pins when it provisions)."""
+
+    provider: Annotated[
+        str, Field(min_length=1, pattern=PROVIDER_NAME_PATTERN, description=PROVIDER_DESCRIPTION)
+    ] = "local"
 
 
 class SandboxAgentInput(_Spec):
@@ -302,7 +307,7 @@ def to_tool_call(spec: ShellCall | WriteFileCall | ReadFileCall, operation_id: s
     return ToolCall(operation_id=operation_id, type=spec.type, args=args)
 
 
-def resolve_env(settings: SandboxSettings, secrets: Mapping[tuple[str, str], str] | None = None) -> dict[str, str]:
+def resolve_env(settings: SandboxOptions, secrets: Mapping[tuple[str, str], str] | None = None) -> dict[str, str]:
     """Literal values plus secret references resolved by the caller (the operator reads Secrets)."""
     env: dict[str, str] = {}
     for var in settings.env:

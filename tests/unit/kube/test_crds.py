@@ -134,7 +134,7 @@ def test_checker_rejects_what_is_not_structural() -> None:
             ("Snapshot", "string", ".status.latestSnapshot"), ("Age", "date", ".metadata.creationTimestamp"),
         ]),
         ("Sandbox", "sandboxes", "dsbx", [
-            ("Phase", "string", ".status.phase"), ("Provider", "string", ".spec.provider"),
+            ("Phase", "string", ".status.phase"), ("Provider", "string", ".status.provider"),
             ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
             ("Age", "date", ".metadata.creationTimestamp"),
         ]),
@@ -302,7 +302,9 @@ def test_spec_defaults_are_declared_and_status_has_none() -> None:
     assert spec["snapshotEveryNCalls"]["default"] == 0
     assert spec["suspend"]["default"] is False and spec["cancel"]["default"] is False
     assert spec["retainLatestSnapshot"]["default"] is False
-    assert spec["sandbox"]["properties"]["provider"]["default"] == "local"
+    # Unset on purpose: the operator's --default-provider decides (and pins) it, not the API server.
+    assert "default" not in spec["sandbox"]["properties"]["provider"]
+    assert "default" not in openapi("Sandbox")["properties"]["spec"]["properties"]["provider"]
     assert spec["sandbox"]["properties"]["leaseSeconds"]["default"] == 3600
     assert spec["retry"]["properties"]["maxAttempts"]["default"] == 3
     # No defaults for what has none in the models (absent means "not set") nor for containers.

@@ -209,8 +209,9 @@ def test_valid_multi_document_manifest_with_cluster_fields() -> None:
     assert spec.retry is not None and [spec.retry.interval(n) for n in (2, 3, 4)] == [0.5, 1.5, 2.0]
     assert spec.signals == {"approve": {"ok": True}}
     assert box.metadata.namespace == "team-a" and box.spec.env[0].value_from is not None
-    agent = to_sandbox_agent_input(spec, box.spec.settings())
+    agent = to_sandbox_agent_input(spec, box.spec.settings("e2b"))
     assert isinstance(agent, SandboxAgentInput)
+    assert agent.sandbox.provider == "local", "the Sandbox names local: the default given is for one naming none"
     assert agent.sandbox.lease_seconds == 600 and agent.snapshot_every_n_calls == 2
     assert agent.retain_latest_snapshot and agent.inject_loss_after_n_calls == 1 and agent.hibernate_after_seconds == 0
     assert [c.type for c in agent.tool_calls] == ["write_file", "shell", "read_file"]

@@ -22,6 +22,11 @@ def _modules(value: str) -> tuple[str, ...]:
 @click.command("operator")
 @click.option("--allow-local-provider", is_flag=True,
               help="Allow Workflows to use the local provider (development only: it is no isolation boundary).")
+@click.option("--default-provider", metavar="NAME", default="local", show_default=True,
+              envvar="DSB_DEFAULT_PROVIDER", show_envvar=True,
+              help="The sandbox provider of a Workflow or Sandbox that names none (pinned when the operator first "
+                   "takes it up: a later change moves nothing that runs). local suits an operator started by hand "
+                   "for development (with --allow-local-provider); the chart passes kubernetes.")
 @click.option("--workflows", "workflow_modules", metavar="MODULES", default="",
               help="Comma-separated modules or packages Workflow entrypoints may be imported from "
                    "(e.g. pkg.flows,other.pkg); the built-in sandbox-agent (toolCalls) is always allowed.")
@@ -66,6 +71,7 @@ def _modules(value: str) -> tuple[str, ...]:
 @click.option("-v", "--verbose", is_flag=True, help="Log kopf's own activity too.")
 def operator(
     allow_local_provider: bool,
+    default_provider: str,
     workflow_modules: str,
     namespaces: tuple[str, ...],
     lease_seconds: float,
@@ -100,7 +106,8 @@ def operator(
     logging.getLogger("kopf").setLevel(logging.INFO if verbose else logging.WARNING)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     handlers.config.policy = OperatorPolicy(
-        allow_local_provider=allow_local_provider, workflow_modules=_modules(workflow_modules)
+        allow_local_provider=allow_local_provider, workflow_modules=_modules(workflow_modules),
+        default_provider=_default_provider(default_provider, allow_local_provider),
     )
     settings = OperatorSettings(lease_ttl=lease_seconds, hibernate_after=hibernate_after,
                                 max_concurrent_runs=max_concurrent_runs,
@@ -126,6 +133,30 @@ def operator(
     problem = handlers.run(namespaces=list(namespaces), liveness=liveness)
     if problem is not None:
         raise CliError(problem, code=EXIT_FAILED)
+
+
+def _default_provider(name: str, allow_local: bool) -> str:
+    """``--default-provider``: an installed provider (else the operator does not start). One it cannot use here
+    (local without --allow-local-provider, a provider missing its configuration) is said now, and each Workflow
+    or Sandbox that names no provider is refused saying so (kube/provider_choice.py)."""
+    import os
+
+    from durable_sandbox.kube.provider_choice import LOCAL
+    from durable_sandbox.providers.registry import available_providers
+
+    name = name.strip()
+    installed = available_providers()
+    if name not in installed:
+        raise CliError(f"--default-provider {name!r}: no such provider is installed (available: "
+                       f"{', '.join(sorted(installed))})", code=EXIT_FAILED)
+    log = logging.getLogger(__name__)
+    if name == LOCAL and not allow_local:
+        log.warning("--default-provider is local, which this operator does not allow (no --allow-local-provider): "
+                    "Workflows and Sandboxes that name no provider are refused")
+    elif problems := installed[name].configuration_problems(os.environ):
+        log.warning("--default-provider %s is not available here (%s): Workflows and Sandboxes that name no provider "
+                    "are refused", name, "; ".join(problems))
+    return name
 
 
 def _journal_choice(value: str) -> JournalChoice:

@@ -59,6 +59,7 @@ from durable_sandbox.kube.labels import label_value
 from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
 from durable_sandbox.kube.models import SandboxResource
 from durable_sandbox.kube.objects import owner_tag
+from durable_sandbox.kube.provider_choice import PINNED, refusal, sandbox_choice
 from durable_sandbox.kube.resources import (
     API_VERSION,
     OPERATOR_FIELD_MANAGER,
@@ -271,13 +272,29 @@ class SandboxController:
             await self._transition(view, "Failed", Ready=(False, "InvalidSpec", message))
             await self._emit(view, "InvalidSpec", message, "Warning")
             return None
+        choice = sandbox_choice(view.status, res.spec.provider, self.settings.default_provider)
+        refused = refusal(choice, where="spec.provider", allow_local=self.settings.allow_local_provider)
+        if refused is not None:
+            await self._transition(view, "Failed", Ready=(False, *refused))
+            await self._emit(view, refused[0], refused[1], "Warning")
+            return None
         try:
-            provider = self.provider(res.spec.provider)
+            provider = self.provider(choice.name)
         except Exception as exc:
             message = f"spec.provider: {exc}"
             await self._transition(view, "Failed", Ready=(False, "ProviderNotAllowed", message))
             await self._emit(view, "ProviderNotAllowed", message, "Warning")
             return None
+        if choice.source != "pinned":
+            # Before anything is made: what this Sandbox makes from now on, and cleans up at the end, is made with
+            # this provider, whatever a later --default-provider (or a changed spec.provider) says.
+            await self._patch(view, {PINNED: choice.name})
+        elif res.spec.provider and res.spec.provider != choice.name:
+            message = (f"spec.provider is {res.spec.provider!r}, but this Sandbox's sandboxes are {choice.name}'s (fixed "
+                       f"when it was first reconciled); it stays on {choice.name}: create a new Sandbox for another provider")
+            log.warning("sandbox %s/%s: %s", view.namespace, view.name, message)
+            await self._emit(view, "ProviderFixed", message, "Warning")
+        res = res.model_copy(update={"spec": res.spec.model_copy(update={"provider": choice.name})})
         if view.status.get("capabilities") is None:
             caps = provider.capabilities()
             await self._patch(view, {"capabilities": {
@@ -525,9 +542,10 @@ class SandboxController:
                     await self._transition(view, "Deleting", CleanupBlocked=(True, "HeldByWorkflow", message))
                     await self._emit(view, "CleanupBlocked", message, "Warning")
                 raise CleanupPending(message, self.settings.held_retry)
-            provider = self.provider(view.provider_name)
             try:
-                await self._destroy_everything(view, provider)
+                name = view.provider_name
+                if name is not None:  # None: no provider was ever pinned or named, so nothing was made
+                    await self._destroy_everything(view, self.provider(name))
             except (ProviderError, OSError) as exc:
                 if isinstance(exc, UnsupportedCapability):
                     raise

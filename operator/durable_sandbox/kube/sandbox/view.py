@@ -8,6 +8,7 @@ from typing import Any
 
 from durable_sandbox.kube.leases import HeldLease
 from durable_sandbox.kube.objects import ObjectView
+from durable_sandbox.kube.provider_choice import LOCAL, PINNED
 from durable_sandbox.providers.contract import SandboxHandle
 
 __all__ = ["OPERATION_LABEL", "SANDBOX_LABEL", "SandboxControllerSettings", "SandboxView"]
@@ -24,6 +25,8 @@ class SandboxControllerSettings:
     cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
     worker_id: str = "durable-sandbox"  # this replica's name in the Sandboxes' Leases
     lease_ttl: float = 15.0  # a dead replica's Sandboxes are taken over after this long
+    default_provider: str = LOCAL  # a Sandbox's provider when its spec names none (pinned in its record)
+    allow_local_provider: bool = False  # the operator's policy, for a Sandbox that gets local by default
 
 
 @dataclass(kw_only=True)
@@ -44,8 +47,14 @@ class SandboxView(ObjectView):
         pid = self.status.get("providerId")
         if not pid:
             return None
-        return SandboxHandle(id=pid, provider=self.provider_name, metadata=dict(self.status.get("handle") or {}))
+        # A live sandbox always has its provider pinned (or, made before pins existed, named by the spec, which the
+        # CRD then defaulted to local).
+        return SandboxHandle(id=pid, provider=self.provider_name or LOCAL, metadata=dict(self.status.get("handle") or {}))
 
     @property
-    def provider_name(self) -> str:
-        return str((self.body.get("spec") or {}).get("provider") or "local")
+    def provider_name(self) -> str | None:
+        """The provider of this Sandbox's sandboxes and snapshots: the one its record pins (``status`` holds the
+        record's fields, never the API server's status); before anything was pinned, the one its spec names
+        (a record written before pins existed); None when neither (nothing was made)."""
+        pinned = self.status.get(PINNED)
+        return str(pinned) if pinned else (self.body.get("spec") or {}).get("provider") or None

@@ -1,7 +1,8 @@
 """Admission: policy and plan, before anything is imported, provisioned or executed.
 
-A Workflow is validated and checked against the operator's policy (the local provider only when allowed;
-entrypoints only from the configured modules, the built-in sandbox-agent always) before its workflow code
+A Workflow is validated and checked against the operator's policy (its provider decided by
+``kube/provider_choice.py``: pinned by a run already created, named, or the operator's default; the local provider
+only when allowed; entrypoints only from the configured modules, the built-in sandbox-agent always) before its workflow code
 is imported; the Secrets its sandbox env names are read (kept in memory for the run, never stored); a
 ``spec.sandboxRef`` Sandbox is taken for it. Then its run is created in the namespace's store, owned by the
 Workflow. A refusal is final (phase Failed, a reason, a Warning Event) until the spec changes; code that is
@@ -14,11 +15,20 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from durable_sandbox.engine.records import RunRecord
 from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.events import LifecycleEvent
 from durable_sandbox.kube.manifests import format_loc
 from durable_sandbox.kube.models import SandboxResource, WorkflowResource, without_refused_signals
 from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, plan_workflow
+from durable_sandbox.kube.provider_choice import (
+    LOCAL,
+    ProviderChoice,
+    choose_provider,
+    pinned_by_run,
+    refusal,
+    sandbox_choice,
+)
 from durable_sandbox.kube.resources import SANDBOXES
 from durable_sandbox.kube.secrets import SecretNotReadable, read_secret_values, secret_refs
 from durable_sandbox.kube.status import Projection
@@ -29,11 +39,6 @@ from durable_sandbox.kube.workflow.wing import Wing
 from durable_sandbox.workflows import sandbox_agent
 
 __all__ = ["Admission"]
-
-LOCAL_NOT_ALLOWED = (
-    "spec.sandbox.provider: the local provider is not allowed by this operator (it is no isolation boundary); start "
-    "the operator with --allow-local-provider for development, or use another provider"
-)
 
 
 class Admission:
@@ -57,29 +62,40 @@ class Admission:
             loc = format_loc([*err.get("loc", ()), *ctx.get("subloc", [])])
             await self.reject(view, reason, f"{loc}: {err.get('msg')}")
             return None
-        plan = await self._plan(view, wf)
+        # A run created before (by this replica, another one, or an operator started with another default) keeps
+        # the provider its stored input pins, whatever this operator's --default-provider says now.
+        stored = await self.engines.engine_for(view.namespace).store.get_run(view.run_id)
+        plan = await self._plan(view, wf, pinned_by_run(stored.input) if stored is not None else None)
         if plan is None or not await self._ready(view, wf, plan):
             return None
-        await self._create_run(view, plan)
+        await self._create_run(view, plan, stored)
         return plan
 
-    async def _plan(self, view: RunView, wf: WorkflowResource) -> RunPlan | None:
-        provider = (wf.spec.sandbox.provider if wf.spec.sandbox is not None else None)
+    async def _plan(self, view: RunView, wf: WorkflowResource, pinned: str | None) -> RunPlan | None:
+        named = wf.spec.sandbox.provider if wf.spec.sandbox is not None else None
         sandboxes: dict[str, SandboxResource] = {}
+        choice: ProviderChoice | None = None
         if wf.spec.sandbox_ref is not None:
             found = await self._sandbox(view.namespace, wf.spec.sandbox_ref.name)
             if found is not None:
+                # The Sandbox's own provider (its record's pin, its spec's, the default): its calls run there.
+                of_sandbox = sandbox_choice(await self.holding.records.read(view.namespace, found.metadata.uid or ""),
+                                            found.spec.provider, self.policy.default_provider)
+                found = found.model_copy(update={"spec": found.spec.model_copy(update={"provider": of_sandbox.name})})
                 sandboxes[found.metadata.name] = found
-                provider = found.spec.provider
-        if wf.spec.tool_calls is not None and provider is None:
-            provider = "local"  # sandbox-agent's default
-        if provider == "local" and not self.policy.allow_local_provider:
-            await self.reject(view, "ProviderNotAllowed", LOCAL_NOT_ALLOWED)
-            return None
+                choice = choose_provider(pinned=pinned, named=of_sandbox.name, default=self.policy.default_provider)
+        elif wf.spec.tool_calls is not None:
+            choice = choose_provider(pinned=pinned, named=named, default=self.policy.default_provider)
+        if choice is not None:
+            refused = refusal(choice, where="spec.sandbox.provider", allow_local=self.policy.allow_local_provider)
+            if refused is not None:
+                await self.reject(view, *refused)
+                return None
         try:
             return plan_workflow(
                 wf, source=f"{view.namespace}", sandboxes=sandboxes, cluster=True,
                 allowed_modules=[*self.policy.workflow_modules, sandbox_agent.__name__],
+                default_provider=choice.name if choice is not None else LOCAL,
             )
         except WorkflowUnavailable as exc:
             view.extra.not_runnable = str(exc)
@@ -109,11 +125,14 @@ class Admission:
         self.runs.env_values[view.run_id] = dict(plan.env_values)
         return True
 
-    async def _create_run(self, view: RunView, plan: RunPlan) -> None:
+    async def _create_run(self, view: RunView, plan: RunPlan, stored: RunRecord | None) -> None:
+        """The run, created unless ``stored`` (read at the start of this admission) has it already."""
         engine = self.engines.engine_for(view.namespace)
-        record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=plan.labels)
         store: Any = engine.store  # a KubernetesStore: the run's objects are owned by the Workflow
-        run, _ = await store.create_run(record, owner=OwnerRef(name=view.name, uid=view.uid))
+        run = stored
+        if run is None:
+            record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=plan.labels)
+            run, _ = await store.create_run(record, owner=OwnerRef(name=view.name, uid=view.uid))
         view.run = run
         view.projection = Projection(total_calls=_total_calls(plan))
         view.projection.feed(await store.load_journal(view.run_id))

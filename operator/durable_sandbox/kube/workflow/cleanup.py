@@ -127,7 +127,9 @@ class Cleanup:
         spec = body.get("spec") or {}
         if spec.get("sandboxRef"):
             return  # its calls ran in a Sandbox resource's sandbox: that Sandbox's, not this Workflow's
-        named = (spec.get("sandbox") or {}).get("provider") or ("local" if spec.get("toolCalls") else None)
+        # The provider the spec names (fixed at creation); when it names none, the run's was the operator's default
+        # at the time, which may not be today's: every provider this operator can use is asked.
+        named = (spec.get("sandbox") or {}).get("provider")
         names = [str(named)] if named else self.wing.engines.usable_provider_names()
         owner, installation = view.owner, self.wing.settings.installation_id
         for name in names:

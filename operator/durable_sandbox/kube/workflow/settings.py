@@ -15,6 +15,9 @@ class OperatorPolicy:
     """What this operator may do on behalf of the Workflows it serves."""
 
     allow_local_provider: bool = False
+    # The provider of a Workflow's or Sandbox's sandbox that names none (kube/provider_choice.py); pinned when the
+    # operator first takes the resource up, so changing it later moves nothing that runs.
+    default_provider: str = "local"
     # Modules (or packages) entrypoints may be imported from; the built-in sandbox-agent is always allowed.
     workflow_modules: tuple[str, ...] = ()
 
