@@ -14,12 +14,12 @@ from typing import Any
 from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.sandboxes import journal as session_journal
 from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import (
     condition,
     events,
     fake_e2b,
     get,
-    journal,
     local_sandboxes,
     manifest,
     namespace,
@@ -55,9 +55,9 @@ def uid_of(cp: ControlPlane, ns: str, name: str) -> str:
     return str(body["metadata"]["uid"])
 
 
-def pinned(cp: ControlPlane, ns: str, name: str) -> set[str]:
-    """The providers the run's journal pins (each sandbox session's provision records)."""
-    rows = journal(cp, ns, cluster_run_id(name, uid_of(cp, ns, name)))
+def pinned(journal: OperatorJournal, ns: str, name: str) -> set[str]:
+    """The providers the run's journal pins (each sandbox session's provision records), on either journal."""
+    rows = journal.load(ns, cluster_run_id(name, uid_of(journal.cp, ns, name)))
     return {p[1] for row in rows if (p := session_journal.pinned_provider(row)) is not None}
 
 
@@ -73,7 +73,8 @@ def refused(cp: ControlPlane, ns: str, name: str, reason: str) -> str:
 
 
 def test_the_default_is_pinned_so_a_restart_with_another_default_keeps_the_run_and_cleans_up_there(
-    fake_e2b: FakeState, control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+    fake_e2b: FakeState, control_plane: ControlPlane, namespace: str, operators: Any,
+    operator_journal: OperatorJournal, tmp_path: Path
 ) -> None:
     # fake_e2b first: it is torn down last, after the operators that stream from it have stopped.
     cp, ns, gate = control_plane, namespace, tmp_path / "gate"
@@ -84,7 +85,7 @@ def test_the_default_is_pinned_so_a_restart_with_another_default_keeps_the_run_a
     # A retained snapshot outlives the run: the Workflow's deletion must find it on the pinned provider.
     cp.apply(unnamed("pinned", calls, snapshotEveryNCalls=1, retainLatestSnapshot=True), "-n", ns)
     wait_in_flight(cp, ns, "pinned", 1)
-    assert pinned(cp, ns, "pinned") == {"e2b"}, "no provider named: the operator's default, pinned in the journal"
+    assert pinned(operator_journal, ns, "pinned") == {"e2b"}, "no provider named: the operator's default, pinned in the journal"
     assert fake_e2b.live_sandboxes() and local_sandboxes(first.home) == []
     first.kill()  # a crash mid-call: the next operator takes the run over from its journal
 
@@ -100,7 +101,7 @@ def test_the_default_is_pinned_so_a_restart_with_another_default_keeps_the_run_a
     wait_condition(cp, ns, "pinned", "Succeeded", timeout=180)
     st = status(cp, ns, "pinned")
     assert [r["stdout"] for r in st["result"]["toolResults"]] == ["hello one\n", "two\n", "three\n"]
-    assert pinned(cp, ns, "pinned") == {"e2b"}, "the run stayed on the provider it started with"
+    assert pinned(operator_journal, ns, "pinned") == {"e2b"}, "the run stayed on the provider it started with"
     assert st["sandbox"]["provider"] == "e2b"
     assert local_sandboxes(second.home) == [], "nothing was made with today's default"
     assert st.get("latestSnapshot") and [s.id for s in fake_e2b.snapshots()] == [st["latestSnapshot"]]
