@@ -278,6 +278,18 @@ def test_chart_passes_the_default_provider(helm: Path, helm_home: Path, values: 
     assert [a for a in args if a.startswith("--default-provider")] == [f"--default-provider={expected}"], args
 
 
+@pytest.mark.parametrize(("values", "expected"), [([], "text"), (["--set", "logFormat=json"], "json")])
+def test_chart_passes_the_log_format(helm: Path, helm_home: Path, values: list[str], expected: str) -> None:
+    args = operator_args(helm, helm_home, *values)
+    assert [a for a in args if a.startswith("--log-format")] == [f"--log-format={expected}"], args
+
+
+def test_a_log_format_the_operator_has_not_fails_the_install(helm: Path, helm_home: Path) -> None:
+    proc = run_helm(helm, helm_home, "template", RELEASE, str(CHART), "--kube-version", kube_version(),
+                    "--set", "logFormat=yaml", check=False)
+    assert proc.returncode != 0 and "logFormat" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.apiserver_support import RestartableAPIServer
+from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     HELLO,
     lifecycle,
@@ -22,6 +25,7 @@ from tests.e2e.operator_support import (
 
 __all__ = ["namespace", "operators"]  # fixtures
 
+OUTAGE = 12.0  # seconds the API server is away in the test of it
 LOSSY_CALLS = [{"type": "shell", "operationId": f"c{i}", "command": f"echo c{i}"} for i in range(1, 5)]
 
 
@@ -72,3 +76,37 @@ def test_one_info_line_per_lifecycle_step_and_nothing_wrong(
     one(lossy, r"^SandboxLost: sandbox \S+ lost; recovering$")
     one(lossy, r"^Recovered: recovered into sandbox \S+ from ")
     one(lossy, r"^finished: Succeeded after ")
+
+
+@pytest.mark.timeout(240)
+def test_api_server_away_is_one_warning_with_its_next_try_then_back(
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+) -> None:
+    """The API server killed under a running operator: one WARNING saying it does not answer and when the
+    operator asks again (kopf's watches retrying printed an ERROR every few seconds, for ever), one INFO once
+    it answers again; a Workflow applied after runs."""
+    cp, ns = control_plane, namespace
+    api = RestartableAPIServer(cp, tmp_path / "apiserver")
+    api.start()
+    try:
+        cp.apply(manifest("before"), "-n", ns)
+        op = operators("--allow-local-provider", env={"KUBECONFIG": str(api.kubeconfig)})
+        wait_condition(cp, ns, "before", "Succeeded", timeout=90)
+        api.kill()
+        wait_until(lambda: "the API server does not answer" in op.logs(), 60, "the operator to say the API server is away")
+        # The outage lasts OUTAGE seconds (what is simulated, not a wait for something): kopf's watches retry at
+        # 1, 1, 2, 3, 5 s meanwhile, each retry an ERROR line before, and the probe asks again at 1, 2, 4 s.
+        time.sleep(OUTAGE)
+        api.launch()
+        api.wait_ready()
+        wait_until(lambda: "the API server answers again" in op.logs(), 90, "the operator to say it answers again")
+        cp.apply(manifest("after"), "-n", ns)
+        wait_condition(cp, ns, "after", "Succeeded", timeout=90)
+        text = op.check_log()
+    finally:
+        api.stop()
+    away = [r for r in log_records(text) if "the API server does not answer" in r["message"]]
+    assert len(away) == 1 and away[0]["level"] == "WARNING", away
+    assert re.search(r"asks again in \d+s, then with a backoff of up to 30s", away[0]["message"]), away
+    assert "Request attempt" not in text
+

@@ -109,7 +109,16 @@ API_AWAY = ApiServerAway()  # the operator's one (a process runs one operator)
 def unreachable(exc: BaseException, where: str) -> bool:
     """Whether ``exc`` is the API server not answering (then reported to API_AWAY, which says it once): the caller
     retries and logs nothing more; else the caller says what went wrong itself."""
-    if not is_transient(exc):
+    if not any(is_transient(e) for e in _chain(exc)):  # the journal's StoreUnavailable carries it as its cause
         return False
     API_AWAY.failed(where)
     return True
+
+
+def _chain(exc: BaseException, depth: int = 4) -> list[BaseException]:
+    found: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(found) < depth:
+        found.append(current)
+        current = current.__cause__
+    return found

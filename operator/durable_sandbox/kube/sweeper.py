@@ -141,6 +141,7 @@ class OrphanSweeper:
         self.metrics = metrics
         self._clock = clock
         self._first_seen: dict[str, dict[str, float]] = {}  # provider -> the previous plan's waiting
+        self._listing_failed: dict[str, str] = {}  # provider -> why its inventory could not be listed last round
         self._background: set[asyncio.Task[Any]] = set()
 
     async def run(self, interval: float, stopped: asyncio.Event) -> None:
@@ -199,7 +200,13 @@ class OrphanSweeper:
             try:
                 inventories[name] = (provider, await take_inventory(provider, self.installation))
             except Exception as exc:  # one provider's outage does not stop the others' sweep
-                log.warning("orphan sweep: listing provider %s failed (%s); skipped this round", name, brief(exc))
+                if self._listing_failed.get(name) != brief(exc):  # said once, not at every round it lasts
+                    log.warning("orphan sweep: listing provider %s failed (%s); skipped until it answers",
+                                name, brief(exc))
+                self._listing_failed[name] = brief(exc)
+                continue
+            if self._listing_failed.pop(name, None) is not None:
+                log.info("orphan sweep: provider %s lists its inventory again", name)
         workflows, sandboxes = await self._list(WORKFLOWS), await self._list(SANDBOXES)
         finished, records = await self._operator_state(workflows, sandboxes)
         live, protected, bodies = live_owners(workflows, sandboxes, finished_runs=finished, records=records)
