@@ -27,6 +27,7 @@ from durable_sandbox.providers.s3_snapshots import S3SnapshotStore
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     OperatorProcess,
+    events,
     namespace,
     operators,
     status,
@@ -48,8 +49,8 @@ class Cluster:
         self.cp, self.ns, self.s3, self.start = cp, ns, s3, start
         self.bucket = "op-" + secrets.token_hex(5)
 
-    def operator(self) -> OperatorProcess:
-        env = {**self.s3.environ(self.bucket, prefix="dsb"), "DSB_K8S_NAMESPACES": self.ns,
+    def operator(self, **extra: str) -> OperatorProcess:
+        env = {**self.s3.environ(self.bucket, prefix="dsb"), "DSB_K8S_NAMESPACES": self.ns, **extra,
                # The node's control plane, whatever KUBECONFIG the session's plain one set.
                "KUBECONFIG": str(self.cp.kubeconfig),
                "DSB_K8S_TEMPLATE": json.dumps({"image": IMAGE, "imagePullPolicy": "Never"})}
@@ -95,6 +96,20 @@ def test_the_example_succeeds_on_a_pod_and_leaves_nothing(cluster: Cluster) -> N
     results = status(cluster.cp, cluster.ns, "hello-pod")
     assert results.get("phase") == "Succeeded", results
     wait_until(lambda: cluster.pods() == [] and cluster.objects() == [], 60, "the run's Pod and snapshots to go")
+
+
+def test_a_workflow_naming_no_provider_runs_on_a_pod_when_kubernetes_is_the_default(cluster: Cluster) -> None:
+    """examples/default-provider-workflow.yaml, unchanged, with the operator's default as the chart sets it where
+    the kubernetes provider is on (issue 23: no cloud account, no local provider needed)."""
+    cluster.operator(DSB_DEFAULT_PROVIDER="kubernetes")
+    cluster.cp.kubectl("apply", "-n", cluster.ns, "-f", str(ROOT / "examples" / "default-provider-workflow.yaml"))
+    wait_condition(cluster.cp, cluster.ns, "hello-default", "Succeeded", timeout=180)
+    st = status(cluster.cp, cluster.ns, "hello-default")
+    assert [r["stdout"] for r in st["result"]["toolResults"]][1:] == ["hello, 1 line(s)\n",
+                                                                     "hello from the default provider\n"], st
+    provisioned = [e["message"] for e in events(cluster.cp, cluster.ns, "hello-default") if e["reason"] == "Provisioned"]
+    assert provisioned and all(m.endswith("(kubernetes)") and f"{cluster.ns}/" in m for m in provisioned), provisioned
+    wait_until(lambda: cluster.pods() == [], 60, "the run's Pod to go")
 
 
 def test_loss_injection_and_a_pod_deleted_by_hand_recover_by_restore_and_replay(cluster: Cluster) -> None:

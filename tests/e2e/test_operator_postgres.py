@@ -6,20 +6,14 @@ nothing. Side effects are appended to a log outside the sandboxes, one line per 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
-
-from durable_sandbox.engine.records import OperationRecord, RunRecord
-from durable_sandbox.kube.journals import namespace_schema
-from durable_sandbox.stores.postgres import PostgresStore, split_dsn
+from durable_sandbox.stores.postgres import split_dsn
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     HELLO,
@@ -35,47 +29,11 @@ from tests.e2e.operator_support import (
     wait_gone,
     wait_in_flight,
 )
+from tests.e2e.postgres_journal_support import ENV, check_pg_journal, journal_dsn, pg_run
 from tests.e2e.sweep_support import local_provider, sweeps_leftovers
 from tests.postgres.server import PostgresServer
 
-__all__ = ["namespace", "operators"]  # fixtures
-
-ENV = "DSB_OPERATOR_JOURNAL"
-
-
-@pytest.fixture
-def journal_dsn(postgres_dsn: str, postgres_server: PostgresServer, namespace: str) -> Iterator[str]:
-    """The operator's DSN (its base schema this test's own); the namespace's schema is dropped afterwards."""
-    yield postgres_dsn
-    if not postgres_server.running():
-        postgres_server.start()
-    postgres_server.sql(f"DROP SCHEMA IF EXISTS {namespace_schema(split_dsn(postgres_dsn)[1], namespace)} CASCADE")
-
-
-def _store_dsn(dsn: str, ns: str) -> str:
-    """A DSN naming ``ns``'s schema, to read what the operator wrote there."""
-    real, base = split_dsn(dsn)
-    return f"{real}?schema={namespace_schema(base, ns)}"
-
-
-def pg_run(dsn: str, ns: str, run_id: str) -> tuple[RunRecord | None, list[OperationRecord]]:
-    async def read() -> tuple[RunRecord | None, list[OperationRecord]]:
-        store = await PostgresStore.connect(_store_dsn(dsn, ns), pool_size=1)
-        try:
-            return await store.get_run(run_id), await store.load_journal(run_id)
-        finally:
-            await store.close()
-
-    return asyncio.run(read())
-
-
-def check_pg_journal(dsn: str, ns: str, run_id: str) -> None:
-    run, rows = pg_run(dsn, ns, run_id)
-    assert run is not None, f"run {run_id} is not in PostgreSQL"
-    assert [r.seq for r in rows] == list(range(1, len(rows) + 1)), "journal has gaps or duplicates"
-    completed = [r.op_id for r in rows if r.status == "completed"]
-    assert len(completed) == len(set(completed)), "an operation completed twice"
-
+__all__ = ["journal_dsn", "namespace", "operators"]  # fixtures
 
 def _password(dsn: str) -> str:
     password = urlsplit(dsn).password

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from durable_sandbox.engine.errors import StoreError, StoreUnavailable
+from durable_sandbox.engine.errors import StoreError, StoreRefused, StoreUnavailable
 from durable_sandbox.engine.records import Commit, OperationRecord, RunRecord
 from durable_sandbox.stores import postgres_schema
 from durable_sandbox.stores.postgres import PostgresStore, split_dsn
@@ -197,6 +197,55 @@ async def test_errors_name_the_store_without_its_password(postgres_server: Postg
     with pytest.raises(StoreError) as info:
         await PostgresStore.connect(postgres_server.dsn().replace(str(postgres_server.port), "1"), connect_timeout=2)
     assert postgres_server.password not in str(info.value) and "Cannot connect" in str(info.value)
+
+
+async def test_a_server_that_refuses_for_good_is_a_refusal_that_says_what_to_do(
+    postgres_server: PostgresServer, postgres_dsn: str
+) -> None:
+    """A privilege taken away, a role that may only read: StoreRefused (the run stops where it is and its owner
+    says why, the operator as JournalWriteRefused), not a bare StoreError that crashes whoever called."""
+    owner = await PostgresStore.connect(postgres_dsn)
+    await owner.create_run(RunRecord("r1", "wf"))
+    real, schema = split_dsn(postgres_dsn)
+    role = f"reader_{schema}"
+    secret = "reader-pw-s3cr3t"
+
+    async def limited(conn: Any, s: str) -> None:
+        await conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{secret}'")
+        await conn.execute(f"GRANT USAGE ON SCHEMA {s} TO {role}")
+        await conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {role}")
+
+    await _sql(postgres_dsn, limited)
+    pool = await asyncpg.create_pool(real.replace(f"postgres:{postgres_server.password}@", f"{role}:{secret}@"),
+                                     min_size=1, max_size=1)
+    reader = PostgresStore(pool, postgres_dsn, schema)
+    try:
+        assert (await reader.get_run("r1")) is not None  # reading is allowed
+        with pytest.raises(StoreRefused) as info:
+            await reader.create_run(RunRecord("r2", "wf"))
+        text = str(info.value)
+        assert "SQLSTATE 42501" in text and "grant the store's role" in text, text
+        assert secret not in text and postgres_server.password not in text
+
+        async def read_only(conn: Any, s: str) -> None:
+            await conn.execute(f"GRANT INSERT ON ALL TABLES IN SCHEMA {s} TO {role}")
+            await conn.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
+
+        await _sql(postgres_dsn, read_only)
+        await pool.expire_connections()  # a role's settings apply to new sessions
+        with pytest.raises(StoreRefused, match=r"SQLSTATE 25006.*point the URL at the primary"):
+            await reader.create_run(RunRecord("r3", "wf"))
+        assert [r.run_id for r in await owner.list_runs()] == ["r1"]  # nothing was recorded
+    finally:
+        await pool.close()
+        await owner.close()
+
+        async def drop(conn: Any, s: str) -> None:
+            await conn.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA {s} FROM {role}")
+            await conn.execute(f"REVOKE ALL ON SCHEMA {s} FROM {role}")
+            await conn.execute(f"DROP ROLE {role}")
+
+        await _sql(postgres_dsn, drop)
 
 
 # ------------------------------------------------------------------------------------------- pooling

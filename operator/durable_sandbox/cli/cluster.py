@@ -1,9 +1,10 @@
 """`dsb --kube`: the same commands against a cluster, where the operator executes the runs.
 
 :class:`ClusterEngine` offers what the commands call on a local engine (inspect, history, stream, runs,
-signal, cancel) for the runs of one namespace. Runs are read through ``KubernetesStore`` with the engine's
-own ``RunClient``, exactly as the operator writes them, so inspect, history and logs print what they print
-locally. What steers a run is the Workflow's spec, as with kubectl: ``signal`` adds a key to
+signal, cancel) for the runs of one namespace. Runs are read from the operator's journal (Journal objects
+through ``KubernetesStore``; with ``--store postgresql://...``, the PostgreSQL journal the operator was given
+with ``--journal``) with the engine's own ``RunClient``, exactly as the operator writes them, so inspect,
+history and logs print what they print locally. What steers a run is the Workflow's spec, as with kubectl: ``signal`` adds a key to
 ``spec.signals``, ``cancel`` sets ``spec.cancel``; ``run`` applies the manifest (server-side) and follows the
 run. A run is named by its Workflow's name or by its run id (``<name>-<uid[:8]>``).
 """
@@ -17,7 +18,7 @@ import json
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,15 @@ from durable_sandbox.cli.render import emit_data
 from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import OperationRecord, RunNotFound, RunRecord, RunState, RunStatus
 from durable_sandbox.engine.client import RunClient
+from durable_sandbox.engine.errors import StoreError
 from durable_sandbox.engine.records import ErrorInfo
+from durable_sandbox.engine.store import Store
 from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.journals import ApiServerJournal, JournalChoice, PostgresJournal, open_journal
 from durable_sandbox.kube.manifests import load_manifests
 from durable_sandbox.kube.models import Resource
 from durable_sandbox.kube.resources import SANDBOXES
 from durable_sandbox.kube.status import TERMINAL_PHASES
-from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.kube.workflow.ignored import RERUN_HINT
 from durable_sandbox.kube.workflows import NoSuchWorkflow, WorkflowClient, run_id_of
 from durable_sandbox.sandboxes.journal import SandboxJournal
@@ -70,19 +73,28 @@ class ClusterEngine:
 
     namespace: str
     api: KubeClient
-    store: KubernetesStore
+    store: Store
     workflows: WorkflowClient
+    journal: JournalChoice = field(default_factory=ApiServerJournal)
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, namespace: str | None) -> AsyncIterator[ClusterEngine]:
-        ns = namespace or default_namespace()
+    async def open(cls, settings: Settings) -> AsyncIterator[ClusterEngine]:
+        ns = settings.namespace or default_namespace()
+        choice = journal_of(settings)
         try:
             api = await KubeClient.connect()
         except RuntimeError as exc:
             raise CliError(str(exc)) from None
         try:
-            yield cls(ns, api, KubernetesStore(ns, api), WorkflowClient(api, ns))
+            try:
+                stores = await open_journal(choice, api)
+            except StoreError as exc:
+                raise CliError(f"the operator's journal ({choice}): {exc}") from None
+            try:
+                yield cls(ns, api, stores.store_for(ns), WorkflowClient(api, ns), choice)
+            finally:
+                await stores.aclose()
         finally:
             await api.close()
 
@@ -106,8 +118,11 @@ class ClusterEngine:
         rid = await self.run_id(ref)
         if await self.store.get_run(rid) is None:
             raise RunNotFound(
-                f"Workflow {self.namespace}/{ref} has no run yet (run id {rid}): is an operator running? "
-                f"`kubectl describe workflow {ref} -n {self.namespace}` shows its conditions"
+                f"Workflow {self.namespace}/{ref} has no run in {self.journal} yet (run id {rid}): is an operator "
+                f"running? `kubectl describe workflow {ref} -n {self.namespace}` shows its conditions"
+                + ("; if the operator keeps its journal in PostgreSQL (--journal), give its URL: "
+                   "`dsb --kube --store postgresql://user@host/db ...`" if isinstance(self.journal, ApiServerJournal)
+                   else "")
             )
         return rid
 
@@ -214,6 +229,18 @@ class ClusterEngine:
             await asyncio.sleep(POLL_SECONDS)
 
 
+def journal_of(settings: Settings) -> JournalChoice:
+    """Where `dsb --kube` reads runs: the API server's Journal objects, or, given ``--store postgresql://...``,
+    the operator's PostgreSQL journal (the URL its --journal got; each namespace has its schema under it)."""
+    if not settings.store_given:
+        return ApiServerJournal()  # not $DSB_STORE: that names the local store of `dsb` without --kube
+    if not settings.postgres:
+        raise CliError(f"--store {settings.store_label}: with --kube, --store names the operator's PostgreSQL "
+                       f"journal (postgresql://user@host/db, as given to `dsb operator --journal`); a run in a "
+                       f"cluster is never in a local file")
+    return PostgresJournal(dsn=settings.location, pool_size=2)
+
+
 def _created_at(obj: dict[str, Any]) -> float:
     import datetime as dt
 
@@ -285,7 +312,7 @@ async def run_manifest(settings: Settings, resources: list[Resource], *, detach:
     ordered = sorted(resources, key=lambda r: r.kind != "Sandbox")
     docs = [r.model_dump(mode="json", by_alias=True, exclude_unset=True) for r in ordered]
     states: list[RunState] = []
-    async with ClusterEngine.open(settings.namespace) as cluster:
+    async with ClusterEngine.open(settings) as cluster:
         applied = [await cluster.apply(doc) for doc in docs]
         workflows = [obj for obj in applied if obj.get("kind") == "Workflow"]
         for obj in workflows:

@@ -43,7 +43,7 @@ async def open_client(settings: Settings) -> AsyncIterator[durable_sandbox.Engin
         async with open_engine(settings) as engine:
             yield engine
         return
-    async with cluster_module().ClusterEngine.open(settings.namespace) as cluster:
+    async with cluster_module().ClusterEngine.open(settings) as cluster:
         yield cluster
 
 

@@ -42,6 +42,7 @@ from durable_sandbox.engine.errors import (
     RunNotFound,
     SignalConflict,
     StoreError,
+    StoreRefused,
     StoreUnavailable,
 )
 from durable_sandbox.engine.records import (
@@ -79,6 +80,22 @@ _OP_COLUMNS = "seq, op_id, kind, name, status, attempt, digest, result, error, m
 _SERVER_NOW = "extract(epoch from clock_timestamp())::double precision"
 # SQLSTATEs that mean "the server is away or turning us away for now", not "this request is wrong".
 _OUTAGE_STATES = {"57P01", "57P02", "57P03", "53300", "40001", "40P01"}
+# SQLSTATEs (or their classes, two characters) that mean "the server refuses this for good, until someone acts":
+# a privilege taken away, the login refused, the disk full, a standby that takes no writes, a value over a
+# limit, the schema or database dropped. Raised as StoreRefused: the run stops where it is, nothing recorded,
+# and its owner says why (the operator: JournalWriteRefused, retried later), never a crash or the run's failure.
+_REFUSED_STATES = {"42501", "25006", "3D000", "3F000", "42P01"}
+_REFUSED_CLASSES = {"28", "53", "54"}
+_REFUSAL_HINTS = {
+    "42501": "grant the store's role USAGE on its schema and SELECT, INSERT, UPDATE, DELETE on its tables",
+    "25006": "the server takes no writes (a standby, or default_transaction_read_only): point the URL at the primary",
+    "28": "the server refused the login: check the role and its password ($PGPASSWORD, ~/.pgpass, the Secret)",
+    "53": "the server is out of a resource (disk, memory): free it",
+    "54": "a value is over one of the server's limits",
+    "3D000": "the database is gone: create it, or point the URL at another",
+    "3F000": "the store's schema is gone: it is created again only by a new connection; restart the process",
+    "42P01": "a table of the store's schema is gone: restore the schema from a backup",
+}
 
 
 def _dumps(value: Any) -> str:
@@ -190,7 +207,12 @@ class PostgresStore:
                     return await fn(conn)
             except asyncpg.PostgresError as exc:
                 if not _is_outage(exc, conn):
-                    raise StoreError(f"PostgreSQL store {self.where}: {what}: {_describe(exc)}") from None
+                    refusal = _refusal(exc, f"PostgreSQL store {self.where}: {what}: {_describe(exc)}")
+                    if isinstance(refusal, StoreRefused):
+                        # A session keeps what it started with (a role's read-only default, its search path):
+                        # the next attempt must log in afresh to see the refusal lifted.
+                        await self._pool.expire_connections()
+                    raise refusal from None
                 error: BaseException = exc
             except (OSError, asyncpg.InterfaceError) as exc:
                 if not _is_outage(exc, conn):
@@ -603,6 +625,15 @@ class PostgresStore:
             await asyncio.wait_for(self._pool.close(), 10)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
             self._pool.terminate()
+
+
+def _refusal(exc: BaseException, message: str) -> StoreError:
+    """``exc`` as the store's error: StoreRefused (with what to do) when the server refuses for good."""
+    state = str(getattr(exc, "sqlstate", "") or "")
+    hint = _REFUSAL_HINTS.get(state) or _REFUSAL_HINTS.get(state[:2])
+    if state in _REFUSED_STATES or state[:2] in _REFUSED_CLASSES:
+        return StoreRefused(f"{message} (SQLSTATE {state}): {hint}" if hint else f"{message} (SQLSTATE {state})")
+    return StoreError(message)
 
 
 def _describe(exc: BaseException) -> str:

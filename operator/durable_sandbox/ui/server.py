@@ -61,7 +61,7 @@ async def open_source(settings: Settings) -> AsyncIterator[RunSource]:
     if settings.kube:
         from durable_sandbox.ui.cluster import ClusterSource
 
-        async with cluster_module().ClusterEngine.open(settings.namespace) as cluster:
+        async with cluster_module().ClusterEngine.open(settings) as cluster:
             yield ClusterSource(cluster)
         return
     async with open_engine(settings) as engine:

@@ -22,7 +22,7 @@ def sandboxes(settings: Settings) -> None:
         raise CliError("Sandbox resources live in a cluster: `dsb --kube sandboxes` lists them (-n NS for a namespace)")
 
     async def go() -> list[dict[str, Any]]:
-        async with cluster_module().ClusterEngine.open(settings.namespace) as cluster:
+        async with cluster_module().ClusterEngine.open(settings) as cluster:
             rows: list[dict[str, Any]] = await cluster.sandboxes()
             return rows
 
