@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from durable_sandbox.kube.client import KubeClient, brief
-from durable_sandbox.kube.resources import GROUP, SERVED, VERSION
+from durable_sandbox.kube.resources import GROUP, JOURNALS, SERVED, VERSION
 
 log = logging.getLogger("durable_sandbox.kube.discovery")
 
@@ -41,6 +41,8 @@ class Wanted:
     version: str = VERSION
     plurals: tuple[str, ...] = SERVED
     namespace: str | None = None  # where the operator's watches list (the first it serves); None: cluster-wide
+    # Listed before going on: the served ones, and the Journal objects (every lease, and the API server journal).
+    listed: tuple[str, ...] = (*SERVED, JOURNALS)
 
     def describe(self) -> str:
         return f"{', '.join(self.plurals)} of {self.group}/{self.version}"
@@ -77,7 +79,7 @@ async def missing(api: KubeClient, wanted: Wanted = Wanted()) -> str | None:
     short = [f"{p} ({', '.join(sorted(VERBS - served[p]))})" for p in wanted.plurals if not VERBS <= served[p]]
     if short:
         return f"{path} lists without the verbs kopf needs: {'; '.join(short)}"
-    for plural in wanted.plurals:
+    for plural in wanted.listed:
         try:
             await list_one(api, wanted, plural)
         except Exception as exc:
