@@ -69,14 +69,20 @@ class Engine(_BareEngine):
         first (snapshot, then destroy), so a process that exits while a run waits leaks nothing."""
         await super().aclose()
         for run_id in sorted(self.driven):
+            # The run's head alone says whether it waits: a finished or deleted run (its journal may be half
+            # collected with its Workflow) is no business of this close, and no warning.
             try:
-                state = await self.inspect(run_id)
-                if state.status == "waiting":
-                    await self.hibernate(run_id)
+                run = await self.store.get_run(run_id)
+            except Exception:
+                continue  # unreadable now: a run that waits is hibernated by its next holder, or its lease ends
+            if run is None or run.status != RunStatus.WAITING:
+                continue  # deleted meanwhile (with its Workflow: its sandboxes were finalized then) or not waiting
+            try:
+                await self.hibernate(run_id)
             except RunNotFound:
-                continue  # deleted meanwhile (with its Workflow): its sandboxes were finalized then
+                continue
             except Exception as exc:  # a failed hibernation leaves the sandbox to its provider lease
-                logging.getLogger("durable_sandbox").warning("could not hibernate run %s: %s", run_id, exc)
+                logging.getLogger("durable_sandbox").warning("could not hibernate waiting run %s: %s", run_id, exc)
         await self._session_factory.aclose()
 
 

@@ -7,8 +7,10 @@ unless shared), with an optional fault point (engine/faults.py) so a test kills 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,6 +129,63 @@ class OperatorProcess:
                 self.terminate(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+    def check_log(self, expected: Sequence[str] = ()) -> str:
+        """Stop it (SIGTERM, as a rolling update does: its shutdown is logged too), then assert that its whole
+        log holds no traceback and no ERROR (issue 24), but for lines matching one of ``expected`` (regular
+        expressions: what the test causes on purpose). Returns the log."""
+        self.stop()
+        text = self.logs()
+        problems = log_problems(text, expected)
+        assert not problems, f"{self.log_path.name}: {len(problems)} line(s) no passing test leaves:\n" + "\n".join(
+            problems[:20]) + f"\n--- the log's end:\n{text[-4000:]}"
+        return text
+
+
+# -- the operator's log (issue 24): no traceback and no ERROR that a test did not cause on purpose
+
+_TEXT_LEVEL = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (?P<level>[A-Z]+) ")
+TRACEBACK = "Traceback (most recent call last)"
+
+
+def log_records(text: str) -> list[dict[str, Any]]:
+    """The records of an operator's log in either format: {time, level, logger, message, ...} for each JSON
+    line; for a text line, level, logger and message parsed from ``<date> <time> <LEVEL> <logger>: <message>``.
+    A line that is neither (a traceback's, a CLI ``error:``) is a record of level ``?`` and that line."""
+    records: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
+                continue
+        head = _TEXT_LEVEL.match(line)
+        if head is not None:
+            logger, _, message = line[head.end():].partition(": ")
+            records.append({"level": head["level"], "logger": logger, "message": message, "line": line})
+        elif line.strip():
+            records.append({"level": "?", "message": line, "line": line})
+    return records
+
+
+def log_problems(text: str, expected: Sequence[str] = ()) -> list[str]:
+    """The lines of an operator's log that no passing test leaves (a traceback, a record at ERROR or above, the
+    CLI's ``error:`` at exit) and that match none of ``expected``."""
+    problems = []
+    for record in log_records(text):
+        line = record.get("line") or json.dumps(record)
+        bad = (record.get("level") in ("ERROR", "CRITICAL") or TRACEBACK in line or TRACEBACK in str(
+            record.get("exception") or "") or str(record.get("message", "")).startswith("error:"))
+        if bad and not any(re.search(pattern, line) for pattern in expected):
+            problems.append(line)
+    return problems
+
+
+def lifecycle(text: str, ns: str, name: str) -> list[str]:
+    """The lifecycle lines of Workflow ``ns/name`` (logger durable_sandbox.kube.lifecycle): their messages
+    without the ``<ns>/<name> (run <id>): `` prefix."""
+    prefix = re.compile(rf"^{re.escape(ns)}/{re.escape(name)} \(run [^)]*\): ")
+    return [prefix.sub("", r["message"]) for r in log_records(text)
+            if r.get("logger") == "durable_sandbox.kube.lifecycle" and prefix.match(str(r.get("message", "")))]
 
 
 @pytest.fixture

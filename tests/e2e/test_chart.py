@@ -164,7 +164,7 @@ def test_default_values_render_a_restricted_cluster_wide_operator(helm: Path, he
     assert container["args"] == [
         "--default-provider=kubernetes",
         "--metrics-port=8080", "--max-concurrent-runs=50", f"--installation-id={OPERATOR_NS}/{SA_NAME}",
-        "--sweep-interval=300", "--sweep-grace=600", f"--journal-key-secret={OPERATOR_NS}/{SA_NAME}-journal-key",
+        "--sweep-interval=300", "--sweep-grace=600", f"--journal-key-secret={OPERATOR_NS}/{SA_NAME}-journal-key", "--log-format=text",
     ], ("every namespace; the local provider is off by default; kubernetes by default (off here: each Workflow naming "
         "no provider is refused saying so); the orphan sweep's label is unique per release")
     probe = container["livenessProbe"]
@@ -220,7 +220,7 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
         "--namespace=team-a", "--namespace=team-b", "--allow-local-provider", "--default-provider=kubernetes",
         "--workflows=examples.flows",
         "--metrics-port=8080", "--max-concurrent-runs=20", "--installation-id=team-ab",
-        "--sweep-interval=60", "--sweep-grace=900", f"--journal-key-secret={OPERATOR_NS}/{SA_NAME}-journal-key",
+        "--sweep-interval=60", "--sweep-grace=900", f"--journal-key-secret={OPERATOR_NS}/{SA_NAME}-journal-key", "--log-format=text",
     ]
     [key] = [e for e in container["env"] if e["name"] == "E2B_API_KEY"]
     assert key["valueFrom"] == {"secretKeyRef": {"name": "e2b-credentials", "key": "E2B_API_KEY"}}
@@ -276,6 +276,18 @@ def operator_args(helm: Path, home: Path, *args: str) -> list[str]:
 def test_chart_passes_the_default_provider(helm: Path, helm_home: Path, values: list[str], expected: str) -> None:
     args = operator_args(helm, helm_home, *values)
     assert [a for a in args if a.startswith("--default-provider")] == [f"--default-provider={expected}"], args
+
+
+@pytest.mark.parametrize(("values", "expected"), [([], "text"), (["--set", "logFormat=json"], "json")])
+def test_chart_passes_the_log_format(helm: Path, helm_home: Path, values: list[str], expected: str) -> None:
+    args = operator_args(helm, helm_home, *values)
+    assert [a for a in args if a.startswith("--log-format")] == [f"--log-format={expected}"], args
+
+
+def test_a_log_format_the_operator_has_not_fails_the_install(helm: Path, helm_home: Path) -> None:
+    proc = run_helm(helm, helm_home, "template", RELEASE, str(CHART), "--kube-version", kube_version(),
+                    "--set", "logFormat=yaml", check=False)
+    assert proc.returncode != 0 and "logFormat" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize(

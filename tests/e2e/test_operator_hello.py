@@ -68,3 +68,5 @@ def test_hello_workflow_in_the_cluster_matches_dsb_run(
     # (issue 12: it used to wait for the end of the daemon's 60 s graceful backoff).
     control_plane.kubectl("delete", "-n", namespace, "-f", str(HELLO), "--timeout=60s")
     assert "CleanupDone" in event_reasons(control_plane, namespace, "hello")
+    # The whole run, its deletion and the operator's SIGTERM: no traceback, no ERROR (issue 24).
+    op.check_log()

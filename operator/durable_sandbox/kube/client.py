@@ -9,6 +9,8 @@ blocks the event loop and no thread pool is involved. Configuration comes from `
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +24,7 @@ from durable_sandbox.providers.contract import ConfigurationError
 from durable_sandbox.providers.kubernetes_api import json_body, load_configuration
 
 __all__ = [
-    "ApiException", "KubeClient", "is_conflict", "is_gone", "is_not_found", "is_precondition_failed", "is_transient",
+    "ApiException", "KubeClient", "brief", "is_conflict", "is_gone", "is_not_found", "is_precondition_failed", "is_transient",
     "json_body",
 ]  # fmt: skip
 
@@ -43,6 +45,20 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ApiException):
         return exc.status in (429, 500, 502, 503, 504)
     return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError)
+
+
+def brief(exc: BaseException) -> str:
+    """One line saying what went wrong with a request: ``HTTP 429 Too Many Requests: storage is (re)initializing``
+    (the Status message of an ApiException, whose own text is a multi-line dump of headers and body), else the
+    exception's type and text."""
+    if isinstance(exc, ApiException):
+        message = exc.body if isinstance(exc.body, str) else ""
+        with contextlib.suppress(ValueError, AttributeError):
+            message = json.loads(message).get("message") or message  # a Status: its message says it all
+        message = " ".join(message.split())
+        return f"HTTP {exc.status} {exc.reason or ''}".rstrip() + (f": {message[:300]}" if message else "")
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
 def is_precondition_failed(exc: BaseException) -> bool:

@@ -7,21 +7,22 @@ started answers discovery before it knows every CustomResourceDefinition: ``/api
 ``/apis/durable-sandbox.dev/v1alpha1`` with 404 or with 503 ("the request has been made before all known
 HTTP paths have been installed"). The operator therefore reads discovery exactly once, at start (kopf's
 ``settings.scanning.disabled``; a restarted API server then changes nothing, because nothing is read
-again), and :func:`wait_until_served` holds that one read back until discovery is complete.
+again), and :func:`wait_until_served` holds that one read back until discovery is complete, and until a LIST of
+each resource answers: right after its CRD is established, the API server answers 429 "storage is
+(re)initializing" for a resource it lists in discovery, and kopf's watches met that (an ERROR line each) at every
+start. One WARNING names what is waited for, then one every ``SAY_EVERY`` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from durable_sandbox.kube.client import ApiException, KubeClient
-from durable_sandbox.kube.resources import GROUP, SERVED, VERSION
+from durable_sandbox.kube.client import KubeClient, brief
+from durable_sandbox.kube.resources import GROUP, JOURNALS, SERVED, VERSION
 
 log = logging.getLogger("durable_sandbox.kube.discovery")
 
@@ -31,6 +32,7 @@ VERBS = frozenset({"list", "watch", "patch"})
 FIRST_DELAY = 0.5
 MAX_DELAY = 5.0
 SAY_EVERY = 30.0  # seconds between repeated "still waiting" lines
+QUIET_FOR = 3.0  # seconds of waiting said in one INFO line once served, not a WARNING
 
 
 @dataclass(frozen=True)
@@ -38,18 +40,20 @@ class Wanted:
     group: str = GROUP
     version: str = VERSION
     plurals: tuple[str, ...] = SERVED
+    namespace: str | None = None  # where the operator's watches list (the first it serves); None: cluster-wide
+    # Listed before going on: the served ones, and the Journal objects (every lease, and the API server journal).
+    listed: tuple[str, ...] = (*SERVED, JOURNALS)
 
     def describe(self) -> str:
         return f"{', '.join(self.plurals)} of {self.group}/{self.version}"
 
 
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, ApiException):
-        message = exc.body if isinstance(exc.body, str) else ""
-        with contextlib.suppress(ValueError, AttributeError):
-            message = json.loads(message).get("message") or message  # a Status: its message says it all
-        return f"HTTP {exc.status} {exc.reason or ''}".rstrip() + (f": {message.strip()[:300]}" if message else "")
-    return f"{type(exc).__name__}: {exc}"
+async def list_one(api: KubeClient, wanted: Wanted, plural: str) -> object:
+    """A LIST of ``plural`` as kopf's watch starts with (one item at most): it answers once its storage is ready."""
+    if wanted.namespace is None:
+        return await api.custom.list_cluster_custom_object(wanted.group, wanted.version, plural, limit=1)
+    return await api.custom.list_namespaced_custom_object(wanted.group, wanted.version, wanted.namespace, plural,
+                                                          limit=1)
 
 
 async def missing(api: KubeClient, wanted: Wanted = Wanted()) -> str | None:
@@ -57,7 +61,7 @@ async def missing(api: KubeClient, wanted: Wanted = Wanted()) -> str | None:
     try:
         groups = await api.apis.get_api_versions()
     except Exception as exc:  # a starting or unreachable API server: reported, and asked again
-        return f"GET /apis: {_why(exc)}"
+        return f"GET /apis: {brief(exc)}"
     listed = next((g for g in groups.groups or [] if g.name == wanted.group), None)
     if listed is None:
         return f"/apis does not list the group {wanted.group} yet"
@@ -67,7 +71,7 @@ async def missing(api: KubeClient, wanted: Wanted = Wanted()) -> str | None:
     try:
         resources = await api.custom.get_api_resources(wanted.group, wanted.version)
     except Exception as exc:
-        return f"GET {path}: {_why(exc)}"
+        return f"GET {path}: {brief(exc)}"
     served = {r.name: set(r.verbs or []) for r in resources.resources or []}
     lacking = [p for p in wanted.plurals if p not in served]
     if lacking:
@@ -75,6 +79,12 @@ async def missing(api: KubeClient, wanted: Wanted = Wanted()) -> str | None:
     short = [f"{p} ({', '.join(sorted(VERBS - served[p]))})" for p in wanted.plurals if not VERBS <= served[p]]
     if short:
         return f"{path} lists without the verbs kopf needs: {'; '.join(short)}"
+    for plural in wanted.listed:
+        try:
+            await list_one(api, wanted, plural)
+        except Exception as exc:
+            where = f"namespaces/{wanted.namespace}/" if wanted.namespace else ""
+            return f"LIST {path}/{where}{plural}: {brief(exc)}"
     return None
 
 
@@ -87,19 +97,25 @@ def _delays(first: float, most: float) -> Iterable[float]:
 
 async def wait_until_served(api: KubeClient, wanted: Wanted = Wanted(), *, first_delay: float = FIRST_DELAY,
                             max_delay: float = MAX_DELAY) -> None:
-    """Return once discovery serves every wanted resource; until then ask again with a backoff, saying why
-    every ``SAY_EVERY`` seconds. It does not give up: an operator that started without its resources would
-    serve nothing until restarted, and the CRDs may be installed after the operator (then apply them)."""
+    """Return once discovery serves every wanted resource; until then ask again with a backoff. A wait shorter
+    than ``QUIET_FOR`` (every start right after the CRDs are applied) is one INFO line saying what it waited for;
+    a longer one is a WARNING naming it, repeated every ``SAY_EVERY`` seconds. It does not give up: an operator
+    that started without its resources would serve nothing until restarted, and the CRDs may be installed after
+    the operator (then apply them)."""
     started = time.monotonic()
     said = 0.0
+    first: str | None = None
     for delay in _delays(first_delay, max_delay):
         why = await missing(api, wanted)
+        now = time.monotonic()
         if why is None:
             if said:
-                log.info("the API server serves %s now (waited %.1fs)", wanted.describe(), time.monotonic() - started)
+                log.info("the API server serves %s now (waited %.1fs)", wanted.describe(), now - started)
+            elif first is not None:
+                log.info("the API server serves %s (waited %.1fs: %s)", wanted.describe(), now - started, first)
             return
-        now = time.monotonic()
-        if not said or now - said >= SAY_EVERY:
+        first = first or why
+        if now - started >= QUIET_FOR and (not said or now - said >= SAY_EVERY):
             log.warning("waiting for the API server to serve %s before serving them: %s (an API server that has "
                         "just started; or the CRDs are not installed: kubectl apply -f crds/)", wanted.describe(), why)
             said = now

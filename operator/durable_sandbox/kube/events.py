@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord
+from durable_sandbox.kube.apiserver_away import unreachable
+from durable_sandbox.kube.client import brief
 from durable_sandbox.sandboxes import journal
 
 log = logging.getLogger("durable_sandbox.kube.events")
@@ -149,7 +151,9 @@ class EventRecorder:
         except Exception as exc:  # an Event is a notice: losing one must never stop a run
             if event.name and getattr(exc, "status", None) == 409:
                 return False  # written already: by another replica, or by this one before a restart
-            log.warning("could not record event %s on %s/%s: %s", event.reason, meta.get("namespace"), meta.get("name"), exc)
+            if not unreachable(exc, f"an Event on {meta.get('namespace')}/{meta.get('name')}"):
+                log.warning("could not record event %s on %s/%s: %s", event.reason, meta.get("namespace"),
+                            meta.get("name"), brief(exc))
             return False
         self.writes += 1
         return True

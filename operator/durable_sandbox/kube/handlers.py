@@ -45,9 +45,10 @@ from typing import Any, cast
 
 import kopf
 
+from durable_sandbox.kube.apiserver_away import API_AWAY
 from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.controller import Operator, OperatorPolicy, OperatorSettings
-from durable_sandbox.kube.discovery import wait_until_served
+from durable_sandbox.kube.discovery import Wanted, list_one, wait_until_served
 from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.journals import ApiServerJournal, JournalChoice, open_journal
 from durable_sandbox.kube.metrics import METRICS
@@ -154,7 +155,6 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl,
         default_provider=config.policy.default_provider, allow_local_provider=config.policy.allow_local_provider),
         labels=_operator.sandbox_labels, records=_operator.records, holding=_operator.holding)
-    _start_sweep(api, _operator)
     for hook in STARTUP_HOOKS:
         result = hook(_operator, settings)
         if inspect.isawaitable(result):
@@ -162,8 +162,13 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf installs its own SIGTERM/SIGINT handlers as it starts (they stop everything within seconds);
     # ours replace them once it has: runs are handed over first, then kopf is stopped (_graceful_stop).
     asyncio.get_running_loop().call_later(GRACEFUL_STOP_INSTALL_DELAY, _install_graceful_stop)
-    # kopf reads discovery once, right after this handler returns (scanning is disabled): only once it is complete.
-    await wait_until_served(api)
+    # kopf reads discovery once, right after this handler returns (scanning is disabled): only once it is complete,
+    # and once the resources' storage answers a LIST (else kopf's first watches meet a 429 "storage is
+    # (re)initializing", as does the orphan sweep's first round).
+    wanted = Wanted(namespace=config.namespaces[0] if config.namespaces else None)
+    await wait_until_served(api, wanted)
+    API_AWAY.configure(lambda: list_one(api, wanted, WORKFLOWS))
+    _start_sweep(api, _operator)
     READINESS.ready()
     log.info("operator %s serving Workflows (default provider %s; local provider %s; workflow modules: %s; journal "
              "in %s)", config.settings.worker_id, config.policy.default_provider,
@@ -216,6 +221,7 @@ async def _stop_sweep() -> None:
 async def cleanup(**_: Any) -> None:
     global _operator, _sandboxes
     try:
+        await API_AWAY.aclose()
         await _stop_sweep()
         if _operator is None:
             return

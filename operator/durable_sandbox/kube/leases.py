@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from durable_sandbox.kube.client import KubeClient, is_conflict, is_not_found
+from durable_sandbox.kube.apiserver_away import unreachable
+from durable_sandbox.kube.client import KubeClient, brief, is_conflict, is_not_found
 from durable_sandbox.kube.journal_objects import JournalObjects
 from durable_sandbox.kube.metrics import METRICS
 
@@ -327,11 +328,12 @@ class HeldLease:
                             self.leases.namespace, self.name, self.holder)
             except Exception as exc:
                 if self.leases.clock() - renewed < self.ttl:
-                    log.warning("renewing lease %s/%s failed, trying again: %s: %s",
-                                self.leases.namespace, self.name, type(exc).__name__, exc)
+                    if not unreachable(exc, f"renewing lease {self.leases.namespace}/{self.name}"):
+                        log.warning("renewing lease %s/%s failed, trying again: %s",
+                                    self.leases.namespace, self.name, brief(exc))
                     continue
-                log.warning("lease %s/%s not renewed for %gs (%s: %s): another replica may hold it now",
-                            self.leases.namespace, self.name, self.ttl, type(exc).__name__, exc)
+                log.warning("lease %s/%s not renewed for %gs (%s): another replica may hold it now",
+                            self.leases.namespace, self.name, self.ttl, brief(exc))
             break
         self.epoch = None
         self._renewer = None

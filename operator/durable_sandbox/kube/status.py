@@ -22,6 +22,8 @@ from typing import Any
 
 from durable_sandbox.engine.driver import Backoff, RunPolicy, backoff
 from durable_sandbox.engine.records import OperationRecord, OpKind, RunRecord, RunStatus
+from durable_sandbox.kube.apiserver_away import unreachable
+from durable_sandbox.kube.client import brief
 from durable_sandbox.kube.conditions import WORKFLOW_CONDITIONS, by_type, condition, cut, rfc3339
 from durable_sandbox.sandboxes import journal
 
@@ -376,7 +378,8 @@ class StatusWriter:
             try:
                 await self._patch(doc)
             except Exception as exc:  # status is a projection: the next offer writes it again
-                log.warning("status patch failed: %s", exc)
+                if not unreachable(exc, "a status patch"):
+                    log.warning("status patch failed: %s", brief(exc))
                 if self._pending is None:
                     self._pending = doc
                 self._last_write = time.monotonic()  # try again one gap later, not in a loop

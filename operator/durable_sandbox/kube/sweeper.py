@@ -31,7 +31,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.apiserver_away import API_AWAY
+from durable_sandbox.kube.client import KubeClient, brief, is_transient
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
 from durable_sandbox.kube.journal_objects import LABEL_PART, LABEL_RUN, JournalObjects
 from durable_sandbox.kube.metrics import OperatorMetrics
@@ -57,6 +58,8 @@ log = logging.getLogger("durable_sandbox.kube.sweeper")
 DEFAULT_SWEEP_INTERVAL = 300.0
 # Longer than any provision-to-journal or status lag, so a sandbox made a moment ago is never raced.
 DEFAULT_SWEEP_GRACE = 600.0
+RETRY_FIRST = 2.0  # seconds after a failed sweep before the next try, doubling up to RETRY_MAX
+RETRY_MAX = 60.0
 
 
 def default_installation_id(namespaces: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> str:
@@ -138,18 +141,31 @@ class OrphanSweeper:
         self.metrics = metrics
         self._clock = clock
         self._first_seen: dict[str, dict[str, float]] = {}  # provider -> the previous plan's waiting
+        self._listing_failed: dict[str, str] = {}  # provider -> why its inventory could not be listed last round
         self._background: set[asyncio.Task[Any]] = set()
 
     async def run(self, interval: float, stopped: asyncio.Event) -> None:
-        """Sweep every ``interval`` seconds until ``stopped``; a failed sweep is logged and retried next time."""
+        """Sweep every ``interval`` seconds until ``stopped``. A failed sweep is tried again soon, with a backoff
+        from ``RETRY_FIRST`` doubling up to ``RETRY_MAX`` (never later than ``interval``): the first sweep of a
+        start used to meet an API server still initializing and then wait the whole interval. The API server not
+        answering is said once by API_AWAY; any other failure is a WARNING (one line) per try."""
+        failures = 0
         while not stopped.is_set():
+            delay = interval
             try:
                 await self.sweep()
+                failures = 0
             except Exception as exc:  # never let the timer die: the next sweep may succeed
+                failures += 1
+                delay = min(interval, RETRY_FIRST * 2 ** min(failures - 1, 16), RETRY_MAX)
                 self.metrics.orphan_sweeps.labels(outcome="error").inc()
-                log.warning("orphan sweep failed (%s: %s); trying again in %gs", type(exc).__name__, exc, interval)
+                if is_transient(exc):
+                    API_AWAY.failed("the orphan sweep")
+                    log.debug("orphan sweep failed (%s); trying again in %gs", brief(exc), delay)
+                else:
+                    log.warning("orphan sweep failed (%s); trying again in %gs", brief(exc), delay)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stopped.wait(), timeout=interval)
+                await asyncio.wait_for(stopped.wait(), timeout=delay)
 
     async def _list(self, plural: str) -> list[dict[str, Any]]:
         if not self.namespaces:
@@ -184,8 +200,13 @@ class OrphanSweeper:
             try:
                 inventories[name] = (provider, await take_inventory(provider, self.installation))
             except Exception as exc:  # one provider's outage does not stop the others' sweep
-                log.warning("orphan sweep: listing provider %s failed (%s: %s); skipped this round",
-                            name, type(exc).__name__, exc)
+                if self._listing_failed.get(name) != brief(exc):  # said once, not at every round it lasts
+                    log.warning("orphan sweep: listing provider %s failed (%s); skipped until it answers",
+                                name, brief(exc))
+                self._listing_failed[name] = brief(exc)
+                continue
+            if self._listing_failed.pop(name, None) is not None:
+                log.info("orphan sweep: provider %s lists its inventory again", name)
         workflows, sandboxes = await self._list(WORKFLOWS), await self._list(SANDBOXES)
         finished, records = await self._operator_state(workflows, sandboxes)
         live, protected, bodies = live_owners(workflows, sandboxes, finished_runs=finished, records=records)

@@ -13,6 +13,7 @@ from durable_sandbox.cli.errors import EXIT_FAILED, CliError
 
 if TYPE_CHECKING:
     from durable_sandbox.kube.journals import JournalChoice
+    from durable_sandbox.kube.oplog import LogFormat
 
 
 def _modules(value: str) -> tuple[str, ...]:
@@ -68,6 +69,10 @@ def _modules(value: str) -> tuple[str, ...]:
               help="Serve Prometheus metrics (/metrics), liveness (/healthz) and readiness (/readyz) on this port "
                    "(docs/operations.md) [default: not served].")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address for --metrics-port.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              envvar="DSB_LOG_FORMAT", show_envvar=True,
+              help="text: one line per record; json: one JSON object per line (time, level, logger, message, and "
+                   "namespace, workflow, run where known), for log pipelines (docs/operations.md).")
 @click.option("-v", "--verbose", is_flag=True, help="Log kopf's own activity too.")
 def operator(
     allow_local_provider: bool,
@@ -86,6 +91,7 @@ def operator(
     liveness: str | None,
     metrics_port: int | None,
     metrics_host: str,
+    log_format: LogFormat,
     verbose: bool,
 ) -> None:
     """Run the operator: reconcile Workflow resources of the cluster in $KUBECONFIG (or in-cluster).
@@ -98,13 +104,12 @@ def operator(
         from durable_sandbox.kube.controller import OperatorPolicy, OperatorSettings
         from durable_sandbox.kube.metrics import METRICS
         from durable_sandbox.kube.metrics_server import operator_startup_hook, stop_servers
+        from durable_sandbox.kube.oplog import configure as configure_logging
         from durable_sandbox.kube.sweeper import default_installation_id
         from durable_sandbox.providers.registry import create_provider
     except ImportError as exc:
         raise CliError(f"dsb operator needs the Kubernetes extra: pip install 'durable-sandbox[kubernetes]' ({exc})") from exc
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kopf").setLevel(logging.INFO if verbose else logging.WARNING)
-    logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    configure_logging(log_format, verbose=verbose)
     handlers.config.policy = OperatorPolicy(
         allow_local_provider=allow_local_provider, workflow_modules=_modules(workflow_modules),
         default_provider=_default_provider(default_provider, allow_local_provider),

@@ -132,7 +132,9 @@ class Admission:
         run = stored
         if run is None:
             record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=plan.labels)
-            run, _ = await store.create_run(record, owner=OwnerRef(name=view.name, uid=view.uid))
+            run, created = await store.create_run(record, owner=OwnerRef(name=view.name, uid=view.uid))
+            if created:
+                self.publisher.admitted(view, _admitted(plan))
         view.run = run
         view.projection = Projection(total_calls=_total_calls(plan))
         view.projection.feed(await store.load_journal(view.run_id))
@@ -154,6 +156,13 @@ class Admission:
         sandbox = plan.input.get("sandbox") if isinstance(plan.input, dict) else None
         refs = secret_refs((sandbox or {}).get("env") or [])
         return await read_secret_values(self.api.core, namespace, refs, where="spec.sandbox.env")
+
+
+def _admitted(plan: RunPlan) -> str:
+    """What the lifecycle log says of a run just created: what it runs and where."""
+    calls = _total_calls(plan)
+    what = f"{calls} tool call(s)" if calls is not None else f"entrypoint {plan.definition.name}"
+    return f"run created ({what}" + (f", provider {plan.provider})" if plan.provider else ")")
 
 
 def _total_calls(plan: RunPlan) -> int | None:

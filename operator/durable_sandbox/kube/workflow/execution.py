@@ -27,7 +27,8 @@ from typing import Any, Literal
 import durable_sandbox
 from durable_sandbox.engine import LeaseHeld, NotRunnableHere, RunStatus
 from durable_sandbox.engine.errors import RunNotFound, StoreUnavailable
-from durable_sandbox.kube.client import is_transient
+from durable_sandbox.kube.apiserver_away import unreachable
+from durable_sandbox.kube.client import brief, is_transient
 from durable_sandbox.kube.concurrency import CONCURRENCY_LIMIT_REASON, RunSlots, concurrency_limit_condition
 from durable_sandbox.kube.plan import RunPlan
 from durable_sandbox.kube.resources import WORKFLOWS
@@ -170,8 +171,9 @@ class Execution:
             if not (is_transient(exc) or isinstance(exc, StoreUnavailable)):
                 raise
             # The API server is away: the run goes on here; bring the spec to it once it answers.
-            log.warning("%s/%s: the API server could not be reached (%s); the spec change is applied "
-                        "once it answers", view.namespace, view.name, type(exc).__name__)
+            if not unreachable(exc, f"applying the spec change of {view.namespace}/{view.name}"):
+                log.warning("%s/%s: the journal's store could not be reached (%s); the spec change is applied "
+                            "once it answers", view.namespace, view.name, brief(exc))
             await asyncio.wait([ex.task], timeout=self.settings.claim_retry)
             view.wake.set()
             return

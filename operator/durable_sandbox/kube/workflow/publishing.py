@@ -7,11 +7,19 @@ to the run's :class:`~durable_sandbox.kube.status.StatusWriter` (coalesced to ab
 once on a phase change). Only the replica executing a run writes its status and Events, so nothing is read
 back for them. Writes that follow the clock rather than the work share a budget across every run of this
 replica (``OperatorSettings.periodic_writes_per_s``).
+
+The log says each step of a run's life in one INFO line of the ``durable_sandbox.kube.lifecycle`` logger, with
+the Workflow and run (docs/operations.md "The operator's log"): admitted, started, provisioned, snapshot taken
+and deleted, sandbox lost and recovered, waiting, suspended, resumed, retrying, finished (with the outcome and
+the duration). A phase is said when it changes from the one the Workflow's status shows, so a run this replica
+takes up again (a restart, a takeover, a parked run woken) is not said again; every other Event written here
+(a refusal, a blocked cleanup) is a line at the Event's level.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -19,6 +27,7 @@ from typing import Any
 
 from durable_sandbox.engine.driver import backoff
 from durable_sandbox.engine.records import Commit, OperationRecord
+from durable_sandbox.kube.apiserver_away import took
 from durable_sandbox.kube.events import (
     TERMINAL_REASONS,
     EventRecorder,
@@ -27,13 +36,36 @@ from durable_sandbox.kube.events import (
     run_status_event,
     terminal_event,
 )
+from durable_sandbox.kube.oplog import about
+from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.status import RETRYING, StatusWriter, render, retry_message
 from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.kube.workflow.runs import Runs, RunView
 from durable_sandbox.kube.workflow.settings import OperatorSettings
 
-__all__ = ["Publisher"]
+__all__ = ["LIFECYCLE_LOGGER", "Publisher", "say"]
+
+LIFECYCLE_LOGGER = "durable_sandbox.kube.lifecycle"
+lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
+# Steps of a run's life: INFO whatever the Event's type (a failed run is the run's outcome, not trouble of the
+# operator's); any other Event (a refusal, a blocked cleanup: something a person must look at) at its own level.
+STEPS = frozenset({"Provisioned", "SnapshotTaken", "SnapshotDeleted", "SandboxLost", "Recovered", "WaitingForSignal",
+                   "Suspended", "Resumed", "Retrying", "Succeeded", "Failed", "Cancelled", "CleanupDone"})
+
+
+def say(body: Mapping[str, Any], message: str, level: int = logging.INFO) -> None:
+    """One line of the lifecycle log about the Workflow ``body``: ``<namespace>/<name> (run <id>): <message>``."""
+    meta = body.get("metadata") or {}
+    namespace, name, uid = str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or "")
+    run = cluster_run_id(name, uid) if name and uid else None
+    lifecycle.log(level, "%s/%s (run %s): %s", namespace, name, run, message, extra=about(namespace, name, run))
+
+
+def event_line(event: LifecycleEvent) -> tuple[int, str]:
+    """The level and the text of the lifecycle line of ``event``."""
+    level = logging.INFO if event.reason in STEPS or event.type == "Normal" else logging.WARNING
+    return level, f"{event.reason}: {event.message}"
 
 
 class Publisher:
@@ -99,13 +131,16 @@ class Publisher:
         status = self.status_of(view)
         phase = status.get("phase")
         if phase != view.phase:
+            shown = (view.body.get("status") or {}).get("phase")
             event = run_status_event(phase or "", phase_message(view, phase or ""))
             if event is not None and event.reason in TERMINAL_REASONS and view.run is not None:
                 # Every replica that writes this status (the executing one; one re-activating the finished run
                 # that saw its status stale) may get here: the Event's fixed name keeps it to one.
                 event = terminal_event(event, workflow=view.name, uid=view.uid, epoch=view.run.epoch)
             if event is not None:
-                self.emit(view.body, event)
+                self.emit(view.body, event, said=phase == shown)
+            if phase != shown:
+                self._say_phase(view, phase or "", shown, event)
             view.phase = phase
         view.writer.offer(status)
 
@@ -141,8 +176,25 @@ class Publisher:
 
     # ------------------------------------------------------------------ Events
 
-    def emit(self, body: Mapping[str, Any], event: LifecycleEvent) -> None:
-        """Write ``event`` about the object ``body`` in the background (an Event never holds a run up)."""
+    def _say_phase(self, view: RunView, phase: str, shown: str | None, event: LifecycleEvent | None) -> None:
+        """The lifecycle line of a phase the Workflow's status does not show yet (the Event's, said by emit)."""
+        run = view.run
+        if event is not None and event.reason in TERMINAL_REASONS and run is not None:
+            say(view.body, f"finished: {phase} after {took(max(0.0, run.updated_at - run.created_at))} "
+                           f"(attempt {run.epoch + 1}): {event.message}")
+        elif phase == "Running":
+            say(view.body, "started" if shown in (None, "", "Pending") else f"running again (was {shown})")
+
+    def admitted(self, view: RunView, detail: str) -> None:
+        say(view.body, f"admitted: {detail}")
+
+    def emit(self, body: Mapping[str, Any], event: LifecycleEvent, *, said: bool = False) -> None:
+        """Write ``event`` about the object ``body`` in the background (an Event never holds a run up), and say
+        it in the lifecycle log unless ``said`` (already, by this replica or the one before it) or it is the end
+        of a run (said with its outcome and duration by :meth:`offer`)."""
+        if not said and event.reason not in TERMINAL_REASONS:
+            level, text = event_line(event)
+            say(body, text, level)
         task = asyncio.get_running_loop().create_task(self.events.emit(dict(body), event))
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -21,7 +21,8 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from durable_sandbox.kube.client import is_transient
+from durable_sandbox.kube.apiserver_away import unreachable
+from durable_sandbox.kube.client import brief, is_transient
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.resources import WORKFLOWS
@@ -188,8 +189,9 @@ class Scheduler:
             # fault, so no error and no not_runnable_retry wait; look again in a few seconds, spread so
             # that the timers of a whole backlog do not all hit a recovering API server at once.
             delay = self.settings.claim_retry * random.uniform(1.0, TRANSIENT_WAKE_SPREAD)
-            log.warning("%s/%s: the API server could not be reached (%s: %s); trying again in %.1fs",
-                        namespace, name, type(exc).__name__, exc, delay)
+            unreachable(exc, f"waking the run of {namespace}/{name}")
+            log.debug("%s/%s: the API server could not be reached (%s); trying again in %.1fs",
+                      namespace, name, brief(exc), delay)
             self.park(Parked(namespace, name, uid, None, "api-unreachable", None), delay)
             return None
         if body is None or body.get("metadata", {}).get("uid") != uid or body["metadata"].get("deletionTimestamp"):

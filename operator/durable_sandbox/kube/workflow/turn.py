@@ -21,8 +21,10 @@ from durable_sandbox.engine import LeaseHeld, RunStatus
 from durable_sandbox.engine.driver import decide, time_out
 from durable_sandbox.engine.errors import JournalDamaged, StoreRefused, StoreUnavailable
 from durable_sandbox.engine.records import RunRecord
-from durable_sandbox.kube.client import is_transient
+from durable_sandbox.kube.apiserver_away import unreachable
+from durable_sandbox.kube.client import brief, is_transient
 from durable_sandbox.kube.events import LifecycleEvent
+from durable_sandbox.kube.oplog import about
 from durable_sandbox.kube.plan import RunPlan
 from durable_sandbox.kube.status import TERMINAL_PHASES
 from durable_sandbox.kube.workflow.admission import Admission
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 __all__ = ["TRANSIENT_BACKOFF_MAX", "Turn", "acted_generation"]
 
 TRANSIENT_BACKOFF_MAX = 8.0  # seconds between tries while the API server is unreachable
+STORE_AWAY_SAY_EVERY = 60.0  # seconds between WARNINGs that a namespace's journal store does not answer
 
 
 def acted_generation(view: RunView) -> int | None:
@@ -61,6 +64,7 @@ class Turn:
         self.execution = execution
         self.finisher = finisher
         self._admitting = asyncio.Semaphore(wing.settings.admissions)
+        self._store_away_said: dict[str, float] = {}  # namespace -> when its journal's store away was said
 
     async def _wait(self, view: RunView, timeout: float | None, why: str) -> None:
         await wait_or_park(self.runs, self.settings, view, timeout, why)
@@ -104,9 +108,12 @@ class Turn:
                 # must not crash (kopf would wait a minute before restarting it); look again shortly.
                 failures += 1
                 delay = min(self.settings.claim_retry * 2 ** (failures - 1), TRANSIENT_BACKOFF_MAX)
-                away = "the journal's store" if isinstance(exc, StoreUnavailable) else "the API server"
-                log.warning("%s/%s: %s could not be reached (%s: %s); trying again in %.1fs",
-                            view.namespace, view.name, away, type(exc).__name__, exc, delay)
+                # The API server away is said once for the whole operator (API_AWAY); the journal's own store
+                # (PostgreSQL) away, at most once a STORE_AWAY_SAY_EVERY per namespace.
+                if not unreachable(exc, f"the run of {view.namespace}/{view.name}") and self._say_store_away(view):
+                    log.warning("%s/%s: the journal's store could not be reached (%s); its runs try again with a "
+                                "backoff of up to %gs", view.namespace, view.name, brief(exc), TRANSIENT_BACKOFF_MAX,
+                                extra=about(view.namespace, view.name, view.run_id))
                 pause = (delay, "api-unreachable")
             if pause is not None:
                 try:
@@ -118,6 +125,13 @@ class Turn:
             if outcome == "done":
                 return None
         return None
+
+    def _say_store_away(self, view: RunView) -> bool:
+        now = time.monotonic()
+        if now - self._store_away_said.get(view.namespace, -STORE_AWAY_SAY_EVERY) < STORE_AWAY_SAY_EVERY:
+            return False
+        self._store_away_said[view.namespace] = now
+        return True
 
     async def _admitted(self, view: RunView) -> RunPlan | None:
         """The run's plan once admitted (at most ``admissions`` at once); None: look again (or park)."""
