@@ -86,7 +86,8 @@ def refusal(choice: ProviderChoice, *, where: str, allow_local: bool,
 def _configuration_problems(name: str, environ: Mapping[str, str]) -> list[str]:
     from durable_sandbox.providers.registry import available_providers
 
-    cls = available_providers().get(name)
+    installed = available_providers()  # an entry-point scan: once
+    cls = installed.get(name)
     if cls is None:
-        return [f"no provider {name!r} is installed (available: {', '.join(sorted(available_providers()))})"]
+        return [f"no provider {name!r} is installed (available: {', '.join(sorted(installed))})"]
     return list(cls.configuration_problems(environ))
