@@ -584,6 +584,18 @@ def generate_crds() -> list[Schema]:
                 "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
                 "description": "Whether the live sandbox is ready for tool calls.",
             },
+            {
+                "name": "State",
+                "type": "string",
+                "jsonPath": ".status.state",
+                "description": "Ready (held by a Workflow), Idle (live, unheld) or Suspended (no live sandbox).",
+            },
+            {
+                "name": "Since",
+                "type": "date",
+                "jsonPath": ".status.stateSince",
+                "description": "How long the state has held.",
+            },
             _AGE,
         ],
         ["durable-sandbox"],

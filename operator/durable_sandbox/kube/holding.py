@@ -7,16 +7,24 @@ is judged from its own journal (its run finished, or never will), never from its
 ``workflows/status`` could otherwise declare a running holder finished and put a second Workflow's calls into
 its sandbox. Every path to a Sandbox's live sandbox (``spec.sandboxRef``, an entrypoint's ``sandboxRef``
 input) goes through :meth:`Holding.live_handle`, which refuses a Workflow that does not hold it.
+
+Idle suspension (``spec.idleSuspendAfterSeconds``) is a holder too: the Sandbox controller takes the holder
+``IDLE_CLAIM`` with the same compare-and-swap before it snapshots and destroys an idle sandbox, and lets go once
+it is suspended, so a Workflow either takes the Sandbox first (and the idle timer leaves it alone) or waits for
+the suspend to end; then it takes the idle-suspended Sandbox, which makes the controller resume it, and its run
+starts once the Sandbox is Ready again. Taking and letting go stamps ``lastActiveAt`` in the record in the same
+patch: the idle timer counts from it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from durable_sandbox.kube.provider_choice import LOCAL, sandbox_choice
 from durable_sandbox.kube.resources import SANDBOXES, CustomObjects
-from durable_sandbox.kube.sandbox_records import HOLDER, SandboxRecords
+from durable_sandbox.kube.sandbox_records import ACTIVE_AT, HOLDER, IDLE_CLAIM, IDLE_SUSPENDED, SandboxRecords
 from durable_sandbox.providers.contract import SandboxHandle
 
 __all__ = ["Holding", "RunLive", "SandboxHeld"]
@@ -43,31 +51,38 @@ class Holding:
         return sandbox, await self.records.read(namespace, sandbox["metadata"]["uid"])
 
     async def running_holder(self, namespace: str, record: dict[str, Any]) -> str | None:
-        """The Workflow holding the Sandbox of ``record`` if its run still goes, else None."""
+        """The Workflow holding the Sandbox of ``record`` if its run still goes, else None (also while the idle
+        timer holds it: that claim is the Sandbox controller's own, let go when its suspend ends)."""
         holder = record.get(HOLDER)
-        if not holder or not await self.run_live(namespace, str(holder)):
+        if not holder or holder == IDLE_CLAIM or not await self.run_live(namespace, str(holder)):
             return None
         return str(holder)
 
     async def hold(self, namespace: str, name: str, workflow: str) -> str | None:
-        """Take Sandbox ``name`` for ``workflow``; None when it holds it, else why the Workflow must wait."""
+        """Take Sandbox ``name`` for ``workflow``; None when it holds it and its sandbox is live, else why the
+        Workflow must wait (taking an idle-suspended Sandbox is what resumes it)."""
         for _ in range(3):
             sandbox, record = await self._sandbox(namespace, name)
             if sandbox is None:
                 return f"spec.sandboxRef: Sandbox {name!r} does not exist in this namespace; create it (the run starts then)"
             current = record.get(HOLDER)
             if current == workflow:
-                return None
+                return None if record.get("providerId") else _resuming(name, record)
+            if current == IDLE_CLAIM:
+                return (f"spec.sandboxRef: Sandbox {name!r} is being suspended (no call for "
+                        f"spec.idleSuspendAfterSeconds); this run resumes it once that is done, then starts")
             holder = await self.running_holder(namespace, record)
             if holder is not None:
                 return (f"spec.sandboxRef: Sandbox {name!r} is held by Workflow {holder!r}; this run starts when that "
                         f"Workflow finishes or is cancelled")
-            if record.get("phase") != "Ready" or not record.get("providerId"):
+            idle = bool(record.get(IDLE_SUSPENDED)) and not (sandbox.get("spec") or {}).get("suspend")
+            if not idle and (record.get("phase") != "Ready" or not record.get("providerId")):
                 return (f"spec.sandboxRef: Sandbox {name!r} is not Ready (phase {record.get('phase') or 'Pending'}); "
                         f"this run starts when it is")
-            if await self.records.swap_holder(namespace, sandbox["metadata"]["uid"], current, workflow):
+            if await self.records.swap_holder(namespace, sandbox["metadata"]["uid"], current, workflow,
+                                              also={ACTIVE_AT: time.time()}):
                 await self._show(namespace, name, workflow)
-                return None
+                return _resuming(name, record) if idle else None
         return f"spec.sandboxRef: Sandbox {name!r} changed while being taken; trying again"
 
     async def release(self, namespace: str, name: str, workflow: str) -> None:
@@ -76,7 +91,8 @@ class Holding:
             sandbox, record = await self._sandbox(namespace, name)
             if sandbox is None or record.get(HOLDER) != workflow:
                 return
-            if await self.records.swap_holder(namespace, sandbox["metadata"]["uid"], workflow, None):
+            if await self.records.swap_holder(namespace, sandbox["metadata"]["uid"], workflow, None,
+                                              also={ACTIVE_AT: time.time()}):
                 await self._show(namespace, name, None)
                 return
 
@@ -98,3 +114,12 @@ class Holding:
     async def _show(self, namespace: str, name: str, holder: str | None) -> None:
         """status.holder, for people (``kubectl get dsbx``); nothing reads it back."""
         await self.objects.patch_status(SANDBOXES, namespace, name, {HOLDER: holder})
+
+
+def _resuming(name: str, record: dict[str, Any]) -> str:
+    """Why a Workflow holding Sandbox ``name`` still waits: its sandbox is not live (yet)."""
+    if record.get(IDLE_SUSPENDED):
+        return (f"spec.sandboxRef: Sandbox {name!r} was suspended for idleness (spec.idleSuspendAfterSeconds); it is "
+                f"resuming from its snapshot for this run, which starts when it is Ready")
+    return (f"spec.sandboxRef: Sandbox {name!r} has no live sandbox (phase {record.get('phase') or 'Pending'}); this "
+            f"run starts when it is Ready")

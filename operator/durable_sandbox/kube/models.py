@@ -387,6 +387,12 @@ class SandboxResourceSpec(ResourceSandboxSettings):
     from_snapshot: Annotated[
         str, Field(min_length=1, description="Create the sandbox from this provider snapshot id.")
     ] | None = None
+    idle_suspend_after_seconds: Annotated[int, Field(
+        ge=1, le=2_592_000, strict=True,
+        description="Suspend the sandbox (snapshot, then destroy it) once no Workflow has held it for this many "
+        "seconds; the next Workflow that uses it (spec.sandboxRef) resumes it from the snapshot. Unset: never on "
+        "idleness. spec.suspend wins over it.",
+    )] | None = None
 
     @field_validator("provider")
     @classmethod
@@ -587,6 +593,11 @@ class SandboxResourceStatus(_Status):
     )
     operation_count: int = Field(default=0, description="How many provider operations were started (numbers their ids).")
     holder: str | None = Field(default=None, description="The Workflow whose calls run in this sandbox now.")
+    state: str | None = Field(
+        default=None, description="Ready: live and held by a Workflow; Idle: live, no Workflow holds it (so no call "
+        "runs); Suspended: no live sandbox (spec.suspend, or spec.idleSuspendAfterSeconds).",
+    )
+    state_since: str | None = Field(default=None, description="Since when state holds (RFC 3339).")
     kopf: dict[str, Any] | None = Field(
         default=None, description="The operator's own bookkeeping (kopf's handler progress). Not for users."
     )

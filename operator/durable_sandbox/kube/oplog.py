@@ -26,7 +26,11 @@ from typing import Any, Literal, TextIO
 
 from durable_sandbox.kube.apiserver_away import API_AWAY, ApiServerAway
 
-__all__ = ["FORMATS", "JsonFormatter", "KopfLines", "LogFormat", "about", "configure"]
+__all__ = ["FORMATS", "LIFECYCLE_LOGGER", "JsonFormatter", "KopfLines", "LogFormat", "about", "configure"]
+
+# The steps of each Workflow's and Sandbox's life, one INFO line each (kube/workflow/publishing.py,
+# kube/sandbox/controller.py).
+LIFECYCLE_LOGGER = "durable_sandbox.kube.lifecycle"
 
 LogFormat = Literal["text", "json"]
 FORMATS: tuple[LogFormat, ...] = ("text", "json")

@@ -28,14 +28,23 @@ from durable_sandbox.kube.labels import label_value
 from durable_sandbox.kube.resources import API_VERSION
 from durable_sandbox.kube.sealing import Sealer
 
-__all__ = ["HOLDER", "RECORDED", "SandboxRecords"]
+__all__ = ["ACTIVE_AT", "HOLDER", "IDLE_CLAIM", "IDLE_SUSPENDED", "RECORDED", "SUSPENDED_AT", "SandboxRecords"]
 
 SANDBOX_LABEL = "durable-sandbox.dev/sandbox"
 HOLDER = "holder"
+# The holder while the idle timer suspends the Sandbox (spec.idleSuspendAfterSeconds): taken with the same
+# compare-and-swap as a Workflow takes it, so a Workflow's calls and an idle suspend never overlap. Parentheses
+# are in no Kubernetes name, so no Workflow can be called this.
+IDLE_CLAIM = "(idle-suspend)"
+# When the Sandbox was last taken or let go by a Workflow, or made live (epoch seconds): the idle timer counts
+# from it. Written by the operator only (Holding and the controller), never read from status.
+ACTIVE_AT = "lastActiveAt"
+IDLE_SUSPENDED = "idleSuspended"  # suspended by the idle timer (not spec.suspend): the next Workflow resumes it
+SUSPENDED_AT = "suspendedAt"  # when the live sandbox was last suspended (epoch seconds; shown as status.stateSince)
 # The fields of a Sandbox's status that the operator acts on: kept here, shown in status.
 # "provider" pins the Sandbox's provider (kube/provider_choice.py) before anything is provisioned.
 RECORDED = ("provider", "providerId", "handle", "leaseExpiresAt", "snapshots", "operation", "operationCount", "phase",
-            "capabilities")
+            "capabilities", ACTIVE_AT, IDLE_SUSPENDED, SUSPENDED_AT)
 
 
 def _dumps(value: Any) -> str:
@@ -122,12 +131,18 @@ class SandboxRecords:
                 raise
             await objects.patch(name, ops)  # made meanwhile (a takeover racing us): add ours to it
 
-    async def swap_holder(self, namespace: str, uid: str, expected: str | None, holder: str | None) -> bool:
-        """Set ``holder`` only while it is ``expected``; False when it is not (or there is no record yet)."""
+    async def swap_holder(self, namespace: str, uid: str, expected: str | None, holder: str | None, *,
+                          unchanged: Mapping[str, Any] | None = None, also: Mapping[str, Any] | None = None) -> bool:
+        """Set ``holder`` only while it is ``expected`` and every field of ``unchanged`` still has its value there,
+        recording ``also`` with it in the same patch; False when not (or there is no record yet)."""
         objects, sealer = self._of(namespace)
         name = self.name(uid)
-        ops = [{"op": "test", "path": f"/data/{HOLDER}", "value": sealer.seal(name, HOLDER, _dumps(expected))},
-               {"op": "replace", "path": f"/data/{HOLDER}", "value": sealer.seal(name, HOLDER, _dumps(holder))}]
+        ops = [{"op": "test", "path": f"/data/{HOLDER}", "value": sealer.seal(name, HOLDER, _dumps(expected))}]
+        ops += [{"op": "test", "path": f"/data/{key}", "value": sealer.seal(name, key, _dumps(value))}
+                for key, value in (unchanged or {}).items()]
+        ops.append({"op": "replace", "path": f"/data/{HOLDER}", "value": sealer.seal(name, HOLDER, _dumps(holder))})
+        ops += [{"op": "add", "path": f"/data/{key}", "value": sealer.seal(name, key, _dumps(value))}
+                for key, value in (also or {}).items()]
         try:
             await objects.patch(name, ops)
         except ApiException as exc:

@@ -136,6 +136,7 @@ def test_checker_rejects_what_is_not_structural() -> None:
         ("Sandbox", "sandboxes", "dsbx", [
             ("Phase", "string", ".status.phase"), ("Provider", "string", ".status.provider"),
             ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
+            ("State", "string", ".status.state"), ("Since", "date", ".status.stateSince"),
             ("Age", "date", ".metadata.creationTimestamp"),
         ]),
     ],

@@ -12,6 +12,11 @@ What the daemon keeps true:
 - ``spec.suspend: true``: snapshot, record it in ``status.snapshots``, destroy the live sandbox; a
   provider without the snapshot capability refuses with ``Suspended=False`` (reason SnapshotUnsupported).
   A superseded snapshot is deleted only after the new one is recorded.
+- ``spec.idleSuspendAfterSeconds``: a live sandbox nobody has held for that long (``kube/sandbox/idle.py``
+  plans it from the record's ``lastActiveAt``) is suspended the same way, under the holder ``IDLE_CLAIM``
+  (``kube/holding.py``), so no Workflow's call runs while it is half suspended; it stays suspended until a
+  Workflow takes it, which resumes it from the snapshot (``IdleSuspended``, ``Resumed`` Events). The
+  explicit ``spec.suspend`` wins over it either way.
 
 What the controller acts on (the live sandbox's id and handle, the snapshots it owns, the operation in
 progress, its phase) is kept in the Sandbox's own record (``kube/sandbox_records.py``: a sealed Journal object
@@ -59,6 +64,7 @@ from durable_sandbox.kube.labels import label_value
 from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
 from durable_sandbox.kube.models import SandboxResource
 from durable_sandbox.kube.objects import owner_tag
+from durable_sandbox.kube.oplog import LIFECYCLE_LOGGER, about
 from durable_sandbox.kube.provider_choice import PINNED, refusal, sandbox_choice
 from durable_sandbox.kube.resources import (
     API_VERSION,
@@ -67,13 +73,22 @@ from durable_sandbox.kube.resources import (
     WORKFLOWS,
     CustomObjects,
 )
+from durable_sandbox.kube.sandbox.idle import SUSPENDED, IdlePlan, plan_idle
 from durable_sandbox.kube.sandbox.view import (
     OPERATION_LABEL,
     SANDBOX_LABEL,
     SandboxControllerSettings,
     SandboxView,
 )
-from durable_sandbox.kube.sandbox_records import HOLDER, RECORDED, SandboxRecords
+from durable_sandbox.kube.sandbox_records import (
+    ACTIVE_AT,
+    HOLDER,
+    IDLE_CLAIM,
+    IDLE_SUSPENDED,
+    RECORDED,
+    SUSPENDED_AT,
+    SandboxRecords,
+)
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
 from durable_sandbox.kube.store import LABEL_PART, MANAGED_BY
 from durable_sandbox.providers.contract import (
@@ -91,6 +106,10 @@ from durable_sandbox.providers.contract import (
 from durable_sandbox.workflows.sandbox_agent import resolve_env
 
 log = logging.getLogger(__name__)
+lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
+# The Events that are steps of a Sandbox's life: each is also a line of the lifecycle log (INFO, as a run's are).
+STEPS = frozenset({"Provisioned", "SnapshotTaken", "SnapshotDeleted", "SandboxLost", "Recovered", "IdleSuspended",
+                   "Resumed", "CleanupDone"})
 
 
 
@@ -158,7 +177,25 @@ class SandboxController:
         await self._patch(view, {**(changes or {}), "phase": phase, "conditions": self._conditions(view, **states)})
 
     async def _emit(self, view: SandboxView, reason: str, message: str, kind: str = "Normal") -> None:
+        if reason in STEPS:
+            lifecycle.info("%s/%s (Sandbox): %s: %s", view.namespace, view.name, reason, message,
+                           extra=about(view.namespace))
         await self.events.emit(dict(view.latest()), LifecycleEvent(reason, message[:1024], kind))
+
+    async def _record(self, view: SandboxView, changes: dict[str, Any]) -> None:
+        """Record ``changes`` that the controller acts on but status does not show (None deletes)."""
+        for key, value in changes.items():
+            if value is None:
+                view.status.pop(key, None)
+            else:
+                view.status[key] = value
+        await self.records.write(view.namespace, view.name, view.uid, changes)
+
+    async def _show_state(self, view: SandboxView, plan: IdlePlan) -> None:
+        """``status.state`` and ``status.stateSince`` (the State and Since columns), written when they change."""
+        shown = {"state": plan.state, "stateSince": rfc3339(plan.since)}
+        if any(view.status.get(key) != value for key, value in shown.items()):
+            await self._patch(view, shown)
 
     # ------------------------------------------------------------------ the daemon
 
@@ -306,8 +343,9 @@ class SandboxController:
         try:
             await self._finish_operation(view, res, provider)
             if res.spec.suspend:
+                await self._drop_idle_claim(view)
                 return await self._keep_suspended(view, res, provider)
-            return await self._keep_live(view, res, provider)
+            return await self._keep_available(view, res, provider)
         except LookupError as exc:  # a Secret named by spec.env is missing
             await self._transition(view, "Pending", Ready=(False, "SecretMissing", str(exc)))
             return self.settings.failed_retry
@@ -404,6 +442,8 @@ class SandboxController:
         faults.reach(f"inside:sandbox.{op['kind']}")  # made, not yet recorded: the crash window
         await self._patch(view, {"providerId": handle.id, "handle": _metadata(handle),
                                  "leaseExpiresAt": rfc3339(handle.lease_expires_at), "operation": None})
+        # A sandbox made live starts its idle time now (kept out of view.status: Holding writes it too).
+        await self.records.write(view.namespace, view.name, view.uid, {ACTIVE_AT: time.time()})
         source = f" from snapshot {op['snapshotId']}" if op.get("snapshotId") else ""
         await self._emit(view, "Provisioned", f"sandbox {handle.id} provisioned{source}")
 
@@ -435,6 +475,106 @@ class SandboxController:
         await self._transition(view, "Ready", Ready=(True, "Recovered", f"sandbox {handle.id} is live (recovered)"))
         return 1.0
 
+    # ------------------------------------------------------------------ idle (spec.idleSuspendAfterSeconds)
+
+    async def _keep_available(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> float | None:
+        """``spec.suspend: false``: live, unless the idle timer suspended it and no Workflow has taken it since."""
+        record = await self.records.read(view.namespace, view.uid)
+        if record.get(HOLDER) == IDLE_CLAIM:
+            return await self._idle_suspend(view, res, provider)  # ours, interrupted (a crash, a lost lease)
+        if view.status.get(IDLE_SUSPENDED):
+            holder = await self.holding.running_holder(view.namespace, record)
+            if view.handle() is None and holder is None and res.spec.idle_suspend_after_seconds is not None:
+                # Woken when a Workflow takes it (status.holder changes, see SandboxView.notice) or the spec changes.
+                return await self._stay_idle_suspended(view, res)
+            delay = await self._keep_live(view, res, provider)  # restores the newest snapshot
+            await self._resumed(view, holder)
+        else:
+            delay = await self._keep_live(view, res, provider)
+        return await self._idle_timer(view, res, provider, delay)
+
+    async def _idle_timer(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider,
+                          delay: float | None) -> float | None:
+        """Show the state; suspend the live sandbox if nobody has held it for ``idleSuspendAfterSeconds``."""
+        if view.handle() is None:
+            return delay
+        record = await self.records.read(view.namespace, view.uid)
+        last_active = record.get(ACTIVE_AT)
+        if not isinstance(last_active, int | float):  # recorded before idle timers existed: it starts now
+            last_active = time.time()
+            await self.records.write(view.namespace, view.name, view.uid, {ACTIVE_AT: last_active})
+        held = await self.holding.running_holder(view.namespace, record) is not None
+        after = res.spec.idle_suspend_after_seconds
+        plan = plan_idle(after=after, live=True, held=held, last_active=last_active, suspended_at=None, now=time.time())
+        await self._show_state(view, plan)
+        if not plan.suspend:
+            due = None if plan.due_in is None else max(plan.due_in, 0.1)
+            return due if delay is None else delay if due is None else min(delay, due)
+        if not provider.capabilities().supports(Capability.SNAPSHOT):
+            message = (f"provider {res.spec.provider} cannot snapshot, so spec.idleSuspendAfterSeconds cannot suspend "
+                       f"it without losing the workspace; the sandbox stays live")
+            if (self._condition(view, "Suspended") or {}).get("reason") != "SnapshotUnsupported":
+                await self._transition(view, "Ready", Suspended=(False, "SnapshotUnsupported", message))
+                await self._emit(view, "SuspendRefused", message, "Warning")
+            return delay
+        await faults.pause("idle:due")  # the race tests stop here: due, not yet claimed
+        # The same compare-and-swap a Workflow takes the Sandbox with, and only if nobody took or let go of it
+        # since it was read: either a Workflow's calls or this suspend, never both.
+        if not await self.records.swap_holder(view.namespace, view.uid, record.get(HOLDER), IDLE_CLAIM,
+                                              unchanged={ACTIVE_AT: record.get(ACTIVE_AT)}):
+            log.info("sandbox %s/%s: the idle timer was due, but a Workflow took or let go of the Sandbox meanwhile; "
+                     "not suspended", view.namespace, view.name)
+            return 0.0  # plan again from the record as it is now
+        return await self._idle_suspend(view, res, provider)
+
+    async def _idle_suspend(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> float | None:
+        """Holding ``IDLE_CLAIM``: snapshot and destroy the live sandbox, record that it is idle-suspended, let go
+        (from then on a Workflow may take it, which resumes it)."""
+        after = res.spec.idle_suspend_after_seconds
+        if view.handle() is not None:
+            await self._begin(view, "snapshot", "Suspending",
+                              Ready=(False, "Suspending", f"{_idle_for(after)}; taking a snapshot to suspend"))
+            await faults.pause("idle:claimed")  # the race tests stop here: claimed, the sandbox still live
+            await self._finish_operation(view, res, provider)
+        if not view.status.get(IDLE_SUSPENDED):
+            await self._record(view, {IDLE_SUSPENDED: True, SUSPENDED_AT: time.time()})
+        # Let go before saying so: a Workflow waiting for this Sandbox looks again on its status change.
+        if not await self.records.swap_holder(view.namespace, view.uid, IDLE_CLAIM, None):
+            log.warning("sandbox %s/%s: the idle suspend's claim was gone when it was let go", view.namespace, view.name)
+        return await self._stay_idle_suspended(view, res)
+
+    async def _stay_idle_suspended(self, view: SandboxView, res: SandboxResource) -> float:
+        suspended_at = view.status.get(SUSPENDED_AT)
+        since = float(suspended_at) if isinstance(suspended_at, int | float) else None
+        if view.status.get("phase") != "Suspended":
+            latest = view.snapshots[-1] if view.snapshots else None
+            message = (f"{_idle_for(res.spec.idle_suspend_after_seconds)}: suspended in snapshot {latest}; the next "
+                       f"Workflow that uses it (spec.sandboxRef) resumes it")
+            await self._transition(view, "Suspended", {"state": SUSPENDED, "stateSince": rfc3339(since)},
+                                   Ready=(False, "IdleSuspended", message), Suspended=(True, "IdleTimeout", message))
+            await self._emit(view, "IdleSuspended", message)
+        await self._show_state(view, plan_idle(after=None, live=False, held=False, last_active=None,
+                                               suspended_at=since, now=time.time()))
+        # A Workflow taking it wakes this daemon at once (SandboxView.notice); the timer is the backstop for a
+        # watch event missed.
+        return self.settings.idle_poll
+
+    async def _resumed(self, view: SandboxView, holder: str | None) -> None:
+        """The idle-suspended sandbox is live again (restored by ``_keep_live``): say so, for whom."""
+        handle = view.handle()
+        assert handle is not None
+        since = rfc3339(view.status.get(SUSPENDED_AT))
+        await self._record(view, {IDLE_SUSPENDED: None})
+        source = f" from snapshot {view.snapshots[-1]}" if view.snapshots else ""
+        why = f"for Workflow {holder}" if holder else "(spec.idleSuspendAfterSeconds was removed)"
+        await self._emit(view, "Resumed", f"sandbox {handle.id} resumed{source} {why}; it was suspended for idleness "
+                                          f"since {since}")
+
+    async def _drop_idle_claim(self, view: SandboxView) -> None:
+        """spec.suspend wins: an idle suspend it interrupted lets go (its operation was finished first)."""
+        if (await self.records.read(view.namespace, view.uid)).get(HOLDER) == IDLE_CLAIM:
+            await self.records.swap_holder(view.namespace, view.uid, IDLE_CLAIM, None)
+
     # ------------------------------------------------------------------ suspended
 
     async def _keep_suspended(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider) -> float | None:
@@ -458,10 +598,13 @@ class SandboxController:
                 return await self._keep_live(view, res, provider)
             await self._begin(view, "snapshot", "Suspending", Ready=(False, "Suspending", "taking a snapshot to suspend"))
             await self._finish_operation(view, res, provider)
-        if view.status.get("phase") != "Suspended":
+        if view.status.get("phase") != "Suspended" or view.status.get(IDLE_SUSPENDED):
+            # (An idle-suspended Sandbox is now suspended on request: the next Workflow no longer resumes it.)
             latest = view.snapshots[-1] if view.snapshots else None
+            now = time.time()
+            await self._record(view, {IDLE_SUSPENDED: None, SUSPENDED_AT: now})
             await self._transition(
-                view, "Suspended",
+                view, "Suspended", {"state": SUSPENDED, "stateSince": rfc3339(now)},
                 Ready=(False, "Suspended", "spec.suspend is true; no live sandbox"),
                 Suspended=(True, "SuspendRequested", f"suspended in snapshot {latest}" if latest else "suspended before provisioning"),
             )
@@ -590,6 +733,10 @@ class SandboxController:
         for provider in self._providers.values():
             with contextlib.suppress(Exception):
                 await provider.aclose()
+
+
+def _idle_for(after: int | None) -> str:
+    return f"no call for {after}s (spec.idleSuspendAfterSeconds)" if after is not None else "idle"
 
 
 def _metadata(handle: SandboxHandle) -> dict[str, Any]:

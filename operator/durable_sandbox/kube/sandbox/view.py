@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ class SandboxControllerSettings:
     retry: float = 5.0  # after a transient provider error
     failed_retry: float = 60.0  # after a refused provision (the spec may change meanwhile)
     held_retry: float = 2.0  # deletion of a Sandbox a Workflow holds looks again this often
+    idle_poll: float = 30.0  # an idle-suspended Sandbox looks for a Workflow that took it this often (else: woken)
     cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
     worker_id: str = "durable-sandbox"  # this replica's name in the Sandboxes' Leases
     lease_ttl: float = 15.0  # a dead replica's Sandboxes are taken over after this long
@@ -38,6 +40,19 @@ class SandboxView(ObjectView):
     lease: HeldLease | None = None  # this replica's claim to reconcile the Sandbox
     turn: asyncio.Task[float | None] | None = None  # the reconciliation in progress (stopped if the lease is lost)
     waiting_on: str | None = None  # the replica holding the lease while this one waits
+    seen_holder: str | None = None  # status.holder in the newest body seen (a wake-up hint only)
+
+    def notice(self, body: Mapping[str, Any]) -> None:
+        """As every object's (a spec change or deletion wakes the daemon), and also a change of ``status.holder``:
+        a Workflow took or let go of the Sandbox, which an idle-suspended one resumes for and the idle timer
+        counts from. Only a hint (anyone granted sandboxes/status can write it): the turn it wakes reads the
+        Sandbox's record."""
+        super().notice(body)
+        shown = (body.get("status") or {}).get("holder")
+        holder = shown if isinstance(shown, str) else None
+        if holder != self.seen_holder:
+            self.seen_holder = holder
+            self.wake.set()
 
     @property
     def snapshots(self) -> list[str]:

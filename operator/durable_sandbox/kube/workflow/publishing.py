@@ -36,7 +36,7 @@ from durable_sandbox.kube.events import (
     run_status_event,
     terminal_event,
 )
-from durable_sandbox.kube.oplog import about
+from durable_sandbox.kube.oplog import LIFECYCLE_LOGGER, about
 from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.status import RETRYING, StatusWriter, render, retry_message
@@ -46,7 +46,6 @@ from durable_sandbox.kube.workflow.settings import OperatorSettings
 
 __all__ = ["LIFECYCLE_LOGGER", "Publisher", "say"]
 
-LIFECYCLE_LOGGER = "durable_sandbox.kube.lifecycle"
 lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
 # Steps of a run's life: INFO whatever the Event's type (a failed run is the run's outcome, not trouble of the
 # operator's); any other Event (a refusal, a blocked cleanup: something a person must look at) at its own level.
