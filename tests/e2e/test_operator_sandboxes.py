@@ -183,7 +183,7 @@ def test_suspend_snapshots_and_destroys_resume_restores_and_superseded_snapshot_
     assert "snapshot" in st["capabilities"]["supported"]
     assert st["leaseExpiresAt"] and st["observedGeneration"] == 1
     table = cp.kubectl("get", "dsbx", "-n", ns).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "PROVIDER", "READY", "AGE"], table
+    assert table[0].split() == ["NAME", "PHASE", "PROVIDER", "READY", "STATE", "SINCE", "AGE"], table
     assert table[1].split()[:4] == ["dev-box", "Ready", "local", "True"], table
 
     assert run_call(op.home, first, "write_file", path="notes.txt", contents="kept across suspend\n")[0] == 0
