@@ -113,12 +113,15 @@ def test_sandbox_is_accepted_and_listed_with_printer_columns(
     assert apply(control_plane, namespace, sandbox).returncode == 0
     control_plane.kubectl(
         "patch", "dsbx", "shared", "-n", namespace, "--subresource=status", "--type=merge",
-        "-p", json.dumps({"status": {"phase": "Ready", "provider": "e2b", "providerId": "p-1"}}),
+        "-p", json.dumps({"status": {"phase": "Ready", "provider": "e2b", "providerId": "p-1", "state": "Idle",
+                                     "stateSince": "2026-01-01T00:00:00Z"}}),
     )  # fmt: skip
     table = control_plane.kubectl("get", "dsbx", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "PROVIDER", "READY", "AGE"]
+    assert table[0].split() == ["NAME", "PHASE", "PROVIDER", "READY", "STATE", "SINCE", "AGE"]
     # The provider shown is the one the operator pinned (status.provider; its default when the spec names none).
     assert table[1].split()[:3] == ["shared", "Ready", "e2b"]
+    # The idle state (issue 27) and since when, as an age (READY is empty here: no conditions were patched in).
+    assert table[1].split()[3] == "Idle", table
 
     bad = copy.deepcopy(sandbox)
     bad["metadata"]["name"] = "bad-env"
