@@ -159,12 +159,7 @@ class SandboxController:
         """Record ``changes`` (None deletes) that the controller acts on in the Sandbox's record, then show them
         all in status (merge patch), and keep them as what we know."""
         changes = {**changes, "observedGeneration": view.generation}
-        for key, value in changes.items():
-            if value is None:
-                view.status.pop(key, None)
-            else:
-                view.status[key] = value
-        await self.records.write(view.namespace, view.name, view.uid, changes)
+        await self._record(view, changes)  # (the record keeps only its own fields of them)
         await self.objects.patch_status(SANDBOXES, view.namespace, view.name, changes)
 
     @staticmethod
@@ -183,7 +178,8 @@ class SandboxController:
         await self.events.emit(dict(view.latest()), LifecycleEvent(reason, message[:1024], kind))
 
     async def _record(self, view: SandboxView, changes: dict[str, Any]) -> None:
-        """Record ``changes`` that the controller acts on but status does not show (None deletes)."""
+        """Record ``changes`` that the controller acts on (None deletes) and keep them as what we know; status
+        shows only what :meth:`_patch` writes."""
         for key, value in changes.items():
             if value is None:
                 view.status.pop(key, None)
