@@ -55,12 +55,17 @@ def leases(cp: ControlPlane, ns: str, selector: str = "") -> list[dict[str, Any]
 
 def install_crds(cp: ControlPlane) -> None:
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
+    wait_established(cp)
+
+
+def wait_established(cp: ControlPlane, names: Sequence[str] = CRD_NAMES) -> None:
+    """Wait until the CRDs ``names`` are Established."""
     # kubectl wait exits 1 at once, instead of waiting, on a CRD whose status the API server has not written
     # yet (".status.conditions accessor error: <nil>"), as right after a first apply: ask again until it waits.
     last: list[subprocess.CompletedProcess[str]] = []
 
     def established() -> bool:
-        last[:] = [cp.kubectl("wait", "--for=condition=Established", *(f"crd/{n}" for n in CRD_NAMES),
+        last[:] = [cp.kubectl("wait", "--for=condition=Established", *(f"crd/{n}" for n in names),
                               "--timeout=60s", check=False, timeout=90)]
         return last[0].returncode == 0
 

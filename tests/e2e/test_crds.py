@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from durable_sandbox.kube import crds
+from tests.e2e.operator_support import wait_established
 
 if TYPE_CHECKING:
     from .conftest import ControlPlane
@@ -28,9 +29,7 @@ CRD_NAMES = ["workflows.durable-sandbox.dev", "sandboxes.durable-sandbox.dev"]
 def installed(control_plane: ControlPlane) -> None:
     # The committed files, exactly as docs/kubernetes.md installs them.
     control_plane.kubectl("apply", "-f", str(CRD_DIR))
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", *(f"crd/{n}" for n in CRD_NAMES), "--timeout=60s"
-    )
+    wait_established(control_plane, CRD_NAMES)
 
 
 @pytest.fixture

@@ -84,13 +84,14 @@ class Engines:
     @contextlib.asynccontextmanager
     async def provider_for_once(self, name: str) -> AsyncIterator[Any]:
         """Provider ``name`` (see :meth:`provider`) for one job outside any run (a cleanup, a finished run's
-        leftovers): one made here is closed after it, or its HTTP pools are left open (asyncio's "Unclosed client
-        session" ERROR when it is collected)."""
+        leftovers): one made for it (by the registry or the operator's factory, as ``dsb operator`` gives) is closed
+        after it, or its HTTP pools are left open (asyncio's "Unclosed client session" ERROR when it is collected);
+        one of a fixed mapping of providers is its owner's to close."""
         provider = self.provider(name)
         try:
             yield provider
         finally:
-            if self._providers is None:
+            if self._providers is None or callable(self._providers):
                 with contextlib.suppress(Exception):
                     await provider.aclose()
 
