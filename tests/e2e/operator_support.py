@@ -55,12 +55,17 @@ def leases(cp: ControlPlane, ns: str, selector: str = "") -> list[dict[str, Any]
 
 def install_crds(cp: ControlPlane) -> None:
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
+    wait_established(cp)
+
+
+def wait_established(cp: ControlPlane, names: Sequence[str] = CRD_NAMES) -> None:
+    """Wait until the CRDs ``names`` are Established."""
     # kubectl wait exits 1 at once, instead of waiting, on a CRD whose status the API server has not written
     # yet (".status.conditions accessor error: <nil>"), as right after a first apply: ask again until it waits.
     last: list[subprocess.CompletedProcess[str]] = []
 
     def established() -> bool:
-        last[:] = [cp.kubectl("wait", "--for=condition=Established", *(f"crd/{n}" for n in CRD_NAMES),
+        last[:] = [cp.kubectl("wait", "--for=condition=Established", *(f"crd/{n}" for n in names),
                               "--timeout=60s", check=False, timeout=90)]
         return last[0].returncode == 0
 
@@ -86,6 +91,9 @@ class OperatorProcess:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
+    # Regular expressions of the log lines this replica's test causes on purpose (check_log's ``expected``):
+    # the ``operators`` fixture checks every replica's whole log against them when the test ends.
+    expected_log: list[str] = field(default_factory=list)
 
     def start(self, *, fault: str | None = None) -> OperatorProcess:
         env = {**os.environ, "DURABLE_SANDBOX_HOME": str(self.home), "PYTHONUNBUFFERED": "1", **self.env}
@@ -130,16 +138,34 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def expect_log(self, *patterns: str) -> OperatorProcess:
+        """Declare log lines (regular expressions) this test causes on purpose, so neither check_log nor the
+        ``operators`` fixture's check at the end of the test counts them as problems."""
+        self.expected_log.extend(patterns)
+        return self
+
+    def log_problems(self, expected: Sequence[str] = ()) -> list[str]:
+        return log_problems(self.logs(), [*self.expected_log, *expected])
+
     def check_log(self, expected: Sequence[str] = ()) -> str:
         """Stop it (SIGTERM, as a rolling update does: its shutdown is logged too), then assert that its whole
         log holds no traceback and no ERROR (issue 24), but for lines matching one of ``expected`` (regular
-        expressions: what the test causes on purpose). Returns the log."""
+        expressions: what the test causes on purpose; kept for the fixture's check at the end). Returns the log.
+        The ``operators`` fixture does the same for every replica when the test ends; calling it in a test
+        checks at that point (e.g. before a second replica starts)."""
         self.stop()
+        self.expect_log(*expected)
         text = self.logs()
-        problems = log_problems(text, expected)
-        assert not problems, f"{self.log_path.name}: {len(problems)} line(s) no passing test leaves:\n" + "\n".join(
-            problems[:20]) + f"\n--- the log's end:\n{text[-4000:]}"
+        problems = self.log_problems()
+        assert not problems, log_report(self, problems)
         return text
+
+
+def log_report(op: OperatorProcess, problems: Sequence[str]) -> str:
+    text = op.logs()
+    return (f"{op.log_path.name}: {len(problems)} line(s) no passing test leaves (a traceback or an ERROR the test "
+            "did not declare with operators(..., expect_log=[...]), op.expect_log(...) or "
+            "@pytest.mark.operator_log(...)):\n" + "\n".join(problems[:20]) + f"\n--- the log's end:\n{text[-4000:]}")
 
 
 # -- the operator's log (issue 24): no traceback and no ERROR that a test did not cause on purpose
@@ -188,20 +214,38 @@ def lifecycle(text: str, ns: str, name: str) -> list[str]:
             if r.get("logger") == "durable_sandbox.kube.lifecycle" and prefix.match(str(r.get("message", "")))]
 
 
+def declared_log_lines(request: pytest.FixtureRequest) -> list[str]:
+    """The patterns of ``@pytest.mark.operator_log(pattern, ..., why=...)`` on the test (or its module): log lines
+    every replica of the test may hold because the test causes them on purpose. ``why`` is required: a
+    declaration says why the line is expected, or it is a bug hidden."""
+    patterns: list[str] = []
+    for mark in request.node.iter_markers("operator_log"):
+        if not str(mark.kwargs.get("why") or "").strip():
+            raise pytest.UsageError(f"{request.node.nodeid}: @pytest.mark.operator_log needs why=... (what causes "
+                                    f"the lines {mark.args} on purpose)")
+        patterns.extend(mark.args)
+    return patterns
+
+
 @pytest.fixture
-def operators(tmp_path: Path, namespace: str, operator_journal: OperatorJournal) -> Iterator[Any]:
+def operators(request: pytest.FixtureRequest, tmp_path: Path, namespace: str,
+              operator_journal: OperatorJournal) -> Iterator[Any]:
     """A factory of operator replicas serving the test's namespace (other tests' Workflows are not theirs),
     each with the test's journal (``operator_journal``: the API server's, or PostgreSQL under the switch of
-    tests/e2e/journal_support.py; a test's own ``env`` wins); every one still running is stopped at the end."""
+    tests/e2e/journal_support.py; a test's own ``env`` wins); every one still running is stopped at the end, and
+    then every replica's whole log is checked (issue 24): a traceback or an ERROR line fails the test unless it
+    was declared (``expect_log=[...]`` here, ``op.expect_log(...)``, ``op.check_log(expected)`` or the test's
+    ``@pytest.mark.operator_log(..., why=...)``)."""
     started: list[OperatorProcess] = []
+    declared = declared_log_lines(request)
 
     def make(*args: str, home: Path | None = None, env: dict[str, str] | None = None,
-             fault: str | None = None, name: str | None = None) -> OperatorProcess:
+             fault: str | None = None, name: str | None = None, expect_log: Sequence[str] = ()) -> OperatorProcess:
         name = name or f"operator-{len(started) + 1}"
         op = OperatorProcess(
             home=home or tmp_path / "home", log_path=tmp_path / f"{name}.log",
             args=["--lease-seconds", "6", "--worker-id", name, "--namespace", namespace, *args],
-            env={**operator_journal.env, **(env or {})},
+            env={**operator_journal.env, **(env or {})}, expected_log=[*declared, *expect_log],
         )
         op.home.mkdir(parents=True, exist_ok=True)
         started.append(op)
@@ -215,6 +259,9 @@ def operators(tmp_path: Path, namespace: str, operator_journal: OperatorJournal)
         for op in started:
             if op.process is not None and op.process.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM):
                 print(f"--- {op.log_path.name} (exit {op.process.returncode})\n{op.logs()[-6000:]}", file=sys.stderr)
+    reports = [log_report(op, problems) for op in started if (problems := op.log_problems())]
+    if reports:
+        pytest.fail("\n\n".join(reports), pytrace=False)
 
 
 def effect_calls(effects: Path, n: int, *, gate: Path | None = None, gate_at: int = -1) -> list[dict[str, Any]]:

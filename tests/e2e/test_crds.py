@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import shlex
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +14,7 @@ import pytest
 import yaml
 
 from durable_sandbox.kube import crds
+from tests.e2e.operator_support import wait_established
 
 if TYPE_CHECKING:
     from .conftest import ControlPlane
@@ -32,9 +29,7 @@ CRD_NAMES = ["workflows.durable-sandbox.dev", "sandboxes.durable-sandbox.dev"]
 def installed(control_plane: ControlPlane) -> None:
     # The committed files, exactly as docs/kubernetes.md installs them.
     control_plane.kubectl("apply", "-f", str(CRD_DIR))
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", *(f"crd/{n}" for n in CRD_NAMES), "--timeout=60s"
-    )
+    wait_established(control_plane, CRD_NAMES)
 
 
 @pytest.fixture
@@ -468,47 +463,6 @@ def test_signals_can_only_gain_keys(control_plane: ControlPlane, namespace: str,
     )  # fmt: skip
     got = control_plane.kubectl_json("get", "dwf", "signalled", "-n", namespace)
     assert got["status"]["kopf"] == {"progress": {"h": {"retries": 1}}}
-
-
-def doc_commands() -> list[str]:
-    """The shell commands of docs/kubernetes.md's "Custom resources" section, in order."""
-    text = (ROOT / "docs" / "kubernetes.md").read_text()
-    section = text.split("## Custom resources", 1)[1].split("\n## ", 1)[0]
-    blocks = section.split("```sh\n")[1:]
-    return [line for block in blocks for line in block.split("```", 1)[0].splitlines() if line.strip()]
-
-
-def test_docs_commands_work(control_plane: ControlPlane, installed: None, tmp_path: Path) -> None:
-    commands = doc_commands()
-    assert any(c.startswith("kubectl apply -f crds/") for c in commands)
-    # The fixture has set KUBECONFIG, so plain kubectl (and the docs' relative paths, from the root) work.
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    outputs = []
-    try:
-        for command in commands:
-            argv = shlex.split(command)
-            if argv[0] == "python":
-                argv[0] = sys.executable
-                if argv[-2] == "--write":
-                    argv[-1] = str(tmp_path)  # the committed files stay as they are
-            elif argv[0] != "kubectl":
-                raise AssertionError(f"unexpected command in docs/kubernetes.md: {command}")
-            proc = subprocess.run(
-                argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
-            )
-            assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr}"
-            outputs.append(proc.stdout)
-        assert outputs[commands.index("kubectl get dwf")].split()[:5] == [
-            "NAME",
-            "PHASE",
-            "CALLS",
-            "SNAPSHOT",
-            "AGE",
-        ]
-        listed = control_plane.kubectl("get", "durable-sandbox", "-o", "name").stdout.split()
-        assert "workflow.durable-sandbox.dev/hello" in listed
-    finally:
-        control_plane.kubectl("delete", "-f", str(HELLO), "--ignore-not-found")
 
 
 def test_anchors_and_aliases_are_accepted_by_both(control_plane: ControlPlane, namespace: str) -> None:

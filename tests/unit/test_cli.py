@@ -363,31 +363,30 @@ def test_console_script_runs_example_manifest(home: Path) -> None:
 
 
 def test_docs_cli_examples_work(home: Path) -> None:
-    """Every `dsb ...` command in a code block of docs/cli.md runs, in order, as written; one whose transcript
-    shows `error: ` lines exits 2 with exactly those lines on stderr."""
+    """Every `dsb ...` command in a code block of docs/cli.md (tests/docs_commands.py) runs, in order, as written;
+    one whose transcript shows `error: ` lines exits 2 with exactly those lines on stderr, and a transcript's
+    `echo $?` shows the exit of the command before it."""
     import shlex
 
-    commands: list[tuple[str, list[str]]] = []  # (command, the error lines its transcript shows)
-    errors: list[str] | None = None  # where the error lines shown next belong (None: to no command run here)
-    in_block = False
-    for line in (ROOT / "docs" / "cli.md").read_text().splitlines():
-        if line.startswith("```"):
-            in_block, errors = not in_block, None
+    from tests.docs_commands import CLI, all_commands, commands_run_by
+
+    commands = commands_run_by(CLI, "docs/cli.md")
+    assert len(commands) >= 15 and sum(1 for c in commands if c.output and c.output[0].startswith("error: ")) >= 4
+    previous: dict[str, object] = {}  # the command just before, in the doc, and its exit when this test ran it
+    order = [c for c in all_commands() if c.doc == "docs/cli.md"]
+    for command in commands:
+        before = order[order.index(command) - 1]
+        if command.text == "echo $?":
+            if previous.get("command") == before:  # else the test that runs that command checks its exit
+                assert command.output == (str(previous["code"]),), f"{before.text}: exit {previous['code']}"
             continue
-        text = line.removeprefix("$ ")  # transcripts; indented lines in them are output, not commands
-        if in_block and text.startswith("dsb "):
-            commands.append((text, errors := []))
-        elif in_block and line.startswith("$ "):
-            errors = None  # another command (`cd /tmp && dsb ...`): the doc says which test runs it
-        elif in_block and line.startswith("error: ") and errors is not None:
-            errors.append(line)
-    assert len(commands) >= 15 and sum(1 for _, errors in commands if errors) >= 4
-    for command, errors in commands:
-        done = sh(home, *shlex.split(command)[1:])
+        done = sh(home, *shlex.split(command.text)[1:])
+        errors = [line for line in command.output if line.startswith("error: ")]
         if errors:
-            assert (done.returncode, done.stderr.splitlines()) == (2, errors), command
+            assert (done.returncode, done.stderr.splitlines()) == (2, errors), command.text
         else:
-            assert done.returncode in (0, 3), f"{command}: exit {done.returncode}\n{done.stderr}"
+            assert done.returncode in (0, 3), f"{command.text}: exit {done.returncode}\n{done.stderr}"
+        previous = {"command": command, "code": done.returncode}
 
 
 def test_docs_cli_dry_run_transcript_is_what_dsb_prints(home: Path) -> None:

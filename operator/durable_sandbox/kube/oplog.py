@@ -12,6 +12,11 @@ starting) is not written, and :data:`~durable_sandbox.kube.apiserver_away.API_AW
 handler that "failed temporarily" (a ``kopf.TemporaryError``: the operator asked to be called again, e.g. a
 cleanup the provider refuses for now) is a WARNING. A handler failing with an exception stays an ERROR, with its
 traceback.
+
+asyncpg's pool retries its connections by itself while PostgreSQL restarts or is away, with a WARNING and a
+traceback each time (``Failed to restore the pool connection floor; retrying``); the PostgreSQL store says that the
+database is unreachable and what it does about it, so that WARNING is written in one line, its exception named,
+without the traceback (:class:`PoolRetryLines`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from typing import Any, Literal, TextIO
 
 from durable_sandbox.kube.apiserver_away import API_AWAY, ApiServerAway
 
-__all__ = ["FORMATS", "LIFECYCLE_LOGGER", "JsonFormatter", "KopfLines", "LogFormat", "about", "configure"]
+__all__ = ["FORMATS", "LIFECYCLE_LOGGER", "JsonFormatter", "KopfLines", "LogFormat", "PoolRetryLines", "about",
+           "configure"]
 
 # The steps of each Workflow's and Sandbox's life, one INFO line each (kube/workflow/publishing.py,
 # kube/sandbox/controller.py).
@@ -97,11 +103,23 @@ class KopfLines(logging.Filter):
         return record.levelno >= self.threshold
 
 
+class PoolRetryLines(logging.Filter):
+    """asyncpg's pool retrying a connection: a WARNING in one line, its exception named, no traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("asyncpg") and record.levelno < logging.ERROR and record.exc_info:
+            exc = record.exc_info[1]
+            record.msg, record.args = f"{record.getMessage()} ({type(exc).__name__}: {exc})", None
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def configure(log_format: LogFormat = "text", *, verbose: bool = False, stream: TextIO | None = None) -> logging.Handler:
     """The root logger's one handler, in ``log_format``; kopf's own activity only with ``verbose``."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     handler.addFilter(KopfLines(logging.INFO if verbose else logging.WARNING))
+    handler.addFilter(PoolRetryLines())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

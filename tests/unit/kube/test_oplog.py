@@ -18,7 +18,7 @@ from kubernetes.aio.client.exceptions import ApiException
 import durable_sandbox as ds
 from durable_sandbox.kube.apiserver_away import ApiServerAway, took
 from durable_sandbox.kube.client import brief
-from durable_sandbox.kube.oplog import JsonFormatter, KopfLines, about, configure
+from durable_sandbox.kube.oplog import JsonFormatter, KopfLines, PoolRetryLines, about, configure
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore
 
@@ -51,6 +51,27 @@ def test_json_puts_a_traceback_inside_the_one_line() -> None:
         rec = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", None, __import__("sys").exc_info())
     line = JsonFormatter().format(rec)
     assert "\n" not in line and "ValueError: boom" in json.loads(line)["exception"]
+
+
+def test_asyncpg_retrying_its_pool_is_one_warning_line_without_a_traceback() -> None:
+    """A PostgreSQL restart: asyncpg's pool logs its retry with a traceback (the store says it is unreachable)."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(PoolRetryLines())
+    try:
+        raise ConnectionError("the database system is shutting down")
+    except ConnectionError:
+        rec = logging.LogRecord("asyncpg.pool", logging.WARNING, __file__, 1, "Failed to restore the pool connection "
+                                "floor; retrying", None, __import__("sys").exc_info())
+    handler.handle(rec)
+    assert out.getvalue() == ("Failed to restore the pool connection floor; retrying (ConnectionError: the database "
+                              "system is shutting down)\n")
+    try:
+        raise ValueError("a bug")
+    except ValueError:  # an ERROR keeps its traceback
+        rec = logging.LogRecord("asyncpg.pool", logging.ERROR, __file__, 1, "x", None, __import__("sys").exc_info())
+    handler.handle(rec)
+    assert "Traceback (most recent call last)" in out.getvalue()
 
 
 class Away(ApiServerAway):

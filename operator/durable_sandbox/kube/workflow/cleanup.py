@@ -107,7 +107,8 @@ class Cleanup:
                 log.warning("run %s: retained snapshot %s has no provider on record; left to the orphan sweep",
                             run_id, kept.snapshot_id)
                 continue
-            await self.wing.engines.provider(provider).delete_snapshot(kept.snapshot_id)
+            async with self.wing.engines.provider_for_once(provider) as made:
+                await made.delete_snapshot(kept.snapshot_id)
 
     async def _finalize_leftovers(self, engine: durable_sandbox.Engine, run_id: str) -> None:
         executor = engine.executor
@@ -134,15 +135,15 @@ class Cleanup:
         owner, installation = view.owner, self.wing.settings.installation_id
         for name in names:
             try:
-                provider = self.wing.engines.provider(name)
-                caps = provider.capabilities()
-                if caps.supports(Capability.LEASE_RECONCILIATION):
-                    for handle in await provider.list_sandboxes(owner):
-                        await provider.destroy(handle)
-                if caps.supports(Capability.INVENTORY):
-                    for entry in await provider.inventory_snapshots(installation):
-                        if entry.owner_key == tag_key(owner):
-                            await provider.delete_snapshot(entry.id)
+                async with self.wing.engines.provider_for_once(name) as provider:
+                    caps = provider.capabilities()
+                    if caps.supports(Capability.LEASE_RECONCILIATION):
+                        for handle in await provider.list_sandboxes(owner):
+                            await provider.destroy(handle)
+                    if caps.supports(Capability.INVENTORY):
+                        for entry in await provider.inventory_snapshots(installation):
+                            if entry.owner_key == tag_key(owner):
+                                await provider.delete_snapshot(entry.id)
             except Exception as exc:
                 await self._blocked(view, body, f"cleanup by owner tag ({name}) is blocked: {type(exc).__name__}: "
                                                 f"{exc}", delay)

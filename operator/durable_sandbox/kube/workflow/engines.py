@@ -7,6 +7,7 @@ every sandbox this operator makes)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import durable_sandbox
@@ -79,6 +80,20 @@ class Engines:
 
             return create_provider(name)
         return self._providers(name) if callable(self._providers) else self._providers[name]
+
+    @contextlib.asynccontextmanager
+    async def provider_for_once(self, name: str) -> AsyncIterator[Any]:
+        """Provider ``name`` (see :meth:`provider`) for one job outside any run (a cleanup, a finished run's
+        leftovers): one made for it (by the registry or the operator's factory, as ``dsb operator`` gives) is closed
+        after it, or its HTTP pools are left open (asyncio's "Unclosed client session" ERROR when it is collected);
+        one of a fixed mapping of providers is its owner's to close."""
+        provider = self.provider(name)
+        try:
+            yield provider
+        finally:
+            if self._providers is None or callable(self._providers):
+                with contextlib.suppress(Exception):
+                    await provider.aclose()
 
     def usable_provider_names(self) -> list[str]:
         """The providers this operator may use (the local provider only when allowed) and can build here (their

@@ -45,21 +45,21 @@ async def _remove(wing: Wing, view: RunView, rows: Sequence[OperationRecord]) ->
     owner, removed = view.owner, 0
     for name in sorted(providers):
         try:
-            provider = wing.engines.provider(name)
-            caps = provider.capabilities()
-            if caps.supports(Capability.LEASE_RECONCILIATION):
-                for handle in await provider.list_sandboxes(owner):
-                    await provider.destroy(handle)
-                    removed += 1
-                    log.warning("run %s: destroyed sandbox %s that its journal did not show destroyed",
-                                view.run_id, handle.id)
-            if caps.supports(Capability.INVENTORY):
-                for entry in await provider.inventory_snapshots(wing.settings.installation_id):
-                    if entry.owner_key == tag_key(owner) and entry.id not in kept:
-                        await provider.delete_snapshot(entry.id)
+            async with wing.engines.provider_for_once(name) as provider:
+                caps = provider.capabilities()
+                if caps.supports(Capability.LEASE_RECONCILIATION):
+                    for handle in await provider.list_sandboxes(owner):
+                        await provider.destroy(handle)
                         removed += 1
-                        log.warning("run %s: deleted snapshot %s that its journal did not show deleted",
-                                    view.run_id, entry.id)
+                        log.warning("run %s: destroyed sandbox %s that its journal did not show destroyed",
+                                    view.run_id, handle.id)
+                if caps.supports(Capability.INVENTORY):
+                    for entry in await provider.inventory_snapshots(wing.settings.installation_id):
+                        if entry.owner_key == tag_key(owner) and entry.id not in kept:
+                            await provider.delete_snapshot(entry.id)
+                            removed += 1
+                            log.warning("run %s: deleted snapshot %s that its journal did not show deleted",
+                                        view.run_id, entry.id)
         except Exception as exc:  # the provider is away: the finalizer and the orphan sweep still remove them
             log.warning("run %s: could not look for leftovers on provider %s (%s: %s); the Workflow's deletion "
                         "or the orphan sweep removes them", view.run_id, name, type(exc).__name__, exc)
