@@ -262,6 +262,7 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
             "  leaseSeconds: 600        # renewed at half its length while the Sandbox exists (5 to 86400)\n"
             "  # template: ...          # provider template; env: [{name, value | valueFrom.secretKeyRef}]\n"
             "  # fromSnapshot: <id>     # start from a snapshot of this namespace (not owned: never deleted by the Sandbox)\n"
+            "  # idleSuspendAfterSeconds: 900   # suspend it when no Workflow has used it this long (see \"Idle Sandboxes\")\n"
             "YAML",
             "kubectl wait --for=condition=Ready dsbx/dev-box",
             "kubectl patch dsbx dev-box --type=merge -p '{\"spec\":{\"suspend\":true}}'",
@@ -269,6 +270,12 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
             "kubectl patch dsbx dev-box --type=merge -p '{\"spec\":{\"suspend\":false}}'",
             "kubectl get dsbx",
             "kubectl describe dsbx dev-box",
+            "kubectl apply -f examples/idle-sandbox.yaml",
+            "kubectl wait --for=condition=Succeeded workflow/fill-idle-box --timeout=120s",
+            "kubectl wait --for=condition=Suspended dsbx/idle-box --timeout=120s",
+            "kubectl get dsbx idle-box",
+            "kubectl apply -f examples/idle-sandbox-resume.yaml",
+            "kubectl wait --for=condition=Succeeded workflow/read-idle-box --timeout=120s",
         )},
         "python -m durable_sandbox.kube.crds --write crds/": Run(REGEN),
         "python -m durable_sandbox.kube.crds --write charts/durable-sandbox/crds/": Run(REGEN),
