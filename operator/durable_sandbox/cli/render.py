@@ -154,6 +154,9 @@ def op_detail(
     made = journal.provisioned(row) if kind == journal.PROVISION else None
     if made is not None and made.sandbox_id:
         return f"{made.provider or ''} sandbox {made.sandbox_id}".strip()
+    if kind == journal.RESTORE and status == "completed":
+        source = journal.restored_from(row)
+        return f"from {short_id(source, wide) if source else 'a fresh sandbox'}: {journal.replay_summary(row)}"
     if (sandbox_id := journal.destroyed(row)) is not None:
         return f"sandbox {sandbox_id}"
     if (taken := journal.snapshot_taken(row)) is not None:

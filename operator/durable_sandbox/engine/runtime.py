@@ -137,6 +137,12 @@ class RunRuntime:
             raise Suspend([])
         return self.latest.get(op_id)
 
+    def reached(self, op_id: str) -> None:
+        """Count a recorded operation as reached without entering it: an extension's own record of a
+        kind workflow code enters (a sandbox session's ``replay:`` callback, written only while it
+        recovers), which a later execution that needs no recovery never meets again."""
+        self._unreached.discard(op_id)
+
     def check_all_reached(self) -> None:
         """Called when the workflow returned: an operation the journal records as completed that this
         execution never reached means the code changed under the run (typically a renamed id), which

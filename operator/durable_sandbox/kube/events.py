@@ -67,7 +67,7 @@ def lifecycle_events(rows: Iterable[OperationRecord]) -> list[LifecycleEvent]:
         elif made is not None and made.recovery:
             source = f"snapshot {journal.restored_from(row)}" if journal.restored_from(row) else "a fresh sandbox"
             out.append(LifecycleEvent("Recovered", f"recovered into sandbox {made.sandbox_id} from {source}, "
-                                                   f"{len(journal.replayed(row))} call(s) replayed"))
+                                                   f"{journal.replay_summary(row)}"))
     return out
 
 

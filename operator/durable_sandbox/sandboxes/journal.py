@@ -18,6 +18,7 @@ a step's), with their kind:
 ``s/restore/<k>``                     ``sandbox.restore``          the ``k``-th sandbox made again
 ``s/destroy/<sandbox id>``            ``sandbox.destroy``          a sandbox destroyed (or detached)
 ``s/finalize[~g]``                    ``sandbox.destroy``          the session's end (meta ``finalized``)
+``replay:s/<operationId>``            ``callback``                 a replay of an ``ask`` call, asked (``onReplay``)
 ====================================  ===========================  ==========================================
 
 ``~g`` is the generation of a session re-opened after its run failed and was retried (the failed
@@ -94,6 +95,17 @@ META_DETACHED = "detached"  # destroy: an attached Sandbox resource's sandbox le
 META_FINALIZED = "finalized"  # finalize: the session has ended (every sandbox and snapshot gone)
 META_RETAINED = "retained"  # finalize: the snapshot kept for the caller (retain_latest_snapshot), if any
 META_SUCCEEDED = "succeeded"  # finalize: whether the block succeeded (a failed one is re-opened on retry)
+META_ON_REPLAY = "onReplay"  # call (started): what a replay of it does (ON_REPLAY_*); absent: rerun
+META_SKIPPED = "skipped"  # restore (completed): the calls not replayed (skip, or asked and answered skip)
+META_ASKED = "asked"  # restore (completed): {call op id: the answer} of every ask call of the replay
+
+# What a replay does with a call (a tool call's onReplay, a code-first call's on_replay=), journaled with the call.
+ON_REPLAY_RERUN = "rerun"  # execute it again into the replacement, outcome checked (the default)
+ON_REPLAY_SKIP = "skip"  # do not execute it again: its journaled result stands (its workspace changes are missing)
+ON_REPLAY_ASK = "ask"  # wait on the callback ``replay:<call op id>``, answered rerun or skip
+ON_REPLAY = (ON_REPLAY_RERUN, ON_REPLAY_SKIP, ON_REPLAY_ASK)
+ANSWERS = (ON_REPLAY_RERUN, ON_REPLAY_SKIP)  # what an ask callback may be answered
+ASK_PREFIX = "replay:"
 
 # Reasons (META_REASON).
 REASON_RECOVERY = "recovery"  # restore: after the sandbox was lost
@@ -142,6 +154,24 @@ def destroy_id(sid: str, sandbox_id: str) -> str:
 
 def finalize_id(sid: str, generation: int = 0) -> str:
     return f"{sid}/finalize{_generation(generation)}"
+
+
+def ask_id(call_op_id: str) -> str:
+    """The callback a replay of an ``ask`` call waits on: ``replay:<the call's op id>`` (e.g.
+    ``replay:sandbox/push``), stable across executions, the key of ``dsb signal`` and ``spec.signals``."""
+    return ASK_PREFIX + call_op_id
+
+
+def asks_of(sid: str, op_ids: Iterable[str]) -> list[str]:
+    """The ask callbacks of session ``sid`` among ``op_ids``."""
+    prefix = ASK_PREFIX + sid + "/"
+    return [op for op in op_ids if op.startswith(prefix)]
+
+
+def check_on_replay(value: str, where: str) -> str:
+    if value not in ON_REPLAY:
+        raise ValueError(f"{where}: on_replay must be one of {', '.join(ON_REPLAY)}, not {value!r}")
+    return value
 
 
 RESERVED_HEADS = frozenset({"provision", "finalize", "snapshot", "restore", "destroy", "inject_loss"})
@@ -250,7 +280,46 @@ def recovered(row: OperationRecord) -> bool:
 
 
 def replayed(row: OperationRecord) -> list[str]:
+    """The calls a restore executed again into its sandbox."""
     return list(_meta(row).get(META_REPLAYED) or [])
+
+
+def skipped(row: OperationRecord) -> list[str]:
+    """The calls a restore did not execute again (their journaled result stands)."""
+    return list(_meta(row).get(META_SKIPPED) or [])
+
+
+def asked(row: OperationRecord) -> dict[str, str]:
+    """{call op id: answer} of the calls a restore asked about before replaying (each is also replayed or skipped)."""
+    value = _meta(row).get(META_ASKED)
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def on_replay(row: OperationRecord) -> str:
+    """What a replay does with a call, as journaled when it first ran (absent: rerun)."""
+    value = _meta(row).get(META_ON_REPLAY) if row.kind == CALL else None
+    return str(value) if value in ON_REPLAY else ON_REPLAY_RERUN
+
+
+_LISTED = 5  # op ids listed per kind in a summary; the rest are counted
+
+
+def _listed(ops: list[str]) -> str:
+    shown = ", ".join(ops[:_LISTED])
+    return shown + (f" and {len(ops) - _LISTED} more" if len(ops) > _LISTED else "")
+
+
+def replay_summary(row: OperationRecord) -> str:
+    """What a completed restore did with the calls since its snapshot, by op id: ``2 call(s) replayed
+    (sandbox/a, sandbox/b), 1 skipped (sandbox/push), 1 asked (sandbox/notify: rerun)`` (the Recovered
+    Event, the lifecycle log, `dsb inspect`)."""
+    done, passed, answers = replayed(row), skipped(row), asked(row)
+    parts = [f"{len(done)} call(s) replayed" + (f" ({_listed(done)})" if done else "")]
+    if passed:
+        parts.append(f"{len(passed)} skipped ({_listed(passed)})")
+    if answers:
+        parts.append(f"{len(answers)} asked ({_listed([f'{op}: {a}' for op, a in answers.items()])})")
+    return ", ".join(parts)
 
 
 def restored_from(row: OperationRecord) -> str | None:

@@ -11,7 +11,10 @@ Order of effects, each journaled before the next begins:
 - every ``snapshot_every`` calls: snapshot (stable op id) -> record its id -> delete the superseded one;
 - loss (``SandboxGone`` or injected): restore the newest checkpoint (or provision fresh), replay every
   completed call since it in order with the original op ids (identical outcomes required), then retry
-  what was interrupted; at most ``MAX_RECOVERIES`` per run;
+  what was interrupted; at most ``MAX_RECOVERIES`` per run. A call journaled with ``onReplay: skip`` is not
+  executed again (its journaled result stands); one with ``ask`` waits on the callback ``replay:<op id>``
+  first, *before* anything is made: the whole restore waits with no sandbox live, so a wait of days holds
+  nothing and a crash while waiting leaks nothing;
 - finalization: destroy the sandbox, delete every snapshot (except the retained one on success).
 """
 
@@ -98,6 +101,18 @@ class ToolCallFailed(DurableError):
     """A tool call's outcome failed the run under its failure policy (not retried within the run)."""
 
 
+class ReplayAnswerInvalid(DurableError):
+    """An ``ask`` call's replay callback was answered with something else than rerun or skip."""
+
+    def __init__(self, ask: str, value: Any) -> None:
+        super().__init__(
+            f"Callback {ask!r} was answered {value!r}; the answers are {' or '.join(repr(a) for a in journal.ANSWERS)} "
+            f"(rerun: execute the call again into the rebuilt sandbox; skip: keep its journaled result). A signal "
+            f"cannot be changed once given, so the run fails; re-create the Workflow (or run the manifest again "
+            f"under a new run id) and answer rerun or skip."
+        )
+
+
 
 
 @dataclass(frozen=True)
@@ -176,6 +191,8 @@ class SessionState:
     pending_handles: list[SandboxHandle] = field(default_factory=list)  # made but not yet adopted
     checkpoints: list[Checkpoint] = field(default_factory=list)
     calls: dict[int, tuple[str, ToolResult]] = field(default_factory=dict)  # index -> (op id, result)
+    # call op id -> what a replay does with it (journal.ON_REPLAY_*), as its started record said
+    policies: dict[str, str] = field(default_factory=dict)
     recoveries: int = 0
     recovery_attempts: int = 0  # recoveries begun and finished either way: what the budget counts
     restores: int = 0
@@ -207,6 +224,8 @@ class SessionState:
             if r.kind == OpKind.SANDBOX_PROVISION.value and r.status == "started":
                 st.provider = meta.get("provider", st.provider)
                 st.options = meta.get("options", st.options)
+            if r.kind == OpKind.SANDBOX_CALL.value and r.status == "started":
+                st.policies[r.op_id] = journal.on_replay(r)
             if r.status == "started" and meta.get("handle"):
                 st.pending_handles.append(SandboxHandle.model_validate(meta["handle"]))
             if r.kind == OpKind.SANDBOX_RESTORE.value and r.status == "failed":
@@ -313,6 +332,12 @@ class SandboxSession:
         self.state = SessionState.derive(sid, rt.known_rows())
         self.generation = self.state.reopen_for(rt.epoch)
         self._suspended = False
+        # The answers to this session's replay callbacks, once read (a second recovery in the same execution
+        # reuses them: an answer is for the call, for the whole run). The callbacks are written only while
+        # recovering, so a later execution that needs no recovery never meets them: not a change of code.
+        self._answers: dict[str, str] = {}
+        for ask in journal.asks_of(sid, rt.first):
+            rt.reached(ask)
 
     # ------------------------------------------------------------------ public API
 
@@ -324,10 +349,18 @@ class SandboxSession:
     def handle(self) -> SandboxHandle | None:
         return self.state.handle
 
-    async def call(self, call: ToolCall, *, fails: Callable[[ToolResult], str | None] | None = None) -> ToolResult:
+    async def call(self, call: ToolCall, *, fails: Callable[[ToolResult], str | None] | None = None,
+                   on_replay: str = journal.ON_REPLAY_RERUN) -> ToolResult:
         """Execute ``call`` (or return its recorded outcome). ``fails`` judges the outcome: a reason fails the
         call (journaled as failed, :class:`ToolCallFailed` raised), so the run fails and a retry of the run
-        executes it again; None (the default for every outcome) makes it a completed call."""
+        executes it again; None (the default for every outcome) makes it a completed call.
+
+        ``on_replay`` says what rebuilding the sandbox after a loss does with this call once it completed:
+        ``rerun`` it (the default), ``skip`` it (its journaled result stands; the rebuilt workspace lacks its
+        changes: for calls whose effect is outside the workspace) or ``ask`` (wait on the callback
+        ``replay:<op id>``, answered rerun or skip). It is journaled with the call when it first runs, and
+        that is what a replay follows."""
+        journal.check_on_replay(on_replay, f"Sandbox {self.sid!r}, call {call.operation_id!r}")
         index = self._next_index
         self._next_index += 1
         if reserved_operation_id(call.operation_id):
@@ -347,10 +380,13 @@ class SandboxSession:
             raise DurableError(f"Sandbox {self.sid!r} was already finalized; open a new session for more calls")
         else:
             if prev is None or prev.status == "failed":  # new, or failed in an earlier attempt of the run
-                await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "started", digest=digest,
-                                    meta={"index": index, "operationId": call.operation_id,
-                                          "call": {"type": call.type, "args": journaled_args(call.args)}},
+                meta = {"index": index, "operationId": call.operation_id,
+                        "call": {"type": call.type, "args": journaled_args(call.args)}}
+                if on_replay != journal.ON_REPLAY_RERUN:  # absent means rerun: journals of plain calls stay as they were
+                    meta[journal.META_ON_REPLAY] = on_replay
+                await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "started", digest=digest, meta=meta,
                                     check_cancel=True)
+                self.state.policies[op_id] = on_replay
             # Capped here, whatever the provider returned: the caller sees what the journal keeps, so a
             # replay returns the same result as the first execution.
             faults.reach(f"before:{op_id}")
@@ -375,7 +411,9 @@ class SandboxSession:
         return result
 
     async def shell(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
-                    env: Mapping[str, str] | None = None, operation_id: str | None = None) -> ToolResult:
+                    env: Mapping[str, str] | None = None, operation_id: str | None = None,
+                    on_replay: str = journal.ON_REPLAY_RERUN) -> ToolResult:
+        """Run ``command``; ``on_replay``: see :meth:`call`."""
         args: dict[str, Any] = {"command": command}
         if timeout is not None:
             args["timeout"] = timeout
@@ -383,17 +421,22 @@ class SandboxSession:
             args["cwd"] = cwd
         if env:
             args["env"] = dict(env)
-        return await self.call(ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="shell", args=args))
+        return await self.call(ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="shell", args=args),
+                               on_replay=on_replay)
 
-    async def write_file(self, path: str, contents: str, *, operation_id: str | None = None) -> ToolResult:
+    async def write_file(self, path: str, contents: str, *, operation_id: str | None = None,
+                         on_replay: str = journal.ON_REPLAY_RERUN) -> ToolResult:
         return await self.call(
             ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="write_file",
-                     args={"path": path, "contents": contents})
+                     args={"path": path, "contents": contents}),
+            on_replay=on_replay,
         )
 
-    async def read_file(self, path: str, *, operation_id: str | None = None) -> ToolResult:
+    async def read_file(self, path: str, *, operation_id: str | None = None,
+                        on_replay: str = journal.ON_REPLAY_RERUN) -> ToolResult:
         return await self.call(
-            ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="read_file", args={"path": path})
+            ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="read_file", args={"path": path}),
+            on_replay=on_replay,
         )
 
     def result(self) -> dict[str, Any]:
@@ -631,6 +674,17 @@ class SandboxSession:
             await self._checkpoint(count, fresh=current)
         if self.inject_loss_after is not None and count == self.inject_loss_after and current:
             await self._inject_loss(count)
+        if current and self.state.handle is None and self._interrupted_restore():
+            # A recovery that waited for an answer (ask) or was cut short by a crash: finish it now, not at the
+            # next call (there may be none: a loss after the last call still rebuilds the workspace).
+            try:
+                await self._restore(reason=journal.REASON_RECOVERY)
+            except SandboxGone as again:
+                await self._recover(str(again))
+
+    def _interrupted_restore(self) -> bool:
+        rec = self.rt.lookup(journal.restore_id(self.sid, self.state.restores + 1))
+        return rec is not None and rec.status == "started"
 
     async def _checkpoint(self, count: int, *, fresh: bool = True) -> None:
         """Snapshot at ``count`` calls, record it, then delete the checkpoint it supersedes."""
@@ -714,6 +768,16 @@ class SandboxSession:
             # provider making the replacement and the journal naming it.
             await self._reap_unrecorded()
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta=meta)
+        try:
+            # Before anything is made: a restore that waits for answers holds no sandbox (Suspend passes through).
+            plan, asked = await self._replay_plan(cp.count if cp else 0)
+        except ReplayAnswerInvalid as exc:
+            await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "failed", meta=meta,
+                                error=ErrorInfo.from_exception(exc, retryable=False))
+            self.state.restores = number
+            if reason == "recovery":
+                self.state.recovery_attempts += 1
+            raise
         spec = self._spec_for(op_id)
         if cp is not None:
             handle = await self._transient("restore", lambda: self.provider.restore(cp.snapshot_id, spec, lease_seconds=self.lease_seconds))
@@ -724,9 +788,12 @@ class SandboxSession:
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "started", meta={**meta, "handle": _handle_json(handle)})
         self.state.pending_handles.append(handle)
         replayed: list[str] = []
+        skipped: list[str] = []
         try:
-            for index in range(cp.count if cp else 0, self.state.completed):
-                op, recorded = self.state.calls[index]
+            for index, op, recorded, rerun in plan:
+                if not rerun:  # skip: not executed again; its journaled result stands
+                    skipped.append(op)
+                    continue
                 call = self._recorded_call(op, index)
                 # Transient provider errors are retried here too; a loss escapes to _recover (try again).
                 outcome = (await self._transient("replay", functools.partial(self.provider.execute, handle, call))).capped()
@@ -743,12 +810,75 @@ class SandboxSession:
                 self.state.recovery_attempts += 1
             raise
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "completed",
-                            result=_handle_json(handle), meta={**meta, "replayed": replayed})
+                            result=_handle_json(handle),
+                            meta={**meta, journal.META_REPLAYED: replayed, journal.META_SKIPPED: skipped,
+                                  journal.META_ASKED: asked})
         self.state.handle = handle
         self.state.restores = number
         if reason == "recovery":
             self.state.recoveries += 1
             self.state.recovery_attempts += 1
+
+    async def _replay_plan(self, first: int) -> tuple[list[tuple[int, str, ToolResult, bool]], dict[str, str]]:
+        """(index, op id, recorded result, rerun?) of every completed call from ``first`` on, and the answers
+        of the asked ones. Every ask not answered yet is journaled as a pending callback, all at once, then
+        the run waits (``Suspend``) on all of them."""
+        plan: list[tuple[int, str, ToolResult, bool]] = []
+        asked: dict[str, str] = {}
+        waiting: list[str] = []
+        for index in range(first, self.state.completed):
+            op, recorded = self.state.calls[index]
+            policy = self.state.policies.get(op, journal.ON_REPLAY_RERUN)
+            if policy == journal.ON_REPLAY_ASK:
+                answer = await self._answer(op, index)
+                if answer is None:
+                    waiting.append(journal.ask_id(op))
+                    continue
+                asked[op] = answer
+                policy = answer
+            plan.append((index, op, recorded, policy == journal.ON_REPLAY_RERUN))
+        if waiting:
+            log.info("sandbox %s: replay waits for %s (answer rerun or skip)", self.sid, ", ".join(waiting))
+            raise Suspend(waiting)
+        return plan, asked
+
+    async def _answer(self, op: str, index: int) -> str | None:
+        """The answer to the replay callback of call ``op``: journaled, signalled (then journaled), or None
+        (the callback is journaled as pending). Only a signal (``dsb signal``, the Workflow's spec.signals)
+        answers it."""
+        ask = journal.ask_id(op)
+        if ask in self._answers:
+            return self._answers[ask]
+        rt = self.rt
+        rec = rt.lookup(ask)
+        if rec is not None and rec.kind != OpKind.CALLBACK.value:
+            raise DurableError(f"Sandbox {self.sid!r}: {ask!r} is taken by a {rec.kind} operation; rename that operation")
+        started = rt.first.get(op)
+        recorded = ((started.meta or {}).get(journal.META_CALL) if started is not None else None) or {}
+        payload = {"call": op, "index": index, "type": recorded.get("type"),
+                   "target": journal.call_target(started) if started is not None else None,
+                   "answers": list(journal.ANSWERS),
+                   "why": "the sandbox was lost and is being rebuilt; answer rerun to execute this call again, "
+                          "or skip to keep its journaled result without executing it"}
+        digest = value_digest(payload)
+        if rec is not None and rec.status == "completed":
+            value = rec.result
+        else:
+            if ask not in rt.signals:  # a signal may have come while this execution ran
+                rt.signals.update(await rt.store.get_signals(rt.run_id))
+            if ask not in rt.signals:
+                if rec is None or rec.status != "started":
+                    await rt.write(OperationRecord(ask, OpKind.CALLBACK.value, ask, "started", 1, digest,
+                                                   meta={"payload": payload, "deadline": None}, epoch=rt.epoch))
+                    faults.reach(f"asked:{ask}")
+                return None
+            value = rt.signals[ask]
+            await rt.write(OperationRecord(ask, OpKind.CALLBACK.value, ask, "completed", 1, digest, value, epoch=rt.epoch))
+        rt.reached(ask)
+        if value not in journal.ANSWERS:
+            raise ReplayAnswerInvalid(ask, value)
+        self._answers[ask] = value
+        return str(value)
 
     def _recorded_call(self, op_id: str, index: int) -> ToolCall:
         # The workflow re-issues its calls in order before any later one can need a recovery, so every

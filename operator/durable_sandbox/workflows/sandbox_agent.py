@@ -52,6 +52,7 @@ def manifest_path(value: str) -> str:
 
 
 Outcome = Literal["continue", "fail"]
+OnReplay = Literal["rerun", "skip", "ask"]  # journal.ON_REPLAY
 
 
 class FailurePolicy(_Spec):
@@ -106,6 +107,14 @@ class _ToolCallBase(_Spec):
     failure_policy: FailurePolicy | None = Field(
         default=None,
         description="Which outcomes of this call fail the run; unset fields fall back to spec.failurePolicy.",
+    )
+    on_replay: OnReplay | None = Field(
+        default=None,
+        description="What rebuilding the sandbox after a loss does with this call once it completed: rerun "
+        "(the default: execute it again, outcome checked), skip (do not execute it again; its journaled result "
+        "stands and the rebuilt workspace lacks its file changes: for calls whose effect is outside the "
+        "workspace, such as a git push or a deploy) or ask (wait for the signal replay:<op id>, e.g. "
+        "replay:sandbox/push, answered rerun or skip). Journaled with the call when it first runs.",
     )
 
     @model_validator(mode="after")
@@ -301,7 +310,8 @@ class SandboxAgentInput(_Spec):
 
 
 def to_tool_call(spec: ShellCall | WriteFileCall | ReadFileCall, operation_id: str) -> ToolCall:
-    args = spec.model_dump(exclude={"type", "operation_id", "failure_policy"}, exclude_none=True, by_alias=False)
+    args = spec.model_dump(exclude={"type", "operation_id", "failure_policy", "on_replay"}, exclude_none=True,
+                           by_alias=False)
     if isinstance(spec, ShellCall) and not spec.env:
         args.pop("env", None)
     return ToolCall(operation_id=operation_id, type=spec.type, args=args)
@@ -438,6 +448,7 @@ async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]
             await sbx.call(
                 to_tool_call(call, sbx.operation_id(index)),
                 fails=lambda result, policy=policy, where=where: _failure(where, policy, result),
+                on_replay=call.on_replay or "rerun",
             )
         ctx.progress(f"{total} calls done", percent=100.0)
     return sbx.result()
