@@ -127,6 +127,11 @@ CLUSTER = "tests/e2e/test_docs_commands.py::test_cluster_commands_of_the_docs_wo
 README = "tests/unit/test_readme.py::test_readme_first_command_runs_the_hello_workflow"
 CHART_ON_NODE = "tests/e2e/test_chart_on_node.py::test_installed_operator_pod_is_ready_and_reconciles_hello"
 DEV_CLUSTER = "tests/e2e/test_dev_cluster.py::test_up_runs_pods_and_down_leaves_nothing_behind"
+REPLAY_CLUSTER = ("tests/e2e/test_operator_replay_policies.py::"
+                  "test_the_example_replays_skips_and_asks_as_each_call_says_answered_through_spec_signals")
+REPLAY_LOCAL = "tests/unit/test_replay_policies.py::test_docs_replay_commands_work"
+REPLAY_NOTE = ("with the example's EFFECTS_LOG pointed into the test's own directory (the machine is shared), and "
+               "the log checked line by line")
 
 NO_CONTAINER_ENGINE = NotRun(
     "needs a container engine (docker, kind), which these machines and CI do not have; the scripts/dev-cluster "
@@ -221,6 +226,15 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
             "tests/unit/test_cli_wrong_directory.py::test_resume_from_another_directory_leaves_the_run_as_it_was_and_says_how"),
     },
     "docs/kubernetes.md": {
+        **{text: Run(REPLAY_CLUSTER, note=REPLAY_NOTE if "apply" in text else "") for text in (
+            "kubectl apply -f examples/replay-policies-workflow.yaml",
+            "kubectl wait --for=condition=WaitingForSignal workflow/replay-policies --timeout=120s",
+            "kubectl get workflow replay-policies -o jsonpath='{.status.pendingCallbacks[*].id}'",
+            "kubectl patch workflow replay-policies --type=merge -p "
+            "'{\"spec\":{\"signals\":{\"replay:sandbox/notify\":\"rerun\"}}}'",
+            "kubectl wait --for=condition=Succeeded workflow/replay-policies --timeout=120s",
+            "kubectl describe workflow replay-policies",
+        )},
         "pip install -e '.[kubernetes]'": PACKAGE_INDEX,
         "scripts/dev-cluster up": Run(DEV_CLUSTER, note="needs root and the machine's node; the test's own control "
                                                         "plane stands in for it in the rest of the page"),
@@ -291,6 +305,15 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "kubectl get workflow capped-07 -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].message}'": Run(
             "tests/e2e/test_operator_concurrency.py::test_the_cap_holds_runs_beyond_it_pending_with_the_reason_and_all_finish",
             note="the message's words are checked; its numbers depend on the moment"),
+    },
+    "docs/providers.md": {
+        **{text: Run(REPLAY_LOCAL, note=REPLAY_NOTE) for text in (
+            "dsb run --run-id replay-demo examples/replay-policies-workflow.yaml",
+            "dsb signal replay-demo replay:sandbox/notify '\"rerun\"'",
+            "dsb resume replay-demo",
+            "dsb inspect replay-demo",
+            "cat /tmp/replay-policies-effects.log",
+        )},
     },
     "docs/testing.md": {
         'DSB_TEST_OPERATOR_JOURNAL=postgres scripts/test tests/e2e -m "not node and not own_node"': NotRun(

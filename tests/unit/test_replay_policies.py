@@ -312,3 +312,51 @@ def test_the_recovered_event_and_dsb_inspect_list_replayed_skipped_and_asked_cal
                                                 None, {"id": "lsb-2"}, meta=many)])
     assert event.message.endswith("12 call(s) replayed (sandbox/c0, sandbox/c1, sandbox/c2, sandbox/c3, sandbox/c4 "
                                   "and 7 more)")
+
+
+# ------------------------------------------------------------------------------------------ the docs
+
+
+def test_docs_replay_commands_work(home: Path, tmp_path: Path) -> None:
+    """docs/providers.md's `dsb` commands, in order, in bash: the run loses its sandbox and waits on
+    replay:sandbox/notify, the signal answers it, the resume finishes it, and the log shows what ran."""
+    import dataclasses
+
+    from tests.docs_commands import REPLAY_LOCAL, commands_run_by, failed, shell
+
+    effects = tmp_path / "effects.log"
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["sandbox"]["env"][0]["value"] = str(effects)
+    copy = tmp_path / EXAMPLE.name
+    copy.write_text(yaml.safe_dump(doc, sort_keys=False))
+    commands = commands_run_by(REPLAY_LOCAL, "docs/providers.md")
+    assert [c.text.split()[:2] for c in commands] == [["dsb", "run"], ["dsb", "signal"], ["dsb", "resume"],
+                                                      ["dsb", "inspect"], ["cat", "/tmp/replay-policies-effects.log"]]
+    outputs = []
+    for command in commands:
+        text = command.text.replace("examples/replay-policies-workflow.yaml", str(copy)).replace(
+            "/tmp/replay-policies-effects.log", str(effects))
+        done = shell(dataclasses.replace(command, text=text), cwd=ROOT, env={"DURABLE_SANDBOX_HOME": str(home)})
+        waits = command.text.startswith("dsb run")
+        assert done.returncode == (3 if waits else 0), failed(command, done)
+        outputs.append(done.stdout)
+    assert "replay:sandbox/notify" in outputs[0], outputs[0]
+    assert ("from a fresh sandbox: 4 call(s) replayed (sandbox/notes, sandbox/build, sandbox/notify, sandbox/audit), "
+            "1 skipped (sandbox/push), 1 asked (sandbox/notify: rerun)") in details(outputs[3]), outputs[3]
+    assert outputs[4].splitlines() == ["pushed release 1.2", "notified the team", "audited", "notified the team",
+                                       "audited"]
+
+
+def details(table: str) -> str:
+    """The Detail column of a `dsb inspect` operations table, its folded lines joined."""
+    return " ".join(line.split("│")[-2].strip() for line in table.splitlines() if line.count("│") > 2)
+
+
+def test_the_docs_show_the_manifest_the_tests_apply() -> None:
+    from tests.docs_commands import blocks
+
+    example = yaml.safe_load(EXAMPLE.read_text())
+    providers = [b for b in blocks(ROOT / "docs" / "providers.md") if b.lang == "yaml" and "onReplay" in b.body]
+    kubernetes = [b for b in blocks(ROOT / "docs" / "kubernetes.md") if b.lang == "yaml" and "onReplay" in b.body]
+    assert [yaml.safe_load(b.body)["spec"] for b in providers] == [example["spec"]]
+    assert [yaml.safe_load(b.body) for b in kubernetes] == [example]

@@ -198,7 +198,10 @@ def test_tool_calls_are_one_object_with_a_type_enum() -> None:
         "path",
         "contents",
         "failurePolicy",
+        "onReplay",
     }
+    assert items["properties"]["onReplay"]["enum"] == ["rerun", "skip", "ask"]
+    assert "default" not in items["properties"]["onReplay"], "absent means rerun: 10,000 calls store no default"
     assert items["properties"]["failurePolicy"]["properties"]["onTimeout"]["enum"] == ["continue", "fail"]
     messages = hoisted_messages(openapi("Workflow")["properties"]["spec"]["properties"]["toolCalls"])
     assert crds.TIMEOUT_POLICY_SHELL_ONLY in messages
