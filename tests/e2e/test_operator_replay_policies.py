@@ -91,7 +91,7 @@ def test_the_example_replays_skips_and_asks_as_each_call_says_answered_through_s
     rows = operator_journal.load(namespace, st["runId"])
     policies = {r.op_id: (r.meta or {}).get("onReplay") for r in rows if r.kind == "sandbox.call" and r.status == "started"}
     assert policies == {"sandbox/notes": None, "sandbox/build": None, "sandbox/push": "skip", "sandbox/notify": "ask",
-                        "sandbox/audit": "rerun", "sandbox/check": None}, "journaled with each call"
+                        "sandbox/audit": None, "sandbox/check": None}, "journaled with each call (rerun as absent)"
     [restore] = [r for r in rows if r.kind == "sandbox.restore" and r.status == "completed"]
     assert restore.meta is not None
     assert restore.meta["replayed"] == ["sandbox/notes", "sandbox/build", "sandbox/notify", "sandbox/audit"]
