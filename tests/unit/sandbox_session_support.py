@@ -23,9 +23,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import durable_sandbox
 import durable_sandbox.workflows.sandbox_agent
@@ -58,6 +60,20 @@ SESSION_CALLS = [
 
 ExecuteHook = Callable[[SandboxHandle, ToolCall], Awaitable[None]]
 ResultHook = Callable[[SandboxHandle, ToolCall, ToolResult], Awaitable[None]]
+
+
+@pytest.fixture
+def local(home: Path) -> Iterator[Hooked]:
+    """The run's local provider (wrapped to observe it). At teardown its directories must hold nothing: every
+    sandbox, snapshot and lease a run made is gone (hidden temp and trash entries count too)."""
+    provider = Hooked(LocalProvider(home))
+    yield provider
+    assert provider.inner.leftovers() == [], "the run left sandboxes, snapshots or leases behind"
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "runs.db"
 
 
 def derived_id(run_id: str, index: int, session: str = "sandbox") -> str:

@@ -21,24 +21,13 @@ import yaml
 import durable_sandbox
 from durable_sandbox import Context, workflow
 from durable_sandbox.engine.records import OperationRecord
-from durable_sandbox.providers.local import LocalProvider
-from tests.unit.sandbox_session_support import Hooked, engine_for, journal_index, run_child
+from tests.unit.sandbox_session_support import Hooked, db, engine_for, journal_index, local, run_child
+
+__all__ = ["db", "local"]  # fixtures
 
 AGENT = "sandbox-agent"
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "replay-policies-workflow.yaml"
-
-
-@pytest.fixture
-def local(home: Path) -> Any:
-    provider = Hooked(LocalProvider(home))
-    yield provider
-    assert provider.inner.leftovers() == [], "the run left sandboxes, snapshots or leases behind"
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "runs.db"
 
 
 @pytest.fixture

@@ -28,22 +28,19 @@ from durable_sandbox.providers.contract import (
 )
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.sandboxes.session import MAX_RECOVERIES
-from tests.unit.sandbox_session_support import Hooked, derived_id, engine_for, journal_index, run_child
+from tests.unit.sandbox_session_support import (
+    Hooked,
+    db,
+    derived_id,
+    engine_for,
+    journal_index,
+    local,
+    run_child,
+)
+
+__all__ = ["db", "local"]  # fixtures
 
 AGENT = "sandbox-agent"
-
-
-@pytest.fixture
-def local(home: Path) -> Any:
-    """The run's provider (wrapped to observe it). At teardown its directories must hold nothing."""
-    provider = Hooked(LocalProvider(home))
-    yield provider
-    assert provider.inner.leftovers() == [], "the run left sandboxes, snapshots or leases behind"
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "runs.db"
 
 
 @pytest.fixture

@@ -772,11 +772,7 @@ class SandboxSession:
             # Before anything is made: a restore that waits for answers holds no sandbox (Suspend passes through).
             plan, asked = await self._replay_plan(cp.count if cp else 0)
         except ReplayAnswerInvalid as exc:
-            await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "failed", meta=meta,
-                                error=ErrorInfo.from_exception(exc, retryable=False))
-            self.state.restores = number
-            if reason == "recovery":
-                self.state.recovery_attempts += 1
+            await self._restore_failed(op_id, number, cp, meta, exc)
             raise
         spec = self._spec_for(op_id)
         if cp is not None:
@@ -803,11 +799,7 @@ class SandboxSession:
         except BaseException as exc:
             # A replacement that is not faithful (or could not be finished) is destroyed, never adopted.
             await self._destroy(handle, reason="rejected")
-            await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "failed", meta=meta,
-                                error=ErrorInfo.from_exception(exc, retryable=False))
-            self.state.restores = number
-            if reason == "recovery":
-                self.state.recovery_attempts += 1
+            await self._restore_failed(op_id, number, cp, meta, exc)
             raise
         await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "completed",
                             result=_handle_json(handle),
@@ -817,6 +809,15 @@ class SandboxSession:
         self.state.restores = number
         if reason == "recovery":
             self.state.recoveries += 1
+            self.state.recovery_attempts += 1
+
+    async def _restore_failed(self, op_id: str, number: int, cp: Checkpoint | None, meta: dict[str, Any],
+                              exc: BaseException) -> None:
+        """Journal restore ``number`` as failed (it counts against the recovery budget when it was one)."""
+        await self._journal(op_id, OpKind.SANDBOX_RESTORE, cp.snapshot_id if cp else "fresh", "failed", meta=meta,
+                            error=ErrorInfo.from_exception(exc, retryable=False))
+        self.state.restores = number
+        if meta.get(journal.META_REASON) == journal.REASON_RECOVERY:
             self.state.recovery_attempts += 1
 
     async def _replay_plan(self, first: int) -> tuple[list[tuple[int, str, ToolResult, bool]], dict[str, str]]:
