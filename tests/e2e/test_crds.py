@@ -439,6 +439,22 @@ def test_the_program_cannot_change_after_creation(
     assert apply(control_plane, namespace, changed).returncode == 0
 
 
+def test_a_replay_callback_is_answered_rerun_or_skip(control_plane: ControlPlane, namespace: str,
+                                                    policy_active: None) -> None:
+    assert apply(control_plane, namespace, coded("asked")).returncode == 0
+    patch = ["patch", "dwf", "asked", "-n", namespace, "--type=merge", "-p"]
+    for refused in ('"yes"', '{"answer":"rerun"}', '["skip"]', "1", "true"):
+        proc = control_plane.kubectl(*patch, f'{{"spec":{{"signals":{{"replay:sandbox/push":{refused}}}}}}}', check=False)
+        assert proc.returncode != 0 and "denied request: " + crds.REPLAY_ANSWERS in proc.stderr, (refused, proc.stderr)
+    control_plane.kubectl(*patch, '{"spec":{"signals":{"replay:sandbox/push":"skip"}}}')
+    control_plane.kubectl(*patch, '{"spec":{"signals":{"replay:sandbox/notify":"rerun","other":"yes"}}}')
+    signals = control_plane.kubectl_json("get", "dwf", "asked", "-n", namespace)["spec"]["signals"]
+    assert signals == {"replay:sandbox/push": "skip", "replay:sandbox/notify": "rerun", "other": "yes"}
+    # Created with a wrong answer (the operator refuses that signal): later updates are not held up by it.
+    assert apply(control_plane, namespace, coded("asked-wrong", signals={"replay:sandbox/push": "yes"})).returncode == 0
+    control_plane.kubectl("patch", "dwf", "asked-wrong", "-n", namespace, "--type=merge", "-p", '{"spec":{"cancel":true}}')
+
+
 def test_signals_can_only_gain_keys(control_plane: ControlPlane, namespace: str, policy_active: None) -> None:
     assert apply(control_plane, namespace, coded("signalled")).returncode == 0
     patch = ["patch", "dwf", "signalled", "-n", namespace, "--type=merge", "-p"]

@@ -349,3 +349,24 @@ def test_the_docs_show_the_manifest_the_tests_apply() -> None:
     kubernetes = [b for b in blocks(ROOT / "docs" / "kubernetes.md") if b.lang == "yaml" and "onReplay" in b.body]
     assert [yaml.safe_load(b.body)["spec"] for b in providers] == [example["spec"]]
     assert [yaml.safe_load(b.body) for b in kubernetes] == [example]
+
+
+# ------------------------------------------------------------------------------------------ answers refused early
+
+
+def test_a_wrong_answer_is_refused_before_it_is_stored(engine: durable_sandbox.Engine, effects: Path, db: Path,
+                                                       home: Path) -> None:
+    """A signal cannot change once given: `dsb signal` (local and --kube) and the Workflow models (a manifest's
+    spec.signals; the operator refuses that one signal and says so) refuse a wrong answer to a replay callback;
+    the admission policy refuses it on update (tests/e2e/test_crds.py)."""
+    from durable_sandbox.kube.models import signal_problems
+    from tests.dsb import dsb
+
+    problems = signal_problems({"replay:sandbox/push": "yes", "replay:sandbox/notify": "skip", "approve": "yes"})
+    assert problems == {"replay:sandbox/push": 'replay:sandbox/push is a replay callback: answer it "rerun" (execute '
+                        'the call again into the rebuilt sandbox) or "skip" (keep its journaled result), as a JSON '
+                        'string, not "yes"'}
+    done = dsb("--store", str(db), "signal", "nobody", "replay:sandbox/push", '{"ok": true}')
+    assert done.exit_code == 2
+    assert 'replay:sandbox/push is a replay callback: answer it "rerun"' in done.stderr, done.stderr
+    assert 'not {"ok": true}' in done.stderr

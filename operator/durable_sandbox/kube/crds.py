@@ -629,6 +629,10 @@ SIGNALS_ONLY_GAIN = (
     "spec.signals can only gain keys: a signal, once given, can neither be removed nor changed "
     "(the run may already have acted on it)"
 )
+REPLAY_ANSWERS = (
+    "spec.signals: a replay callback (replay:<op id>) is answered \"rerun\" or \"skip\": a signal cannot change "
+    "once given, and the run could do nothing with another value"
+)
 POLICY_NAME = f"{WORKFLOWS}.{GROUP}"
 POLICY_RULES: list[dict[str, str]] = [
     *(
@@ -651,6 +655,15 @@ POLICY_RULES: list[dict[str, str]] = [
         "expression": "!has(oldObject.spec.signals) || (has(object.spec.signals) && oldObject.spec.signals.all("
         "k, k in object.spec.signals && object.spec.signals[k] == oldObject.spec.signals[k]))",
         "message": SIGNALS_ONLY_GAIN,
+        "reason": "Invalid",
+    },
+    {
+        # Only keys the update adds: a Workflow created with a wrong answer (the operator refuses that signal and
+        # says so) must still take suspend and cancel.
+        "expression": "!has(object.spec.signals) || object.spec.signals.all(k, !k.startsWith('replay:') || "
+        "(has(oldObject.spec.signals) && k in oldObject.spec.signals) || "
+        "object.spec.signals[k] == 'rerun' || object.spec.signals[k] == 'skip')",
+        "message": REPLAY_ANSWERS,
         "reason": "Invalid",
     },
 ]

@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from durable_sandbox.engine.driver import RetrySchedule
 from durable_sandbox.kube.conditions import SANDBOX_CONDITIONS, WORKFLOW_CONDITIONS
+from durable_sandbox.sandboxes.journal import answer_problem
 from durable_sandbox.workflows.sandbox_agent import (
     PROVIDER_DESCRIPTION,
     PROVIDER_NAME_PATTERN,
@@ -164,12 +165,15 @@ class ResourceSandboxSettings(SandboxOptions):
 
 def signal_problems(signals: dict[str, Any]) -> dict[str, str]:
     """Why each refused signal is refused (key -> message; the key "" for the bound on all of them together):
-    a value over SIGNAL_MAX_BYTES of JSON, or the first values past SIGNALS_MAX_BYTES in all."""
+    a value over SIGNAL_MAX_BYTES of JSON, or the first values past SIGNALS_MAX_BYTES in all, or an answer to a
+    replay callback (``replay:<op id>``) other than "rerun" or "skip"."""
     problems: dict[str, str] = {}
     total = 0
     for key in sorted(signals):
         size = len(json.dumps(signals[key], separators=(",", ":"), ensure_ascii=False).encode())
-        if size > SIGNAL_MAX_BYTES:
+        if (wrong := answer_problem(key, signals[key])) is not None:
+            problems[key] = wrong  # never delivered: the replay would fail on it (a signal cannot change later)
+        elif size > SIGNAL_MAX_BYTES:
             problems[key] = (f"the value is {size} bytes of JSON; a signal may be at most {SIGNAL_MAX_BYTES} (pass a "
                              f"reference to large data instead, e.g. a URL or an object name)")
         elif total + size > SIGNALS_MAX_BYTES:

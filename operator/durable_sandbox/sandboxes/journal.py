@@ -27,6 +27,7 @@ attempt's ids are taken). Meta keys: see the ``META_*`` names; restore and destr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -166,6 +167,15 @@ def asks_of(sid: str, op_ids: Iterable[str]) -> list[str]:
     """The ask callbacks of session ``sid`` among ``op_ids``."""
     prefix = ASK_PREFIX + sid + "/"
     return [op for op in op_ids if op.startswith(prefix)]
+
+
+def answer_problem(callback_id: str, value: object) -> str | None:
+    """Why ``value`` cannot answer ``callback_id`` (None: it can, or it is not a replay callback). Said by
+    `dsb signal` and the Workflow models before a signal is stored, and by the session if one gets through."""
+    if not callback_id.startswith(ASK_PREFIX) or value in ANSWERS:
+        return None
+    return (f"{callback_id} is a replay callback: answer it \"rerun\" (execute the call again into the rebuilt "
+            f"sandbox) or \"skip\" (keep its journaled result), as a JSON string, not {json.dumps(value)}")
 
 
 def check_on_replay(value: str, where: str) -> str:

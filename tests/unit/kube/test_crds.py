@@ -274,7 +274,7 @@ def test_docs_quote_every_admission_message() -> None:
         if "optionalOldSelf" not in r
     } | {v["message"] for v in crds.generate_admission_policy()[0]["spec"]["validations"]}
     messages |= hoisted_messages(openapi("Workflow")["properties"]["spec"]["properties"]["toolCalls"])
-    assert len(messages) == 19
+    assert len(messages) == 20
     missing = [m for m in sorted(messages) if f"`{m}`" not in docs]
     assert not missing, f"docs/kubernetes.md does not quote: {missing}"
     assert crds.REGENERATE in docs
@@ -328,7 +328,8 @@ def test_the_program_is_immutable_after_creation() -> None:
     # Updates of the main resource only: the status subresource is the operator's, written often.
     assert match["operations"] == ["UPDATE"] and match["resources"] == ["workflows"]
     messages = [v["message"] for v in policy["spec"]["validations"]]
-    assert messages == [crds.immutable_message("toolCalls"), crds.INPUT_IMMUTABLE, crds.SIGNALS_ONLY_GAIN]
+    assert messages == [crds.immutable_message("toolCalls"), crds.INPUT_IMMUTABLE, crds.SIGNALS_ONLY_GAIN,
+                        crds.REPLAY_ANSWERS]
 
 
 def test_status_declares_every_field_the_operator_writes() -> None:

@@ -12,6 +12,7 @@ from durable_sandbox.cli.jsonarg import parse_json
 from durable_sandbox.cli.session import open_client, open_engine
 from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import RunState
+from durable_sandbox.sandboxes.journal import answer_problem
 
 
 @click.command()
@@ -54,6 +55,8 @@ def signal(settings: Settings, run_id: str, callback_id: str, value_json: str, t
     Signalling the same value twice is a no-op; a different value for a signalled callback is an error.
     """
     value = parse_json(value_json, "VALUE_JSON", flag="")
+    if (wrong := answer_problem(callback_id, value)) is not None:  # refused before it is stored: it could never change
+        raise CliError(wrong)
     if then_resume and settings.kube:
         raise CliError("--resume is for local runs: in a cluster the operator continues a signalled run by itself")
 
