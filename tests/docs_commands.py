@@ -132,6 +132,8 @@ REPLAY_CLUSTER = ("tests/e2e/test_operator_replay_policies.py::"
 REPLAY_LOCAL = "tests/unit/test_replay_policies.py::test_docs_replay_commands_work"
 REPLAY_NOTE = ("with the example's EFFECTS_LOG pointed into the test's own directory (the machine is shared), and "
                "the log checked line by line")
+GVISOR_EXAMPLE = ("tests/e2e/test_operator_kubernetes_provider.py::"
+                  "test_a_gvisor_template_runs_the_sandbox_under_gvisor_and_status_says_so")
 
 NO_CONTAINER_ENGINE = NotRun(
     "needs a container engine (docker, kind), which these machines and CI do not have; the scripts/dev-cluster "
@@ -296,6 +298,24 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "python -m durable_sandbox.kube.crds --check crds/": Run(REGEN),
         "scripts/dev-cluster down": Run(DEV_CLUSTER, note="needs root and the machine's node"),
     },
+    "docs/providers.md": {
+        "kubectl get runtimeclass": Run(
+            "tests/e2e/test_node.py::test_a_gvisor_pod_runs_under_gvisors_kernel_and_a_plain_one_does_not",
+            note="reads the RuntimeClass gvisor with kubectl get -o json"),
+        **{text: Run(GVISOR_EXAMPLE, note="in a namespace of its own (-n); the wait is on the Succeeded condition")
+           for text in (
+            "kubectl apply -f examples/gvisor-sandbox.yaml",
+            "kubectl wait --for=condition=Succeeded workflow/under-gvisor --timeout=180s",
+            "kubectl get dsbx isolated -o wide",
+        )},
+        **{text: Run(REPLAY_LOCAL, note=REPLAY_NOTE) for text in (
+            "dsb run --run-id replay-demo examples/replay-policies-workflow.yaml",
+            "dsb signal replay-demo replay:sandbox/notify '\"rerun\"'",
+            "dsb resume replay-demo",
+            "dsb inspect replay-demo",
+            "cat /tmp/replay-policies-effects.log",
+        )},
+    },
     "docs/operations.md": {
         "docker build -t durable-sandbox:0.1.0 .": NotRun(
             "needs a container engine; the comment's `buildah bud` is what scripts/image-build runs on the same "
@@ -305,15 +325,6 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "kubectl get workflow capped-07 -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].message}'": Run(
             "tests/e2e/test_operator_concurrency.py::test_the_cap_holds_runs_beyond_it_pending_with_the_reason_and_all_finish",
             note="the message's words are checked; its numbers depend on the moment"),
-    },
-    "docs/providers.md": {
-        **{text: Run(REPLAY_LOCAL, note=REPLAY_NOTE) for text in (
-            "dsb run --run-id replay-demo examples/replay-policies-workflow.yaml",
-            "dsb signal replay-demo replay:sandbox/notify '\"rerun\"'",
-            "dsb resume replay-demo",
-            "dsb inspect replay-demo",
-            "cat /tmp/replay-policies-effects.log",
-        )},
     },
     "docs/testing.md": {
         'DSB_TEST_OPERATOR_JOURNAL=postgres scripts/test tests/e2e -m "not node and not own_node"': NotRun(
