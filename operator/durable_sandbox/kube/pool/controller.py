@@ -59,6 +59,7 @@ class PoolSettings:
 class PoolView(ObjectView):
     lease: HeldLease | None = None
     status: dict[str, Any] = field(default_factory=dict)  # as last written by this replica
+    ignored: set[str] = field(default_factory=set)  # forged Pods already reported (once each, not every turn)
 
 
 class PoolController:
@@ -175,9 +176,10 @@ class PoolController:
         pods = {p["metadata"]["name"]: p for p in await provider.pool_pods(view.namespace, view.name)}
         seen = [PoolPod.of(p, provider.pool_key, view.name, hopeless=HOPELESS_WAITING) for p in pods.values()]
         plan = plan_pool(seen, size=spec.size, thash=thash)
-        for name in plan.ignored:
+        for name in set(plan.ignored) - view.ignored:
             log.warning("pool %s/%s: Pod %s has the pool's label but not the operator's seal: not the pool's, ignored",
                         view.namespace, view.name, name)
+        view.ignored = set(plan.ignored)
         return plan, pods
 
     async def _act(self, provider: Any, view: PoolView, template: Any, plan: PoolPlan,
