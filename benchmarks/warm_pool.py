@@ -73,10 +73,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
     key = derive_pool_key(secrets.token_bytes(32))
     template = PodTemplate(image=args.image, imagePullPolicy="IfNotPresent")
-    warm = KubernetesProvider(namespace=args.namespace, environ={}, template=template, pool_key=key)
-    cold = KubernetesProvider(namespace=args.namespace, environ={}, template=template)
+    where = {"kubeconfig": args.kubeconfig, "namespace": args.namespace, "environ": {}, "template": template}
+    warm = KubernetesProvider(**where, pool_key=key)
+    cold = KubernetesProvider(**where)
     name = "dsb-bench-" + secrets.token_hex(4)
-    api = k8s.ApiClient(await load_configuration())
+    api = k8s.ApiClient(await load_configuration(kubeconfig=args.kubeconfig))
     core = k8s.CoreV1Api(api)
     body = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": {"spec": {
         "containers": [{"name": "sandbox", "image": args.image, "imagePullPolicy": "IfNotPresent",
@@ -114,6 +115,7 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--image", default="docker.io/library/busybox:1.36")
     parser.add_argument("--namespace", default="default")
+    parser.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "warm_pool.json")
     ns = parser.parse_args()
     figures = asyncio.run(main(ns))

@@ -244,3 +244,18 @@ def test_the_example_pool_serves_its_workflow_warm_rolls_on_a_template_edit_and_
 
     scene.cp.kubectl("delete", "dsbpool", "busybox", "-n", ns, "--timeout=120s", timeout=150)
     wait_until(lambda: scene.pods() == [], 120, "the pool's Pods to go with it")
+
+
+def test_the_warm_pool_benchmark_runs_and_leaves_nothing(control_plane: ControlPlane, node: str, namespace: str) -> None:
+    """benchmarks/warm_pool.py at its smallest (its figures are docs/benchmarks.md's, not asserted here)."""
+    import argparse
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    bench = importlib.import_module("warm_pool")
+    args = argparse.Namespace(repeats=1, image=IMAGE, namespace=namespace, kubeconfig=str(control_plane.kubeconfig))
+    figures = asyncio.run(bench.main(args))
+    assert figures["median_s"]["warm"] > 0 and figures["median_s"]["cold"] > 0, figures
+    wait_until(lambda: [p for p in control_plane.kubectl_json("get", "pods", "-n", namespace)["items"]
+                        if not p["metadata"].get("deletionTimestamp")] == [], 60, "the benchmark's Pods to go")
