@@ -127,6 +127,8 @@ CLUSTER = "tests/e2e/test_docs_commands.py::test_cluster_commands_of_the_docs_wo
 README = "tests/unit/test_readme.py::test_readme_first_command_runs_the_hello_workflow"
 CHART_ON_NODE = "tests/e2e/test_chart_on_node.py::test_installed_operator_pod_is_ready_and_reconciles_hello"
 DEV_CLUSTER = "tests/e2e/test_dev_cluster.py::test_up_runs_pods_and_down_leaves_nothing_behind"
+GVISOR_EXAMPLE = ("tests/e2e/test_operator_kubernetes_provider.py::"
+                  "test_a_gvisor_template_runs_the_sandbox_under_gvisor_and_status_says_so")
 
 NO_CONTAINER_ENGINE = NotRun(
     "needs a container engine (docker, kind), which these machines and CI do not have; the scripts/dev-cluster "
@@ -282,6 +284,17 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "python -m durable_sandbox.kube.crds --write charts/durable-sandbox/crds/": Run(REGEN),
         "python -m durable_sandbox.kube.crds --check crds/": Run(REGEN),
         "scripts/dev-cluster down": Run(DEV_CLUSTER, note="needs root and the machine's node"),
+    },
+    "docs/providers.md": {
+        "kubectl get runtimeclass": Run(
+            "tests/e2e/test_node.py::test_a_gvisor_pod_runs_under_gvisors_kernel_and_a_plain_one_does_not",
+            note="reads the RuntimeClass gvisor with kubectl get -o json"),
+        **{text: Run(GVISOR_EXAMPLE, note="in a namespace of its own (-n); the wait is on the Succeeded condition")
+           for text in (
+            "kubectl apply -f examples/gvisor-sandbox.yaml",
+            "kubectl wait --for=condition=Succeeded workflow/under-gvisor --timeout=180s",
+            "kubectl get dsbx isolated -o wide",
+        )},
     },
     "docs/operations.md": {
         "docker build -t durable-sandbox:0.1.0 .": NotRun(

@@ -36,6 +36,7 @@ const usage = `usage:
   controlplane kubelet [flags]                   upstream kubelet
   controlplane up --dir D --ready-file F         etcd + apiserver + controller-manager; D/kubeconfig once ready
       [--node NAME --node-image ARCHIVE ...]     and a node: containerd, kubelet, scheduler (root; see node.go)
+      [--node-gvisor DIR]                        and RuntimeClass gvisor on it (runsc from scripts/gvisor-build)
   controlplane node-clean                        remove what a node left behind (processes, mounts, links,
                                                  cgroups, sysctls) after an up that was killed
 `

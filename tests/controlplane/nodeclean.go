@@ -40,6 +40,8 @@ var hostPathsTouched = []string{"/run/containerd", "/var/lib/cni", "/var/lib/kub
 // The programs a node runs; a process of one of them that refers to the node's paths is the node's.
 var nodeExecutables = map[string]bool{
 	"containerd": true, "containerd-shim-runc-v2": true, "runc": true, "ctr": true, "socat": true, "controlplane": true,
+	// With --node-gvisor: gVisor's shim (the wrapper execs the .bin) and runsc's sandbox and gofer processes.
+	"containerd-shim-runsc-v1.bin": true, "runsc": true,
 }
 
 func saveSysctls() error {

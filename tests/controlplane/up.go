@@ -60,6 +60,8 @@ func runUp(args []string) int {
 		nodeImages = append(nodeImages, abs)
 		return err
 	})
+	gvisorDir := fs.String("node-gvisor", "", "a directory holding runsc and containerd-shim-runsc-v1 (scripts/gvisor-build): "+
+		"the node then also runs Pods of RuntimeClass "+gvisorRuntimeClass+" under gVisor")
 	lockTimeout := fs.Duration("node-lock-timeout", 30*time.Minute, "how long to wait for another node on this machine to stop")
 	lockFD := fs.Int("node-lock-fd", -1, "an inherited descriptor of "+nodeLockPath+" on which the caller holds the "+
 		"node lock (it then checks the machine after `up` exits, still holding it)")
@@ -94,6 +96,12 @@ func runUp(args []string) int {
 			logf("%v", err)
 			return 1
 		}
+		if *gvisorDir != "" {
+			if *gvisorDir, err = gvisorPreflight(*gvisorDir); err != nil {
+				logf("%v", err)
+				return 1
+			}
+		}
 		lock, err := acquireNodeLock(*lockFD, *lockTimeout, sigs)
 		if err != nil {
 			if errors.Is(err, errStopped) {
@@ -102,7 +110,7 @@ func runUp(args []string) int {
 			logf("%v", err)
 			return 1
 		}
-		cp.node = &node{name: *nodeName, images: nodeImages, cp: cp, lock: lock}
+		cp.node = &node{name: *nodeName, images: nodeImages, gvisor: *gvisorDir, cp: cp, lock: lock}
 	}
 	err = cp.start(sigs)
 	if err == nil {

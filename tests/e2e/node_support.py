@@ -53,6 +53,7 @@ class NodeCluster(ControlPlane):
 
     node: str = NODE_NAME
     containerd: str = ""
+    gvisor: bool = False  # RuntimeClass ``gvisor`` is there (``controlplane up --node-gvisor``)
 
     def import_archive(self, archive: Path) -> None:
         run(["ctr", "--address", self.containerd, "--namespace", "k8s.io", "images", "import", str(archive)])
@@ -132,26 +133,56 @@ def busybox_image(cluster: NodeCluster) -> str:
     return cluster.build_image(busybox_context(), BUSYBOX)
 
 
-_prepared: Path | Exception | None = None
+GVISOR_SCRIPT = PROJECT_ROOT / "scripts" / "gvisor-build"
+# tests/controlplane/node.go's gvisorRuntimeClass: Pods naming it run under runsc on the test node.
+GVISOR_RUNTIME_CLASS = "gvisor"
+
+_prepared: dict[Path, Path | RuntimeError] = {}
 
 
-def prepare_node() -> Path:
-    """scripts/node-prepare once per session (installs what is missing, builds the pause image); returns the
-    pause image's archive. The e2e conftest calls it after collection when node tests are selected, so package
-    installs never count against a test's timeout; a failure is remembered and raised by every node test."""
-    global _prepared
-    if _prepared is None:
+def _script_output(script: Path) -> Path:
+    """The path ``script`` prints last on stdout, once per session; its failure is remembered and raised again."""
+    if script not in _prepared:
         try:
-            proc = subprocess.run([str(PREPARE_SCRIPT)], stdout=subprocess.PIPE, text=True,
+            proc = subprocess.run([str(script)], stdout=subprocess.PIPE, text=True,
                                   timeout=PREPARE_TIMEOUT_S, check=False)
-            if proc.returncode != 0:
-                raise RuntimeError(f"scripts/node-prepare failed with exit code {proc.returncode} (its stderr says why)")
-            _prepared = Path(proc.stdout.strip().splitlines()[-1])
-        except (OSError, subprocess.TimeoutExpired, RuntimeError) as exc:
-            _prepared = exc if isinstance(exc, RuntimeError) else RuntimeError(f"scripts/node-prepare: {exc}")
-    if isinstance(_prepared, Exception):
-        raise RuntimeError(f"the test node cannot start: {_prepared}")
-    return _prepared
+            if proc.returncode != 0 or not proc.stdout.strip():
+                raise RuntimeError(f"{script.relative_to(PROJECT_ROOT)} failed with exit code {proc.returncode} "
+                                   "(its stderr says why)")
+            _prepared[script] = Path(proc.stdout.strip().splitlines()[-1])
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _prepared[script] = RuntimeError(f"{script.relative_to(PROJECT_ROOT)}: {exc}")
+        except RuntimeError as exc:
+            _prepared[script] = exc
+    found = _prepared[script]
+    if isinstance(found, RuntimeError):
+        raise found
+    return found
+
+
+def prepare_node() -> tuple[Path, Path | None]:
+    """scripts/node-prepare (installs what is missing, builds the pause image) and scripts/gvisor-build, once per
+    session; returns the pause image's archive and gVisor's directory (None if its build failed: the node then
+    runs without the ``gvisor`` RuntimeClass and :func:`require_gvisor` fails the tests that need it). The e2e
+    conftest calls it after collection when node tests are selected, so package installs and builds never count
+    against a test's timeout; a failure is remembered and raised by every node test."""
+    try:
+        pause = _script_output(PREPARE_SCRIPT)
+    except RuntimeError as exc:
+        raise RuntimeError(f"the test node cannot start: {exc}") from None
+    try:
+        gvisor: Path | None = _script_output(GVISOR_SCRIPT)
+    except RuntimeError:
+        gvisor = None
+    return pause, gvisor
+
+
+def require_gvisor(cluster: NodeCluster) -> str:
+    """The RuntimeClass of gVisor on ``cluster``'s node; fails (not skips: CI must run these) when it has none."""
+    if not cluster.gvisor:
+        _script_output(GVISOR_SCRIPT)  # raises the build's failure
+        raise RuntimeError("this node was started without --node-gvisor")
+    return GVISOR_RUNTIME_CLASS
 
 
 @contextlib.contextmanager
@@ -185,7 +216,7 @@ def node_lock(timeout: float = LOCK_TIMEOUT_S) -> Iterator[int]:
 
 # ---- what a node may leave on the machine, for the teardown checks ----
 
-NODE_PROGRAMS = {"containerd", "containerd-shim-runc-v2", "runc", "socat", "ctr"}
+NODE_PROGRAMS = {"containerd", "containerd-shim-runc-v2", "runc", "socat", "ctr", "containerd-shim-runsc-v1.bin", "runsc"}
 HOST_PATHS = ("/run/containerd", "/var/lib/cni", "/var/lib/kubelet", "/var/log/containers", "/var/log/pods",
               "/usr/libexec/kubernetes", "/opt/containerd", "/etc/cni/net.d", "/run/netns", *map(str, NODE_DIRS))
 SYSCTL_GLOBS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/*", "net/ipv4/conf/default/*", "net/ipv6/conf/all/forwarding",
@@ -293,26 +324,26 @@ def host_state() -> HostState:
     )
 
 
-def start_node_cluster(binary: Path, workdir: Path, pause_archive: Path, lock_fd: int) -> NodeCluster:
-    cp = start_control_plane(
-        binary, workdir,
-        extra_args=["--node", NODE_NAME, "--node-image", str(pause_archive), "--node-lock-fd", str(lock_fd)],
-        pass_fds=(lock_fd,), ready_timeout=READY_TIMEOUT_S,
-    )
+def start_node_cluster(binary: Path, workdir: Path, pause_archive: Path, lock_fd: int,
+                       gvisor: Path | None = None) -> NodeCluster:
+    extra = ["--node", NODE_NAME, "--node-image", str(pause_archive), "--node-lock-fd", str(lock_fd)]
+    if gvisor is not None:
+        extra += ["--node-gvisor", str(gvisor)]
+    cp = start_control_plane(binary, workdir, extra_args=extra, pass_fds=(lock_fd,), ready_timeout=READY_TIMEOUT_S)
     info = json.loads((workdir / "ready.json").read_text())
     fields = {f: getattr(cp, f) for f in ControlPlane.__dataclass_fields__}
-    return NodeCluster(**fields, node=info["node"], containerd=info["containerd"])
+    return NodeCluster(**fields, node=info["node"], containerd=info["containerd"], gvisor=gvisor is not None)
 
 
 def session_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
     """The ``node_cluster`` fixture (tests/e2e/conftest.py): one node for the session, and after it stops a
     check, still under the lock, that it left nothing on the machine (a failure there errors the session)."""
     binary = build_controlplane()
-    pause = prepare_node()
+    pause, gvisor = prepare_node()
     workdir = tmp_path_factory.mktemp("nodecluster")
     with node_lock() as fd:
         before = host_state()
-        cluster = start_node_cluster(binary, workdir, pause, fd)
+        cluster = start_node_cluster(binary, workdir, pause, fd, gvisor)
         try:
             yield cluster
         finally:

@@ -109,7 +109,8 @@ def test_sandbox_is_accepted_and_listed_with_printer_columns(
     control_plane.kubectl(
         "patch", "dsbx", "shared", "-n", namespace, "--subresource=status", "--type=merge",
         "-p", json.dumps({"status": {"phase": "Ready", "provider": "e2b", "providerId": "p-1", "state": "Idle",
-                                     "stateSince": "2026-01-01T00:00:00Z"}}),
+                                     "stateSince": "2026-01-01T00:00:00Z",
+                                     "handle": {"runtimeClassName": "gvisor"}}}),
     )  # fmt: skip
     table = control_plane.kubectl("get", "dsbx", "-n", namespace).stdout.splitlines()
     assert table[0].split() == ["NAME", "PHASE", "PROVIDER", "READY", "STATE", "SINCE", "AGE"]
@@ -117,6 +118,9 @@ def test_sandbox_is_accepted_and_listed_with_printer_columns(
     assert table[1].split()[:3] == ["shared", "Ready", "e2b"]
     # The idle state (issue 27) and since when, as an age (READY is empty here: no conditions were patched in).
     assert table[1].split()[3] == "Idle", table
+    # The RuntimeClass the sandbox runs under: in -o wide only.
+    wide = control_plane.kubectl("get", "dsbx", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-2] == "RUNTIME" and wide[1].split()[-2] == "gvisor", wide  # READY is empty here
 
     bad = copy.deepcopy(sandbox)
     bad["metadata"]["name"] = "bad-env"

@@ -39,6 +39,7 @@ from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
 from tests.unit.sandbox_session_support import engine_for
 
 from .conftest import ControlPlane
+from .node_support import NodeCluster, require_gvisor
 
 __all__ = ["control_plane_on_the_node", "node"]  # fixtures
 
@@ -100,6 +101,22 @@ class TestKubernetesContract(ProviderContractSuite):
 
     async def expire_lease(self, provider: SandboxProvider, handle: SandboxHandle) -> None:
         self.clock.offset += self.lease_seconds + 1
+
+
+class TestKubernetesContractUnderGVisor(TestKubernetesContract):
+    """The same contract with every sandbox Pod under gVisor (RuntimeClass ``gvisor`` on the test node): calls,
+    files, snapshots and restores, loss and leases behave the same when the sandbox's kernel is gVisor's."""
+
+    @pytest.fixture
+    async def provider(self, control_plane: ControlPlane, namespace: str,
+                       store: S3SnapshotStore) -> AsyncIterator[SandboxProvider]:
+        assert isinstance(control_plane, NodeCluster)
+        runtime_class = require_gvisor(control_plane)
+        self.cp, self.clock = control_plane, ManualClock()
+        template = PodTemplate(image=IMAGE, imagePullPolicy="Never", runtimeClassName=runtime_class)
+        provider = make_provider(control_plane, namespace, store, clock=self.clock, template=template)
+        yield provider
+        await provider.aclose()
 
 
 # ------------------------------------------------------------------------------------------- calls
@@ -248,3 +265,53 @@ async def test_sessions_cadence_loss_with_replay_retain_and_finalize(
     await provider.delete_snapshot(kept.result["latestSnapshot"])
     pods = control_plane.kubectl_json("get", "pods", "-n", namespace, "-l", f"{SANDBOX_LABEL}=true")["items"]
     assert [p for p in pods if not p["metadata"].get("deletionTimestamp")] == [], "no Pod outlives its run"
+
+
+# ------------------------------------------------------------------------------------------- isolation
+
+
+async def test_a_gvisor_template_runs_the_sandbox_under_gvisor_and_its_handle_says_so(
+        control_plane: ControlPlane, namespace: str, store: S3SnapshotStore) -> None:
+    assert isinstance(control_plane, NodeCluster)
+    runtime_class = require_gvisor(control_plane)
+    template = PodTemplate(image=IMAGE, imagePullPolicy="Never", runtimeClassName=runtime_class)
+    provider = make_provider(control_plane, namespace, store, template=template)
+    plain = make_provider(control_plane, namespace, store)
+    try:
+        handle = await provider.provision(spec(namespace), lease_seconds=600)
+        other = await plain.provision(spec(namespace), lease_seconds=600)
+        try:
+            assert handle.metadata["runtimeClassName"] == runtime_class
+            assert "runtimeClassName" not in other.metadata
+            # gVisor's Sentry keeps its own kernel log; under runc dmesg reaches the host's and is refused.
+            kernel = await call(provider, handle, "shell", command="dmesg")
+            assert kernel.exit_code == 0 and "Starting gVisor" in kernel.stdout, kernel
+            host = await call(plain, other, "shell", command="dmesg")
+            assert host.exit_code != 0 and "Starting gVisor" not in host.stdout, host
+            # The handle says what the cluster made: the Pod's own field.
+            namespace_, name = handle.id.split("/")
+            pod = control_plane.kubectl_json("get", "pod", "-n", namespace_, name)
+            assert pod["spec"]["runtimeClassName"] == runtime_class
+        finally:
+            await provider.destroy(handle)
+            await plain.destroy(other)
+    finally:
+        await provider.aclose()
+        await plain.aclose()
+
+
+async def test_a_runtime_class_the_cluster_lacks_fails_the_provision_naming_it(
+        control_plane: ControlPlane, namespace: str) -> None:
+    template = PodTemplate(image=IMAGE, imagePullPolicy="Never", runtimeClassName="kata-missing")
+    provider = make_provider(control_plane, namespace, None, template=template)
+    try:
+        with pytest.raises(ProvisionError) as caught:
+            await provider.provision(spec(namespace), lease_seconds=600)
+        assert caught.value.retryable is False
+        message = str(caught.value)
+        assert 'RuntimeClass "kata-missing" not found' in message and "kubectl get runtimeclass" in message
+        assert "RBAC" not in message
+    finally:
+        await provider.aclose()
+    pods = control_plane.kubectl_json("get", "pods", "-n", namespace, "-l", f"{SANDBOX_LABEL}=true")["items"]
+    assert pods == [], "no Pod was made"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import kubernetes_version
-from .node_support import NodeCluster, busybox_image
+from .node_support import NodeCluster, busybox_image, require_gvisor
 
 NODE_IP = "10.88.0.1"
 
@@ -131,3 +131,29 @@ def test_kubelet_api_answers_nobody_anonymous(node_cluster: NodeCluster) -> None
     # The read-only port is off.
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://{NODE_IP}:10255/pods", timeout=5)
+
+
+def test_a_gvisor_pod_runs_under_gvisors_kernel_and_a_plain_one_does_not(
+    node_cluster: NodeCluster, busybox: str, namespace: str
+) -> None:
+    """RuntimeClass gvisor (``up --node-gvisor``, scripts/gvisor-build): the Pod's kernel is gVisor's Sentry, whose
+    own boot log dmesg reads; under runc the same command reaches the host's kernel log and is refused."""
+    k = node_cluster
+    runtime_class = require_gvisor(k)
+    assert k.kubectl_json("get", "runtimeclass", runtime_class)["handler"] == "runsc"
+    under_gvisor = pod("sandboxed", busybox, "exec sleep 3600")
+    under_gvisor["spec"]["runtimeClassName"] = runtime_class  # type: ignore[index]
+    k.apply(under_gvisor, "-n", namespace)
+    k.apply(pod("plain", busybox, "exec sleep 3600"), "-n", namespace)
+    k.kubectl("wait", "--for=condition=Ready", "pod/sandboxed", "pod/plain", "-n", namespace, "--timeout=120s")
+    sandboxed = k.kubectl("exec", "sandboxed", "-n", namespace, "--", "dmesg", check=False)
+    assert sandboxed.returncode == 0 and "Starting gVisor" in sandboxed.stdout, sandboxed.stdout + sandboxed.stderr
+    plain = k.kubectl("exec", "plain", "-n", namespace, "--", "dmesg", check=False)
+    assert "Starting gVisor" not in plain.stdout
+    assert plain.returncode != 0 and "not permitted" in plain.stderr, plain.stdout + plain.stderr
+    # What a sandbox relies on works the same under gVisor: exit codes, stdin, the filesystem.
+    assert k.kubectl("exec", "sandboxed", "-n", namespace, "--", "sh", "-c", "exit 7", check=False).returncode == 7
+    out = k.kubectl("exec", "-i", "sandboxed", "-n", namespace, "--", "sh", "-c", "tr a-z A-Z > /tmp/x; cat /tmp/x",
+                    input="under gvisor\n")
+    assert out.stdout == "UNDER GVISOR\n"
+    assert k.kubectl_json("get", "pod", "sandboxed", "-n", namespace)["spec"]["runtimeClassName"] == runtime_class

@@ -25,6 +25,7 @@ from durable_sandbox.providers.contract import SandboxHandle, ToolCall
 from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvider
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore
 from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.node_support import NodeCluster, busybox_context, require_gvisor
 from tests.e2e.operator_support import (
     OperatorProcess,
     events,
@@ -168,6 +169,32 @@ def test_deleting_mid_run_leaves_nothing_and_a_store_that_is_down_blocks_cleanup
         cluster.s3.start()
     wait_gone(cluster.cp, cluster.ns, "blocked", timeout=300)
     assert cluster.pods() == [] and cluster.objects() == []
+
+
+def test_a_gvisor_template_runs_the_sandbox_under_gvisor_and_status_says_so(cluster: Cluster) -> None:
+    """examples/gvisor-sandbox.yaml, unchanged: a PodTemplate naming RuntimeClass gvisor, a Sandbox made from it
+    and a Workflow in it. The sandbox's kernel is gVisor's (its dmesg), and both statuses and `kubectl get -o
+    wide` name the RuntimeClass."""
+    assert isinstance(cluster.cp, NodeCluster)
+    runtime_class = require_gvisor(cluster.cp)
+    # The example's image, which nothing here can pull: the busybox test image under its name.
+    cluster.cp.build_image(busybox_context(), "docker.io/library/busybox:1.36")
+    cluster.operator()
+    cluster.cp.kubectl("apply", "-n", cluster.ns, "-f", str(ROOT / "examples" / "gvisor-sandbox.yaml"))
+    box = wait_for(cluster.cp, cluster.ns, "isolated", "Ready", timeout=180)
+    assert box["handle"]["runtimeClassName"] == runtime_class, box
+    wait_condition(cluster.cp, cluster.ns, "under-gvisor", "Succeeded", timeout=180)
+    st = status(cluster.cp, cluster.ns, "under-gvisor")
+    assert [r["stdout"] for r in st["result"]["toolResults"]] == [
+        "Starting gVisor\n", "wrote notes/isolated.txt 21 bytes", "written under gVisor\n"], st
+    assert st["sandbox"]["runtimeClassName"] == runtime_class, st["sandbox"]
+    [pod] = cluster.pods()
+    assert cluster.cp.kubectl_json("get", "pod", "-n", cluster.ns, pod)["spec"]["runtimeClassName"] == runtime_class
+    wide = cluster.cp.kubectl("get", "dsbx", "isolated", "-n", cluster.ns, "-o", "wide").stdout.splitlines()
+    assert "RUNTIME" in wide[0].split() and runtime_class in wide[1].split(), wide
+    assert "RUNTIME" not in cluster.cp.kubectl("get", "dsbx", "-n", cluster.ns).stdout, "-o wide only"
+    cluster.cp.kubectl("delete", "-n", cluster.ns, "-f", str(ROOT / "examples" / "gvisor-sandbox.yaml"))
+    wait_until(lambda: cluster.pods() == [], 90, "the Sandbox's Pod to go")
 
 
 def _call(cluster: Cluster, provider_id: str, call_type: str, **args: Any) -> tuple[int, str]:

@@ -456,11 +456,11 @@ KIND_DOC = (
     "from the endpoint the client submits requests to. In CamelCase."
 )
 
-_AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+_AGE: dict[str, str | int] = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
 def _crd(
-    kind: str, plural: str, short: str, schema: Schema, columns: list[dict[str, str]], categories: list[str],
+    kind: str, plural: str, short: str, schema: Schema, columns: list[dict[str, str | int]], categories: list[str],
     *, status: bool = True,
 ) -> Schema:
     return {
@@ -595,6 +595,13 @@ def generate_crds() -> list[Schema]:
                 "type": "date",
                 "jsonPath": ".status.stateSince",
                 "description": "How long the state has held.",
+            },
+            {
+                "name": "Runtime",
+                "type": "string",
+                "jsonPath": ".status.handle.runtimeClassName",
+                "description": "The RuntimeClass the live sandbox runs under (gVisor, Kata...), when its provider says.",
+                "priority": 1,  # kubectl get -o wide
             },
             _AGE,
         ],

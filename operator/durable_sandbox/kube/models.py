@@ -488,6 +488,8 @@ class SandboxStatusRef(_Status):
     name: str | None = Field(default=None, description="The run's name for it (a Sandbox resource's, with sandboxRef).")
     provider: str | None = Field(default=None, description="The provider holding it.")
     provider_id: str | None = Field(default=None, description="The provider's id of the live sandbox.")
+    runtime_class_name: str | None = Field(
+        default=None, description="The RuntimeClass the sandbox runs under (gVisor, Kata...), when its provider says.")
 
 
 class WorkflowStatus(_Status):

@@ -129,6 +129,8 @@ class Projection:
             return
         if (made := journal.provisioned(row)) is not None:
             self.sandbox = {"name": made.session, "provider": made.provider, "providerId": made.sandbox_id}
+            if made.runtime_class:
+                self.sandbox["runtimeClassName"] = made.runtime_class
             if made.recovery:
                 self.recovery_count += 1
                 self.recovering = False

@@ -46,6 +46,10 @@ TOOL_TYPES: tuple[str, ...] = ("shell", "write_file", "read_file")
 INSTALLATION_LABEL = "durable-sandbox.dev/installation"
 RETAIN_LABEL = "durable-sandbox.dev/retain-snapshot"
 
+# A SandboxHandle's metadata key: the RuntimeClass the sandbox runs under (gVisor, Kata...), from what the cluster
+# made rather than what was asked for, for providers that know it. Shown in the Workflow's and Sandbox's status.
+RUNTIME_CLASS_KEY = "runtimeClassName"
+
 
 def tag_key(value: str) -> str:
     """A short stable digest of an installation id or an owner tag. A provider that can keep only a name

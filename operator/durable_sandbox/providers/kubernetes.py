@@ -44,6 +44,7 @@ from durable_sandbox.providers import kubernetes_scripts as scripts
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
     RETAIN_LABEL,
+    RUNTIME_CLASS_KEY,
     TOOL_TYPES,
     Capability,
     ConfigurationError,
@@ -108,6 +109,9 @@ MAXIMUM_LEASE_SECONDS = 86_400
 STALE_UPLOAD_SECONDS = 3600.0  # an unfinished snapshot upload older than this is a dead taking's
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 # Container states that will not get better by waiting: the provision fails at once, saying which and why.
+# How the authorizer words a refusal ('User "..." cannot create resource "pods" in API group "" in the
+# namespace "demo"'); a 403 without it comes from admission (RuntimeClass, PodSecurity, webhooks).
+_RBAC_REFUSAL = re.compile(r'\bcannot [a-z]+ resource "')
 _HOPELESS_WAITING = {
     "ErrImagePull": "the image cannot be pulled", "ImagePullBackOff": "the image cannot be pulled",
     "ErrImageNeverPull": "the image is not on the node and the pull policy is Never",
@@ -542,8 +546,15 @@ class KubernetesProvider(SandboxProvider):
         status = self._status(exc)
         if status in (400, 422):
             return ProvisionError(f"{what}: the API server refused the Pod: {self._reason(exc)}", retryable=False)
-        if status == 403 and "exceeded quota" in self._reason(exc):
-            return ProvisionError(f"{what}: {self._reason(exc)}", retryable=True)
+        reason = self._reason(exc)
+        if status == 403 and "exceeded quota" in reason:
+            return ProvisionError(f"{what}: {reason}", retryable=True)
+        if status == 403 and not _RBAC_REFUSAL.search(reason):
+            # Admission refused this Pod, not RBAC the operator: a RuntimeClass the cluster lacks, PodSecurity, a
+            # validating webhook. Trying again makes the same Pod, and the operator's rights are not the cause.
+            hint = (" (the template's runtimeClassName names a RuntimeClass this cluster does not have: "
+                    "kubectl get runtimeclass lists those it has)" if "RuntimeClass" in reason else "")
+            return ProvisionError(f"{what}: the cluster's admission refused the Pod: {reason}{hint}", retryable=False)
         error = self._api_error(what, exc)
         if isinstance(error, ConfigurationError):
             return error
@@ -648,12 +659,14 @@ class KubernetesProvider(SandboxProvider):
         except ValueError:
             described = {}
         lease = annotations.get(LEASE_ANNOTATION)
-        return SandboxHandle(
-            id=f"{meta['namespace']}/{meta['name']}", provider=self.name,
-            metadata={"namespace": meta["namespace"], "pod": meta["name"], "owner": described.get("owner"),
-                      "labels": dict(described.get("labels") or {})},
-            lease_expires_at=float(lease) if lease else None,
-        )
+        metadata: dict[str, Any] = {"namespace": meta["namespace"], "pod": meta["name"], "owner": described.get("owner"),
+                                    "labels": dict(described.get("labels") or {})}
+        # The Pod's own field: what admission let through (a RuntimeClass that also sets it, or a mutating
+        # webhook, shows here), not what the template asked for.
+        if runtime_class := (pod.get("spec") or {}).get("runtimeClassName"):
+            metadata[RUNTIME_CLASS_KEY] = runtime_class
+        return SandboxHandle(id=f"{meta['namespace']}/{meta['name']}", provider=self.name, metadata=metadata,
+                             lease_expires_at=float(lease) if lease else None)
 
     # ------------------------------------------------------------------------------------- lifecycle
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
+from durable_sandbox.providers.contract import RUNTIME_CLASS_KEY
 
 __all__ = [
     "META_FINALIZED",
@@ -210,14 +211,18 @@ class Provisioned:
     provider: str | None
     sandbox_id: str | None
     recovery: bool  # made again after the session's sandbox was lost
+    runtime_class: str | None = None  # the RuntimeClass it runs under, when its provider says (gVisor, Kata...)
 
 
 def provisioned(row: OperationRecord) -> Provisioned | None:
     """The sandbox a completed provision or restore record made."""
     if row.status != "completed" or row.kind not in (PROVISION, RESTORE) or not isinstance(row.result, dict):
         return None
+    metadata = row.result.get("metadata")
+    runtime_class = metadata.get(RUNTIME_CLASS_KEY) if isinstance(metadata, dict) else None
     return Provisioned(session=_session(row), provider=row.result.get("provider"), sandbox_id=row.result.get("id"),
-                       recovery=row.kind == RESTORE and _meta(row).get(META_REASON) == REASON_RECOVERY)
+                       recovery=row.kind == RESTORE and _meta(row).get(META_REASON) == REASON_RECOVERY,
+                       runtime_class=runtime_class if isinstance(runtime_class, str) else None)
 
 
 def snapshot_taken(row: OperationRecord) -> str | None:

@@ -137,6 +137,7 @@ def test_checker_rejects_what_is_not_structural() -> None:
             ("Phase", "string", ".status.phase"), ("Provider", "string", ".status.provider"),
             ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
             ("State", "string", ".status.state"), ("Since", "date", ".status.stateSince"),
+            ("Runtime", "string", ".status.handle.runtimeClassName"),  # priority 1: kubectl get -o wide
             ("Age", "date", ".metadata.creationTimestamp"),
         ]),
     ],
