@@ -5,6 +5,8 @@
 * ``startup``: Pod create to the first call done (goal: under 2 s on the test node).
 * ``snapshot``: snapshot and restore of 10 MB and 200 MB workspaces (MB/s), with the Python heap's peak while
   each runs (tracemalloc): it must not grow with the size.
+* ``isolation``: the same sandbox under a sandboxing RuntimeClass (``--runtime-class``, default gvisor) vs runc,
+  interleaved: Pod create to the first call done, and a no-op call, as ratios (gVisor's price).
 * ``store``: the S3 snapshot store alone, put and get of the same sizes (no node needed): the part of a snapshot
   that is the store's.
 
@@ -13,6 +15,7 @@ The store is a versitygw the script starts on loopback (tests/objectstore.py); t
 
     python benchmarks/kubernetes_provider.py --parts store
     python benchmarks/kubernetes_provider.py --image docker.io/library/busybox:1.36 --namespace default
+    python benchmarks/kubernetes_provider.py --parts isolation --runtime-class gvisor
 """
 
 from __future__ import annotations
@@ -130,6 +133,38 @@ async def startup_part(provider: KubernetesProvider, namespace: str, repeats: in
     return {"median_s": statistics.median(samples), "goal_s": 2.0, "samples": samples}
 
 
+async def isolation_part(plain: KubernetesProvider, isolated: KubernetesProvider, namespace: str,
+                         repeats: int) -> dict[str, Any]:
+    """Startup (create to first call done) and a no-op call, runc vs the RuntimeClass, interleaved."""
+    samples: dict[str, list[float]] = {"runc_startup": [], "isolated_startup": [], "runc_call": [], "isolated_call": []}
+
+    async def one(provider: KubernetesProvider, key: str) -> None:
+        start = time.perf_counter()
+        handle = await provider.provision(SandboxSpec(owner=f"{namespace}/bench"), lease_seconds=600)
+        try:
+            await provider.execute(handle, ToolCall(operation_id="first", type="shell", args={"command": "true"}))
+            samples[f"{key}_startup"].append(time.perf_counter() - start)
+            for _ in range(3):
+                begin = time.perf_counter()
+                result = await provider.execute(handle, ToolCall(operation_id=secrets.token_hex(6), type="shell",
+                                                                 args={"command": "true"}))
+                assert result.exit_code == 0, result
+                samples[f"{key}_call"].append(time.perf_counter() - begin)
+        finally:
+            await provider.destroy(handle)
+
+    await one(plain, "runc")  # warm-up: connections, the image's page cache
+    await one(isolated, "isolated")
+    for values in samples.values():
+        values.clear()
+    for _ in range(repeats):
+        await one(plain, "runc")
+        await one(isolated, "isolated")
+    medians = {k: statistics.median(v) for k, v in samples.items()}
+    return {"median_s": medians, "startup_ratio": medians["isolated_startup"] / medians["runc_startup"],
+            "call_ratio": medians["isolated_call"] / medians["runc_call"], "samples": samples}
+
+
 async def snapshot_part(provider: KubernetesProvider, namespace: str, sizes: list[int]) -> dict[str, Any]:
     return {f"{size // MB}MB": await snapshot_one(provider, SandboxSpec(owner=f"{namespace}/bench"), size)
             for size in sizes}
@@ -193,6 +228,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                         results["parts"]["startup"] = await startup_part(provider, args.namespace, args.repeats)
                     if "snapshot" in node_parts:
                         results["parts"]["snapshot"] = await snapshot_part(provider, args.namespace, sizes)
+                    if "isolation" in node_parts:
+                        isolated = KubernetesProvider(namespace=args.namespace, environ={}, template=PodTemplate(
+                            image=args.image, imagePullPolicy="IfNotPresent", runtimeClassName=args.runtime_class))
+                        try:
+                            results["parts"]["isolation"] = {"runtimeClass": args.runtime_class, **await isolation_part(
+                                provider, isolated, args.namespace, max(3, args.repeats // 4))}
+                        finally:
+                            await isolated.aclose()
                     if profiler:
                         profiler.disable()
                         with (RESULTS_DIR / "kubernetes_provider_profile.txt").open("w") as f:
@@ -208,7 +251,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", default=["store", "call", "startup", "snapshot"],
-                        choices=["store", "call", "startup", "snapshot"])
+                        choices=["store", "call", "startup", "snapshot", "isolation"])
+    parser.add_argument("--runtime-class", default="gvisor", help="the isolation part's RuntimeClass")
     parser.add_argument("--sizes", nargs="+", type=int, default=[10, 200], help="workspace sizes, MB")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--image", default="docker.io/library/busybox:1.36")

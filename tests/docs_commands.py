@@ -185,6 +185,7 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "python benchmarks/operator_scale.py --idle '' --batch 200": BENCHMARK,
         "python benchmarks/engine_postgres.py --steps 1000 --repeats 3 --profile": BENCHMARK,
         "python benchmarks/kubernetes_provider.py --parts store": BENCHMARK,
+        "python benchmarks/kubernetes_provider.py --parts isolation --runtime-class gvisor --repeats 40": BENCHMARK,
         "python benchmarks/kubernetes_provider.py --image docker.io/library/busybox:1.36 --namespace default --profile":
             BENCHMARK,
         "python benchmarks/warm_pool.py --image docker.io/library/busybox:1.36 --namespace default": BENCHMARK,

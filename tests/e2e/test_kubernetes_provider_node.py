@@ -10,8 +10,10 @@ cannot be prepared fails these tests; they are never skipped.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import secrets
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -315,3 +317,27 @@ async def test_a_runtime_class_the_cluster_lacks_fails_the_provision_naming_it(
         await provider.aclose()
     pods = control_plane.kubectl_json("get", "pods", "-n", namespace, "-l", f"{SANDBOX_LABEL}=true")["items"]
     assert pods == [], "no Pod was made"
+
+
+async def test_the_isolation_benchmark_runs_at_its_smallest(control_plane: ControlPlane, namespace: str) -> None:
+    """benchmarks/kubernetes_provider.py's isolation part (docs/benchmarks.md), once, so that it does not rot."""
+    bench = _benchmark("kubernetes_provider")
+    assert isinstance(control_plane, NodeCluster)
+    runtime_class = require_gvisor(control_plane)
+    plain = make_provider(control_plane, namespace, None)
+    isolated = make_provider(control_plane, namespace, None, template=PodTemplate(
+        image=IMAGE, imagePullPolicy="Never", runtimeClassName=runtime_class))
+    try:
+        figures = await bench.isolation_part(plain, isolated, namespace, repeats=1)
+    finally:
+        await plain.aclose()
+        await isolated.aclose()
+    assert figures["startup_ratio"] > 0 and figures["call_ratio"] > 0
+    assert len(figures["samples"]["isolated_call"]) == 3
+
+
+def _benchmark(name: str) -> Any:
+    directory = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    return importlib.import_module(name)

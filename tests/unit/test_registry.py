@@ -148,3 +148,30 @@ def test_e2b_through_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
         registry.create_provider("e2b")
     provider = registry.create_provider("e2b", api_key="k", api_url="http://127.0.0.1:9")
     assert isinstance(provider, E2BProvider) and provider.api_url == "http://127.0.0.1:9"
+
+
+def test_the_entry_points_are_scanned_once_and_a_refusal_is_warned_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    scans = []
+
+    def entries() -> list[StubEntryPoint]:
+        scans.append(1)
+        return [StubEntryPoint("dsb-broken", "dsb_broken:Provider", _broken)]
+
+    monkeypatch.setattr(registry, "_entry_points", entries)
+    with caplog.at_level("WARNING", logger=registry.__name__):
+        for _ in range(3):
+            assert "local" in registry.available_providers()
+        with pytest.raises(ConfigurationError, match="dsb-broken"):
+            registry.create_provider("dsb-broken")
+    assert len(scans) == 1, "one scan per process, not one per lookup"
+    assert [r.getMessage() for r in caplog.records].count(
+        "sandbox provider [dsb-broken] from entry point dsb-broken = dsb_broken:Provider failed to load: "
+        "ImportError: No module named 'dsb_broken'") == 1
+    # What callers get is theirs to change: the cache is not.
+    registry.available_providers().pop("local")
+    assert "local" in registry.available_providers()
+    # Another search path (a changed sys.path) scans again.
+    monkeypatch.setattr(registry.sys, "path", [*registry.sys.path, "/nonexistent-for-the-test"])
+    registry.available_providers()
+    assert len(scans) == 2
