@@ -113,6 +113,8 @@ EXPECTED_RULES = {
     "workflows/finalizers.durable-sandbox.dev": {"update"},
     "sandboxes/finalizers.durable-sandbox.dev": {"update"},
     "journals.durable-sandbox.dev": {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"},
+    "sandboxpools.durable-sandbox.dev": {"get", "list", "watch", "patch"},
+    "sandboxpools/status.durable-sandbox.dev": {"get", "patch"},
     "events": {"create", "patch"},
     "events.events.k8s.io": {"create", "patch"},
 }
@@ -391,6 +393,7 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
         "customresourcedefinition.apiextensions.k8s.io/workflows.durable-sandbox.dev",
         "customresourcedefinition.apiextensions.k8s.io/sandboxes.durable-sandbox.dev",
         "customresourcedefinition.apiextensions.k8s.io/journals.durable-sandbox.dev",
+        "customresourcedefinition.apiextensions.k8s.io/sandboxpools.durable-sandbox.dev",
     }
     installed = chart_objects(cluster)
     assert installed == {

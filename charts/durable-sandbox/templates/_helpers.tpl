@@ -62,6 +62,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: ["durable-sandbox.dev"]
   resources: ["workflows/finalizers", "sandboxes/finalizers"]
   verbs: ["update"]
+# SandboxPools (warm Pods of the kubernetes provider): watch them, patch metadata (the cleanup finalizer and kopf's
+# progress) and their status. The pool's Pods are made under the sandbox Pod rules below.
+- apiGroups: ["durable-sandbox.dev"]
+  resources: ["sandboxpools"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["durable-sandbox.dev"]
+  resources: ["sandboxpools/status"]
+  verbs: ["get", "patch"]
 # Everything the operator keeps of runs and Sandboxes (journal, leases, Sandbox state): objects of its own kind,
 # which no namespace role grants, so no namespace user can change what it runs, believes or deletes. No
 # ConfigMaps and no coordination.k8s.io Leases: those are everyone's (kube-system's leader elections too).

@@ -38,8 +38,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from durable_sandbox.kube.models import _ENTRYPOINT, SandboxResource, WorkflowResource
-from durable_sandbox.kube.resources import GROUP, SANDBOXES, VERSION, WORKFLOWS
+from durable_sandbox.kube.models import _ENTRYPOINT, SandboxPoolResource, SandboxResource, WorkflowResource
+from durable_sandbox.kube.resources import GROUP, POOLS, SANDBOXES, VERSION, WORKFLOWS
 from durable_sandbox.sandboxes.journal import RESERVED_HEADS
 from durable_sandbox.workflows.sandbox_agent import PATH_MAX_LENGTH
 
@@ -522,9 +522,9 @@ def journal_schema() -> Schema:
     }
 
 
-# Long on purpose: the three CRDs' printer columns and rules, declared side by side (data, not logic).
+# Long on purpose: the four CRDs' printer columns and rules, declared side by side (data, not logic).
 def generate_crds() -> list[Schema]:
-    """The Workflow, Sandbox and Journal CRDs (apiextensions.k8s.io/v1), in that order."""
+    """The Workflow, Sandbox, Journal and SandboxPool CRDs (apiextensions.k8s.io/v1), in that order."""
     workflow = _crd(
         "Workflow",
         WORKFLOWS,
@@ -622,7 +622,29 @@ def generate_crds() -> list[Schema]:
         [],  # not in `kubectl get durable-sandbox`: these are the operator's, not the user's
         status=False,
     )
-    return [workflow, sandbox, journal]
+    pool = _crd(
+        "SandboxPool",
+        POOLS,
+        "dsbpool",
+        structural_schema(
+            SandboxPoolResource,
+            "Warm sandbox Pods of one PodTemplate (the kubernetes provider): a provision claims a ready one "
+            "instead of making a Pod.",
+        ),
+        [
+            {"name": "Template", "type": "string", "jsonPath": ".spec.template", "description": "The PodTemplate."},
+            {"name": "Size", "type": "integer", "jsonPath": ".spec.size", "description": "Ready Pods wanted."},
+            {"name": "Ready", "type": "integer", "jsonPath": ".status.ready",
+             "description": "Warm Pods: running, checked, unclaimed, of the current template."},
+            {"name": "Claimed", "type": "integer", "jsonPath": ".status.claimed",
+             "description": "Pods of the pool claimed by a sandbox and not deleted yet."},
+            {"name": "Total", "type": "integer", "jsonPath": ".status.total",
+             "description": "Ready, starting and claimed Pods of the pool."},
+            _AGE,
+        ],
+        ["durable-sandbox"],
+    )
+    return [workflow, sandbox, journal, pool]
 
 
 # ------------------------------------------------------------------------------------------- admission policy

@@ -53,7 +53,8 @@ from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.journals import ApiServerJournal, JournalChoice, open_journal
 from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.metrics_server import READINESS
-from durable_sandbox.kube.resources import FINALIZER, GROUP, SANDBOXES, VERSION, WORKFLOWS
+from durable_sandbox.kube.pool import PoolController, PoolSettings
+from durable_sandbox.kube.resources import FINALIZER, GROUP, POOLS, SANDBOXES, VERSION, WORKFLOWS
 from durable_sandbox.kube.sandbox import SandboxController, SandboxControllerSettings
 from durable_sandbox.kube.sweeper import OrphanSweeper
 
@@ -88,11 +89,14 @@ class Configuration:
     namespaces: list[str] = field(default_factory=list)  # served namespaces; empty: every namespace
     journal_key: bytes | None = field(default=None, repr=False)  # kube/journal_key.py; never printed
     journal: JournalChoice = field(default_factory=ApiServerJournal)  # where runs' journals go (kube/journals.py)
+    # Makes the kubernetes provider for SandboxPools' Pods (with the pool key); None: pools say the provider is off.
+    pool_provider: Callable[[], Any] | None = None
 
 
 config = Configuration()
 _operator: Operator | None = None
 _sandboxes: SandboxController | None = None
+_pools: PoolController | None = None
 _sweep: tuple[asyncio.Task[None], asyncio.Event, dict[str, Any]] | None = None  # task, stop, its providers
 
 
@@ -145,7 +149,7 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global _operator, _sandboxes
+    global _operator, _sandboxes, _pools
     configure_kopf(settings)
     api = await KubeClient.connect(kubeconfig=config.kubeconfig)
     journals = await open_journal(config.journal, api, journal_key=config.journal_key)
@@ -155,6 +159,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl,
         default_provider=config.policy.default_provider, allow_local_provider=config.policy.allow_local_provider),
         labels=_operator.sandbox_labels, records=_operator.records, holding=_operator.holding)
+    _pools = PoolController(api, config.pool_provider, METRICS, PoolSettings(
+        worker_id=config.settings.worker_id, lease_ttl=config.settings.lease_ttl))
     for hook in STARTUP_HOOKS:
         result = hook(_operator, settings)
         if inspect.isawaitable(result):
@@ -219,7 +225,7 @@ async def _stop_sweep() -> None:
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
-    global _operator, _sandboxes
+    global _operator, _sandboxes, _pools
     try:
         await API_AWAY.aclose()
         await _stop_sweep()
@@ -229,6 +235,9 @@ async def cleanup(**_: Any) -> None:
         if _sandboxes is not None:
             await _sandboxes.aclose()
             _sandboxes = None
+        if _pools is not None:
+            await _pools.aclose()
+            _pools = None
         await op.shutdown()
         await op.aclose()
         await op.api.close()
@@ -375,6 +384,32 @@ async def sandbox_watched(body: kopf.Body, **_: Any) -> None:
 @kopf.on.delete(GROUP, VERSION, SANDBOXES, optional=False, retries=None)
 async def delete_sandbox(body: kopf.Body, retry: int, **_: Any) -> None:
     await _finalize("Sandbox", sandboxes().cleanup(body, attempt=retry))
+
+
+def pools() -> PoolController:
+    if _pools is None:
+        raise RuntimeError("the operator is not started (kopf's startup handler has not run)")
+    return _pools
+
+
+@kopf.daemon(GROUP, VERSION, POOLS, cancellation_backoff=DAEMON_GRACEFUL_EXIT,
+             cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT)
+async def keep_pool(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    # One daemon per SandboxPool: keeps its warm Pods (in the replica holding the pool's lease).
+    controller = pools()
+    await until_stopped(stopped, lambda stop: controller.daemon(lambda: body, stop), kind="SandboxPool",
+                        touch=toucher(POOLS, body))
+
+
+@kopf.on.event(GROUP, VERSION, POOLS)
+async def pool_watched(body: kopf.Body, **_: Any) -> None:
+    if _pools is not None:
+        _pools.notice(body)
+
+
+@kopf.on.delete(GROUP, VERSION, POOLS, optional=False, retries=None)
+async def delete_pool(body: kopf.Body, retry: int, **_: Any) -> None:
+    await _finalize("SandboxPool", pools().cleanup(body))
 
 
 # kopf (1.45) logs these, from this logger, when reading discovery leaves a resource of a handler unserved;

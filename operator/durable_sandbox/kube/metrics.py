@@ -46,6 +46,7 @@ from durable_sandbox.providers.contract import (
     ToolCall,
     ToolResult,
 )
+from durable_sandbox.providers.kubernetes_pool import PoolClaim
 
 PREFIX = "durable_sandbox"
 # The phases status.phase takes; always exported (as 0) so dashboards and alerts see every series.
@@ -157,8 +158,49 @@ class OperatorMetrics:
             "(waiting for a watch event or its timer; no task, no journal in memory).", ["state"], registry=r,
         )
 
+        self._pool_metrics(r)
+
+    def _pool_metrics(self, r: CollectorRegistry) -> None:
+        # Warm pools (kube/pool/, providers/kubernetes_pool.py). Pods by state come from the replica that
+        # reconciles the pool (the others export nothing for it); claims and misses from whichever replica provisioned.
+        self.pool_pods = Gauge(
+            f"{PREFIX}_pool_pods", "Pods of a SandboxPool by state: ready (warm, unclaimed), starting, claimed.",
+            ["namespace", "pool", "state"], registry=r,
+        )
+        self.pool_claims = Counter(
+            f"{PREFIX}_pool_claims", "Provisions that claimed a warm Pod of the pool.", ["namespace", "pool"], registry=r,
+        )
+        self.pool_misses = Counter(
+            f"{PREFIX}_pool_misses", "Provisions of a PodTemplate that made a Pod instead of claiming one, by reason: "
+            "none-ready, contended (every ready Pod was claimed by others meanwhile), env (a sandbox with env needs a "
+            "Pod of its own).", ["namespace", "template", "reason"], registry=r,
+        )
+        self.pool_claim_seconds = Histogram(
+            f"{PREFIX}_pool_claim_duration_seconds", "Time a provision spent looking for and claiming a warm Pod.",
+            ["outcome"], buckets=CALL_BUCKETS, registry=r,
+        )
+
     def generate(self) -> bytes:
         return generate_latest(self.registry)
+
+    def observe_pool_claim(self, claim: PoolClaim) -> None:
+        """What one provision did with a pool (the kubernetes provider's ``pool_observer``)."""
+        if claim.outcome == "claimed":
+            self.pool_claims.labels(namespace=claim.namespace, pool=claim.pool).inc()
+        else:
+            self.pool_misses.labels(namespace=claim.namespace, template=claim.pool, reason=claim.reason).inc()
+        self.pool_claim_seconds.labels(outcome=claim.outcome).observe(claim.seconds)
+
+    def observe_pool(self, namespace: str, pool: str, *, ready: int, starting: int, claimed: int) -> None:
+        for state, value in (("ready", ready), ("starting", starting), ("claimed", claimed)):
+            self.pool_pods.labels(namespace=namespace, pool=pool, state=state).set(value)
+
+    def forget_pool(self, namespace: str, pool: str) -> None:
+        for state in ("ready", "starting", "claimed"):
+            try:
+                self.pool_pods.remove(namespace, pool, state)
+            except KeyError:
+                pass
 
     # -- feeds ---------------------------------------------------------------------------------------
 

@@ -631,6 +631,44 @@ class SandboxResource(_Model):
     status: SandboxResourceStatus | None = None
 
 
+class SandboxPoolSpec(_Model):
+    """A pool of warm sandbox Pods of one PodTemplate (the kubernetes provider): a provision of
+    ``podtemplate/<template>`` in this namespace claims one of them instead of making a Pod."""
+
+    template: Annotated[str, Field(
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="The PodTemplate (in this namespace) the pool's Pods are made from; Workflows use it as "
+        "template: podtemplate/<this name>. Editing the PodTemplate rolls the pool.",
+    )]
+    size: Annotated[int, Field(ge=0, le=200, strict=True,
+                               description="How many ready, unclaimed Pods the pool keeps.")]
+
+
+class SandboxPoolStatus(_Status):
+    """How full the pool is, written by the operator."""
+
+    conditions: list[Condition] = Field(default_factory=list, description="Ready: the pool holds spec.size ready Pods.")
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation of the spec the operator last acted on."
+    )
+    ready: int = Field(default=0, description="Warm Pods: running, checked, unclaimed, of the current template.")
+    starting: int = Field(default=0, description="Pods made for the pool that are not ready yet.")
+    claimed: int = Field(default=0, description="Pods of the pool claimed by a sandbox and not deleted yet.")
+    total: int = Field(default=0, description="ready + starting + claimed.")
+    template_hash: str | None = Field(default=None, description="The hash of the template the pool's Pods have now.")
+    kopf: dict[str, Any] | None = Field(
+        default=None, description="The operator's own bookkeeping (kopf's handler progress). Not for users."
+    )
+
+
+class SandboxPoolResource(_Model):
+    api_version: Literal["durable-sandbox.dev/v1alpha1"] = "durable-sandbox.dev/v1alpha1"
+    kind: Literal["SandboxPool"] = "SandboxPool"
+    metadata: ObjectMeta
+    spec: SandboxPoolSpec
+    status: SandboxPoolStatus | None = None
+
+
 Resource = WorkflowResource | SandboxResource
 KINDS: dict[str, type[WorkflowResource] | type[SandboxResource]] = {
     "Workflow": WorkflowResource,
@@ -672,6 +710,9 @@ __all__ = [
     "Resource",
     "ResourceSandboxSettings",
     "RetrySpec",
+    "SandboxPoolResource",
+    "SandboxPoolSpec",
+    "SandboxPoolStatus",
     "SandboxRef",
     "SandboxResource",
     "SandboxResourceSpec",

@@ -27,11 +27,12 @@ API_VERSION = f"{GROUP}/{VERSION}"
 WORKFLOWS = "workflows"
 SANDBOXES = "sandboxes"
 JOURNALS = "journals"  # the run journal's objects (issue 20)
-PLURALS: Mapping[str, str] = {"Workflow": WORKFLOWS, "Sandbox": SANDBOXES, "Journal": JOURNALS}
+POOLS = "sandboxpools"  # warm Pods of the kubernetes provider (kube/pool/)
+PLURALS: Mapping[str, str] = {"Workflow": WORKFLOWS, "Sandbox": SANDBOXES, "Journal": JOURNALS, "SandboxPool": POOLS}
 # The finalizer that keeps a Workflow (or a Sandbox) until its sandboxes and snapshots are deleted.
 FINALIZER = "durable-sandbox.dev/cleanup"
 # The resources kopf serves (their handlers are in kube/handlers.py); discovery must list them first.
-SERVED = (WORKFLOWS, SANDBOXES)
+SERVED = (WORKFLOWS, SANDBOXES, POOLS)
 
 # Patch content types. A JSON Patch whose `test` op fails is answered 422; a stale resourceVersion 409.
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -148,6 +149,7 @@ __all__ = [
     "MERGE_PATCH",
     "OPERATOR_FIELD_MANAGER",
     "PLURALS",
+    "POOLS",
     "SANDBOXES",
     "SERVED",
     "VERSION",

@@ -65,6 +65,22 @@ from durable_sandbox.providers.contract import (
     wrote_file_result,
 )
 from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, PodExec, StreamBroken
+from durable_sandbox.providers.kubernetes_pool import (
+    CLAIMED,
+    POOL_LABEL,
+    POOL_STATE_LABEL,
+    SEAL_ANNOTATION,
+    STARTING,
+    TEMPLATE_HASH_LABEL,
+    WARM,
+    PoolClaim,
+    PoolPod,
+    claim_patch,
+    creation_seal,
+    tampered,
+    template_hash,
+    warm_seal,
+)
 from durable_sandbox.providers.kubernetes_template import (
     CONTAINER,
     WORKSPACE,
@@ -103,6 +119,7 @@ _HOPELESS_WAITING = {
     "CreateContainerError": "the container cannot be created", "RunContainerError": "the container cannot start",
     "CrashLoopBackOff": "the container keeps exiting", "StartError": "the container cannot start",
 }
+HOPELESS_WAITING = frozenset(_HOPELESS_WAITING)
 _ENV_NAMESPACE = "DSB_K8S_NAMESPACE"
 _ENV_NAMESPACES = "DSB_K8S_NAMESPACES"  # where an inventory looks (the chart's watchNamespaces)
 _ENV_READY_TIMEOUT = "DSB_K8S_READY_TIMEOUT"
@@ -143,6 +160,8 @@ class KubernetesProvider(SandboxProvider):
         clock: Callable[[], float] = time.time,
         ready_timeout: float | None = None,
         unschedulable_grace: float | None = None,
+        pool_key: bytes | None = None,
+        pool_observer: Callable[[PoolClaim], None] | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         self.template = template if template is not None else PodTemplate.from_environ(env)
@@ -168,6 +187,15 @@ class KubernetesProvider(SandboxProvider):
         # Sandbox id -> why it is gone, for Pods this process deleted: a terminating Pod may still answer an exec
         # for its grace period, and a call that ran there would be lost with it.
         self._gone: dict[str, str] = {}
+        # Warm pools (providers/kubernetes_pool.py): without the operator's key no pool Pod is trusted, so none
+        # is claimed and every provision makes its Pod.
+        self._pool_key = pool_key
+        self._pool_observer = pool_observer
+
+    @property
+    def pool_key(self) -> bytes | None:
+        """The key of pool seals (None: no pool Pod is trusted). Never printed."""
+        return self._pool_key
 
     def __repr__(self) -> str:
         return f"KubernetesProvider(namespace={self._namespace!r}, store={self.store!r})"
@@ -276,6 +304,10 @@ class KubernetesProvider(SandboxProvider):
 
     # ------------------------------------------------------------------------------------- provision
 
+    async def pool_template(self, namespace: str, reference: str) -> PodTemplate:
+        """PodTemplate ``reference`` of ``namespace`` as a provision would use it (the policy checked)."""
+        return await self._template_for(SandboxSpec(template=f"podtemplate/{reference}"), namespace)
+
     async def _template_for(self, spec: SandboxSpec, namespace: str) -> PodTemplate:
         reference = pod_template_reference(spec.template)
         if reference is not None:
@@ -319,12 +351,17 @@ class KubernetesProvider(SandboxProvider):
         sandbox_id = f"{namespace}/{name}"
         expires = self._clock() + lease_seconds
         labels = self._labels(spec, operation)
+        if pod_template_reference(spec.template) is not None and self._pool_key is not None:
+            labels[TEMPLATE_HASH_LABEL] = template_hash(template)
         meta = {"owner": spec.owner, "labels": dict(spec.labels), "template": spec.template}
         annotations = {LEASE_ANNOTATION: repr(expires), META_ANNOTATION: json.dumps(meta, sort_keys=True)}
         env_secret = f"{name}-env" if spec.env else None
         manifest = template.pod(name=name, namespace=namespace, labels=labels, annotations=annotations,
                                 env_secret=env_secret)
         self._gone.pop(sandbox_id, None)
+        claimed = await self._claim_warm(spec, namespace, template, manifest)
+        if claimed is not None:
+            return await self._finish_warm(claimed, restore)
         if env_secret is not None:
             # Before the Pod, so its container starts at once (a missing Secret holds it back for the kubelet's
             # retry period). Only a process killed between the two requests leaves the Secret without a Pod;
@@ -351,6 +388,136 @@ class KubernetesProvider(SandboxProvider):
             raise
         self._leases[sandbox_id] = float(pod["metadata"]["annotations"][LEASE_ANNOTATION])
         return self._handle(pod)
+
+    # ------------------------------------------------------------------------------------- warm pools
+
+    def _observe_pool(self, namespace: str, pool: str, outcome: str, reason: str, started: float) -> None:
+        if self._pool_observer is not None:
+            with contextlib.suppress(Exception):  # metrics never fail a provision
+                self._pool_observer(PoolClaim(namespace, pool, outcome, reason, time.monotonic() - started))
+
+    async def _claim_warm(self, spec: SandboxSpec, namespace: str, template: PodTemplate,
+                          manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """A warm Pod of this template claimed for this provision (one conditional patch), or None: a miss, and
+        the caller makes the Pod (cold). See providers/kubernetes_pool.py for what is trusted and why."""
+        started = time.monotonic()
+        reference = pod_template_reference(spec.template)
+        if reference is None or self._pool_key is None:
+            return None  # pools are of PodTemplates, and only an operator with the key trusts pool Pods
+        if spec.env:
+            # The env is the container's environment (a Secret read when it starts): a running Pod's cannot change.
+            self._observe_pool(namespace, reference, "miss", "env", started)
+            return None
+        thash = template_hash(template)
+        labels = manifest["metadata"]["labels"]
+        annotations = {k: manifest["metadata"]["annotations"][k] for k in (LEASE_ANNOTATION, META_ANNOTATION)}
+        pods = await self._pods([namespace], f"{TEMPLATE_HASH_LABEL}={thash}")
+        candidates = []
+        for pod in pods:
+            meta = pod["metadata"]
+            pool = (meta.get("labels") or {}).get(POOL_LABEL)
+            if (meta.get("labels") or {}).get(OPERATION_KEY_LABEL) == labels[OPERATION_KEY_LABEL]:
+                # This operation's Pod from an earlier attempt (an answer lost, an operator restarted): a claimed
+                # one is adopted; a cold one is the cold path's to adopt (by name).
+                mine = PoolPod.of(pod, self._pool_key, pool) if pool is not None else None
+                claimed = mine is not None and mine.state == CLAIMED and mine.sealed
+                return pod if claimed and not meta.get("deletionTimestamp") else None
+            if pool is None:
+                continue
+            seen = PoolPod.of(pod, self._pool_key, pool, hopeless=HOPELESS_WAITING)
+            if seen.state != WARM or not seen.running or seen.terminating:
+                continue
+            if not seen.sealed:
+                log.warning("kubernetes: Pod %s/%s has pool %s's labels but not the operator's seal; not claimed",
+                            namespace, meta["name"], pool)
+                continue
+            problem = tampered(pod, manifest)
+            if problem is not None:
+                log.warning("kubernetes: warm Pod %s/%s of pool %s was changed (%s); not claimed",
+                            namespace, meta["name"], pool, problem)
+                continue
+            candidates.append((pool, pod))
+        # Claimers racing for the same Pods each start at another place, so most win their first try.
+        secrets.SystemRandom().shuffle(candidates)
+        core = await self._api()
+        contended = False
+        for pool, pod in candidates:
+            patch = claim_patch(pod, key=self._pool_key, pool=pool, labels=labels, annotations=annotations)
+            try:
+                won = await _body(core.patch_namespaced_pod_without_preload_content(pod["metadata"]["name"], namespace,
+                                                                                     patch))
+            except Exception as exc:
+                if self._status(exc) in (404, 409):
+                    contended = True  # another claimer won it, or it went: the next one
+                    continue
+                raise self._provision_error(f"claim warm Pod {namespace}/{pod['metadata']['name']}", exc) from None
+            if problem := tampered(won, manifest):  # changed between our read and our write: not possible, but cheap
+                await self._delete(namespace, won["metadata"]["name"])
+                continue
+            log.info("kubernetes: claimed warm Pod %s/%s of pool %s for operation %s", namespace,
+                     won["metadata"]["name"], pool, spec.operation_id)
+            self._observe_pool(namespace, pool, "claimed", "", started)
+            return won
+        self._observe_pool(namespace, reference, "miss", "contended" if contended else "none-ready", started)
+        return None
+
+    async def _finish_warm(self, pod: dict[str, Any], restore: Callable[[SandboxHandle], Any] | None) -> SandboxHandle:
+        handle = self._handle(pod)
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        if restore is not None:
+            try:
+                await restore(handle)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self._delete(namespace, name)
+                raise
+        self._leases[handle.id] = float(pod["metadata"]["annotations"][LEASE_ANNOTATION])
+        return handle
+
+    async def pool_pods(self, namespace: str, pool: str) -> list[dict[str, Any]]:
+        """Every Pod carrying pool ``pool``'s label in ``namespace`` (forged ones too: the caller checks seals)."""
+        await self._api()
+        return await self._pods([namespace], f"{POOL_LABEL}={pool}")
+
+    async def make_pool_pod(self, namespace: str, pool: str, owner: Mapping[str, str], template: PodTemplate) -> str:
+        """One new ``starting`` Pod of pool ``pool`` from ``template`` (owned by the pool object ``owner``: its
+        apiVersion, kind, name, uid); its name."""
+        core = await self._api()
+        thash = template_hash(template)
+        name = f"dsbp-{secrets.token_hex(10)}"
+        labels = {**MANAGED_BY, SANDBOX_LABEL: "true", POOL_LABEL: pool, POOL_STATE_LABEL: STARTING,
+                  TEMPLATE_HASH_LABEL: thash}
+        assert self._pool_key is not None, "a pool needs the operator's pool key"
+        annotations = {SEAL_ANNOTATION: creation_seal(self._pool_key, namespace, name, pool, thash)}
+        manifest = template.pod(name=name, namespace=namespace, labels=labels, annotations=annotations, env_secret=None)
+        manifest["metadata"]["ownerReferences"] = [{**owner, "blockOwnerDeletion": False}]
+        try:
+            await _body(core.create_namespaced_pod_without_preload_content(namespace, manifest), parse=False)
+        except Exception as exc:
+            raise self._provision_error(f"create warm Pod {namespace}/{name} of pool {pool}", exc) from None
+        return name
+
+    async def promote_pool_pod(self, pod: dict[str, Any], pool: str) -> bool:
+        """Check a running ``starting`` Pod's image (the probe a cold provision runs) and make it ``warm`` (sealed
+        over its uid), conditional on the version read; False when it changed meanwhile or was taken."""
+        assert self._pool_key is not None, "a pool needs the operator's pool key"
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        await self._probe(self._handle(pod))
+        seal = warm_seal(self._pool_key, namespace, name, meta["uid"], pool, meta["labels"][TEMPLATE_HASH_LABEL])
+        core = await self._api()
+        try:
+            await _body(core.patch_namespaced_pod_without_preload_content(name, namespace, {"metadata": {
+                "resourceVersion": meta["resourceVersion"], "labels": {POOL_STATE_LABEL: WARM},
+                "annotations": {SEAL_ANNOTATION: seal}}}), parse=False)
+        except Exception as exc:
+            if self._status(exc) in (404, 409):
+                return False
+            raise self._api_error(f"make Pod {namespace}/{name} of pool {pool} warm", exc) from None
+        return True
+
+    async def delete_pool_pod(self, namespace: str, name: str) -> None:
+        await self._delete(namespace, name)
 
     async def _create_pod(self, core: Any, manifest: dict[str, Any], spec: SandboxSpec) -> dict[str, Any]:
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -131,13 +131,40 @@ def operator(
         raise CliError(f"Cannot read the journal key Secret: {type(exc).__name__}: {exc}", code=EXIT_FAILED) from None
     handlers.config.journal = _journal_choice(journal_dsn)
     # Every provider the operator uses is counted (tool calls, latency, snapshots, losses, cleanup failures).
-    handlers.config.providers = lambda name: METRICS.instrument(create_provider(name))
+    # The kubernetes provider also gets the pool key (warm Pods are trusted only with the operator's seal).
+    handlers.config.providers = lambda name: METRICS.instrument(create_provider(name, **_provider_options(name)))
+    handlers.config.pool_provider = _pool_provider()
     if metrics_port is not None:
         handlers.STARTUP_HOOKS.append(operator_startup_hook(METRICS, port=metrics_port, host=metrics_host))
         handlers.SHUTDOWN_HOOKS.append(stop_servers)
     problem = handlers.run(namespaces=list(namespaces), liveness=liveness)
     if problem is not None:
         raise CliError(problem, code=EXIT_FAILED)
+
+
+def _provider_options(name: str) -> dict[str, Any]:
+    """What the operator gives a provider beyond its environment: the kubernetes provider's pool key (derived from
+    the journal key, so every replica has the same) and the metrics of its claims."""
+    from durable_sandbox.kube import handlers
+    from durable_sandbox.kube.metrics import METRICS
+    from durable_sandbox.providers.kubernetes_pool import derive_pool_key
+
+    if name != "kubernetes" or handlers.config.journal_key is None:
+        return {}
+    return {"pool_key": derive_pool_key(handlers.config.journal_key), "pool_observer": METRICS.observe_pool_claim}
+
+
+def _pool_provider() -> Any:
+    """What makes the SandboxPools' provider, or None when the kubernetes provider cannot be used here (each pool
+    then says so)."""
+    import os
+
+    from durable_sandbox.providers.registry import available_providers, create_provider
+
+    cls = available_providers().get("kubernetes")
+    if cls is None or cls.configuration_problems(os.environ):
+        return None
+    return lambda: create_provider("kubernetes", **_provider_options("kubernetes"))
 
 
 def _default_provider(name: str, allow_local: bool) -> str:

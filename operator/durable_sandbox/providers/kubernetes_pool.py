@@ -1,0 +1,213 @@
+"""Warm Pods for the ``kubernetes`` provider: what a pool Pod is, how it is told from a forgery, and the plan
+that keeps a pool at its size. No API calls here (the provider claims, ``kube/pool/`` reconciles); all pure.
+
+A pool Pod goes through three states, in its label ``durable-sandbox.dev/pool-state``:
+
+* ``starting``: made by the pool's reconciler from the pool's PodTemplate, exactly as a cold provision makes
+  a Pod (``PodTemplate.pod``), with no owner, no env Secret, and owned by its ``SandboxPool`` (ownerReferences:
+  the cluster deletes it with the pool). It carries a *creation seal* over namespace, name, pool and template
+  hash, so the reconciler only ever promotes Pods it made.
+* ``warm``: running, the image checked (the same probe a cold provision runs), and sealed again, now over its
+  uid too (a Pod deleted and made again under the same name by someone else has another uid).
+* ``claimed``: one provision won it (:func:`claim_patch`: a merge patch carrying the ``resourceVersion`` it
+  read, so of two claimers exactly one succeeds and the other gets 409). The patch gives it the provision's
+  labels and annotations (owner, lease, operation), takes the warm seal off (a claimed Pod can never be
+  claimed again, whatever anyone does to its labels) and drops the pool's ownerReference (it is the session's
+  now, deleted by it as a cold Pod is).
+
+Seals are HMAC-SHA256 under the pool key, which the operator derives from its journal key
+(``kube/journal_key.py``); whoever may only edit the namespace's Pods can neither mint one nor move one to
+another Pod. A claim also checks what a Pod's owner may still change after creation: the container's image
+(Pods let ``image`` be patched), ephemeral containers and ``activeDeadlineSeconds``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from durable_sandbox.providers.kubernetes_template import PodTemplate
+
+__all__ = [
+    "POOL_LABEL", "POOL_STATE_LABEL", "SEAL_ANNOTATION", "TEMPLATE_HASH_LABEL", "PoolClaim", "PoolPlan", "PoolPod",
+    "claim_patch", "creation_seal", "derive_pool_key", "plan_pool", "tampered", "template_hash", "warm_seal",
+]
+
+POOL_LABEL = "durable-sandbox.dev/pool"
+POOL_STATE_LABEL = "durable-sandbox.dev/pool-state"
+TEMPLATE_HASH_LABEL = "durable-sandbox.dev/template-hash"
+SEAL_ANNOTATION = "durable-sandbox.dev/pool-seal"
+STARTING, WARM, CLAIMED = "starting", "warm", "claimed"
+_HASH_CHARS = 16
+
+
+def derive_pool_key(journal_key: bytes) -> bytes:
+    """The pool key: its own purpose, so a pool seal is never a journal seal (nor the other way round)."""
+    return hmac.new(journal_key, b"durable-sandbox.dev/warm-pool-seal/v1", hashlib.sha256).digest()
+
+
+def template_hash(template: PodTemplate) -> str:
+    """A digest of the Pod the template makes (spec, labels, annotations; not the names): equal hashes make
+    equal Pods, so a claim takes a Pod of the template the provision would have used, and a changed template
+    (any field) gives new Pods a new hash (the roll)."""
+    manifest = template.pod(name="", namespace="", labels={}, annotations={}, env_secret=None)
+    text = json.dumps({"spec": manifest["spec"], "labels": manifest["metadata"]["labels"],
+                       "annotations": manifest["metadata"]["annotations"]}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:_HASH_CHARS]
+
+
+def _mac(key: bytes, *parts: str) -> str:
+    digest = hmac.new(key, "\0".join(parts).encode(), hashlib.sha256).digest()[:16]
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def creation_seal(key: bytes, namespace: str, name: str, pool: str, thash: str) -> str:
+    return "c." + _mac(key, "created", namespace, name, pool, thash)
+
+
+def warm_seal(key: bytes, namespace: str, name: str, uid: str, pool: str, thash: str) -> str:
+    return "w." + _mac(key, "warm", namespace, name, uid, pool, thash)
+
+
+def claimed_seal(key: bytes, namespace: str, name: str, uid: str, pool: str) -> str:
+    return "k." + _mac(key, "claimed", namespace, name, uid, pool)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPod:
+    """One Pod carrying a pool's label, as the planner and the claimer need it."""
+
+    name: str
+    uid: str
+    state: str  # starting / warm / claimed / anything a forger wrote
+    template_hash: str
+    sealed: bool  # its seal is the operator's for its state (forged or tampered Pods are False)
+    running: bool  # the container runs and is ready
+    ended: bool  # failed, ended, or in a state that will not get better (a replacement is made)
+    terminating: bool
+    created: str  # creationTimestamp (RFC 3339 sorts as text)
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any], key: bytes, pool: str, *, hopeless: frozenset[str] = frozenset()) -> PoolPod:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+        state, thash = labels.get(POOL_STATE_LABEL, ""), labels.get(TEMPLATE_HASH_LABEL, "")
+        seal = (meta.get("annotations") or {}).get(SEAL_ANNOTATION, "")
+        expected = {STARTING: creation_seal(key, namespace, name, pool, thash),
+                    WARM: warm_seal(key, namespace, name, uid, pool, thash),
+                    CLAIMED: claimed_seal(key, namespace, name, uid, pool)}.get(state)
+        sealed = expected is not None and hmac.compare_digest(seal, expected)
+        status = pod.get("status") or {}
+        running = ended = False
+        for cs in status.get("containerStatuses") or []:
+            st = cs.get("state") or {}
+            running = "running" in st and cs.get("ready", True) is not False
+            ended = ended or "terminated" in st or (st.get("waiting") or {}).get("reason") in hopeless
+        ended = ended or status.get("phase") in ("Failed", "Succeeded")
+        return cls(name=name, uid=uid, state=state, template_hash=thash, sealed=sealed, running=running and not ended,
+                   ended=ended, terminating=bool(meta.get("deletionTimestamp")),
+                   created=str(meta.get("creationTimestamp") or ""))
+
+
+@dataclass(slots=True)
+class PoolPlan:
+    """What one reconcile does: ``create`` new Pods, ``promote`` (probe and seal warm) running starters,
+    ``delete`` these (only Pods the operator made: sealed), and the counts the status shows."""
+
+    create: int = 0
+    promote: list[str] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    ready: int = 0
+    starting: int = 0
+    claimed: int = 0
+    ignored: list[str] = field(default_factory=list)  # pool-labelled Pods without the operator's seal
+
+    @property
+    def total(self) -> int:
+        return self.ready + self.starting + self.claimed
+
+
+def plan_pool(pods: Sequence[PoolPod], *, size: int, thash: str) -> PoolPlan:
+    """Keep ``size`` warm-or-starting Pods of template hash ``thash``.
+
+    Pods of another hash (the template changed) are deleted at once: no claim would take them (a claim asks for
+    the hash of the template as it is now). Ended Pods are deleted and replaced. Past ``size``, the youngest
+    starters go first, then the youngest warm Pods (the oldest have waited longest: keep what is ready). Pods
+    without the operator's seal are never counted, promoted or deleted: they are not the pool's (see the module
+    docstring), only reported."""
+    plan = PoolPlan()
+    current: list[PoolPod] = []
+    for pod in pods:
+        if pod.terminating:
+            continue
+        if not pod.sealed:
+            plan.ignored.append(pod.name)
+            continue
+        if pod.state == CLAIMED:
+            plan.claimed += 1
+        elif pod.ended or pod.template_hash != thash:
+            plan.delete.append(pod.name)
+        else:
+            current.append(pod)
+    # Warm first, then starters; oldest first within each: the ones kept are the first `size`.
+    current.sort(key=lambda p: (p.state != WARM, p.created, p.name))
+    keep, extra = current[:size], current[size:]
+    plan.delete.extend(p.name for p in extra)
+    for pod in keep:
+        if pod.state == WARM:
+            plan.ready += 1
+        else:
+            plan.starting += 1
+            if pod.running:
+                plan.promote.append(pod.name)
+    plan.create = max(0, size - len(keep))
+    return plan
+
+
+def tampered(pod: Mapping[str, Any], manifest: Mapping[str, Any]) -> str | None:
+    """What of a Pod differs from the manifest it was made from, in the fields a Pod's spec lets anyone with
+    ``patch`` change after creation (the rest is immutable); None when nothing does."""
+    spec, want = pod.get("spec") or {}, manifest["spec"]
+    got_images = [c.get("image") for c in spec.get("containers") or []]
+    want_images = [c.get("image") for c in want["containers"]]
+    if got_images != want_images:
+        return f"its containers' images are {got_images}, the template's {want_images}"
+    if [c.get("command") for c in spec.get("containers") or []] != [c.get("command") for c in want["containers"]]:
+        return "its container's command is not the template's"
+    if spec.get("ephemeralContainers"):
+        return "it has ephemeral containers"
+    if spec.get("activeDeadlineSeconds") != want.get("activeDeadlineSeconds"):
+        return "its activeDeadlineSeconds was changed"
+    return None
+
+
+def claim_patch(pod: Mapping[str, Any], *, key: bytes, pool: str, labels: Mapping[str, str],
+                annotations: Mapping[str, str]) -> dict[str, Any]:
+    """The merge patch that claims ``pod`` for one provision: conditional on the resourceVersion read (409 for
+    every claimer but the first), the provision's labels and annotations, the claimed seal instead of the warm
+    one, and no ownerReference to the pool any more."""
+    meta = pod["metadata"]
+    return {"metadata": {
+        "resourceVersion": meta["resourceVersion"],
+        "labels": {**labels, POOL_STATE_LABEL: CLAIMED},
+        "annotations": {**annotations,
+                        SEAL_ANNOTATION: claimed_seal(key, meta["namespace"], meta["name"], meta["uid"], pool)},
+        "ownerReferences": None,
+    }}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolClaim:
+    """What one provision did with the pool (for metrics): ``claimed`` a warm Pod, or a ``miss`` and why."""
+
+    namespace: str
+    pool: str  # the pool whose Pod was claimed; on a miss, the template's name
+    outcome: str  # claimed / miss
+    reason: str  # empty / no-pool-key / env / not-a-podtemplate / none-ready / contended
+    seconds: float
