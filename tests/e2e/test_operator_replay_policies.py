@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.docs_commands import ROOT, commands_run_by, failed, shell
@@ -32,6 +33,9 @@ from tests.e2e.operator_support import (
 )
 
 __all__ = ["namespace", "operators"]  # fixtures
+
+# CI runs it under the PostgreSQL journal too (the wait, the answer and the restore are journal records).
+pytestmark = pytest.mark.both_journals
 
 EXAMPLE = ROOT / "examples" / "replay-policies-workflow.yaml"
 TEST = ("tests/e2e/test_operator_replay_policies.py::"

@@ -370,3 +370,17 @@ def test_a_wrong_answer_is_refused_before_it_is_stored(engine: durable_sandbox.E
     assert done.exit_code == 2
     assert 'replay:sandbox/push is a replay callback: answer it "rerun"' in done.stderr, done.stderr
     assert 'not {"ok": true}' in done.stderr
+
+
+def test_the_web_view_notes_the_skipped_and_asked_calls_on_the_restore() -> None:
+    from durable_sandbox.ui.timeline import Timeline
+
+    meta = {"reason": "recovery", "snapshotId": None, "replayed": ["sandbox/notes"], "skipped": ["sandbox/push"],
+            "asked": {"sandbox/push": "skip"}}
+    rows = [OperationRecord("sandbox/restore/1", "sandbox.restore", "fresh", "completed", 1, None, {"id": "lsb-2"},
+                            meta=meta, seq=1, ts=1.0)]
+    tl = Timeline(0.0)
+    tl.feed(rows)
+    [restore] = [i for i in tl.items.values() if i.kind == "restore"]
+    assert restore.note == ("replayed 1 call into the new sandbox; skipped sandbox/push (the journaled result "
+                            "stands); asked about sandbox/push (skip)")

@@ -324,6 +324,10 @@ class Timeline:
     def _replayed(self, row: OperationRecord, restore: Item) -> None:
         replayed = [op for op in journal.replayed(row) if isinstance(op, str)]
         restore.note = f"replayed {len(replayed)} call{'s' if len(replayed) != 1 else ''} into the new sandbox"
+        if skipped := journal.skipped(row):  # onReplay: skip (or asked, answered skip): not executed again
+            restore.note += f"; skipped {', '.join(skipped)} (the journaled result stands)"
+        if asked := journal.asked(row):
+            restore.note += "; asked about " + ", ".join(f"{op} ({answer})" for op, answer in asked.items())
         if not replayed:
             return
         start = self._phase_ts.get(row.op_id, restore.t0)
