@@ -9,6 +9,8 @@ import pytest
 
 from durable_sandbox.providers.kubernetes_pool import (
     CLAIMED,
+    OPERATION_KEY_LABEL,
+    OWNER_KEY_LABEL,
     POOL_STATE_LABEL,
     SEAL_ANNOTATION,
     STARTING,
@@ -38,7 +40,7 @@ def pod(name: str, state: str, *, thash: str = HASH, seal: str | None = None, ru
     uid = f"uid-{name}"
     if seal is None:
         seal = {STARTING: creation_seal(KEY, NS, name, POOL, thash), WARM: warm_seal(KEY, NS, name, uid, POOL, thash),
-                CLAIMED: claimed_seal(KEY, NS, name, uid, POOL)}[state]
+                CLAIMED: claimed_seal(KEY, NS, name, uid, POOL, "", "")}[state]
     container: dict[str, Any] = {"ready": running and not terminated}
     container["state"] = ({"terminated": {"reason": "Error"}} if terminated else {"waiting": {"reason": waiting}}
                           if waiting else {"running": {}} if running else {"waiting": {"reason": "ContainerCreating"}})
@@ -97,7 +99,7 @@ def test_past_its_size_the_pool_deletes_the_youngest_starters_first_then_the_you
     pod("f", WARM, seal=warm_seal(KEY, NS, "other", "uid-f", POOL, HASH)),  # another Pod's seal, copied
     pod("f", WARM, seal=warm_seal(KEY, NS, "f", "another-uid", POOL, HASH)),  # a Pod made again under the name
     pod("f", WARM, seal=creation_seal(KEY, NS, "f", POOL, HASH)),  # a starter relabelled warm by hand
-    pod("f", WARM, seal=claimed_seal(KEY, NS, "f", "uid-f", POOL)),  # a claimed Pod relabelled warm
+    pod("f", WARM, seal=claimed_seal(KEY, NS, "f", "uid-f", POOL, "", "")),  # a claimed Pod relabelled warm
     pod("f", "ready", seal="x"),
 ], ids=["made-up", "none", "other-pod", "other-uid", "starter-relabelled", "claimed-relabelled", "unknown-state"])
 def test_a_pod_without_the_operators_seal_is_never_counted_promoted_or_deleted(forged: dict[str, Any]) -> None:
@@ -142,6 +144,20 @@ def test_the_claim_patch_is_conditional_and_unseals_the_warm_pod_for_good() -> N
     assert patch["labels"] == {"durable-sandbox.dev/owner-key": "o", POOL_STATE_LABEL: CLAIMED}
     assert patch["ownerReferences"] is None  # the session's now: not deleted with the pool
     claimed = pod("a", CLAIMED, seal=patch["annotations"][SEAL_ANNOTATION])
+    claimed["metadata"]["labels"].update(patch["labels"])
     assert PoolPod.of(claimed, KEY, POOL).sealed
     claimed["metadata"]["labels"][POOL_STATE_LABEL] = WARM  # relabelled back by hand: not claimable
+    assert not PoolPod.of(claimed, KEY, POOL).sealed
+
+
+@pytest.mark.parametrize("label", [OWNER_KEY_LABEL, OPERATION_KEY_LABEL])
+def test_a_claimed_pod_relabelled_to_another_owner_or_operation_loses_its_seal(label: str) -> None:
+    """A retried provision adopts its claimed Pod by the operation's key label: whoever may label Pods must not
+    be able to hand one run's sandbox to another by relabelling it."""
+    labels = {OWNER_KEY_LABEL: "owner-a", OPERATION_KEY_LABEL: "op-a"}
+    patch = claim_patch(pod("a", WARM), key=KEY, pool=POOL, labels=labels, annotations={})["metadata"]
+    claimed = pod("a", CLAIMED, seal=patch["annotations"][SEAL_ANNOTATION])
+    claimed["metadata"]["labels"].update(patch["labels"])
+    assert PoolPod.of(claimed, KEY, POOL).sealed
+    claimed["metadata"]["labels"][label] = "someone-else"
     assert not PoolPod.of(claimed, KEY, POOL).sealed

@@ -67,6 +67,8 @@ from durable_sandbox.providers.contract import (
 from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, PodExec, StreamBroken
 from durable_sandbox.providers.kubernetes_pool import (
     CLAIMED,
+    OPERATION_KEY_LABEL,
+    OWNER_KEY_LABEL,
     POOL_LABEL,
     POOL_STATE_LABEL,
     SEAL_ANNOTATION,
@@ -97,9 +99,7 @@ __all__ = ["KubernetesProvider"]
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "durable-sandbox"}
 SANDBOX_LABEL = "durable-sandbox.dev/sandbox-pod"
-OWNER_KEY_LABEL = "durable-sandbox.dev/owner-key"
 INSTALLATION_KEY_LABEL = "durable-sandbox.dev/installation-key"
-OPERATION_KEY_LABEL = "durable-sandbox.dev/operation-key"
 RUN_LABEL = "durable-sandbox.dev/run-id"
 LEASE_ANNOTATION = "durable-sandbox.dev/lease-expires-at"
 META_ANNOTATION = "durable-sandbox.dev/sandbox"

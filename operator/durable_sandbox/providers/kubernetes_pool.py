@@ -34,7 +34,7 @@ from typing import Any
 from durable_sandbox.providers.kubernetes_template import PodTemplate
 
 __all__ = [
-    "POOL_LABEL", "POOL_STATE_LABEL", "SEAL_ANNOTATION", "TEMPLATE_HASH_LABEL", "PoolClaim", "PoolPlan", "PoolPod",
+    "OPERATION_KEY_LABEL", "OWNER_KEY_LABEL", "POOL_LABEL", "POOL_STATE_LABEL", "SEAL_ANNOTATION", "TEMPLATE_HASH_LABEL", "PoolClaim", "PoolPlan", "PoolPod",
     "claim_patch", "creation_seal", "derive_pool_key", "plan_pool", "tampered", "template_hash", "warm_seal",
 ]
 
@@ -42,6 +42,11 @@ POOL_LABEL = "durable-sandbox.dev/pool"
 POOL_STATE_LABEL = "durable-sandbox.dev/pool-state"
 TEMPLATE_HASH_LABEL = "durable-sandbox.dev/template-hash"
 SEAL_ANNOTATION = "durable-sandbox.dev/pool-seal"
+# The provision's labels (kubernetes.py sets them on every sandbox Pod) that a claimed seal binds: a provision
+# retried after a lost answer finds its claimed Pod by the operation's key, so relabelling one claimed Pod to
+# another operation or owner must break its seal, or a label edit would hand one run's sandbox to another.
+OWNER_KEY_LABEL = "durable-sandbox.dev/owner-key"
+OPERATION_KEY_LABEL = "durable-sandbox.dev/operation-key"
 STARTING, WARM, CLAIMED = "starting", "warm", "claimed"
 _HASH_CHARS = 16
 
@@ -74,8 +79,8 @@ def warm_seal(key: bytes, namespace: str, name: str, uid: str, pool: str, thash:
     return "w." + _mac(key, "warm", namespace, name, uid, pool, thash)
 
 
-def claimed_seal(key: bytes, namespace: str, name: str, uid: str, pool: str) -> str:
-    return "k." + _mac(key, "claimed", namespace, name, uid, pool)
+def claimed_seal(key: bytes, namespace: str, name: str, uid: str, pool: str, owner_key: str, operation_key: str) -> str:
+    return "k." + _mac(key, "claimed", namespace, name, uid, pool, owner_key, operation_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +106,8 @@ class PoolPod:
         seal = (meta.get("annotations") or {}).get(SEAL_ANNOTATION, "")
         expected = {STARTING: creation_seal(key, namespace, name, pool, thash),
                     WARM: warm_seal(key, namespace, name, uid, pool, thash),
-                    CLAIMED: claimed_seal(key, namespace, name, uid, pool)}.get(state)
+                    CLAIMED: claimed_seal(key, namespace, name, uid, pool, labels.get(OWNER_KEY_LABEL, ""),
+                                          labels.get(OPERATION_KEY_LABEL, ""))}.get(state)
         sealed = expected is not None and hmac.compare_digest(seal, expected)
         status = pod.get("status") or {}
         running = ended = False
@@ -197,7 +203,9 @@ def claim_patch(pod: Mapping[str, Any], *, key: bytes, pool: str, labels: Mappin
         "resourceVersion": meta["resourceVersion"],
         "labels": {**labels, POOL_STATE_LABEL: CLAIMED},
         "annotations": {**annotations,
-                        SEAL_ANNOTATION: claimed_seal(key, meta["namespace"], meta["name"], meta["uid"], pool)},
+                        SEAL_ANNOTATION: claimed_seal(key, meta["namespace"], meta["name"], meta["uid"], pool,
+                                                      labels.get(OWNER_KEY_LABEL, ""),
+                                                      labels.get(OPERATION_KEY_LABEL, ""))},
         "ownerReferences": None,
     }}
 
