@@ -50,7 +50,10 @@ def env(tmp_path: Path) -> dict[str, str]:
 def test_up_runs_pods_and_down_leaves_nothing_behind(env: dict[str, str], tmp_path: Path) -> None:
     build_controlplane()
     prepare_node()
-    before = host_state()
+    # Under the node lock: another session's node changes the machine (sysctls, links) while it runs, and a
+    # "before" taken then would count its own restore as something this cluster left behind.
+    with node_lock():
+        before = host_state()
     up = dev_cluster("up", env=env)
     try:
         assert up.returncode == 0, up.stderr

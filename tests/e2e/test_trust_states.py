@@ -23,6 +23,8 @@ from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     condition,
     event_reasons,
+    free_port,
+    http_get,
     manifest,
     namespace,
     operators,
@@ -152,31 +154,62 @@ def test_a_journal_deleted_mid_run_stops_the_run_instead_of_starting_it_over(
     assert effects.read_text().split().count("c1") == 1, "the committed first call did not run again"
 
 
+def restricted_operator(cp: ControlPlane, namespace: str, operators: Any, tmp_path: Path, *,
+                        pools: bool = True, args: tuple[str, ...] = ()) -> Any:
+    """An operator under a Role of its namespace with what the chart grants there (docs/operations.md, RBAC), no
+    Secret but its journal key; ``pools=False`` leaves out the SandboxPool rules, as a Role made by hand for an
+    older version would."""
+    sa = "restricted-operator"
+    cp.kubectl("create", "serviceaccount", sa, "-n", namespace)
+    rules: list[dict[str, Any]] = [
+        {"apiGroups": ["durable-sandbox.dev"], "resources": ["workflows", "sandboxes"],
+         "verbs": ["get", "list", "watch", "patch", "delete"]},
+        {"apiGroups": ["durable-sandbox.dev"], "resources": ["workflows/status", "sandboxes/status"],
+         "verbs": ["get", "patch", "update"]},
+        {"apiGroups": ["durable-sandbox.dev"], "resources": ["journals"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["journal-key"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+    if pools:
+        rules += [{"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxpools"],
+                   "verbs": ["get", "list", "watch", "patch"]},
+                  {"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxpools/status"], "verbs": ["get", "patch"]}]
+    cp.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+              "metadata": {"name": sa, "namespace": namespace}, "rules": rules})
+    cp.kubectl("create", "rolebinding", sa, "-n", namespace, f"--role={sa}", f"--serviceaccount={namespace}:{sa}")
+    kubeconfig = tmp_path / "sa-kubeconfig"
+    sa_kubeconfig(cp, namespace, sa, kubeconfig)
+    return operators("--allow-local-provider", "--journal-key-secret", f"{namespace}/journal-key", *args,
+                     env={"KUBECONFIG": str(kubeconfig)})
+
+
+def test_a_role_without_a_kind_the_operator_serves_is_said_and_it_waits_unready(
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+) -> None:
+    """A Role made by hand for an older version (no SandboxPool rules): the operator does not serve part of what
+    it should; its log says which right is missing and where the chart grants it, and its health endpoint is not
+    ready, so a rolling update keeps the old replicas."""
+    port = free_port()
+    op = restricted_operator(control_plane, namespace, operators, tmp_path, pools=False,
+                             args=("--metrics-port", str(port)))
+    wanted = f"namespaces/{namespace}/sandboxpools: HTTP 403 Forbidden"
+    wait_until(lambda: wanted in op.logs(), 60, f"the operator to say it may not list sandboxpools ({op.logs()[-2000:]})")
+    assert http_get(port, "/healthz")[0] == 200 and http_get(port, "/readyz")[0] == 503
+    line = next(line for line in op.logs().splitlines() if wanted in line)
+    assert " WARNING " in line and "the operator may not list sandboxpools here: the chart's RBAC grants it" in line
+    assert "CRDs are not installed" not in line, "not the hint of a cluster without the CRDs"
+    assert "serving Workflows" not in op.logs()
+    op.stop()
+
+
 def test_a_secret_the_operator_may_not_read_is_said_not_logged_as_a_traceback(
     control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
 ) -> None:
     cp = control_plane
-    sa = "restricted-operator"
-    cp.kubectl("create", "serviceaccount", sa, "-n", namespace)
-    cp.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-              "metadata": {"name": sa, "namespace": namespace},
-              "rules": [
-                  {"apiGroups": ["durable-sandbox.dev"], "resources": ["workflows", "sandboxes"],
-                   "verbs": ["get", "list", "watch", "patch", "delete"]},
-                  {"apiGroups": ["durable-sandbox.dev"], "resources": ["workflows/status", "sandboxes/status"],
-                   "verbs": ["get", "patch", "update"]},
-                  {"apiGroups": ["durable-sandbox.dev"], "resources": ["journals"],
-                   "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]},
-                  {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-                  {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["journal-key"], "verbs": ["get"]},
-                  {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
-              ]})
-    cp.kubectl("create", "rolebinding", sa, "-n", namespace, f"--role={sa}", f"--serviceaccount={namespace}:{sa}")
+    op = restricted_operator(cp, namespace, operators, tmp_path)
     cp.kubectl("create", "secret", "generic", "other", "-n", namespace, "--from-literal=token=t")
-    kubeconfig = tmp_path / "sa-kubeconfig"
-    sa_kubeconfig(cp, namespace, sa, kubeconfig)
-    op = operators("--allow-local-provider", "--journal-key-secret", f"{namespace}/journal-key",
-                   env={"KUBECONFIG": str(kubeconfig)})
     env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "other", "key": "token"}}}]
     cp.apply(manifest("needs-other", toolCalls=[{"type": "shell", "command": "true"}],
                       sandbox={"provider": "local", "env": env}, snapshotEveryNCalls=0), "-n", namespace)

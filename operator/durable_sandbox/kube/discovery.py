@@ -33,6 +33,11 @@ FIRST_DELAY = 0.5
 MAX_DELAY = 5.0
 SAY_EVERY = 30.0  # seconds between repeated "still waiting" lines
 QUIET_FOR = 3.0  # seconds of waiting said in one INFO line once served, not a WARNING
+CRDS_OUTDATED = ("the CRDs installed are of an older version: a chart upgrade does not upgrade CRDs; "
+                 "kubectl apply --server-side -f charts/durable-sandbox/crds/")
+RBAC_LACKING = ("the operator may not list {plural} here: the chart's RBAC grants it (docs/operations.md, "
+                "'RBAC: what the operator may do'); a Role made by hand needs get, list, watch and patch on it")
+GENERIC_HINT = "an API server that has just started; or the CRDs are not installed: kubectl apply -f crds/"
 
 
 @dataclass(frozen=True)
@@ -56,35 +61,40 @@ async def list_one(api: KubeClient, wanted: Wanted, plural: str) -> object:
                                                           limit=1)
 
 
-async def missing(api: KubeClient, wanted: Wanted = Wanted()) -> str | None:
-    """None when discovery lists every wanted resource with the verbs kopf needs, else what is missing."""
+async def missing(api: KubeClient, wanted: Wanted = Wanted()) -> tuple[str, str] | None:
+    """None when discovery lists every wanted resource with the verbs kopf needs and each LISTs, else what is
+    missing and what to do about it."""
     try:
         groups = await api.apis.get_api_versions()
     except Exception as exc:  # a starting or unreachable API server: reported, and asked again
-        return f"GET /apis: {brief(exc)}"
+        return f"GET /apis: {brief(exc)}", GENERIC_HINT
     listed = next((g for g in groups.groups or [] if g.name == wanted.group), None)
     if listed is None:
-        return f"/apis does not list the group {wanted.group} yet"
+        return f"/apis does not list the group {wanted.group} yet", GENERIC_HINT
     if wanted.version not in {v.version for v in listed.versions or []}:
-        return f"/apis lists no version {wanted.version} of {wanted.group} yet"
+        return f"/apis lists no version {wanted.version} of {wanted.group} yet", GENERIC_HINT
     path = f"/apis/{wanted.group}/{wanted.version}"
     try:
         resources = await api.custom.get_api_resources(wanted.group, wanted.version)
     except Exception as exc:
-        return f"GET {path}: {brief(exc)}"
+        return f"GET {path}: {brief(exc)}", GENERIC_HINT
     served = {r.name: set(r.verbs or []) for r in resources.resources or []}
     lacking = [p for p in wanted.plurals if p not in served]
     if lacking:
-        return f"{path} does not list {', '.join(lacking)} yet"
+        # Some of the group's kinds are there and others are not: CRDs of an older version (Helm installs crds/
+        # on the first install only), not an API server still starting. The old replicas keep serving meanwhile:
+        # this one stays unready rather than serve part of what it should.
+        return f"{path} does not list {', '.join(lacking)} yet", CRDS_OUTDATED if served else GENERIC_HINT
     short = [f"{p} ({', '.join(sorted(VERBS - served[p]))})" for p in wanted.plurals if not VERBS <= served[p]]
     if short:
-        return f"{path} lists without the verbs kopf needs: {'; '.join(short)}"
+        return f"{path} lists without the verbs kopf needs: {'; '.join(short)}", GENERIC_HINT
     for plural in wanted.listed:
         try:
             await list_one(api, wanted, plural)
         except Exception as exc:
             where = f"namespaces/{wanted.namespace}/" if wanted.namespace else ""
-            return f"LIST {path}/{where}{plural}: {brief(exc)}"
+            hint = RBAC_LACKING.format(plural=plural) if getattr(exc, "status", None) == 403 else GENERIC_HINT
+            return f"LIST {path}/{where}{plural}: {brief(exc)}", hint
     return None
 
 
@@ -106,17 +116,18 @@ async def wait_until_served(api: KubeClient, wanted: Wanted = Wanted(), *, first
     said = 0.0
     first: str | None = None
     for delay in _delays(first_delay, max_delay):
-        why = await missing(api, wanted)
+        answer = await missing(api, wanted)
         now = time.monotonic()
-        if why is None:
+        if answer is None:
             if said:
                 log.info("the API server serves %s now (waited %.1fs)", wanted.describe(), now - started)
             elif first is not None:
                 log.info("the API server serves %s (waited %.1fs: %s)", wanted.describe(), now - started, first)
             return
+        why, hint = answer
         first = first or why
         if now - started >= QUIET_FOR and (not said or now - said >= SAY_EVERY):
-            log.warning("waiting for the API server to serve %s before serving them: %s (an API server that has "
-                        "just started; or the CRDs are not installed: kubectl apply -f crds/)", wanted.describe(), why)
+            log.warning("waiting for the API server to serve %s before serving them: %s (%s)", wanted.describe(),
+                        why, hint)
             said = now
         await asyncio.sleep(delay)
