@@ -37,7 +37,8 @@ from typing import Any
 
 from durable_sandbox.kube.apiserver_away import unreachable
 from durable_sandbox.kube.client import KubeClient, brief, is_conflict, is_not_found
-from durable_sandbox.kube.journal_objects import JournalObjects
+from durable_sandbox.kube.journal_objects import LABEL_PART, MANAGED_BY, JournalObjects
+from durable_sandbox.kube.labels import label_value
 from durable_sandbox.kube.metrics import METRICS
 
 log = logging.getLogger("durable_sandbox.kube.leases")
@@ -358,3 +359,26 @@ class HeldLease:
         """Stop renewing without writing (the object and its Lease are being deleted)."""
         await self._stop_renewing()
         self.epoch = None
+
+
+class ObjectLeases:
+    """Which replica reconciles each object of a kind (a Sandbox, a SandboxPool): a lease per object, named
+    ``<prefix>.<uid>``, owned by the object (the cluster deletes it with it) and labelled with its name; one
+    :class:`Leases` per namespace, made on first use."""
+
+    def __init__(self, client: KubeClient, *, field_manager: str, api_version: str, kind: str, prefix: str,
+                 name_label: str) -> None:
+        self.client = client
+        self.field_manager = field_manager
+        self.api_version, self.kind, self.prefix, self.name_label = api_version, kind, prefix, name_label
+        self._by_namespace: dict[str, Leases] = {}
+
+    def lease(self, namespace: str, name: str, uid: str, *, holder: str, ttl: float,
+              on_lost: Callable[[], None] | None = None) -> HeldLease:
+        leases = self._by_namespace.get(namespace)
+        if leases is None:
+            leases = self._by_namespace[namespace] = Leases(self.client, namespace, field_manager=self.field_manager)
+        owner = {"apiVersion": self.api_version, "kind": self.kind, "name": name, "uid": uid}
+        labels = {**MANAGED_BY, self.name_label: label_value(name), LABEL_PART: "lease"}
+        return HeldLease(leases, f"{self.prefix}.{uid}", holder, ttl, labels=labels, owners=[owner], on_lost=on_lost,
+                         run=name)

@@ -451,9 +451,6 @@ class KubernetesProvider(SandboxProvider):
                     contended = True  # another claimer won it, or it went: the next one
                     continue
                 raise self._provision_error(f"claim warm Pod {namespace}/{pod['metadata']['name']}", exc) from None
-            if problem := tampered(won, manifest):  # changed between our read and our write: not possible, but cheap
-                await self._delete(namespace, won["metadata"]["name"])
-                continue
             log.info("kubernetes: claimed warm Pod %s/%s of pool %s for operation %s", namespace,
                      won["metadata"]["name"], pool, spec.operation_id)
             self._observe_pool(namespace, pool, "claimed", "", started)

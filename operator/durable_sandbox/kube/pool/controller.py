@@ -28,13 +28,11 @@ from pydantic import ValidationError
 
 from durable_sandbox.kube.client import KubeClient, brief
 from durable_sandbox.kube.conditions import State, merge
-from durable_sandbox.kube.labels import label_value
-from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
+from durable_sandbox.kube.leases import HeldLease, LeaseBusy, ObjectLeases
 from durable_sandbox.kube.metrics import OperatorMetrics
 from durable_sandbox.kube.models import SandboxPoolSpec
 from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.resources import API_VERSION, OPERATOR_FIELD_MANAGER, POOLS, CustomObjects
-from durable_sandbox.kube.store import LABEL_PART, MANAGED_BY
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.providers.kubernetes_pool import PoolPlan, PoolPod, plan_pool, template_hash
 
@@ -75,7 +73,8 @@ class PoolController:
         self.metrics = metrics
         self.settings = settings or PoolSettings()
         self._views: dict[str, PoolView] = {}
-        self._leases: dict[str, Leases] = {}
+        self._leases = ObjectLeases(api, field_manager=OPERATOR_FIELD_MANAGER, api_version=API_VERSION,
+                                    kind="SandboxPool", prefix="dsbpool", name_label=POOL_LEASE_LABEL)
 
     async def aclose(self) -> None:
         provider, self._provider = self._provider, None
@@ -117,14 +116,8 @@ class PoolController:
 
     async def _hold(self, view: PoolView) -> float | None:
         if view.lease is None:
-            leases = self._leases.get(view.namespace)
-            if leases is None:
-                leases = self._leases[view.namespace] = Leases(self.api, view.namespace,
-                                                               field_manager=OPERATOR_FIELD_MANAGER)
-            owner = {"apiVersion": API_VERSION, "kind": "SandboxPool", "name": view.name, "uid": view.uid}
-            view.lease = HeldLease(leases, f"dsbpool.{view.uid}", self.settings.worker_id, self.settings.lease_ttl,
-                                   labels={**MANAGED_BY, POOL_LEASE_LABEL: label_value(view.name), LABEL_PART: "lease"},
-                                   owners=[owner], run=view.name)
+            view.lease = self._leases.lease(view.namespace, view.name, view.uid, holder=self.settings.worker_id,
+                                            ttl=self.settings.lease_ttl)
         if view.lease.held:
             return None
         try:

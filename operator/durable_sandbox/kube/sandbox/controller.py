@@ -61,7 +61,7 @@ from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
 from durable_sandbox.kube.holding import Holding
 from durable_sandbox.kube.labels import label_value
-from durable_sandbox.kube.leases import HeldLease, LeaseBusy, Leases
+from durable_sandbox.kube.leases import HeldLease, LeaseBusy, ObjectLeases
 from durable_sandbox.kube.models import SandboxResource
 from durable_sandbox.kube.objects import owner_tag
 from durable_sandbox.kube.oplog import LIFECYCLE_LOGGER, about
@@ -90,7 +90,6 @@ from durable_sandbox.kube.sandbox_records import (
     SandboxRecords,
 )
 from durable_sandbox.kube.secrets import read_secret_values, secret_refs
-from durable_sandbox.kube.store import LABEL_PART, MANAGED_BY
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
     Capability,
@@ -145,7 +144,8 @@ class SandboxController:
         self._providers: dict[str, SandboxProvider] = {}
         self.settings = settings or SandboxControllerSettings()
         self._views: dict[str, SandboxView] = {}  # uid -> view
-        self._leases: dict[str, Leases] = {}  # namespace -> its Leases as this process sees them
+        self._leases = ObjectLeases(api, field_manager=OPERATOR_FIELD_MANAGER, api_version=API_VERSION, kind="Sandbox",
+                                    prefix="dsbx", name_label=SANDBOX_LABEL)
 
     def provider(self, name: str) -> SandboxProvider:
         found = self._providers.get(name)
@@ -238,16 +238,8 @@ class SandboxController:
 
     def _lease_of(self, view: SandboxView) -> HeldLease:
         if view.lease is None:
-            leases = self._leases.get(view.namespace)
-            if leases is None:
-                leases = self._leases[view.namespace] = Leases(self.api, view.namespace,
-                                                               field_manager=OPERATOR_FIELD_MANAGER)
-            owner = {"apiVersion": API_VERSION, "kind": "Sandbox", "name": view.name, "uid": view.uid}
-            view.lease = HeldLease(
-                leases, f"dsbx.{view.uid}", self.settings.worker_id, self.settings.lease_ttl,
-                labels={**MANAGED_BY, SANDBOX_LABEL: label_value(view.name), LABEL_PART: "lease"}, owners=[owner],
-                on_lost=lambda: self._lease_lost(view), run=view.name,
-            )
+            view.lease = self._leases.lease(view.namespace, view.name, view.uid, holder=self.settings.worker_id,
+                                            ttl=self.settings.lease_ttl, on_lost=lambda: self._lease_lost(view))
         return view.lease
 
     async def _hold(self, view: SandboxView) -> float | None:
