@@ -41,3 +41,23 @@ async def everything(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict
         out = await sbx.shell("cat a.txt")
     verdict = await ctx.callback("approve", {"question": "ship it?", "env": {"TOKEN": "do-not-show"}})
     return {"flaky": flaky, "secret": secret, "fanned": fanned, "out": out.stdout, "verdict": verdict}
+
+
+@durable_sandbox.workflow(name="ui-held")
+async def held(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[str, Any]:
+    """A loss and a recovery, then a wait inside the sandbox block: its newest snapshot stays live."""
+    async with ctx.sandbox("ws", provider="local", snapshot_every=2, inject_loss_after=3) as sbx:
+        for n in range(4):
+            await sbx.shell(f"echo {n} >> n.txt")
+        verdict = await ctx.callback("approve", {"question": "go on?"})
+        out = await sbx.shell("cat n.txt")
+    return {"out": out.stdout, "verdict": verdict}
+
+
+@durable_sandbox.workflow(name="ui-cut")
+async def cut(ctx: durable_sandbox.Context, data: dict[str, Any]) -> dict[str, Any]:
+    """Two calls with ids of their own, so a test can interrupt the second (``before:ws/second``)."""
+    async with ctx.sandbox("ws", provider="local") as sbx:
+        await sbx.shell("echo one", operation_id="first")
+        out = await sbx.shell("echo two", operation_id="second")
+    return {"out": out.stdout}

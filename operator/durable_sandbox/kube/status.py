@@ -53,13 +53,10 @@ class Projection:
     """What status shows of a journal, folded row by row (O(1) memory beyond the call counter)."""
 
     total_calls: int | None = None  # known for toolCalls Workflows; entrypoints count what they reach
-    completed: set[int] = field(default_factory=set)  # indexes of completed sandbox calls
-    calls_seen: set[int] = field(default_factory=set)
+    tally: journal.Tally = field(default_factory=journal.Tally)  # snapshots, recoveries, calls: as dsb inspect counts
     current: dict[str, Any] | None = None
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_OPERATIONS))
     sandbox: dict[str, Any] | None = None
-    snapshots: dict[str, None] = field(default_factory=dict)  # live snapshot ids, oldest first
-    recovery_count: int = 0
     recovering: bool = False
     callbacks: dict[str, Any] = field(default_factory=dict)  # pending callback id -> its payload
     answered: set[str] = field(default_factory=set)  # callbacks the run got its signal for
@@ -90,11 +87,8 @@ class Projection:
                 self.callbacks.pop(row.op_id, None)
                 if status == "completed":
                     self.answered.add(row.op_id)
+        self.tally.fold(row)
         index = journal.call_index(row)
-        if index is not None:
-            self.calls_seen.add(index)
-            if status == "completed":
-                self.completed.add(index)
         target = None
         if status == "started" and kind in (OpKind.SANDBOX_CALL.value, OpKind.STEP.value):
             self.current = {"opId": row.op_id, "kind": kind, "name": row.name}
@@ -124,7 +118,7 @@ class Projection:
             self.recent.append(summary)
 
     def _fold_sandbox(self, row: OperationRecord) -> None:
-        """The sandbox, snapshots and recoveries, from the sessions' records (sandboxes/journal.py)."""
+        """The sandbox and whether it is recovering, from the sessions' records (sandboxes/journal.py)."""
         if row.kind not in journal.SANDBOX_KINDS:
             return
         if (made := journal.provisioned(row)) is not None:
@@ -132,12 +126,7 @@ class Projection:
             if made.runtime_class:
                 self.sandbox["runtimeClassName"] = made.runtime_class
             if made.recovery:
-                self.recovery_count += 1
                 self.recovering = False
-        elif (taken := journal.snapshot_taken(row)) is not None:
-            self.snapshots[taken] = None
-        elif (gone := journal.snapshot_deleted(row)) is not None:
-            self.snapshots.pop(gone, None)
         elif journal.finalized(row) and row.status == "completed" and self.sandbox is not None:
             self.sandbox = {**self.sandbox, "providerId": None}
         if journal.recovery_started(row):
@@ -145,11 +134,15 @@ class Projection:
 
     @property
     def latest_snapshot(self) -> str | None:
-        return next(reversed(self.snapshots), None) if self.snapshots else None
+        return self.tally.latest_snapshot
+
+    @property
+    def recovery_count(self) -> int:
+        return self.tally.recoveries
 
     def calls(self) -> dict[str, int]:
-        total = self.total_calls if self.total_calls is not None else len(self.calls_seen)
-        return {"completed": len(self.completed), "total": total}
+        completed, total = self.tally.calls(self.total_calls)
+        return {"completed": completed, "total": total}
 
 
 def _pending(callback_id: str, payload: Any) -> dict[str, Any]:

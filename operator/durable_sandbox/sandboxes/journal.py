@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
@@ -46,6 +46,7 @@ __all__ = [
     "Provisioned",
     "Retained",
     "SandboxJournal",
+    "Tally",
     "call_index",
     "call_target",
     "count",
@@ -425,19 +426,60 @@ def failed_call_outcome(row: OperationRecord) -> dict[str, Any] | None:
     return outcome if isinstance(outcome, dict) and "exitCode" in outcome else None
 
 
+@dataclass
+class Tally:
+    """What a run's sandbox records add up to, folded row by row in commit order (so it can be fed
+    incrementally): live snapshots oldest first, recoveries, and calls (completed and reached, per session)."""
+
+    snapshots: dict[str, None] = field(default_factory=dict)
+    recoveries: int = 0
+    calls_done: set[tuple[str, int]] = field(default_factory=set)
+    calls_seen: set[tuple[str, int]] = field(default_factory=set)
+
+    def feed(self, rows: Iterable[OperationRecord]) -> Tally:
+        for row in rows:
+            self.fold(row)
+        return self
+
+    def fold(self, row: OperationRecord) -> None:
+        kind = row.kind
+        if kind not in SANDBOX_KINDS:  # the kind first: O(rows) over a long journal
+            return
+        if kind == CALL:
+            index = call_index(row)
+            if index is not None:
+                key = (session_of(row) or "", index)
+                self.calls_seen.add(key)
+                if row.status == "completed":
+                    self.calls_done.add(key)
+        elif (taken := snapshot_taken(row)) is not None:
+            self.snapshots[taken] = None
+        elif (gone := snapshot_deleted(row)) is not None:
+            self.snapshots.pop(gone, None)
+        elif recovered(row):
+            self.recoveries += 1
+
+    @property
+    def live_snapshots(self) -> list[str]:
+        return list(self.snapshots)
+
+    @property
+    def latest_snapshot(self) -> str | None:
+        return next(reversed(self.snapshots), None) if self.snapshots else None
+
+    def calls(self, total: int | None) -> tuple[int, int]:
+        """(completed, total): ``total`` when the run's input gives it (a manifest's toolCalls), else the calls
+        reached so far."""
+        return len(self.calls_done), total if total is not None else len(self.calls_seen)
+
+
 def live_snapshots(rows: Iterable[OperationRecord]) -> list[str]:
     """Snapshots recorded as taken and not (yet) recorded as deleted, oldest first."""
-    live: dict[str, None] = {}
-    for r in rows:
-        if r.kind == SNAPSHOT and (taken := snapshot_taken(r)) is not None:  # the kind first: O(rows) per state
-            live[taken] = None
-        elif r.kind == SNAPSHOT_DELETE and (gone := snapshot_deleted(r)) is not None:
-            live.pop(gone, None)
-    return list(live)
+    return Tally().feed(rows).live_snapshots
 
 
 def recovery_count(rows: Iterable[OperationRecord]) -> int:
-    return sum(1 for r in rows if r.kind == RESTORE and recovered(r))
+    return Tally().feed(rows).recoveries
 
 
 # ------------------------------------------------------------------ the engine's reader

@@ -45,33 +45,26 @@ class Session:
 
 @dataclass
 class SessionFold:
-    """A run's sessions, and its calls counted as ``status.calls`` counts them (kube/status.py): completed
-    call indexes, and the indexes reached (the total when the run's input does not give one)."""
+    """A run's sessions, and its calls counted as ``status.calls`` and the run page count them
+    (``journal.Tally``)."""
 
     sessions: dict[str, Session] = field(default_factory=dict)
-    calls_done: set[tuple[str, int]] = field(default_factory=set)
-    calls_seen: set[tuple[str, int]] = field(default_factory=set)
+    tally: journal.Tally = field(default_factory=journal.Tally)
     last_seq: int = 0
 
     def feed(self, rows: Iterable[OperationRecord]) -> None:
         for row in rows:
             self.last_seq = max(self.last_seq, row.seq)
+            self.tally.fold(row)
             sid = journal.session_of(row)
-            if sid is None:
-                continue
-            if row.kind == journal.CALL:
-                index = journal.call_index(row)
-                if index is not None:
-                    self.calls_seen.add((sid, index))
-                    if row.status == "completed":
-                        self.calls_done.add((sid, index))
+            if sid is None or row.kind == journal.CALL:
                 continue
             self._fold(self.sessions.setdefault(sid, Session(sid)), row)
 
     def calls(self, total: int | None) -> tuple[int | None, int | None]:
         """(done, total): None, None for a run that made no sandbox call and has no total."""
-        total = total if total is not None else len(self.calls_seen)
-        return (len(self.calls_done), total) if total else (None, None)
+        done, total = self.tally.calls(total)
+        return (done, total) if total else (None, None)
 
     @staticmethod
     def _fold(s: Session, row: OperationRecord) -> None:
