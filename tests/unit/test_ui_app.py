@@ -18,6 +18,7 @@ from durable_sandbox.ui.app import create_app
 from durable_sandbox.ui.local import LocalSource
 from durable_sandbox.ui.security import Guard
 from durable_sandbox.ui.server import check_token
+from tests.dsb import dsb
 from tests.unit import ui_flows
 
 PORT = 41234
@@ -97,6 +98,8 @@ async def test_the_run_page_and_its_records_show_no_secret(engine: durable_sandb
         assert (await c.get("/api/record?id=ui-a&key=nope")).status_code == 404
         assert "no such" not in (await c.get("/sandboxes?all=1")).text
         assert "finalized" in (await c.get("/sandboxes?all=1")).text
+        sandboxes = (await c.get("/sandboxes")).text
+        assert "(no provider is asked). 1 finished one hidden: " in sandboxes, sandboxes
 
 
 async def test_actions_need_allow_actions_the_csrf_token_and_a_confirmation(engine: durable_sandbox.Engine, db_path: Path) -> None:
@@ -140,3 +143,56 @@ def test_a_token_is_required_off_loopback_and_made_on_it() -> None:
     assert check_token("0.0.0.0", "a-long-enough-token") == "a-long-enough-token"
     made = check_token("127.0.0.1", None)
     assert len(made) >= 32 and made != check_token("127.0.0.1", None)
+
+
+def header_fact(page: str, name: str) -> str:
+    found = re.search(rf"<dt>{name}</dt><dd>(.*?)</dd>", page, re.S)
+    assert found is not None, f"no {name!r} in the run page's header"
+    return found[1]
+
+
+async def test_the_header_counts_recoveries_and_live_snapshots_as_dsb_inspect_does(
+    engine: durable_sandbox.Engine, db_path: Path
+) -> None:
+    """One summary (sandboxes/summary.py) for the page's header and `dsb inspect`: a run that lost its sandbox,
+    recovered it, and waits with its newest snapshot live."""
+    state = await engine.run(ui_flows.held, {}, run_id="ui-held")
+    assert state.status == "waiting", state.error
+    inspected = await engine.inspect("ui-held")  # what `dsb inspect` shows
+    assert inspected.recovery_count == 1 and len(inspected.snapshots) == 1
+    async with client_for(engine, db_path) as c:
+        page = (await c.get("/run?id=ui-held")).text
+    assert header_fact(page, "recoveries") == "1"
+    assert header_fact(page, "live snapshots") == ", ".join(inspected.snapshots)
+    assert header_fact(page, "calls") == "4 of 4"  # a code workflow's total: the calls it reached (as status.calls)
+
+
+async def test_an_interrupted_call_shows_each_attempt_and_a_stopped_run_as_stopped(db_path: Path, home: Path) -> None:
+    """Ctrl-C (the fault point's SIGINT) while the second call runs: the page says the run stopped (not "running
+    for"), the call's bar ends at the interruption; resumed, the call's second run is an item of its own."""
+    interrupted = dsb("run", "tests.unit.ui_flows:cut", "--input", "{}", "--run-id", "ui-cut", store=db_path,
+                      home=home, fault="before:ws/second!SIGINT")
+    assert interrupted.returncode == 130, interrupted.output
+    store = SqliteStore(db_path)
+    engine = durable_sandbox.Engine(store, worker_id="ui-test")
+    try:
+        async with client_for(engine, db_path) as c:
+            page = (await c.get("/run?id=ui-cut")).text
+            assert "running for" not in page and header_fact(page, "stopped").startswith("since ")
+            tl = (await c.get("/api/timeline?id=ui-cut")).json()
+            assert tl["live"] is False and tl["terminal"] is False
+            [stop] = [i for i in tl["items"] if i["l"].startswith("run interrupted")]
+            [cut] = [i for i in tl["items"] if i.get("op", i["k"]) == "ws/second"]
+            assert (cut["o"], cut["t1"]) == ("interrupted", stop["t0"])  # the bar ends at the interruption
+            resumed = dsb("resume", "ui-cut", store=db_path, home=home, process=True)
+            assert resumed.returncode == 0, resumed.output
+            tl = (await c.get("/api/timeline?id=ui-cut")).json()
+            page = (await c.get("/run?id=ui-cut")).text
+        runs = [i for i in tl["items"] if i.get("op", i["k"]) == "ws/second"]
+        assert [(i["k"], i["o"], i.get("ra")) for i in runs] == [("ws/second", "interrupted", None),
+                                                                  ("ws/second#2", "ok", 1)]
+        assert runs[0]["t1"] <= runs[1]["t0"] and "interrupted at +" in runs[1]["note"]
+        assert header_fact(page, "took") and tl["terminal"] is True
+    finally:
+        await engine.aclose()
+        await store.close()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from durable_sandbox import Engine
+from durable_sandbox.engine.records import Event, OperationRecord
 from durable_sandbox.stores import SqliteStore
 from durable_sandbox.ui.timeline import Item, Timeline, session_of
 from tests.unit import ui_flows
@@ -139,3 +140,29 @@ def test_kubernetes_events_of_the_workflow_are_items_and_update_in_place() -> No
 ])
 def test_session_of(op_id: str, kind: str, session: str | None) -> None:
     assert session_of(op_id, kind) == session
+
+
+def test_a_step_its_crashed_worker_left_open_ends_at_its_last_record_and_runs_again_as_a_new_item() -> None:
+    """A worker killed (no record of why) while a step ran: the next worker starts the same attempt again. The
+    first run ends at the dead worker's last record, not when the next one started; the second is its own item.
+    Fed in two parts, as a live page reads them."""
+    step = OperationRecord("build", "step", "build", "started", ts=12.0, seq=2)
+    tl = Timeline(10.0)
+    tl.feed([OperationRecord("a", "step", "a", "completed", ts=11.0, seq=1), step], [Event("r", "run.started", ts=10.0, seq=1)])
+    assert tl.items["build"].outcome == "running"
+    tl.feed([OperationRecord("build", "step", "build", "started", ts=31.0, seq=3),
+             OperationRecord("build", "step", "build", "completed", ts=33.0, seq=4)],
+            [Event("r", "run.resumed", ts=30.0, seq=2)])
+    first, second = tl.items["build"], tl.items["build#2"]
+    assert (first.outcome, first.t0, first.t1) == ("interrupted", 12.0, 12.0)
+    assert (second.outcome, second.t0, second.t1, second.rerun) == ("ok", 31.0, 33.0, True)
+
+
+def test_what_a_waiting_run_left_open_is_not_interrupted_when_it_resumes() -> None:
+    """A run that said it waits (inside a parallel, here) and is resumed later was not interrupted: one item."""
+    tl = Timeline(10.0)
+    tl.feed([OperationRecord("fan", "parallel", "fan", "started", ts=11.0, seq=1)],
+            [Event("r", "run.started", ts=10.0, seq=1), Event("r", "run.waiting", ts=12.0, seq=2)])
+    tl.feed([OperationRecord("fan", "parallel", "fan", "completed", ts=41.0, seq=2)],
+            [Event("r", "run.resumed", ts=40.0, seq=3)])
+    assert [(i.key, i.outcome, i.t0, i.t1) for i in tl.items.values() if i.src == 0] == [("fan", "ok", 11.0, 41.0)]

@@ -188,7 +188,7 @@ def create_app(source: RunSource, guard: Guard) -> Starlette:
         return JSONResponse({
             "gen": live.gen, "v": len(live.log), "base": tl.base, "lanes": [lane.to_json() for lane in tl.lanes],
             "items": [i.to_json(tl.base) for i in tl.sorted_items(progress=progress)], "status": head.status,
-            "terminal": head.terminal,
+            "terminal": head.terminal, "live": head.live,
         })  # fmt: skip
 
     async def timeline_stream(request: Request) -> Response:
@@ -229,7 +229,7 @@ def create_app(source: RunSource, guard: Guard) -> Starlette:
                     fresh = await _found(source.detail(ref, live.journal))
                     version = now_version
                     out["header"] = view.render("_run_header.html", request, d=fresh)
-                    out["status"], out["terminal"] = fresh.state.status, fresh.terminal
+                    out["status"], out["terminal"], out["live"] = fresh.state.status, fresh.terminal, fresh.live
                 return out
 
             while not await request.is_disconnected():

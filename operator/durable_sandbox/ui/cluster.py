@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 from durable_sandbox.cli.cluster import ClusterEngine
 from durable_sandbox.engine import Event, OperationRecord, RunStatus, Store
-from durable_sandbox.engine.client import state_of
 from durable_sandbox.kube.client import ApiException, json_body
 from durable_sandbox.kube.workflows import run_id_of
+from durable_sandbox.sandboxes.summary import summarize
 from durable_sandbox.ui.source import (
     Action,
     RunDetail,
@@ -106,17 +106,21 @@ class ClusterSource:
         if run is None:
             phase = str((obj.get("status") or {}).get("phase") or "Pending")
             return RunHead(None, row.created, row.status, phase in TERMINAL)
-        return RunHead(run.run_id, run.created_at, run.status.value, run.status.terminal)
+        return RunHead(run.run_id, run.created_at, run.status.value, run.status.terminal,
+                       live=run.status == RunStatus.RUNNING and not run.stale)
 
     async def detail(self, ref: str, journal: list[OperationRecord] | None = None) -> RunDetail:
         obj = await self.cluster.workflow(ref)  # CliError (not found) names the namespace
         name = obj["metadata"]["name"]
         row = row_of(obj)
         run = await self.store.get_run(row.run_id)  # read before the rows (see RunSource.detail)
+        calls_done, calls_total = row.calls_done, row.calls_total
         if run is None:
             state = await self.cluster.inspect(name)  # not started: its status says why
         else:
-            state = state_of(run, await caught_up(self.store, run.run_id, journal))
+            # The summary `dsb --kube inspect` and the Workflow's status count with (sandboxes/summary.py).
+            summary = summarize(run, await caught_up(self.store, run.run_id, journal))
+            state, calls_done, calls_total = summary.state, summary.calls_done, summary.calls_total
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
         phase = str(status.get("phase") or "Pending")
         facts = [("Workflow", f"{self.cluster.namespace}/{name}"), ("phase", phase)]
@@ -134,8 +138,8 @@ class ClusterSource:
                                                 "the operator has not acted on the newest spec yet"))
         started = run is not None
         return RunDetail(
-            ref=name, run_id=row.run_id, state=state, name=name, attempt=row.attempt, calls_done=row.calls_done,
-            calls_total=row.calls_total, started=started, terminal=phase in TERMINAL, actions=self.actions(obj),
+            ref=name, run_id=row.run_id, state=state, name=name, attempt=row.attempt, calls_done=calls_done,
+            calls_total=calls_total, started=started, terminal=phase in TERMINAL, actions=self.actions(obj),
             facts=facts,
         )  # fmt: skip
 

@@ -9,7 +9,6 @@ is ``dsb resume`` started in the background, like ``dsb run --detach`` (its stde
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 import sys
@@ -17,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import durable_sandbox
-from durable_sandbox.cli.detach import log_path
-from durable_sandbox.cli.session import STORE_ENV, Settings
+from durable_sandbox.cli.detach import background, log_path
+from durable_sandbox.cli.session import Settings
 from durable_sandbox.engine import Event, OperationRecord, RunRecord, RunStatus, Store
-from durable_sandbox.engine.client import state_of
 from durable_sandbox.engine.owner import describe_owner
 from durable_sandbox.kube.plan import WORKFLOW_LABEL
+from durable_sandbox.sandboxes.summary import summarize, total_calls
 from durable_sandbox.ui.sandboxes import SessionFold
 from durable_sandbox.ui.source import (
     Action,
@@ -53,12 +52,6 @@ class RunDigest:
     sessions: SessionFold = field(default_factory=SessionFold)
     updated: float = 0.0
     status: RunStatus | None = None
-
-
-def total_calls(run_input: Any) -> int | None:
-    if isinstance(run_input, dict) and isinstance(run_input.get("toolCalls"), list):
-        return len(run_input["toolCalls"])
-    return None
 
 
 class LocalSource:
@@ -113,15 +106,12 @@ class LocalSource:
 
     async def head(self, ref: str) -> RunHead:
         run = await self.engine.client.get(ref)  # RunNotFound
-        return RunHead(run.run_id, run.created_at, run.status.value, run.status.terminal)
+        return RunHead(run.run_id, run.created_at, run.status.value, run.status.terminal,
+                       live=run.status == RunStatus.RUNNING and not run.stale)
 
     async def detail(self, ref: str, journal: list[OperationRecord] | None = None) -> RunDetail:
         run = await self.engine.client.get(ref)  # RunNotFound; read before the rows (see RunSource.detail)
-        rows = await caught_up(self.store, ref, journal)
-        state = state_of(run, rows)
-        fold = SessionFold()
-        fold.feed(rows)
-        done, total = fold.calls(total_calls(run.input))
+        summary = summarize(run, await caught_up(self.store, ref, journal))
         facts: list[tuple[str, str]] = [("store", self.settings.store_label)]
         if run.status == RunStatus.RUNNING and run.lease_owner:
             facts.append(("executed by", describe_owner(run.lease_owner)))
@@ -130,8 +120,8 @@ class LocalSource:
         if run.workflow_ref:
             facts.append(("workflow code", run.workflow_ref))
         return RunDetail(
-            ref=ref, run_id=run.run_id, state=state, name=run.labels.get(WORKFLOW_LABEL), attempt=run.epoch + 1,
-            calls_done=done, calls_total=total, started=True,
+            ref=ref, run_id=run.run_id, state=summary.state, name=run.labels.get(WORKFLOW_LABEL), attempt=run.epoch + 1,
+            calls_done=summary.calls_done, calls_total=summary.calls_total, started=True,
             terminal=run.status.terminal, actions=self.actions(run), facts=facts, stale=run.stale,
         )  # fmt: skip
 
@@ -240,12 +230,5 @@ class LocalSource:
 
 
 def spawn_resume(settings: Settings, run_id: str) -> subprocess.Popen[bytes]:
-    """`dsb resume RUN` in a process (and session) of its own; its stderr is appended to the detach log."""
-    argv = [sys.executable, "-m", "durable_sandbox.cli.main", "-o", "json", "resume", run_id]
-    # The store in the environment, as `dsb run --detach` passes it: a URL's password must not show in `ps`.
-    env = {**os.environ, STORE_ENV: settings.location}
-    log_path(settings).parent.mkdir(parents=True, exist_ok=True)
-    with log_path(settings).open("ab") as log:
-        # A session of its own, as `dsb run --detach`: stopping the web view does not stop the run.
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                start_new_session=True, env=env)  # fmt: skip
+    """`dsb resume RUN` in the background, as `dsb run --detach` starts its run (its stderr to the detach log)."""
+    return background(settings, [sys.executable, "-m", "durable_sandbox.cli.main", "-o", "json", "resume", run_id])

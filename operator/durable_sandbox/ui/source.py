@@ -92,6 +92,12 @@ class RunDetail:
     facts: list[tuple[str, str]] = field(default_factory=list)  # mode-specific lines (spec flags, lease holder)
     stale: bool = False
 
+    @property
+    def live(self) -> bool:
+        """Executing now: what is in flight grows until now. A run stopped (interrupted, its worker gone), waiting
+        or suspended is not: the page says since when, and its timeline ends there."""
+        return self.state.status == "running" and not self.stale
+
 
 @dataclass(frozen=True)
 class RunHead:
@@ -101,6 +107,7 @@ class RunHead:
     created_at: float
     status: str
     terminal: bool
+    live: bool = False  # executing now (running, and its worker alive): what is in flight grows until now
 
 
 @dataclass

@@ -14,11 +14,13 @@ items it created or changed, which is what the page's live updates send.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from durable_sandbox.engine.records import Event, OperationRecord, OpKind
+from durable_sandbox.engine.wording import counted
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.journal import call_target
 
@@ -74,7 +76,7 @@ class Item:
     lane: int
     t0: float
     t1: float | None
-    outcome: str  # ok, nonzero, failed, retrying, running, waiting, replayed, info, warning
+    outcome: str  # ok, nonzero, failed, retrying, running, waiting, replayed, interrupted, info, warning
     seq: float  # commit order, to order items that share a timestamp
     src: int = 0  # 0 journal, 1 run event, 2 Kubernetes Event: the tie-break after time
     op: str | None = None
@@ -83,6 +85,7 @@ class Item:
     exit: int | None = None
     note: str | None = None
     of: str | None = None  # a replayed call: the key of the item of the call it reproduces
+    rerun: bool = False  # the same attempt run again after an interruption ended its segment before
     version: int = 0
 
     def to_json(self, base: float) -> dict[str, Any]:
@@ -101,7 +104,17 @@ class Item:
             out["note"] = self.note
         if self.of is not None:
             out["of"] = self.of
+        if self.rerun:
+            out["ra"] = 1
         return out
+
+
+def _time(record: OperationRecord | Event) -> float:
+    return record.ts
+
+
+def _or_unknown(n: int | None) -> int | str:
+    return "?" if n is None else n
 
 
 def session_of(op_id: str, kind: str, meta: dict[str, Any] | None = None) -> str | None:
@@ -127,25 +140,32 @@ class Timeline:
     _targets: dict[str, str] = field(default_factory=dict)  # call op id -> its label (from the started record)
     _phase_ts: dict[str, float] = field(default_factory=dict)  # restore op id -> time of its newest started row
     _backoff: dict[str, Item] = field(default_factory=dict)  # op id -> the backoff before its next attempt
+    _interrupted: dict[str, Item] = field(default_factory=dict)  # op id -> its segment an interruption ended
     _changed: list[Item] = field(default_factory=list)
+    _last_ts: float = 0.0  # the newest time folded: the last sign of life before a worker's crash
+    _stopped: bool = True  # the newest run event said the run stopped executing (or none came yet)
 
     # ------------------------------------------------------------------ feeding
 
     def feed(self, rows: Iterable[OperationRecord] = (), events: Iterable[Event] = (),
              k8s_events: Iterable[dict[str, Any]] = ()) -> list[Item]:
-        """Fold new rows and events; returns the items created or changed (each once)."""
+        """Fold new rows and events; returns the items created or changed (each once). Rows and run events are
+        folded in time order (each in its own commit order), so an interruption ends what was in flight then."""
         self.version += 1
         self._changed = []
-        for row in rows:
-            if row.seq and row.seq <= self.op_seq:
-                continue
-            self.op_seq = max(self.op_seq, row.seq)
-            self._row(row)
-        for event in events:
-            if event.seq and event.seq <= self.ev_seq:
-                continue
-            self.ev_seq = max(self.ev_seq, event.seq)
-            self._event(event)
+        sources: list[Iterable[OperationRecord | Event]] = [rows, events]
+        for record in heapq.merge(*sources, key=_time):
+            if isinstance(record, Event):
+                if record.seq and record.seq <= self.ev_seq:
+                    continue
+                self.ev_seq = max(self.ev_seq, record.seq)
+                self._event(record)
+            else:
+                if record.seq and record.seq <= self.op_seq:
+                    continue
+                self.op_seq = max(self.op_seq, record.seq)
+                self._row(record)
+            self._last_ts = max(self._last_ts, record.ts)
         for k8s in k8s_events:
             self._k8s_event(k8s)
         seen: set[str] = set()
@@ -221,11 +241,11 @@ class Timeline:
             source = journal.restored_from(row) or "nothing (fresh sandbox)"
             return f"{journal.reason(row) or 'restore'} from {source}"
         if kind == SANDBOX_SNAPSHOT:
-            return f"snapshot after {journal.count(row) if journal.count(row) is not None else '?'} calls"
+            return f"snapshot after {counted(_or_unknown(journal.count(row)), 'call')}"
         if kind == SANDBOX_SNAPSHOT_DELETE:
             return f"delete snapshot {journal.deletion_of(row) or '?'}"
         if kind == SANDBOX_INJECT_LOSS:
-            return f"sandbox lost (injected after {journal.count(row) if journal.count(row) is not None else '?'} calls)"
+            return f"sandbox lost (injected after {counted(_or_unknown(journal.count(row)), 'call')})"
         if kind == SANDBOX_DESTROY:
             if journal.finalized(row):
                 return "finalize: snapshots deleted, sandbox destroyed"
@@ -251,14 +271,17 @@ class Timeline:
         if row.kind == SANDBOX_RESTORE:
             self._phase_ts[row.op_id] = row.ts
         current = self._open.get(row.op_id)
+        again = self._interrupted.pop(row.op_id, None)
         if current is not None and current.attempt == row.attempt and current.epoch == row.epoch:
-            # The same attempt started again: a restore recording its replacement sandbox, or an operation
-            # whose worker stopped before it finished, run again by the next one (same op id).
-            if row.kind != SANDBOX_RESTORE:
-                current.note = "started again: the worker running it stopped before it finished"
-            current.label = self._label(row)
-            self._touch(current)
-            return
+            if row.kind == SANDBOX_RESTORE:  # a restore recording its replacement sandbox: the same segment
+                current.label = self._label(row)
+                self._touch(current)
+                return
+            # The same attempt started again by the next worker: the one running it stopped (crashed) with no
+            # record of its own; it ends at that worker's last sign of life.
+            self._interrupt(current, max(current.t0, self._last_ts),
+                            "interrupted: the worker running it stopped before it finished (no record of why)")
+            again = current
         n = self._segments.get(row.op_id, 0) + 1
         self._segments[row.op_id] = n
         backoff = self._backoff.pop(row.op_id, None)
@@ -276,21 +299,44 @@ class Timeline:
             item.note = f"until +{meta['wakeAt'] - self.base:.1f}s"
         if row.kind == CALLBACK and meta.get("deadline"):
             item.note = f"times out at +{float(meta['deadline']) - self.base:.1f}s"
+        if again is not None:
+            self._rerun(item, again)
         self._open[row.op_id] = self._put(item)
+
+    def _rerun(self, item: Item, interrupted: Item) -> None:
+        if (item.attempt, item.epoch) == (interrupted.attempt, interrupted.epoch):
+            item.rerun = True
+            item.note = f"attempt {item.attempt} run again: the run was interrupted at +{(interrupted.t1 or interrupted.t0) - self.base:.1f}s"
+
+    def _interrupt(self, item: Item, at: float, why: str) -> None:
+        """End ``item`` (in flight) at ``at``: its run stopped there; a start of the same attempt is a new segment."""
+        self._open.pop(item.op or item.key, None)
+        self._interrupted[item.op or item.key] = item
+        item.t1, item.outcome, item.note = at, "interrupted", why
+        self._touch(item)
+
+    def _interrupt_all(self, at: float, why: str) -> None:
+        for item in [i for i in self._open.values() if i.outcome == "running" and i.t0 <= at]:
+            self._interrupt(item, at, why)
 
     def _finished(self, row: OperationRecord) -> None:
         meta = row.meta or {}
         item = self._open.pop(row.op_id, None)
         if item is None:
             # Finished with no start of its own: a cache hit, a branch's closing record, a callback whose
-            # signal was there already, a finalize, a patch marker: an instant.
+            # signal was there already, a finalize, a patch marker: an instant. Or an interrupted call run
+            # again (its started record stands for both runs): from the newest record before it.
+            again = self._interrupted.pop(row.op_id, None)
             n = self._segments.get(row.op_id, 0) + 1
             self._segments[row.op_id] = n
+            t0 = row.ts if again is None else min(max(again.t1 or again.t0, self._last_ts), row.ts)
             item = Item(
                 key=row.op_id if n == 1 else f"{row.op_id}#{n}", kind=self._kind(row), label=self._label(row),
-                lane=self.lane_of(row.op_id), t0=row.ts, t1=row.ts, outcome="ok", seq=row.seq, op=row.op_id,
+                lane=self.lane_of(row.op_id), t0=t0, t1=row.ts, outcome="ok", seq=row.seq, op=row.op_id,
                 attempt=row.attempt, epoch=row.epoch,
             )  # fmt: skip
+            if again is not None:
+                self._rerun(item, again)
             self._put(item)
         else:
             item.t1 = row.ts
@@ -323,7 +369,7 @@ class Timeline:
 
     def _replayed(self, row: OperationRecord, restore: Item) -> None:
         replayed = [op for op in journal.replayed(row) if isinstance(op, str)]
-        restore.note = f"replayed {len(replayed)} call{'s' if len(replayed) != 1 else ''} into the new sandbox"
+        restore.note = f"replayed {counted(len(replayed), 'call')} into the new sandbox"
         if skipped := journal.skipped(row):  # onReplay: skip (or asked, answered skip): not executed again
             restore.note += f"; skipped {', '.join(skipped)} (the journaled result stands)"
         if asked := journal.asked(row):
@@ -364,6 +410,15 @@ class Timeline:
         elif etype.startswith("run."):
             kind = "run"
             state = etype[4:]
+            if etype == "run.interrupted":  # Ctrl-C, SIGTERM: what was in flight stops here, runs again on resume
+                outcome = "warning"
+                self._interrupt_all(event.ts, "interrupted: the run was stopped (Ctrl-C or a shutdown) while this "
+                                              "ran; it runs again when the run is resumed")
+            elif etype in ("run.resumed", "run.started") and not self._stopped:
+                # A worker starts it while the last one never said it stopped (no waiting, no hand-over, no
+                # interruption): that one died, and what it left in flight ended with its last record.
+                self._interrupt_all(self._last_ts, "interrupted: the worker running it stopped before it "
+                                                   "finished (no record of why)")
             label = f"run {state}"
             if etype == "run.waiting":
                 label += " for " + (", ".join(data.get("callbacks") or []) or "a timer")
@@ -381,7 +436,10 @@ class Timeline:
             label = f"sandbox lost ({data.get('session', '?')}): {data.get('reason', '')}"
         elif etype == "sandbox.hibernated":
             kind = "hibernate"
-            label = f"sandbox hibernated ({data.get('session', '?')}) after {data.get('count', '?')} calls"
+            label = f"sandbox hibernated ({data.get('session', '?')}) after {counted(data.get('count', '?'), 'call')}"
+        if etype.startswith("run."):
+            self._stopped = etype in ("run.waiting", "run.handed_over", "run.interrupted", "run.failed", "run.succeeded",
+                                      "run.cancelled")
         if isinstance(data.get("session"), str):
             lane = self.lane_of(data["session"])
         self._put(Item(key=f"e{event.seq}", kind=kind, label=label[:400], lane=lane, t0=event.ts, t1=None,

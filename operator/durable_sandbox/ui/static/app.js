@@ -91,7 +91,7 @@ class TimelineView {
     const d = await resp.json();
     if (!resp.ok) { this.detail.innerHTML = `<p class="error">${esc(d.error)}</p>`; return; }
     this.gen = d.gen; this.v = d.v; this.base = d.base; this.lanes = d.lanes;
-    this.status = d.status; this.terminal = d.terminal;
+    this.status = d.status; this.terminal = d.terminal; this.live = d.live ?? !d.terminal;
     this.items = d.items;
     this.byKey = new Map(this.items.map((it) => [it.k, it]));
     this.refilter();
@@ -124,7 +124,7 @@ class TimelineView {
   apply(d) {
     $("#tl-notice")?.remove();
     if (d.header) replaceHeader(d.header);
-    if (d.status) { this.status = d.status; this.terminal = d.terminal; }
+    if (d.status) { this.status = d.status; this.terminal = d.terminal; this.live = d.live ?? !d.terminal; }
     if (d.lanes) this.lanes = d.lanes;
     let added = false;
     for (const it of d.items || []) {
@@ -189,7 +189,8 @@ class TimelineView {
     this.list.style.setProperty("--gutter", `${this.cols * 10 + 4}px`);
     let end = 0;
     for (const it of this.items) end = Math.max(end, it.t1 ?? it.t0, it.t0);
-    if (!this.terminal) end = Math.max(end, Date.now() - this.base * 1000);
+    this.lastSeen = end; // a stopped run's last sign of life: what it left in flight ends there
+    if (this.grows()) end = Math.max(end, Date.now() - this.base * 1000);
     this.tmax = Math.max(end, 1);
     this.axis();
   }
@@ -239,22 +240,36 @@ class TimelineView {
     this.drawWindow();
   }
 
+  // Whether what is open grows until now: while the run executes, or waits (its callback's bar), not once stopped.
+  grows() {
+    return !this.terminal && (this.live || this.status === "waiting");
+  }
+
+  // Where an item's bar ends: its end; open, now while the run goes on, else the run's last sign of life.
+  endOf(it, now) {
+    if (it.t1 != null) return it.t1;
+    if (it.r !== 0 || this.terminal) return it.t0;
+    if (this.live || (it.o === "waiting" && this.status === "waiting")) return Math.max(it.t0, now);
+    return Math.max(it.t0, this.lastSeen ?? it.t0);
+  }
+
   // Built with DOM calls, not HTML strings: the page's Content-Security-Policy allows no inline styles.
   rowNode(row) {
     const idx = this.view[row];
     const it = this.items[idx];
     let outcome = it.o;
-    if (this.terminal && (outcome === "running" || outcome === "waiting")) outcome = "unfinished";
+    if ((outcome === "running" && !this.live) || (this.terminal && outcome === "waiting")) outcome = "unfinished";
     const mine = this.col.get(it.n) ?? 0;
     const gutter = h("span", { class: "tg" });
     for (const [c, a, b] of this.spans) if (a <= row && row <= b && c !== mine) gutter.append(h("b", { style: { left: `${c * 10 + 4}px` } }));
     gutter.append(h("b", { style: { left: `${mine * 10 + 4}px` } }), h("b", { class: "dot", style: { left: `${mine * 10 + 4}px` } }));
-    // An operation not finished yet runs until now; events are instants.
-    const t1 = it.t1 ?? (this.terminal || it.r !== 0 ? it.t0 : Math.max(it.t0, Date.now() - this.base * 1000));
+    // An operation not finished yet runs until now while the run does; events are instants.
+    const t1 = this.endOf(it, Date.now() - this.base * 1000);
     const left = (it.t0 / this.tmax) * 100, width = Math.max(((t1 - it.t0) / this.tmax) * 100, 0.25);
     const label = h("span", { class: "tl" }, it.l);
     if (it.n) label.append(h("small", { text: `[${this.lanes[it.n]?.label ?? it.n}]` }));
     if (it.a) label.append(h("small", { text: `attempt ${it.a}` }));
+    if (it.ra) label.append(h("small", { text: "run again" }));
     const node = h("div", {
       class: `tr k-${it.c} o-${outcome}${this.selected === it.k ? " sel" : ""}`,
       data: { i: idx, key: it.k, kind: it.c, outcome },
@@ -284,7 +299,7 @@ class TimelineView {
     for (const idx of this.view) {
       const it = this.items[idx];
       const x = (it.t0 / this.tmax) * w;
-      const x1 = ((it.t1 ?? (this.terminal || it.r !== 0 ? it.t0 : now)) / this.tmax) * w;
+      const x1 = (this.endOf(it, now) / this.tmax) * w;
       g.fillStyle = this.colors[it.c] || "#999";
       if (it.c === "loss" || it.c === "lost" || it.c === "restore" || it.o === "failed") g.fillRect(x - 1, 0, Math.max(x1 - x, 2), h);
       else g.fillRect(x, top + (this.col.get(it.n) ?? 0) * bh, Math.max(x1 - x, 1), bh - 1);
