@@ -125,6 +125,7 @@ CLI = "tests/unit/test_cli.py::test_docs_cli_examples_work"  # dsb, in order, in
 REGEN = "tests/unit/kube/test_crds.py::test_docs_regenerating_commands_write_the_committed_crds"
 CLUSTER = "tests/e2e/test_docs_commands.py::test_cluster_commands_of_the_docs_work"  # a fresh control plane per doc
 README = "tests/unit/test_readme.py::test_readme_first_command_runs_the_hello_workflow"
+README_CODE = "tests/unit/test_readme.py::test_readme_code_first_example_runs_with_its_commands"
 CHART_ON_NODE = "tests/e2e/test_chart_on_node.py::test_installed_operator_pod_is_ready_and_reconciles_hello"
 DEV_CLUSTER = "tests/e2e/test_dev_cluster.py::test_up_runs_pods_and_down_leaves_nothing_behind"
 REPLAY_CLUSTER = ("tests/e2e/test_operator_replay_policies.py::"
@@ -150,6 +151,11 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && dsb run examples/hello-workflow.yaml":
             Run(README, note="the `dsb run` at its end; the venv and `pip install -e .` are what scripts/test does "
                              "before every run"),
+        **{text: Run(README_CODE, note="in a directory holding the README's code as hello.py") for text in (
+            "dsb run hello:hello --input '\"world\"' --run-id hello-world",
+            "dsb signal hello-world approve true",
+            "dsb resume hello-world",
+        )},
         "kind create cluster --name dsb": NO_CONTAINER_ENGINE,
         "docker build -t durable-sandbox:0.1.0 .": NO_CONTAINER_ENGINE,
         "kind load docker-image durable-sandbox:0.1.0 --name dsb": NO_CONTAINER_ENGINE,

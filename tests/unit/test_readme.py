@@ -9,12 +9,9 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
 import yaml
 
-import durable_sandbox as ds
 from durable_sandbox.providers.local import LocalProvider
-from durable_sandbox.stores import SqliteStore
 from tests.dsb import ROOT, dsb
 
 README = (ROOT / "README.md").read_text()
@@ -59,21 +56,21 @@ def test_readme_first_command_runs_the_hello_workflow(tmp_path: Path) -> None:
     assert leftovers == [], "the run deleted its sandbox and snapshots"
 
 
-async def test_readme_code_first_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)  # type: ignore[union-attr]
-    module = tmp_path / "readme_example.py"
-    module.write_text(code)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import readme_example  # type: ignore[import-not-found]
+def test_readme_code_first_example_runs_with_its_commands(tmp_path: Path) -> None:
+    """The README's code, saved as the README says (hello.py), runs with the README's commands as written: it
+    waits on its callback (exit 3), is signalled, and the resume finishes it, leaving no sandbox behind."""
+    from tests.docs_commands import README_CODE, commands_run_by
 
-    provider = LocalProvider(tmp_path / "home")
-    engine = ds.Engine(SqliteStore(tmp_path / "runs.db"), providers={"local": provider})
-    state = await engine.run(readme_example.hello, "world", run_id="readme")
-    assert state.status == "waiting" and [p.id for p in state.pending_callbacks] == ["approve"]
-    assert state.pending_callbacks[0].payload == {"greeting": "hello world"}
-    await engine.signal("readme", "approve", True)
-    state = await engine.resume("readme")
-    assert state.status == "succeeded", state.error
-    assert state.result == {"out": "hello world", "approved": True}
-    assert provider.leftovers() == []
-    await engine.aclose()
+    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)  # type: ignore[union-attr]
+    (tmp_path / "hello.py").write_text(code)
+    home = tmp_path / "home"
+    commands = commands_run_by(README_CODE, "README.md")
+    assert [shlex.split(c.text)[1] for c in commands] == ["run", "signal", "resume"]
+    ran = [dsb(*shlex.split(c.text)[1:], "-o", "json", home=home, cwd=tmp_path) for c in commands]
+    assert [r.returncode for r in ran] == [3, 0, 0], [r.stdout + r.stderr for r in ran]
+    waiting = json.loads(ran[0].stdout)
+    assert waiting["status"] == "waiting"
+    assert waiting["pendingCallbacks"] == [{"id": "approve", "payload": {"greeting": "hello world"}}]
+    done = json.loads(ran[2].stdout)
+    assert done["status"] == "succeeded" and done["result"] == {"out": "hello world", "approved": True}
+    assert LocalProvider(home).leftovers() == []

@@ -56,7 +56,7 @@ def event_line(ev: dict[str, Any], *, wide: bool = False) -> str:
         elif ev.get("detail"):
             text += f" {ev['detail']}"
     else:
-        skip = {"seq", "runId", "type", "ts"}
+        skip = {"eventSeq", "runId", "type", "ts"}
         text = " ".join(f"{k}={v}" for k, v in ev.items() if k not in skip and v is not None)
     return f"{stamp}  {etype:<26} {text}".rstrip()
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from durable_sandbox.engine.extensions import GENERIC_JOURNAL, JournalReader
-from durable_sandbox.engine.records import OperationRecord
+from durable_sandbox.engine.records import Event, OperationRecord
 
 if TYPE_CHECKING:
     from durable_sandbox.engine.store import Store
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def journal_event(run_id: str, row: OperationRecord, reader: JournalReader = GENERIC_JOURNAL) -> dict[str, Any]:
     """The stream event of a journal row: ``<kind>.<status>`` (``callback.waiting``, ``step.retrying``), or
-    what the reader of the extension that wrote it says (``sandbox.provisioned``, ``call.completed``)."""
+    what the reader of the extension that wrote it says (``sandbox.provisioned``, ``call.completed``). Its
+    ``journalSeq`` is the row's place in the journal; run events count apart (``eventSeq``: :func:`run_event`)."""
     kind = row.kind
     status = row.status
     if status == "failed" and (row.meta or {}).get("nextAttemptAt") is not None:
@@ -26,7 +27,7 @@ def journal_event(run_id: str, row: OperationRecord, reader: JournalReader = GEN
     elif kind == "callback" and status == "started":
         status = "waiting"
     out: dict[str, Any] = {
-        "seq": row.seq,
+        "journalSeq": row.seq,
         "runId": run_id,
         "type": f"{kind}.{status}",
         "ts": row.ts,
@@ -41,6 +42,13 @@ def journal_event(run_id: str, row: OperationRecord, reader: JournalReader = GEN
     if target is not None:
         out["target"] = target
     out.update(reader.event(row) or {})
+    return out
+
+
+def run_event(event: Event) -> dict[str, Any]:
+    """A run event as the stream gives it: its ``eventSeq`` counts run events, not journal rows."""
+    out = event.to_json()
+    out["eventSeq"] = out.pop("seq")
     return out
 
 
@@ -77,7 +85,7 @@ async def tail(
             merged.append((r.ts, 0, event))
         for e in events:
             ev_seq = max(ev_seq, e.seq)
-            merged.append((e.ts, 1, e.to_json()))
+            merged.append((e.ts, 1, run_event(e)))
         merged.sort(key=lambda m: (m[0], m[1]))
         for _, _, item in merged:
             yield item

@@ -509,6 +509,9 @@ class SandboxJournal:
                 out["exitCode"] = outcome.get("exitCode")
                 out.update({stream: outcome[stream] for stream in ("stdout", "stderr") if outcome.get(stream)})
             return out
+        if row.kind == RESTORE and row.status == "started" and isinstance(_meta(row).get(META_HANDLE), dict):
+            # The restore's second started record: its replacement made, not yet adopted (not a second start).
+            return {"type": "sandbox.restore.provisioned", "sandboxId": _meta(row)[META_HANDLE].get("id")}
         if row.kind not in SANDBOX_KINDS or row.status != "completed":
             return None
         if row.kind == RESTORE:

@@ -188,6 +188,7 @@ class SessionState:
     provider: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     handle: SandboxHandle | None = None
+    newest: str | None = None  # the newest sandbox the session made (a recovery's replacement): its result names it
     pending_handles: list[SandboxHandle] = field(default_factory=list)  # made but not yet adopted
     checkpoints: list[Checkpoint] = field(default_factory=list)
     calls: dict[int, tuple[str, ToolResult]] = field(default_factory=dict)  # index -> (op id, result)
@@ -235,6 +236,7 @@ class SessionState:
                 continue
             if r.kind in (OpKind.SANDBOX_PROVISION.value, OpKind.SANDBOX_RESTORE.value):
                 st.handle = SandboxHandle.model_validate(r.result)
+                st.newest = st.handle.id
                 st.pending_handles = [h for h in st.pending_handles if h.id != st.handle.id]
                 if r.kind == OpKind.SANDBOX_RESTORE.value:
                     st.restores += 1
@@ -442,7 +444,7 @@ class SandboxSession:
     def result(self) -> dict[str, Any]:
         calls = [self.state.calls[i] for i in sorted(self.state.calls)]
         return {
-            "sandboxId": self._first_sandbox_id(),
+            "sandboxId": self.state.newest,
             "provider": self.provider.name,
             "toolResults": [
                 {"operationId": op[len(self.sid) + 1 :], **_result_json(res)}
@@ -605,7 +607,7 @@ class SandboxSession:
             handle = await self._transient("provision", lambda: self.provider.provision(spec, lease_seconds=self.lease_seconds))
             faults.reach(f"provisioned:{op_id}")  # made, not yet journaled: the crash window orphan sweeps close
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "completed", result=_handle_json(handle), meta=meta)
-        self.state.handle = handle
+        self.state.handle, self.state.newest = handle, handle.id
         self.state.provider = self.provider.name
 
     async def _attached_handle(self, name: str) -> SandboxHandle:
@@ -627,7 +629,10 @@ class SandboxSession:
         """The id of the attached Sandbox resource's sandbox (None for a session's own sandbox)."""
         if not self._attached_name():
             return None
-        return self._first_sandbox_id()
+        rec = self.rt.lookup(journal.provision_id(self.sid))
+        if rec is not None and rec.status == "completed" and isinstance(rec.result, dict):
+            return rec.result.get("id")
+        return None
 
     def _spec_for(self, op_id: str) -> SandboxSpec:
         """The spec for one provision/restore: its operation id lets a provider with an idempotent create
@@ -805,7 +810,7 @@ class SandboxSession:
                             result=_handle_json(handle),
                             meta={**meta, journal.META_REPLAYED: replayed, journal.META_SKIPPED: skipped,
                                   journal.META_ASKED: asked})
-        self.state.handle = handle
+        self.state.handle, self.state.newest = handle, handle.id
         self.state.restores = number
         if reason == "recovery":
             self.state.recoveries += 1
@@ -976,12 +981,6 @@ class SandboxSession:
         )
         self.state.finalized = True
         self.state.retained = keep.snapshot_id if keep else None
-
-    def _first_sandbox_id(self) -> str | None:
-        rec = self.rt.lookup(journal.provision_id(self.sid))
-        if rec is not None and rec.status == "completed" and isinstance(rec.result, dict):
-            return rec.result.get("id")
-        return None
 
 
 # ------------------------------------------------------------------------------------------ factory

@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from durable_sandbox.engine import Context, workflow
 from durable_sandbox.engine.errors import DurableError
+from durable_sandbox.engine.wording import counted
 from durable_sandbox.providers.contract import ToolCall, ToolResult, safe_relative_path
 from durable_sandbox.providers.redaction import REDACTED
 from durable_sandbox.sandboxes.journal import reserved_operation_id
@@ -450,5 +451,5 @@ async def sandbox_agent(ctx: Context, spec: SandboxAgentInput) -> dict[str, Any]
                 fails=lambda result, policy=policy, where=where: _failure(where, policy, result),
                 on_replay=call.on_replay or "rerun",
             )
-        ctx.progress(f"{total} calls done", percent=100.0)
+        ctx.progress(f"{counted(total, 'call')} done", percent=100.0)
     return sbx.result()
