@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,9 +20,9 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import wait_until
+from tests.e2e.readme_install_support import extra_for, readme_dsb
 
 ROOT = Path(__file__).resolve().parents[2]
-DSB = str(Path(sys.executable).parent / "dsb")
 BROWSER_SCRIPT = ROOT / "scripts" / "browser"
 # What the machine's closed network needs (background networking would be refused, many times over), and
 # what running as root in a container needs (no sandbox).
@@ -135,10 +134,12 @@ class UiServer:
 
 
 def start_ui(global_args: tuple[str, ...], ui_args: tuple[str, ...], *, env: dict[str, str] | None = None) -> UiServer:
-    """`dsb GLOBAL_ARGS ui UI_ARGS`, until it prints its URL."""
+    """`dsb GLOBAL_ARGS ui UI_ARGS`, from an environment installed as the docs install it (see
+    tests/e2e/readme_install_support.py: a dependency the web view needs and the install misses fails here),
+    until it prints its URL."""
     log = Path(tempfile.mkstemp(prefix="dsb-ui-", suffix=".log")[1])
     with log.open("w") as out:
-        proc = subprocess.Popen([DSB, *global_args, "ui", *ui_args], stdout=out, stderr=subprocess.STDOUT, text=True,
+        proc = subprocess.Popen([str(readme_dsb(extra_for(global_args))), *global_args, "ui", *ui_args], stdout=out, stderr=subprocess.STDOUT, text=True,
                                 cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                                 start_new_session=True)
 
@@ -175,3 +176,12 @@ def timeline_rows(page: Any) -> list[tuple[str, str, str]]:
         "#tl-list .tr", "els => els.sort((a, b) => a.offsetTop - b.offsetTop).map(e => "
                         "[e.dataset.kind, e.dataset.outcome, e.querySelector('.tl').firstChild.textContent])")
     return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def header_fact(page: Any, name: str) -> str:
+    """What the run page's header says for ``name`` (the <dd> after the <dt> ``name``)."""
+    text: str | None = page.evaluate(
+        "name => { const dt = [...document.querySelectorAll('.run-head dt')].find(e => e.textContent === name);"
+        " return dt ? dt.nextElementSibling.textContent : null; }", name)
+    assert text is not None, f"no {name!r} in the run page's header"
+    return text

@@ -180,6 +180,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 chromium()  # scripts/browser: installs Debian's chromium when missing, outside any test's timeout
             except RuntimeError:
                 pass  # remembered; the browser tests raise it
+            from .readme_install_support import readme_dsb
+
+            for extra in ("", "kubernetes", "postgres"):
+                with contextlib.suppress(RuntimeError):  # the test that starts `dsb ui` raises it again
+                    readme_dsb(extra)  # the README's environments (cached), outside any test's timeout
     if any(item.get_closest_marker("image") for item in will_run(session.items)):
         from .image_support import build_image
 

@@ -15,6 +15,7 @@ import yaml
 from tests.dsb import dsb
 from tests.e2e.browser_support import (
     Page,
+    header_fact,
     screenshots_dir,
     shoot,
     tab,
@@ -115,6 +116,10 @@ def test_the_timeline_of_a_loss_injection_run_shows_loss_restore_and_replayed_ca
     assert calls[2] == "read_file: notes/hello.txt"
     assert [label for _, outcome, label in rows if outcome == "replayed"] == [calls[2]]
     assert any(label.startswith("recovery from lsnap-") for _, _, label in rows)
+    # The header agrees with the timeline and `dsb inspect` (one summary: sandboxes/summary.py).
+    inspected = json.loads(dsb("--store", str(store), "inspect", run_id, "-o", "json", process=True).stdout)
+    assert header_fact(page, "recoveries") == str(inspected["recoveryCount"]) == "1"
+    assert header_fact(page, "live snapshots") == (", ".join(inspected["snapshots"]) or "none")
 
     # The restore's record: where it came from and what it replayed; then the replayed call's, which is the
     # original call's record (same op id, outcome checked).
