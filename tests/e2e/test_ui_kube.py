@@ -12,7 +12,15 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.browser_support import Page, screenshots_dir, shoot, tab, timeline_rows, ui_servers
+from tests.e2e.browser_support import (
+    Page,
+    header_fact,
+    screenshots_dir,
+    shoot,
+    tab,
+    timeline_rows,
+    ui_servers,
+)
 from tests.e2e.conftest import ControlPlane
 from tests.e2e.operator_support import (
     get,
@@ -72,6 +80,8 @@ def test_list_timeline_and_signal_against_the_cluster(
     calls = [label for kind, outcome, label in rows if kind == "call" and outcome != "replayed"]
     assert [label for _, outcome, label in rows if outcome == "replayed"] == [calls[2]] == ["read_file: notes/hello.txt"]
     assert "Workflow" in page.inner_text(".facts") and namespace in page.inner_text(".facts")
+    # The header is the run's summary, as status (kubectl describe) and `dsb --kube inspect` count it.
+    assert header_fact(page, "recoveries") == str(status(control_plane, namespace, "lossy")["recoveryCount"]) == "1"
     page.click("#tl-list .tr[data-kind='restore']")
     page.locator("#tl-detail").get_by_text("replayed 1 call into the new sandbox").wait_for()
     shoot(page, screenshots_dir(tmp_path), "kube-run-loss", full=True)
@@ -122,6 +132,10 @@ def test_suspend_and_resume_from_the_page_set_spec_suspend(
     wait_condition(control_plane, namespace, "pausable", "Suspended")
     page.wait_for_selector("#run-status:text('suspended')", timeout=60_000)
     page.wait_for_selector("#tl-list .tr[data-kind='suspend']", timeout=60_000)  # the Workflow's Suspended Event
+    # Hibernated: its snapshot is status.latestSnapshot, and the header's live snapshot; the run is not running.
+    latest = status(control_plane, namespace, "pausable")["latestSnapshot"]
+    assert latest and header_fact(page, "live snapshots") == latest
+    assert header_fact(page, "suspended").startswith("since ")
     assert page.locator("button.act-resume").is_enabled()
     shoot(page, screenshots_dir(tmp_path), "kube-run-suspended", full=True)
     page.click("button.act-resume")
