@@ -8,6 +8,7 @@ on how many recoveries a run had or which of its snapshots are live.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,20 @@ class RunSummary:
 
 def summarize(run: RunRecord, rows: list[OperationRecord]) -> RunSummary:
     """The summary of ``run`` from its journal ``rows`` (in commit order)."""
-    state = state_of(run, rows, journal.SandboxJournal())
-    done, of = journal.Tally().feed(rows).calls(total_calls(run.input))
+    tally = journal.Tally().feed(rows)  # one pass over the journal for the state's counts and the calls
+    state = state_of(run, rows, _Tallied(tally))
+    done, of = tally.calls(total_calls(run.input))
     return RunSummary(state, done if of else None, of or None)
+
+
+class _Tallied(journal.SandboxJournal):
+    """The sandbox journal reader, its counts taken from a tally already made of the same rows."""
+
+    def __init__(self, tally: journal.Tally) -> None:
+        self.tally = tally
+
+    def snapshots(self, rows: Iterable[OperationRecord]) -> list[str]:
+        return self.tally.live_snapshots
+
+    def recoveries(self, rows: Iterable[OperationRecord]) -> int:
+        return self.tally.recoveries
