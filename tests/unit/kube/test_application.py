@@ -9,8 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import kopf
 import pytest
 
+from durable_sandbox.kube import handlers
 from durable_sandbox.kube.application import NotServing, OperatorApplication
 from durable_sandbox.kube.controller import OperatorSettings
 from durable_sandbox.kube.metrics import OperatorMetrics
@@ -57,7 +59,9 @@ async def test_the_application_starts_without_kopf_reconciles_a_workflow_and_clo
     server = app.metrics_server
     assert server is not None and await get(server.port, "/readyz") == (200, "ok\n")
 
-    app.workflow_event(invalid_workflow(), deleted=False)  # what kopf's watch hands over
+    # What kopf's watch does: call the handler with the memo `kube.handlers.run` gave kopf.
+    memo = kopf.Memo({handlers.MEMO_KEY: app})
+    await handlers.watched(body=invalid_workflow(), type=None, memo=memo)  # type: ignore[arg-type]
     stored = custom.objects[(WORKFLOWS, NS, NAME)]
     await until(custom, lambda: (stored.get("status") or {}).get("phase") == "Failed")
     failed = next(c for c in stored["status"]["conditions"] if c["type"] == "Failed")
@@ -94,6 +98,11 @@ async def test_an_operator_kopf_does_not_serve_stops_saying_why_once() -> None:
     app.stop_unserved("kopf does not serve this operator's resources: second")
     await asyncio.wait_for(app.stop_flag.wait(), 10)
     assert app.unserved == "kopf does not serve this operator's resources: first"
+
+
+def test_a_handler_without_the_application_in_its_memo_says_how_to_start_the_operator() -> None:
+    with pytest.raises(RuntimeError, match=r"start the operator with kube.handlers.run\(app\)"):
+        handlers.application(kopf.Memo())
 
 
 def test_two_applications_share_nothing() -> None:
