@@ -1,8 +1,10 @@
 """The store contract kit (stores/testing.py) against SqliteStore: one file, a peer instance on the same
-file (another process's view), and lease expiry through the unit tier's controllable clock."""
+file (another process's view), lease expiry through the unit tier's controllable clock, and damage written
+to the file by another connection."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -31,3 +33,8 @@ class TestSqliteStoreContract(StoreContractSuite):
 
     async def expire_lease(self, store: Store, lease: Lease) -> None:
         self.clock.advance(lease.expires_at - self.clock.time() + 1)
+
+    async def damage_run_cells(self, store: Store, run_id: str, cells: dict[str, str]) -> None:
+        assert isinstance(store, SqliteStore)
+        with sqlite3.connect(store.path) as db:
+            db.execute(f"UPDATE runs SET {', '.join(f'{c}=?' for c in cells)} WHERE run_id=?", (*cells.values(), run_id))

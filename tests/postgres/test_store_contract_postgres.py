@@ -1,7 +1,7 @@
 """The store contract kit (stores/testing.py) against PostgresStore on a real PostgreSQL server (the session's,
 tests/postgres/server.py): each test on a schema of its own, a peer with its own pool (another process's
 view), and lease expiry by moving the lease's expiry into the past on the server's clock, the one clock
-PostgresStore judges leases by."""
+PostgresStore judges leases by; damage written by another connection."""
 
 from __future__ import annotations
 
@@ -40,3 +40,13 @@ class TestPostgresStoreContract(StoreContractSuite):
         finally:
             await conn.close()
         assert status == "UPDATE 1", f"lease {lease} is not the run's current lease"
+
+    async def damage_run_cells(self, store: Store, run_id: str, cells: dict[str, str]) -> None:
+        dsn, schema = split_dsn(self.dsn)
+        conn = await asyncpg.connect(dsn)
+        try:
+            sets = ", ".join(f"{column}=${i}" for i, column in enumerate(cells, start=2))
+            status = await conn.execute(f"UPDATE {schema}.runs SET {sets} WHERE run_id=$1", run_id, *cells.values())
+        finally:
+            await conn.close()
+        assert status == "UPDATE 1", f"no run {run_id!r} to damage"

@@ -40,24 +40,3 @@ def test_the_kube_unit_tests_are_in_their_own_folder() -> None:
     stray = [p.name for p in (TESTS / "unit").glob("test_kube_*.py")]
     assert stray == []
 
-
-# "About 80 lines": a function longer than this in kube/ or engine/ says why beside it (a comment right above).
-LONGEST = 85
-# Not yet explained or split, and why: kube/store.py is issue 20's (the journal's new home), edited by its owner.
-PENDING = {"operator/durable_sandbox/kube/store.py:commit"}
-
-
-def test_long_functions_of_kube_and_engine_say_why() -> None:
-    package = ROOT / "operator" / "durable_sandbox"
-    unexplained = []
-    for path in sorted([*(package / "kube").rglob("*.py"), *(package / "engine").rglob("*.py")]):
-        source = path.read_text().splitlines()
-        for node in ast.walk(ast.parse("\n".join(source))):
-            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
-            length = (node.end_lineno or node.lineno) - node.lineno + 1
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            if (length > LONGEST and not source[first - 2].strip().startswith("#")
-                    and f"{path.relative_to(ROOT)}:{node.name}" not in PENDING):
-                unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
-    assert not unexplained, "split these, or say beside them why not:\n" + "\n".join(unexplained)

@@ -16,9 +16,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from durable_sandbox.kube.client import brief, is_transient
+from durable_sandbox.kube.api_errors import brief, is_transient
 
-__all__ = ["API_AWAY", "ApiServerAway", "took", "unreachable"]
+__all__ = ["ApiServerAway", "took"]
 
 log = logging.getLogger("durable_sandbox.kube.apiserver")
 
@@ -47,7 +47,7 @@ class ApiServerAway:
         self.first_delay, self.max_delay = first_delay, max_delay
         self.first_reminder, self.max_reminder = first_reminder, max_reminder
         self.clock = clock
-        self.probe: Probe | None = None  # set once the operator has its client (kube/handlers.py)
+        self.probe: Probe | None = None  # set once the operator serves (kube/application.py): silent until then
         self.away_since: float | None = None  # while the probe has not yet succeeded
         self._task: asyncio.Task[None] | None = None
 
@@ -94,6 +94,14 @@ class ApiServerAway:
             self.away_since = None
             return
 
+    def unreachable(self, exc: BaseException, where: str) -> bool:
+        """Whether ``exc`` is the API server not answering (then reported here, which says it once): the caller
+        retries and logs nothing more; else the caller says what went wrong itself."""
+        if not any(is_transient(e) for e in _chain(exc)):  # the journal's StoreUnavailable carries it as its cause
+            return False
+        self.failed(where)
+        return True
+
     async def aclose(self) -> None:
         task, self._task = self._task, None
         self.probe = None
@@ -101,18 +109,6 @@ class ApiServerAway:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-
-
-API_AWAY = ApiServerAway()  # the operator's one (a process runs one operator)
-
-
-def unreachable(exc: BaseException, where: str) -> bool:
-    """Whether ``exc`` is the API server not answering (then reported to API_AWAY, which says it once): the caller
-    retries and logs nothing more; else the caller says what went wrong itself."""
-    if not any(is_transient(e) for e in _chain(exc)):  # the journal's StoreUnavailable carries it as its cause
-        return False
-    API_AWAY.failed(where)
-    return True
 
 
 def _chain(exc: BaseException, depth: int = 4) -> list[BaseException]:

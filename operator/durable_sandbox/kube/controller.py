@@ -45,7 +45,7 @@ from durable_sandbox.kube.concurrency import RunSlots
 from durable_sandbox.kube.events import EventRecorder
 from durable_sandbox.kube.holding import Holding
 from durable_sandbox.kube.journals import ApiServerJournal, JournalStores
-from durable_sandbox.kube.metrics import METRICS
+from durable_sandbox.kube.metrics import OperatorMetrics
 from durable_sandbox.kube.resources import CustomObjects
 from durable_sandbox.kube.sandbox_records import SandboxRecords
 from durable_sandbox.kube.workflow.admission import Admission
@@ -77,12 +77,15 @@ class Operator:
         objects: CustomObjects | None = None,
         journal_key: bytes | None = None,
         journals: JournalStores | None = None,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         self.api = api
+        # The process's metrics (kube/application.py); a test's controller counts into its own.
+        self.metrics = metrics if metrics is not None else OperatorMetrics(process_collectors=False)
         self.objects = objects if objects is not None else CustomObjects(api)
         self.policy = policy or OperatorPolicy()
         self.settings = settings or OperatorSettings()
-        self.events = EventRecorder(api.core, instance=self.settings.worker_id)
+        self.events = EventRecorder(api.core, instance=self.settings.worker_id, away=api.away)
         self.runs = Runs()
         self.slots = RunSlots(self.settings.max_concurrent_runs)
         self.publisher = Publisher(self.objects, self.events, self.runs, self.settings)
@@ -94,15 +97,16 @@ class Operator:
         self.records = SandboxRecords(api, journal_key)  # the Sandbox resources' own records (kube/sandbox_records.py)
         self.holding = Holding(self.objects, self.records, self.engines.run_live)
         self.engines.holding = self.holding
-        wing = Wing(self.objects, self.runs, self.settings, self.publisher, self.engines, self.holding)
+        wing = Wing(self.objects, self.runs, self.settings, self.publisher, self.engines, self.holding, self.metrics,
+                    api.away)
         self.admission = Admission(wing, api, self.policy)
         self.execution = Execution(wing, self.slots)
         self.finisher = Finisher(wing)
         self.turn = Turn(wing, self.admission, self.execution, self.finisher)
         self.scheduler = Scheduler(wing, self.turn.serve)
         self.finalizer = Cleanup(wing)
-        METRICS.runs.labels(state="active").set_function(lambda: len(self.runs.active))
-        METRICS.runs.labels(state="parked").set_function(lambda: len(self.runs.parked))
+        self.metrics.runs.labels(state="active").set_function(lambda: len(self.runs.active))
+        self.metrics.runs.labels(state="parked").set_function(lambda: len(self.runs.parked))
 
     # ------------------------------------------------------------------ what kopf calls
 

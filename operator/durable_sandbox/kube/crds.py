@@ -32,8 +32,9 @@ import difflib
 import json
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 from pydantic import BaseModel
@@ -114,7 +115,7 @@ PATH_NAMES_SOMETHING = "[^./]"  # without '..' segments, a path names nothing on
 # What ``safe_relative_path`` enforces, as far as a pattern can say it. Stricter than the models in one respect:
 # any ``..`` segment is refused, while ``dsb run`` accepts one that stays inside the workspace (``a/../b``); a
 # pattern has no path normalisation to tell the two apart.
-PATH_SCHEMA: Schema = {
+PATH_SCHEMA: Final[Mapping[str, Any]] = {
     "minLength": 1,
     "maxLength": PATH_MAX_LENGTH,
     "allOf": [{"pattern": PATH_RELATIVE}, {"pattern": PATH_NO_DOTDOT}, {"pattern": PATH_NAMES_SOMETHING}],
@@ -122,7 +123,7 @@ PATH_SCHEMA: Schema = {
 
 
 # Rules attached to a model (by its JSON-schema title) wherever it appears.
-MODEL_RULES: dict[str, list[dict[str, str]]] = {
+MODEL_RULES: Final[Mapping[str, Sequence[Mapping[str, str]]]] = {
     "WorkflowSpec": [
         rule("has(self.toolCalls) != has(self.entrypoint)", ONE_PROGRAM),
         rule("!(has(self.sandbox) && has(self.sandboxRef))", ONE_SANDBOX),
@@ -150,7 +151,7 @@ MODEL_RULES: dict[str, list[dict[str, str]]] = {
 }
 
 # Keywords added to one property of a model (model title, property alias).
-_OPERATION_ID = {
+_OPERATION_ID: Final[Mapping[str, Any]] = {
     VALIDATIONS: [
         rule(
             " && ".join(f"self != '{h}' && !self.startsWith('{h}/')" for h in sorted(RESERVED_HEADS)),
@@ -158,7 +159,7 @@ _OPERATION_ID = {
         )
     ]
 }
-FIELD_EXTRAS: dict[tuple[str, str], Schema] = {
+FIELD_EXTRAS: Final[Mapping[tuple[str, str], Mapping[str, Any]]] = {
     ("WorkflowSpec", "entrypoint"): {
         "pattern": _ENTRYPOINT.pattern,
         "description": "A 'package.module:function' reference to a workflow function.",
@@ -174,7 +175,7 @@ FIELD_EXTRAS: dict[tuple[str, str], Schema] = {
 
 # Lists whose items' rules are evaluated once, when the object is created (model title, property alias) -> the
 # field's path in messages. See the module docstring: per-item rules would be evaluated on every write.
-HOISTED: dict[tuple[str, str], str] = {("WorkflowSpec", "toolCalls"): "spec.toolCalls"}
+HOISTED: Final[Mapping[tuple[str, str], str]] = {("WorkflowSpec", "toolCalls"): "spec.toolCalls"}
 
 
 def hoist_item_rules(array: Schema, where: str) -> Schema:
@@ -250,7 +251,7 @@ def _has_rules(node: Any) -> bool:
 
 # ------------------------------------------------------------------------------------------- structural
 
-_DROP = {"title", "default", "additionalProperties", "discriminator", "propertyNames", "patternProperties"}
+_DROP = frozenset({"title", "default", "additionalProperties", "discriminator", "propertyNames", "patternProperties"})
 
 
 class _Converter:
@@ -329,7 +330,7 @@ class _Converter:
                 out[PRESERVE] = True
         if node.get("type") == "array":
             out["items"] = self.convert(node.get("items", {}))
-        if title in MODEL_RULES:
+        if title is not None and title in MODEL_RULES:
             self.used_model_rules.add(title)
             out[VALIDATIONS] = copy.deepcopy(MODEL_RULES[title])
         # description and type first: the YAML reads like a hand-written CRD.
@@ -400,7 +401,7 @@ class _Converter:
         return out
 
 
-def _with_extras(schema: Schema, extras: Schema) -> Schema:
+def _with_extras(schema: Schema, extras: Mapping[str, Any]) -> Schema:
     out = dict(schema)
     for key, value in extras.items():
         # A copy: an object shared between fields would be written as a YAML anchor and alias.
@@ -456,7 +457,7 @@ KIND_DOC = (
     "from the endpoint the client submits requests to. In CamelCase."
 )
 
-_AGE: dict[str, str | int] = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+_AGE: Final[Mapping[str, str | int]] = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
 def _crd(
@@ -553,7 +554,7 @@ def generate_crds() -> list[Schema]:
                 "jsonPath": ".status.latestSnapshot",
                 "description": "The latest sandbox snapshot taken.",
             },
-            _AGE,
+            dict(_AGE),
         ],
         ["durable-sandbox"],
     )
@@ -603,7 +604,7 @@ def generate_crds() -> list[Schema]:
                 "description": "The RuntimeClass the live sandbox runs under (gVisor, Kata...), when its provider says.",
                 "priority": 1,  # kubectl get -o wide
             },
-            _AGE,
+            dict(_AGE),
         ],
         ["durable-sandbox"],
     )
@@ -617,7 +618,7 @@ def generate_crds() -> list[Schema]:
             {"name": "Part", "type": "string", "jsonPath": ".part", "description": "What it holds."},
             {"name": "Holder", "type": "string", "jsonPath": ".data.holder",
              "description": "Of a lease: the operator replica that holds it."},
-            _AGE,
+            dict(_AGE),
         ],
         [],  # not in `kubectl get durable-sandbox`: these are the operator's, not the user's
         status=False,
@@ -640,7 +641,7 @@ def generate_crds() -> list[Schema]:
              "description": "Pods of the pool claimed by a sandbox and not deleted yet."},
             {"name": "Total", "type": "integer", "jsonPath": ".status.total",
              "description": "Ready, starting and claimed Pods of the pool."},
-            _AGE,
+            dict(_AGE),
         ],
         ["durable-sandbox"],
     )
@@ -663,7 +664,7 @@ REPLAY_ANSWERS = (
     "once given, and the run could do nothing with another value"
 )
 POLICY_NAME = f"{WORKFLOWS}.{GROUP}"
-POLICY_RULES: list[dict[str, str]] = [
+POLICY_RULES: Final[Sequence[Mapping[str, str]]] = (
     *(
         {
             # The CRD refuses the field appearing or disappearing; here, a changed value.
@@ -695,7 +696,7 @@ POLICY_RULES: list[dict[str, str]] = [
         "message": REPLAY_ANSWERS,
         "reason": "Invalid",
     },
-]
+)
 
 
 def generate_admission_policy() -> list[Schema]:
@@ -716,7 +717,7 @@ def generate_admission_policy() -> list[Schema]:
                     }
                 ]
             },
-            "validations": copy.deepcopy(POLICY_RULES),
+            "validations": [dict(rule) for rule in POLICY_RULES],
         },
     }
     binding = {

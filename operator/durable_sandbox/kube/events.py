@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord
-from durable_sandbox.kube.apiserver_away import unreachable
+from durable_sandbox.kube.apiserver_away import ApiServerAway
 from durable_sandbox.kube.client import brief
 from durable_sandbox.sandboxes import journal
 
@@ -99,10 +99,12 @@ def _event_name(workflow: str, suffix: str) -> str:
 
 
 class EventRecorder:
-    """Writes core/v1 Events about Workflows; ``core`` is ``kubernetes.aio``'s CoreV1Api."""
+    """Writes core/v1 Events about Workflows; ``core`` is ``kubernetes.aio``'s CoreV1Api, ``away`` where an API
+    server that does not answer is reported (said once)."""
 
-    def __init__(self, core: Any, *, instance: str) -> None:
+    def __init__(self, core: Any, *, instance: str, away: ApiServerAway | None = None) -> None:
         self.core = core
+        self.away = away if away is not None else ApiServerAway()
         self.instance = instance
         self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self.writes = 0
@@ -151,7 +153,7 @@ class EventRecorder:
         except Exception as exc:  # an Event is a notice: losing one must never stop a run
             if event.name and getattr(exc, "status", None) == 409:
                 return False  # written already: by another replica, or by this one before a restart
-            if not unreachable(exc, f"an Event on {meta.get('namespace')}/{meta.get('name')}"):
+            if not self.away.unreachable(exc, f"an Event on {meta.get('namespace')}/{meta.get('name')}"):
                 log.warning("could not record event %s on %s/%s: %s", event.reason, meta.get("namespace"),
                             meta.get("name"), brief(exc))
             return False

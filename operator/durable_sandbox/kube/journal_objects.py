@@ -11,7 +11,8 @@ request. ``writes`` counts every write by verb (the store's write budget is meas
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 from kubernetes.aio.client import models as m
 
@@ -22,7 +23,7 @@ __all__ = ["JOURNALS", "LABEL_PART", "LABEL_RUN", "MANAGED_BY", "MERGE_PATCH", "
 
 LABEL_RUN = "durable-sandbox.dev/run-id"
 LABEL_PART = "durable-sandbox.dev/part"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "durable-sandbox"}
+MANAGED_BY: Final[Mapping[str, str]] = {"app.kubernetes.io/managed-by": "durable-sandbox"}
 
 
 class JournalObjects:

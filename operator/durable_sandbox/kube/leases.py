@@ -35,11 +35,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from durable_sandbox.kube.apiserver_away import unreachable
 from durable_sandbox.kube.client import KubeClient, brief, is_conflict, is_not_found
 from durable_sandbox.kube.journal_objects import LABEL_PART, MANAGED_BY, JournalObjects
 from durable_sandbox.kube.labels import label_value
-from durable_sandbox.kube.metrics import METRICS
 
 log = logging.getLogger("durable_sandbox.kube.leases")
 
@@ -224,7 +222,8 @@ class Leases:
         self._took(updated)
         if previous not in (None, holder):
             # Released leases have no holder: taking one that still names another worker is a takeover.
-            METRICS.lease_takeovers.inc()
+            if self.client.metrics is not None:
+                self.client.metrics.lease_takeovers.inc()
         return epoch
 
     def _took(self, lease: LeaseObject) -> None:
@@ -329,7 +328,7 @@ class HeldLease:
                             self.leases.namespace, self.name, self.holder)
             except Exception as exc:
                 if self.leases.clock() - renewed < self.ttl:
-                    if not unreachable(exc, f"renewing lease {self.leases.namespace}/{self.name}"):
+                    if not self.leases.client.away.unreachable(exc, f"renewing lease {self.leases.namespace}/{self.name}"):
                         log.warning("renewing lease %s/%s failed, trying again: %s",
                                     self.leases.namespace, self.name, brief(exc))
                     continue

@@ -9,11 +9,12 @@ knowing anything about pydantic.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -30,7 +31,7 @@ from durable_sandbox.workflows.sandbox_agent import ENV_NAME_PATTERN, NO_NUL_PAT
 _TOOL_TYPES = ("shell", "write_file", "read_file")
 
 # What a pattern means, for the patterns whose regex would tell a manifest author nothing.
-_PATTERN_MEANINGS = {
+_PATTERN_MEANINGS: Final[Mapping[str, str]] = {
     ENV_NAME_PATTERN: "is not an environment variable name (letters, digits and '_', not starting with a digit)",
     NO_NUL_PATTERN: "contains a NUL character, which no environment value can hold",
 }
@@ -44,8 +45,14 @@ class ManifestError(ValueError):
         super().__init__("\n".join(self.problems))
 
 
+@functools.cache
+def _vocabulary() -> tuple[str, ...]:
+    """Every field name (alias) of the resource models, sorted, for "did you mean" hints (gathered once)."""
+    return tuple(sorted(_field_vocabulary()))
+
+
 def _field_vocabulary() -> set[str]:
-    """Every field name (alias) of the resource models, for "did you mean" hints."""
+    """Every field name (alias) of the resource models."""
     names: set[str] = set()
     seen: set[type[BaseModel]] = set()
 
@@ -74,14 +81,8 @@ def _models_in(annotation: Any) -> Iterable[type[BaseModel]]:
         yield from _models_in(origin)
 
 
-_VOCABULARY: set[str] | None = None
-
-
 def _suggest(name: str) -> str:
-    global _VOCABULARY
-    if _VOCABULARY is None:
-        _VOCABULARY = _field_vocabulary()
-    match = difflib.get_close_matches(name, sorted(_VOCABULARY), n=1, cutoff=0.75)
+    match = difflib.get_close_matches(name, _vocabulary(), n=1, cutoff=0.75)
     return f"; did you mean {match[0]!r}?" if match else ""
 
 

@@ -438,7 +438,9 @@ class InstrumentedProvider(SandboxProvider):
         await self.inner.aclose()
 
 
-# The process's metrics: what `dsb operator` serves on --metrics-port, and what the client, the leases and
-# the operator count into. Tests that need a clean slate make their own OperatorMetrics.
-METRICS = OperatorMetrics()
-METRICS.info.labels(version=_version()).set(1)
+def process_metrics() -> OperatorMetrics:
+    """The metrics of an operator process (what `dsb operator` serves on --metrics-port): the process and platform
+    collectors, and the build info. The operator's application owns them (kube/application.py)."""
+    metrics = OperatorMetrics()
+    metrics.info.labels(version=_version()).set(1)
+    return metrics

@@ -26,7 +26,8 @@ HealthCheck = Callable[[], Awaitable[str | None]]
 
 @dataclass
 class Readiness:
-    """Why this replica is not ready (None: ready); set by kube.handlers at the end of startup and at a stop."""
+    """Why this replica is not ready (None: ready); set by the operator's application (kube/application.py) at the
+    end of its start and when a stop begins."""
 
     problem: str | None = "starting"
 
@@ -35,9 +36,6 @@ class Readiness:
 
     def not_ready(self, why: str) -> None:
         self.problem = why
-
-
-READINESS = Readiness()
 
 
 @dataclass
@@ -51,8 +49,10 @@ class MetricsServer:
 
 
 def make_app(
-    metrics: OperatorMetrics, health: HealthCheck | None = None, readiness: Readiness = READINESS
+    metrics: OperatorMetrics, health: HealthCheck | None = None, readiness: Readiness | None = None
 ) -> web.Application:
+    ready = readiness if readiness is not None else Readiness(problem=None)
+
     async def metrics_handler(_: web.Request) -> web.Response:
         return web.Response(body=metrics.generate(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -63,8 +63,8 @@ def make_app(
         return web.Response(text="ok\n")
 
     async def readyz_handler(_: web.Request) -> web.Response:
-        if readiness.problem:
-            return web.Response(status=503, text=f"not ready: {readiness.problem}\n")
+        if ready.problem:
+            return web.Response(status=503, text=f"not ready: {ready.problem}\n")
         return web.Response(text="ok\n")
 
     app = web.Application()
@@ -75,11 +75,12 @@ def make_app(
 
 
 async def start_metrics_server(
-    metrics: OperatorMetrics, *, port: int, host: str = "0.0.0.0", health: HealthCheck | None = None
+    metrics: OperatorMetrics, *, port: int, host: str = "0.0.0.0", health: HealthCheck | None = None,
+    readiness: Readiness | None = None,
 ) -> MetricsServer:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0: any free port; the bound one is
-    returned)."""
-    runner = web.AppRunner(make_app(metrics, health), access_log=None)
+    returned). Without ``readiness`` /readyz answers ready."""
+    runner = web.AppRunner(make_app(metrics, health, readiness), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -92,22 +93,3 @@ async def start_metrics_server(
     bound = int(runner.addresses[0][1]) if runner.addresses else port
     log.info("serving /metrics, /healthz and /readyz on %s:%d", host, bound)
     return MetricsServer(runner=runner, host=host, port=bound)
-
-
-def operator_startup_hook(metrics: OperatorMetrics, *, port: int, host: str = "0.0.0.0") -> Callable[..., Awaitable[None]]:
-    """A startup hook for `dsb operator` (``kube.handlers.STARTUP_HOOKS``): serve ``metrics`` on ``host:port``
-    for as long as the operator's event loop runs. Liveness is the loop itself answering."""
-
-    async def start(*_: object) -> None:
-        _servers.append(await start_metrics_server(metrics, port=port, host=host))
-
-    return start
-
-
-async def stop_servers() -> None:
-    """Stop every server the startup hook started (a shutdown hook: ``kube.handlers.SHUTDOWN_HOOKS``)."""
-    while _servers:
-        await _servers.pop().stop()
-
-
-_servers: list[MetricsServer] = []

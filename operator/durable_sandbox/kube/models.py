@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 import json
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -670,7 +671,7 @@ class SandboxPoolResource(_Model):
 
 
 Resource = WorkflowResource | SandboxResource
-KINDS: dict[str, type[WorkflowResource] | type[SandboxResource]] = {
+KINDS: Final[Mapping[str, type[WorkflowResource] | type[SandboxResource]]] = {
     "Workflow": WorkflowResource,
     "Sandbox": SandboxResource,
 }

@@ -8,7 +8,7 @@ record carries is written: no extra field can leak what a caller did not mean to
 
 kopf's own lines (WARNING and up, INFO with ``--verbose``) are kept, re-leveled where kopf says ERROR about what it
 retries by design: a request it will retry (``Request attempt #n/m failed; will retry``: the API server away or
-starting) is not written, and :data:`~durable_sandbox.kube.apiserver_away.API_AWAY` says so once instead; a
+starting) is not written, and :class:`~durable_sandbox.kube.apiserver_away.ApiServerAway` (the operator's) says so once instead; a
 handler that "failed temporarily" (a ``kopf.TemporaryError``: the operator asked to be called again, e.g. a
 cleanup the provider refuses for now) is a WARNING. A handler failing with an exception stays an ERROR, with its
 traceback.
@@ -29,7 +29,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Literal, TextIO
 
-from durable_sandbox.kube.apiserver_away import API_AWAY, ApiServerAway
+from durable_sandbox.kube.apiserver_away import ApiServerAway
 
 __all__ = ["FORMATS", "LIFECYCLE_LOGGER", "JsonFormatter", "KopfLines", "LogFormat", "PoolRetryLines", "about",
            "configure"]
@@ -85,7 +85,7 @@ class JsonFormatter(logging.Formatter):
 class KopfLines(logging.Filter):
     """kopf's records as the operator writes them (see the module's docstring); others pass unchanged."""
 
-    def __init__(self, threshold: int, away: ApiServerAway = API_AWAY) -> None:
+    def __init__(self, threshold: int, away: ApiServerAway) -> None:
         super().__init__()
         self.threshold = threshold
         self.away = away
@@ -114,11 +114,13 @@ class PoolRetryLines(logging.Filter):
         return True
 
 
-def configure(log_format: LogFormat = "text", *, verbose: bool = False, stream: TextIO | None = None) -> logging.Handler:
-    """The root logger's one handler, in ``log_format``; kopf's own activity only with ``verbose``."""
+def configure(log_format: LogFormat = "text", *, verbose: bool = False, stream: TextIO | None = None,
+              away: ApiServerAway | None = None) -> logging.Handler:
+    """The root logger's one handler, in ``log_format``; kopf's own activity only with ``verbose``. kopf's retries
+    of an API server that does not answer are reported to ``away`` (the operator's) instead of written."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
-    handler.addFilter(KopfLines(logging.INFO if verbose else logging.WARNING))
+    handler.addFilter(KopfLines(logging.INFO if verbose else logging.WARNING, away or ApiServerAway()))
     handler.addFilter(PoolRetryLines())
     root = logging.getLogger()
     for old in list(root.handlers):

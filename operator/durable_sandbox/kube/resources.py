@@ -28,7 +28,7 @@ WORKFLOWS = "workflows"
 SANDBOXES = "sandboxes"
 JOURNALS = "journals"  # the run journal's objects (issue 20)
 POOLS = "sandboxpools"  # warm Pods of the kubernetes provider (kube/pool/)
-PLURALS: Mapping[str, str] = {"Workflow": WORKFLOWS, "Sandbox": SANDBOXES, "Journal": JOURNALS, "SandboxPool": POOLS}
+PLURALS: Final[Mapping[str, str]] = {"Workflow": WORKFLOWS, "Sandbox": SANDBOXES, "Journal": JOURNALS, "SandboxPool": POOLS}
 # The finalizer that keeps a Workflow (or a Sandbox) until its sandboxes and snapshots are deleted.
 FINALIZER = "durable-sandbox.dev/cleanup"
 # The resources kopf serves (their handlers are in kube/handlers.py); discovery must list them first.

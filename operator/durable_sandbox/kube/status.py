@@ -16,13 +16,13 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from durable_sandbox.engine.driver import Backoff, RunPolicy, backoff
 from durable_sandbox.engine.records import OperationRecord, OpKind, RunRecord, RunStatus
-from durable_sandbox.kube.apiserver_away import unreachable
+from durable_sandbox.kube.apiserver_away import ApiServerAway
 from durable_sandbox.kube.client import brief
 from durable_sandbox.kube.conditions import WORKFLOW_CONDITIONS, by_type, condition, cut, rfc3339
 from durable_sandbox.sandboxes import journal
@@ -34,7 +34,7 @@ RECENT_OPERATIONS = 20
 RESULT_INLINE_LIMIT = 4096
 TARGET_LIMIT = 200  # characters of a call's command (or path) in currentCall and recentOperations
 
-PHASES = {
+PHASES: Final[Mapping[RunStatus, str]] = {
     RunStatus.PENDING: "Pending",
     RunStatus.RUNNING: "Running",
     RunStatus.WAITING: "Waiting",
@@ -321,9 +321,10 @@ class StatusWriter:
 
     def __init__(
         self, patch: Callable[[dict[str, Any]], Awaitable[None]], *, interval: float | Callable[[], float] = 1.0,
-        cost_factor: float = WRITE_COST_FACTOR,
+        cost_factor: float = WRITE_COST_FACTOR, away: ApiServerAway | None = None,
     ) -> None:
         self._patch = patch
+        self.away = away if away is not None else ApiServerAway()  # where an API server not answering is said
         # A callable is asked before every write: the operator stretches the interval when many Workflows
         # run at once, so that their status patches together stay within a budget (see OperatorSettings).
         self.interval = interval
@@ -373,7 +374,7 @@ class StatusWriter:
             try:
                 await self._patch(doc)
             except Exception as exc:  # status is a projection: the next offer writes it again
-                if not unreachable(exc, "a status patch"):
+                if not self.away.unreachable(exc, "a status patch"):
                     log.warning("status patch failed: %s", brief(exc))
                 if self._pending is None:
                     self._pending = doc

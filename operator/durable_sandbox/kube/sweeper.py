@@ -31,7 +31,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from durable_sandbox.kube.apiserver_away import API_AWAY
 from durable_sandbox.kube.client import KubeClient, brief, is_transient
 from durable_sandbox.kube.events import EventRecorder, LifecycleEvent
 from durable_sandbox.kube.journal_objects import LABEL_PART, LABEL_RUN, JournalObjects
@@ -148,7 +147,7 @@ class OrphanSweeper:
         """Sweep every ``interval`` seconds until ``stopped``. A failed sweep is tried again soon, with a backoff
         from ``RETRY_FIRST`` doubling up to ``RETRY_MAX`` (never later than ``interval``): the first sweep of a
         start used to meet an API server still initializing and then wait the whole interval. The API server not
-        answering is said once by API_AWAY; any other failure is a WARNING (one line) per try."""
+        answering is said once (the client's ApiServerAway); any other failure is a WARNING (one line) per try."""
         failures = 0
         while not stopped.is_set():
             delay = interval
@@ -160,7 +159,7 @@ class OrphanSweeper:
                 delay = min(interval, RETRY_FIRST * 2 ** min(failures - 1, 16), RETRY_MAX)
                 self.metrics.orphan_sweeps.labels(outcome="error").inc()
                 if is_transient(exc):
-                    API_AWAY.failed("the orphan sweep")
+                    self.api.away.failed("the orphan sweep")
                     log.debug("orphan sweep failed (%s); trying again in %gs", brief(exc), delay)
                 else:
                     log.warning("orphan sweep failed (%s); trying again in %gs", brief(exc), delay)

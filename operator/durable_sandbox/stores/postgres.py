@@ -48,7 +48,6 @@ from durable_sandbox.engine.errors import (
 )
 from durable_sandbox.engine.records import (
     Commit,
-    ErrorInfo,
     Event,
     Lease,
     OperationRecord,
@@ -57,6 +56,17 @@ from durable_sandbox.engine.records import (
 )
 from durable_sandbox.providers.redaction import redact_url
 from durable_sandbox.stores import postgres_schema as schema_mod
+from durable_sandbox.stores.sql_rows import (
+    OP_COLUMNS,
+    RUN_COLUMNS,
+    canonical,
+    change_value,
+    dumps,
+    op_cells,
+    op_from_row,
+    run_from_row,
+    run_values,
+)
 from durable_sandbox.stores.urls import is_postgres_url
 
 log = logging.getLogger("durable_sandbox.stores.postgres")
@@ -66,18 +76,12 @@ T = TypeVar("T")
 OUTAGE_TIMEOUT = 60.0  # how long a call waits for the server to come back before StoreUnavailable
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 1.0
 
-_RUN_COLUMNS = (
-    "run_id", "workflow", "status", "input", "result", "error", "thread_id", "created_at", "updated_at", "wake_at",
-    "pending_callbacks", "cancel_requested", "epoch", "lease_owner", "lease_expires_at", "fence", "labels",
-    "workflow_ref",
-)
-_RUN_SELECT = ", ".join(_RUN_COLUMNS)
-_JSON_RUN_FIELDS = {"input", "result", "pending_callbacks", "labels"}
+_RUN_SELECT = ", ".join(RUN_COLUMNS)
 # What update_run and a commit's run changes may set (never the run id, the fence or the journal's counter).
 _SETTABLE = {"workflow", "status", "input", "result", "error", "thread_id", "created_at", "wake_at",
              "pending_callbacks", "cancel_requested", "epoch", "lease_owner", "lease_expires_at", "labels",
              "workflow_ref"}
-_OP_COLUMNS = "seq, op_id, kind, name, status, attempt, digest, result, error, meta, ts, epoch"
+_OP_COLUMNS = ", ".join(OP_COLUMNS)
 _SERVER_NOW = "extract(epoch from clock_timestamp())::double precision"
 # SQLSTATEs that mean "the server is away or turning us away for now", not "this request is wrong".
 _OUTAGE_STATES = {"57P01", "57P02", "57P03", "53300", "40001", "40P01"}
@@ -97,18 +101,6 @@ _REFUSAL_HINTS = {
     "3F000": "the store's schema is gone: it is created again only by a new connection; restart the process",
     "42P01": "a table of the store's schema is gone: restore the schema from a backup",
 }
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def split_dsn(dsn: str) -> tuple[str, str]:
@@ -265,28 +257,11 @@ class PostgresStore:
     # ------------------------------------------------------------------ runs
 
     def _run_from_row(self, row: Sequence[Any]) -> RunRecord:
-        (run_id, workflow, status, run_input, result, error, thread_id, created, updated, wake_at, pending,
-         cancel, epoch, owner, expires, fence, labels, workflow_ref) = row
-        try:
-            return RunRecord(
-                run_id=run_id, workflow=workflow, status=RunStatus(status), input=_loads(run_input),
-                result=_loads(result), error=ErrorInfo.from_json(json.loads(error)) if error else None,
-                thread_id=thread_id, created_at=created, updated_at=updated, wake_at=wake_at,
-                pending_callbacks=_loads(pending) or [], cancel_requested=cancel, epoch=epoch, lease_owner=owner,
-                lease_expires_at=expires, fence=fence, labels=_loads(labels) or {}, workflow_ref=workflow_ref,
-            )
-        except (ValueError, TypeError, KeyError) as exc:
-            raise StoreError(f"PostgreSQL store {self.where}: the row of run {run_id!r} is damaged ({exc}); "
-                             f"restore the database from a backup (docs/operations.md)") from None
+        return run_from_row(row, f"PostgreSQL store {self.where}")
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
         s = self.schema
-        values = (
-            run.run_id, run.workflow, RunStatus(run.status).value, _dumps(run.input), _dumps(run.result),
-            _dumps(run.error.to_json()) if run.error else None, run.thread_id, run.created_at, run.updated_at,
-            run.wake_at, _dumps(run.pending_callbacks), run.cancel_requested, run.epoch, None, None, 0,
-            _dumps(run.labels), run.workflow_ref,
-        )
+        values = run_values(run)
         params = ", ".join(f"${i}" for i in range(1, len(values) + 1))
 
         async def run_it(conn: Any) -> tuple[RunRecord, bool]:
@@ -344,17 +319,7 @@ class PostgresStore:
     @staticmethod
     def _change_values(changes: dict[str, Any]) -> list[Any]:
         """The values for :meth:`_set_clauses` of ``changes``' keys, in the same order."""
-        values = []
-        for key, value in changes.items():
-            if key == "status":
-                value = RunStatus(value).value
-            elif key == "error":
-                value = _dumps(value.to_json()) if value is not None else None
-            elif key in _JSON_RUN_FIELDS:
-                value = _dumps(value)
-            values.append(value)
-        values.append(time.time())
-        return values
+        return [*(change_value(key, value) for key, value in changes.items()), time.time()]
 
     async def update_run(self, run_id: str, changes: dict[str, Any], *, fence: int | None = None) -> None:
         sets, values = self._set_clauses(list(changes), 2), self._change_values(changes)
@@ -448,20 +413,18 @@ class PostgresStore:
         if commit.run:
             args += PostgresStore._change_values(commit.run)
         if records:
+            results, errors, metas = zip(*(op_cells(r) for r in records), strict=True)
             args += [
                 [r.op_id for r in records], [r.kind for r in records], [r.name for r in records],
                 [r.status for r in records], [r.attempt for r in records], [r.input_digest for r in records],
-                [_dumps(r.result) if r.status == "completed" else None for r in records],
-                [_dumps(r.error.to_json()) if r.error else None for r in records],
-                [_dumps(r.meta) if r.meta else None for r in records],
-                [float(r.ts) for r in records], [r.epoch for r in records],
+                list(results), list(errors), list(metas), [float(r.ts) for r in records], [r.epoch for r in records],
             ]
         if commit.thread_state is not None:
             tid, state = commit.thread_state
-            args += [tid, _dumps(state), time.time()]
+            args += [tid, dumps(state), time.time()]
         if commit.cache is not None:
             key, value, expires = commit.cache
-            args += [key, _dumps(value), time.time(), expires]
+            args += [key, dumps(value), time.time(), expires]
         return args
 
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
@@ -491,20 +454,6 @@ class PostgresStore:
         for i, rec in enumerate(commit.records):
             rec.seq = last - n + 1 + i
 
-    def _op_from_row(self, run_id: str, row: Sequence[Any]) -> OperationRecord:
-        seq, op_id, kind, name, status, attempt, digest, result, error, meta, ts, epoch = row
-        try:
-            return OperationRecord(
-                op_id=op_id, kind=kind, name=name, status=status, attempt=attempt, input_digest=digest,
-                result=_loads(result), error=ErrorInfo.from_json(json.loads(error)) if error else None,
-                meta=_loads(meta), ts=ts, epoch=epoch, seq=seq,
-            )
-        except (ValueError, TypeError, KeyError) as exc:
-            raise StoreError(
-                f"PostgreSQL store {self.where}: journal row {seq} ({op_id!r}) of run {run_id!r} is damaged "
-                f"({exc}); the run cannot be replayed or shown. Restore the database from a backup."
-            ) from None
-
     async def load_journal(self, run_id: str) -> list[OperationRecord]:
         return await self.journal_since(run_id, 0)
 
@@ -512,7 +461,7 @@ class PostgresStore:
         rows = await self._call("reading the journal", lambda c: c.fetch(
             f"SELECT {_OP_COLUMNS} FROM {self.schema}.ops WHERE run_id=$1 AND seq>$2 ORDER BY seq",
             run_id, after_seq), run_id)
-        return [self._op_from_row(run_id, r) for r in rows]
+        return [op_from_row(r, run_id, f"PostgreSQL store {self.where}") for r in rows]
 
     # ------------------------------------------------------------------ leases
 
@@ -566,7 +515,7 @@ class PostgresStore:
 
     async def put_signal(self, run_id: str, callback_id: str, value: Any) -> bool:
         s = self.schema
-        text = _dumps(value)
+        text = dumps(value)
 
         async def run_it(conn: Any) -> bool:
             if await conn.fetchval(
@@ -576,7 +525,7 @@ class PostgresStore:
                 return True
             stored = await conn.fetchval(
                 f"SELECT value FROM {s}.signals WHERE run_id=$1 AND callback_id=$2", run_id, callback_id)
-            if stored is not None and _canonical(json.loads(stored)) == _canonical(value):
+            if stored is not None and canonical(json.loads(stored)) == canonical(value):
                 return False
             raise SignalConflict(run_id, callback_id)
 
@@ -614,7 +563,7 @@ class PostgresStore:
     async def append_events(self, events: Sequence[Event]) -> None:
         if not events:
             return
-        columns = ([e.run_id for e in events], [e.type for e in events], [_dumps(e.data) for e in events],
+        columns = ([e.run_id for e in events], [e.type for e in events], [dumps(e.data) for e in events],
                    [float(e.ts) for e in events])
         await self._call("appending events", lambda c: c.execute(
             f"INSERT INTO {self.schema}.events (run_id, type, data, ts) SELECT u.run_id, u.type, u.data, u.ts "

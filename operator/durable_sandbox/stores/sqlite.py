@@ -27,12 +27,22 @@ from typing import Any, Literal
 from durable_sandbox.engine.errors import LeaseHeld, LeaseLost, RunCancelledError, SignalConflict, StoreError
 from durable_sandbox.engine.records import (
     Commit,
-    ErrorInfo,
     Event,
     Lease,
     OperationRecord,
     RunRecord,
     RunStatus,
+)
+from durable_sandbox.stores.sql_rows import (
+    OP_COLUMNS,
+    RUN_COLUMNS,
+    canonical,
+    change_value,
+    dumps,
+    op_cells,
+    op_from_row,
+    run_from_row,
+    run_values,
 )
 
 Durability = Literal["process", "fsync"]
@@ -97,11 +107,8 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_run ON events (run_id, seq);
 """
 
-_RUN_COLUMNS = (
-    "run_id, workflow, status, input, result, error, thread_id, created_at, updated_at, wake_at, "
-    "pending_callbacks, cancel_requested, epoch, lease_owner, lease_expires_at, fence, labels, workflow_ref"
-)
-_JSON_RUN_FIELDS = {"input", "result", "pending_callbacks", "labels"}
+_RUN_COLUMNS = ", ".join(RUN_COLUMNS)
+_OP_COLUMNS = ", ".join(OP_COLUMNS)
 _OP_INSERT = (
     "INSERT INTO ops (run_id, op_id, kind, name, status, attempt, digest, result, error, meta, ts, epoch) "
     "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
@@ -115,18 +122,6 @@ _OP_FENCED_CANCEL = _OP_FENCED[:-1] + " AND cancel_requested IS NULL)"
 
 def default_home() -> Path:
     return Path(os.environ.get("DURABLE_SANDBOX_HOME") or Path.home() / ".local" / "state" / "durable-sandbox")
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 _SQLITE_HEADER = b"SQLite format 3\0"
@@ -305,77 +300,20 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ runs
 
+    @property
+    def _where(self) -> str:
+        return f"store {self.path}"
+
     def _run_from_row(self, row: Sequence[Any]) -> RunRecord:
-        """A run from its row. A damaged cell (JSON that does not parse, an unknown status) does not
-        make the run, or a listing of every run, unreadable: the cell reads as empty and the run's
-        error says which cell is damaged, so the rest stays visible."""
-        (run_id, workflow, status, inp, result, error, thread_id, created, updated, wake_at, pending,
-         cancel, epoch, owner, expires, fence, labels, workflow_ref) = row
-        damaged: list[str] = []
-
-        def cell(column: str, text: str | None, empty: Any) -> Any:
-            try:
-                return _loads(text) if text is not None else empty
-            except ValueError:
-                damaged.append(column)
-                return empty
-
-        try:
-            run_status = RunStatus(status)
-        except ValueError:
-            damaged.append("status")
-            run_status = RunStatus.FAILED
-        error_json = cell("error", error, None)
-        try:
-            error_info = ErrorInfo.from_json(error_json) if error_json else None
-        except (TypeError, KeyError, AttributeError):
-            damaged.append("error")
-            error_info = None
-        pending_ids = cell("pending_callbacks", pending, [])
-        run_labels = cell("labels", labels, {})
-        run_input = cell("input", inp, None)
-        run_result = cell("result", result, None)
-        if damaged:
-            error_info = ErrorInfo(
-                "StoreDamaged",
-                f"Run {run_id!r} in {self.path} has damaged column(s) {', '.join(damaged)} (not valid JSON or "
-                f"not a known value); they read as empty. Restore the store from a backup to recover them.",
-            )
-        return RunRecord(
-            run_id=run_id,
-            workflow=workflow,
-            status=run_status,
-            input=run_input,
-            result=run_result,
-            error=error_info,
-            thread_id=thread_id,
-            created_at=created,
-            updated_at=updated,
-            wake_at=wake_at,
-            pending_callbacks=pending_ids if isinstance(pending_ids, list) else [],
-            cancel_requested=cancel,
-            epoch=epoch,
-            lease_owner=owner,
-            lease_expires_at=expires,
-            fence=fence,
-            labels=run_labels if isinstance(run_labels, dict) else {},
-            workflow_ref=workflow_ref,
-        )
+        return run_from_row(row, self._where)
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
         with self._tx() as db:
             row = db.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id=?", (run.run_id,)).fetchone()
             if row is not None:
                 return self._run_from_row(row), False
-            db.execute(
-                f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({','.join('?' * 18)})",
-                (
-                    run.run_id, run.workflow, run.status.value, _dumps(run.input), _dumps(run.result),
-                    _dumps(run.error.to_json()) if run.error else None, run.thread_id, run.created_at,
-                    run.updated_at, run.wake_at, _dumps(run.pending_callbacks), run.cancel_requested, run.epoch,
-                    None, None, 0, _dumps(run.labels), run.workflow_ref,
-                ),
-            )
+            db.execute(f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({','.join('?' * len(RUN_COLUMNS))})",
+                       run_values(run))
         return run, True
 
     async def get_run(self, run_id: str) -> RunRecord | None:
@@ -404,14 +342,8 @@ class SqliteStore:
     def _run_changes(changes: dict[str, Any]) -> tuple[str, list[Any]]:
         cols, vals = [], []
         for key, value in changes.items():
-            if key == "status":
-                value = RunStatus(value).value
-            elif key == "error":
-                value = _dumps(value.to_json()) if value is not None else None
-            elif key in _JSON_RUN_FIELDS:
-                value = _dumps(value)
             cols.append(f"{key}=?")
-            vals.append(value)
+            vals.append(change_value(key, value))
         cols.append("updated_at=?")
         vals.append(time.time())
         return ", ".join(cols), vals
@@ -446,13 +378,7 @@ class SqliteStore:
 
     @staticmethod
     def _op_values(run_id: str, r: OperationRecord) -> tuple[Any, ...]:
-        return (
-            run_id, r.op_id, r.kind, r.name, r.status, r.attempt, r.input_digest,
-            _dumps(r.result) if r.status == "completed" else None,
-            _dumps(r.error.to_json()) if r.error else None,
-            _dumps(r.meta) if r.meta else None,
-            r.ts, r.epoch,
-        )
+        return (run_id, r.op_id, r.kind, r.name, r.status, r.attempt, r.input_digest, *op_cells(r), r.ts, r.epoch)
 
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
         db = self._db
@@ -488,46 +414,18 @@ class SqliteStore:
                 tx.execute(
                     "INSERT INTO threads VALUES (?,?,?) ON CONFLICT(thread_id) DO UPDATE SET state=excluded.state, "
                     "updated_at=excluded.updated_at",
-                    (tid, _dumps(state), time.time()),
+                    (tid, dumps(state), time.time()),
                 )
             if commit.cache is not None:
                 key, value, expires = commit.cache
-                tx.execute("INSERT OR REPLACE INTO cache VALUES (?,?,?,?)", (key, _dumps(value), time.time(), expires))
-
-    def _op_from_row(self, run_id: str, row: Sequence[Any]) -> OperationRecord:
-        seq, op_id, kind, name, status, attempt, digest, result, error, meta, ts, epoch = row
-        try:
-            return OperationRecord(
-                op_id=op_id,
-                kind=kind,
-                name=name,
-                status=status,
-                attempt=attempt,
-                input_digest=digest,
-                result=_loads(result),
-                error=ErrorInfo.from_json(json.loads(error)) if error else None,
-                meta=_loads(meta),
-                ts=ts,
-                epoch=epoch,
-                seq=seq,
-            )
-        except (ValueError, TypeError, KeyError) as e:
-            # A journal cannot be replayed around a hole: say exactly where it is.
-            raise StoreError(
-                f"Store {self.path}: journal row {seq} ({op_id!r}) of run {run_id!r} is damaged ({e}); the run "
-                f"cannot be replayed or shown. Restore the store from a backup (docs/reliability.md)."
-            ) from None
+                tx.execute("INSERT OR REPLACE INTO cache VALUES (?,?,?,?)", (key, dumps(value), time.time(), expires))
 
     async def load_journal(self, run_id: str) -> list[OperationRecord]:
         return await self.journal_since(run_id, 0)
 
     async def journal_since(self, run_id: str, after_seq: int) -> list[OperationRecord]:
-        rows = self._query(
-            "SELECT seq, op_id, kind, name, status, attempt, digest, result, error, meta, ts, epoch "
-            "FROM ops WHERE run_id=? AND seq>? ORDER BY seq",
-            (run_id, after_seq),
-        )
-        return [self._op_from_row(run_id, r) for r in rows]
+        rows = self._query(f"SELECT {_OP_COLUMNS} FROM ops WHERE run_id=? AND seq>? ORDER BY seq", (run_id, after_seq))
+        return [op_from_row(r, run_id, self._where) for r in rows]
 
     # ------------------------------------------------------------------ leases
 
@@ -597,10 +495,10 @@ class SqliteStore:
                 "SELECT value FROM signals WHERE run_id=? AND callback_id=?", (run_id, callback_id)
             ).fetchone()
             if row is not None:
-                if _canonical(json.loads(row[0])) == _canonical(value):
+                if canonical(json.loads(row[0])) == canonical(value):
                     return False
                 raise SignalConflict(run_id, callback_id)
-            db.execute("INSERT INTO signals VALUES (?,?,?,?)", (run_id, callback_id, _dumps(value), time.time()))
+            db.execute("INSERT INTO signals VALUES (?,?,?,?)", (run_id, callback_id, dumps(value), time.time()))
         return True
 
     async def get_signals(self, run_id: str) -> dict[str, Any]:
@@ -635,7 +533,7 @@ class SqliteStore:
         with self._tx() as db:
             db.executemany(
                 "INSERT INTO events (run_id, type, data, ts) VALUES (?,?,?,?)",
-                [(e.run_id, e.type, _dumps(e.data), e.ts) for e in events],
+                [(e.run_id, e.type, dumps(e.data), e.ts) for e in events],
             )
 
     async def read_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[Event]:

@@ -19,6 +19,9 @@ Usage (any store, ours or a third party's)::
         async def peer(self, store):   # optional: a second instance over the same data (another process's view)
             ...
 
+        async def damage_run_cells(self, store, run_id, cells):   # optional: overwrite a run's cells with raw text
+            ...
+
 pytest collects every ``test_*`` method of the subclass. Tests that need a hook the subclass did not supply
 are skipped with a message naming the hook. Run ids are lowercase DNS labels (``[a-z0-9-]``), which every
 store accepts. Requires pytest-asyncio (auto mode or ``asyncio`` markers applied by the subclass).
@@ -31,7 +34,9 @@ start in one commit land together in order or not at all; seqs grow in commit or
 the fence; a stale lease can neither renew nor release); ``claim_next`` picks pending, due and orphaned runs
 and nothing else; ``delete_run`` removes a run with its journal, events and signals, fenced; signals are
 idempotent for the same value and conflict for a different one; events are
-ordered per run; cache entries expire by ``now`` and clear by key, prefix or all; ``list_runs`` filters.
+ordered per run; cache entries expire by ``now`` and clear by key, prefix or all; ``list_runs`` filters; a
+damaged cell of a run's row reads as empty and the run's error names it, so one bad row never fails a listing
+(``damage_run_cells`` hook, for stores of rows of text cells).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from durable_sandbox.engine.records import (
 )
 from durable_sandbox.engine.store import Store
 
-__all__ = ["StoreContractSuite"]
+__all__ = ["DamagedRowCases", "StoreContractSuite"]
 
 TTL = 30.0
 
@@ -68,8 +73,8 @@ def _shape(rows: list[OperationRecord]) -> list[tuple[str, str, Any]]:
     return [(r.op_id, r.status, r.result) for r in rows]
 
 
-class StoreContractSuite:
-    """Subclass as ``Test<Something>`` and override :meth:`store` (and the hooks you can supply)."""
+class StoreKit:
+    """The kit's fixtures, hooks and helpers: override :meth:`store` (and the hooks you can supply)."""
 
     @pytest.fixture
     async def store(self) -> Any:
@@ -96,6 +101,41 @@ class StoreContractSuite:
         run, created = await store.create_run(RunRecord(run_id=self.run_id(tag), **fields))
         assert created, f"create_run of a new id {run.run_id!r} reported an existing run"
         return run
+
+
+class DamagedRowCases(StoreKit):
+    """A damaged row (a cell written behind the store's back, a disk error, a bad restore) as every store reads it:
+    one bad row never fails a listing, and the run says which of its cells are damaged, the same way on every store.
+    Needs the :meth:`damage_run_cells` hook."""
+
+    async def damage_run_cells(self, store: Store, run_id: str, cells: dict[str, str]) -> None:
+        """Overwrite cells of run ``run_id``'s row with ``cells``' raw text (column name to text), as damage would.
+        Override to run the damaged-row tests (a store without rows of text cells has nothing to damage)."""
+        pytest.skip("the store kit's `damage_run_cells` hook is not supplied: the damaged-row tests need it")
+
+    async def test_a_damaged_row_never_fails_a_listing_and_says_which_cells(self, store: Store) -> None:
+        good = await self.new_run(store, "good", labels={"team": "a"})
+        bad = await self.new_run(store, "bad", labels={"team": "b"})
+        # JSON that does not parse, JSON of the wrong shape, an error that is none, a status no run has.
+        await self.damage_run_cells(store, bad.run_id, {
+            "result": "[1,", "labels": "[1]", "pending_callbacks": '{"x": 1}', "error": '"oops"', "status": "exploded",
+        })
+        listed = {r.run_id: r for r in await store.list_runs(limit=10)}
+        assert set(listed) == {good.run_id, bad.run_id}
+        assert listed[good.run_id].error is None and listed[good.run_id].labels == {"team": "a"}
+        for damaged in (listed[bad.run_id], await store.get_run(bad.run_id)):
+            assert damaged is not None and damaged.error is not None
+            assert damaged.error.type == "StoreDamaged"
+            assert damaged.error.message.startswith(f"Run {bad.run_id!r} in ")
+            assert "damaged column(s) error, labels, pending_callbacks, result, status" in damaged.error.message
+            assert "Restore the store from a backup" in damaged.error.message
+            assert (damaged.status, damaged.result, damaged.labels, damaged.pending_callbacks) == (
+                RunStatus.FAILED, None, {}, [])
+            assert damaged.input == {"n": 1}  # an undamaged cell reads as it was
+
+
+class StoreContractSuite(DamagedRowCases):
+    """Subclass as ``Test<Something>`` and override :meth:`store` (and the hooks you can supply)."""
 
     # ------------------------------------------------------------------ runs
 

@@ -14,6 +14,7 @@ from kopf import DaemonStoppingReason as Reason
 from kopf._core.intents.stoppers import DaemonStopper
 
 from durable_sandbox.kube.handlers import DAEMON_INSTANT_EXIT, configure_kopf, until_stopped
+from durable_sandbox.kube.metrics import OperatorMetrics
 
 
 class Daemon:
@@ -25,6 +26,8 @@ class Daemon:
         self.last_write_done = asyncio.Event()
         self.touches: list[bool] = []  # for each touch: had the daemon's task ended when it was sent?
         self.task: asyncio.Task[None] | None = None
+        self.metrics = OperatorMetrics(process_collectors=False)
+        self.background: set[asyncio.Task[None]] = set()  # the touches under way
 
     async def serve(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -36,7 +39,8 @@ class Daemon:
         self.touches.append(self.task.done())
 
     def start(self) -> asyncio.Task[None]:
-        self.task = asyncio.create_task(until_stopped(self.stopper.async_waiter, self.serve, touch=self.touch))
+        self.task = asyncio.create_task(until_stopped(self.stopper.async_waiter, self.serve, touch=self.touch,
+                                                      metrics=self.metrics, background=self.background))
         return self.task
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from durable_sandbox.kube.apiserver_away import ApiServerAway
 from durable_sandbox.kube.controller import Operator, OperatorSettings
 from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.resources import WORKFLOWS
@@ -36,6 +37,7 @@ def api_server(current: dict[str, Any] | None) -> FakeCustomObjects:
 
 class Api:
     core = None  # no Event is written on this path
+    away = ApiServerAway()  # no probe: reports are taken, nothing is said
 
 
 class Executor:

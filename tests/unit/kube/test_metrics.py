@@ -179,18 +179,3 @@ def test_api_verbs_are_named_as_the_api_server_names_them(
     method: str, url: str, query: object, expected: tuple[str, str]
 ) -> None:
     assert api_verb(method, url, query) == expected
-
-
-async def test_the_operators_metrics_server_stops_when_the_operator_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`dsb operator --metrics-port` serves /metrics from a startup hook; kopf's cleanup handler (the operator
-    stopping) stops it again, after the runs were handed over: the port is free afterwards."""
-    from durable_sandbox.kube import handlers, metrics_server
-
-    monkeypatch.setattr(handlers, "SHUTDOWN_HOOKS", [metrics_server.stop_servers])
-    await metrics_server.operator_startup_hook(OperatorMetrics(), port=0, host="127.0.0.1")()
-    [srv] = metrics_server._servers
-    assert (await scrape(srv, "/healthz"))[0] == 200
-    await handlers.cleanup()
-    assert metrics_server._servers == []
-    with pytest.raises(aiohttp.ClientConnectionError):
-        await scrape(srv, "/healthz")

@@ -226,6 +226,7 @@ async def test_a_failed_orphan_sweep_is_tried_again_soon_not_after_its_interval(
     """The first sweep of a start met an API server still initializing and waited the whole interval (300 s)."""
     from durable_sandbox.kube import sweeper
     from durable_sandbox.kube.metrics import OperatorMetrics
+    from tests.fakes.kube_client import FakeKubeClient
 
     monkeypatch.setattr(sweeper, "RETRY_FIRST", 0.01)
     stopped = asyncio.Event()
@@ -241,7 +242,7 @@ async def test_a_failed_orphan_sweep_is_tried_again_soon_not_after_its_interval(
             stopped.set()
             return {}
 
-    swept = Failing(None, installation="i", namespaces=[], providers=dict, grace=0,  # type: ignore[arg-type]
+    swept = Failing(FakeKubeClient(), installation="i", namespaces=[], providers=dict, grace=0,  # type: ignore[arg-type]
                     events=None, metrics=OperatorMetrics(), records=None)  # type: ignore[arg-type]
     with caplog.at_level(logging.DEBUG, logger="durable_sandbox.kube.sweeper"):
         await asyncio.wait_for(swept.run(300, stopped), 5)

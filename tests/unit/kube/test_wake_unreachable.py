@@ -11,8 +11,9 @@ from typing import Any
 
 from kubernetes.aio.client.exceptions import ApiException
 
+from durable_sandbox.kube.apiserver_away import ApiServerAway
 from durable_sandbox.kube.controller import Operator, OperatorSettings
-from durable_sandbox.kube.metrics import METRICS
+from durable_sandbox.kube.metrics import OperatorMetrics
 from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.workflow.scheduler import TRANSIENT_WAKE_SPREAD
 from tests.fakes.custom_objects import FakeCustomObjects
@@ -30,10 +31,11 @@ def api_server(unavailable: int) -> FakeCustomObjects:
 
 class Api:
     core = None  # no Event is written on this path
+    away = ApiServerAway()  # no probe: reports are taken, nothing is said
 
 
-def errors() -> float:
-    return METRICS.reconcile_errors.labels(kind="Workflow")._value.get()
+def errors(metrics: OperatorMetrics) -> float:
+    return metrics.reconcile_errors.labels(kind="Workflow")._value.get()
 
 
 async def reads_reach(custom: FakeCustomObjects, count: int) -> None:
@@ -45,7 +47,8 @@ async def reads_reach(custom: FakeCustomObjects, count: int) -> None:
 async def test_a_run_woken_while_the_api_server_is_away_is_read_again_soon_and_counts_no_error() -> None:
     custom = api_server(unavailable=2)
     settings = OperatorSettings(claim_retry=0.02, not_runnable_retry=3600.0)
-    op = Operator(Api(), settings=settings, objects=custom)  # type: ignore[arg-type]
+    metrics = OperatorMetrics(process_collectors=False)
+    op = Operator(Api(), settings=settings, objects=custom, metrics=metrics)  # type: ignore[arg-type]
     run_id = cluster_run_id(NAME, UID)
     parks: list[tuple[str, float | None]] = []
     park = op.scheduler.park
@@ -55,7 +58,7 @@ async def test_a_run_woken_while_the_api_server_is_away_is_read_again_soon_and_c
         park(parked, delay)
 
     op.scheduler.park = recording_park  # type: ignore[method-assign]
-    before = errors()
+    before = errors(metrics)
     op.scheduler.activate(run_id, None, NS, NAME, UID)  # what a parked run's timer does (_due)
     # 503 (parked again, briefly); its timer fires: 503 again; and again: now the Workflow is found gone.
     await reads_reach(custom, 3)
@@ -67,4 +70,4 @@ async def test_a_run_woken_while_the_api_server_is_away_is_read_again_soon_and_c
     assert [reason for reason, _ in parks] == ["api-unreachable", "api-unreachable"]
     assert all(delay is not None and delay <= settings.claim_retry * TRANSIENT_WAKE_SPREAD for _, delay in parks)
     assert run_id not in op.runs.parked and run_id not in op.runs.active
-    assert errors() == before
+    assert errors(metrics) == before

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -13,7 +14,10 @@ from durable_sandbox.cli.errors import EXIT_FAILED, CliError
 
 if TYPE_CHECKING:
     from durable_sandbox.kube.journals import JournalChoice
+    from durable_sandbox.kube.metrics import OperatorMetrics
     from durable_sandbox.kube.oplog import LogFormat
+    from durable_sandbox.kube.process_config import PoolProviderFactory, ProviderFactory
+    from durable_sandbox.providers.contract import SandboxProvider
 
 
 def _modules(value: str) -> tuple[str, ...]:
@@ -101,16 +105,17 @@ def operator(
     """
     try:
         from durable_sandbox.kube import handlers, journal_key
+        from durable_sandbox.kube.apiserver_away import ApiServerAway
+        from durable_sandbox.kube.application import OperatorApplication
         from durable_sandbox.kube.controller import OperatorPolicy, OperatorSettings
-        from durable_sandbox.kube.metrics import METRICS
-        from durable_sandbox.kube.metrics_server import operator_startup_hook, stop_servers
         from durable_sandbox.kube.oplog import configure as configure_logging
+        from durable_sandbox.kube.process_config import OperatorConfig
         from durable_sandbox.kube.sweeper import default_installation_id
-        from durable_sandbox.providers.registry import create_provider
     except ImportError as exc:
         raise CliError(f"dsb operator needs the Kubernetes extra: pip install 'durable-sandbox[kubernetes]' ({exc})") from exc
-    configure_logging(log_format, verbose=verbose)
-    handlers.config.policy = OperatorPolicy(
+    away = ApiServerAway()  # the application's: kopf's retries of an API server away are said through it too
+    configure_logging(log_format, verbose=verbose, away=away)
+    policy = OperatorPolicy(
         allow_local_provider=allow_local_provider, workflow_modules=_modules(workflow_modules),
         default_provider=_default_provider(default_provider, allow_local_provider),
     )
@@ -119,42 +124,47 @@ def operator(
                                 installation_id=installation_id or default_installation_id(namespaces),
                                 sweep_interval=sweep_interval, sweep_grace=sweep_grace)
     if worker_id:
-        settings.worker_id = f"{worker_id}:{uuid.uuid4().hex[:8]}"
-    handlers.config.settings = settings
+        settings = replace(settings, worker_id=f"{worker_id}:{uuid.uuid4().hex[:8]}")
     try:
         key_namespace, key_name = (journal_key.parse_location(journal_key_secret) if journal_key_secret
                                    else journal_key.default_location())
-        handlers.config.journal_key = asyncio.run(journal_key.fetch(key_namespace, key_name))
+        key = asyncio.run(journal_key.fetch(key_namespace, key_name))
     except (journal_key.JournalKeyError, RuntimeError) as exc:
         raise CliError(str(exc), code=EXIT_FAILED) from None
     except Exception as exc:
         raise CliError(f"Cannot read the journal key Secret: {type(exc).__name__}: {exc}", code=EXIT_FAILED) from None
-    handlers.config.journal = _journal_choice(journal_dsn)
-    # Every provider the operator uses is counted (tool calls, latency, snapshots, losses, cleanup failures).
-    # The kubernetes provider also gets the pool key (warm Pods are trusted only with the operator's seal).
-    handlers.config.providers = lambda name: METRICS.instrument(create_provider(name, **_provider_options(name)))
-    handlers.config.pool_provider = _pool_provider()
-    if metrics_port is not None:
-        handlers.STARTUP_HOOKS.append(operator_startup_hook(METRICS, port=metrics_port, host=metrics_host))
-        handlers.SHUTDOWN_HOOKS.append(stop_servers)
-    problem = handlers.run(namespaces=list(namespaces), liveness=liveness)
+    config = OperatorConfig(
+        policy=policy, settings=settings, namespaces=tuple(namespaces), journal_key=key,
+        journal=_journal_choice(journal_dsn), providers=_provider_factory(key), pool_provider=_pool_provider(key),
+        metrics_port=metrics_port, metrics_host=metrics_host,
+    )
+    problem = handlers.run(OperatorApplication(config, away=away), liveness=liveness)
     if problem is not None:
         raise CliError(problem, code=EXIT_FAILED)
 
 
-def _provider_options(name: str) -> dict[str, Any]:
+def _provider_factory(key: bytes | None) -> ProviderFactory:
+    """Every provider the operator uses, counted in its metrics (tool calls, latency, snapshots, losses, cleanup
+    failures); the kubernetes provider also gets the pool key (warm Pods are trusted only with the operator's seal)."""
+    from durable_sandbox.providers.registry import create_provider
+
+    def make(name: str, metrics: OperatorMetrics) -> SandboxProvider:
+        return metrics.instrument(create_provider(name, **_provider_options(name, key, metrics)))
+
+    return make
+
+
+def _provider_options(name: str, key: bytes | None, metrics: OperatorMetrics) -> dict[str, Any]:
     """What the operator gives a provider beyond its environment: the kubernetes provider's pool key (derived from
     the journal key, so every replica has the same) and the metrics of its claims."""
-    from durable_sandbox.kube import handlers
-    from durable_sandbox.kube.metrics import METRICS
     from durable_sandbox.providers.kubernetes_pool import derive_pool_key
 
-    if name != "kubernetes" or handlers.config.journal_key is None:
+    if name != "kubernetes" or key is None:
         return {}
-    return {"pool_key": derive_pool_key(handlers.config.journal_key), "pool_observer": METRICS.observe_pool_claim}
+    return {"pool_key": derive_pool_key(key), "pool_observer": metrics.observe_pool_claim}
 
 
-def _pool_provider() -> Any:
+def _pool_provider(key: bytes | None) -> PoolProviderFactory | None:
     """What makes the SandboxPools' provider, or None when the kubernetes provider cannot be used here (each pool
     then says so)."""
     import os
@@ -164,7 +174,7 @@ def _pool_provider() -> Any:
     cls = available_providers().get("kubernetes")
     if cls is None or cls.configuration_problems(os.environ):
         return None
-    return lambda: create_provider("kubernetes", **_provider_options("kubernetes"))
+    return lambda metrics: create_provider("kubernetes", **_provider_options("kubernetes", key, metrics))
 
 
 def _default_provider(name: str, allow_local: bool) -> str:

@@ -27,7 +27,6 @@ from typing import Any, Literal
 import durable_sandbox
 from durable_sandbox.engine import LeaseHeld, NotRunnableHere, RunStatus
 from durable_sandbox.engine.errors import RunNotFound, StoreUnavailable
-from durable_sandbox.kube.apiserver_away import unreachable
 from durable_sandbox.kube.client import brief, is_transient
 from durable_sandbox.kube.concurrency import CONCURRENCY_LIMIT_REASON, RunSlots, concurrency_limit_condition
 from durable_sandbox.kube.plan import RunPlan
@@ -171,7 +170,7 @@ class Execution:
             if not (is_transient(exc) or isinstance(exc, StoreUnavailable)):
                 raise
             # The API server is away: the run goes on here; bring the spec to it once it answers.
-            if not unreachable(exc, f"applying the spec change of {view.namespace}/{view.name}"):
+            if not self.wing.away.unreachable(exc, f"applying the spec change of {view.namespace}/{view.name}"):
                 log.warning("%s/%s: the journal's store could not be reached (%s); the spec change is applied "
                             "once it answers", view.namespace, view.name, brief(exc))
             await asyncio.wait([ex.task], timeout=self.settings.claim_retry)

@@ -9,7 +9,7 @@ generation moves past the one its final status was written for."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from durable_sandbox.engine.records import RunRecord, RunStatus
 
@@ -18,7 +18,7 @@ __all__ = ["RERUN_HINT", "ignored_fields", "ignored_notice"]
 RERUN_HINT = ("to run it again, re-create it (`kubectl replace --force -f <file>`, or apply it under a new name); "
               "a failed one is retried in place by adding spec.retry")
 
-_REASONS = {"spec.cancel": "CancelIgnored", "spec.suspend": "SuspendIgnored"}
+_REASONS: Final[Mapping[str, str]] = {"spec.cancel": "CancelIgnored", "spec.suspend": "SuspendIgnored"}
 
 
 def ignored_fields(spec: Mapping[str, Any], run: RunRecord, answered: Iterable[str]) -> list[str]:

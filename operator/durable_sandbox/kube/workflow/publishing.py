@@ -27,7 +27,7 @@ from typing import Any
 
 from durable_sandbox.engine.driver import backoff
 from durable_sandbox.engine.records import Commit, OperationRecord
-from durable_sandbox.kube.apiserver_away import took
+from durable_sandbox.kube.apiserver_away import ApiServerAway, took
 from durable_sandbox.kube.events import (
     TERMINAL_REASONS,
     EventRecorder,
@@ -68,8 +68,10 @@ def event_line(event: LifecycleEvent) -> tuple[int, str]:
 
 
 class Publisher:
-    def __init__(self, objects: CustomObjects, events: EventRecorder, runs: Runs, settings: OperatorSettings) -> None:
+    def __init__(self, objects: CustomObjects, events: EventRecorder, runs: Runs, settings: OperatorSettings,
+                 away: ApiServerAway | None = None) -> None:
         self.objects = objects
+        self.away = away if away is not None else events.away
         self.events = events
         self.runs = runs
         self.settings = settings
@@ -113,7 +115,7 @@ class Publisher:
         async def patch(status: dict[str, Any]) -> None:
             await self.patch_status(view, status)
 
-        return StatusWriter(patch, interval=self.status_interval)
+        return StatusWriter(patch, interval=self.status_interval, away=self.away)
 
     def republish(self, view: RunView) -> None:
         """Write the status anew when this daemon starts and the object's status disagrees with the run: the

@@ -15,15 +15,14 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
-from durable_sandbox.kube.apiserver_away import unreachable
 from durable_sandbox.kube.client import brief, is_transient
-from durable_sandbox.kube.metrics import METRICS
 from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.resources import WORKFLOWS
 from durable_sandbox.kube.workflow.parking import Park
@@ -44,18 +43,19 @@ def give_back_memory() -> None:
     this a replica's RSS stays at the high-water mark of its busiest moment (the C allocator keeps freed
     heap), however few runs it holds now. A full collection takes milliseconds and happens only when the
     replica has just gone idle; ``malloc_trim(0)`` where the C library has it (glibc)."""
-    global _malloc_trim
     gc.collect()
-    if _malloc_trim is None:
-        try:
-            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
-_malloc_trim: Any = None
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """The C library's ``malloc_trim``, looked up once; None where there is none (not glibc)."""
+    try:
+        return cast(Callable[[int], int], ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim)
+    except (OSError, AttributeError):
+        return None
 
 
 class Scheduler:
@@ -127,7 +127,7 @@ class Scheduler:
             if not self.runs.active and not self.runs.stopping:
                 give_back_memory()
             if not t.cancelled() and t.exception() is not None:
-                METRICS.reconcile_errors.labels(kind="Workflow").inc()
+                self.wing.metrics.reconcile_errors.labels(kind="Workflow").inc()
                 log.error("run %s: %s", run_id, t.exception(), exc_info=t.exception())
                 if not self.runs.stopping:  # try again later, as kopf retried a failed daemon
                     self.park(Parked(namespace, name, uid, None, "error", None), self.settings.not_runnable_retry)
@@ -189,7 +189,7 @@ class Scheduler:
             # fault, so no error and no not_runnable_retry wait; look again in a few seconds, spread so
             # that the timers of a whole backlog do not all hit a recovering API server at once.
             delay = self.settings.claim_retry * random.uniform(1.0, TRANSIENT_WAKE_SPREAD)
-            unreachable(exc, f"waking the run of {namespace}/{name}")
+            self.wing.away.unreachable(exc, f"waking the run of {namespace}/{name}")
             log.debug("%s/%s: the API server could not be reached (%s); trying again in %.1fs",
                       namespace, name, brief(exc), delay)
             self.park(Parked(namespace, name, uid, None, "api-unreachable", None), delay)

@@ -21,7 +21,6 @@ from durable_sandbox.engine import LeaseHeld, RunStatus
 from durable_sandbox.engine.driver import decide, time_out
 from durable_sandbox.engine.errors import JournalDamaged, StoreRefused, StoreUnavailable
 from durable_sandbox.engine.records import RunRecord
-from durable_sandbox.kube.apiserver_away import unreachable
 from durable_sandbox.kube.client import brief, is_transient
 from durable_sandbox.kube.events import LifecycleEvent
 from durable_sandbox.kube.oplog import about
@@ -60,6 +59,7 @@ def acted_generation(view: RunView) -> int | None:
 class Turn:
     def __init__(self, wing: Wing, admission: Admission, execution: Execution, finisher: Finisher) -> None:
         self.runs, self.settings, self.engines, self.publisher = wing.runs, wing.settings, wing.engines, wing.publisher
+        self.away = wing.away
         self.admission = admission
         self.execution = execution
         self.finisher = finisher
@@ -108,9 +108,9 @@ class Turn:
                 # must not crash (kopf would wait a minute before restarting it); look again shortly.
                 failures += 1
                 delay = min(self.settings.claim_retry * 2 ** (failures - 1), TRANSIENT_BACKOFF_MAX)
-                # The API server away is said once for the whole operator (API_AWAY); the journal's own store
+                # The API server away is said once for the whole operator (ApiServerAway); the journal's own store
                 # (PostgreSQL) away, at most once a STORE_AWAY_SAY_EVERY per namespace.
-                if not unreachable(exc, f"the run of {view.namespace}/{view.name}") and self._say_store_away(view):
+                if not self.away.unreachable(exc, f"the run of {view.namespace}/{view.name}") and self._say_store_away(view):
                     log.warning("%s/%s: the journal's store could not be reached (%s); its runs try again with a "
                                 "backoff of up to %gs", view.namespace, view.name, brief(exc), TRANSIENT_BACKOFF_MAX,
                                 extra=about(view.namespace, view.name, view.run_id))

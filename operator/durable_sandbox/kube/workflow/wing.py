@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from durable_sandbox.kube.apiserver_away import ApiServerAway
 from durable_sandbox.kube.holding import Holding
+from durable_sandbox.kube.metrics import OperatorMetrics
 from durable_sandbox.kube.resources import CustomObjects
 from durable_sandbox.kube.workflow.engines import Engines
 from durable_sandbox.kube.workflow.publishing import Publisher
@@ -22,3 +24,5 @@ class Wing:
     publisher: Publisher  # status and Events
     engines: Engines  # an engine per namespace, the provider policy
     holding: Holding  # which Workflow holds which Sandbox resource
+    metrics: OperatorMetrics  # the process's (kube/application.py owns them)
+    away: ApiServerAway  # where an API server that does not answer is reported (said once)
