@@ -187,6 +187,7 @@ def _register() -> None:
         operator,
         run,
         runs,
+        sandbox_calls,
         sandboxes,
         ui,
         worker,
@@ -211,6 +212,9 @@ def _register() -> None:
         _accept_global_options(command)
         cli.add_command(command)
     cli.add_command(operator.operator)
+    for sub in sandbox_calls.sandbox.commands.values():
+        _accept_global_options(sub)
+    cli.add_command(sandbox_calls.sandbox)
 
 
 _register()

@@ -69,6 +69,18 @@ def _modules(value: str) -> tuple[str, ...]:
               help="Serve Prometheus metrics (/metrics), liveness (/healthz) and readiness (/readyz) on this port "
                    "(docs/operations.md) [default: not served].")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address for --metrics-port.")
+@click.option("--session-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve the Sandboxes' call API (docs/agents.md) on this port: agents call a Sandbox one call at a "
+                   "time, journaled, with their own Kubernetes token.")
+@click.option("--session-host", default="0.0.0.0", show_default=True, help="Address for --session-port.")
+@click.option("--session-tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Serve the call API over HTTPS with this certificate (PEM); with --session-tls-key.")
+@click.option("--session-tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The private key (PEM) of --session-tls-cert.")
+@click.option("--session-max-concurrent-calls", type=click.IntRange(1), default=4, show_default=True,
+              help="Calls of one Sandbox in flight or waiting their turn in this replica; more are refused (429).")
+@click.option("--session-max-request-bytes", type=click.IntRange(1024), default=1 << 20, show_default=True,
+              help="The largest call request body (write_file contents included); larger is refused (413).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               envvar="DSB_LOG_FORMAT", show_envvar=True,
               help="text: one line per record; json: one JSON object per line (time, level, logger, message, and "
@@ -91,6 +103,12 @@ def operator(
     liveness: str | None,
     metrics_port: int | None,
     metrics_host: str,
+    session_port: int | None,
+    session_host: str,
+    session_tls_cert: str | None,
+    session_tls_key: str | None,
+    session_max_concurrent_calls: int,
+    session_max_request_bytes: int,
     log_format: LogFormat,
     verbose: bool,
 ) -> None:
@@ -137,9 +155,27 @@ def operator(
     if metrics_port is not None:
         handlers.STARTUP_HOOKS.append(operator_startup_hook(METRICS, port=metrics_port, host=metrics_host))
         handlers.SHUTDOWN_HOOKS.append(stop_servers)
+    if session_port is not None:
+        _serve_sessions(handlers, namespaces, port=session_port, host=session_host, cert=session_tls_cert,
+                        key=session_tls_key, concurrent=session_max_concurrent_calls, request_bytes=session_max_request_bytes)
     problem = handlers.run(namespaces=list(namespaces), liveness=liveness)
     if problem is not None:
         raise CliError(problem, code=EXIT_FAILED)
+
+
+def _serve_sessions(handlers: Any, namespaces: tuple[str, ...], *, port: int, host: str, cert: str | None,
+                    key: str | None, concurrent: int, request_bytes: int) -> None:
+    """Have the operator serve the Sandboxes' call API (sessions/) from its startup on."""
+    if (cert is None) != (key is None):
+        raise CliError("--session-tls-cert and --session-tls-key go together: give both (HTTPS) or neither (HTTP)")
+    from durable_sandbox.sessions.models import Limits
+    from durable_sandbox.sessions.startup import SessionApiSettings, session_api_hooks
+
+    start, stop = session_api_hooks(SessionApiSettings(
+        port=port, host=host, certfile=cert, keyfile=key,
+        limits=Limits(max_concurrent_calls=concurrent, max_request_bytes=request_bytes)), list(namespaces))
+    handlers.STARTUP_HOOKS.append(start)
+    handlers.SHUTDOWN_HOOKS.append(stop)
 
 
 def _provider_options(name: str) -> dict[str, Any]:
