@@ -184,6 +184,7 @@ def _register() -> None:
         inspect,
         lifecycle,
         logs,
+        mcp,
         operator,
         run,
         runs,
@@ -208,6 +209,7 @@ def _register() -> None:
         lifecycle.prune,
         worker.worker,
         ui.ui,
+        mcp.mcp_cmd,
     ):
         _accept_global_options(command)
         cli.add_command(command)
