@@ -215,3 +215,21 @@ def test_the_docs_commands_call_a_sandbox(control_plane: ControlPlane, namespace
     with SandboxClient.attach("dev-box", namespace=ns, url=f"http://127.0.0.1:{port}", token=token) as box:
         assert box.read_file("greeting.txt") == "hello\n"
     assert token not in op.logs()
+
+
+def test_an_idle_suspended_sandbox_is_resumed_by_the_next_call(control_plane: ControlPlane, namespace: str,
+                                                               operators: Any) -> None:
+    """A session call counts as use for idleSuspendAfterSeconds; after the idle suspend, the next call takes the
+    Sandbox, which resumes it from its snapshot, and runs once it is Ready: the files are intact."""
+    cp, ns, port = control_plane, namespace, free_port()
+    start(operators, port)
+    cp.apply(sandbox("box", idleSuspendAfterSeconds=3), "-n", ns)
+    first = wait_for(cp, ns, "box", "Ready")["providerId"]
+    token = caller_token(cp, ns, "agent", granted=True)
+    with SandboxClient.attach("box", namespace=ns, url=f"http://127.0.0.1:{port}", token=token) as box:
+        assert box.write_file("kept/notes.txt", "before the idle suspend\n").exit_code == 0
+        suspended = wait_for(cp, ns, "box", "Suspended", timeout=120)
+        assert not suspended.get("providerId")
+        assert box.read_file("kept/notes.txt") == "before the idle suspend\n"
+    resumed = status(cp, ns, "box")
+    assert resumed["providerId"] and resumed["providerId"] != first and not resumed.get("holder")
