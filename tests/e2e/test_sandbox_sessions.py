@@ -35,7 +35,7 @@ from tests.e2e.operator_support import (
     operators,
 )
 from tests.e2e.operator_support import wait_condition as wait_workflow
-from tests.e2e.sandbox_support import sandbox, status, wait_for
+from tests.e2e.sandbox_support import sandbox, set_suspend, status, wait_for
 
 __all__ = ["namespace", "operators"]  # fixtures
 
@@ -233,3 +233,25 @@ def test_an_idle_suspended_sandbox_is_resumed_by_the_next_call(control_plane: Co
         assert box.read_file("kept/notes.txt") == "before the idle suspend\n"
     resumed = status(cp, ns, "box")
     assert resumed["providerId"] and resumed["providerId"] != first and not resumed.get("holder")
+
+
+def test_a_sandbox_suspended_on_request_refuses_calls_until_resumed(control_plane: ControlPlane, namespace: str,
+                                                                   operators: Any, tmp_path: Path) -> None:
+    cp, ns, port = control_plane, namespace, free_port()
+    start(operators, port)
+    cp.apply(sandbox("box"), "-n", ns)
+    wait_for(cp, ns, "box", "Ready")
+    token = caller_token(cp, ns, "agent", granted=True)
+    log = tmp_path / "effects.log"
+    with SandboxClient.attach("box", namespace=ns, url=f"http://127.0.0.1:{port}", token=token) as box:
+        box.write_file("a.txt", "kept\n")
+        set_suspend(cp, ns, "box", True)
+        wait_for(cp, ns, "box", "Suspended")
+        with pytest.raises(SandboxCallError) as refused:
+            box.run(f"echo s1 >> {log}", operation_id="s1")
+        assert refused.value.status == 409 and refused.value.error["where"].endswith("spec.suspend")
+        assert effects(log) == [] and not status(cp, ns, "box").get("holder")
+        set_suspend(cp, ns, "box", False)
+        wait_for(cp, ns, "box", "Ready")
+        assert box.run(f"echo s1 >> {log}; cat a.txt", operation_id="s1").stdout == "kept\n"
+    assert effects(log) == ["s1"]

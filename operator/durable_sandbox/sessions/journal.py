@@ -82,13 +82,6 @@ class SessionJournal:
     async def _attached(self, run_id: str, _name: str) -> SandboxHandle:
         return self._handles[run_id]
 
-    async def answered(self, ref: SandboxRef, call: ToolCall) -> Answered | None:
-        """The journaled result of ``call`` if its operation id completed already (no lease, no holder needed)."""
-        run_id = calls_run_id(ref.uid)
-        if await self.store.get_run(run_id) is None:
-            return None
-        return _completed(ref, await self.store.load_journal(run_id), call)
-
     async def call(self, ref: SandboxRef, live: Callable[[], AbstractAsyncContextManager[tuple[SandboxHandle, SandboxProvider]]],
                    call: ToolCall) -> Answered:
         """Run ``call`` in the Sandbox's live sandbox, journaled (see the module's docstring). ``live`` takes the

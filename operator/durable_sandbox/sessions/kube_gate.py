@@ -61,27 +61,39 @@ class KubeSandboxGate:
             await self.holding.release(ref.namespace, ref.name, SESSION_CLAIM)
 
     async def _take(self, ref: SandboxRef) -> SandboxHandle:
+        await self._refuse_if_held(ref)
+        try:
+            return await self._wait_live(ref)
+        except BaseException:
+            # Taking an idle-suspended Sandbox holds it while it resumes: a call that gives up lets go of it.
+            await self.holding.release(ref.namespace, ref.name, SESSION_CLAIM)
+            raise
+
+    async def _wait_live(self, ref: SandboxRef) -> SandboxHandle:
         deadline = time.monotonic() + self.ready_timeout
         while True:
-            await self._refuse_if_held(ref)
             try:
                 return await self.holding.live_handle(ref.namespace, ref.name, SESSION_CLAIM)
             except SandboxHeld as waits:
                 why = str(waits)
             await self._refuse_if_held(ref)
             if time.monotonic() > deadline:
-                await self.holding.release(ref.namespace, ref.name, SESSION_CLAIM)
                 raise CallRefused(503, f"the Sandbox has no live sandbox yet: {why}", where=ref.where,
                                   do="retry the call with the same operationId; `kubectl describe dsbx` says what it "
-                                  "waits for (spec.suspend: true keeps it suspended)")
+                                  "waits for")
             await asyncio.sleep(POLL)
 
     async def _refuse_if_held(self, ref: SandboxRef) -> None:
-        """409 while a running Workflow holds the Sandbox (or it was re-created: another uid)."""
+        """409 while a running Workflow holds the Sandbox or spec.suspend keeps it suspended (404 if it was
+        re-created: another uid)."""
         body = await self.objects.get(SANDBOXES, ref.namespace, ref.name)
         if body is None or body["metadata"]["uid"] != ref.uid:
             raise CallRefused(404, "the Sandbox was deleted (or re-created) while the call waited", where=ref.where,
                               do="send the call again to the Sandbox as it is now")
+        if (body.get("spec") or {}).get("suspend"):
+            raise CallRefused(409, "the Sandbox is suspended on request (spec.suspend: true)", where=f"{ref.where}, "
+                              "spec.suspend", do="set spec.suspend to false (kubectl patch dsbx ... --type=merge -p "
+                              "'{\"spec\":{\"suspend\":false}}'), then retry with the same operationId")
         holder = await self.holding.running_holder(ref.namespace, await self.records.read(ref.namespace, ref.uid))
         if holder is not None and holder != SESSION_CLAIM:
             raise CallRefused(409, f"the Sandbox is held by Workflow {holder!r} (spec.sandboxRef): one holder at a "
