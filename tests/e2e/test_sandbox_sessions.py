@@ -63,6 +63,15 @@ def start(operators: Any, port: int, **kwargs: Any) -> OperatorProcess:
     return op
 
 
+def ready_box(cp: ControlPlane, ns: str, operators: Any, port: int) -> str:
+    """An operator serving the call API on ``port``, Sandbox ``box`` Ready, and a token of a ServiceAccount that may
+    call it."""
+    start(operators, port)
+    cp.apply(sandbox("box"), "-n", ns)
+    wait_for(cp, ns, "box", "Ready")
+    return caller_token(cp, ns, "agent", granted=True)
+
+
 def effects(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -165,10 +174,7 @@ def test_callers_without_the_permission_are_refused_and_nothing_runs(
 def test_a_sandbox_held_by_a_workflow_refuses_session_calls(control_plane: ControlPlane, namespace: str,
                                                            operators: Any, tmp_path: Path) -> None:
     cp, ns, port = control_plane, namespace, free_port()
-    start(operators, port)
-    cp.apply(sandbox("box"), "-n", ns)
-    wait_for(cp, ns, "box", "Ready")
-    token = caller_token(cp, ns, "agent", granted=True)
+    token = ready_box(cp, ns, operators, port)
     gate, log = tmp_path / "gate", tmp_path / "effects.log"
     cp.apply(manifest("writer", toolCalls=[{"type": "shell", "command": f"while [ ! -e {gate} ]; do sleep 0.05; done"}],
                       sandbox=None, sandboxRef={"name": "box"}, snapshotEveryNCalls=None), "-n", ns)
@@ -238,10 +244,7 @@ def test_an_idle_suspended_sandbox_is_resumed_by_the_next_call(control_plane: Co
 def test_a_sandbox_suspended_on_request_refuses_calls_until_resumed(control_plane: ControlPlane, namespace: str,
                                                                    operators: Any, tmp_path: Path) -> None:
     cp, ns, port = control_plane, namespace, free_port()
-    start(operators, port)
-    cp.apply(sandbox("box"), "-n", ns)
-    wait_for(cp, ns, "box", "Ready")
-    token = caller_token(cp, ns, "agent", granted=True)
+    token = ready_box(cp, ns, operators, port)
     log = tmp_path / "effects.log"
     with SandboxClient.attach("box", namespace=ns, url=f"http://127.0.0.1:{port}", token=token) as box:
         box.write_file("a.txt", "kept\n")
