@@ -98,8 +98,10 @@ def test_an_agent_calls_a_sandbox_once_per_operation_id(control_plane: ControlPl
         assert (failed.exit_code, failed.stderr) == (3, "to-stderr\n")
     assert effects(log) == ["c1"]
     assert call_rows(cp, ns, uid, "c1") == ["started", "completed"]
-    # The journal keeps env names, never their values; the call journal goes with its Sandbox.
-    assert "s3cr3t-value" not in json.dumps(cp.kubectl_json("get", "journals", "-n", ns))
+    # The journal keeps env names, never their values; the caller's token is nowhere the operator writes.
+    written = json.dumps([cp.kubectl_json("get", kind, "-n", ns) for kind in ("journals", "events", "dsbx")])
+    assert "s3cr3t-value" not in written and token not in written
+    # The call journal goes with its Sandbox.
     cp.kubectl("delete", "dsbx", "box", "-n", ns, "--wait=true", "--timeout=90s")
     wait_until(lambda: not journal_objects(cp, ns, uid), 60, "the call journal to go with its Sandbox")
 
