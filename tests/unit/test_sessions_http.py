@@ -75,3 +75,19 @@ async def test_the_token_is_in_no_answer_and_no_log_line(tmp_path: Path, caplog:
     assert "call s1 (shell) by alice" in caplog.text
     for text in (ok.text, refused.text, caplog.text):
         assert "good-token" not in text and "other-token" not in text
+
+
+async def test_an_unexpected_failure_is_a_json_error_saying_what_failed(tmp_path: Path) -> None:
+    gate = await local_gate(tmp_path / "home")
+
+    async def broken_find(namespace: str, name: str) -> object:
+        raise RuntimeError("the record could not be read")
+
+    gate.find = broken_find  # type: ignore[method-assign,assignment]
+    app = create_app(service(SqliteStore(tmp_path / "runs.db"), gate))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sessions") as http:
+        answer = await http.post(f"{URL}/shell", headers=AUTH, json={"operationId": "s1", "command": "true"})
+    assert answer.status_code == 500
+    error = answer.json()["error"]
+    assert error["what"] == "the call failed: RuntimeError: the record could not be read"
+    assert error["where"] == "Sandbox demo/box" and "same operationId" in error["do"] and not error["retry"]

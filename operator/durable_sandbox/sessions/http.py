@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from durable_sandbox.engine.errors import DurableError
+from durable_sandbox.kube.client import brief, is_transient
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.models import CALL_KINDS, request_model
@@ -60,6 +61,11 @@ def create_app(service: SessionService) -> Starlette:
         except DurableError as exc:
             return _refusal(CallRefused(500, str(exc), where=where,
                                         do="see the operator's log for this Sandbox; retry with the same operationId"))
+        except Exception as exc:  # the API server away, a damaged record, a bug: the caller is told, the log has it
+            log.exception("%s: a call failed", where)
+            return _refusal(CallRefused(503 if is_transient(exc) else 500, f"the call failed: {brief(exc)}",
+                                        where=where, do="retry with the same operationId (a call that completed is "
+                                        "not run again); the operator's log has the details"))
 
     async def healthz(_: Request) -> Response:
         return Response("ok\n")
