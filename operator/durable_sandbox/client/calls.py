@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import time
 import uuid
 from collections.abc import Callable
@@ -104,8 +105,11 @@ def _target(name: str, namespace: str | None, url: str | None, token: str | None
                    token_source(token=token, kubeconfig=kubeconfig, context=context))
 
 
-def _verify(verify: bool | str | None) -> bool | str:
-    return verify if verify is not None else os.environ.get(CA_ENV) or True
+def _verify(verify: bool | str | None) -> bool | ssl.SSLContext:
+    """True (the system's CAs), False (no check: never in production), or a context trusting the CA bundle named
+    by ``verify`` or $DSB_SESSION_CA."""
+    chosen = verify if verify is not None else os.environ.get(CA_ENV) or True
+    return ssl.create_default_context(cafile=chosen) if isinstance(chosen, str) else chosen
 
 
 def _shell(command: str, timeout: float | None, cwd: str | None, env: dict[str, str] | None) -> dict[str, Any]:
