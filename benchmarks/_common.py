@@ -8,8 +8,10 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sqlite3
 import statistics
+import subprocess
 import tempfile
 import time
 import traceback
@@ -177,3 +179,12 @@ def run_in_workdir(prefix: str, tmp: str | None, run: Callable[[Path], dict[str,
     shutil.rmtree(workdir, ignore_errors=True)
     report(res)
     write_results(res, out)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    """SIGTERM (a replica hands its work over), then SIGKILL if it has not exited within ``timeout`` seconds."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()

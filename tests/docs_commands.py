@@ -146,7 +146,20 @@ BENCHMARK = NotRun(
     "a benchmark: minutes of deliberate load whose figures are measured, not asserted; "
     "tests/unit/test_benchmarks_smoke.py runs each part at a tiny size so they do not rot")
 
+AGENTS = "tests/e2e/test_sandbox_sessions.py::test_the_docs_commands_call_a_sandbox"
+AGENTS_NOTE = ("in the test's namespace instead of demo and with the test operator's port instead of 8443 (the "
+               "machine is shared); the ClusterRole is the chart's rule, applied by the test")
+
 PROOFS: dict[str, dict[str, Run | NotRun]] = {
+    "docs/agents.md": {
+        "kubectl create serviceaccount agent -n demo": Run(AGENTS, note=AGENTS_NOTE),
+        "kubectl create rolebinding agent-calls --clusterrole=durable-sandbox-sandbox-caller "
+        "--serviceaccount=demo:agent -n demo": Run(AGENTS, note=AGENTS_NOTE),
+        "export DSB_SESSION_URL=http://127.0.0.1:8443": Run(AGENTS, note=AGENTS_NOTE),
+        'export DSB_SESSION_TOKEN="$(kubectl create token agent -n demo)"': Run(AGENTS, note=AGENTS_NOTE),
+        "dsb -n demo sandbox exec dev-box -- sh -c 'echo hello > greeting.txt; cat greeting.txt'":
+            Run(AGENTS, note=AGENTS_NOTE),
+    },
     "README.md": {
         "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && dsb run examples/hello-workflow.yaml":
             Run(README, note="the `dsb run` at its end; the venv and `pip install -e .` are what scripts/test does "
@@ -200,6 +213,7 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "python benchmarks/kubernetes_provider.py --image docker.io/library/busybox:1.36 --namespace default --profile":
             BENCHMARK,
         "python benchmarks/warm_pool.py --image docker.io/library/busybox:1.36 --namespace default": BENCHMARK,
+        "python benchmarks/session_calls.py --calls 200": BENCHMARK,
     },
     "docs/cli.md": {
         **{text: Run(CLI) for text in (

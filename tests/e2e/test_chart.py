@@ -584,3 +584,27 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
     assert removed.returncode == 0, removed.stderr
     # Users (here the admin) still edit spec freely: the policy matches the operator's ServiceAccount only.
     cluster.kubectl("patch", "workflow", "hello", "-n", "team-a", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+
+
+def test_the_session_api_values_render_its_port_service_tls_and_rbac(helm: Path, helm_home: Path) -> None:
+    """sessionApi.enabled (docs/agents.md): the operator serves the call API on its port, over TLS from the named
+    Secret; a Service; the callers' ClusterRole (create sandboxes/calls, nothing else); and the operator's own
+    right to ask TokenReview and SubjectAccessReview, nothing more."""
+    docs = render(helm, helm_home, "--set", "sessionApi.enabled=true", "--set", "sessionApi.tls.existingSecret=dsb-tls",
+                  "--set", "watchNamespaces={team-a}")
+    [container] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert {"--session-port=8443", "--session-max-concurrent-calls=4", "--session-max-request-bytes=1048576",
+            "--session-tls-cert=/etc/durable-sandbox/session-tls/tls.crt",
+            "--session-tls-key=/etc/durable-sandbox/session-tls/tls.key"} <= set(container["args"])
+    assert {"name": "sessions", "containerPort": 8443, "protocol": "TCP"} in container["ports"]
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "session-tls", "secret": {"secretName": "dsb-tls"}} in volumes
+    sessions = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == f"{SA_NAME}-sessions"]
+    assert [p["targetPort"] for p in sessions[0]["spec"]["ports"]] == ["sessions"]
+    roles = {r["metadata"]["name"]: rules_by_resource(r) for r in by_kind(docs, "ClusterRole")}
+    assert roles == {"durable-sandbox-sandbox-caller": {"sandboxes/calls.durable-sandbox.dev": {"create"}},
+                     f"{SA_NAME}-session-auth": {"tokenreviews.authentication.k8s.io": {"create"},
+                                                 "subjectaccessreviews.authorization.k8s.io": {"create"}}}
+    [binding] = by_kind(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == f"{SA_NAME}-session-auth"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA_NAME, "namespace": OPERATOR_NS}]

@@ -184,9 +184,11 @@ def _register() -> None:
         inspect,
         lifecycle,
         logs,
+        mcp,
         operator,
         run,
         runs,
+        sandbox_calls,
         sandboxes,
         ui,
         worker,
@@ -207,10 +209,14 @@ def _register() -> None:
         lifecycle.prune,
         worker.worker,
         ui.ui,
+        mcp.mcp_cmd,
     ):
         _accept_global_options(command)
         cli.add_command(command)
     cli.add_command(operator.operator)
+    for sub in sandbox_calls.sandbox.commands.values():
+        _accept_global_options(sub)
+    cli.add_command(sandbox_calls.sandbox)
 
 
 _register()

@@ -32,7 +32,7 @@ from durable_sandbox.kube.journals import open_journal
 from durable_sandbox.kube.metrics import OperatorMetrics, process_metrics
 from durable_sandbox.kube.metrics_server import MetricsServer, Readiness, start_metrics_server
 from durable_sandbox.kube.pool import PoolController, PoolSettings
-from durable_sandbox.kube.process_config import OperatorConfig
+from durable_sandbox.kube.process_config import OperatorConfig, Service
 from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.sandbox import SandboxController, SandboxControllerSettings
 from durable_sandbox.kube.sweep_task import SweepTask
@@ -71,6 +71,7 @@ class OperatorApplication:
         self._sweep: SweepTask | None = None
         self._server: MetricsServer | None = None
         self._stopping: asyncio.Task[None] | None = None
+        self._services: list[Service] = []  # config.services started, stopped in reverse at close
 
     # ------------------------------------------------------------------ what it runs
 
@@ -122,6 +123,9 @@ class OperatorApplication:
         await wait_until_served(api, wanted)
         api.away.configure(lambda: list_one(api, wanted, WORKFLOWS))
         self._sweep = SweepTask.start(api, self._serving.workflows, namespaces, self.metrics)
+        for service in self.config.services:
+            await service.start(self._serving.workflows)
+            self._services.append(service)
         self.readiness.ready()
         config, policy = self.config, self.config.policy
         log.info("operator %s serving Workflows (default provider %s; local provider %s; workflow modules: %s; journal "
@@ -210,6 +214,8 @@ class OperatorApplication:
         controllers, the runs (handed over, if a signal did not already), the journals, the API client; the
         metrics server last, so that it answers while the runs are handed over."""
         try:
+            while self._services:  # first: a service uses the controllers closed below
+                await self._services.pop().stop()
             await self.away.aclose()
             sweep, self._sweep = self._sweep, None
             if sweep is not None:

@@ -27,7 +27,14 @@ from durable_sandbox.kube.resources import SANDBOXES, CustomObjects
 from durable_sandbox.kube.sandbox_records import ACTIVE_AT, HOLDER, IDLE_CLAIM, IDLE_SUSPENDED, SandboxRecords
 from durable_sandbox.providers.contract import SandboxHandle
 
-__all__ = ["Holding", "RunLive", "SandboxHeld"]
+__all__ = ["SESSION_CLAIM", "SESSION_HOLD_SECONDS", "Holding", "RunLive", "SandboxHeld"]
+
+# The holder while a session call (``sessions/``: an agent calling the Sandbox directly) runs: taken with the same
+# compare-and-swap before the call and let go after it, so a Workflow and a session call never share the sandbox.
+# It has no run to ask whether it still goes: it holds until let go or for SESSION_HOLD_SECONDS after it was taken
+# (``lastActiveAt``), the longest call plus a margin, so an operator killed mid-call holds nothing for ever.
+SESSION_CLAIM = "(session)"
+SESSION_HOLD_SECONDS = 3600.0 + 60.0
 
 # (namespace, Workflow name) -> whether that Workflow exists and its run has not finished (from its journal).
 RunLive = Callable[[str, str], Awaitable[bool]]
@@ -54,6 +61,8 @@ class Holding:
         """The Workflow holding the Sandbox of ``record`` if its run still goes, else None (also while the idle
         timer holds it: that claim is the Sandbox controller's own, let go when its suspend ends)."""
         holder = record.get(HOLDER)
+        if holder == SESSION_CLAIM:
+            return holder if time.time() - float(record.get(ACTIVE_AT) or 0) < SESSION_HOLD_SECONDS else None
         if not holder or holder == IDLE_CLAIM or not await self.run_live(namespace, str(holder)):
             return None
         return str(holder)

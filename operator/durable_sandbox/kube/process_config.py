@@ -4,19 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_sandbox.kube.journals import ApiServerJournal, JournalChoice
 from durable_sandbox.kube.metrics import OperatorMetrics
 from durable_sandbox.kube.workflow.settings import OperatorPolicy, OperatorSettings
 from durable_sandbox.providers.contract import SandboxProvider
 
-__all__ = ["OperatorConfig", "PoolProviderFactory", "ProviderFactory"]
+if TYPE_CHECKING:
+    from durable_sandbox.kube.controller import Operator
+
+__all__ = ["OperatorConfig", "PoolProviderFactory", "ProviderFactory", "Service"]
 
 # Makes the provider of a name, counted in the operator's metrics (the CLI's: the registry's, instrumented).
 ProviderFactory = Callable[[str, OperatorMetrics], SandboxProvider]
 # Makes the kubernetes provider for SandboxPools' Pods (with the pool key), its claims counted in the metrics.
 PoolProviderFactory = Callable[[OperatorMetrics], Any]
+
+
+class Service(Protocol):
+    """Something the process serves beside its controllers, from its parts (the Sandboxes' call API,
+    ``sessions/``): started once the controllers are built, stopped first at close (it may use them)."""
+
+    async def start(self, workflows: Operator) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -33,3 +45,4 @@ class OperatorConfig:
     pool_provider: PoolProviderFactory | None = None  # None: pools say the provider is off here
     metrics_port: int | None = None  # /metrics, /healthz, /readyz (kube/metrics_server.py); None: not served
     metrics_host: str = "0.0.0.0"
+    services: tuple[Service, ...] = ()  # served beside the controllers (the call API); started and stopped here

@@ -298,6 +298,7 @@ class SandboxSession:
         operation_ids: Sequence[str | None] | None = None,
         owner: str | None = None,
         attach: str | None = None,
+        next_index: int = 0,
     ) -> None:
         if snapshot_every < 0:
             raise ValueError(f"snapshot_every must be >= 0, not {snapshot_every}")
@@ -330,7 +331,9 @@ class SandboxSession:
         )
         self._operation_ids = list(operation_ids or [])
         self._calls: dict[str, ToolCall] = {}
-        self._next_index = 0
+        # Where the session's next call goes: 0 for a workflow (its code calls from the first again on replay);
+        # a Sandbox's own session (sessions/journal.py) is opened for one call at its place in the order.
+        self._next_index = next_index
         self.state = SessionState.derive(sid, rt.known_rows())
         self.generation = self.state.reopen_for(rt.epoch)
         self._suspended = False

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from durable_sandbox.kube.journals import JournalChoice
     from durable_sandbox.kube.metrics import OperatorMetrics
     from durable_sandbox.kube.oplog import LogFormat
-    from durable_sandbox.kube.process_config import PoolProviderFactory, ProviderFactory
+    from durable_sandbox.kube.process_config import PoolProviderFactory, ProviderFactory, Service
     from durable_sandbox.providers.contract import SandboxProvider
 
 
@@ -73,6 +73,18 @@ def _modules(value: str) -> tuple[str, ...]:
               help="Serve Prometheus metrics (/metrics), liveness (/healthz) and readiness (/readyz) on this port "
                    "(docs/operations.md) [default: not served].")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address for --metrics-port.")
+@click.option("--session-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve the Sandboxes' call API (docs/agents.md) on this port: agents call a Sandbox one call at a "
+                   "time, journaled, with their own Kubernetes token.")
+@click.option("--session-host", default="0.0.0.0", show_default=True, help="Address for --session-port.")
+@click.option("--session-tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Serve the call API over HTTPS with this certificate (PEM); with --session-tls-key.")
+@click.option("--session-tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The private key (PEM) of --session-tls-cert.")
+@click.option("--session-max-concurrent-calls", type=click.IntRange(1), default=4, show_default=True,
+              help="Calls of one Sandbox in flight or waiting their turn in this replica; more are refused (429).")
+@click.option("--session-max-request-bytes", type=click.IntRange(1024), default=1 << 20, show_default=True,
+              help="The largest call request body (write_file contents included); larger is refused (413).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               envvar="DSB_LOG_FORMAT", show_envvar=True,
               help="text: one line per record; json: one JSON object per line (time, level, logger, message, and "
@@ -95,6 +107,12 @@ def operator(
     liveness: str | None,
     metrics_port: int | None,
     metrics_host: str,
+    session_port: int | None,
+    session_host: str,
+    session_tls_cert: str | None,
+    session_tls_key: str | None,
+    session_max_concurrent_calls: int,
+    session_max_request_bytes: int,
     log_format: LogFormat,
     verbose: bool,
 ) -> None:
@@ -133,10 +151,13 @@ def operator(
         raise CliError(str(exc), code=EXIT_FAILED) from None
     except Exception as exc:
         raise CliError(f"Cannot read the journal key Secret: {type(exc).__name__}: {exc}", code=EXIT_FAILED) from None
+    services = () if session_port is None else (_session_api(
+        namespaces, port=session_port, host=session_host, cert=session_tls_cert, key=session_tls_key,
+        concurrent=session_max_concurrent_calls, request_bytes=session_max_request_bytes),)
     config = OperatorConfig(
         policy=policy, settings=settings, namespaces=tuple(namespaces), journal_key=key,
         journal=_journal_choice(journal_dsn), providers=_provider_factory(key), pool_provider=_pool_provider(key),
-        metrics_port=metrics_port, metrics_host=metrics_host,
+        metrics_port=metrics_port, metrics_host=metrics_host, services=services,
     )
     problem = handlers.run(OperatorApplication(config, away=away), liveness=liveness)
     if problem is not None:
@@ -152,6 +173,19 @@ def _provider_factory(key: bytes | None) -> ProviderFactory:
         return metrics.instrument(create_provider(name, **_provider_options(name, key, metrics)))
 
     return make
+
+
+def _session_api(namespaces: tuple[str, ...], *, port: int, host: str, cert: str | None, key: str | None,
+                 concurrent: int, request_bytes: int) -> Service:
+    """The Sandboxes' call API (sessions/), served by the operator process beside its controllers."""
+    if (cert is None) != (key is None):
+        raise CliError("--session-tls-cert and --session-tls-key go together: give both (HTTPS) or neither (HTTP)")
+    from durable_sandbox.sessions.models import Limits
+    from durable_sandbox.sessions.startup import SessionApiService, SessionApiSettings
+
+    return SessionApiService(SessionApiSettings(
+        port=port, host=host, certfile=cert, keyfile=key,
+        limits=Limits(max_concurrent_calls=concurrent, max_request_bytes=request_bytes)), tuple(namespaces))
 
 
 def _provider_options(name: str, key: bytes | None, metrics: OperatorMetrics) -> dict[str, Any]:

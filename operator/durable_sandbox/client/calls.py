@@ -1,0 +1,248 @@
+"""The client's calls, sync and async over httpx, with one retry rule for both (``_retry_after``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from durable_sandbox.client.credentials import default_namespace, token_source
+
+__all__ = ["AsyncSandboxClient", "CallResult", "SandboxCallError", "SandboxClient"]
+
+URL_ENV = "DSB_SESSION_URL"  # the call API's address when none is given
+CA_ENV = "DSB_SESSION_CA"  # a CA bundle to verify it with (HTTPS)
+RETRY_FOR = 120.0  # seconds a call is retried (same operation id) across disconnects and retryable refusals
+FIRST_DELAY, MAX_DELAY = 0.2, 5.0
+
+
+@dataclass(frozen=True)
+class CallResult:
+    operation_id: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    stdout_bytes: int | None = None  # a cut stream's full size (the journal keeps its first and last 64 KiB)
+    stderr_bytes: int | None = None
+    replayed: bool = False  # answered from the journal: the call had run before this request
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> CallResult:
+        return cls(operation_id=data["operationId"], exit_code=int(data["exitCode"]), stdout=data.get("stdout", ""),
+                   stderr=data.get("stderr", ""), stdout_bytes=data.get("stdoutBytes"),
+                   stderr_bytes=data.get("stderrBytes"), replayed=bool(data.get("replayed")))
+
+
+class SandboxCallError(RuntimeError):
+    """The call API refused a call: ``status`` and the server's what/where/do."""
+
+    def __init__(self, status: int, error: dict[str, Any]) -> None:
+        self.status = status
+        self.error = error
+        super().__init__(f"{status} {error.get('reason', '')}: {error.get('what', '')} ({error.get('where', '')}); "
+                         f"{error.get('do', '')}")
+
+
+def _error_of(response: httpx.Response) -> SandboxCallError:
+    try:
+        error = response.json().get("error") or {}
+    except ValueError:
+        error = {"what": response.text[:500], "where": str(response.url), "do": "check the call API's address"}
+    return SandboxCallError(response.status_code, error)
+
+
+def _retry_after(outcome: httpx.Response | Exception, attempt: int, started: float, retry_for: float) -> float | None:
+    """How long to wait before sending the same call again, or None to stop: a lost connection (the request or its
+    answer may be lost: the journal answers a repeat) and refusals the server marks ``retry``."""
+    if time.monotonic() - started > retry_for:
+        return None
+    if isinstance(outcome, httpx.Response):
+        if outcome.status_code < 400:
+            return None
+        try:
+            retry = bool((outcome.json().get("error") or {}).get("retry"))
+        except ValueError:
+            retry = outcome.status_code in (502, 503, 504)  # a proxy's answer, not the API's
+        if not retry:
+            return None
+    elif not isinstance(outcome, httpx.TransportError):
+        return None
+    return min(FIRST_DELAY * 2 ** attempt, MAX_DELAY)
+
+
+def _operation_id(given: str | None) -> str:
+    return given or f"c-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class _Target:
+    url: str
+    namespace: str
+    name: str
+    token: Callable[[], str]
+
+    def path(self, kind: str) -> str:
+        return f"{self.url.rstrip('/')}/v1/namespaces/{self.namespace}/sandboxes/{self.name}/{kind}"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token()}"}
+
+
+def _target(name: str, namespace: str | None, url: str | None, token: str | None, kubeconfig: str | None,
+            context: str | None) -> _Target:
+    address = url or os.environ.get(URL_ENV)
+    if not address:
+        raise ValueError(f"no call API address: pass url=... or set ${URL_ENV} (the operator's --session-port, e.g. "
+                         f"https://durable-sandbox-sessions.durable-sandbox-system.svc:8443)")
+    return _Target(address, namespace or default_namespace(kubeconfig=kubeconfig, context=context), name,
+                   token_source(token=token, kubeconfig=kubeconfig, context=context))
+
+
+def _verify(verify: bool | str | None) -> bool | ssl.SSLContext:
+    """True (the system's CAs), False (no check: never in production), or a context trusting the CA bundle named
+    by ``verify`` or $DSB_SESSION_CA."""
+    chosen = verify if verify is not None else os.environ.get(CA_ENV) or True
+    return ssl.create_default_context(cafile=chosen) if isinstance(chosen, str) else chosen
+
+
+def _shell(command: str, timeout: float | None, cwd: str | None, env: dict[str, str] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"command": command}
+    if timeout is not None:
+        body["timeout"] = timeout
+    if cwd is not None:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = dict(env)
+    return body
+
+
+class SandboxClient:
+    """A Sandbox's calls, one at a time (blocking). ``attach`` names it; close it (or use ``with``)."""
+
+    def __init__(self, target: _Target, *, verify: bool | str | None = None, retry_for: float = RETRY_FOR,
+                 timeout: float = 3700.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.target = target
+        self.retry_for = retry_for
+        self._http = httpx.Client(verify=_verify(verify), timeout=timeout, transport=transport)
+
+    @classmethod
+    def attach(cls, name: str, *, namespace: str | None = None, url: str | None = None, token: str | None = None,
+               kubeconfig: str | None = None, context: str | None = None, **options: Any) -> SandboxClient:
+        return cls(_target(name, namespace, url, token, kubeconfig, context), **options)
+
+    def call(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> CallResult:
+        """Send one call (``kind`` and its fields), retried with the same operation id until it is answered."""
+        body = {**body, "operationId": _operation_id(operation_id)}
+        started, attempt = time.monotonic(), 0
+        while True:
+            outcome: httpx.Response | Exception
+            try:
+                outcome = self._http.post(self.target.path(kind), json=body, headers=self.target.headers())
+            except httpx.TransportError as exc:
+                outcome = exc
+            wait = _retry_after(outcome, attempt, started, self.retry_for)
+            if wait is None:
+                return _answer(outcome)
+            time.sleep(wait)
+            attempt += 1
+
+    def run(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
+            env: dict[str, str] | None = None, operation_id: str | None = None) -> CallResult:
+        return self.call("shell", _shell(command, timeout, cwd, env), operation_id)
+
+    def write_file(self, path: str, contents: str, *, operation_id: str | None = None) -> CallResult:
+        return self.call("write_file", {"path": path, "contents": contents}, operation_id)
+
+    def read_file(self, path: str, *, operation_id: str | None = None) -> str:
+        result = self.call("read_file", {"path": path}, operation_id)
+        if result.exit_code != 0:
+            raise FileNotFoundError(result.stderr.strip() or path)
+        return result.stdout
+
+    def list(self, path: str = ".", *, operation_id: str | None = None) -> list[str]:
+        return _entries(self.call("list", {"path": path}, operation_id), path)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SandboxClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class AsyncSandboxClient:
+    """:class:`SandboxClient` on asyncio."""
+
+    def __init__(self, target: _Target, *, verify: bool | str | None = None, retry_for: float = RETRY_FOR,
+                 timeout: float = 3700.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.target = target
+        self.retry_for = retry_for
+        self._http = httpx.AsyncClient(verify=_verify(verify), timeout=timeout, transport=transport)
+
+    @classmethod
+    def attach(cls, name: str, *, namespace: str | None = None, url: str | None = None, token: str | None = None,
+               kubeconfig: str | None = None, context: str | None = None, **options: Any) -> AsyncSandboxClient:
+        return cls(_target(name, namespace, url, token, kubeconfig, context), **options)
+
+    async def call(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> CallResult:
+        body = {**body, "operationId": _operation_id(operation_id)}
+        started, attempt = time.monotonic(), 0
+        while True:
+            outcome: httpx.Response | Exception
+            try:
+                outcome = await self._http.post(self.target.path(kind), json=body, headers=self.target.headers())
+            except httpx.TransportError as exc:
+                outcome = exc
+            wait = _retry_after(outcome, attempt, started, self.retry_for)
+            if wait is None:
+                return _answer(outcome)
+            await asyncio.sleep(wait)
+            attempt += 1
+
+    async def run(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
+                  env: dict[str, str] | None = None, operation_id: str | None = None) -> CallResult:
+        return await self.call("shell", _shell(command, timeout, cwd, env), operation_id)
+
+    async def write_file(self, path: str, contents: str, *, operation_id: str | None = None) -> CallResult:
+        return await self.call("write_file", {"path": path, "contents": contents}, operation_id)
+
+    async def read_file(self, path: str, *, operation_id: str | None = None) -> str:
+        result = await self.call("read_file", {"path": path}, operation_id)
+        if result.exit_code != 0:
+            raise FileNotFoundError(result.stderr.strip() or path)
+        return result.stdout
+
+    async def list(self, path: str = ".", *, operation_id: str | None = None) -> list[str]:
+        return _entries(await self.call("list", {"path": path}, operation_id), path)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncSandboxClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+
+def _answer(outcome: httpx.Response | Exception) -> CallResult:
+    if isinstance(outcome, Exception):
+        raise outcome
+    if outcome.status_code >= 400:
+        raise _error_of(outcome)
+    return CallResult.of(outcome.json())
+
+
+def _entries(result: CallResult, path: str) -> list[str]:
+    if result.exit_code != 0:
+        raise FileNotFoundError(result.stderr.strip() or path)
+    return [line for line in result.stdout.splitlines() if line]

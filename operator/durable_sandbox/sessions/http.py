@@ -1,0 +1,149 @@
+"""The call API over HTTP(S), served by the operator process (``dsb operator --session-port``).
+
+``POST /v1/namespaces/<namespace>/sandboxes/<name>/<kind>`` with ``kind`` one of ``shell``, ``write_file``,
+``read_file``, ``list``; a JSON body (``models.py``) with the caller's ``operationId``; ``Authorization: Bearer
+<Kubernetes token>``. The answer is the call's result (``CallAnswer``); every refusal a JSON ``{"error": {status,
+reason, what, where, do}}``. Why in the operator: it holds each Sandbox's record, holder and call journal, so the
+call API is the same process that decides the Sandbox's lifecycle, with nothing between them to fail apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from durable_sandbox.engine.errors import DurableError
+from durable_sandbox.kube.client import brief, is_transient
+from durable_sandbox.providers.contract import ProviderError
+from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.models import CALL_KINDS, request_model
+from durable_sandbox.sessions.service import SessionService
+
+__all__ = ["SessionApi", "create_app", "start_session_api"]
+
+log = logging.getLogger("durable_sandbox.sessions")
+
+
+def create_app(service: SessionService) -> Starlette:
+    async def call(request: Request) -> Response:
+        namespace, name, kind = (request.path_params[k] for k in ("namespace", "name", "kind"))
+        where = f"Sandbox {namespace}/{name}"
+        try:
+            model = request_model(kind)
+            if model is None:
+                raise CallRefused(404, f"no call kind {kind!r}", where=f"{where}, the URL's last segment",
+                                  do=f"use one of {', '.join(sorted(CALL_KINDS))}")
+            body = await _bounded_body(request, service.limits.max_request_bytes, where)
+            try:
+                parsed = model.model_validate_json(body)
+            except ValidationError as exc:
+                raise CallRefused(400, "the request body is not a valid call: " + _fields(exc), where=f"{where}, {kind}",
+                                  do="fix the fields named (docs/agents.md lists each call's fields)") from None
+            answer = await service.call(_bearer(request), namespace, name, parsed)  # type: ignore[arg-type]
+            return JSONResponse(answer.model_dump(exclude_none=True))
+        except CallRefused as refused:
+            return _refusal(refused)
+        except ProviderError as exc:
+            return _refusal(CallRefused(503, f"the provider failed the call: {exc}", where=where,
+                                        do="retry with the same operationId (a call that completed is not run again)"))
+        except DurableError as exc:
+            return _refusal(CallRefused(500, str(exc), where=where,
+                                        do="see the operator's log for this Sandbox; retry with the same operationId"))
+        except Exception as exc:  # the API server away, a damaged record, a bug: the caller is told, the log has it
+            log.exception("%s: a call failed", where)
+            return _refusal(CallRefused(503 if is_transient(exc) else 500, f"the call failed: {brief(exc)}",
+                                        where=where, do="retry with the same operationId (a call that completed is "
+                                        "not run again); the operator's log has the details"))
+
+    async def healthz(_: Request) -> Response:
+        return Response("ok\n")
+
+    return Starlette(routes=[
+        Route("/v1/namespaces/{namespace}/sandboxes/{name}/{kind}", call, methods=["POST"]),
+        Route("/healthz", healthz),
+    ])
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+async def _bounded_body(request: Request, limit: int, where: str) -> bytes:
+    too_big = CallRefused(413, f"the request body is over {limit} bytes", where=f"{where}, request body",
+                          do="send large files in parts (several write_file calls), or raise --session-max-request-bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _fields(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:5])
+
+
+def _refusal(refused: CallRefused) -> JSONResponse:
+    return JSONResponse({"error": refused.body.model_dump()}, status_code=refused.status)
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn inside the operator's event loop: the operator's own signal handlers stay (runs are handed over on
+    SIGTERM before anything stops)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+@dataclass
+class SessionApi:
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+    port: int
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(self.task, timeout=10)
+
+
+async def start_session_api(service: SessionService, *, host: str, port: int, certfile: str | None = None,
+                            keyfile: str | None = None) -> SessionApi:
+    """Serve the call API on ``host:port`` (0: any free port), over TLS when ``certfile`` is given."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"cannot serve the session API on {host}:{port}: {exc.strerror}; choose another "
+                           f"--session-port") from exc
+    sock.listen(128)
+    config = uvicorn.Config(create_app(service), lifespan="off", log_level="warning", access_log=False,
+                            server_header=False, proxy_headers=False, timeout_graceful_shutdown=5,
+                            ssl_certfile=certfile, ssl_keyfile=keyfile, ssl_version=ssl.PROTOCOL_TLS_SERVER)
+    server = _QuietServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    bound = int(sock.getsockname()[1])
+    log.info("serving the session API on %s://%s:%d", "https" if certfile else "http", host, bound)
+    return SessionApi(server, task, bound)

@@ -1,0 +1,79 @@
+"""Authentication and authorization of session calls with the caller's own Kubernetes credentials.
+
+The bearer token is checked with a TokenReview (a ServiceAccount's token, or a user's the API server accepts),
+then the user it names is asked about with a SubjectAccessReview for ``create sandboxes/calls`` on the Sandbox in
+its namespace: a Role grants it like any other right (the chart ships the ClusterRole
+``durable-sandbox-sandbox-caller`` to bind). The token itself is never logged, stored or put in an error.
+
+An allowed caller is remembered for ``CACHE_SECONDS`` (by a digest of its token, never the token, and the Sandbox),
+so an agent's run of calls costs the API server two reviews every few seconds, not two per call; a refusal is never
+remembered (a right just granted works at once), and a right taken away stops working within those seconds (the
+API server's own webhook authorizer caches an allow for minutes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.aio import client as k8s
+
+from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.resources import GROUP
+from durable_sandbox.sessions.errors import CallRefused
+
+__all__ = ["CALLS_SUBRESOURCE", "KubeAuthorizer"]
+
+CALLS_SUBRESOURCE = "calls"  # the permission: create sandboxes/calls
+CACHE_SECONDS = 10.0
+CACHE_ENTRIES = 1024
+
+
+class KubeAuthorizer:
+    def __init__(self, api: KubeClient | None, *, authn: Any = None, authz: Any = None,
+                 cache_seconds: float = CACHE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.authn = authn or k8s.AuthenticationV1Api(api.api_client if api is not None else None)
+        self.authz = authz or k8s.AuthorizationV1Api(api.api_client if api is not None else None)
+        self.cache_seconds = cache_seconds
+        self.clock = clock
+        self._allowed: OrderedDict[tuple[str, str, str], tuple[str, float]] = OrderedDict()  # -> (user, until)
+
+    async def check(self, token: str | None, namespace: str, name: str) -> str:
+        where = f"Sandbox {namespace}/{name}"
+        if not token:
+            raise CallRefused(401, "no bearer token in the request", where=f"{where}, Authorization header",
+                              do="send 'Authorization: Bearer <token>' with a Kubernetes token (a ServiceAccount's, "
+                              "or your kubeconfig's); durable_sandbox.client does it for you")
+        key = (hashlib.sha256(token.encode()).hexdigest(), namespace, name)
+        known = self._allowed.get(key)
+        if known is not None and known[1] > self.clock():
+            return known[0]
+        user = await self._review(token, namespace, name, where)
+        self._allowed[key] = (user, self.clock() + self.cache_seconds)
+        self._allowed.move_to_end(key)
+        while len(self._allowed) > CACHE_ENTRIES:
+            self._allowed.popitem(last=False)
+        return user
+
+    async def _review(self, token: str, namespace: str, name: str, where: str) -> str:
+        review = await self.authn.create_token_review(k8s.V1TokenReview(spec=k8s.V1TokenReviewSpec(token=token)))
+        status = review.status
+        if status is None or not status.authenticated or status.user is None:
+            raise CallRefused(401, "the bearer token was not accepted by the API server (TokenReview)",
+                              where=f"{where}, Authorization header",
+                              do="send a current token (kubectl create token <serviceaccount> makes one)")
+        user = status.user
+        spec = k8s.V1SubjectAccessReviewSpec(
+            user=user.username, groups=user.groups or [], uid=user.uid,
+            extra={k: list(v) for k, v in (user.extra or {}).items()},
+            resource_attributes=k8s.V1ResourceAttributes(namespace=namespace, verb="create", group=GROUP,
+                                                         resource="sandboxes", subresource=CALLS_SUBRESOURCE, name=name))
+        access = await self.authz.create_subject_access_review(k8s.V1SubjectAccessReview(spec=spec))
+        if access.status is None or not access.status.allowed:
+            raise CallRefused(403, f"{user.username} may not call this Sandbox (create sandboxes/calls)", where=where,
+                              do=f"bind the ClusterRole durable-sandbox-sandbox-caller (or a Role granting create on "
+                              f"sandboxes/calls) to {user.username} in namespace {namespace}")
+        return str(user.username)

@@ -1,0 +1,101 @@
+"""The Sandbox resources of a cluster, for session calls: found by name, their live sandbox taken for one call.
+
+A call takes the Sandbox's holder (``kube/holding.py``, ``SESSION_CLAIM``) with the same compare-and-swap a Workflow
+takes it with, so a call never shares the sandbox with a Workflow's calls or a suspend: a Sandbox held by a running
+Workflow refuses the call (409, naming it); an idle-suspended one is resumed by the taking, and the call waits for
+it to be Ready. What is acted on is the operator's sealed record of the Sandbox, never its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from durable_sandbox.kube.holding import SESSION_CLAIM, Holding, SandboxHeld
+from durable_sandbox.kube.resources import SANDBOXES, CustomObjects
+from durable_sandbox.kube.sandbox_records import SandboxRecords
+from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
+from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.journal import SandboxRef
+
+__all__ = ["KubeSandboxGate"]
+
+READY_TIMEOUT = 120.0  # how long a call waits for a resuming Sandbox before it is refused (503: retry)
+POLL = 0.5
+
+
+class KubeSandboxGate:
+    def __init__(self, objects: CustomObjects, records: SandboxRecords, holding: Holding,
+                 provider_for_once: Callable[[str], AbstractAsyncContextManager[Any]],
+                 *, namespaces: frozenset[str] = frozenset(), ready_timeout: float = READY_TIMEOUT) -> None:
+        self.namespaces = namespaces  # the namespaces this operator serves (empty: all)
+        self.objects = objects
+        self.records = records
+        self.holding = holding
+        self.provider_for_once = provider_for_once
+        self.ready_timeout = ready_timeout
+
+    async def find(self, namespace: str, name: str) -> SandboxRef:
+        if self.namespaces and namespace not in self.namespaces:
+            raise CallRefused(404, "this operator does not serve the Sandbox's namespace", where=f"Sandbox {namespace}/{name}",
+                              do=f"call the operator that serves namespace {namespace} (this one serves "
+                              f"{', '.join(sorted(self.namespaces))})")
+        body = await self.objects.get(SANDBOXES, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            raise CallRefused(404, "no such Sandbox" if body is None else "the Sandbox is being deleted",
+                              where=f"Sandbox {namespace}/{name}",
+                              do="create the Sandbox (kubectl apply) and wait for it to be Ready, or name another one")
+        return SandboxRef(namespace, name, str(body["metadata"]["uid"]))
+
+    @contextlib.asynccontextmanager
+    async def live(self, ref: SandboxRef) -> AsyncIterator[tuple[SandboxHandle, SandboxProvider]]:
+        handle = await self._take(ref)
+        try:
+            async with self.provider_for_once(handle.provider) as provider:
+                yield handle, provider
+        finally:
+            await self.holding.release(ref.namespace, ref.name, SESSION_CLAIM)
+
+    async def _take(self, ref: SandboxRef) -> SandboxHandle:
+        await self._refuse_if_held(ref)
+        try:
+            return await self._wait_live(ref)
+        except BaseException:
+            # Taking an idle-suspended Sandbox holds it while it resumes: a call that gives up lets go of it.
+            await self.holding.release(ref.namespace, ref.name, SESSION_CLAIM)
+            raise
+
+    async def _wait_live(self, ref: SandboxRef) -> SandboxHandle:
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            try:
+                return await self.holding.live_handle(ref.namespace, ref.name, SESSION_CLAIM)
+            except SandboxHeld as waits:
+                why = str(waits)
+            await self._refuse_if_held(ref)
+            if time.monotonic() > deadline:
+                raise CallRefused(503, f"the Sandbox has no live sandbox yet: {why}", where=ref.where,
+                                  do="retry the call with the same operationId; `kubectl describe dsbx` says what it "
+                                  "waits for")
+            await asyncio.sleep(POLL)
+
+    async def _refuse_if_held(self, ref: SandboxRef) -> None:
+        """409 while a running Workflow holds the Sandbox or spec.suspend keeps it suspended (404 if it was
+        re-created: another uid)."""
+        body = await self.objects.get(SANDBOXES, ref.namespace, ref.name)
+        if body is None or body["metadata"]["uid"] != ref.uid:
+            raise CallRefused(404, "the Sandbox was deleted (or re-created) while the call waited", where=ref.where,
+                              do="send the call again to the Sandbox as it is now")
+        if (body.get("spec") or {}).get("suspend"):
+            raise CallRefused(409, "the Sandbox is suspended on request (spec.suspend: true)", where=f"{ref.where}, "
+                              "spec.suspend", do="set spec.suspend to false (kubectl patch dsbx ... --type=merge -p "
+                              "'{\"spec\":{\"suspend\":false}}'), then retry with the same operationId")
+        holder = await self.holding.running_holder(ref.namespace, await self.records.read(ref.namespace, ref.uid))
+        if holder is not None and holder != SESSION_CLAIM:
+            raise CallRefused(409, f"the Sandbox is held by Workflow {holder!r} (spec.sandboxRef): one holder at a "
+                              "time runs calls in it", where=ref.where,
+                              do=f"retry with the same operationId once Workflow {holder} has finished or is cancelled")

@@ -1,0 +1,96 @@
+"""The call service: who may call a Sandbox, how much, and in what order; the journal does the rest.
+
+Order of a request: the caller is authenticated and authorized first (nothing is read or run for a refused one),
+then the Sandbox is found by name (its uid from the API server), admitted under the per-Sandbox bound (calls in
+flight or waiting, in this process), and takes its turn: one call at a time per Sandbox, as an agent makes them.
+The journal (``journal.py``) answers a retried call from its record, or runs a new one in the live sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
+from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.journal import SandboxRef, SessionJournal
+from durable_sandbox.sessions.models import CallAnswer, CallRequest, Limits, ShellRequest
+
+__all__ = ["Authorizer", "SandboxGate", "SessionService"]
+
+log = logging.getLogger("durable_sandbox.sessions")
+
+
+class Authorizer(Protocol):
+    """Who is calling, and whether they may call Sandbox ``name`` (``create sandboxes/calls`` in ``namespace``).
+    Returns the caller's name for the log; raises :class:`CallRefused` (401 or 403). Never logs the token."""
+
+    async def check(self, token: str | None, namespace: str, name: str) -> str: ...
+
+
+class SandboxGate(Protocol):
+    """The Sandbox resources: found by name, and their live sandbox taken for one call (the holder rule)."""
+
+    async def find(self, namespace: str, name: str) -> SandboxRef: ...
+
+    def live(self, ref: SandboxRef) -> AbstractAsyncContextManager[tuple[SandboxHandle, SandboxProvider]]: ...
+
+
+class SessionService:
+    def __init__(self, auth: Authorizer, gate: SandboxGate, journal_for: Callable[[str], SessionJournal],
+                 limits: Limits | None = None) -> None:
+        self.auth = auth
+        self.gate = gate
+        self.journal_for = journal_for
+        self.limits = limits or Limits()
+        self._admitted: dict[SandboxRef, int] = {}  # calls in flight or waiting, per Sandbox
+        self._turns: dict[SandboxRef, asyncio.Lock] = {}
+
+    async def call(self, token: str | None, namespace: str, name: str, request: CallRequest) -> CallAnswer:
+        caller = await self.auth.check(token, namespace, name)
+        ref = await self.gate.find(namespace, name)
+        timeout = request.timeout if isinstance(request, ShellRequest) else None
+        if timeout is not None and timeout > self.limits.max_timeout:
+            raise CallRefused(400, f"timeout {timeout:g}s is over this operator's limit of {self.limits.max_timeout:g}s", where=f"{ref.where}, timeout",
+                              do="ask for a shorter timeout, or split the work into several calls")
+        async with self._admission(ref), self._turn(ref):
+            answered = await self.journal_for(namespace).call(ref, lambda: self.gate.live(ref), request.tool_call())
+        log.info("%s: call %s (%s) by %s %s", ref.where, request.operationId, request.tool_call().type, caller,
+                 "answered from the journal" if answered.replayed else f"exited {answered.result.exit_code}")
+        return CallAnswer.of(request.operationId, answered.result, replayed=answered.replayed)
+
+    def admitted(self, ref: SandboxRef) -> int:
+        """Calls of ``ref`` in flight or waiting their turn in this process."""
+        return self._admitted.get(ref, 0)
+
+    @contextlib.asynccontextmanager
+    async def _admission(self, ref: SandboxRef) -> AsyncIterator[None]:
+        count = self._admitted.get(ref, 0)
+        if count >= self.limits.max_concurrent_calls:
+            raise CallRefused(429, f"{count} calls of this Sandbox are already in flight or waiting their turn "
+                              f"(the limit is {self.limits.max_concurrent_calls})", where=ref.where,
+                              do="wait for an answer before sending the next call, then retry this one with the "
+                              "same operationId")
+        self._admitted[ref] = count + 1
+        try:
+            yield
+        finally:
+            left = self._admitted[ref] - 1
+            if left:
+                self._admitted[ref] = left
+            else:
+                del self._admitted[ref]
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, ref: SandboxRef) -> AsyncIterator[None]:
+        lock = self._turns.setdefault(ref, asyncio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and ref not in self._admitted:
+                self._turns.pop(ref, None)

@@ -1,0 +1,61 @@
+"""The session API in `dsb operator`: a service of the operator process (``kube/application.py`` starts it once
+its controllers are built) that builds the call service from the operator's own parts (its API client, Sandbox
+records, holder, providers and journals) and serves it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from durable_sandbox.kube.controller import Operator
+from durable_sandbox.sessions.http import SessionApi, start_session_api
+from durable_sandbox.sessions.journal import SessionJournal
+from durable_sandbox.sessions.kube_auth import KubeAuthorizer
+from durable_sandbox.sessions.kube_gate import KubeSandboxGate
+from durable_sandbox.sessions.models import Limits
+from durable_sandbox.sessions.service import SessionService
+
+__all__ = ["SessionApiService", "SessionApiSettings"]
+
+
+@dataclass(frozen=True)
+class SessionApiSettings:
+    port: int
+    host: str = "0.0.0.0"
+    certfile: str | None = None
+    keyfile: str | None = None
+    limits: Limits = field(default_factory=Limits)
+
+
+def build_service(op: Operator, settings: SessionApiSettings, namespaces: frozenset[str]) -> SessionService:
+    journals: dict[str, SessionJournal] = {}
+
+    def journal_for(namespace: str) -> SessionJournal:
+        found = journals.get(namespace)
+        if found is None:
+            found = journals[namespace] = SessionJournal(op.engines.journals.store_for(namespace),
+                                                         worker_id=op.settings.worker_id,
+                                                         lease_ttl=op.settings.lease_ttl)
+        return found
+
+    gate = KubeSandboxGate(op.objects, op.records, op.holding, op.engines.provider_for_once, namespaces=namespaces)
+    return SessionService(KubeAuthorizer(op.api), gate, journal_for, settings.limits)
+
+
+class SessionApiService:
+    """The call API as a service of the operator process (``kube/process_config.py``'s ``Service``): built from the
+    operator's own parts once its controllers are, served until the process closes."""
+
+    def __init__(self, settings: SessionApiSettings, namespaces: tuple[str, ...]) -> None:
+        self.settings = settings
+        self.namespaces = frozenset(namespaces)
+        self._server: SessionApi | None = None
+
+    async def start(self, workflows: Operator) -> None:
+        service = build_service(workflows, self.settings, self.namespaces)
+        self._server = await start_session_api(service, host=self.settings.host, port=self.settings.port,
+                                               certfile=self.settings.certfile, keyfile=self.settings.keyfile)
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop()

@@ -1,0 +1,90 @@
+"""Shared parts of the session service's unit tests: a fake authorizer (tokens -> users -> rights), a fake gate
+over a LocalProvider sandbox with a holder a test can give to a Workflow, and the service over a SQLite store."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider, SandboxSpec
+from durable_sandbox.providers.local import LocalProvider
+from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.journal import SandboxRef, SessionJournal
+from durable_sandbox.sessions.models import Limits
+from durable_sandbox.sessions.service import SessionService
+from durable_sandbox.stores.sqlite import SqliteStore
+
+NAMESPACE = "demo"
+
+
+@dataclass
+class FakeAuth:
+    """token -> user; user -> the (namespace, Sandbox) pairs it may call."""
+
+    users: dict[str, str] = field(default_factory=lambda: {"good-token": "alice", "other-token": "bob"})
+    rights: dict[str, set[tuple[str, str]]] = field(default_factory=lambda: {"alice": {(NAMESPACE, "box"), (NAMESPACE, "missing")}})
+    checked: int = 0
+
+    async def check(self, token: str | None, namespace: str, name: str) -> str:
+        self.checked += 1
+        if not token:
+            raise CallRefused(401, "no bearer token in the request", where="header", do="send one")
+        user = self.users.get(token)
+        if user is None:
+            raise CallRefused(401, "the bearer token was not accepted", where="header", do="send a current one")
+        if (namespace, name) not in self.rights.get(user, set()):
+            raise CallRefused(403, f"{user} may not call this Sandbox", where=f"Sandbox {namespace}/{name}", do="bind")
+        return user
+
+
+@dataclass
+class FakeGate:
+    provider: LocalProvider
+    handle: SandboxHandle
+    held_by: str | None = None  # a Workflow holding the Sandbox
+    taken: int = 0  # session calls that took the holder
+    in_live: asyncio.Event = field(default_factory=asyncio.Event)  # set while a call is inside live()
+    let_go: asyncio.Event | None = None  # when set to an Event, live() waits on it (a call held in flight)
+
+    async def find(self, namespace: str, name: str) -> SandboxRef:
+        if name != "box":
+            raise CallRefused(404, "no such Sandbox", where=f"Sandbox {namespace}/{name}", do="create it")
+        return SandboxRef(namespace, name, "uid-1")
+
+    @contextlib.asynccontextmanager
+    async def live(self, ref: SandboxRef) -> AsyncIterator[tuple[SandboxHandle, SandboxProvider]]:
+        if self.held_by is not None:
+            raise CallRefused(409, f"the Sandbox is held by Workflow {self.held_by!r}", where=ref.where, do="wait")
+        self.taken += 1
+        self.in_live.set()
+        if self.let_go is not None:
+            await self.let_go.wait()
+        yield self.handle, self.provider
+
+
+async def local_gate(home: Path) -> FakeGate:
+    provider = LocalProvider(home)
+    handle = await provider.provision(SandboxSpec(owner="demo/uid-1"), lease_seconds=600)
+    return FakeGate(provider, handle)
+
+
+def service(store: SqliteStore, gate: FakeGate, auth: FakeAuth | None = None, *, worker: str = "w1",
+            limits: Limits | None = None) -> SessionService:
+    journal = SessionJournal(store, worker_id=worker, lease_ttl=10.0, owned=False)
+    return SessionService(auth or FakeAuth(), gate, lambda _ns: journal, limits)
+
+
+def effects(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait (yielding to the loop) until ``condition`` holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)

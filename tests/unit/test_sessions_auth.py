@@ -1,0 +1,82 @@
+"""KubeAuthorizer (sessions/kube_auth.py) against fake TokenReview and SubjectAccessReview APIs: what it asks the
+API server (the user the token names, create sandboxes/calls on the named Sandbox), 401/403 with what to do, an
+allowed caller remembered for a few seconds by its token's digest, a refusal never remembered."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.kube_auth import KubeAuthorizer
+
+
+@dataclass
+class FakeApiServer:
+    tokens: dict[str, str] = field(default_factory=lambda: {"t-agent": "system:serviceaccount:demo:agent"})
+    allowed: set[tuple[str, str, str]] = field(default_factory=set)  # (user, namespace, Sandbox)
+    reviews: list[Any] = field(default_factory=list)
+    asked: list[Any] = field(default_factory=list)
+
+    async def create_token_review(self, body: Any) -> Any:
+        self.reviews.append(body)
+        user = self.tokens.get(body.spec.token)
+        return SimpleNamespace(status=SimpleNamespace(
+            authenticated=user is not None,
+            user=SimpleNamespace(username=user, groups=["system:serviceaccounts"], uid="u1", extra={}) if user else None))
+
+    async def create_subject_access_review(self, body: Any) -> Any:
+        self.asked.append(body)
+        attrs = body.spec.resource_attributes
+        return SimpleNamespace(status=SimpleNamespace(allowed=(body.spec.user, attrs.namespace, attrs.name) in self.allowed))
+
+
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def authorizer(server: FakeApiServer, clock: Clock) -> KubeAuthorizer:
+    return KubeAuthorizer(None, authn=server, authz=server, cache_seconds=10, clock=clock)
+
+
+async def test_it_asks_for_create_sandboxes_calls_on_the_sandbox_for_the_tokens_user() -> None:
+    server = FakeApiServer(allowed={("system:serviceaccount:demo:agent", "demo", "box")})
+    assert await authorizer(server, Clock()).check("t-agent", "demo", "box") == "system:serviceaccount:demo:agent"
+    attrs = server.asked[0].spec.resource_attributes
+    assert (attrs.verb, attrs.group, attrs.resource, attrs.subresource, attrs.namespace, attrs.name) == (
+        "create", "durable-sandbox.dev", "sandboxes", "calls", "demo", "box")
+    assert server.asked[0].spec.groups == ["system:serviceaccounts"]
+
+
+@pytest.mark.parametrize(("token", "status", "do"), [
+    (None, 401, "Authorization: Bearer"), ("forged", 401, "kubectl create token"),
+    ("t-agent", 403, "durable-sandbox-sandbox-caller")])
+async def test_refusals_say_what_to_do(token: str | None, status: int, do: str) -> None:
+    with pytest.raises(CallRefused) as refused:
+        await authorizer(FakeApiServer(), Clock()).check(token, "demo", "box")
+    assert refused.value.status == status and do in refused.value.body.do
+    assert "t-agent" not in str(refused.value) and "forged" not in str(refused.value)
+
+
+async def test_an_allowed_caller_is_remembered_for_seconds_and_a_refusal_never() -> None:
+    server, clock = FakeApiServer(), Clock()
+    auth = authorizer(server, clock)
+    with pytest.raises(CallRefused):
+        await auth.check("t-agent", "demo", "box")
+    server.allowed.add(("system:serviceaccount:demo:agent", "demo", "box"))  # granted: works at once
+    await auth.check("t-agent", "demo", "box")
+    await auth.check("t-agent", "demo", "box")
+    assert len(server.asked) == 2  # the refusal, then one allow for both calls
+    with pytest.raises(CallRefused):
+        await auth.check("t-agent", "demo", "other-box")  # another Sandbox is asked about on its own
+    server.allowed.clear()  # taken away: it stops working once the remembered allow runs out
+    clock.now += 11
+    with pytest.raises(CallRefused):
+        await auth.check("t-agent", "demo", "box")
+    assert not any("t-agent" in str(k) for k in auth._allowed)
