@@ -44,7 +44,6 @@ ALLOWED = {
     "stores/postgres.py::PostgresStore": 456,
     "stores/sqlite.py::SqliteStore": 353,
     "stores/testing.py::StoreContractSuite": 515,
-    "ui/app.py::create_app": 249,
 }
 
 

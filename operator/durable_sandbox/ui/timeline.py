@@ -19,41 +19,25 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_sandbox.engine.records import Event, OperationRecord, OpKind
+from durable_sandbox.engine.records import Event, OperationRecord
 from durable_sandbox.engine.wording import counted
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.journal import call_target
-
-# The kinds as plain strings: an enum's .value is a property, far too slow in a loop over a 10,000-call journal.
-CALLBACK = OpKind.CALLBACK.value
-PARALLEL = OpKind.PARALLEL.value
-PATCH = OpKind.PATCH.value
-SANDBOX_CALL = OpKind.SANDBOX_CALL.value
-SANDBOX_DESTROY = OpKind.SANDBOX_DESTROY.value
-SANDBOX_INJECT_LOSS = OpKind.SANDBOX_INJECT_LOSS.value
-SANDBOX_PROVISION = OpKind.SANDBOX_PROVISION.value
-SANDBOX_RESTORE = OpKind.SANDBOX_RESTORE.value
-SANDBOX_SNAPSHOT = OpKind.SANDBOX_SNAPSHOT.value
-SANDBOX_SNAPSHOT_DELETE = OpKind.SANDBOX_SNAPSHOT_DELETE.value
-SLEEP = OpKind.SLEEP.value
-STEP = OpKind.STEP.value
+from durable_sandbox.ui.row_labels import (
+    CALLBACK,
+    PARALLEL,
+    SANDBOX_CALL,
+    SANDBOX_DESTROY,
+    SANDBOX_INJECT_LOSS,
+    SANDBOX_RESTORE,
+    SLEEP,
+    STEP,
+    row_kind,
+    row_label,
+)
 
 __all__ = ["Item", "Lane", "Timeline", "session_of"]
 
-_KINDS = {
-    STEP: "step",
-    PARALLEL: "parallel",
-    CALLBACK: "callback",
-    SLEEP: "timer",
-    PATCH: "patch",
-    SANDBOX_PROVISION: "provision",
-    SANDBOX_CALL: "call",
-    SANDBOX_SNAPSHOT: "snapshot",
-    SANDBOX_SNAPSHOT_DELETE: "snapshot-delete",
-    SANDBOX_RESTORE: "restore",
-    SANDBOX_INJECT_LOSS: "loss",
-    SANDBOX_DESTROY: "destroy",
-}
 # Kubernetes Event reasons that are a suspend or a resume (kube/controller.py emits them).
 _K8S_KINDS = {"Suspended": "suspend", "Resumed": "resume", "SandboxLost": "lost", "Recovered": "restore"}
 
@@ -111,10 +95,6 @@ class Item:
 
 def _time(record: OperationRecord | Event) -> float:
     return record.ts
-
-
-def _or_unknown(n: int | None) -> int | str:
-    return "?" if n is None else n
 
 
 def session_of(op_id: str, kind: str, meta: dict[str, Any] | None = None) -> str | None:
@@ -230,43 +210,6 @@ class Timeline:
         else:
             self._finished(row)
 
-    def _label(self, row: OperationRecord) -> str:
-        kind = row.kind
-        if kind == SANDBOX_CALL:
-            return self._targets.get(row.op_id, row.name)
-        if kind == STEP:
-            tail = row.op_id.rsplit("/", 1)[-1]
-            return tail if tail == row.name else f"{tail} ({row.name})"
-        if kind == SANDBOX_RESTORE:
-            source = journal.restored_from(row) or "nothing (fresh sandbox)"
-            return f"{journal.reason(row) or 'restore'} from {source}"
-        if kind == SANDBOX_SNAPSHOT:
-            return f"snapshot after {counted(_or_unknown(journal.count(row)), 'call')}"
-        if kind == SANDBOX_SNAPSHOT_DELETE:
-            return f"delete snapshot {journal.deletion_of(row) or '?'}"
-        if kind == SANDBOX_INJECT_LOSS:
-            return f"sandbox lost (injected after {counted(_or_unknown(journal.count(row)), 'call')})"
-        if kind == SANDBOX_DESTROY:
-            if journal.finalized(row):
-                return "finalize: snapshots deleted, sandbox destroyed"
-            return f"{row.name} {journal.destroyed(row) or ''} ({journal.reason(row) or 'destroy'})".replace("  ", " ")
-        if kind == SANDBOX_PROVISION:
-            return f"provision ({row.name})"
-        if kind == SLEEP:
-            return f"sleep {row.op_id}"
-        return row.op_id if kind in (CALLBACK, PARALLEL, PATCH) else row.name
-
-    def _kind(self, row: OperationRecord) -> str:
-        meta = row.meta or {}
-        if row.kind == SANDBOX_DESTROY:
-            if journal.finalized(row):
-                return "finalize"
-            if journal.reason(row) == journal.REASON_HIBERNATE:
-                return "hibernate"
-        if row.kind == STEP and meta.get("branch"):
-            return "branch"
-        return _KINDS.get(row.kind, row.kind)
-
     def _started(self, row: OperationRecord) -> None:
         if row.kind == SANDBOX_RESTORE:
             self._phase_ts[row.op_id] = row.ts
@@ -274,7 +217,7 @@ class Timeline:
         again = self._interrupted.pop(row.op_id, None)
         if current is not None and current.attempt == row.attempt and current.epoch == row.epoch:
             if row.kind == SANDBOX_RESTORE:  # a restore recording its replacement sandbox: the same segment
-                current.label = self._label(row)
+                current.label = row_label(row, self._targets)
                 self._touch(current)
                 return
             # The same attempt started again by the next worker: the one running it stopped (crashed) with no
@@ -290,7 +233,7 @@ class Timeline:
             self._touch(backoff)
         waiting = row.kind in (CALLBACK, SLEEP)
         item = Item(
-            key=row.op_id if n == 1 else f"{row.op_id}#{n}", kind=self._kind(row), label=self._label(row),
+            key=row.op_id if n == 1 else f"{row.op_id}#{n}", kind=row_kind(row), label=row_label(row, self._targets),
             lane=self.lane_of(row.op_id), t0=row.ts, t1=None, outcome="waiting" if waiting else "running",
             seq=row.seq, op=row.op_id, attempt=row.attempt, epoch=row.epoch,
         )  # fmt: skip
@@ -331,7 +274,7 @@ class Timeline:
             self._segments[row.op_id] = n
             t0 = row.ts if again is None else min(max(again.t1 or again.t0, self._last_ts), row.ts)
             item = Item(
-                key=row.op_id if n == 1 else f"{row.op_id}#{n}", kind=self._kind(row), label=self._label(row),
+                key=row.op_id if n == 1 else f"{row.op_id}#{n}", kind=row_kind(row), label=row_label(row, self._targets),
                 lane=self.lane_of(row.op_id), t0=t0, t1=row.ts, outcome="ok", seq=row.seq, op=row.op_id,
                 attempt=row.attempt, epoch=row.epoch,
             )  # fmt: skip
@@ -340,7 +283,7 @@ class Timeline:
             self._put(item)
         else:
             item.t1 = row.ts
-            item.label = self._label(row)
+            item.label = row_label(row, self._targets)
             self._touch(item)
         item.outcome = "ok"
         if row.status == "failed":
