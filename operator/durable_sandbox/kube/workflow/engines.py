@@ -19,6 +19,7 @@ from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.workflow.observed import ObservedStore
 from durable_sandbox.kube.workflow.publishing import Publisher
+from durable_sandbox.kube.workflow.refusal_notices import refusal_hold
 from durable_sandbox.kube.workflow.runs import Runs, RunView
 from durable_sandbox.kube.workflow.settings import OperatorPolicy, OperatorSettings
 from durable_sandbox.providers.contract import INSTALLATION_LABEL, ConfigurationError, SandboxHandle
@@ -57,6 +58,7 @@ class Engines:
                 extensions=[
                     SandboxServices(owner=self._owner_for, labels=self.sandbox_labels, attached=self._attached_sandbox),
                     AgentServices(env_values=self._env_values_for, secrets=self._secrets_for),
+                    refusal_hold(self.runs, self.publisher),  # a refused journal write holds the run, said
                 ],
             )
             self.runs.engines[namespace] = engine
