@@ -24,6 +24,7 @@ from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     condition,
     event_reasons,
+    events,
     free_port,
     http_get,
     manifest,
@@ -32,6 +33,8 @@ from tests.e2e.operator_support import (
     sa_kubeconfig,
     status,
     wait_condition,
+    wait_event,
+    wait_gone,
     wait_in_flight,
 )
 
@@ -260,3 +263,45 @@ def test_bad_commands_and_paths_are_refused_at_apply_and_bad_entrypoints_fail(
     failed = condition(cp, namespace, "elsewhere", "Failed") or {}
     assert failed.get("reason") == "WorkflowNotAllowed" and "tests.unit.cli_flows" in failed.get("message", "")
 
+
+# --------------------------------------------------------------------------------------------- issue 32 item 9
+
+
+@pytest.mark.apiserver_journal("a Journal object edited by a cluster administrator; rows in PostgreSQL are not "
+                               "sealed (docs/operations.md)")
+def test_a_journal_found_tampered_at_cleanup_is_a_warning_event_and_the_condition(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    """Issue 32 item 9: a finished run's journal edited afterwards (by a cluster administrator: no namespace role
+    grants the kind) is first met when its Workflow is deleted. The cleanup goes by the providers' owner tags, and
+    says why where people look, as a run says its own damage: a Warning Event ``JournalTampered`` naming the object
+    and key, and the Failed condition; not only a WARNING in the operator's log under a Normal ``CleanupDone``."""
+    cp = control_plane
+    operators("--allow-local-provider")
+    cp.apply(manifest("edited", toolCalls=[{"type": "shell", "command": "echo untouched"}], snapshotEveryNCalls=0),
+             "-n", namespace)
+    wait_condition(cp, namespace, "edited", "Succeeded")
+    head = f"dsb.{run_key(status(cp, namespace, 'edited')['runId'])}"
+    data = cp.kubectl_json("get", "journal", head, "-n", namespace)["data"]
+    key = next(k for k, v in sorted(data.items()) if k.startswith("j.") and "untouched" in v)
+    cp.kubectl("patch", "journal", head, "-n", namespace, "--type=merge",
+               "-p", json.dumps({"data": {key: data[key].replace("untouched", "rewritten")}}))
+    # A finalizer of the test's own keeps the object once the operator's cleanup is done, to read its conditions.
+    cp.kubectl("patch", "workflow", "edited", "-n", namespace, "--type=merge",
+               "-p", json.dumps({"metadata": {"finalizers": [*cp.kubectl_json(
+                   "get", "workflow", "edited", "-n", namespace)["metadata"]["finalizers"], "dsb-test/keep"]}}))
+    cp.kubectl("delete", "workflow", "edited", "-n", namespace, "--wait=false")
+    try:
+        wait_event(cp, namespace, "edited", "CleanupDone", timeout=120)
+        warning = [e for e in events(cp, namespace, "edited") if e["reason"] == "JournalTampered"]
+        assert warning and warning[0]["type"] == "Warning", event_reasons(cp, namespace, "edited")
+        assert head in warning[0]["message"] and repr(key) in warning[0]["message"], warning[0]["message"]
+        assert "owner tags" in warning[0]["message"] and "rewritten" not in warning[0]["message"]
+        failed = condition(cp, namespace, "edited", "Failed") or {}
+        assert failed.get("status") == "True" and failed.get("reason") == "JournalTampered", failed
+        done = next(e for e in events(cp, namespace, "edited") if e["reason"] == "CleanupDone")
+        assert "owner tags" in done["message"], done
+    finally:
+        cp.kubectl("patch", "workflow", "edited", "-n", namespace, "--type=json",
+                   "-p", json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]), check=False)
+    wait_gone(cp, namespace, "edited")
