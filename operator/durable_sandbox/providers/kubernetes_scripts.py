@@ -148,25 +148,30 @@ RESET_PASSES = 100
 
 
 def reset_processes() -> bytes:
-    """Ends every process in the container but PID 1 (the keep-alive, whose own children it restarts) and this
-    shell: what a call left that its tag does not find (``env -i`` drops the tag; ``setsid``, ``nohup`` and a
-    double fork keep it). Pass after pass until none is left alive (zombies excepted: nothing runs in them);
-    CANNOT when processes keep appearing."""
+    """Ends every process in the container but the keep-alive's: what a call left that its tag does not find
+    (``env -i`` drops the tag; ``setsid``, ``nohup`` and a double fork keep it). The keep-alive is PID 1 and
+    whatever it forks itself (its ``sleep``, restarted when ended), known by PID 1's session: the container runtime
+    starts PID 1 and every exec in a session of its own (runc's ``setsid`` for each), and no process can join
+    another session, so nothing a call started is in PID 1's (re-parenting to PID 1 keeps the session). Pass
+    after pass until none is left alive (zombies excepted: nothing runs in them); CANNOT when processes keep
+    appearing (or when PID 1 leads no session, so the keep-alive's own cannot be told apart)."""
     return rf"""
+read -r st 2>/dev/null < /proc/1/stat; set -- ${{st##*) }}
+[ "$4" = 1 ] && keep=1 || keep=none
 n=0
 while :; do
   left=0
   for d in /proc/[0-9]*; do
     p=${{d#/proc/}}
     [ "$p" = 1 ] || [ "$p" = "$$" ] && continue
-    read -r st < "$d/stat" 2>/dev/null || continue
-    s=${{st##*) }}; s=${{s%% *}}
-    [ "$s" = Z ] && continue
+    read -r st 2>/dev/null < "$d/stat" || continue
+    set -- ${{st##*) }}
+    [ "$1" = Z ] || [ "$4" = "$keep" ] && continue
     kill -9 "$p" 2>/dev/null && left=1
   done
   [ "$left" = 0 ] && exit 0
   n=$((n + 1))
-  [ "$n" -ge {RESET_PASSES} ] && {{ echo 'processes kept being started while they were ended' >&2; exit {CANNOT}; }}
+  [ "$n" -ge {RESET_PASSES} ] && {{ echo "processes kept being started while they were ended (PID 1's session: $keep)" >&2; exit {CANNOT}; }}
   sleep 0.05
 done
 """.encode()

@@ -7,6 +7,7 @@ over real HTTP is parsed with prometheus-client's own parser. The e2e tier scrap
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 import durable_sandbox
-from durable_sandbox.kube.metrics import PHASES, OperatorMetrics, api_verb
+from durable_sandbox.kube.metrics import PHASES, InstrumentedProvider, OperatorMetrics, api_verb
 from durable_sandbox.kube.metrics_server import MetricsServer, Readiness, make_app, start_metrics_server
+from durable_sandbox.providers.contract import SandboxProvider
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore
 
@@ -194,3 +196,11 @@ async def test_the_operators_metrics_server_stops_when_the_operator_does(monkeyp
     assert metrics_server._servers == []
     with pytest.raises(aiohttp.ClientConnectionError):
         await scrape(srv, "/healthz")
+
+
+def test_the_instrumented_provider_delegates_every_method_of_the_contract() -> None:
+    """A contract method it does not define is the base class's (UnsupportedCapability), not the wrapped provider's:
+    issue 32's ``reset_processes`` was refused so on the node until it was delegated."""
+    contract = {name for name, value in vars(SandboxProvider).items() if inspect.iscoroutinefunction(value)}
+    assert "reset_processes" in contract
+    assert sorted(name for name in contract if name not in vars(InstrumentedProvider)) == []
