@@ -197,6 +197,43 @@ def test_a_gvisor_template_runs_the_sandbox_under_gvisor_and_status_says_so(clus
     wait_until(lambda: cluster.pods() == [], 90, "the Sandbox's Pod to go")
 
 
+
+def test_a_shared_sandbox_changing_hands_ends_what_the_last_holder_left_running(cluster: Cluster) -> None:
+    """Issue 32 item 6: Workflow A's call leaves processes in the Sandbox's Pod that its call's end does not find
+    (``env -i`` drops the call's tag; one of them double-forked too). They are alive while A holds the Sandbox (its
+    next call counts them); before B's first call every process but the Pod's keep-alive is ended, so nothing A
+    left can read B's per-call env or its files. The Pod is the same one, its files kept."""
+    cluster.operator()
+    cluster.cp.apply({"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": "shared"},
+                      "spec": {"provider": "kubernetes"}}, "-n", cluster.ns)
+    pod = wait_for(cluster.cp, cluster.ns, "shared", "Ready", timeout=180)["providerId"]
+    marker = "left-by-a-" + secrets.token_hex(4)
+    loop, quiet = "while :; do sleep 1; done", "</dev/null >/dev/null 2>&1"
+    # The pattern's brackets keep the counting shell's own command line from matching it.
+    count = ("n=0; for d in /proc/[0-9]*; do case \"$(tr '\\000' ' ' 2>/dev/null < $d/cmdline)\" in "
+             f"*{marker.replace('left-', 'lef[t]-')}*) n=$((n+1)) ;; esac; done; echo $n")
+    leave = (f"env -i /bin/sh -c '{loop}' {marker} {quiet} & "
+             f"( env -i /bin/sh -c '{loop}' {marker}-forked {quiet} & ) ; echo left")
+
+    def shared(name: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        return cluster.workflow(name, sandbox=None, sandboxRef={"name": "shared"}, toolCalls=calls,
+                                snapshotEveryNCalls=None)
+
+    cluster.cp.apply(shared("holder-a", [{"type": "write_file", "path": "a.txt", "contents": "from a"},
+                                         {"type": "shell", "command": leave}, {"type": "shell", "command": count}]),
+                     "-n", cluster.ns)
+    wait_condition(cluster.cp, cluster.ns, "holder-a", "Succeeded", timeout=180)
+    ran_a = [r["stdout"] for r in status(cluster.cp, cluster.ns, "holder-a")["result"]["toolResults"]]
+    assert ran_a[1:] == ["left\n", "2\n"], f"A's leftovers outlived its call: {ran_a}"
+    cluster.cp.apply(shared("holder-b", [{"type": "shell", "command": count, "env": {"B_TOKEN": "b-only"}},
+                                         {"type": "shell", "command": "cat a.txt"}]), "-n", cluster.ns)
+    wait_condition(cluster.cp, cluster.ns, "holder-b", "Succeeded", timeout=180)
+    ran_b = [r["stdout"] for r in status(cluster.cp, cluster.ns, "holder-b")["result"]["toolResults"]]
+    assert ran_b == ["0\n", "from a"], f"nothing A left runs beside B's calls; the files are kept: {ran_b}"
+    assert wait_for(cluster.cp, cluster.ns, "shared", "Ready")["providerId"] == pod, "the same Pod throughout"
+    cluster.cp.kubectl("delete", "dsbx", "shared", "-n", cluster.ns)
+    wait_until(lambda: cluster.pods() == [], 90, "the Sandbox's Pod to go")
+
 def _call(cluster: Cluster, provider_id: str, call_type: str, **args: Any) -> tuple[int, str]:
     async def go() -> tuple[int, str]:
         provider = KubernetesProvider(kubeconfig=str(cluster.cp.kubeconfig), environ={})

@@ -11,6 +11,7 @@ ServiceAccount token whose RBAC does not grant it (as the chart's does not for S
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     condition,
     event_reasons,
+    events,
     free_port,
     http_get,
     manifest,
@@ -31,6 +33,8 @@ from tests.e2e.operator_support import (
     sa_kubeconfig,
     status,
     wait_condition,
+    wait_event,
+    wait_gone,
     wait_in_flight,
 )
 
@@ -109,12 +113,15 @@ def test_a_refused_journal_create_is_shown_and_the_run_starts_once_it_is_allowed
 
 
 @pytest.mark.apiserver_journal("the API server refusing the Journal objects the operator writes (an admission "
-                               "policy); PostgreSQL down or refusing pauses the run: test_operator_postgres.py")
-def test_a_write_refused_mid_run_stops_the_run_where_it_is_and_it_goes_on_after(
+                               "policy); a read-only PostgreSQL: test_operator_postgres_refusal.py")
+def test_a_result_the_api_server_refuses_to_store_holds_the_run_at_that_call_and_it_runs_once(
     control_plane: ControlPlane, namespace: str, operators: Any, refusing: Any, tmp_path: Path
 ) -> None:
-    """The second call's output is too big to keep inline (a blob object): its create is refused. The run
-    says so and does not fail; once writes are allowed again it goes on, and the first call never ran twice."""
+    """Issue 32 item 9: the second call's output is too big to keep inline (a blob object) and its create is
+    refused. The run is held at that call's boundary with the result in memory, offering the write again with a
+    backoff, and says so (Ready=False JournalWriteRefused with the count, one Warning Event); the call never runs
+    again meanwhile (it used to, about every 30 s). Once writes are allowed the result is recorded and the run
+    succeeds: each call ran exactly once."""
     cp = control_plane
     effects = tmp_path / "effects.log"
     op = operators("--allow-local-provider")
@@ -122,13 +129,25 @@ def test_a_write_refused_mid_run_stops_the_run_where_it_is_and_it_goes_on_after(
              {"type": "shell", "command": f"echo second >> {effects}; head -c 60000 /dev/zero | tr '\\0' x"}]
     lift = refusing("blob")
     cp.apply(manifest("midway", toolCalls=calls, snapshotEveryNCalls=0), "-n", namespace)
-    wait_until(lambda: _ready_reason(cp, namespace, "midway") == "JournalWriteRefused", 120,
-               f"Ready=False JournalWriteRefused ({status(cp, namespace, 'midway')})")
+
+    def refused_times() -> int:
+        ready = condition(cp, namespace, "midway", "Ready") or {}
+        found = re.search(r"refused (once|(\d+) times)", ready.get("message", "")) \
+            if ready.get("reason") == "JournalWriteRefused" else None
+        return 0 if found is None else 1 if found.group(1) == "once" else int(found.group(2))
+
+    # Held through several refused attempts (a backoff of 1, 2, 4 s): the stopped run of old never counted.
+    wait_until(lambda: refused_times() >= 3, 120, f"the run held at its refused write ({status(cp, namespace, 'midway')})")
+    ready = condition(cp, namespace, "midway", "Ready") or {}
+    assert "test quota" in ready["message"] and "nothing is executed again" in ready["message"], ready
     assert status(cp, namespace, "midway").get("phase") not in ("Failed", "Succeeded")
-    assert "JournalWriteRefused" in event_reasons(cp, namespace, "midway")
+    assert effects.read_text().split() == ["first", "second"], "held, not executed again"
     lift()
     wait_condition(cp, namespace, "midway", "Succeeded", timeout=180)
-    assert effects.read_text().split().count("first") == 1, "a committed call never runs again"
+    assert effects.read_text().split() == ["first", "second"], "each call ran exactly once"
+    reasons = event_reasons(cp, namespace, "midway")
+    assert reasons.count("JournalWriteRefused") == 1 and "JournalWriteAccepted" in reasons, reasons
+    assert (condition(cp, namespace, "midway", "Ready") or {}).get("reason") != "JournalWriteRefused"
     assert "Traceback" not in op.logs()
 
 
@@ -243,3 +262,46 @@ def test_bad_commands_and_paths_are_refused_at_apply_and_bad_entrypoints_fail(
     wait_condition(cp, namespace, "elsewhere", "Failed")
     failed = condition(cp, namespace, "elsewhere", "Failed") or {}
     assert failed.get("reason") == "WorkflowNotAllowed" and "tests.unit.cli_flows" in failed.get("message", "")
+
+
+# --------------------------------------------------------------------------------------------- issue 32 item 9
+
+
+@pytest.mark.apiserver_journal("a Journal object edited by a cluster administrator; rows in PostgreSQL are not "
+                               "sealed (docs/operations.md)")
+def test_a_journal_found_tampered_at_cleanup_is_a_warning_event_and_the_condition(
+    control_plane: ControlPlane, namespace: str, operators: Any
+) -> None:
+    """Issue 32 item 9: a finished run's journal edited afterwards (by a cluster administrator: no namespace role
+    grants the kind) is first met when its Workflow is deleted. The cleanup goes by the providers' owner tags, and
+    says why where people look, as a run says its own damage: a Warning Event ``JournalTampered`` naming the object
+    and key, and the Failed condition; not only a WARNING in the operator's log under a Normal ``CleanupDone``."""
+    cp = control_plane
+    operators("--allow-local-provider")
+    cp.apply(manifest("edited", toolCalls=[{"type": "shell", "command": "echo untouched"}], snapshotEveryNCalls=0),
+             "-n", namespace)
+    wait_condition(cp, namespace, "edited", "Succeeded")
+    head = f"dsb.{run_key(status(cp, namespace, 'edited')['runId'])}"
+    data = cp.kubectl_json("get", "journal", head, "-n", namespace)["data"]
+    key = next(k for k, v in sorted(data.items()) if k.startswith("j.") and "untouched" in v)
+    cp.kubectl("patch", "journal", head, "-n", namespace, "--type=merge",
+               "-p", json.dumps({"data": {key: data[key].replace("untouched", "rewritten")}}))
+    # A finalizer of the test's own keeps the object once the operator's cleanup is done, to read its conditions.
+    cp.kubectl("patch", "workflow", "edited", "-n", namespace, "--type=merge",
+               "-p", json.dumps({"metadata": {"finalizers": [*cp.kubectl_json(
+                   "get", "workflow", "edited", "-n", namespace)["metadata"]["finalizers"], "dsb-test/keep"]}}))
+    cp.kubectl("delete", "workflow", "edited", "-n", namespace, "--wait=false")
+    try:
+        wait_event(cp, namespace, "edited", "CleanupDone", timeout=120)
+        warning = [e for e in events(cp, namespace, "edited") if e["reason"] == "JournalTampered"]
+        assert warning and warning[0]["type"] == "Warning", event_reasons(cp, namespace, "edited")
+        assert head in warning[0]["message"] and repr(key) in warning[0]["message"], warning[0]["message"]
+        assert "owner tags" in warning[0]["message"] and "rewritten" not in warning[0]["message"]
+        failed = condition(cp, namespace, "edited", "Failed") or {}
+        assert failed.get("status") == "True" and failed.get("reason") == "JournalTampered", failed
+        done = next(e for e in events(cp, namespace, "edited") if e["reason"] == "CleanupDone")
+        assert "owner tags" in done["message"], done
+    finally:
+        cp.kubectl("patch", "workflow", "edited", "-n", namespace, "--type=json",
+                   "-p", json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]), check=False)
+    wait_gone(cp, namespace, "edited")

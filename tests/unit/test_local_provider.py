@@ -137,6 +137,7 @@ def test_capabilities_are_declared_exactly(provider: LocalProvider) -> None:
             Capability.LEASE_RECONCILIATION,
             Capability.LOSS_INJECTION,
             Capability.INVENTORY,
+            Capability.PROCESS_RESET,
         }
     )
     assert caps.delivery_guarantee == "at_least_once_effects"
@@ -896,6 +897,7 @@ class _Minimal(SandboxProvider):
         ("loss_injection", lambda p, h: p.inject_loss(h)),
         ("inventory", lambda p, h: p.inventory_sandboxes("installation")),
         ("inventory", lambda p, h: p.inventory_snapshots("installation")),
+        ("process_reset", lambda p, h: p.reset_processes(h)),
     ],
 )
 async def test_unsupported_capabilities_raise_before_doing_anything(capability: str, call: Any) -> None:

@@ -30,12 +30,14 @@ from durable_sandbox.engine.errors import (
     NotRunnableHere,
     RunNotFinished,
     StoreError,
+    StoreRefused,
     Suspend,
     WorkflowNotFound,
 )
 from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader
 from durable_sandbox.engine.owner import holder_is_dead, new_worker_id
 from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRecord, RunRecord, RunStatus
+from durable_sandbox.engine.refusals import commit_holding
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.engine.state import RunState, build_state
@@ -292,7 +294,9 @@ class RunExecutor:
             if self.hooks is not None and changes["status"] in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SUCCEEDED):
                 await self.hooks.after_run(rt, changes["status"])
             final = await rt.pending_records()
-            await store.commit(run.run_id, lease.fence, Commit(final, run=changes, thread_state=rt.state_change()))
+            # Held like any write of the run: the last call's result rides on this commit.
+            await commit_holding(store, run.run_id, lease.fence, Commit(final, run=changes, thread_state=rt.state_change()),
+                                 rt.refusal_hold, released=lambda: rt.handover is not None)
             rt.rows.extend(final)
             rt.committed(final)
             if changes["status"] == RunStatus.WAITING and changes["pending_callbacks"]:
@@ -370,6 +374,12 @@ class RunExecutor:
                 log.error("lease on run %s lost; cancelling its execution here", lease.run_id)
                 wf.cancel()
                 return
+            except StoreRefused as exc:
+                # Refused, not lost: the run may be held at a refused commit (engine/refusals.py), and a keeper
+                # that ended here would let the lease lapse under it. Keep renewing; the fence decides.
+                log.warning("run %s: renewing its lease was refused (%s); trying again in %.1fs",
+                            lease.run_id, exc, interval)
+                continue
             try:
                 run = await self.store.get_run(lease.run_id)
             except Exception as exc:

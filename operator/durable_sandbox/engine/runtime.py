@@ -25,6 +25,7 @@ from durable_sandbox.engine.errors import (
 )
 from durable_sandbox.engine.extensions import Extensions
 from durable_sandbox.engine.records import Commit, ErrorInfo, Event, OperationRecord, OpKind, OpStatus
+from durable_sandbox.engine.refusals import RefusalHold, commit_holding
 from durable_sandbox.engine.serialization import dumps, to_jsonable
 
 if TYPE_CHECKING:
@@ -222,8 +223,11 @@ class RunRuntime:
         cache: tuple[str, Any, float | None] | None = None,
         boundary: bool = False,
         run: dict[str, Any] | None = None,
+        hold: bool = True,
     ) -> None:
-        """Commit records (and anything deferred) before the run moves on: durability first."""
+        """Commit records (and anything deferred) before the run moves on: durability first. A commit the
+        store refuses is held here and offered again while the engine has a ``RefusalHold`` (engine/refusals.py):
+        what completed is kept, never executed again; ``hold=False`` raises the refusal at once."""
         await self._settle_riders()
         recs = list(records)
         carried = self._deferred
@@ -234,7 +238,8 @@ class RunRuntime:
         if boundary:
             commit.thread_state = self.state_change()
         try:
-            await self.store.commit(self.run_id, self.fence, commit)
+            await commit_holding(self.store, self.run_id, self.fence, commit, self.refusal_hold if hold else None,
+                                 released=lambda: self.handover is not None)
         except RunCancelledError as exc:
             self._deferred[:0] = carried  # not written: they go with the run's next (final) commit
             self.cancel_reason = exc.reason
@@ -247,6 +252,11 @@ class RunRuntime:
             self.latest[rec.op_id] = rec
             self.first.setdefault(rec.op_id, rec)
         self.committed(carried)
+
+    @property
+    def refusal_hold(self) -> RefusalHold | None:
+        """How a refused commit is held (None: raised at once), as whoever built the engine chose."""
+        return self.extensions.get(RefusalHold)
 
     def known_rows(self) -> list[OperationRecord]:
         """The journal as this execution knows it: committed rows, then what waits for the next commit."""
@@ -270,7 +280,9 @@ class RunRuntime:
             return
         self._rider_committing = True
         try:
-            await self.write()
+            # Not held: a refusal leaves them deferred for the run's next write, which holds (and which
+            # would otherwise wait behind a hold in this background task that nothing could end).
+            await self.write(hold=False)
         except BaseException:  # the records stay deferred: the next write or the final commit takes them
             return
         finally:

@@ -411,6 +411,9 @@ class InstrumentedProvider(SandboxProvider):
     async def renew_lease(self, handle: SandboxHandle, seconds: int) -> SandboxHandle:
         return await self._watch(lambda: self.inner.renew_lease(handle, seconds))
 
+    async def reset_processes(self, handle: SandboxHandle) -> None:
+        await self._watch(lambda: self.inner.reset_processes(handle))
+
     async def destroy(self, handle: SandboxHandle) -> None:
         await self._cleanup("destroy", lambda: self.inner.destroy(handle))
 

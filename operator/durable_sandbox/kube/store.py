@@ -602,7 +602,17 @@ class KubernetesStore:
             )
         if redo is not None:
             faults.reach("kube.store.before_side_writes")  # crash tests: the head has the redo, nothing else
-            await self._apply_redo(redo)
+            try:
+                await self._apply_redo(redo)
+            except ApiException as exc:
+                if exc.status not in REFUSALS:
+                    raise
+                # The commit landed (the head has its records and the redo): raised as a refusal, it would be
+                # offered again by a run held at it (engine/refusals.py) and its records written twice. The next
+                # claim of the run applies the redo from the head.
+                log.warning("Journal %s/%s: writing run %s's thread state or cache entry was refused (%s %s); "
+                            "the next claim of the run writes it", self.namespace, st.name, run_id, exc.status,
+                            _api_message(exc))
 
     async def _head_retrying(self, run_id: str) -> dict[str, Any] | None:
         for attempt in range(TRANSIENT_RETRIES):

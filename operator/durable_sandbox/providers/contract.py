@@ -35,6 +35,9 @@ class Capability(enum.StrEnum):
     LOSS_INJECTION = "loss_injection"
     # Lists every sandbox and every snapshot of an installation (inventory_sandboxes/_snapshots): orphan sweeps.
     INVENTORY = "inventory"
+    # Ends every process in a live sandbox but what keeps it alive (reset_processes): a shared sandbox changing
+    # hands, so that nothing the previous holder's code left running sees the next holder's calls.
+    PROCESS_RESET = "process_reset"
 
 
 DeliveryGuarantee = Literal["at_least_once_effects", "deduplicated_operations"]
@@ -311,6 +314,11 @@ class SandboxProvider:
     async def inventory_snapshots(self, installation: str) -> list[SnapshotEntry]:
         """Every snapshot taken of a sandbox labelled with ``installation`` (see :class:`SnapshotEntry`)."""
         raise UnsupportedCapability(self.name, Capability.INVENTORY)
+
+    async def reset_processes(self, handle: SandboxHandle) -> None:
+        """End every process in the live sandbox but what keeps it alive (its files stay): whatever earlier calls
+        left running (``setsid``, ``nohup``, a double fork, ``env -i``) is gone before the next call starts."""
+        raise UnsupportedCapability(self.name, Capability.PROCESS_RESET)
 
     async def inject_loss(self, handle: SandboxHandle) -> None:
         """Destroy the sandbox behind the caller's back, as a real loss would (testing aid)."""

@@ -225,7 +225,8 @@ class KubernetesProvider(SandboxProvider):
         return problems
 
     def capabilities(self) -> ProviderCapabilities:
-        supported = {Capability.LEASE_RECONCILIATION, Capability.INVENTORY, Capability.LOSS_INJECTION}
+        supported = {Capability.LEASE_RECONCILIATION, Capability.INVENTORY, Capability.LOSS_INJECTION,
+                     Capability.PROCESS_RESET}
         if self.store is not None:
             supported |= {Capability.SNAPSHOT, Capability.SNAPSHOT_DELETION, Capability.SNAPSHOT_RECONCILIATION,
                           Capability.RESTORE}
@@ -689,6 +690,13 @@ class KubernetesProvider(SandboxProvider):
         self._gone[handle.id] = "it was destroyed"
         self._leases.pop(handle.id, None)
         await self._delete(namespace, name)
+
+    async def reset_processes(self, handle: SandboxHandle) -> None:
+        """Every process in the Pod but the keep-alive (PID 1) ended (kubernetes_scripts.reset_processes)."""
+        errors: list[bytes] = []
+        if await self._run(handle, scripts.reset_processes(), stderr=errors.append, what="end what earlier calls left"):
+            raise ProviderError(f"Sandbox {handle.id}: could not end the processes earlier calls left running "
+                                f"({b''.join(errors).decode(errors='replace').strip()[:200]}); no call starts beside them")
 
     async def inject_loss(self, handle: SandboxHandle) -> None:
         """Delete the Pod behind the caller's back, as an eviction would (testing aid). The sandbox is gone when

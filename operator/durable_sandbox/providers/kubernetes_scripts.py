@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from durable_sandbox.providers.kubernetes_template import WORKSPACE
 
-__all__ = ["BOOT", "boot_command", "kill_call", "quote", "read_file", "shell", "write_file"]
+__all__ = ["BOOT", "boot_command", "kill_call", "quote", "read_file", "reset_processes", "shell", "write_file"]
 
 BOOT = 'eval "$(dd bs=1 count="$1" 2>/dev/null)"'
 NOT_FOUND, IS_DIRECTORY, OUTSIDE, NOT_REGULAR, NO_DIRECTORY, CANNOT = 64, 65, 66, 67, 68, 69
@@ -141,6 +141,40 @@ def shell(command: str, *, tag: str, cwd: str | None, env: Mapping[str, str], wo
 
 def kill_call(tag: str) -> bytes:
     return "\n".join([_KILL_TAGGED, f"dsb_kill {quote(f'{CALL_VARIABLE}={tag}')}"]).encode()
+
+
+# Passes over /proc before giving up on processes that keep being started while they are ended (a fork bomb).
+RESET_PASSES = 100
+
+
+def reset_processes() -> bytes:
+    """Ends every process in the container but the keep-alive's: what a call left that its tag does not find
+    (``env -i`` drops the tag; ``setsid``, ``nohup`` and a double fork keep it). The keep-alive is PID 1 and
+    whatever it forks itself (its ``sleep``, restarted when ended), known by PID 1's session: the container runtime
+    starts PID 1 and every exec in a session of its own (runc's ``setsid`` for each), and no process can join
+    another session, so nothing a call started is in PID 1's (re-parenting to PID 1 keeps the session). Pass
+    after pass until none is left alive (zombies excepted: nothing runs in them); CANNOT when processes keep
+    appearing (or when PID 1 leads no session, so the keep-alive's own cannot be told apart)."""
+    return rf"""
+read -r st 2>/dev/null < /proc/1/stat; set -- ${{st##*) }}
+[ "$4" = 1 ] && keep=1 || keep=none
+n=0
+while :; do
+  left=0
+  for d in /proc/[0-9]*; do
+    p=${{d#/proc/}}
+    [ "$p" = 1 ] || [ "$p" = "$$" ] && continue
+    read -r st 2>/dev/null < "$d/stat" || continue
+    set -- ${{st##*) }}
+    [ "$1" = Z ] || [ "$4" = "$keep" ] && continue
+    kill -9 "$p" 2>/dev/null && left=1
+  done
+  [ "$left" = 0 ] && exit 0
+  n=$((n + 1))
+  [ "$n" -ge {RESET_PASSES} ] && {{ echo "processes kept being started while they were ended (PID 1's session: $keep)" >&2; exit {CANNOT}; }}
+  sleep 0.05
+done
+""".encode()
 
 
 def read_file(path: str, *, workspace: str = WORKSPACE) -> bytes:

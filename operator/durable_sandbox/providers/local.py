@@ -126,6 +126,7 @@ _CAPABILITIES = ProviderCapabilities(
             Capability.LEASE_RECONCILIATION,
             Capability.LOSS_INJECTION,
             Capability.INVENTORY,
+            Capability.PROCESS_RESET,
         }
     ),
     delivery_guarantee="at_least_once_effects",
@@ -473,6 +474,14 @@ class LocalProvider(SandboxProvider):
             for lease in self._iter_leases()
             if lease.get("owner") == owner and float(lease["expires_at"]) > now
         ]
+
+    async def reset_processes(self, handle: SandboxHandle) -> None:
+        # Nothing a call starts outlives it: its supervisor ends the call's group, whatever left it (setsid,
+        # nohup, a double fork: re-parented to the supervisor, a subreaper) when the call ends. What is left to
+        # end is the calls still in flight.
+        await self._require_live(handle.id)
+        for supervisor in self._running.pop(handle.id, set()):
+            _stop_call(supervisor)
 
     async def inject_loss(self, handle: SandboxHandle) -> None:
         # A loss is indistinguishable from a destroy nobody asked for: files, lease and processes go.

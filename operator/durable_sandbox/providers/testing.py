@@ -183,6 +183,7 @@ class ProviderContractSuite:
             Capability.LEASE_RECONCILIATION: lambda: provider.list_sandboxes(kit.owner),
             Capability.LOSS_INJECTION: lambda: provider.inject_loss(bogus),
             Capability.INVENTORY: lambda: provider.inventory_sandboxes(kit.owner),
+            Capability.PROCESS_RESET: lambda: provider.reset_processes(bogus),
         }
         unsupported = [cap for cap in attempts if not caps.supports(cap)]
         if not caps.supports(Capability.INVENTORY):
@@ -203,6 +204,7 @@ class ProviderContractSuite:
             Capability.SUSPEND: lambda: provider.suspend(handle),
             Capability.RESUME: lambda: provider.resume(handle),
             Capability.LOSS_INJECTION: lambda: provider.inject_loss(handle),
+            Capability.PROCESS_RESET: lambda: provider.reset_processes(handle),
         }
         for cap, attempt in live.items():
             if not caps.supports(cap):
@@ -412,6 +414,32 @@ class ProviderContractSuite:
         await provider.inject_loss(handle)
         with pytest.raises(SandboxGone):
             await kit.run(handle, "shell", command="true")
+
+    async def test_reset_processes_ends_what_calls_left_running_and_keeps_the_sandbox(
+            self, provider: SandboxProvider, kit: ContractResources) -> None:
+        """A shared sandbox changing hands (issue 32 item 6): processes a call left behind, however detached
+        (``env -i`` drops any tag a provider puts in the env; ``setsid``, ``nohup``, a double fork), are gone after
+        ``reset_processes``; the sandbox, its files and later calls are unchanged."""
+        self._need(provider, Capability.PROCESS_RESET)
+        handle = await kit.provision()
+        await kit.run(handle, "write_file", path="kept.txt", contents="kept")
+        marker = "kit-left-" + uuid.uuid4().hex[:12]
+        loop = "while :; do sleep 1; done"
+        quiet = "</dev/null >/dev/null 2>&1"
+        await kit.run(handle, "shell", command=(
+            f"env -i /bin/sh -c '{loop}' {marker}-envi {quiet} & "
+            f"setsid /bin/sh -c '{loop}' {marker}-setsid {quiet} & "
+            f"nohup /bin/sh -c '{loop}' {marker}-nohup {quiet} & "
+            f"( /bin/sh -c '{loop}' {marker}-forked {quiet} & ) ; echo started"))
+        await provider.reset_processes(handle)
+        # The pattern's brackets keep the counting shell's own command line from matching it.
+        pattern = marker.replace("kit-left-", "kit-lef[t]-")
+        count = ("n=0; for d in /proc/[0-9]*; do case \"$(tr '\\000' ' ' 2>/dev/null < $d/cmdline)\" in "
+                 f"*{pattern}*) n=$((n+1)) ;; esac; done; echo $n")
+        left = (await kit.run(handle, "shell", command=count)).outcome
+        assert left == (0, "0\n", ""), f"processes the call left survived the reset: {left}"
+        assert (await kit.run(handle, "read_file", path="kept.txt")).outcome == (0, "kept", "")
+        assert (await kit.run(handle, "shell", command="echo alive")).outcome == (0, "alive\n", "")
 
     async def test_suspend_and_resume_keep_files(self, provider: SandboxProvider, kit: ContractResources) -> None:
         self._need(provider, Capability.SUSPEND, Capability.RESUME)

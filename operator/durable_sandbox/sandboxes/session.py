@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from durable_sandbox.engine import Context, faults
-from durable_sandbox.engine.errors import DurableError, Handover, LeaseLost, Suspend
+from durable_sandbox.engine.errors import DurableError, Handover, LeaseLost, StoreRefused, Suspend
 from durable_sandbox.engine.executor import RunExecutor
 from durable_sandbox.engine.records import ErrorInfo, Lease, OperationRecord, OpKind, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
@@ -473,8 +473,11 @@ class SandboxSession:
             if self.hibernate_after <= 0:
                 await self.hibernate()
             return
-        if exc is not None and isinstance(exc, LeaseLost | Handover):
-            return  # another worker owns (or is about to continue) the run, and the live sandbox with it
+        if exc is not None and isinstance(exc, LeaseLost | Handover | StoreRefused):
+            # Another worker owns (or is about to continue) the run, and the live sandbox with it; or the store
+            # refuses to record (a quota): the run is not over, and finalizing now would destroy the sandbox the
+            # resumed run re-attaches to (or record it finalized, so that the resumed run could not go on).
+            return
         if isinstance(exc, asyncio.CancelledError) and not await self.rt.cancel_requested():
             # Interrupted (Ctrl-C, SIGTERM, the process shutting down), not cancelled: the run is not
             # over, so keep the session resumable. The call in flight was abandoned (its processes are

@@ -5,25 +5,12 @@ Journal object kept in memory and JSON Patch ``test`` ops honoured as the API se
 from __future__ import annotations
 
 import asyncio
-import copy
-from typing import Any
 
 import pytest
 
-from durable_sandbox.kube.client import ApiException
-from durable_sandbox.kube.holding import Holding
 from durable_sandbox.kube.sandbox.idle import ACTIVE, IDLE, SUSPENDED, plan_idle
-from durable_sandbox.kube.sandbox_records import (
-    ACTIVE_AT,
-    HOLDER,
-    IDLE_CLAIM,
-    IDLE_SUSPENDED,
-    SandboxRecords,
-)
-from durable_sandbox.kube.sealing import Sealer
-
-NS, NAME, UID = "demo", "dev-box", "0123abcd-uid"
-
+from durable_sandbox.kube.sandbox_records import ACTIVE_AT, HOLDER, IDLE_CLAIM, IDLE_SUSPENDED
+from tests.unit.kube.sandbox_records_support import LIVE, NAME, NS, UID, World
 
 # ------------------------------------------------------------------ the plan
 
@@ -58,78 +45,6 @@ def test_no_last_activity_known_means_no_timer_yet() -> None:
 # ------------------------------------------------------------------ the one-holder rule
 
 
-class MemoryJournal:
-    """One namespace's Journal objects, patched with JSON Patch as the API server does (a failed ``test`` is 422)."""
-
-    def __init__(self) -> None:
-        self.bodies: dict[str, dict[str, Any]] = {}
-
-    async def get(self, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.bodies.get(name))
-
-    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = body["metadata"]["name"]
-        if name in self.bodies:
-            raise ApiException(status=409)
-        self.bodies[name] = copy.deepcopy(body)
-        return body
-
-    async def patch(self, name: str, ops: list[dict[str, Any]]) -> None:
-        if name not in self.bodies:
-            raise ApiException(status=404)
-        data = dict(self.bodies[name].get("data") or {})
-        for op in ops:
-            key = op["path"].removeprefix("/data/")
-            if op["op"] == "test" and data.get(key) != op["value"]:
-                raise ApiException(status=422)
-            if op["op"] in ("add", "replace"):
-                data[key] = op["value"]
-        self.bodies[name]["data"] = data
-
-
-class Objects:
-    """The Sandbox object, as ``CustomObjects`` gives it; status patches are kept to look at."""
-
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.body = {"metadata": {"name": NAME, "namespace": NS, "uid": UID}, "spec": spec}
-        self.shown: list[Any] = []
-
-    async def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.body) if name == NAME else None
-
-    async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.shown.append(status.get(HOLDER))
-
-
-class World:
-    def __init__(self, record: dict[str, Any], *, spec: dict[str, Any] | None = None,
-                 running: frozenset[str] = frozenset()) -> None:
-        self.records = SandboxRecords(None, b"k" * 32)  # type: ignore[arg-type]  # no API: the journal is in memory
-        self.journal = MemoryJournal()
-        self.records._namespaces[NS] = (self.journal, Sealer(b"k" * 32, NS))  # type: ignore[assignment]
-        self.objects = Objects(spec or {"provider": "local", "idleSuspendAfterSeconds": 5})
-        self.running = set(running)
-
-        async def run_live(namespace: str, workflow: str) -> bool:
-            return workflow in self.running
-
-        self.holding = Holding(self.objects, self.records, run_live)  # type: ignore[arg-type]
-        asyncio.run(self.records.write(NS, NAME, UID, record))
-
-    def record(self) -> dict[str, Any]:
-        return asyncio.run(self.records.read(NS, UID))
-
-    def hold(self, workflow: str) -> str | None:
-        self.running.add(workflow)  # a Workflow being admitted: its run is live
-        return asyncio.run(self.holding.hold(NS, NAME, workflow))
-
-    def claim(self, seen: dict[str, Any]) -> bool:
-        """The idle timer's claim, as the controller makes it from the record it read (``seen``)."""
-        return asyncio.run(self.records.swap_holder(NS, UID, seen.get(HOLDER), IDLE_CLAIM,
-                                                    unchanged={ACTIVE_AT: seen.get(ACTIVE_AT)}))
-
-
-LIVE = {"phase": "Ready", "providerId": "lsb-1", ACTIVE_AT: 1000.0}
 
 
 def test_a_workflow_that_takes_the_sandbox_first_makes_the_idle_claim_fail() -> None:

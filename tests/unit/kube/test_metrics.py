@@ -7,6 +7,7 @@ over real HTTP is parsed with prometheus-client's own parser. The e2e tier scrap
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 import durable_sandbox
-from durable_sandbox.kube.metrics import PHASES, OperatorMetrics, api_verb
+from durable_sandbox.kube.metrics import PHASES, InstrumentedProvider, OperatorMetrics, api_verb
 from durable_sandbox.kube.metrics_server import MetricsServer, Readiness, make_app, start_metrics_server
+from durable_sandbox.providers.contract import SandboxProvider
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore
 
@@ -179,3 +181,11 @@ def test_api_verbs_are_named_as_the_api_server_names_them(
     method: str, url: str, query: object, expected: tuple[str, str]
 ) -> None:
     assert api_verb(method, url, query) == expected
+
+
+def test_the_instrumented_provider_delegates_every_method_of_the_contract() -> None:
+    """A contract method it does not define is the base class's (UnsupportedCapability), not the wrapped provider's:
+    issue 32's ``reset_processes`` was refused so on the node until it was delegated."""
+    contract = {name for name, value in vars(SandboxProvider).items() if inspect.iscoroutinefunction(value)}
+    assert "reset_processes" in contract
+    assert sorted(name for name in contract if name not in vars(InstrumentedProvider)) == []

@@ -52,11 +52,11 @@ class Cleanup:
             if run is not None:
                 await engine.store.load_journal(run_id)  # its journal too must be readable to be cleaned up from
         except JournalDamaged as exc:
-            log.warning("%s/%s: cleaning up by owner tag: %s", namespace, name, exc)
+            await self._damaged(view, body, exc)
             run = None
         if run is None:
             await self._cleanup_by_owner(view, body, delay)
-            await self._done(view, body)
+            await self._done(view, body, how="by the providers' owner tags" if view.extra.rejected else "")
             return
         if not run.status.terminal:
             await self._cancel(view, body, engine, run.cancel_requested, delay)
@@ -154,7 +154,17 @@ class Cleanup:
         await self.wing.publisher.patch_conditions(view, body)
         raise CleanupPending(message, delay)
 
-    async def _done(self, view: RunView, body: Mapping[str, Any]) -> None:
+    async def _damaged(self, view: RunView, body: Mapping[str, Any], exc: JournalDamaged) -> None:
+        """A journal that fails its seals (or is gone) met only here, at deletion, is said as a run says its own:
+        the Failed condition with the reason (JournalTampered, JournalDamaged, JournalLost) and a Warning Event
+        naming the object and key; not only a line in the operator's log under a Normal CleanupDone."""
+        message = f"{exc} Cleanup goes by the providers' owner tags of this Workflow instead."
+        if view.extra.rejected != (exc.reason, message):
+            view.extra.rejected = (exc.reason, message)
+            self.wing.publisher.emit(body, LifecycleEvent(exc.reason, message[:1024], "Warning"))
+        await self.wing.publisher.patch_conditions(view, body)
+
+    async def _done(self, view: RunView, body: Mapping[str, Any], how: str = "") -> None:
         if not self.wing.engines.journals.collected_with_workflow:
             # A PostgreSQL journal has no owner reference to go by: the run goes with its Workflow, here.
             await self.wing.engines.engine_for(view.namespace).store.delete_run(view.run_id)
@@ -163,4 +173,4 @@ class Cleanup:
             view.extra.cleanup_blocked = None
             await self.wing.publisher.patch_conditions(view, body)
         await self.wing.publisher.events.emit(dict(body), LifecycleEvent(
-            "CleanupDone", f"run {view.run_id}: sandboxes and snapshots deleted"))
+            "CleanupDone", f"run {view.run_id}: sandboxes and snapshots deleted" + (f" {how}" if how else "")))

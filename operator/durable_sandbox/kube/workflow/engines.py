@@ -13,12 +13,14 @@ from typing import Any
 import durable_sandbox
 from durable_sandbox.engine import JournalDamaged
 from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.holder_processes import HolderProcesses
 from durable_sandbox.kube.holding import Holding
 from durable_sandbox.kube.journals import JournalStores
 from durable_sandbox.kube.plan import cluster_run_id
 from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.workflow.observed import ObservedStore
 from durable_sandbox.kube.workflow.publishing import Publisher
+from durable_sandbox.kube.workflow.refusal_notices import refusal_hold
 from durable_sandbox.kube.workflow.runs import Runs, RunView
 from durable_sandbox.kube.workflow.settings import OperatorPolicy, OperatorSettings
 from durable_sandbox.providers.contract import INSTALLATION_LABEL, ConfigurationError, SandboxHandle
@@ -57,6 +59,7 @@ class Engines:
                 extensions=[
                     SandboxServices(owner=self._owner_for, labels=self.sandbox_labels, attached=self._attached_sandbox),
                     AgentServices(env_values=self._env_values_for, secrets=self._secrets_for),
+                    refusal_hold(self.runs, self.publisher),  # a refused journal write holds the run, said
                 ],
             )
             self.runs.engines[namespace] = engine
@@ -126,7 +129,11 @@ class Engines:
         view = self.runs.views.get(run_id)
         if view is None or self.holding is None:
             raise RuntimeError(f"run {run_id} is not served by this operator")
-        return await self.holding.live_handle(view.namespace, name, view.name)
+        handle = await self.holding.live_handle(view.namespace, name, view.name)
+        # Nothing an earlier holder's calls left running meets this run's calls (kube/holder_processes.py).
+        await HolderProcesses(self.holding.objects, self.holding.records, self.provider_for_once).clear_for(
+            view.namespace, name, view.name, run_id, handle)
+        return handle
 
     async def run_live(self, namespace: str, workflow: str) -> bool:
         """Whether Workflow ``workflow`` exists and its run has not finished, by its own journal (never its
