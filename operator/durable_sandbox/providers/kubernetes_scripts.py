@@ -175,8 +175,13 @@ def probe(*, workspace: str = WORKSPACE) -> bytes:
 
 
 def archive(*, workspace: str = WORKSPACE) -> bytes:
-    """The workspace as a tar stream on stdout (the volume's contents, not the container's root filesystem)."""
-    return f"cd -- {quote(workspace)} || exit {CANNOT}\nexec tar -cf - .".encode()
+    """The workspace as a tar stream on stdout (the volume's contents, not the container's root filesystem).
+
+    Sparse files stay sparse where the image's tar can (GNU tar's ``-S``: a 2 GiB file of holes is a few KiB of
+    archive); busybox's tar cannot, and writes the holes out: the provider's limit on the archive stops that."""
+    return (f"cd -- {quote(workspace)} || exit {CANNOT}\n"
+            'case "$(tar --help 2>&1)" in *--sparse*) exec tar -cSf - . ;; esac\n'
+            "exec tar -cf - .").encode()
 
 
 def extract(size: int, *, workspace: str = WORKSPACE) -> bytes:
