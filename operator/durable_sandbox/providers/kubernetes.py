@@ -873,13 +873,15 @@ class KubernetesProvider(SandboxProvider):
         err = OutputBuffer(4096)
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=8)  # bounded: the exec waits for the store
         budget = ArchiveBudget(self.snapshot_limit, f"snapshot of {handle.id}", _SNAPSHOT_LIMIT_SETTING)
+        abandoned = asyncio.Event()  # the upload stopped reading (failed, or the archive passed the limit)
 
         async def produce() -> int:
             try:
-                return await self._run(handle, scripts.archive(workspace=self.workspace), stdout=queue.put, stderr=err.feed,
-                                       what=f"snapshot (operation {operation_id})")
+                return await self._run(handle, scripts.archive(limit=self.snapshot_limit, workspace=self.workspace),
+                                       stdout=queue.put, stderr=err.feed, what=f"snapshot (operation {operation_id})")
             finally:
-                await queue.put(None)
+                if not abandoned.is_set():  # else nobody reads: a full queue would hold this end marker for ever
+                    await queue.put(None)
 
         producer = asyncio.ensure_future(produce())
 
@@ -895,6 +897,7 @@ class KubernetesProvider(SandboxProvider):
             await store.put(name, archive(), metadata={"sandbox": handle.id.replace("/", "."),
                                                        "operation": tag_key(operation_id)})
         finally:
+            abandoned.set()
             if not producer.done():
                 producer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
