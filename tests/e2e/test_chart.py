@@ -233,6 +233,7 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
         assert ref["name"] == "s3-snapshots" and ref["key"] == var and ref.get("optional", False) is optional
     assert json.loads(env["DSB_K8S_TEMPLATE"]["value"]) == {"image": "localhost/sandbox:test"}
     assert json.loads(env["DSB_K8S_POLICY"]["value"]) == {"runtimeClasses": ["gvisor"]}
+    assert env["DSB_K8S_SNAPSHOT_LIMIT"]["value"] == "2Gi", "the snapshot archive's limit (issue 32, item 4)"
     # The policy the operator gets from these values still refuses a privileged template (and host namespaces).
     policy = TemplatePolicy.from_environ({"DSB_K8S_POLICY": env["DSB_K8S_POLICY"]["value"]})
     asking = PodTemplate.model_validate({"securityContext": {"privileged": True}, "hostPID": True})

@@ -116,6 +116,51 @@ async def test_a_refused_template_makes_no_pod(control_plane: ControlPlane, name
     assert pods(control_plane, namespace) == []
 
 
+# Issue 32, item 5: each of these became a sandbox Pod before the policy was an allow-list (a PodTemplate's
+# serviceAccountName comes back from the API server with the deprecated serviceAccount beside it).
+REFUSED_POD_TEMPLATES = {
+    "token": ({"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]}, {},
+              "volumes[t].projected.sources[0].serviceAccountToken"),
+    "secret": ({"volumes": [{"name": "s", "secret": {"secretName": "db"}}]}, {}, "volumes[s].secret"),
+    "apparmor": ({}, {"appArmorProfile": {"type": "Unconfined"}}, "securityContext.appArmorProfile"),
+    "selinux": ({}, {"seLinuxOptions": {"type": "spc_t"}}, "securityContext.seLinuxOptions.type"),
+    "root": ({}, {"runAsUser": 0}, "securityContext.runAsUser"),
+    "account": ({"serviceAccountName": "default"}, {}, "spec.serviceAccountName"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_POD_TEMPLATES))
+async def test_the_policy_refuses_what_is_not_on_its_allow_list(control_plane: ControlPlane, namespace: str,
+                                                                provider: KubernetesProvider, case: str) -> None:
+    spec, security, field = REFUSED_POD_TEMPLATES[case]
+    control_plane.apply({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": case, "namespace": namespace},
+                         "template": {"spec": {**spec, "containers": [{
+                             "name": "c", "image": "busybox", "securityContext": security}]}}})
+    with pytest.raises(ProvisionError) as refused:
+        await provider.provision(SandboxSpec(template=f"podtemplate/{case}", owner=f"{namespace}/uid-1",
+                                             operation_id=f"op-{case}"), lease_seconds=60)
+    assert refused.value.retryable is False
+    assert f"PodTemplate {case}" in str(refused.value) and field in str(refused.value), str(refused.value)
+    assert pods(control_plane, namespace) == []
+
+
+def test_namespace_roles_cannot_write_pod_templates(control_plane: ControlPlane, namespace: str) -> None:
+    """What docs/guarantees.md says of PodTemplates (issue 32, item 8): the built-in edit and admin roles of this
+    Kubernetes release grant no write on them, so their writers are whoever was granted PodTemplates by name."""
+    for role in ("edit", "admin"):
+        user = f"{role}-user"
+        control_plane.kubectl("create", "rolebinding", f"{role}-binding", "-n", namespace, f"--clusterrole={role}",
+                              f"--user={user}")
+
+        def can(verb: str, resource: str, who: str = user) -> bool:
+            out = control_plane.kubectl("auth", "can-i", verb, resource, "-n", namespace, "--as", who, check=False)
+            return out.stdout.strip() == "yes"
+
+        control_plane.wait_until(lambda: can("create", "pods"), 30, f"the {role} RoleBinding to take effect")
+        for verb in ("create", "update", "patch", "delete"):
+            assert not can(verb, "podtemplates"), f"{role} may {verb} podtemplates"
+
+
 async def test_a_pod_that_never_runs_is_deleted_with_its_env_secret(control_plane: ControlPlane, namespace: str,
                                                                     provider: KubernetesProvider) -> None:
     secret_value = "s3cr3t-" + uuid.uuid4().hex

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import durable_sandbox
+from durable_sandbox.providers.archive_limit import ArchiveTooLarge
 from durable_sandbox.providers.contract import (
     ProviderError,
     ProvisionError,
@@ -88,11 +89,14 @@ async def stored_objects(store: S3SnapshotStore) -> list[str]:
 
 
 class TestKubernetesContract(ProviderContractSuite):
+    # busybox's tar writes the holes out; the provider's limit here is 16 MiB (a smaller archive to stream).
+    oversized_workspace = "truncate -s 2G holes"
+
     @pytest.fixture
     async def provider(self, control_plane: ControlPlane, namespace: str,
                        store: S3SnapshotStore) -> AsyncIterator[SandboxProvider]:
         self.cp, self.clock = control_plane, ManualClock()
-        provider = make_provider(control_plane, namespace, store, clock=self.clock)
+        provider = make_provider(control_plane, namespace, store, clock=self.clock, snapshot_limit=16 * 2**20)
         yield provider
         await provider.aclose()
 
@@ -116,7 +120,8 @@ class TestKubernetesContractUnderGVisor(TestKubernetesContract):
         runtime_class = require_gvisor(control_plane)
         self.cp, self.clock = control_plane, ManualClock()
         template = PodTemplate(image=IMAGE, imagePullPolicy="Never", runtimeClassName=runtime_class)
-        provider = make_provider(control_plane, namespace, store, clock=self.clock, template=template)
+        provider = make_provider(control_plane, namespace, store, clock=self.clock, template=template,
+                                 snapshot_limit=16 * 2**20)
         yield provider
         await provider.aclose()
 
@@ -221,6 +226,38 @@ async def test_a_store_that_is_down_fails_the_snapshot_retryably_and_leaves_no_o
         assert await stored_objects(store) == []
     finally:
         await provider.destroy(handle)
+
+
+async def test_a_sparse_file_fails_the_snapshot_at_the_limit_and_a_restore_never_writes_past_it(
+        control_plane: ControlPlane, store: S3SnapshotStore, namespace: str) -> None:
+    """Issue 32, item 4: `truncate -s 2G` made a snapshot upload 2 GiB. The test image's tar (busybox) cannot keep
+    a sparse file sparse, so the archive limit stops it: the snapshot fails naming the limit, nothing is stored,
+    and the sandbox and provider go on. A restore of an archive over the limit makes no Pod at all."""
+    limited = make_provider(control_plane, namespace, store, snapshot_limit=16 * 2**20)
+    roomy = make_provider(control_plane, namespace, store, snapshot_limit=64 * 2**20)
+    handle = await limited.provision(spec(namespace), lease_seconds=600)
+    try:
+        made = await call(limited, handle, "shell", command="truncate -s 2G holes && du -k holes && ls -l holes")
+        assert made.exit_code == 0 and "2147483648" in made.stdout, made
+        with pytest.raises(ArchiveTooLarge) as failed:
+            await asyncio.wait_for(limited.snapshot(handle, operation_id="snap-sparse"), 120)
+        assert "larger than the limit of 16 MiB" in str(failed.value) and failed.value.retryable is False
+        assert await stored_objects(store) == [], "the upload was aborted: nothing past the limit is stored"
+        assert (await call(limited, handle, "shell", command="rm holes && head -c 20000000 /dev/urandom > big"
+                           )).exit_code == 0, "the sandbox is still there"
+        big = await roomy.snapshot(handle, operation_id="snap-big")  # 20 MB: within the roomy provider's limit
+    finally:
+        await limited.destroy(handle)
+    try:
+        before = {p["metadata"]["name"] for p in control_plane.kubectl_json("get", "pods", "-n", namespace)["items"]}
+        with pytest.raises(ArchiveTooLarge, match=f"restore of snapshot {big}: .*16 MiB"):
+            await limited.restore(big, spec(namespace), lease_seconds=600)
+        after = {p["metadata"]["name"] for p in control_plane.kubectl_json("get", "pods", "-n", namespace)["items"]}
+        assert after <= before, "the restore was refused before any Pod was made"
+    finally:
+        await roomy.delete_snapshot(big)
+        await limited.aclose()
+        await roomy.aclose()
 
 
 # ------------------------------------------------------------------------------------------- sessions

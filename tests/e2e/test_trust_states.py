@@ -173,13 +173,27 @@ def test_a_journal_deleted_mid_run_stops_the_run_instead_of_starting_it_over(
     assert effects.read_text().split().count("c1") == 1, "the committed first call did not run again"
 
 
-def restricted_operator(cp: ControlPlane, namespace: str, operators: Any, tmp_path: Path, *,
+@pytest.fixture
+def key_namespace(control_plane: ControlPlane, namespace: str) -> Iterator[str]:
+    """The restricted operator's own namespace, for its journal key: never one it serves (issue 32, item 8)."""
+    name = f"{namespace}-key"
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def restricted_operator(cp: ControlPlane, namespace: str, operators: Any, tmp_path: Path, keys: str, *,
                         pools: bool = True, args: tuple[str, ...] = ()) -> Any:
     """An operator under a Role of its namespace with what the chart grants there (docs/operations.md, RBAC), no
-    Secret but its journal key; ``pools=False`` leaves out the SandboxPool rules, as a Role made by hand for an
-    older version would."""
+    Secret but its journal key (in namespace ``keys``, as the chart's is in its release namespace); ``pools=False``
+    leaves out the SandboxPool rules, as a Role made by hand for an older version would."""
     sa = "restricted-operator"
     cp.kubectl("create", "serviceaccount", sa, "-n", namespace)
+    cp.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+              "metadata": {"name": sa, "namespace": keys}, "rules": [
+                  {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["journal-key"], "verbs": ["get"]},
+                  {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]})
+    cp.kubectl("create", "rolebinding", sa, "-n", keys, f"--role={sa}", f"--serviceaccount={namespace}:{sa}")
     rules: list[dict[str, Any]] = [
         {"apiGroups": ["durable-sandbox.dev"], "resources": ["workflows", "sandboxes"],
          "verbs": ["get", "list", "watch", "patch", "delete"]},
@@ -188,8 +202,6 @@ def restricted_operator(cp: ControlPlane, namespace: str, operators: Any, tmp_pa
         {"apiGroups": ["durable-sandbox.dev"], "resources": ["journals"],
          "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]},
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["journal-key"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     ]
     if pools:
         rules += [{"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxpools"],
@@ -200,18 +212,18 @@ def restricted_operator(cp: ControlPlane, namespace: str, operators: Any, tmp_pa
     cp.kubectl("create", "rolebinding", sa, "-n", namespace, f"--role={sa}", f"--serviceaccount={namespace}:{sa}")
     kubeconfig = tmp_path / "sa-kubeconfig"
     sa_kubeconfig(cp, namespace, sa, kubeconfig)
-    return operators("--allow-local-provider", "--journal-key-secret", f"{namespace}/journal-key", *args,
+    return operators("--allow-local-provider", "--journal-key-secret", f"{keys}/journal-key", *args,
                      env={"KUBECONFIG": str(kubeconfig)})
 
 
 def test_a_role_without_a_kind_the_operator_serves_is_said_and_it_waits_unready(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path, key_namespace: str
 ) -> None:
     """A Role made by hand for an older version (no SandboxPool rules): the operator does not serve part of what
     it should; its log says which right is missing and where the chart grants it, and its health endpoint is not
     ready, so a rolling update keeps the old replicas."""
     port = free_port()
-    op = restricted_operator(control_plane, namespace, operators, tmp_path, pools=False,
+    op = restricted_operator(control_plane, namespace, operators, tmp_path, key_namespace, pools=False,
                              args=("--metrics-port", str(port)))
     wanted = f"namespaces/{namespace}/sandboxpools: HTTP 403 Forbidden"
     wait_until(lambda: wanted in op.logs(), 60, f"the operator to say it may not list sandboxpools ({op.logs()[-2000:]})")
@@ -224,10 +236,10 @@ def test_a_role_without_a_kind_the_operator_serves_is_said_and_it_waits_unready(
 
 
 def test_a_secret_the_operator_may_not_read_is_said_not_logged_as_a_traceback(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path, key_namespace: str
 ) -> None:
     cp = control_plane
-    op = restricted_operator(cp, namespace, operators, tmp_path)
+    op = restricted_operator(cp, namespace, operators, tmp_path, key_namespace)
     cp.kubectl("create", "secret", "generic", "other", "-n", namespace, "--from-literal=token=t")
     env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "other", "key": "token"}}}]
     cp.apply(manifest("needs-other", toolCalls=[{"type": "shell", "command": "true"}],

@@ -265,7 +265,7 @@ async def _child(db: Path, run_id: str, workflow_name: str, spec: Any) -> None:
     import durable_sandbox.providers.local as local_mod
 
     if os.environ.get("DSB_TEST_CRASH_IN_SNAPSHOT_WRITE"):
-        def write_half_then_die(workspace: Path, destination: Path) -> None:
+        def write_half_then_die(workspace: Path, destination: Path, *_: Any) -> None:  # and its budget
             destination.write_bytes(b"half a tar")
             os.kill(os.getpid(), signal.SIGKILL)
 

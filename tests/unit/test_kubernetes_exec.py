@@ -249,3 +249,34 @@ async def test_a_snapshot_streams_the_workspace_as_tar_to_the_store_and_a_failed
         await provider.delete_snapshot(snapshot)
     finally:
         await store.aclose()
+
+
+async def test_a_snapshot_past_the_limit_stops_the_exec_and_stores_nothing(
+        endpoint: tuple[ExecEndpoint, PodExec], tmp_path: Path, s3_server: Any) -> None:
+    """Issue 32, item 4, through the real exec client: the archive passes the limit while tar still writes; the
+    upload is aborted, the exec ends (its websocket closed while the output still streams) and nothing is stored."""
+    import os
+
+    from durable_sandbox.providers.archive_limit import ArchiveTooLarge
+    from durable_sandbox.providers.contract import SandboxHandle
+    from durable_sandbox.providers.kubernetes import KubernetesProvider
+    from durable_sandbox.providers.s3_snapshots import S3SnapshotStore
+
+    _, execs = endpoint
+    store = S3SnapshotStore(s3_server.config("klim-" + tmp_path.name[-8:].lower().replace("_", "-")))
+    await store.ensure_bucket()
+    provider = KubernetesProvider(namespace="ns", environ={}, store=store, snapshot_limit=4 * 2**20)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "noise.bin").write_bytes(os.urandom(48 * 2**20))  # what a tar without sparse support streams
+    provider.workspace = str(workspace)
+    provider._api_client, provider._exec, provider._core = execs.api_client, execs, object()
+    handle = SandboxHandle(id="ns/pod", provider="kubernetes", metadata={"owner": "ns/uid", "labels": {}})
+    try:
+        with pytest.raises(ArchiveTooLarge, match="larger than the limit of 4 MiB"):
+            await asyncio.wait_for(provider.snapshot(handle, operation_id="op-big"), 60)
+        s3 = await store._s3()
+        listed = await s3.list_objects_v2(Bucket=store.config.bucket)
+        assert listed.get("Contents", []) == [], "nothing of the taking past the limit"
+    finally:
+        await store.aclose()

@@ -114,13 +114,47 @@ def test_probe_archive_and_extract_round_trip(tmp_path: Path, ws: Path) -> None:
     assert run(scripts.probe(workspace=str(ws))).returncode == 0
     (ws / "d").mkdir()
     (ws / "d" / "f.txt").write_text("kept")
-    tar = run(scripts.archive(workspace=str(ws)))
+    tar = run(scripts.archive(limit=2**30, workspace=str(ws)))
     assert tar.returncode == 0
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     out = run(scripts.extract(len(tar.stdout), workspace=str(fresh)), tar.stdout)
     assert out.returncode == 0, out.stderr
     assert (fresh / "d" / "f.txt").read_text() == "kept"
+
+
+def test_a_sparse_file_stays_sparse_where_tar_can(tmp_path: Path, ws: Path) -> None:
+    """Issue 32, item 4: a file of holes (``truncate -s``) was archived byte for byte. This machine's tar is GNU tar,
+    which keeps it sparse both ways; busybox's cannot (the provider's archive limit stops that one)."""
+    hole = 64 * 2**20
+    with (ws / "holes").open("wb") as f:
+        f.truncate(hole)
+        f.seek(hole // 2)
+        f.write(b"middle")
+    tar = run(scripts.archive(limit=2**30, workspace=str(ws)))
+    assert tar.returncode == 0, tar.stderr
+    assert len(tar.stdout) < 2**20, f"a {hole} byte file of holes archived as {len(tar.stdout)} bytes"
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert run(scripts.extract(len(tar.stdout), workspace=str(fresh)), tar.stdout).returncode == 0
+    restored = fresh / "holes"
+    assert restored.stat().st_size == hole
+    assert restored.stat().st_blocks * 512 < 2**20, "the restore wrote the holes out"
+    with restored.open("rb") as f:
+        f.seek(hole // 2)
+        assert f.read(6) == b"middle"
+
+
+def test_the_archive_is_cut_in_the_pod_one_byte_past_the_limit(ws: Path) -> None:
+    """A tar that cannot keep holes (busybox) streams them all: the Pod stops one byte past the limit, so the exec
+    ends at once; tar's own exit code says the archive is not whole."""
+    (ws / "noise.bin").write_bytes(os.urandom(3 * 2**20))
+    cut = run(scripts.archive(limit=2**20, workspace=str(ws)))
+    assert len(cut.stdout) == 2**20 + 1
+    assert cut.returncode != 0, "tar did not finish its archive"
+    whole = run(scripts.archive(limit=8 * 2**20, workspace=str(ws)))
+    assert whole.returncode == 0, whole.stderr
+    assert 3 * 2**20 < len(whole.stdout) < 4 * 2**20
 
 
 def _tagged(tag: str) -> list[int]:

@@ -68,9 +68,43 @@ def test_a_templates_security_context_is_laid_over_the_restricted_default() -> N
     ({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "volumes[root].hostPath", {"hostPath": True}),
     ({"serviceAccountName": "deployer"}, "serviceAccountName", {"serviceAccounts": ["deployer"]}),
     ({"runtimeClassName": "runc"}, "runtimeClassName", {"runtimeClasses": ["runc"]}),
+    # Issue 32, item 5: an allow-list, not a deny-list. Each of these became a sandbox Pod before.
+    ({"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]},
+     "volumes[t].projected.sources[0].serviceAccountToken", {"volumeTypes": ["serviceAccountToken"]}),
+    ({"volumes": [{"name": "s", "secret": {"secretName": "db"}}]}, "volumes[s].secret", {"volumeTypes": ["secret"]}),
+    ({"volumes": [{"name": "p", "projected": {"sources": [{"secret": {"name": "db"}}]}}]},
+     "volumes[p].projected.sources[0].secret", {"volumeTypes": ["secret"]}),
+    ({"volumes": [{"name": "n", "nfs": {"server": "x", "path": "/"}}]}, "volumes[n].nfs", {"volumeTypes": ["nfs"]}),
+    ({"volumes": [{"name": "c", "csi": {"driver": "secrets-store.csi.k8s.io"}}]}, "volumes[c].csi",
+     {"volumeTypes": ["csi"]}),
+    ({"securityContext": {"appArmorProfile": {"type": "Unconfined"}}}, "securityContext.appArmorProfile",
+     {"privileged": True}),
+    ({"podSecurityContext": {"appArmorProfile": {"type": "Unconfined"}}}, "podSecurityContext.appArmorProfile",
+     {"privileged": True}),
+    ({"podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}}, "podSecurityContext.seccompProfile",
+     {"privileged": True}),
+    ({"securityContext": {"seLinuxOptions": {"type": "spc_t"}}}, "securityContext.seLinuxOptions.type",
+     {"seLinuxTypes": ["spc_t"]}),
+    ({"podSecurityContext": {"seLinuxOptions": {"type": "spc_t"}}}, "podSecurityContext.seLinuxOptions.type",
+     {"seLinuxTypes": ["spc_t"]}),
+    ({"securityContext": {"seLinuxOptions": {"user": "system_u"}}}, "securityContext.seLinuxOptions.user",
+     {"privileged": True}),
+    ({"securityContext": {"runAsUser": 0, "runAsNonRoot": True}}, "securityContext.runAsUser", {"runAsRoot": True}),
+    ({"securityContext": {"runAsGroup": 0}}, "securityContext.runAsGroup", {"runAsRoot": True}),
+    ({"securityContext": {"runAsNonRoot": False}}, "securityContext.runAsNonRoot", {"runAsRoot": True}),
+    ({"podSecurityContext": {"runAsUser": 0}}, "podSecurityContext.runAsUser", {"runAsRoot": True}),
+    ({"securityContext": {"capabilities": {"drop": []}}}, "securityContext.capabilities.drop", {"privileged": True}),
+    ({"securityContext": {"windowsOptions": {"hostProcess": True}}}, "securityContext.windowsOptions", None),
+    ({"podSecurityContext": {"sysctls": [{"name": "kernel.shm_rmid_forced", "value": "1"}]}},
+     "podSecurityContext.sysctls", {"privileged": True}),
+    ({"volumeMounts": [{"name": "x", "mountPath": "/x", "mountPropagation": "Bidirectional"}],
+      "volumes": [{"name": "x", "emptyDir": {}}]}, "volumeMounts[x].mountPropagation", {"privileged": True}),
+    ({"annotations": {"container.apparmor.security.beta.kubernetes.io/sandbox": "unconfined"}},
+     "annotations.container.apparmor.security.beta.kubernetes.io/sandbox", {"privileged": True}),
+    ({"serviceAccountName": "default"}, "serviceAccountName", {"serviceAccounts": ["default"]}),
 ])
 def test_what_the_policy_refuses_unless_the_operator_allows_it(fields: dict[str, Any], field: str,
-                                                               allow: dict[str, Any]) -> None:
+                                                               allow: dict[str, Any] | None) -> None:
     template = PodTemplate.model_validate(fields)
     refusing = TemplatePolicy.model_validate({"runtimeClasses": ["gvisor"]} if "runtimeClassName" in fields else {})
     problems = template.problems(refusing)
@@ -79,7 +113,44 @@ def test_what_the_policy_refuses_unless_the_operator_allows_it(fields: dict[str,
         template.check(refusing, source="spec.sandbox.template")
     assert excinfo.value.retryable is False
     assert field in str(excinfo.value) and "providers.kubernetes.allow" in str(excinfo.value)
-    assert template.problems(TemplatePolicy.model_validate(allow)) == []
+    if allow is None:  # nothing allows it
+        assert len(template.problems(TemplatePolicy.model_validate({"privileged": True, "runAsRoot": True}))) == 1
+    else:
+        assert "(allow: " + next(iter(allow)) in problems[0], "each refusal says which setting allows it"
+        assert template.problems(TemplatePolicy.model_validate(allow)) == []
+
+
+def test_what_the_allow_list_takes_without_any_configuration() -> None:
+    template = PodTemplate.model_validate({
+        "volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "conf", "configMap": {"name": "c"}},
+                    {"name": "info", "downwardAPI": {"items": [{"path": "labels",
+                                                                "fieldRef": {"fieldPath": "metadata.labels"}}]}},
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "d"}},
+                    {"name": "both", "projected": {"sources": [{"configMap": {"name": "c"}}, {"downwardAPI": {}}]}}],
+        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch", "mountPropagation": "None"}],
+        "securityContext": {"runAsUser": 2000, "readOnlyRootFilesystem": True, "seLinuxOptions": {"level": "s0:c1"},
+                            "seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"},
+                            "appArmorProfile": {"type": "RuntimeDefault"}},
+        "podSecurityContext": {"fsGroup": 2000, "supplementalGroups": [3000]},
+        "annotations": {"container.apparmor.security.beta.kubernetes.io/sandbox": "runtime/default"},
+    })
+    assert template.problems(TemplatePolicy()) == []
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ({"serviceAccountName": "deployer", "serviceAccount": "deployer"}, "spec.serviceAccountName"),
+    ({"serviceAccountName": "default", "serviceAccount": "default"}, "spec.serviceAccountName"),
+    ({"automountServiceAccountToken": True}, "spec.automountServiceAccountToken"),
+])
+def test_a_pod_template_object_never_chooses_a_service_account_or_a_token(spec: dict[str, Any], field: str) -> None:
+    body = {"template": {"spec": {**spec, "containers": [{"name": "c", "image": "busybox"}]}}}
+    everything = TemplatePolicy.model_validate({"serviceAccounts": ["deployer", "default"], "privileged": True})
+    with pytest.raises(ProvisionError) as refused:
+        PodTemplate().from_pod_template("who", body).check(everything, source="PodTemplate who")
+    assert refused.value.retryable is False
+    assert f"PodTemplate who: {field}" in str(refused.value) and "remove them" in str(refused.value)
+    told_false = {"template": {"spec": {"automountServiceAccountToken": False, "containers": [{"image": "busybox"}]}}}
+    assert PodTemplate().from_pod_template("who", told_false).problems(TemplatePolicy()) == []
 
 
 def test_the_workspace_and_the_operators_labels_cannot_be_taken_over() -> None:

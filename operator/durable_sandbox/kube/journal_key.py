@@ -6,8 +6,13 @@ replica to start creates it; every other replica, and every later start, reads t
 loses the race reads the winner's). Why not a chart-generated Secret: a GitOps tool that renders the chart
 (``helm template``) would generate a new key on every sync, and every journal would then fail its seals.
 
+Where it is by default: the operator's own namespace, ``$POD_NAMESPACE`` (the chart sets it), else its
+ServiceAccount's namespace (the in-cluster namespace file, for a Pod made without the chart), else, run by hand,
+the namespace of the kubeconfig's current context (else ``default``), as kubectl chooses.
+
 Whoever can read this Secret can forge journal values, exactly as whoever can write the operator's
-Deployment can run anything as the operator: the chart grants ``get`` on it to the operator alone.
+Deployment can run anything as the operator: the chart grants ``get`` on it to the operator alone, and the
+operator refuses to start with a key others can read where it can tell (``kube/journal_key_readers.py``).
 Deleting it makes every run in flight fail its seals (``JournalDamaged``): the runs stop and say so.
 """
 
@@ -16,36 +21,53 @@ from __future__ import annotations
 import base64
 import os
 import secrets
-from typing import Any
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final
 
 from kubernetes.aio.client import models as m
 
 from durable_sandbox.kube.client import ApiException, KubeClient, is_conflict, is_not_found, is_transient
 
-__all__ = ["DEFAULT_SECRET_NAME", "JournalKeyError", "default_location", "fetch", "load_or_create", "parse_location"]
+__all__ = ["DEFAULT_SECRET_NAME", "JournalKeyError", "default_location", "fetch", "load_or_create", "own_namespace",
+           "parse_location"]
 
 DEFAULT_SECRET_NAME = "durable-sandbox-journal-key"
 DATA_KEY = "key"
 KEY_BYTES = 32
+IN_CLUSTER_NAMESPACE: Final = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 class JournalKeyError(RuntimeError):
     """The key cannot be read or made: the operator cannot start (it would write unsealed journals)."""
 
 
-def default_location(namespace: str | None = None) -> tuple[str, str]:
-    """(namespace, name): ``$POD_NAMESPACE`` (the chart sets it) else ``default``, and the default name."""
-    return namespace or os.environ.get("POD_NAMESPACE") or "default", DEFAULT_SECRET_NAME
+def own_namespace(environ: Mapping[str, str] | None = None, namespace_file: Path | str = IN_CLUSTER_NAMESPACE) -> str | None:
+    """The operator's own namespace: ``$POD_NAMESPACE``, else its ServiceAccount's (in a Pod); None outside."""
+    env = os.environ if environ is None else environ
+    if env.get("POD_NAMESPACE"):
+        return env["POD_NAMESPACE"]
+    try:
+        return Path(namespace_file).read_text().strip() or None
+    except OSError:
+        return None
 
 
-def parse_location(text: str) -> tuple[str, str]:
-    """``namespace/name`` or ``name`` (in the default namespace)."""
+def default_location(outside: Callable[[], str], *, environ: Mapping[str, str] | None = None,
+                     namespace_file: Path | str = IN_CLUSTER_NAMESPACE) -> tuple[str, str]:
+    """(namespace, name): the operator's own namespace (``outside()``, the kubeconfig context's, when it runs
+    outside a cluster), and the default name."""
+    return own_namespace(environ, namespace_file) or outside(), DEFAULT_SECRET_NAME
+
+
+def parse_location(text: str, outside: Callable[[], str]) -> tuple[str, str]:
+    """``namespace/name`` or ``name`` (in the default namespace of :func:`default_location`)."""
     if "/" in text:
         namespace, _, name = text.partition("/")
         if not namespace or not name or "/" in name:
             raise JournalKeyError(f"--journal-key-secret {text!r}: expected NAMESPACE/NAME or NAME")
         return namespace, name
-    return default_location()[0], text
+    return default_location(outside)[0], text
 
 
 async def load_or_create(api: KubeClient, namespace: str, name: str) -> bytes:

@@ -32,6 +32,7 @@ from typing import Any
 from durable_sandbox.engine import WorkflowDefinition, WorkflowNotFound, resolve
 from durable_sandbox.engine.driver import RunPolicy
 from durable_sandbox.engine.errors import InvalidInput, NotAWorkflow
+from durable_sandbox.kube.entrypoints import entrypoint_allowed, foreign_step, module_allowed
 from durable_sandbox.kube.models import (
     RetrySpec,
     SandboxResource,
@@ -109,15 +110,6 @@ def short_hash(*parts: Any) -> str:
 def local_run_id(name: str, definition: WorkflowDefinition, value: Any) -> str:
     """The run id `dsb run` gives a manifest's Workflow: the same file continues the same run."""
     return f"{name}-{short_hash(definition.name, value)}"
-
-
-def module_allowed(module: str, allowed_modules: Sequence[str]) -> bool:
-    """``pkg.flows`` is allowed by ``pkg.flows`` (and by ``pkg``: a package allows its submodules)."""
-    return any(module == m or module.startswith(m + ".") for m in allowed_modules)
-
-
-def entrypoint_allowed(entrypoint: str, allowed_modules: Sequence[str]) -> bool:
-    return module_allowed(entrypoint.partition(":")[0], allowed_modules)
 
 
 def resolve_workflow(ref: str, where: str) -> WorkflowDefinition:
@@ -266,6 +258,13 @@ def _program(wf: WorkflowResource, settings: SandboxSettings, *, cluster: bool, 
             f"{where}spec.entrypoint: {spec.entrypoint!r} is not in a module this operator may import "
             f"(configured: {configured}); add its module to `dsb operator --workflows`, or use toolCalls. "
             f"Nothing was imported."
+        )
+    if allowed_modules is not None and (foreign := foreign_step(spec.entrypoint, allowed_modules)) is not None:
+        # Looked up no further: a lookup in another module's object runs that module's code.
+        raise WorkflowNotAllowed(
+            f"{where}spec.entrypoint: {spec.entrypoint!r} reaches {foreign[0]!r}, defined in module {foreign[1]!r}, "
+            f"which this operator may not import from (configured: {', '.join(allowed_modules)}); name the "
+            f"workflow by its own module, and add that module to `dsb operator --workflows`."
         )
     definition = resolve_workflow(spec.entrypoint, f"{where}spec.entrypoint: ")
     defined_in = getattr(definition.fn, "__module__", "") or ""

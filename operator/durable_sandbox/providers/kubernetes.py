@@ -41,6 +41,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from durable_sandbox.providers import kubernetes_scripts as scripts
+from durable_sandbox.providers.archive_limit import ArchiveBudget, ArchiveTooLarge, configured_limit
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
     RETAIN_LABEL,
@@ -125,6 +126,9 @@ _ENV_NAMESPACES = "DSB_K8S_NAMESPACES"  # where an inventory looks (the chart's 
 _ENV_READY_TIMEOUT = "DSB_K8S_READY_TIMEOUT"
 _ENV_DISABLED = "DSB_K8S_DISABLED"  # why the operator may not use this provider (the chart sets it)
 _ENV_UNSCHEDULABLE_GRACE = "DSB_K8S_UNSCHEDULABLE_GRACE"
+# How big a snapshot's archive may be (archive_limit.py): default the workspace volume's sizeLimit.
+_ENV_SNAPSHOT_LIMIT = "DSB_K8S_SNAPSHOT_LIMIT"
+_SNAPSHOT_LIMIT_SETTING = f"the chart's providers.kubernetes.snapshots.sizeLimit ({_ENV_SNAPSHOT_LIMIT})"
 _KILL_GRACE_SECONDS = 5.0
 
 
@@ -162,9 +166,12 @@ class KubernetesProvider(SandboxProvider):
         unschedulable_grace: float | None = None,
         pool_key: bytes | None = None,
         pool_observer: Callable[[PoolClaim], None] | None = None,
+        snapshot_limit: int | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         self.template = template if template is not None else PodTemplate.from_environ(env)
+        self.snapshot_limit = snapshot_limit if snapshot_limit is not None else configured_limit(
+            env, _ENV_SNAPSHOT_LIMIT, self.template.workspace.size_limit, "the workspace's sizeLimit")
         self.policy = policy if policy is not None else TemplatePolicy.from_environ(env)
         if store is None and env.get("DSB_S3_BUCKET"):
             store = S3Config.from_environ(env)
@@ -207,8 +214,9 @@ class KubernetesProvider(SandboxProvider):
             return [f"Sandbox provider [kubernetes] is off in this operator: {disabled}"]
         problems = []
         try:
-            PodTemplate.from_environ(environ)
+            template = PodTemplate.from_environ(environ)
             TemplatePolicy.from_environ(environ)
+            configured_limit(environ, _ENV_SNAPSHOT_LIMIT, template.workspace.size_limit, "the workspace's sizeLimit")
         except ConfigurationError as exc:
             problems.append(str(exc))
         if environ.get("DSB_S3_BUCKET") or environ.get("DSB_S3_ENDPOINT"):
@@ -872,18 +880,22 @@ class KubernetesProvider(SandboxProvider):
         await self._require_live(handle)
         err = OutputBuffer(4096)
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=8)  # bounded: the exec waits for the store
+        budget = ArchiveBudget(self.snapshot_limit, f"snapshot of {handle.id}", _SNAPSHOT_LIMIT_SETTING)
+        abandoned = asyncio.Event()  # the upload stopped reading (failed, or the archive passed the limit)
 
         async def produce() -> int:
             try:
-                return await self._run(handle, scripts.archive(workspace=self.workspace), stdout=queue.put, stderr=err.feed,
-                                       what=f"snapshot (operation {operation_id})")
+                return await self._run(handle, scripts.archive(limit=self.snapshot_limit, workspace=self.workspace),
+                                       stdout=queue.put, stderr=err.feed, what=f"snapshot (operation {operation_id})")
             finally:
-                await queue.put(None)
+                if not abandoned.is_set():  # else nobody reads: a full queue would hold this end marker for ever
+                    await queue.put(None)
 
         producer = asyncio.ensure_future(produce())
 
         async def archive() -> AsyncIterator[bytes]:
             while (chunk := await queue.get()) is not None:
+                budget.spend(len(chunk))  # past the limit: the upload is aborted, the exec cancelled
                 yield chunk
             code = await producer  # the archive is only complete if tar said so: else the upload is aborted
             if code != 0:
@@ -893,6 +905,7 @@ class KubernetesProvider(SandboxProvider):
             await store.put(name, archive(), metadata={"sandbox": handle.id.replace("/", "."),
                                                        "operation": tag_key(operation_id)})
         finally:
+            abandoned.set()
             if not producer.done():
                 producer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -908,13 +921,17 @@ class KubernetesProvider(SandboxProvider):
 
         async def fill(handle: SandboxHandle) -> None:
             err = OutputBuffer(4096)
-            code = await self._run(handle, scripts.extract(size, workspace=self.workspace), stderr=err.feed, data=data,
-                                   what=f"restore snapshot {snapshot_id}")
+            # Never more than the limit into the Pod (checked below, before the Pod is made): the script reads
+            # `size` bytes at most, and tar writes no more than it reads (a sparse file's holes are not written).
+            code = await self._run(handle, scripts.extract(size, workspace=self.workspace), stderr=err.feed,
+                                   data=data, what=f"restore snapshot {snapshot_id}")
             if code != 0:
                 raise ProvisionError(f"restore of snapshot {snapshot_id} into {handle.id}: tar exited {code}: "
                                      f"{err.text().strip()}", retryable=True)
 
         try:
+            if size > self.snapshot_limit:  # before any Pod is made
+                raise ArchiveTooLarge(f"restore of snapshot {snapshot_id}", self.snapshot_limit, _SNAPSHOT_LIMIT_SETTING)
             return await self._provision(spec, lease_seconds, restore=fill)
         finally:
             with contextlib.suppress(Exception):

@@ -208,9 +208,21 @@ def probe(*, workspace: str = WORKSPACE) -> bytes:
             f"[ -w {quote(workspace)} ] || {{ echo 'the workspace is not writable' >&2; exit {CANNOT}; }}").encode()
 
 
-def archive(*, workspace: str = WORKSPACE) -> bytes:
-    """The workspace as a tar stream on stdout (the volume's contents, not the container's root filesystem)."""
-    return f"cd -- {quote(workspace)} || exit {CANNOT}\nexec tar -cf - .".encode()
+def archive(*, limit: int, workspace: str = WORKSPACE) -> bytes:
+    """The workspace as a tar stream on stdout (the volume's contents, not the container's root filesystem), at
+    most ``limit + 1`` bytes of it; the exit code is tar's.
+
+    Sparse files stay sparse where the image's tar can (GNU tar's ``-S``: a 2 GiB file of holes is a few KiB of
+    archive); busybox's tar cannot, and writes the holes out. So the stream is cut in the Pod one byte past the
+    limit (tar then dies of SIGPIPE): the provider, which counts what it reads, fails the snapshot there, and the
+    exec ends at once instead of streaming the rest (closing an exec's websocket does not stop its command)."""
+    return "\n".join([
+        f"cd -- {quote(workspace)} || exit {CANNOT}",
+        's=; case "$(tar --help 2>&1)" in *--sparse*) s=S ;; esac',
+        # tar's exit code through fd 3, its archive through head to the exec's stdout (fd 4).
+        f'{{ rc=$( {{ {{ tar "-c${{s}}f" - .; echo $? >&3; }} | head -c {limit + 1} >&4; }} 3>&1 ); }} 4>&1',
+        'exit "${rc:-1}"',
+    ]).encode()
 
 
 def extract(size: int, *, workspace: str = WORKSPACE) -> bytes:

@@ -8,26 +8,28 @@ Three sources, each layered over the one before:
    ``podtemplate/<name>``: its ``template.spec`` (one container) and labels, read through :meth:`PodTemplate.from_pod_template`.
 3. **The template string** otherwise: an image reference that replaces the default's image.
 
-Whatever the source, :meth:`PodTemplate.problems` checks the result against the operator's :class:`TemplatePolicy`:
-a privileged container, host namespaces (network, PID, IPC), a hostPath volume, added capabilities or a service
-account other than the namespace's default are refused with an error that names the field, unless the operator's
-configuration allows that exact thing. What no source can change: the workspace volume's mount, the keep-alive
-command's role (it must keep the container alive), ``automountServiceAccountToken: false`` (the sandbox runs
-untrusted code; no credential of the cluster goes into it), ``restartPolicy: Never`` (a dead sandbox is lost, and
-recovered from its snapshot, never silently restarted with its files), and the operator's labels.
+Whatever the source, :meth:`PodTemplate.problems` checks the result against the operator's :class:`TemplatePolicy`
+(``providers/kubernetes_policy.py``): an allow-list of volume types and security fields; anything else is refused
+with an error that names the field, unless the operator's configuration allows that exact thing. What no source
+can change: the workspace volume's mount, the keep-alive command's role (it must keep the container alive),
+``automountServiceAccountToken: false`` (the sandbox runs untrusted code; no credential of the cluster goes into
+it: a PodTemplate asking for a token, or naming a service account, is refused), ``restartPolicy: Never`` (a dead
+sandbox is lost, and recovered from its snapshot, never silently restarted with its files), and the operator's
+labels.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
-from durable_sandbox.providers.contract import ConfigurationError, ProvisionError
+from durable_sandbox.providers.contract import ProvisionError
+from durable_sandbox.providers.kubernetes_policy import TemplatePolicy, policy_problems
+from durable_sandbox.providers.kubernetes_settings import SettingModel, describe_errors, from_environ
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -45,16 +47,11 @@ CONTAINER = "sandbox"
 KEEP_ALIVE = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 POD_TEMPLATE_PREFIX = "podtemplate/"
 ENV_TEMPLATE = "DSB_K8S_TEMPLATE"
-ENV_POLICY = "DSB_K8S_POLICY"
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
-
-
-class WorkspaceVolume(_Model):
+class WorkspaceVolume(SettingModel):
     """The volume mounted at :data:`WORKSPACE`: an emptyDir with a size limit, or a PersistentVolumeClaim."""
 
     size_limit: str = Field(default="1Gi", alias="sizeLimit")
@@ -80,23 +77,7 @@ RESTRICTED_SECURITY_CONTEXT: dict[str, Any] = {
 }
 
 
-class TemplatePolicy(_Model):
-    """What the operator's configuration allows a template to ask for (``DSB_K8S_POLICY``; the chart's
-    ``providers.kubernetes.allow``). Everything is refused by default."""
-
-    privileged: bool = False
-    host_namespaces: bool = Field(default=False, alias="hostNamespaces")
-    host_path: bool = Field(default=False, alias="hostPath")
-    capabilities: frozenset[str] = frozenset()  # capabilities a template may add
-    service_accounts: frozenset[str] = Field(default=frozenset(), alias="serviceAccounts")
-    runtime_classes: frozenset[str] | None = Field(default=None, alias="runtimeClasses")  # None: any
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> TemplatePolicy:
-        return _from_environ(cls, ENV_POLICY, "policy", environ)
-
-
-class PodTemplate(_Model):
+class PodTemplate(SettingModel):
     """The parts of a Pod a sandbox template sets (camelCase as in a Pod spec)."""
 
     image: str = DEFAULT_IMAGE
@@ -142,7 +123,7 @@ class PodTemplate(_Model):
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> PodTemplate:
-        return _from_environ(cls, ENV_TEMPLATE, "template", environ)
+        return from_environ(cls, ENV_TEMPLATE, "template", environ)
 
     def with_image(self, image: str) -> PodTemplate:
         if not image.strip() or any(ch.isspace() for ch in image):
@@ -162,14 +143,15 @@ class PodTemplate(_Model):
         if len(containers) != 1:
             raise ProvisionError(f"{where}: needs exactly one container (the sandbox), has {len(containers)}",
                                  retryable=False)
+        _refuse_identity(where, spec)
         container = dict(containers[0])
         container.pop("name", None)
         fields: dict[str, Any] = {}
         for key in ("image", "imagePullPolicy", "command", "resources", "securityContext", "volumeMounts"):
             if key in container:
                 fields[key] = container.pop(key)
-        for key in ("runtimeClassName", "nodeSelector", "tolerations", "serviceAccountName", "hostNetwork",
-                    "hostPID", "hostIPC", "volumes", "terminationGracePeriodSeconds"):
+        for key in ("runtimeClassName", "nodeSelector", "tolerations", "hostNetwork", "hostPID", "hostIPC", "volumes",
+                    "terminationGracePeriodSeconds"):
             if key in spec:
                 fields[key] = spec.pop(key)
         if "securityContext" in spec:
@@ -183,7 +165,7 @@ class PodTemplate(_Model):
             if container.get(key) == value:
                 container.pop(key)
         spec.pop("restartPolicy", None)
-        spec.pop("automountServiceAccountToken", None)  # always false: see the module docstring
+        spec.pop("automountServiceAccountToken", None)  # false, or refused above: see the module docstring
         leftover = sorted([f"spec.{k}" for k in spec] + [f"containers[0].{k}" for k in container])
         if leftover:
             raise ProvisionError(f"{where}: the kubernetes provider does not support {', '.join(leftover)}; "
@@ -195,48 +177,19 @@ class PodTemplate(_Model):
         try:
             return PodTemplate.model_validate(merged)
         except ValidationError as exc:
-            raise ProvisionError(f"{where}: {_errors(exc)}", retryable=False) from None
+            raise ProvisionError(f"{where}: {describe_errors(exc)}", retryable=False) from None
 
     # ------------------------------------------------------------------------------------- policy
 
     def problems(self, policy: TemplatePolicy) -> list[str]:
         """What this template asks for that ``policy`` does not allow, one line each, naming the field."""
-        out: list[str] = []
-        sc = self.security_context
-        if sc.get("privileged") and not policy.privileged:
-            out.append("securityContext.privileged: a privileged container is refused")
-        if sc.get("allowPrivilegeEscalation") and not policy.privileged:
-            out.append("securityContext.allowPrivilegeEscalation: privilege escalation is refused")
-        if (sc.get("seccompProfile") or {}).get("type") == "Unconfined" and not policy.privileged:
-            out.append("securityContext.seccompProfile: Unconfined is refused")
-        if sc.get("procMount") not in (None, "Default") and not policy.privileged:
-            out.append("securityContext.procMount: an unmasked /proc is refused")
-        added = set((sc.get("capabilities") or {}).get("add") or [])
-        refused_caps = sorted(added - set(policy.capabilities))
-        if refused_caps:
-            out.append(f"securityContext.capabilities.add: adding {', '.join(refused_caps)} is refused")
-        for key, value in (("hostNetwork", self.host_network), ("hostPID", self.host_pid), ("hostIPC", self.host_ipc)):
-            if value and not policy.host_namespaces:
-                out.append(f"{key}: the host's namespaces are refused")
+        out = policy_problems(self, policy)
         for volume in self.volumes:
-            if "hostPath" in volume and not policy.host_path:
-                out.append(f"volumes[{volume.get('name', '?')}].hostPath: host paths are refused")
             if volume.get("name") == "workspace":
                 out.append("volumes[workspace]: the name is the provider's own workspace volume")
         for mount in self.volume_mounts:
             if str(mount.get("mountPath", "")).rstrip("/") == WORKSPACE:
                 out.append(f"volumeMounts: {WORKSPACE} is where the provider mounts the workspace")
-        if self.service_account_name not in (None, "default") and self.service_account_name not in policy.service_accounts:
-            out.append(f"serviceAccountName: service account {self.service_account_name!r} is refused "
-                       f"(a sandbox runs as the namespace's default, without a token)")
-        if (self.runtime_class_name is not None and policy.runtime_classes is not None
-                and self.runtime_class_name not in policy.runtime_classes):
-            out.append(f"runtimeClassName: {self.runtime_class_name!r} is not one the operator allows "
-                       f"({', '.join(sorted(policy.runtime_classes)) or 'none'})")
-        psc = self.pod_security_context
-        for key in ("sysctls",):
-            if psc.get(key) and not policy.privileged:
-                out.append(f"podSecurityContext.{key}: refused")
         for section in ("requests", "limits"):
             for resource, quantity in (self.resources.get(section) or {}).items():
                 if not _QUANTITY.match(str(quantity)):
@@ -317,6 +270,19 @@ _CONTAINER_DEFAULTS: dict[str, Any] = {"terminationMessagePath": "/dev/terminati
                                        "terminationMessagePolicy": "File"}
 
 
+def _refuse_identity(where: str, spec: Mapping[str, Any]) -> None:
+    """A PodTemplate never chooses who the sandbox is to the cluster: whoever may edit PodTemplates could
+    otherwise hand untrusted code a service account (a token a webhook injects, a cloud role bound to it)."""
+    refused = [f"spec.{key}" for key in ("serviceAccountName", "serviceAccount") if spec.get(key)]
+    if spec.get("automountServiceAccountToken"):
+        refused.append("spec.automountServiceAccountToken")
+    if refused:
+        raise ProvisionError(
+            f"{where}: {', '.join(refused)}: a sandbox runs as the namespace's default service account with no "
+            f"token, whatever a PodTemplate says; remove them (only the operator's own template, "
+            f"providers.kubernetes.template, may name a service account its policy allows)", retryable=False)
+
+
 def pod_template_reference(template: str | None) -> str | None:
     """The PodTemplate object's name when ``template`` names one (``podtemplate/<name>``), else None."""
     if template is None or not template.startswith(POD_TEMPLATE_PREFIX):
@@ -325,25 +291,6 @@ def pod_template_reference(template: str | None) -> str | None:
     if not _DNS_LABEL.match(name) or len(name) > 253:
         raise ProvisionError(f"template {template!r}: {name!r} is not a PodTemplate name", retryable=False)
     return name
-
-
-_M = TypeVar("_M", bound=_Model)
-
-
-def _from_environ(model: type[_M], key: str, what: str, environ: Mapping[str, str] | None) -> _M:
-    """The operator's JSON setting ``key`` as ``model`` (its defaults when unset)."""
-    raw = (os.environ if environ is None else environ).get(key)
-    if not raw:
-        return model()
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise ConfigurationError(f"Sandbox provider [kubernetes]: {key} is not a valid {what}: {_errors(exc)}") from None
-
-
-def _errors(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'template'}: {e['msg']}"
-                     for e in exc.errors(include_input=False))
 
 
 def dumps(template: PodTemplate) -> str:

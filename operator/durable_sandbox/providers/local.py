@@ -70,6 +70,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from durable_sandbox.providers.archive_limit import ArchiveBudget, ArchiveTooLarge, configured_limit
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
     RETAIN_LABEL,
@@ -104,6 +105,11 @@ __all__ = [
 
 _SANDBOX_ID = re.compile(r"lsb-[0-9a-f]{12}")
 _SNAPSHOT_ID = re.compile(r"lsnap-[0-9a-f]{24}")
+# How big a snapshot may be (archive_limit.py): tarfile cannot keep a sparse file sparse, so without a limit
+# `truncate -s 1T f` in a sandbox would write a terabyte of zeros here on every snapshot.
+ENV_SNAPSHOT_LIMIT = "DSB_LOCAL_SNAPSHOT_LIMIT"
+DEFAULT_SNAPSHOT_LIMIT = "1Gi"
+_SNAPSHOT_LIMIT_SETTING = f"{ENV_SNAPSHOT_LIMIT}, or LocalProvider(snapshot_limit=...)"
 _ENV_NAME = re.compile(r"[^=\0]+")
 _TIMEOUT_EXIT_CODE = 124
 # How long to keep reading output after a call's process group was killed. Only a process that escaped
@@ -186,9 +192,12 @@ class LocalProvider(SandboxProvider):
         *,
         shell: str = "bash",
         clock: Callable[[], float] = time.time,
+        snapshot_limit: int | None = None,
     ) -> None:
         if not shell:
             raise ConfigurationError("The local provider needs a shell to run commands with")
+        self.snapshot_limit = snapshot_limit if snapshot_limit is not None else configured_limit(
+            os.environ, ENV_SNAPSHOT_LIMIT, DEFAULT_SNAPSHOT_LIMIT, "the local provider's default")
         self._home = Path(home).expanduser() if home is not None else default_home()
         self._root = self._home / "local"
         self._shell = shell
@@ -343,7 +352,8 @@ class LocalProvider(SandboxProvider):
         tmp = self.snapshots_dir / f".{snapshot_id}.{_WRITER_TAG}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             try:
-                await asyncio.to_thread(_write_tar, workspace, tmp)
+                budget = ArchiveBudget(self.snapshot_limit, f"snapshot of {handle.id}", _SNAPSHOT_LIMIT_SETTING)
+                await asyncio.to_thread(_write_tar, workspace, tmp, budget)
             except FileNotFoundError as e:
                 if not self._exists(handle.id):
                     raise SandboxGone(handle.id, "it disappeared during the snapshot") from e
@@ -363,6 +373,8 @@ class LocalProvider(SandboxProvider):
         source = self._snapshot_path(snapshot_id)
         if not _SNAPSHOT_ID.fullmatch(snapshot_id) or not source.is_file():
             raise ProvisionError(f"Snapshot {snapshot_id} does not exist", retryable=False)
+        if source.stat().st_size > self.snapshot_limit:  # tarfile writes no more than it reads: bounded here
+            raise ArchiveTooLarge(f"restore of snapshot {snapshot_id}", self.snapshot_limit, _SNAPSHOT_LIMIT_SETTING)
         await self.cleanup_expired()
         sandbox_id = _new_sandbox_id()
         lease = self._new_lease(sandbox_id, spec, lease_seconds)
@@ -966,10 +978,13 @@ async def _finish_call(supervisor: int, protocol: _CallProtocol) -> None:
     await asyncio.wait([protocol.exited, protocol.pipes_closed], timeout=_DRAIN_GRACE_SECONDS)
 
 
-def _write_tar(workspace: Path, destination: Path) -> None:
+def _write_tar(workspace: Path, destination: Path, budget: ArchiveBudget) -> None:
     def keep(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
         # A restore (data filter) would refuse device files and FIFOs, failing recovery later; drop them now.
-        return member if member.isreg() or member.isdir() or member.issym() or member.islnk() else None
+        if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+            return None
+        budget.spend(tarfile.BLOCKSIZE + member.size)  # before its bytes are written: never past the limit
+        return member
 
     if not workspace.is_dir():
         raise FileNotFoundError(workspace)

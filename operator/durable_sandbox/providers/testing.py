@@ -122,6 +122,9 @@ class ProviderContractSuite:
     """Subclass as ``Test<Something>`` and override :meth:`provider` (and the hooks you can supply)."""
 
     lease_seconds: ClassVar[int] = 600
+    # A shell command that makes the workspace's snapshot archive larger than the provider's limit (its own
+    # setting: a sparse file where its tar cannot keep one sparse, or plain bytes); None skips that case.
+    oversized_workspace: ClassVar[str | None] = None
 
     # --------------------------------------------------------------------------------- what subclasses supply
 
@@ -345,6 +348,27 @@ class ProviderContractSuite:
         await self.lose(provider, handle)
         with pytest.raises(SandboxGone):
             await kit.snapshot(handle, kit.op_id())
+
+    async def test_a_snapshot_over_the_providers_limit_fails_finally_and_the_sandbox_goes_on(
+            self, provider: SandboxProvider, kit: ContractResources) -> None:
+        """What sandbox code writes cannot make a snapshot store or restore without bound (issue 32, item 4)."""
+        self._need(provider, Capability.SNAPSHOT)
+        if self.oversized_workspace is None:
+            pytest.skip("set ProviderContractSuite.oversized_workspace to a command that passes the snapshot limit")
+        handle = await kit.provision()
+        await kit.run(handle, "write_file", path="kept.txt", contents="kept")
+        assert (await kit.run(handle, "shell", command=self.oversized_workspace)).exit_code == 0
+        with pytest.raises(ProviderError) as excinfo:
+            await kit.snapshot(handle, kit.op_id())
+        assert excinfo.value.retryable is False, "the same workspace makes the same archive: retrying cannot help"
+        assert "limit" in str(excinfo.value), "the error names the limit"
+        assert (await kit.run(handle, "read_file", path="kept.txt")).outcome == (0, "kept", ""), \
+            "the sandbox goes on"
+        assert (await kit.run(handle, "shell", command="rm -rf -- ./* && echo emptied")).exit_code == 0
+        snapshot_id = await kit.snapshot(handle, kit.op_id())  # and snapshots again once it is small
+        if provider.capabilities().supports(Capability.RESTORE):
+            restored = await kit.restore(snapshot_id)
+            assert (await kit.run(restored, "read_file", path="kept.txt")).exit_code == 1
 
     async def test_delete_snapshot_is_idempotent(self, provider: SandboxProvider, kit: ContractResources) -> None:
         self._need(provider, Capability.SNAPSHOT, Capability.SNAPSHOT_DELETION)

@@ -137,3 +137,13 @@ def test_an_allowed_module_cannot_reach_another_modules_workflow_through_an_attr
     plan = plan_workflow(workflow(spec), source="team", cluster=True,
                          allowed_modules=[*ALLOWED, "tests.unit.cli_flows"])
     assert plan.definition.fn.__module__ == "tests.unit.cli_flows"
+
+
+def test_no_name_is_looked_up_in_another_modules_objects() -> None:
+    """Issue 32, item 8: a lookup in another module's object runs that module's code (a module's __getattr__, a
+    descriptor), so the walk stops at the first step outside the allowed modules, whatever follows it."""
+    for path in ("elsewhere.no_such_name", "elsewhere.doubler.__wrapped__"):
+        spec = {"entrypoint": f"tests.unit.entrypoint_policy_support:{path}", "input": {}}
+        with pytest.raises(WorkflowNotAllowed, match=re.escape(
+                "reaches 'tests.unit.entrypoint_policy_support:elsewhere', defined in module 'tests.unit.cli_flows'")):
+            plan_workflow(workflow(spec), source="team", cluster=True, allowed_modules=ALLOWED)

@@ -60,7 +60,9 @@ def _modules(value: str) -> tuple[str, ...]:
                    "the same name never both hold a lease [default: host:pid:start:random].")
 @click.option("--journal-key-secret", metavar="[NAMESPACE/]NAME", default=None,
               help="Secret holding the key that seals the operator's journal values (created with a random key if "
-                   "missing) [default: $POD_NAMESPACE (else default)/durable-sandbox-journal-key].")
+                   "missing); never in a namespace the operator serves, nor readable by a RoleBinding of its "
+                   "namespace [default: the operator's own namespace ($POD_NAMESPACE, else its ServiceAccount's, else "
+                   "the kubeconfig context's)/durable-sandbox-journal-key].")
 @click.option("--journal", "journal_dsn", metavar="apiserver|postgresql://...", default="apiserver", show_default=True,
               envvar="DSB_OPERATOR_JOURNAL", show_envvar=True,
               help="Where runs' journals, events and signals go: the API server (Journal objects), or PostgreSQL "
@@ -122,7 +124,7 @@ def operator(
     stopping replica (SIGTERM) hands its runs to the others at a call boundary.
     """
     try:
-        from durable_sandbox.kube import handlers, journal_key
+        from durable_sandbox.kube import handlers
         from durable_sandbox.kube.apiserver_away import ApiServerAway
         from durable_sandbox.kube.application import OperatorApplication
         from durable_sandbox.kube.controller import OperatorPolicy, OperatorSettings
@@ -143,14 +145,7 @@ def operator(
                                 sweep_interval=sweep_interval, sweep_grace=sweep_grace)
     if worker_id:
         settings = replace(settings, worker_id=f"{worker_id}:{uuid.uuid4().hex[:8]}")
-    try:
-        key_namespace, key_name = (journal_key.parse_location(journal_key_secret) if journal_key_secret
-                                   else journal_key.default_location())
-        key = asyncio.run(journal_key.fetch(key_namespace, key_name))
-    except (journal_key.JournalKeyError, RuntimeError) as exc:
-        raise CliError(str(exc), code=EXIT_FAILED) from None
-    except Exception as exc:
-        raise CliError(f"Cannot read the journal key Secret: {type(exc).__name__}: {exc}", code=EXIT_FAILED) from None
+    key = _journal_key(journal_key_secret, namespaces)
     services = () if session_port is None else (_session_api(
         namespaces, port=session_port, host=session_host, cert=session_tls_cert, key=session_tls_key,
         concurrent=session_max_concurrent_calls, request_bytes=session_max_request_bytes),)
@@ -186,6 +181,36 @@ def _session_api(namespaces: tuple[str, ...], *, port: int, host: str, cert: str
     return SessionApiService(SessionApiSettings(
         port=port, host=host, certfile=cert, keyfile=key,
         limits=Limits(max_concurrent_calls=concurrent, max_request_bytes=request_bytes)), tuple(namespaces))
+
+
+def _journal_key(location: str | None, served: tuple[str, ...]) -> bytes:
+    """The journal key (kube/journal_key.py), refused when others can read it where that can be told
+    (kube/journal_key_readers.py)."""
+    from durable_sandbox.cli.cluster import default_namespace
+    from durable_sandbox.kube import journal_key
+    from durable_sandbox.kube.journal_key_readers import readers_of, readers_problem, served_namespace_problem
+
+    try:
+        namespace, name = (journal_key.parse_location(location, default_namespace) if location
+                           else journal_key.default_location(default_namespace))
+        problem = served_namespace_problem(namespace, name, served)
+        if problem is not None:
+            raise CliError(problem, code=EXIT_FAILED)
+        key = asyncio.run(journal_key.fetch(namespace, name))
+        readers = asyncio.run(readers_of(namespace, name))
+    except (journal_key.JournalKeyError, RuntimeError) as exc:
+        raise CliError(str(exc), code=EXIT_FAILED) from None
+    except CliError:
+        raise
+    except Exception as exc:
+        raise CliError(f"Cannot read the journal key Secret: {type(exc).__name__}: {exc}", code=EXIT_FAILED) from None
+    if readers is None:
+        logging.getLogger("durable_sandbox.kube").info(
+            "journal key %s/%s: who else may read it was not checked (this operator may not list RoleBindings or "
+            "create SubjectAccessReviews there; docs/operations.md)", namespace, name)
+    elif readers:
+        raise CliError(readers_problem(namespace, name, readers), code=EXIT_FAILED)
+    return key
 
 
 def _provider_options(name: str, key: bytes | None, metrics: OperatorMetrics) -> dict[str, Any]:
