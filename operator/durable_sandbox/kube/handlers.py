@@ -38,6 +38,7 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from durable_sandbox.kube.pool import PoolController, PoolSettings
 from durable_sandbox.kube.resources import FINALIZER, GROUP, POOLS, SANDBOXES, VERSION, WORKFLOWS
 from durable_sandbox.kube.sandbox import SandboxController, SandboxControllerSettings
 from durable_sandbox.kube.sweeper import OrphanSweeper
+from durable_sandbox.providers.kubernetes_egress import egress_notice
 
 log = logging.getLogger("durable_sandbox.kube.handlers")
 
@@ -180,6 +182,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
              "in %s)", config.settings.worker_id, config.policy.default_provider,
              "allowed" if config.policy.allow_local_provider else "refused",
              ", ".join(config.policy.workflow_modules) or "none", config.journal)
+    if "kubernetes" in _operator.engines.usable_provider_names():
+        log.log(*egress_notice(os.environ))
 
 
 def _sweep_providers(op: Operator, cache: dict[str, Any]) -> dict[str, Any]:

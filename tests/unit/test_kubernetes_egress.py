@@ -1,0 +1,22 @@
+"""The operator's start-log line about sandbox Pods' egress (providers/kubernetes_egress.py, issue 32 item 7)."""
+
+from __future__ import annotations
+
+import logging
+
+from durable_sandbox.providers.kubernetes_egress import ENV_EGRESS_POLICY, egress_notice
+
+
+def test_without_the_charts_policy_the_operator_warns_that_nothing_limits_egress() -> None:
+    for environ in ({}, {ENV_EGRESS_POLICY: " "}):
+        level, message = egress_notice(environ)
+        assert level == logging.WARNING
+        assert "no NetworkPolicy of this installation limits the egress of sandbox Pods" in message
+        assert "169.254.169.254" in message and "providers.kubernetes.networkPolicy.enabled" in message
+
+
+def test_with_the_charts_policy_it_names_it_and_says_it_needs_an_enforcer() -> None:
+    level, message = egress_notice({ENV_EGRESS_POLICY: "dsb-durable-sandbox-sandboxes"})
+    assert level == logging.INFO
+    assert "NetworkPolicy dsb-durable-sandbox-sandboxes" in message
+    assert "enforced only if the cluster's network plugin enforces NetworkPolicy" in message
