@@ -449,6 +449,8 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
         "NOTES.txt tells the user what to do next"
     )
     assert 'names no provider gets "kubernetes"' in proc.stdout and "examples/default-provider-workflow.yaml" in proc.stdout
+    assert f"limited by NetworkPolicy {SA_NAME}-sandboxes" in proc.stdout and "enforced\nonly if" in proc.stdout, (
+        "NOTES.txt says the sandbox egress policy needs an enforcer")
     crds = set(cluster.kubectl("get", "crd", "-o", "name").stdout.split())
     assert crds == {
         "customresourcedefinition.apiextensions.k8s.io/workflows.durable-sandbox.dev",
