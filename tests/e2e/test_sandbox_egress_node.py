@@ -3,14 +3,13 @@
 A sandbox Pod made by the kubernetes provider first reaches every target (so each assertion below can fail, and an
 enforcer that never ran fails the test), then, once the policy the chart renders for its namespace is applied and
 kube-router enforces it (netpol_support.py), cannot reach the API server, the S3 server of its snapshots or another
-namespace's Pod, and still reaches what the values allow (an extra rule's address and port). The provider, on the
-host as the operator is, still snapshots to that S3 server.
+namespace's Pod or a link-local address, and still reaches what the values allow (a public address, and an extra
+rule's address and port). The provider, on the host as the operator is, still snapshots to that S3 server.
 
-Link-local (cloud metadata, 169.254.169.254) and public addresses cannot be probed here: the node's Pods have no
-route but to the Pod and Service ranges (nothing leaves the machine), and this machine's own route to
-169.254.169.254 leads off it. They are denied and allowed by the same rule as what is probed (one ipBlock, 0.0.0.0/0
-with the denied ranges excepted), which the API server is shown to hold with 169.254.0.0/16 among the exceptions.
-The node has no cluster DNS, so the DNS rule is checked as rendered (tests/e2e/test_chart.py).
+Link-local and public addresses are probed at tests/controlplane/node.go's two addresses for this test, which the
+node routes from Pods and the test serves on a link of the host: 169.254.77.77 stands for cloud metadata's
+169.254.169.254 (this machine's own route to that leads off it, so the test never takes it), 198.51.100.77 for the
+internet. The node has no cluster DNS, so the DNS rule is checked as rendered (tests/e2e/test_chart.py).
 """
 
 from __future__ import annotations
@@ -46,6 +45,10 @@ __all__ = ["control_plane_on_the_node", "node"]  # fixtures
 
 NODE_IP = "10.88.0.1"  # tests/controlplane/node.go: the Pod bridge's gateway, a host address
 API_SERVER = "10.0.0.1:443"  # the `kubernetes` Service: socat on the host, forwarding to the API server
+# tests/controlplane/node.go's egressProbeLinkLocal and egressProbePublic: routed from Pods to the node.
+LINK_LOCAL_IP = "169.254.77.77"
+PUBLIC_IP = "198.51.100.77"
+PROBE_LINK = "dsb-egress0"  # holds both while the module runs (a bridge: dummy links are unavailable here)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +78,24 @@ def http_listener(host: str) -> Iterator[int]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], capture_output=True, text=True, check=True)
+
+
+@pytest.fixture(scope="module")
+def probe_addresses(node_cluster: NodeCluster) -> Iterator[None]:
+    """LINK_LOCAL_IP and PUBLIC_IP as local addresses of the host while the module runs (the kernel's local table
+    wins over the node's routes that otherwise drop them), so that a Pod's packets to them reach listeners here."""
+    _ip("link", "add", PROBE_LINK, "type", "bridge")
+    try:
+        for address in (LINK_LOCAL_IP, PUBLIC_IP):
+            _ip("addr", "add", f"{address}/32", "dev", PROBE_LINK)
+        _ip("link", "set", PROBE_LINK, "up")
+        yield
+    finally:
+        _ip("link", "del", PROBE_LINK)
 
 
 @pytest.fixture(scope="module")
@@ -154,15 +175,18 @@ async def provider(control_plane: ControlPlane, namespaces: tuple[str, str],
     await store.aclose()
 
 
-async def test_the_default_policy_keeps_sandbox_code_from_the_cluster(
+async def test_the_default_policy_keeps_sandbox_code_from_the_cluster_and_link_local(
         control_plane: ControlPlane, namespaces: tuple[str, str], network_policy_enforcer: Enforcer,
-        node_s3: S3Server, provider: tuple[KubernetesProvider, S3SnapshotStore], tmp_path: Path) -> None:
+        probe_addresses: None, node_s3: S3Server, provider: tuple[KubernetesProvider, S3SnapshotStore],
+        tmp_path: Path) -> None:
     kubernetes, store = provider
     sandbox_ns, other_ns = namespaces
     web = other_pod(control_plane, other_ns)
-    with http_listener(NODE_IP) as allowed_port:
-        denied = {"api server": API_SERVER, "s3": f"{NODE_IP}:{node_s3.port}", "other namespace": f"{web}:8080"}
-        allowed = {"extra rule": f"{NODE_IP}:{allowed_port}"}
+    with http_listener(NODE_IP) as allowed_port, http_listener(LINK_LOCAL_IP) as link_local_port, \
+            http_listener(PUBLIC_IP) as public_port:
+        denied = {"api server": API_SERVER, "s3": f"{NODE_IP}:{node_s3.port}", "other namespace": f"{web}:8080",
+                  "link-local": f"{LINK_LOCAL_IP}:{link_local_port}"}
+        allowed = {"extra rule": f"{NODE_IP}:{allowed_port}", "public": f"{PUBLIC_IP}:{public_port}"}
         handle = await kubernetes.provision(SandboxSpec(owner=f"{sandbox_ns}/owner", operation_id="op-egress"),
                                             lease_seconds=600)
         try:
@@ -176,7 +200,7 @@ async def test_the_default_policy_keeps_sandbox_code_from_the_cluster(
 
             assert await reached(kubernetes, handle, denied | allowed) == (
                 dict.fromkeys(denied, False) | dict.fromkeys(allowed, True))
-            # What the API server holds denies link-local (cloud metadata) by the rule just shown to deny 10/8.
+            # The object the API server holds excepts all of link-local, 169.254.169.254 with the address probed.
             stored = control_plane.kubectl_json("get", "networkpolicy", policy["metadata"]["name"], "-n", sandbox_ns)
             [v4] = [peer["ipBlock"] for rule in stored["spec"]["egress"] for peer in rule.get("to", [])
                     if peer.get("ipBlock", {}).get("cidr") == "0.0.0.0/0"]
