@@ -20,3 +20,16 @@ def test_with_the_charts_policy_it_names_it_and_says_it_needs_an_enforcer() -> N
     assert level == logging.INFO
     assert "NetworkPolicy dsb-durable-sandbox-sandboxes" in message
     assert "enforced only if the cluster's network plugin enforces NetworkPolicy" in message
+
+
+def test_no_template_takes_a_sandbox_pod_out_of_the_policys_selector() -> None:
+    """The chart's policy selects durable-sandbox.dev/sandbox-pod=true: a template (the default, a Workflow's
+    PodTemplate) asking to set it is refused, and the label on the Pod is the operator's whatever a template says."""
+    from durable_sandbox.providers.kubernetes import SANDBOX_LABEL
+    from durable_sandbox.providers.kubernetes_template import PodTemplate, TemplatePolicy
+
+    escaping = PodTemplate.model_validate({"labels": {SANDBOX_LABEL: "false", "team": "a"}})
+    assert escaping.problems(TemplatePolicy()) == [
+        f"labels.{SANDBOX_LABEL}: the durable-sandbox.dev/ labels are the operator's own"]
+    pod = escaping.pod(name="p", namespace="ns", labels={SANDBOX_LABEL: "true"}, annotations={}, env_secret=None)
+    assert pod["metadata"]["labels"][SANDBOX_LABEL] == "true" and pod["metadata"]["labels"]["team"] == "a"
