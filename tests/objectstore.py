@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from durable_sandbox.providers.s3_snapshots import S3Config
+from tests.processes import stop_process
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = PROJECT_ROOT / "scripts" / "s3-server"
@@ -56,13 +57,15 @@ class S3Server:
     data: Path
     log: Path
     port: int = field(default_factory=_free_port)
+    # Loopback, except where Pods must be able to reach it (the egress tests listen on the node's address).
+    host: str = "127.0.0.1"
     access_key: str = field(default_factory=lambda: "dsbtest" + secrets.token_hex(4))
     secret_key: str = field(default_factory=lambda: secrets.token_hex(20), repr=False)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def config(self, bucket: str, **overrides: object) -> S3Config:
         fields: dict[str, object] = {"bucket": bucket, "access_key_id": self.access_key,
@@ -82,7 +85,7 @@ class S3Server:
         env = {**os.environ, "ROOT_ACCESS_KEY": self.access_key, "ROOT_SECRET_KEY": self.secret_key}
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(self.binary), "--port", f"127.0.0.1:{self.port}", "--region", "us-east-1", "--quiet",
+                [str(self.binary), "--port", f"{self.host}:{self.port}", "--region", "us-east-1", "--quiet",
                  "posix", str(self.data)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 preexec_fn=_die_with_parent,
@@ -91,7 +94,7 @@ class S3Server:
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(f"versitygw exited with {self.process.returncode}; see {self.log}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=1):
                 return
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"versitygw is not listening on {self.endpoint} after {READY_TIMEOUT_S:.0f}s")
@@ -100,14 +103,8 @@ class S3Server:
     def stop(self) -> None:
         """Stop the server (the store is then down: connections are refused); its data stays for :meth:`start`."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        if process is not None:
+            stop_process(process, timeout=10)
 
     def buckets(self) -> list[str]:
         return sorted(p.name for p in self.data.iterdir() if p.is_dir() and not p.name.startswith("."))

@@ -42,6 +42,12 @@ const (
 	svcBridge  = "dsb-svc0"  // holds serviceIP alone: there is no kube-proxy, and dummy links are unavailable here
 	serviceIP  = "10.0.0.1"  // the `kubernetes` Service: the first address of --service-cluster-ip-range
 	serviceNet = "10.0.0.0/24"
+	// Routed from Pods to the node for the egress tests (tests/e2e/test_sandbox_egress_node.py), which serve them on
+	// a link of the host while they run: a link-local address, standing for cloud metadata's 169.254.169.254 (this
+	// machine's own route to which leads off it), and a public one (TEST-NET-2). When no test serves them the host
+	// routes them into svcBridge, which has no port: dropped there, never forwarded off the machine.
+	egressProbeLinkLocal = "169.254.77.77"
+	egressProbePublic    = "198.51.100.77"
 	// The sandbox ("pause") image containerd starts for every Pod; it is never pulled: scripts/node-images
 	// builds it and `up` imports it (--node-image).
 	pauseImage = "localhost/pause:3.10"
@@ -380,9 +386,10 @@ volumePluginDir: %[5]s/kubelet-plugins
 		"plugins": []any{map[string]any{
 			"type": "bridge", "bridge": podBridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
 			"ipam": map[string]any{
-				"type":    "host-local",
-				"ranges":  [][]map[string]string{{{"subnet": podSubnet, "gateway": nodeIP}}},
-				"routes":  []map[string]string{{"dst": serviceNet}}, // the Service range only: no default route
+				"type":   "host-local",
+				"ranges": [][]map[string]string{{{"subnet": podSubnet, "gateway": nodeIP}}},
+				"routes": []map[string]string{ // the Service range and the egress tests' two addresses: no default route
+					{"dst": serviceNet}, {"dst": egressProbeLinkLocal + "/32"}, {"dst": egressProbePublic + "/32"}},
 				"dataDir": filepath.Join(cniDir, "ipam"),
 			},
 		}},
@@ -461,6 +468,14 @@ func (n *node) setUpNetwork() error {
 			if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 				return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
 			}
+		}
+	}
+	// Gone with svcBridge when the node stops. A test serving one of them adds it as a local address, which the
+	// kernel's local table prefers to these.
+	for _, dst := range []string{egressProbeLinkLocal, egressProbePublic} {
+		args := []string{"route", "add", dst + "/32", "dev", svcBridge}
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
 		}
 	}
 	return nil

@@ -171,6 +171,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 prepare_node()
             except RuntimeError:  # remembered; the node tests raise it
                 pass
+    if any("network_policy_enforcer" in getattr(item, "fixturenames", ()) for item in will_run(session.items)):
+        from .netpol_support import enforcer_binary
+
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            try:
+                enforcer_binary()  # scripts/netpol-build: kube-router, for the tests that enforce NetworkPolicy
+            except RuntimeError:  # remembered; the fixture raises it
+                pass
     if any(item.get_closest_marker("browser") for item in will_run(session.items)):
         from .browser_support import chromium
 

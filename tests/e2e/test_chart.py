@@ -243,7 +243,11 @@ def test_namespaced_ha_metrics_values_narrow_rbac_to_roles(helm: Path, helm_home
     for policy in policies:
         assert policy["spec"]["podSelector"] == {"matchLabels": {"durable-sandbox.dev/sandbox-pod": "true"}}
         assert policy["spec"]["ingress"] == [] and policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
-        assert policy["spec"]["egress"] == [{"ports": [{"port": 53, "protocol": "UDP"}]}]
+        # DNS and public addresses (the defaults), then the values' own rule as written.
+        assert len(policy["spec"]["egress"]) == 3
+        assert policy["spec"]["egress"][2] == {"to": [{"ipBlock": {"cidr": "10.20.30.40/32"}}],
+                                               "ports": [{"port": 3128, "protocol": "TCP"}]}
+    assert env["DSB_K8S_EGRESS_POLICY"]["value"] == f"{SA_NAME}-sandboxes"
 
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
@@ -338,6 +342,63 @@ def test_postgres_journal_dsn_comes_from_a_secret_never_a_value(helm: Path, helm
     assert not any("journal-db" in json.dumps(r) for r in [*by_kind(docs, "Role"), *by_kind(docs, "ClusterRole")])
 
 
+def sandbox_policy(helm: Path, home: Path, *args: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The NetworkPolicy rendered for watched namespace team-a (None: none) and the operator container's env."""
+    docs = render(helm, home, "--set", "watchNamespaces={team-a}", *args)
+    policies = by_kind(docs, "NetworkPolicy")
+    [container] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return (policies[0] if policies else None), {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_sandbox_pods_get_an_egress_policy_by_default(helm: Path, helm_home: Path) -> None:
+    """Issue 32 item 7: by default the sandbox Pods may reach DNS and public addresses, never the private ranges
+    (Pods, Services, nodes, the API server on almost every cluster) or link-local (cloud metadata)."""
+    policy, env = sandbox_policy(helm, helm_home)
+    assert policy is not None and policy["metadata"]["name"] == f"{SA_NAME}-sandboxes"
+    assert env["DSB_K8S_EGRESS_POLICY"] == f"{SA_NAME}-sandboxes", "the operator names the policy in its start log"
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"durable-sandbox.dev/sandbox-pod": "true"}}
+    assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["ingress"] == []
+    dns, public = spec["egress"]
+    assert dns == {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                           "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                   "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    v4, v6 = (peer["ipBlock"] for peer in public["to"])
+    assert "ports" not in public, "public addresses on any port"
+    assert v4["cidr"] == "0.0.0.0/0" and {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+                                          "127.0.0.0/8", "169.254.0.0/16"} <= set(v4["except"])
+    assert v6 == {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10", "::1/128"]}
+    # The operator makes no NetworkPolicy: it has no right on them (the chart renders the policy).
+    docs = render(helm, helm_home, "--set", "watchNamespaces={team-a}")
+    assert "networkpolicies" not in json.dumps([*by_kind(docs, "Role"), *by_kind(docs, "ClusterRole")])
+
+
+@pytest.mark.parametrize(
+    ("args", "egress"),
+    [
+        (["--set", "providers.kubernetes.networkPolicy.publicEgress=false",
+          "--set", "providers.kubernetes.networkPolicy.dns=null"], []),
+        (["--set", "providers.kubernetes.networkPolicy.publicEgress=false",
+          "--set", "providers.kubernetes.networkPolicy.dns=null",
+          "--set", "providers.kubernetes.networkPolicy.egress[0].ports[0].port=443"], [{"ports": [{"port": 443}]}]),
+        (["--set", "providers.kubernetes.networkPolicy.dns=null",
+          "--set", "providers.kubernetes.networkPolicy.deniedCIDRs={10.0.0.0/8}"],
+         [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}},
+                  {"ipBlock": {"cidr": "::/0", "except": []}}]}]),
+    ],
+    ids=["deny-all", "only-the-values-rule", "own-denied-ranges"],
+)
+def test_the_egress_policy_follows_the_values(helm: Path, helm_home: Path, args: list[str],
+                                              egress: list[dict[str, Any]]) -> None:
+    policy, _ = sandbox_policy(helm, helm_home, *args)
+    assert policy is not None and policy["spec"]["egress"] == egress
+
+
+def test_without_the_egress_policy_the_operator_is_told_none_limits_egress(helm: Path, helm_home: Path) -> None:
+    policy, env = sandbox_policy(helm, helm_home, "--set", "providers.kubernetes.networkPolicy.enabled=false")
+    assert policy is None and "DSB_K8S_EGRESS_POLICY" not in env, "the operator then warns at start"
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -389,6 +450,8 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
         "NOTES.txt tells the user what to do next"
     )
     assert 'names no provider gets "kubernetes"' in proc.stdout and "examples/default-provider-workflow.yaml" in proc.stdout
+    assert f"limited by NetworkPolicy {SA_NAME}-sandboxes" in proc.stdout and "enforced\nonly if" in proc.stdout, (
+        "NOTES.txt says the sandbox egress policy needs an enforcer")
     crds = set(cluster.kubectl("get", "crd", "-o", "name").stdout.split())
     assert crds == {
         "customresourcedefinition.apiextensions.k8s.io/workflows.durable-sandbox.dev",

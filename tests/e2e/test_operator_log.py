@@ -110,3 +110,21 @@ def test_api_server_away_is_one_warning_with_its_next_try_then_back(
     assert re.search(r"asks again in \d+s, then with a backoff of up to 30s", away[0]["message"]), away
     assert "Request attempt" not in text
 
+
+
+@pytest.mark.parametrize(
+    ("env", "level", "says"),
+    [({}, "WARNING", "no NetworkPolicy of this installation limits the egress of sandbox Pods"),
+     ({"DSB_K8S_EGRESS_POLICY": "dsb-durable-sandbox-sandboxes"}, "INFO",
+      "NetworkPolicy dsb-durable-sandbox-sandboxes in each watched namespace limits the egress of sandbox Pods")],
+    ids=["no-policy", "the-charts-policy"],
+)
+def test_the_start_log_says_what_limits_sandbox_egress(control_plane: ControlPlane, operators: Any,
+                                                       env: dict[str, str], level: str, says: str) -> None:
+    """Issue 32 item 7: an operator whose kubernetes provider is usable says at start which NetworkPolicy limits the
+    sandbox Pods' egress (the chart's, named in DSB_K8S_EGRESS_POLICY) and that it needs an enforcer, or warns that
+    none does."""
+    op = operators(env=env)
+    wait_until(lambda: "serving Workflows" in op.logs(), 90, "the operator to start")
+    records = [r for r in log_records(op.check_log()) if "egress of sandbox Pods" in r["message"]]
+    assert [r["level"] for r in records] == [level] and says in records[0]["message"], records

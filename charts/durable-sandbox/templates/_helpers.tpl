@@ -147,3 +147,8 @@ work here fails the install instead. */}}
 {{- if $kubernetes }}kubernetes{{ else if $.Values.providers.e2b.existingSecret }}e2b{{ else if $.Values.allowLocalProvider }}local{{ else }}kubernetes{{ end -}}
 {{- end -}}
 {{- end }}
+
+{{- /* The sandbox Pods' NetworkPolicy in each watched namespace (templates/networkpolicy.yaml). */}}
+{{- define "durable-sandbox.networkPolicyName" -}}
+{{- printf "%s-sandboxes" (include "durable-sandbox.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

@@ -36,6 +36,7 @@ from durable_sandbox.kube.process_config import OperatorConfig, Service
 from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.sandbox import SandboxController, SandboxControllerSettings
 from durable_sandbox.kube.sweep_task import SweepTask
+from durable_sandbox.providers.kubernetes_egress import ENV_EGRESS_POLICY, egress_notice
 
 __all__ = ["NotServing", "OperatorApplication", "Serving"]
 
@@ -132,6 +133,8 @@ class OperatorApplication:
                  "in %s)", config.settings.worker_id, policy.default_provider,
                  "allowed" if policy.allow_local_provider else "refused",
                  ", ".join(policy.workflow_modules) or "none", config.journal)
+        if "kubernetes" in self._serving.workflows.engines.usable_provider_names():
+            log.log(*egress_notice({ENV_EGRESS_POLICY: config.egress_policy}))
 
     async def _build(self, api: KubeClient, objects: CustomObjects | None) -> Serving:
         config, settings, policy = self.config, self.config.settings, self.config.policy

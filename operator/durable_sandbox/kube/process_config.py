@@ -45,4 +45,5 @@ class OperatorConfig:
     pool_provider: PoolProviderFactory | None = None  # None: pools say the provider is off here
     metrics_port: int | None = None  # /metrics, /healthz, /readyz (kube/metrics_server.py); None: not served
     metrics_host: str = "0.0.0.0"
+    egress_policy: str = ""  # the chart's NetworkPolicy of sandbox Pods (DSB_K8S_EGRESS_POLICY); said at start
     services: tuple[Service, ...] = ()  # served beside the controllers (the call API); started and stopped here

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -131,6 +132,7 @@ def operator(
         from durable_sandbox.kube.oplog import configure as configure_logging
         from durable_sandbox.kube.process_config import OperatorConfig
         from durable_sandbox.kube.sweeper import default_installation_id
+        from durable_sandbox.providers.kubernetes_egress import ENV_EGRESS_POLICY
     except ImportError as exc:
         raise CliError(f"dsb operator needs the Kubernetes extra: pip install 'durable-sandbox[kubernetes]' ({exc})") from exc
     away = ApiServerAway()  # the application's: kopf's retries of an API server away are said through it too
@@ -153,6 +155,7 @@ def operator(
         policy=policy, settings=settings, namespaces=tuple(namespaces), journal_key=key,
         journal=_journal_choice(journal_dsn), providers=_provider_factory(key), pool_provider=_pool_provider(key),
         metrics_port=metrics_port, metrics_host=metrics_host, services=services,
+        egress_policy=os.environ.get(ENV_EGRESS_POLICY, ""),
     )
     problem = handlers.run(OperatorApplication(config, away=away), liveness=liveness)
     if problem is not None:
