@@ -65,6 +65,15 @@ from durable_sandbox.providers.contract import (
     wrote_file_result,
 )
 from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, PodExec, StreamBroken
+from durable_sandbox.providers.kubernetes_identity import (
+    META_ANNOTATION,
+    SEAL,
+    completion_seal,
+    creation_mark,
+    identify,
+    identity_key,
+)
+from durable_sandbox.providers.kubernetes_pod_match import spec_mismatch
 from durable_sandbox.providers.kubernetes_pool import (
     CLAIMED,
     OPERATION_KEY_LABEL,
@@ -79,10 +88,10 @@ from durable_sandbox.providers.kubernetes_pool import (
     PoolPod,
     claim_patch,
     creation_seal,
-    tampered,
     template_hash,
     warm_seal,
 )
+from durable_sandbox.providers.kubernetes_removal import delete_owned_secret, delete_pod, pod_event
 from durable_sandbox.providers.kubernetes_template import (
     CONTAINER,
     WORKSPACE,
@@ -102,7 +111,6 @@ SANDBOX_LABEL = "durable-sandbox.dev/sandbox-pod"
 INSTALLATION_KEY_LABEL = "durable-sandbox.dev/installation-key"
 RUN_LABEL = "durable-sandbox.dev/run-id"
 LEASE_ANNOTATION = "durable-sandbox.dev/lease-expires-at"
-META_ANNOTATION = "durable-sandbox.dev/sandbox"
 TIMEOUT_EXIT_CODE = 124
 _KILLED_EXIT_CODES = frozenset({128 + 9, 128 + 15})  # the exec's shell ended by SIGKILL or SIGTERM
 MAXIMUM_LEASE_SECONDS = 86_400
@@ -191,6 +199,10 @@ class KubernetesProvider(SandboxProvider):
         # is claimed and every provision makes its Pod.
         self._pool_key = pool_key
         self._pool_observer = pool_observer
+        # Sandbox Pods are the operator's by a seal over their uid (providers/kubernetes_identity.py), never by
+        # their labels; refusals already reported (Pod uids), so each is said once, not on every listing.
+        self._seal_key = identity_key(pool_key)
+        self._reported: set[str] = set()
 
     @property
     def pool_key(self) -> bytes | None:
@@ -353,41 +365,78 @@ class KubernetesProvider(SandboxProvider):
         labels = self._labels(spec, operation)
         if pod_template_reference(spec.template) is not None and self._pool_key is not None:
             labels[TEMPLATE_HASH_LABEL] = template_hash(template)
-        meta = {"owner": spec.owner, "labels": dict(spec.labels), "template": spec.template}
-        annotations = {LEASE_ANNOTATION: repr(expires), META_ANNOTATION: json.dumps(meta, sort_keys=True)}
+        described = json.dumps({"owner": spec.owner, "labels": dict(spec.labels), "template": spec.template},
+                               sort_keys=True)
+        annotations = {LEASE_ANNOTATION: repr(expires), META_ANNOTATION: described}
         env_secret = f"{name}-env" if spec.env else None
         manifest = template.pod(name=name, namespace=namespace, labels=labels, annotations=annotations,
                                 env_secret=env_secret)
         self._gone.pop(sandbox_id, None)
         claimed = await self._claim_warm(spec, namespace, template, manifest)
         if claimed is not None:
-            return await self._finish_warm(claimed, restore)
-        if env_secret is not None:
-            # Before the Pod, so its container starts at once (a missing Secret holds it back for the kubelet's
-            # retry period). Only a process killed between the two requests leaves the Secret without a Pod;
-            # a retried provision of the same operation takes it over (same name).
-            await self._put_env_secret(namespace, env_secret, labels, spec.env)
+            return await self._finish(claimed, restore, cold=False)
+        manifest["metadata"]["annotations"][SEAL] = creation_mark(
+            self._seal_key, namespace, name, labels.get(OWNER_KEY_LABEL, ""), labels[OPERATION_KEY_LABEL], described)
+
+        async def put_env() -> None:
+            if env_secret is not None:
+                # Before the Pod, so its container starts at once (a missing Secret holds it back for the kubelet's
+                # retry period). Only a process killed between the two requests leaves the Secret without a Pod;
+                # a retried provision of the same operation takes it over (same name).
+                await self._put_env_secret(namespace, env_secret, labels, spec.env)
+
         try:
-            pod = await self._create_pod(core, manifest, spec)
+            pod, adopted = await self._create_pod(core, manifest, spec, put_env)
         except BaseException:
             if env_secret is not None:
                 with contextlib.suppress(Exception):
                     await self._delete_env_secret(namespace, env_secret)
             raise
-        try:
-            if env_secret is not None:
-                await self._own_env_secret(namespace, env_secret, pod)
-            await self._wait_ready(namespace, name)
-            handle = self._handle(pod)
-            await self._probe(handle)
-            if restore is not None:
-                await restore(handle)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await self._delete(namespace, name)
-            raise
+        if not adopted:
+            return await self._finish(pod, restore, env_secret=env_secret, cold=True)
         self._leases[sandbox_id] = float(pod["metadata"]["annotations"][LEASE_ANNOTATION])
         return self._handle(pod)
+
+    async def _finish(self, pod: dict[str, Any], restore: Callable[[SandboxHandle], Any] | None, *, cold: bool,
+                      env_secret: str | None = None) -> SandboxHandle:
+        """Make a new Pod a sandbox: a cold one gets its env Secret, runs and passes the image probe (a claimed
+        warm one did all that in the pool); then the restore, then the seal over its uid, which makes it one the
+        operator adopts. A Pod that fails on the way is deleted (its uid: never another Pod of its name)."""
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        try:
+            if cold:
+                if env_secret is not None:
+                    await self._own_env_secret(namespace, env_secret, pod)
+                await self._wait_ready(namespace, name)
+                await self._probe(self._handle(pod))
+            if restore is not None:
+                await restore(self._handle(pod))
+            pod = await self._seal(pod)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._delete(namespace, name, pod["metadata"]["uid"])
+            raise
+        self._leases[f"{namespace}/{name}"] = float(pod["metadata"]["annotations"][LEASE_ANNOTATION])
+        return self._handle(pod)
+
+    async def _seal(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """Seal a finished sandbox Pod over its uid (providers/kubernetes_identity.py): from now on it is one the
+        operator adopts, lists and deletes. The Pod as patched."""
+        meta = pod["metadata"]
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        seal = completion_seal(self._seal_key, meta["namespace"], meta["name"], meta["uid"],
+                               labels.get(OWNER_KEY_LABEL, ""), labels.get(OPERATION_KEY_LABEL, ""),
+                               annotations.get(META_ANNOTATION, ""))
+        core = await self._api()
+        try:
+            sealed = await _body(core.patch_namespaced_pod_without_preload_content(
+                meta["name"], meta["namespace"], {"metadata": {"annotations": {SEAL: seal}}}))
+        except Exception as exc:
+            raise self._provision_error(f"seal Pod {meta['namespace']}/{meta['name']}", exc) from None
+        if sealed["metadata"].get("uid") != meta["uid"]:  # replaced meanwhile: the seal does not fit the new one
+            raise ProvisionError(f"Pod {meta['namespace']}/{meta['name']} was replaced by another Pod while it "
+                                 f"started", retryable=True)
+        return sealed
 
     # ------------------------------------------------------------------------------------- warm pools
 
@@ -417,11 +466,19 @@ class KubernetesProvider(SandboxProvider):
             meta = pod["metadata"]
             pool = (meta.get("labels") or {}).get(POOL_LABEL)
             if (meta.get("labels") or {}).get(OPERATION_KEY_LABEL) == labels[OPERATION_KEY_LABEL]:
-                # This operation's Pod from an earlier attempt (an answer lost, an operator restarted): a claimed
-                # one is adopted; a cold one is the cold path's to adopt (by name).
+                # This operation's Pod from an earlier attempt (an answer lost, an operator restarted): one claimed
+                # and finished (sealed over its uid) is adopted; a cold one is the cold path's to adopt (by name).
                 mine = PoolPod.of(pod, self._pool_key, pool) if pool is not None else None
-                claimed = mine is not None and mine.state == CLAIMED and mine.sealed
-                return pod if claimed and not meta.get("deletionTimestamp") else None
+                if mine is None or mine.state != CLAIMED or not mine.sealed or meta.get("deletionTimestamp"):
+                    if pool is not None:
+                        await self._refuse(pod, f"it has this operation's labels but {identify(pod, self._seal_key).why}")
+                    return None
+                if identify(pod, self._seal_key).sealed and spec_mismatch(pod, manifest) is None:
+                    return pod
+                # Claimed by this operation (the claimed seal binds its uid) but never finished (a restore cut
+                # short), or changed since: it goes, and this provision claims or makes another.
+                await self._remove(pod, "this operation's claimed Pod never finished (or was changed); made again")
+                continue
             if pool is None:
                 continue
             seen = PoolPod.of(pod, self._pool_key, pool, hopeless=HOPELESS_WAITING)
@@ -431,10 +488,9 @@ class KubernetesProvider(SandboxProvider):
                 log.warning("kubernetes: Pod %s/%s has pool %s's labels but not the operator's seal; not claimed",
                             namespace, meta["name"], pool)
                 continue
-            problem = tampered(pod, manifest)
+            problem = spec_mismatch(pod, manifest)
             if problem is not None:
-                log.warning("kubernetes: warm Pod %s/%s of pool %s was changed (%s); not claimed",
-                            namespace, meta["name"], pool, problem)
+                await self._refuse(pod, f"warm Pod of pool {pool} is not the template's Pod ({problem}); not claimed")
                 continue
             candidates.append((pool, pod))
         # Claimers racing for the same Pods each start at another place, so most win their first try.
@@ -457,19 +513,6 @@ class KubernetesProvider(SandboxProvider):
             return won
         self._observe_pool(namespace, reference, "miss", "contended" if contended else "none-ready", started)
         return None
-
-    async def _finish_warm(self, pod: dict[str, Any], restore: Callable[[SandboxHandle], Any] | None) -> SandboxHandle:
-        handle = self._handle(pod)
-        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        if restore is not None:
-            try:
-                await restore(handle)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self._delete(namespace, name)
-                raise
-        self._leases[handle.id] = float(pod["metadata"]["annotations"][LEASE_ANNOTATION])
-        return handle
 
     async def pool_pods(self, namespace: str, pool: str) -> list[dict[str, Any]]:
         """Every Pod carrying pool ``pool``'s label in ``namespace`` (forged ones too: the caller checks seals)."""
@@ -513,31 +556,82 @@ class KubernetesProvider(SandboxProvider):
             raise self._api_error(f"make Pod {namespace}/{name} of pool {pool} warm", exc) from None
         return True
 
-    async def delete_pool_pod(self, namespace: str, name: str) -> None:
-        await self._delete(namespace, name)
+    async def delete_pool_pod(self, namespace: str, name: str, uid: str) -> None:
+        await self._delete(namespace, name, uid)
 
-    async def _create_pod(self, core: Any, manifest: dict[str, Any], spec: SandboxSpec) -> dict[str, Any]:
+    async def refuse_pool_pod(self, pod: Mapping[str, Any], why: str) -> None:
+        """Say that a Pod with a pool's labels is not the pool's (once per Pod: a log line, a Warning Event)."""
+        await self._refuse(pod, why)
+
+    async def _create_pod(self, core: Any, manifest: dict[str, Any], spec: SandboxSpec,
+                          before: Callable[[], Any]) -> tuple[dict[str, Any], bool]:
+        """The Pod made from ``manifest`` (``before`` runs ahead of each create), and whether it was adopted: the
+        finished, sealed Pod of an earlier attempt of this operation (an answer lost, an operator restarted).
+        A Pod of this name that the operator did not seal for this operation is never adopted
+        (providers/kubernetes_identity.py): an unfinished attempt of its own is deleted and made again; any
+        other is refused, saying so, and left alone."""
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
         deadline = time.monotonic() + self.ready_timeout
         while True:
+            await before()
             try:
-                return await _body(core.create_namespaced_pod_without_preload_content(namespace, manifest))
+                return await _body(core.create_namespaced_pod_without_preload_content(namespace, manifest)), False
             except Exception as exc:
                 if self._status(exc) != 409:
                     raise self._provision_error(f"create Pod {namespace}/{name}", exc) from None
             existing = await self._read_pod(namespace, name)
             if existing is None:
                 continue  # deleted between the two requests: create it again
-            found = existing["metadata"]
-            if found.get("labels", {}).get(OWNER_KEY_LABEL) != manifest["metadata"]["labels"].get(OWNER_KEY_LABEL):
-                raise ProvisionError(f"Pod {namespace}/{name} exists and belongs to someone else", retryable=False)
-            if not found.get("deletionTimestamp"):
-                log.info("kubernetes: adopting Pod %s/%s made for operation %s", namespace, name, spec.operation_id)
-                return existing  # a create whose answer was lost, or a restarted operator's: the same Pod
+            if not existing["metadata"].get("deletionTimestamp"):
+                adopted = await self._adoptable(existing, manifest, spec)
+                if adopted:
+                    return existing, True
+                continue  # an unfinished or changed attempt of ours was deleted: wait it out, make it again
             if time.monotonic() >= deadline:
                 raise ProvisionError(f"Pod {namespace}/{name} from an earlier attempt is still terminating",
                                      retryable=True)
             await asyncio.sleep(0.2)  # the reaped Pod of an earlier attempt still terminating: wait it out
+
+    async def _adoptable(self, existing: dict[str, Any], manifest: dict[str, Any], spec: SandboxSpec) -> bool:
+        """Whether ``existing`` (the Pod under this operation's name) is this operation's finished Pod; one of
+        ours that is not (unfinished, changed) is deleted (False); anyone else's raises, refused."""
+        namespace, name = existing["metadata"]["namespace"], existing["metadata"]["name"]
+        identity = identify(existing, self._seal_key)
+        keys = (OWNER_KEY_LABEL, OPERATION_KEY_LABEL)
+        ours = all((existing["metadata"].get("labels") or {}).get(k) == manifest["metadata"]["labels"].get(k)
+                   for k in keys)
+        if ours and identity.verdict != "foreign":
+            problem = spec_mismatch(existing, manifest) if identity.sealed else None
+            if identity.sealed and problem is None:
+                log.info("kubernetes: adopting Pod %s/%s made for operation %s", namespace, name, spec.operation_id)
+                return True
+            await self._remove(existing, f"an earlier attempt of operation {spec.operation_id}'s Pod "
+                                         f"{'was changed (' + problem + ')' if problem else 'never finished'}; "
+                                         f"made again")
+            return False
+        why = identity.why if ours else "its labels name another owner or operation"
+        await self._refuse(existing, f"it has this sandbox's name but the operator did not make it for operation "
+                                     f"{spec.operation_id} ({why})")
+        raise ProvisionError(f"Pod {namespace}/{name} exists but is not the operator's ({why}): it is neither used "
+                             f"nor deleted. Delete it (kubectl delete pod -n {namespace} {name}) to let the sandbox "
+                             f"be made, and find out who created it", retryable=False)
+
+    async def _refuse(self, pod: Mapping[str, Any], why: str) -> None:
+        """Say (once per Pod: a log line and a Warning Event on it) that ``pod`` is not trusted, and why."""
+        meta = pod.get("metadata") or {}
+        if meta.get("uid") in self._reported:
+            return
+        self._reported.add(meta.get("uid", ""))
+        log.warning("kubernetes: Pod %s/%s refused: %s", meta.get("namespace"), meta.get("name"), why)
+        await pod_event(await self._api(), pod, "SandboxPodRefused",
+                        f"durable-sandbox did not use, adopt or delete this Pod: {why}", "Warning")
+
+    async def _remove(self, pod: Mapping[str, Any], why: str) -> None:
+        """Delete one of the operator's Pods (by its uid), saying so: a log line and an Event on it."""
+        meta = pod["metadata"]
+        log.info("kubernetes: deleting Pod %s/%s: %s", meta["namespace"], meta["name"], why)
+        await pod_event(await self._api(), pod, "SandboxPodDeleted", f"durable-sandbox deleted this Pod: {why}")
+        await self._delete(meta["namespace"], meta["name"], meta["uid"])
 
     def _provision_error(self, what: str, exc: BaseException) -> ProviderError:
         status = self._status(exc)
@@ -568,7 +662,8 @@ class KubernetesProvider(SandboxProvider):
                 raise self._provision_error(f"create the env Secret of {namespace}/{name}", exc) from None
             try:  # a retried provision: the same sandbox, its env as this spec says (patch: never read back)
                 await _body(core.patch_namespaced_secret_without_preload_content(
-                    name, namespace, {"metadata": {"labels": labels}, "stringData": dict(env)}), parse=False)
+                    name, namespace, {"metadata": {"labels": labels, "ownerReferences": None},
+                                      "stringData": dict(env)}), parse=False)
             except Exception as exc2:
                 raise self._provision_error(f"update the env Secret of {namespace}/{name}", exc2) from None
 
@@ -656,8 +751,8 @@ class KubernetesProvider(SandboxProvider):
         except ValueError:
             described = {}
         lease = annotations.get(LEASE_ANNOTATION)
-        metadata: dict[str, Any] = {"namespace": meta["namespace"], "pod": meta["name"], "owner": described.get("owner"),
-                                    "labels": dict(described.get("labels") or {})}
+        metadata: dict[str, Any] = {"namespace": meta["namespace"], "pod": meta["name"], "uid": meta.get("uid"),
+                                    "owner": described.get("owner"), "labels": dict(described.get("labels") or {})}
         # The Pod's own field: what admission let through (a RuntimeClass that also sets it, or a mutating
         # webhook, shows here), not what the template asked for.
         if runtime_class := (pod.get("spec") or {}).get("runtimeClassName"):
@@ -681,34 +776,53 @@ class KubernetesProvider(SandboxProvider):
             raise self._api_error(f"renew the lease of {handle.id}", exc) from None
         if pod["metadata"].get("deletionTimestamp"):
             raise SandboxGone(handle.id, "its Pod is being deleted")
+        recorded = handle.metadata.get("uid")
+        if recorded and pod["metadata"].get("uid") != recorded:
+            # Deleted and made again under the same name by someone else: not this sandbox (nor its files).
+            await self._refuse(pod, f"it replaced sandbox {handle.id}'s Pod (uid {recorded}) under the same name")
+            self._gone[handle.id] = "its Pod was replaced by another Pod of the same name"
+            raise SandboxGone(handle.id, "its Pod was replaced by another Pod of the same name")
         self._leases[handle.id] = expires
         return self._handle(pod)
 
     async def destroy(self, handle: SandboxHandle) -> None:
-        namespace, name = _split_id(handle.id)
         self._gone[handle.id] = "it was destroyed"
         self._leases.pop(handle.id, None)
-        await self._delete(namespace, name)
+        await self._delete_handle(handle)
 
     async def inject_loss(self, handle: SandboxHandle) -> None:
         """Delete the Pod behind the caller's back, as an eviction would (testing aid). The sandbox is gone when
         this returns, as the contract says, although the Pod may answer for its grace period yet."""
-        namespace, name = _split_id(handle.id)
         self._gone[handle.id] = "loss was injected: its Pod was deleted"
-        await self._delete(namespace, name)
+        await self._delete_handle(handle)
 
-    async def _delete(self, namespace: str, name: str) -> None:
+    async def _delete_handle(self, handle: SandboxHandle) -> None:
+        """Delete the Pod of ``handle``: the uid it recorded, or (a handle recorded without one) the Pod of its
+        name only if the operator sealed it; anything else under that name is not the sandbox's."""
+        namespace, name = _split_id(handle.id)
+        uid = handle.metadata.get("uid")
+        if not isinstance(uid, str) or not uid:
+            pod = await self._read_pod(namespace, name)
+            if pod is None:
+                return
+            if not identify(pod, self._seal_key).sealed:
+                await self._refuse(pod, f"sandbox {handle.id} is to be deleted, but this Pod of its name is not one "
+                                        f"the operator sealed ({identify(pod, self._seal_key).why})")
+                return
+            uid = pod["metadata"]["uid"]
+        await self._delete(namespace, name, uid)
+
+    async def _delete(self, namespace: str, name: str, uid: str) -> None:
+        """Delete Pod ``namespace/name`` if it is Pod ``uid``, and its env Secret if that Pod owns it."""
         core = await self._api()
-        for kind, call in (("Pod", core.delete_namespaced_pod_without_preload_content),
-                           ("Secret", core.delete_namespaced_secret_without_preload_content)):
-            target = name if kind == "Pod" else f"{name}-env"
-            try:
-                # A short grace: the keep-alive ends on SIGTERM at once; calls still running are killed with it.
-                await _body(call(target, namespace, grace_period_seconds=1, propagation_policy="Background"),
-                            parse=False)
-            except Exception as exc:
-                if self._status(exc) != 404:
-                    raise self._api_error(f"delete {kind} {namespace}/{target}", exc) from None
+        try:
+            await delete_pod(core, namespace, name, uid)
+        except Exception as exc:
+            raise self._api_error(f"delete Pod {namespace}/{name}", exc) from None
+        try:
+            await delete_owned_secret(core, namespace, f"{name}-env", uid)
+        except Exception as exc:
+            raise self._api_error(f"delete Secret {namespace}/{name}-env", exc) from None
 
     async def _require_live(self, handle: SandboxHandle) -> None:
         if handle.id in self._gone:
@@ -716,8 +830,7 @@ class KubernetesProvider(SandboxProvider):
         expires = max(self._leases.get(handle.id, 0.0), handle.lease_expires_at or 0.0)
         if expires and self._clock() >= expires:
             self._gone[handle.id] = "its lease ran out; the Pod was deleted"
-            namespace, name = _split_id(handle.id)
-            await self._delete(namespace, name)
+            await self._delete_handle(handle)
             raise SandboxGone(handle.id, "its lease ran out; the Pod was deleted")
 
     async def _lost(self, handle: SandboxHandle, exc: BaseException) -> BaseException:
@@ -932,17 +1045,26 @@ class KubernetesProvider(SandboxProvider):
         return found
 
     async def _live(self, pods: list[dict[str, Any]]) -> list[SandboxHandle]:
-        """Handles of the Pods that are neither terminating nor past their lease (those are deleted now)."""
+        """Handles of the operator's sealed Pods that are neither terminating nor past their lease (those are
+        deleted now, saying so). Pods with a sandbox Pod's labels but not the operator's seal are refused: never
+        listed (so never adopted, nor destroyed as an orphan) and never deleted."""
         handles = []
         for pod in pods:
             if pod["metadata"].get("deletionTimestamp"):
                 continue
+            identity = identify(pod, self._seal_key)
+            if identity.verdict == "foreign":
+                await self._refuse(pod, f"it has a sandbox Pod's labels but {identity.why}")
+                continue
             handle = self._handle(pod)
             if handle.lease_expires_at is not None and self._clock() >= max(handle.lease_expires_at,
                                                                             self._leases.get(handle.id, 0.0)):
-                await self._delete(pod["metadata"]["namespace"], pod["metadata"]["name"])
+                # (An unfinished attempt, marked for this name by the operator, goes too once its lease ran out:
+                # its provision died; a retry would have made it again.)
+                await self._remove(pod, f"its lease ran out at {handle.lease_expires_at:.0f} (nobody renewed it)")
                 continue
-            handles.append(handle)
+            if identity.sealed:  # an unfinished attempt is its provision's to finish: never listed
+                handles.append(handle)
         return handles
 
     async def list_sandboxes(self, owner: str) -> list[SandboxHandle]:
