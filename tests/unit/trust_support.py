@@ -60,6 +60,7 @@ class Attack:
     meets: frozenset[str] = frozenset(FORGERIES)
     genuine_used: bool = True  # the positive control: does the action use the genuine Pod (else: delete it)?
     notes: dict[str, Any] = field(default_factory=dict)  # "edit": this world's annotation edit (a merge patch)
+    hostile: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(HOSTILE_SPEC))  # the forgeries' spec
 
 
 def _meta(pod: dict[str, Any]) -> dict[str, Any]:
@@ -74,16 +75,16 @@ def forge(kind: str, attack: Attack) -> dict[str, Any]:
     labels = dict(_meta(genuine).get("labels") or {})
     annotations = dict(_meta(genuine).get("annotations") or {})
     if kind == "planted":
-        forged = _pod(namespace, f"{name}-planted", labels, annotations)
+        forged = _pod(attack, f"{name}-planted", labels, annotations)
     elif kind == "relabelled":
-        mine = cluster.create(_pod(namespace, f"{name}-mine", {"app": "mine"}, {}))
+        mine = cluster.create(_pod(attack, f"{name}-mine", {"app": "mine"}, {}))
         forged = cluster.patch(namespace, _meta(mine)["name"], {"metadata": {"labels": labels,
                                                                              "annotations": annotations}})
         _user_secret(cluster, namespace, _meta(forged)["name"])
         return forged
     elif kind == "recreated":
         cluster.delete(namespace, name)
-        forged = _pod(namespace, name, labels, annotations)
+        forged = _pod(attack, name, labels, annotations)
     elif kind == "annotation_edited":
         described = dict(_described(annotations))
         described["owner"] = f"{namespace}/someone-else"
@@ -96,8 +97,9 @@ def forge(kind: str, attack: Attack) -> dict[str, Any]:
     return created
 
 
-def _pod(namespace: str, name: str, labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "spec": copy.deepcopy(HOSTILE_SPEC),
+def _pod(attack: Attack, name: str, labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
+    namespace = _meta(attack.genuine)["namespace"]
+    return {"apiVersion": "v1", "kind": "Pod", "spec": copy.deepcopy(attack.hostile),
             "metadata": {"namespace": namespace, "name": name, "labels": labels, "annotations": annotations}}
 
 
