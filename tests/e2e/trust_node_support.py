@@ -48,6 +48,9 @@ class KubectlCluster:
     def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._one("secrets", namespace, name)
 
+    def delete_secret(self, namespace: str, name: str) -> None:
+        self.cp.kubectl("delete", "secret", name, "-n", namespace, "--ignore-not-found", "--wait=true")
+
     def warnings(self, namespace: str, name: str) -> list[str]:
         items = self.cp.kubectl_json("get", "events", "-n", namespace, "--field-selector",
                                      f"involvedObject.name={name},type=Warning")["items"]

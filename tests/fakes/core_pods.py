@@ -121,6 +121,9 @@ class FakeCore:
     def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.secrets.get((namespace, name))
 
+    def delete_secret(self, namespace: str, name: str) -> None:
+        self.secrets.pop((namespace, name), None)
+
     def warnings(self, namespace: str, name: str) -> list[str]:
         return [e["message"] for e in self.events if e["type"] == "Warning"
                 and e["involvedObject"]["namespace"] == namespace and e["involvedObject"]["name"] == name]

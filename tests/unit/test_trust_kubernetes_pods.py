@@ -103,11 +103,11 @@ class TestProviderRetriedProvision(TrustKit):
 
     @pytest.fixture
     async def world(self, core: FakeCore, provider: KubernetesProvider) -> Attack:
-        genuine = await genuine_pod(core, provider)
+        genuine = await genuine_pod(core, provider, env={"TOKEN": "t"})  # (its env Secret: item 2 too)
 
         async def act() -> set[str]:
             try:
-                return {uid_of(await provider.provision(spec(), lease_seconds=600))}
+                return {uid_of(await provider.provision(spec(env={"TOKEN": "t"}), lease_seconds=600))}
             except ProvisionError as refused:
                 assert "is not the operator's" in str(refused) and "kubectl delete pod" in str(refused)
                 return set()

@@ -122,19 +122,24 @@ class PodProvisioning(WarmClaims):
         manifest["metadata"]["annotations"][SEAL] = creation_mark(
             self._seal_key, namespace, name, labels.get(OWNER_KEY_LABEL, ""), labels[OPERATION_KEY_LABEL], described)
 
+        made: list[str] = []  # uids of the env Secrets this provision created (only those it may delete)
+
         async def put_env() -> None:
             if env_secret is not None:
                 # Before the Pod, so its container starts at once (a missing Secret holds it back for the kubelet's
                 # retry period). Only a process killed between the two requests leaves the Secret without a Pod;
                 # a retried provision of the same operation takes it over (same name).
-                await self._put_env_secret(namespace, env_secret, labels, spec.env)
+                created = await self._put_env_secret(namespace, env_secret, labels, spec.env)
+                if created is not None:
+                    made.append(created)
 
         try:
             pod, adopted = await self._create_pod(core, manifest, spec, put_env)
         except BaseException:
             if env_secret is not None:
-                with contextlib.suppress(Exception):
-                    await self._delete_env_secret(namespace, env_secret)
+                for uid in made:  # never a Secret of that name someone else made
+                    with contextlib.suppress(Exception):
+                        await self._delete_env_secret(namespace, env_secret, uid)
             raise
         if not adopted:
             return await self._finish(pod, restore, env_secret=env_secret, cold=True)
@@ -163,12 +168,15 @@ class PodProvisioning(WarmClaims):
         self._leases[f"{namespace}/{name}"] = float(pod["metadata"]["annotations"][LEASE_ANNOTATION])
         return self._handle(pod)
 
-    async def _put_env_secret(self, namespace: str, name: str, labels: dict[str, str], env: Mapping[str, str]) -> None:
+    async def _put_env_secret(self, namespace: str, name: str, labels: dict[str, str],
+                              env: Mapping[str, str]) -> str | None:
+        """Create the env Secret (its uid), or write the env into the one of that name already there (None)."""
         core = await self._api()
         body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": name, "namespace": namespace, "labels": labels}, "stringData": dict(env)}
         try:
-            await api_body(core.create_namespaced_secret_without_preload_content(namespace, body), parse=False)
+            created = await api_body(core.create_namespaced_secret_without_preload_content(namespace, body))
+            return str(created["metadata"]["uid"])
         except Exception as exc:
             if self._status(exc) != 409:
                 raise self._provision_error(f"create the env Secret of {namespace}/{name}", exc) from None
@@ -178,13 +186,15 @@ class PodProvisioning(WarmClaims):
                                       "stringData": dict(env)}), parse=False)
             except Exception as exc2:
                 raise self._provision_error(f"update the env Secret of {namespace}/{name}", exc2) from None
+        return None
 
-    async def _delete_env_secret(self, namespace: str, name: str) -> None:
+    async def _delete_env_secret(self, namespace: str, name: str, uid: str) -> None:
         core = await self._api()
         try:
-            await api_body(core.delete_namespaced_secret_without_preload_content(name, namespace), parse=False)
+            await api_body(core.delete_namespaced_secret_without_preload_content(
+                name, namespace, body={"preconditions": {"uid": uid}}), parse=False)
         except Exception as exc:
-            if self._status(exc) != 404:
+            if self._status(exc) not in (404, 409):
                 raise self._api_error(f"delete Secret {namespace}/{name}", exc) from None
 
     async def _own_env_secret(self, namespace: str, name: str, pod: dict[str, Any]) -> None:
