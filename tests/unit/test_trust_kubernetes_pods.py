@@ -265,3 +265,24 @@ async def test_an_unfinished_attempt_is_made_again_and_a_finished_one_adopted(co
 
 def test_every_forgery_is_in_the_kit() -> None:
     assert set(FORGERIES) == {"planted", "relabelled", "recreated", "annotation_edited"}
+
+
+async def test_deleting_a_pool_deletes_its_warm_pods_never_a_starting_pod_recreated_with_the_seal(
+        core: FakeCore, provider: KubernetesProvider) -> None:
+    """A starting Pod's creation seal binds no uid: the pool's cleanup leaves starting Pods to the cluster (they
+    are owned by the pool), so a forgery re-created under a starting Pod's name is not deleted by the operator."""
+    template = TEMPLATE
+    owner = {"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "SandboxPool", "name": "busy", "uid": "uid-pool"}
+    warm_name = await provider.make_pool_pod(NS, "busy", owner, template)
+    warm = core.get(NS, warm_name)
+    assert warm is not None and await provider.promote_pool_pod(warm, "busy")
+    starting_name = await provider.make_pool_pod(NS, "busy", owner, template)
+    starting = core.get(NS, starting_name)
+    assert starting is not None
+    core.delete(NS, starting_name)
+    forged = core.create({**starting, "metadata": {**starting["metadata"]}})
+    controller = PoolController(cast(Any, None), lambda: provider, OperatorMetrics(process_collectors=False))
+    await controller.cleanup({"metadata": {"namespace": NS, "name": "busy", "uid": "uid-pool"}})
+    assert core.get(NS, warm_name) is None
+    left = core.get(NS, starting_name)
+    assert left is not None and left["metadata"]["uid"] == forged["metadata"]["uid"]

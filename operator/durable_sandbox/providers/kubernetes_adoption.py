@@ -31,7 +31,7 @@ from durable_sandbox.providers.kubernetes_pool import (
     OPERATION_KEY_LABEL,
     OWNER_KEY_LABEL,
 )
-from durable_sandbox.providers.kubernetes_removal import delete_owned_secret, delete_pod, pod_event
+from durable_sandbox.providers.kubernetes_removal import delete_pod, pod_event
 
 log = logging.getLogger("durable_sandbox.providers.kubernetes")
 
@@ -147,13 +147,11 @@ class PodAdoption(KubernetesConnection):
         await self._delete(namespace, name, uid)
 
     async def _delete(self, namespace: str, name: str, uid: str) -> None:
-        """Delete Pod ``namespace/name`` if it is Pod ``uid``, and its env Secret if that Pod owns it."""
+        """Delete Pod ``namespace/name`` if it is Pod ``uid``. Its env Secret is owned by that uid (ownerReferences),
+        so the cluster's garbage collector deletes it with the Pod, and only then: the operator never deletes a
+        Secret by its name (nor reads one to find its owner: it has no ``get`` on Secrets)."""
         core = await self._api()
         try:
             await delete_pod(core, namespace, name, uid)
         except Exception as exc:
             raise self._api_error(f"delete Pod {namespace}/{name}", exc) from None
-        try:
-            await delete_owned_secret(core, namespace, f"{name}-env", uid)
-        except Exception as exc:
-            raise self._api_error(f"delete Secret {namespace}/{name}-env", exc) from None

@@ -1,7 +1,7 @@
 """Deleting what the kubernetes provider made, by identity: a Pod by its name *and* uid (a delete precondition,
-so a Pod someone re-created under the same name is never the one deleted), its env Secret only while that Pod
-(the same uid) owns it, and an Event on the Pod for every deletion and every refusal, so both are seen where
-people look (``kubectl get events``), not only in the operator's log.
+so a Pod someone re-created under the same name is never the one deleted; its env Secret, owned by that uid, goes
+with it by the cluster's garbage collector), and an Event on the Pod for every deletion and every refusal, so both
+are seen where people look (``kubectl get events``), not only in the operator's log.
 
 ``core`` is a ``kubernetes.aio`` CoreV1Api (or a fake of its ``*_without_preload_content`` calls).
 """
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["delete_owned_secret", "delete_pod", "pod_event"]
+__all__ = ["delete_pod", "pod_event"]
 
 log = logging.getLogger("durable_sandbox.providers.kubernetes")
 _COMPONENT = "durable-sandbox"
@@ -39,28 +39,6 @@ async def delete_pod(core: Any, namespace: str, name: str, uid: str) -> bool:
             body={"preconditions": {"uid": uid}}), parse=False)
     except Exception as exc:
         if _status(exc) in (404, 409):  # gone, or the name is another Pod's now: not ours to delete
-            return False
-        raise
-    return True
-
-
-async def delete_owned_secret(core: Any, namespace: str, name: str, owner_uid: str) -> bool:
-    """Delete Secret ``namespace/name`` only if Pod ``owner_uid`` owns it (its ownerReferences); False otherwise."""
-    try:
-        secret = await _body(core.read_namespaced_secret_without_preload_content(name, namespace))
-    except Exception as exc:
-        if _status(exc) == 404:
-            return False
-        raise
-    meta = secret.get("metadata") or {}
-    if not any(ref.get("uid") == owner_uid and ref.get("kind") == "Pod" for ref in meta.get("ownerReferences") or []):
-        log.warning("kubernetes: Secret %s/%s is not owned by Pod uid %s: not deleted", namespace, name, owner_uid)
-        return False
-    try:
-        await _body(core.delete_namespaced_secret_without_preload_content(
-            name, namespace, body={"preconditions": {"uid": meta.get("uid")}}), parse=False)
-    except Exception as exc:
-        if _status(exc) in (404, 409):
             return False
         raise
     return True

@@ -34,7 +34,7 @@ from durable_sandbox.kube.models import SandboxPoolSpec
 from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.resources import API_VERSION, OPERATOR_FIELD_MANAGER, POOLS, CustomObjects
 from durable_sandbox.providers.contract import ProviderError
-from durable_sandbox.providers.kubernetes_pool import PoolPlan, PoolPod, plan_pool, template_hash
+from durable_sandbox.providers.kubernetes_pool import WARM, PoolPlan, PoolPod, plan_pool, template_hash
 
 log = logging.getLogger(__name__)
 
@@ -220,8 +220,10 @@ class PoolController:
     # ------------------------------------------------------------------ deletion
 
     async def cleanup(self, body: Mapping[str, Any]) -> None:
-        """The pool is being deleted: its unclaimed Pods go (claimed ones are their sessions'). Any replica may
-        run it (deletion only; the Pods' ownerReferences would have the cluster do it too)."""
+        """The pool is being deleted: its warm Pods go (claimed ones are their sessions'). Any replica may run it
+        (deletion only). Starting Pods are left to the cluster, which deletes them with the pool (their
+        ownerReferences): their creation seal cannot bind the uid, so a Pod made again under a starting Pod's name
+        with the seal copied is not the operator's to delete."""
         meta = body["metadata"]
         provider = self.provider()
         if provider is None:
@@ -229,6 +231,6 @@ class PoolController:
         pods = await provider.pool_pods(meta["namespace"], meta["name"])
         for pod in pods:
             seen = PoolPod.of(pod, provider.pool_key, meta["name"])
-            if seen.sealed and seen.state != "claimed" and not seen.terminating:
+            if seen.sealed and seen.state == WARM and not seen.terminating:
                 await provider.delete_pool_pod(meta["namespace"], seen.name, seen.uid)
         self.metrics.forget_pool(meta["namespace"], meta["name"])
