@@ -150,7 +150,7 @@ def test_fifty_concurrent_provisions_claim_each_of_ten_warm_pods_once_and_never_
     for name in forged:
         scene.cp.kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n", ns, "--timeout=120s", timeout=150)
     # The reconciler saw them (it says so) and counted neither.
-    wait_until(lambda: all(f"Pod {name} has the pool's label but not the operator's seal" in
+    wait_until(lambda: all(f"Pod {ns}/{name} refused: pool ten: it has the pool's label but not the operator's seal" in
                            "".join(op.logs() for op in replicas) for name in forged), 60,
                "the pool's reconciler to see the forged Pods")
     assert scene.pool("ten")["total"] == 10 and scene.pool("ten")["ready"] == 10
@@ -259,3 +259,72 @@ def test_the_warm_pool_benchmark_runs_and_leaves_nothing(control_plane: ControlP
     assert figures["median_s"]["warm"] > 0 and figures["median_s"]["cold"] > 0, figures
     wait_until(lambda: [p for p in control_plane.kubectl_json("get", "pods", "-n", namespace)["items"]
                         if not p["metadata"].get("deletionTimestamp")] == [], 60, "the benchmark's Pods to go")
+
+
+def test_a_starting_pod_recreated_under_its_name_with_its_seal_copied_is_never_promoted_nor_claimed(
+        scene: Scene) -> None:
+    """Issue 32 item 3, as it was found: a ``starting`` pool Pod's creation seal cannot bind its uid, so a user who
+    may delete and create Pods re-creates it under the same name with the seal copied and her own spec (the host's
+    network here; the template's runtime class gone, in the report). The reconciler compares the whole spec with
+    the template's: the forgery is refused (a Warning Event on it), never promoted, never claimed, never deleted,
+    and the pool fills with a Pod of its own."""
+    ns = scene.ns
+    keeper = scene.operator(name="key-maker")  # the first replica makes the journal key (the pool key's root)
+    wait_until(lambda: scene.cp.kubectl("get", "secret", "durable-sandbox-journal-key", "-n", "default",
+                                        check=False).returncode == 0, 60, "the journal key to exist")
+    keeper.stop()  # no reconciler while the pool's first Pod is made, and forged
+    scene.cp.apply(pod_template("small"), "-n", ns)
+    scene.cp.apply(sandbox_pool("one", "small", 1), "-n", ns)
+    pool_uid = scene.cp.kubectl_json("get", "dsbpool", "one", "-n", ns)["metadata"]["uid"]
+
+    async def make_starting() -> str:
+        provider = scene.provider()
+        try:
+            template = await provider.pool_template(ns, "small")
+            owner = {"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "SandboxPool", "name": "one",
+                     "uid": pool_uid}
+            return await provider.make_pool_pod(ns, "one", owner, template)
+        finally:
+            await provider.aclose()
+
+    name = asyncio.run(make_starting())  # as the reconciler makes one: starting, with its creation seal
+    genuine = scene.cp.kubectl_json("get", "pod", name, "-n", ns)
+    scene.cp.kubectl("delete", "pod", name, "-n", ns, "--grace-period=0", "--force", "--wait=true")
+    forged = forged_copy(genuine, name, None)
+    forged["spec"]["hostNetwork"] = True
+    scene.cp.apply(forged, "-n", ns)
+    scene.cp.kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n", ns, "--timeout=120s", timeout=150)
+    forged_uid = scene.cp.kubectl_json("get", "pod", name, "-n", ns)["metadata"]["uid"]
+
+    scene.operator(name="operator-1")
+    scene.wait_ready("one", 1)
+    wait_until(lambda: [e for e in scene.cp.kubectl_json("get", "events", "-n", ns, "--field-selector",
+                                                         f"involvedObject.name={name},type=Warning")["items"]
+                        if "not the pool's template's" in e["message"]], 60, "a Warning Event on the forged Pod")
+    warm = scene.pods(f"{POOL_LABEL}=one,{POOL_STATE_LABEL}=warm")
+    assert [p["metadata"]["name"] for p in warm] != [name] and len(warm) == 1
+
+    async def claim() -> SandboxHandle:
+        provider = scene.provider()
+        try:
+            return await provider.provision(SandboxSpec(template="podtemplate/small", owner=f"{ns}/owner-x",
+                                                        operation_id="op-claim"), lease_seconds=600)
+        finally:
+            await provider.aclose()
+
+    handle = asyncio.run(claim())
+    assert handle.id == f"{ns}/{warm[0]['metadata']['name']}", "the pool's own warm Pod was claimed"
+    still = scene.cp.kubectl_json("get", "pod", name, "-n", ns)
+    assert still["metadata"]["uid"] == forged_uid and still["metadata"]["labels"][POOL_STATE_LABEL] == "starting"
+
+    async def cleanup() -> None:
+        provider = scene.provider()
+        try:
+            await provider.destroy(handle)
+        finally:
+            await provider.aclose()
+
+    asyncio.run(cleanup())
+    scene.cp.kubectl("delete", "dsbpool", "one", "-n", ns, "--timeout=120s", timeout=150)
+    scene.cp.kubectl("delete", "pod", name, "-n", ns, "--grace-period=0", "--force")
+    wait_until(lambda: scene.pods() == [], 120, "every sandbox Pod to go")

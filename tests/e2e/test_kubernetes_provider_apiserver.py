@@ -200,10 +200,18 @@ async def test_the_pod_is_named_from_the_operation_and_says_whose_it_is(
     await eventually(lambda: control_plane.kubectl_json("get", "secret", "-n", namespace, f"{name}-env")
                      ["metadata"].get("ownerReferences"), "the env Secret to be owned by its Pod", 30)
     assert secret["metadata"]["labels"][SANDBOX_LABEL] == "true"
-    # A second provision of the same operation (an answer lost) adopts the same Pod instead of a second one.
+    # A second provision of the same operation (an answer lost) never adopts a Pod that was not finished (sealed
+    # over its uid: this one never runs): it deletes that one, saying so, and makes the Pod again, same name.
+    first_uid = pod["metadata"]["uid"]
     again = asyncio.ensure_future(provider.provision(spec, lease_seconds=60))
-    await eventually(lambda: "adopting Pod" in caplog.text, "the second provision to adopt the Pod", 30)
-    assert pods(control_plane, namespace) == [name]
+    await eventually(lambda: "never finished" in caplog.text, "the second provision to replace the Pod", 30)
+
+    def replaced() -> bool:
+        found = control_plane.kubectl_json("get", "pods", "-n", namespace)["items"]
+        return [(p["metadata"]["name"], p["metadata"]["uid"] != first_uid) for p in found] == [(name, True)]
+
+    await eventually(replaced, "one Pod of that name, a new one", 30)
+    assert "adopting Pod" not in caplog.text
     for t in (task, again):
         t.cancel()
     await asyncio.gather(task, again, return_exceptions=True)

@@ -22,8 +22,10 @@ from typing import Any
 import pytest
 
 import durable_sandbox
+from durable_sandbox.kube.orphans import sweep_once
 from durable_sandbox.providers.archive_limit import ArchiveTooLarge
 from durable_sandbox.providers.contract import (
+    INSTALLATION_LABEL,
     ProviderError,
     ProvisionError,
     SandboxGone,
@@ -37,9 +39,11 @@ from durable_sandbox.providers.kubernetes_template import PodTemplate
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore, SnapshotName
 from durable_sandbox.providers.testing import ProviderContractSuite
 from tests.e2e.sandbox_support import IMAGE, control_plane_on_the_node, node
+from tests.e2e.trust_node_support import NODE_HOSTILE_SPEC, KubectlCluster
 from tests.objectstore import S3Server
 from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
 from tests.unit.sandbox_session_support import engine_for
+from tests.unit.trust_support import FORGERIES, Attack, TrustKit
 
 from .conftest import ControlPlane
 from .node_support import NodeCluster, require_gvisor
@@ -378,3 +382,71 @@ def _benchmark(name: str) -> Any:
     if directory not in sys.path:
         sys.path.insert(0, directory)
     return importlib.import_module(name)
+
+
+# ------------------------------------------------------------------------ the trust kit with real Pods (issue 32)
+
+TRUST_OWNER_UID = "uid-trust-owner"
+
+
+def trust_spec(namespace: str, operation: str = "op-trust", **fields: Any) -> SandboxSpec:
+    return SandboxSpec(owner=f"{namespace}/{TRUST_OWNER_UID}", operation_id=operation, **fields,
+                       labels={INSTALLATION_LABEL: f"inst-{namespace}", "durable-sandbox.dev/operation": operation})
+
+
+class NodeTrustWorld:
+    """A real provider, its genuine Pod running on the node, the forgeries running there too (the node's image,
+    the host's network); every Pod is removed after the test (forgeries are, by design, left by the operator)."""
+
+    act_on: str = ""
+
+    @pytest.fixture
+    async def world(self, control_plane: ControlPlane, namespace: str) -> AsyncIterator[Attack]:
+        provider = make_provider(control_plane, namespace, None)
+        handle = await provider.provision(trust_spec(namespace, env={"TOKEN": "t"}), lease_seconds=600)
+        cluster = KubectlCluster(control_plane)
+        genuine = cluster.get(namespace, handle.metadata["pod"])
+        assert genuine is not None
+        owner, installation = f"{namespace}/{TRUST_OWNER_UID}", f"inst-{namespace}"
+
+        async def act() -> set[str]:
+            if self.act_on == "listings":
+                listed = [*await provider.list_sandboxes(owner), *await provider.inventory_sandboxes(installation)]
+                return {str(h.metadata["uid"]) for h in listed}
+            if self.act_on == "retry":
+                try:
+                    again = await provider.provision(trust_spec(namespace, env={"TOKEN": "t"}), lease_seconds=600)
+                except ProvisionError as refused:
+                    assert "is not the operator's" in str(refused)
+                    return set()
+                return {str(again.metadata["uid"])}
+            result = await sweep_once(provider, installation=installation, live={}, first_seen={}, now=time.time(),
+                                      grace=0)
+            return {str(o.handle.metadata["uid"]) for o in result.destroyed if o.handle is not None}
+
+        meets = frozenset({"recreated", "annotation_edited"}) if self.act_on == "retry" else frozenset(FORGERIES)
+        try:
+            yield Attack(cluster, genuine, act, meets=meets, genuine_used=self.act_on != "sweep",
+                         hostile=NODE_HOSTILE_SPEC)
+        finally:
+            await provider.aclose()
+            control_plane.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force",
+                                  "--wait=true", timeout=120)
+
+
+class TestTrustKitListingsOnTheNode(NodeTrustWorld, TrustKit):
+    """list_sandboxes (what a Sandbox adopts and destroys) and the inventory: only Pods sealed over their uid."""
+
+    act_on = "listings"
+
+
+class TestTrustKitRetriedProvisionOnTheNode(NodeTrustWorld, TrustKit):
+    """A retried provision adopts the Pod under its operation's name only if the operator sealed it (item 1)."""
+
+    act_on = "retry"
+
+
+class TestTrustKitOrphanSweepOnTheNode(NodeTrustWorld, TrustKit):
+    """The orphan sweep deletes its own orphaned Pod (and its env Secret), never a forged one (item 2)."""
+
+    act_on = "sweep"

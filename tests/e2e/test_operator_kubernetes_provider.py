@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from durable_sandbox.providers.contract import SandboxHandle, ToolCall
+from durable_sandbox.providers.contract import SandboxHandle, ToolCall, tag_key
 from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvider
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore
 from tests.e2e.conftest import ControlPlane, wait_until
@@ -245,3 +245,44 @@ def _call(cluster: Cluster, provider_id: str, call_type: str, **args: Any) -> tu
         return result.exit_code, result.stdout
 
     return asyncio.run(go())
+
+
+def test_a_resumed_sandbox_never_adopts_a_pod_planted_with_its_labels(cluster: Cluster) -> None:
+    """Issue 32 item 1, as it was found: a namespace user who may only create Pods plants one carrying the labels
+    and annotations of the Sandbox's next provision (all printed on its Pod, the operation id predictable), with
+    her image and the host's network. The resume restores into a Pod of the operator's own; the planted one is
+    refused (a Warning Event on it), not used, not deleted, and the workspace is the snapshot's."""
+    cluster.operator()
+    cluster.cp.apply({"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": "box"},
+                      "spec": {"provider": "kubernetes"}}, "-n", cluster.ns)
+    first = wait_for(cluster.cp, cluster.ns, "box", "Ready", timeout=180)["providerId"]
+    assert _call(cluster, first, "write_file", path="notes.txt", contents="kept\n") == (0, "wrote notes.txt 5 bytes")
+    live = cluster.cp.kubectl_json("get", "pod", "-n", cluster.ns, first.split("/")[1])
+    set_suspend(cluster.cp, cluster.ns, "box", True)
+    suspended = wait_for(cluster.cp, cluster.ns, "box", "Suspended", timeout=180)
+    wait_until(lambda: cluster.pods() == [], 60, "the suspended Sandbox's Pod to go")
+
+    uid = cluster.cp.kubectl_json("get", "dsbx", "box", "-n", cluster.ns)["metadata"]["uid"]
+    next_operation = f"dsbx-{uid[:8]}-{int(suspended['operationCount']) + 1}-restore"
+    labels = {**live["metadata"]["labels"], "durable-sandbox.dev/operation-key": tag_key(next_operation)}
+    described = json.loads(live["metadata"]["annotations"]["durable-sandbox.dev/sandbox"])
+    described["labels"]["durable-sandbox.dev/operation"] = next_operation
+    annotations = {**live["metadata"]["annotations"], "durable-sandbox.dev/sandbox": json.dumps(described)}
+    cluster.cp.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "planted", "labels": labels,
+                                                                      "annotations": annotations},
+                      "spec": {"hostNetwork": True, "automountServiceAccountToken": False, "containers": [
+                          {"name": "sandbox", "image": IMAGE, "imagePullPolicy": "Never",
+                           "command": ["sh", "-c", "echo planted > /tmp/planted; sleep 3600"]}]}}, "-n", cluster.ns)
+    planted_uid = cluster.cp.kubectl_json("get", "pod", "planted", "-n", cluster.ns)["metadata"]["uid"]
+
+    set_suspend(cluster.cp, cluster.ns, "box", False)
+    resumed = wait_for(cluster.cp, cluster.ns, "box", "Ready", timeout=180)
+    assert resumed["providerId"] != f"{cluster.ns}/planted", "the planted Pod was adopted"
+    assert _call(cluster, resumed["providerId"], "read_file", path="notes.txt") == (0, "kept\n"), "restored"
+    assert cluster.cp.kubectl_json("get", "pod", "planted", "-n", cluster.ns)["metadata"]["uid"] == planted_uid
+    wait_until(lambda: [e for e in events(cluster.cp, cluster.ns, "planted")
+                        if e["type"] == "Warning" and e["reason"] == "SandboxPodRefused"], 60,
+               "a Warning Event on the planted Pod")
+    cluster.cp.kubectl("delete", "dsbx", "box", "-n", cluster.ns)
+    wait_until(lambda: cluster.pods() == ["planted"], 90, "the Sandbox's own Pod to go (and only it)")
+    cluster.cp.kubectl("delete", "pod", "planted", "-n", cluster.ns, "--grace-period=0", "--force")

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from durable_sandbox.providers.kubernetes_pod_match import spec_mismatch
 from durable_sandbox.providers.kubernetes_pool import (
     CLAIMED,
     OPERATION_KEY_LABEL,
@@ -22,7 +23,6 @@ from durable_sandbox.providers.kubernetes_pool import (
     creation_seal,
     derive_pool_key,
     plan_pool,
-    tampered,
     template_hash,
     warm_seal,
 )
@@ -127,13 +127,44 @@ def test_the_template_hash_follows_every_field_of_the_pod() -> None:
 def test_tampering_with_what_a_pod_lets_be_patched_is_found() -> None:
     manifest = TEMPLATE.pod(name="a", namespace=NS, labels={}, annotations={}, env_secret=None)
     good = pod("a", WARM)
-    assert tampered(good, manifest) is None
+    assert spec_mismatch(good, manifest) is None
     swapped = pod("a", WARM)
     swapped["spec"]["containers"][0]["image"] = "evil:latest"
-    assert "evil:latest" in str(tampered(swapped, manifest))
+    assert "evil:latest" in str(spec_mismatch(swapped, manifest))
     debug = pod("a", WARM)
     debug["spec"]["ephemeralContainers"] = [{"name": "x", "image": "evil"}]
-    assert tampered(debug, manifest) == "it has ephemeral containers"
+    assert "ephemeralContainers" in str(spec_mismatch(debug, manifest))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("runtimeClassName", None), ("hostNetwork", True), ("hostPID", True), ("hostIPC", True),
+    ("serviceAccountName", "builder"), ("automountServiceAccountToken", True),
+    ("securityContext", {"runAsUser": 0}), ("volumes", [{"name": "host", "hostPath": {"path": "/"}}]),
+    ("initContainers", [{"name": "i", "image": "evil"}]),
+])
+def test_a_starting_pod_recreated_with_a_copied_seal_but_another_spec_is_refused(field: str, value: Any) -> None:
+    """Issue 32 item 3: the creation seal cannot bind the uid; the spec compared with the template's does. The
+    template runs under gVisor; the forgery changes one field the template fixes, keeping the copied seal."""
+    template = TEMPLATE.model_copy(update={"runtime_class_name": "gvisor"})
+    manifest = template.pod(name="", namespace="", labels={}, annotations={}, env_secret=None)
+    forged = pod("a", STARTING)
+    forged["spec"]["runtimeClassName"] = "gvisor"
+    assert PoolPod.of(forged, KEY, POOL, manifest=manifest).refusal == ""
+    forged["spec"][field] = value
+    seen_pod = PoolPod.of(forged, KEY, POOL, manifest=manifest)
+    assert seen_pod.sealed and field in seen_pod.refusal
+    plan = plan_pool([seen_pod], size=1, thash=HASH)
+    assert plan.ignored == ["a"] and plan.promote == [] and plan.delete == [] and plan.create == 1
+
+
+def test_a_container_security_context_added_to_an_empty_one_is_no_default() -> None:
+    manifest = TEMPLATE.pod(name="", namespace="", labels={}, annotations={}, env_secret=None)
+    forged = pod("a", WARM)
+    forged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    assert "securityContext" in str(spec_mismatch(forged, manifest))
+    defaulted = pod("a", WARM)
+    defaulted["spec"]["serviceAccountName"] = "default"
+    assert spec_mismatch(defaulted, manifest) is None
 
 
 def test_the_claim_patch_is_conditional_and_unseals_the_warm_pod_for_good() -> None:

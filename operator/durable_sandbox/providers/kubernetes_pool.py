@@ -6,7 +6,11 @@ A pool Pod goes through three states, in its label ``durable-sandbox.dev/pool-st
 * ``starting``: made by the pool's reconciler from the pool's PodTemplate, exactly as a cold provision makes
   a Pod (``PodTemplate.pod``), with no owner, no env Secret, and owned by its ``SandboxPool`` (ownerReferences:
   the cluster deletes it with the pool). It carries a *creation seal* over namespace, name, pool and template
-  hash, so the reconciler only ever promotes Pods it made.
+  hash; that cannot bind the uid (the API server assigns it), so a Pod made again under the same name with the
+  seal copied would carry it too: the reconciler promotes only a Pod whose whole spec that matters is the
+  template's (``providers/kubernetes_pod_match.py``: image, command, runtime class, security contexts, volumes,
+  service account and token, host namespaces, init and ephemeral containers); any other is refused (a log line
+  and a Warning Event), never promoted, never deleted, and a replacement is made.
 * ``warm``: running, the image checked (the same probe a cold provision runs), and sealed again, now over its
   uid too (a Pod deleted and made again under the same name by someone else has another uid).
 * ``claimed``: one provision won it (:func:`claim_patch`: a merge patch carrying the ``resourceVersion`` it
@@ -17,8 +21,8 @@ A pool Pod goes through three states, in its label ``durable-sandbox.dev/pool-st
 
 Seals are HMAC-SHA256 under the pool key, which the operator derives from its journal key
 (``kube/journal_key.py``); whoever may only edit the namespace's Pods can neither mint one nor move one to
-another Pod. A claim also checks what a Pod's owner may still change after creation: the container's image
-(Pods let ``image`` be patched), ephemeral containers and ``activeDeadlineSeconds``.
+another Pod. A claim compares the whole spec with the template's again (Pods let ``image`` be patched, and
+ephemeral containers be added), besides the warm seal over the uid.
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from durable_sandbox.providers.kubernetes_pod_match import spec_mismatch
 from durable_sandbox.providers.kubernetes_template import PodTemplate
 
 __all__ = [
     "OPERATION_KEY_LABEL", "OWNER_KEY_LABEL", "POOL_LABEL", "POOL_STATE_LABEL", "SEAL_ANNOTATION", "TEMPLATE_HASH_LABEL", "PoolClaim", "PoolPlan", "PoolPod",
-    "claim_patch", "creation_seal", "derive_pool_key", "plan_pool", "tampered", "template_hash", "warm_seal",
+    "claim_patch", "creation_seal", "derive_pool_key", "plan_pool", "template_hash", "warm_seal",
 ]
 
 POOL_LABEL = "durable-sandbox.dev/pool"
@@ -96,9 +101,13 @@ class PoolPod:
     ended: bool  # failed, ended, or in a state that will not get better (a replacement is made)
     terminating: bool
     created: str  # creationTimestamp (RFC 3339 sorts as text)
+    refusal: str = ""  # why a sealed starting or warm Pod is still not the pool's: its spec is not the template's
 
     @classmethod
-    def of(cls, pod: Mapping[str, Any], key: bytes, pool: str, *, hopeless: frozenset[str] = frozenset()) -> PoolPod:
+    def of(cls, pod: Mapping[str, Any], key: bytes, pool: str, *, hopeless: frozenset[str] = frozenset(),
+           manifest: Mapping[str, Any] | None = None) -> PoolPod:
+        """``manifest``: the template's Pod; a starting or warm Pod whose spec differs from it is refused (a Pod
+        re-created under a starting Pod's name with its creation seal copied, or one patched since)."""
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
         namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
@@ -116,9 +125,12 @@ class PoolPod:
             running = "running" in st and cs.get("ready", True) is not False
             ended = ended or "terminated" in st or (st.get("waiting") or {}).get("reason") in hopeless
         ended = ended or status.get("phase") in ("Failed", "Succeeded")
+        refusal = ""
+        if sealed and manifest is not None and state in (STARTING, WARM):
+            refusal = spec_mismatch(pod, manifest) or ""
         return cls(name=name, uid=uid, state=state, template_hash=thash, sealed=sealed, running=running and not ended,
                    ended=ended, terminating=bool(meta.get("deletionTimestamp")),
-                   created=str(meta.get("creationTimestamp") or ""))
+                   created=str(meta.get("creationTimestamp") or ""), refusal=refusal)
 
 
 @dataclass(slots=True)
@@ -132,7 +144,8 @@ class PoolPlan:
     ready: int = 0
     starting: int = 0
     claimed: int = 0
-    ignored: list[str] = field(default_factory=list)  # pool-labelled Pods without the operator's seal
+    ignored: list[str] = field(default_factory=list)  # pool-labelled Pods without the seal, or not the template's
+    uids: dict[str, str] = field(default_factory=dict)  # name -> uid of the Pods planned on (deleted by their uid)
 
     @property
     def total(self) -> int:
@@ -152,9 +165,10 @@ def plan_pool(pods: Sequence[PoolPod], *, size: int, thash: str) -> PoolPlan:
     for pod in pods:
         if pod.terminating:
             continue
-        if not pod.sealed:
+        if not pod.sealed or pod.refusal:
             plan.ignored.append(pod.name)
             continue
+        plan.uids[pod.name] = pod.uid
         if pod.state == CLAIMED:
             plan.claimed += 1
         elif pod.ended or pod.template_hash != thash:
@@ -174,23 +188,6 @@ def plan_pool(pods: Sequence[PoolPod], *, size: int, thash: str) -> PoolPlan:
                 plan.promote.append(pod.name)
     plan.create = max(0, size - len(keep))
     return plan
-
-
-def tampered(pod: Mapping[str, Any], manifest: Mapping[str, Any]) -> str | None:
-    """What of a Pod differs from the manifest it was made from, in the fields a Pod's spec lets anyone with
-    ``patch`` change after creation (the rest is immutable); None when nothing does."""
-    spec, want = pod.get("spec") or {}, manifest["spec"]
-    got_images = [c.get("image") for c in spec.get("containers") or []]
-    want_images = [c.get("image") for c in want["containers"]]
-    if got_images != want_images:
-        return f"its containers' images are {got_images}, the template's {want_images}"
-    if [c.get("command") for c in spec.get("containers") or []] != [c.get("command") for c in want["containers"]]:
-        return "its container's command is not the template's"
-    if spec.get("ephemeralContainers"):
-        return "it has ephemeral containers"
-    if spec.get("activeDeadlineSeconds") != want.get("activeDeadlineSeconds"):
-        return "its activeDeadlineSeconds was changed"
-    return None
 
 
 def claim_patch(pod: Mapping[str, Any], *, key: bytes, pool: str, labels: Mapping[str, str],

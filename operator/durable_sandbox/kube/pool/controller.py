@@ -34,7 +34,7 @@ from durable_sandbox.kube.models import SandboxPoolSpec
 from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.resources import API_VERSION, OPERATOR_FIELD_MANAGER, POOLS, CustomObjects
 from durable_sandbox.providers.contract import ProviderError
-from durable_sandbox.providers.kubernetes_pool import PoolPlan, PoolPod, plan_pool, template_hash
+from durable_sandbox.providers.kubernetes_pool import WARM, PoolPlan, PoolPod, plan_pool, template_hash
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class PoolController:
             return self.settings.retry
         thash = template_hash(template)
         try:
-            plan, pods = await self._plan(provider, view, spec, thash)
+            plan, pods = await self._plan(provider, view, spec, template)
             await self._act(provider, view, template, plan, pods)
         except Exception as exc:  # the API server or the node: said in status, tried again
             log.warning("pool %s/%s: %s", view.namespace, view.name, brief(exc))
@@ -163,22 +163,25 @@ class PoolController:
         return self.settings.poll if not (plan.starting or plan.create) else self.settings.starting_poll
 
     async def _plan(self, provider: Any, view: PoolView, spec: SandboxPoolSpec,
-                    thash: str) -> tuple[PoolPlan, dict[str, dict[str, Any]]]:
+                    template: Any) -> tuple[PoolPlan, dict[str, dict[str, Any]]]:
         from durable_sandbox.providers.kubernetes import HOPELESS_WAITING
 
         pods = {p["metadata"]["name"]: p for p in await provider.pool_pods(view.namespace, view.name)}
-        seen = [PoolPod.of(p, provider.pool_key, view.name, hopeless=HOPELESS_WAITING) for p in pods.values()]
-        plan = plan_pool(seen, size=spec.size, thash=thash)
-        for name in set(plan.ignored) - view.ignored:
-            log.warning("pool %s/%s: Pod %s has the pool's label but not the operator's seal: not the pool's, ignored",
-                        view.namespace, view.name, name)
+        manifest = template.pod(name="", namespace="", labels={}, annotations={}, env_secret=None)
+        seen = {p.name: p for p in (PoolPod.of(body, provider.pool_key, view.name, hopeless=HOPELESS_WAITING,
+                                               manifest=manifest) for body in pods.values())}
+        plan = plan_pool(list(seen.values()), size=spec.size, thash=template_hash(template))
+        for name in set(plan.ignored) - view.ignored:  # said once each (a log line, a Warning Event on the Pod)
+            why = (f"its spec is not the pool's template's ({seen[name].refusal})" if seen[name].refusal
+                   else "it has the pool's label but not the operator's seal")
+            await provider.refuse_pool_pod(pods[name], f"pool {view.name}: {why}; not promoted, claimed or deleted")
         view.ignored = set(plan.ignored)
         return plan, pods
 
     async def _act(self, provider: Any, view: PoolView, template: Any, plan: PoolPlan,
                    pods: Mapping[str, dict[str, Any]]) -> None:
         for name in plan.delete:
-            await provider.delete_pool_pod(view.namespace, name)
+            await provider.delete_pool_pod(view.namespace, name, plan.uids[name])
         for name in plan.promote:
             try:
                 if await provider.promote_pool_pod(pods[name], view.name):
@@ -186,7 +189,7 @@ class PoolController:
                     plan.starting -= 1
             except ProviderError as exc:  # the image fails the probe: this Pod goes, the status says why
                 log.warning("pool %s/%s: Pod %s failed its check: %s", view.namespace, view.name, name, exc)
-                await provider.delete_pool_pod(view.namespace, name)
+                await provider.delete_pool_pod(view.namespace, name, plan.uids[name])
                 raise
         owner = {"apiVersion": API_VERSION, "kind": "SandboxPool", "name": view.name, "uid": view.uid}
         gate = asyncio.Semaphore(_CONCURRENT_CREATES)
@@ -217,8 +220,10 @@ class PoolController:
     # ------------------------------------------------------------------ deletion
 
     async def cleanup(self, body: Mapping[str, Any]) -> None:
-        """The pool is being deleted: its unclaimed Pods go (claimed ones are their sessions'). Any replica may
-        run it (deletion only; the Pods' ownerReferences would have the cluster do it too)."""
+        """The pool is being deleted: its warm Pods go (claimed ones are their sessions'). Any replica may run it
+        (deletion only). Starting Pods are left to the cluster, which deletes them with the pool (their
+        ownerReferences): their creation seal cannot bind the uid, so a Pod made again under a starting Pod's name
+        with the seal copied is not the operator's to delete."""
         meta = body["metadata"]
         provider = self.provider()
         if provider is None:
@@ -226,6 +231,6 @@ class PoolController:
         pods = await provider.pool_pods(meta["namespace"], meta["name"])
         for pod in pods:
             seen = PoolPod.of(pod, provider.pool_key, meta["name"])
-            if seen.sealed and seen.state != "claimed" and not seen.terminating:
-                await provider.delete_pool_pod(meta["namespace"], seen.name)
+            if seen.sealed and seen.state == WARM and not seen.terminating:
+                await provider.delete_pool_pod(meta["namespace"], seen.name, seen.uid)
         self.metrics.forget_pool(meta["namespace"], meta["name"])

@@ -1,0 +1,246 @@
+"""The kubernetes provider's tool calls: one exec each of a fixed boot command reading its script from stdin
+(``kubernetes_scripts.py``), output kept by the journal's head/tail rule, a timeout that kills every process of
+the call, and the image probe a new Pod passes before it is used."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import secrets
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from durable_sandbox.providers import kubernetes_scripts as scripts
+from durable_sandbox.providers.contract import (
+    TOOL_TYPES,
+    ProviderError,
+    ProvisionError,
+    SandboxGone,
+    SandboxHandle,
+    ToolCall,
+    ToolResult,
+    file_not_found_result,
+    safe_relative_path,
+    unsupported_tool_result,
+    wrote_file_result,
+)
+from durable_sandbox.providers.kubernetes_connection import split_id
+from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, StreamBroken
+from durable_sandbox.providers.kubernetes_lifecycle import PodLifecycle
+from durable_sandbox.providers.kubernetes_template import CONTAINER
+from durable_sandbox.providers.output import OutputBuffer
+
+log = logging.getLogger("durable_sandbox.providers.kubernetes")
+
+__all__ = ["TIMEOUT_EXIT_CODE", "PodCalls", "chunks"]
+
+TIMEOUT_EXIT_CODE = 124
+_KILLED_EXIT_CODES = frozenset({128 + 9, 128 + 15})  # the exec's shell ended by SIGKILL or SIGTERM
+_KILL_GRACE_SECONDS = 5.0
+
+
+class PodCalls(PodLifecycle):
+    """Runs scripts in a sandbox Pod: calls, the probe."""
+
+    async def _run(self, handle: SandboxHandle, script: bytes, *, stdout: Callable[[bytes], Any] | None = None,
+                   stderr: Callable[[bytes], Any] | None = None, data: AsyncIterator[bytes] | None = None,
+                   what: str) -> int:
+        """One exec of ``script`` (then ``data``) in the sandbox; its exit code. Loss is :class:`SandboxGone`."""
+        namespace, name = split_id(handle.id)
+        await self._api()
+        assert self._exec is not None
+
+        async def stdin() -> AsyncIterator[bytes]:
+            yield script
+            if data is not None:
+                async for chunk in data:
+                    yield chunk
+
+        try:
+            outcome = await self._exec.run(namespace, name, CONTAINER, scripts.boot_command(script),
+                                           stdout=stdout or _discard, stderr=stderr or _discard, stdin=stdin(),
+                                           what=f"{what} in sandbox {handle.id}")
+        except (ExecRejected, StreamBroken) as exc:
+            raise await self._lost(handle, exc) from None
+        except ExecFailed as exc:
+            lost = await self._lost(handle, exc)
+            raise lost from None
+        if outcome.exit_code in _KILLED_EXIT_CODES:
+            # A Pod deleted or evicted while a call runs stops its container: the exec's shell is killed and
+            # the status channel says 137 (or 143) instead of breaking the stream. That is the sandbox lost,
+            # not the call's outcome; recorded as a result, a replay after restore could never match it.
+            gone = await self._lost(handle, ProviderError(f"{what} in sandbox {handle.id}: killed"))
+            if isinstance(gone, SandboxGone):
+                raise gone
+        return outcome.exit_code
+
+    async def execute(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
+        if call.type not in TOOL_TYPES:
+            return unsupported_tool_result(call.type)
+        await self._require_live(handle)
+        try:
+            if call.type == "shell":
+                return await self._shell(handle, call)
+            if call.type == "write_file":
+                return await self._write_file(handle, call)
+            return await self._read_file(handle, call)
+        except _InvalidCall as exc:
+            return ToolResult(exit_code=1, stdout="", stderr=str(exc))
+
+    async def _shell(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
+        command, timeout, cwd, env = _shell_args(call)
+        tag = hashlib.sha256(f"{handle.id}\0{call.operation_id}\0{secrets.token_hex(8)}".encode()).hexdigest()[:24]
+        out, err = OutputBuffer(), OutputBuffer()
+        script = scripts.shell(command, tag=tag, cwd=cwd, env=env, workspace=self.workspace)
+        task = asyncio.ensure_future(self._run(handle, script, stdout=out.feed, stderr=err.feed,
+                                               what=f"shell call {call.operation_id}"))
+        try:
+            done, _ = await asyncio.wait([task], timeout=timeout)
+            if not done:
+                await self._kill_call(handle, tag)
+                with contextlib.suppress(asyncio.TimeoutError, Exception):
+                    await asyncio.wait_for(asyncio.shield(task), _KILL_GRACE_SECONDS)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                assert timeout is not None
+                text = err.text()
+                separator = "\n" if text and not text.endswith("\n") else ""
+                return ToolResult(exit_code=TIMEOUT_EXIT_CODE, stdout=out.text(),
+                                  stderr=f"{text}{separator}Command timed out after {timeout:g} seconds",
+                                  stdout_size=out.full_size, stderr_size=err.full_size)
+            code = task.result()
+        except asyncio.CancelledError:
+            # A cancelled step must not leave its command running in the Pod.
+            task.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._kill_call(handle, tag))
+            raise
+        return ToolResult(exit_code=code, stdout=out.text(), stderr=err.text(), stdout_size=out.full_size,
+                          stderr_size=err.full_size)
+
+    async def _kill_call(self, handle: SandboxHandle, tag: str) -> None:
+        with contextlib.suppress(ProviderError):
+            await self._run(handle, scripts.kill_call(tag), what="stop a timed-out call")
+
+    async def _read_file(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
+        path = _path_arg(call)
+        out, err = OutputBuffer(), OutputBuffer(4096)
+        code = await self._run(handle, scripts.read_file(path, workspace=self.workspace), stdout=out.feed, stderr=err.feed,
+                               what=f"read {path}")
+        if code == 0:
+            return ToolResult(exit_code=0, stdout=out.text(), stderr="", stdout_size=out.full_size)
+        return _file_failure(code, path, "read", err)
+
+    async def _write_file(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
+        path = _path_arg(call)
+        contents = call.args.get("contents")
+        if not isinstance(contents, str):
+            raise _InvalidCall("Invalid arguments for write_file: 'contents' must be a str")
+        data = contents.encode("utf-8")
+        err = OutputBuffer(4096)
+        code = await self._run(handle, scripts.write_file(path, len(data), workspace=self.workspace), stderr=err.feed, data=chunks(data),
+                               what=f"write {path}")
+        if code == 0:
+            return wrote_file_result(path, len(data))
+        return _file_failure(code, path, "write", err)
+
+    async def _probe(self, handle: SandboxHandle) -> None:
+        stderr = OutputBuffer(4096)
+        try:
+            code = await self._run(handle, scripts.probe(workspace=self.workspace), stderr=stderr.feed, what="check the image")
+        except ExecFailed as exc:
+            raise ProvisionError(f"sandbox {handle.id}: the image cannot run /bin/sh ({exc}); a sandbox image needs "
+                                 f"a POSIX shell and tar", retryable=False) from None
+        if code == scripts.PROBE_MISSING:
+            raise ProvisionError(f"sandbox {handle.id}: the image has no {stderr.text().strip()!r}; a sandbox image "
+                                 f"needs sh, tar, head, cat, tr, mkdir, mv, rm and readlink (busybox has them)",
+                                 retryable=False)
+        if code != 0:
+            raise ProvisionError(f"sandbox {handle.id}: {stderr.text().strip() or f'the image check exited {code}'}",
+                                 retryable=False)
+
+    async def reset_processes(self, handle: SandboxHandle) -> None:
+        """Every process in the Pod but the keep-alive (PID 1) ended (kubernetes_scripts.reset_processes)."""
+        errors: list[bytes] = []
+        if await self._run(handle, scripts.reset_processes(), stderr=errors.append, what="end what earlier calls left"):
+            raise ProviderError(f"Sandbox {handle.id}: could not end the processes earlier calls left running "
+                                f"({b''.join(errors).decode(errors='replace').strip()[:200]}); no call starts beside them")
+
+
+
+class _InvalidCall(Exception):
+    """Arguments a call cannot run with: a failed result (exit 1, this text), as for the other providers."""
+
+
+def _discard(_: bytes) -> None:
+    return None
+
+
+
+async def chunks(data: bytes, size: int = 256 * 1024) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i:i + size]
+
+
+
+def _file_failure(code: int, path: str, verb: str, err: OutputBuffer) -> ToolResult:
+    if code == scripts.NOT_FOUND:
+        if verb == "read":
+            return file_not_found_result(path)
+        text = f"Cannot write {path}: a parent directory is missing"
+    elif code == scripts.IS_DIRECTORY:
+        text = f"Cannot {verb} {path}: Is a directory"
+    elif code == scripts.OUTSIDE:
+        text = f"Unsafe path: {path}: it resolves outside the workspace through a symlink"
+    elif code == scripts.NOT_REGULAR:
+        text = f"Cannot {verb} {path}: it is not a regular file; only regular files can be {verb}"
+    elif code == scripts.NO_DIRECTORY:
+        text = f"Cannot {verb} {path}: a parent is not a directory"
+    else:
+        text = f"Cannot {verb} {path}: {err.text().strip() or f'exit {code}'}"
+    return ToolResult(exit_code=1, stdout="", stderr=text)
+
+
+
+def _path_arg(call: ToolCall) -> str:
+    path = call.args.get("path")
+    if not isinstance(path, str):
+        raise _InvalidCall(f"Invalid arguments for {call.type}: 'path' must be a str")
+    try:
+        return safe_relative_path(path)
+    except ValueError as exc:
+        prefix = f"unsafe path {path!r}: "
+        raise _InvalidCall(f"Unsafe path: {path}: {str(exc).removeprefix(prefix)}") from None
+
+
+
+def _shell_args(call: ToolCall) -> tuple[str, float | None, str | None, dict[str, str]]:
+    args = call.args
+    unexpected = sorted(set(args) - {"command", "timeout", "cwd", "env"})
+    if unexpected:
+        raise _InvalidCall(f"Invalid arguments for shell: unexpected argument(s) {', '.join(map(repr, unexpected))}")
+    command = args.get("command")
+    if not isinstance(command, str) or not command:
+        raise _InvalidCall("Invalid arguments for shell: 'command' must be a non-empty string")
+    timeout = args.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+                                or timeout == float("inf")):
+        raise _InvalidCall("Invalid arguments for shell: 'timeout' must be a positive number of seconds")
+    cwd = args.get("cwd")
+    if cwd is not None:
+        if not isinstance(cwd, str):
+            raise _InvalidCall("Invalid arguments for shell: 'cwd' must be a str")
+        try:
+            cwd = safe_relative_path(cwd)
+        except ValueError as exc:
+            raise _InvalidCall(f"Unsafe path: {cwd}: {str(exc).removeprefix(f'unsafe path {cwd!r}: ')}") from None
+    env = args.get("env") or {}
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and isinstance(v, str) and "\0" not in v
+            for k, v in env.items()):
+        raise _InvalidCall("Invalid arguments for shell: 'env' must map variable names to strings")
+    return command, (float(timeout) if timeout is not None else None), cwd, env

@@ -1,0 +1,288 @@
+"""Issue 32 items 1-3 in the unit tier: the trust kit (tests/unit/trust_support.py) against every component that
+lists or watches sandbox Pods, on the fake core API (tests/fakes/core_pods.py): the kubernetes provider's
+listings and its retried provision (adopt by name), the Sandbox controller's adoption, the SandboxPool
+controller (promotion and claims) and the orphan sweep. Then the deletion rules (item 2) one by one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import pytest
+
+from durable_sandbox.kube.metrics import OperatorMetrics
+from durable_sandbox.kube.orphans import sweep_once
+from durable_sandbox.kube.pool.controller import PoolController, PoolView
+from durable_sandbox.kube.sandbox.controller import SandboxController
+from durable_sandbox.kube.sandbox.view import OPERATION_LABEL, SandboxView
+from durable_sandbox.providers.contract import INSTALLATION_LABEL, ProvisionError, SandboxSpec
+from durable_sandbox.providers.kubernetes import KubernetesProvider
+from durable_sandbox.providers.kubernetes_identity import (
+    META_ANNOTATION,
+    OPERATION_KEY_LABEL,
+    OWNER_KEY_LABEL,
+    SEAL,
+    creation_mark,
+)
+from durable_sandbox.providers.kubernetes_pool import POOL_STATE_LABEL, WARM, derive_pool_key
+from durable_sandbox.providers.kubernetes_template import PodTemplate
+from tests.fakes.core_pods import FakeCore, FakeExec
+from tests.fakes.custom_objects import FakeCustomObjects
+
+from .trust_support import FORGERIES, Attack, TrustKit
+
+NS = "team-a"
+KEY = derive_pool_key(b"k" * 32)
+INSTALLATION = "inst-1"
+OWNER = f"{NS}/uid-owner"
+TEMPLATE = PodTemplate(image="localhost/busybox:dsb-test", imagePullPolicy="Never", runtimeClassName="gvisor")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def provider_on(core: FakeCore, clock: Clock | None = None) -> KubernetesProvider:
+    provider = KubernetesProvider(namespace=NS, environ={}, pool_key=KEY, template=TEMPLATE, ready_timeout=5,
+                                  clock=clock or time.time)
+    provider._core = core
+    provider._exec = cast(Any, FakeExec())
+    return provider
+
+
+def spec(operation: str = "op-1", owner: str = OWNER, **extra: Any) -> SandboxSpec:
+    return SandboxSpec(owner=owner, operation_id=operation, **extra,
+                       labels={INSTALLATION_LABEL: INSTALLATION, OPERATION_LABEL: operation})
+
+
+def uid_of(handle: Any) -> str:
+    return str(handle.metadata["uid"])
+
+
+@pytest.fixture
+def core() -> FakeCore:
+    return FakeCore()
+
+
+@pytest.fixture
+async def provider(core: FakeCore) -> AsyncIterator[KubernetesProvider]:
+    provider = provider_on(core)
+    yield provider
+    await provider.aclose()
+
+
+async def genuine_pod(core: FakeCore, provider: KubernetesProvider, **extra: Any) -> dict[str, Any]:
+    handle = await provider.provision(spec(**extra), lease_seconds=600)
+    pod = core.get(NS, handle.metadata["pod"])
+    assert pod is not None
+    return pod
+
+
+class TestProviderListings(TrustKit):
+    """``list_sandboxes`` (what a Sandbox adopts and destroys) and the inventory (what the orphan sweep sees)."""
+
+    @pytest.fixture
+    async def world(self, core: FakeCore, provider: KubernetesProvider) -> Attack:
+        genuine = await genuine_pod(core, provider)
+
+        async def act() -> set[str]:
+            listed = [*await provider.list_sandboxes(OWNER), *await provider.inventory_sandboxes(INSTALLATION)]
+            return {uid_of(h) for h in listed}
+
+        return Attack(core, genuine, act)
+
+
+class TestProviderRetriedProvision(TrustKit):
+    """A provision retried after a lost answer (or an operator restart) adopts the Pod of its name only if the
+    operator sealed it over its uid for this operation."""
+
+    @pytest.fixture
+    async def world(self, core: FakeCore, provider: KubernetesProvider) -> Attack:
+        genuine = await genuine_pod(core, provider, env={"TOKEN": "t"})  # (its env Secret: item 2 too)
+
+        async def act() -> set[str]:
+            try:
+                return {uid_of(await provider.provision(spec(env={"TOKEN": "t"}), lease_seconds=600))}
+            except ProvisionError as refused:
+                assert "is not the operator's" in str(refused) and "kubectl delete pod" in str(refused)
+                return set()
+
+        # Only the Pod under the operation's own name is looked at by a retried provision.
+        return Attack(core, genuine, act, meets=frozenset({"recreated", "annotation_edited"}))
+
+
+class TestSandboxControllerAdoption(TrustKit):
+    """Issue 32 item 1: a Sandbox's provision adopts the sandbox an interrupted attempt made, and destroys every
+    other one it owns that it has not recorded: neither by labels."""
+
+    @pytest.fixture
+    async def world(self, core: FakeCore, provider: KubernetesProvider) -> Attack:
+        view = SandboxView(namespace=NS, name="box", uid="uid-owner", body={"metadata": {"namespace": NS}}, status={})
+        controller = SandboxController(cast(Any, None), cast(Any, None), lambda _: provider,
+                                       records=cast(Any, None), holding=cast(Any, None))
+        genuine = await genuine_pod(core, provider, operation="dsbx-op-1")
+        assert view.owner == OWNER
+
+        async def act() -> set[str]:
+            adopted = await controller._adopt(view, provider, "dsbx-op-1")
+            return {uid_of(adopted)} if adopted is not None else set()
+
+        return Attack(core, genuine, act)
+
+
+class TestOrphanSweep(TrustKit):
+    """Issue 32 item 2: the sweep destroys its installation's sandboxes whose owner is gone, and nothing else."""
+
+    @pytest.fixture
+    async def world(self, core: FakeCore, provider: KubernetesProvider) -> Attack:
+        genuine = await genuine_pod(core, provider, env={"TOKEN": "t"})
+        assert core.secret(NS, f"{genuine['metadata']['name']}-env") is not None
+
+        async def act() -> set[str]:
+            result = await sweep_once(provider, installation=INSTALLATION, live={}, first_seen={}, now=time.time(),
+                                      grace=0)
+            return {uid_of(o.handle) for o in result.destroyed if o.handle is not None}
+
+        return Attack(core, genuine, act, genuine_used=False)
+
+
+class TestPoolController(TrustKit):
+    """Issue 32 item 3: the pool's reconciler promotes only its own Pods of the template's spec, and a claim
+    takes only those; a starting Pod re-created under its name with the creation seal copied is neither."""
+
+    @pytest.fixture
+    async def world(self, core: FakeCore, provider: KubernetesProvider) -> Attack:
+        core.templates[(NS, "busy")] = {"metadata": {"name": "busy", "namespace": NS},
+                                        "template": {"spec": {"runtimeClassName": "gvisor", "containers": [
+                                            {"name": "sandbox", "image": "localhost/busybox:dsb-test",
+                                             "imagePullPolicy": "Never"}]}}}
+        controller = PoolController(cast(Any, None), lambda: provider, OperatorMetrics(process_collectors=False))
+        controller.objects = FakeCustomObjects()
+        body = {"metadata": {"namespace": NS, "name": "busy", "uid": "uid-pool", "generation": 1},
+                "spec": {"template": "busy", "size": 1}}
+        view = PoolView(namespace=NS, name="busy", uid="uid-pool", body=body)
+        await controller._turn(view)  # makes one starting Pod
+        (genuine,) = core.pods.values()
+        promoted: set[str] = set()
+        promote = provider.promote_pool_pod
+
+        async def recording(pod: dict[str, Any], pool: str) -> bool:
+            promoted.add(pod["metadata"]["uid"])
+            return await promote(pod, pool)
+
+        provider.promote_pool_pod = recording  # type: ignore[method-assign]
+
+        async def act() -> set[str]:
+            await controller._turn(view)  # promotes the running starters it trusts
+            claimed = await provider.provision(spec("op-claim", template="podtemplate/busy"), lease_seconds=600)
+            return promoted | {uid_of(claimed)}
+
+        # Relabelling a starting Pod "warm" (no probe, no promotion) is this world's annotation edit.
+        return Attack(core, genuine, act, notes={"edit": {"metadata": {"labels": {POOL_STATE_LABEL: WARM}}}})
+
+
+# ------------------------------------------------------------------------------------------------ item 2
+
+
+async def test_a_forged_pod_past_its_lease_is_not_deleted_and_a_sealed_one_is_with_an_event(core: FakeCore) -> None:
+    clock = Clock()
+    provider = provider_on(core, clock)
+    genuine = await genuine_pod(core, provider, env={"TOKEN": "t"})
+    name = genuine["metadata"]["name"]
+    forged = core.create({**genuine, "metadata": {**genuine["metadata"], "name": "victim"}})
+    core.create({"kind": "Secret", "metadata": {"namespace": NS, "name": "victim-env"}})
+    clock.now += 3600  # every lease ran out
+    assert await provider.inventory_sandboxes(INSTALLATION) == []
+    assert core.get(NS, "victim") is not None and core.secret(NS, "victim-env") is not None
+    assert core.warnings(NS, "victim"), "the refusal is said on the forged Pod"
+    assert core.get(NS, name) is None and core.secret(NS, f"{name}-env") is None
+    assert [e["reason"] for e in core.events if e["involvedObject"]["name"] == name] == ["SandboxPodDeleted"]
+    assert ("Pod", f"{NS}/victim", forged["metadata"]["uid"]) not in core.deleted
+
+
+async def test_destroy_deletes_the_env_secret_only_while_its_pod_owns_it(core: FakeCore,
+                                                                          provider: KubernetesProvider) -> None:
+    handle = await provider.provision(spec(env={"TOKEN": "t"}), lease_seconds=600)
+    name = handle.metadata["pod"]
+    # A user replaces the Secret beside the Pod with one of her own (no owner): it is not the sandbox's.
+    core.secrets.pop((NS, f"{name}-env"))
+    core.create({"kind": "Secret", "metadata": {"namespace": NS, "name": f"{name}-env"}})
+    await provider.destroy(handle)
+    assert core.get(NS, name) is None
+    assert core.secret(NS, f"{name}-env") is not None
+
+
+async def test_destroying_a_recorded_sandbox_never_deletes_a_pod_recreated_under_its_name(
+        core: FakeCore, provider: KubernetesProvider) -> None:
+    handle = await provider.provision(spec(), lease_seconds=600)
+    name = handle.metadata["pod"]
+    original = core.get(NS, name)
+    assert original is not None
+    core.delete(NS, name)
+    again = core.create({**original, "metadata": {**original["metadata"]}})
+    await provider.destroy(handle)
+    assert core.get(NS, name) is not None and core.get(NS, name)["metadata"]["uid"] == again["metadata"]["uid"]
+
+
+async def test_a_renewal_finds_a_pod_replaced_under_the_same_name_gone(core: FakeCore,
+                                                                        provider: KubernetesProvider) -> None:
+    from durable_sandbox.providers.contract import SandboxGone
+
+    handle = await provider.provision(spec(), lease_seconds=600)
+    name = handle.metadata["pod"]
+    original = core.get(NS, name)
+    assert original is not None
+    core.delete(NS, name)
+    core.create({**original, "metadata": {**original["metadata"]}})
+    with pytest.raises(SandboxGone, match="replaced"):
+        await provider.renew_lease(handle, 600)
+    assert core.warnings(NS, name)
+
+
+async def test_an_unfinished_attempt_is_made_again_and_a_finished_one_adopted(core: FakeCore,
+                                                                            provider: KubernetesProvider) -> None:
+    """The crash window between a Pod's create and its seal: the retry deletes that Pod (the operator marked it
+    for this operation's name) and makes the sandbox again, so nothing half made is ever used."""
+    first = await provider.provision(spec(), lease_seconds=600)
+    name = first.metadata["pod"]
+    pod = core.get(NS, name)
+    assert pod is not None
+    assert (await provider.provision(spec(), lease_seconds=600)).metadata["uid"] == first.metadata["uid"]
+    # Put back what the Pod carried before its seal (its creation mark): the crash window.
+    labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+    mark = creation_mark(provider._seal_key, NS, name, labels[OWNER_KEY_LABEL], labels[OPERATION_KEY_LABEL],
+                         annotations[META_ANNOTATION])
+    core.patch(NS, name, {"metadata": {"annotations": {SEAL: mark}}})
+    again = await provider.provision(spec(), lease_seconds=600)
+    assert again.metadata["uid"] != first.metadata["uid"]
+    assert ("Pod", f"{NS}/{name}", first.metadata["uid"]) in core.deleted
+
+
+def test_every_forgery_is_in_the_kit() -> None:
+    assert set(FORGERIES) == {"planted", "relabelled", "recreated", "annotation_edited"}
+
+
+async def test_deleting_a_pool_deletes_its_warm_pods_never_a_starting_pod_recreated_with_the_seal(
+        core: FakeCore, provider: KubernetesProvider) -> None:
+    """A starting Pod's creation seal binds no uid: the pool's cleanup leaves starting Pods to the cluster (they
+    are owned by the pool), so a forgery re-created under a starting Pod's name is not deleted by the operator."""
+    template = TEMPLATE
+    owner = {"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "SandboxPool", "name": "busy", "uid": "uid-pool"}
+    warm_name = await provider.make_pool_pod(NS, "busy", owner, template)
+    warm = core.get(NS, warm_name)
+    assert warm is not None and await provider.promote_pool_pod(warm, "busy")
+    starting_name = await provider.make_pool_pod(NS, "busy", owner, template)
+    starting = core.get(NS, starting_name)
+    assert starting is not None
+    core.delete(NS, starting_name)
+    forged = core.create({**starting, "metadata": {**starting["metadata"]}})
+    controller = PoolController(cast(Any, None), lambda: provider, OperatorMetrics(process_collectors=False))
+    await controller.cleanup({"metadata": {"namespace": NS, "name": "busy", "uid": "uid-pool"}})
+    assert core.get(NS, warm_name) is None
+    left = core.get(NS, starting_name)
+    assert left is not None and left["metadata"]["uid"] == forged["metadata"]["uid"]
