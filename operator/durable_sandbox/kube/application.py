@@ -146,7 +146,7 @@ class OperatorApplication:
         sandboxes = SandboxController(api, op.events, op.provider_for, SandboxControllerSettings(
             worker_id=settings.worker_id, lease_ttl=settings.lease_ttl, default_provider=policy.default_provider,
             allow_local_provider=policy.allow_local_provider), labels=op.sandbox_labels, records=op.records,
-            holding=op.holding)
+            holding=op.holding, journals=journals)
         pool_provider = config.pool_provider
         pools = PoolController(api, (lambda: pool_provider(self.metrics)) if pool_provider is not None else None,
                                self.metrics, PoolSettings(worker_id=settings.worker_id, lease_ttl=settings.lease_ttl))

@@ -31,6 +31,7 @@ from durable_sandbox.engine.executor import RunExecutor
 from durable_sandbox.engine.records import Lease, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
+from durable_sandbox.kube.sandbox.view import calls_run_id
 from durable_sandbox.kube.store import OwnerRef
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider, ToolCall, ToolResult
 from durable_sandbox.sandboxes import journal
@@ -56,11 +57,6 @@ class SandboxRef:
     @property
     def where(self) -> str:
         return f"Sandbox {self.namespace}/{self.name}"
-
-
-def calls_run_id(uid: str) -> str:
-    """The run holding a Sandbox's calls. Its ``.calls`` tail is no Workflow's run id (those end ``-<8 hex>``)."""
-    return f"dsbx.{uid}.calls"
 
 
 @dataclass(frozen=True)

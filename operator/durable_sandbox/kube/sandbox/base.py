@@ -14,6 +14,7 @@ from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.conditions import SANDBOX_CONDITIONS
 from durable_sandbox.kube.events import EventRecorder
 from durable_sandbox.kube.holding import Holding
+from durable_sandbox.kube.journals import JournalStores
 from durable_sandbox.kube.leases import ObjectLeases
 from durable_sandbox.kube.models import SandboxResource
 from durable_sandbox.kube.resources import (
@@ -65,8 +66,12 @@ class SandboxBase:
         *,
         records: SandboxRecords,
         holding: Holding,
+        journals: JournalStores | None = None,
     ) -> None:
         self.api = api
+        # Where the Sandboxes' own call journals are (sessions/): deleted with their Sandbox, unless the journal
+        # store collects them by owner reference (the API server's) and deleting here would race the collector.
+        self.journals = journals
         self.records = records
         self.holding = holding
         self.objects = CustomObjects(api)

@@ -9,7 +9,7 @@ from typing import Any
 
 from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.sandbox.turn import SandboxTurn
-from durable_sandbox.kube.sandbox.view import SandboxView
+from durable_sandbox.kube.sandbox.view import SandboxView, calls_run_id
 from durable_sandbox.providers.contract import (
     Capability,
     ProviderError,
@@ -56,11 +56,19 @@ class SandboxFinalizer(SandboxTurn):
                 raise CleanupPending(message, delay) from None
             if self._condition(view, "CleanupBlocked") is not None:
                 await self._transition(view, "Deleting", CleanupBlocked=(False, "CleanupDone", ""))
+            await self.forget_calls(view)
             await self._emit(view, "CleanupDone", "sandbox and snapshots deleted")
             # The Lease goes with the Sandbox (owner reference); nothing is left to reconcile.
             self._views.pop(view.uid, None)
             if view.lease is not None:
                 await view.lease.forget()
+
+    async def forget_calls(self, view: SandboxView) -> None:
+        """The Sandbox's own call journal goes with it. The API server's Journal objects are owned by the Sandbox
+        (the garbage collector deletes them); a PostgreSQL journal has no owner reference: deleted here, as a
+        Workflow's run is by its cleanup."""
+        if self.journals is not None and not self.journals.collected_with_workflow:
+            await self.journals.store_for(view.namespace).delete_run(calls_run_id(view.uid))
 
     async def _destroy_everything(self, view: SandboxView, provider: SandboxProvider) -> None:
         handle = view.handle()

@@ -12,6 +12,12 @@ from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.provider_choice import LOCAL, PINNED
 from durable_sandbox.providers.contract import SandboxHandle
 
+
+def calls_run_id(uid: str) -> str:
+    """The run holding a Sandbox's own session calls (sessions/journal.py). Its ``.calls`` tail is no Workflow's run
+    id (those end ``-<8 hex>``). Named here, beside the Sandbox, because its deletion goes with the Sandbox's."""
+    return f"dsbx.{uid}.calls"
+
 __all__ = ["OPERATION_LABEL", "SANDBOX_LABEL", "SandboxControllerSettings", "SandboxView"]
 
 SANDBOX_LABEL = "durable-sandbox.dev/sandbox"  # on the provider's sandbox: the Sandbox resource it is
