@@ -179,10 +179,11 @@ def _index_of(rt: RunRuntime, operation_id: str) -> int:
     """The call's place in the session: the one its ``started`` record took (a retried call interrupted by a
     crash), else after every call journaled so far."""
     started = rt.lookup(journal.call_id(SESSION, operation_id))
-    if started is not None and (started.meta or {}).get("index") is not None:
-        return int(started.meta["index"])  # type: ignore[index]
-    indexes = [int((r.meta or {})["index"]) for r in rt.rows
-               if r.op_id.startswith(SESSION + "/") and r.kind == journal.CALL and (r.meta or {}).get("index") is not None]
+    index = journal.call_index(started) if started is not None else None
+    if index is not None:
+        return index
+    indexes = [i for r in rt.rows
+               if r.op_id.startswith(SESSION + "/") and r.kind == journal.CALL and (i := journal.call_index(r)) is not None]
     return max(indexes, default=-1) + 1
 
 
