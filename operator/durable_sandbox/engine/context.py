@@ -35,6 +35,7 @@ from durable_sandbox.engine.serialization import (
     to_jsonable,
     value_digest,
 )
+from durable_sandbox.engine.step_threads import run_abandonable
 
 if TYPE_CHECKING:
     from durable_sandbox.engine.runtime import RunRuntime
@@ -68,8 +69,9 @@ def _takes_context(fn: Callable[..., Any]) -> bool:
 # Sync step functions: a thread hop costs more than a whole no-op step, and most steps are short glue.
 # A sync function runs inline on the loop once it has shown it is quick: after QUICK_RUNS thread runs
 # that took under QUICK_SECONDS (slower runs do not count; a preempted thread can look slow). One inline
-# run that takes longer than SLOW_SECONDS sends it back to threads for good (for the life of the process). Functions with a timeout always run in a thread (a
-# timeout must be able to abandon them), and so do callables without code (no identity to judge by).
+# run that takes longer than SLOW_SECONDS sends it back to threads for good (for the life of the process).
+# Functions with a timeout always run in a thread of their own (a timeout must be able to abandon them:
+# engine/step_threads.py), and callables without code never run inline (no identity to judge by).
 # Why this is safe: a quick function serialised with its parallel siblings costs nothing; a long one
 # runs in a thread, so it cannot stall lease renewal, signals or other runs. What remains: a function
 # that was quick and suddenly blocks stalls the loop that once (then it is demoted); the lease then
@@ -114,10 +116,14 @@ async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
         return result
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
         aw: Awaitable[Any] = fn(*args, **kwargs)
-    else:
+    elif timeout is None:
         # Otherwise in a thread, so that parallel branches really run in parallel and a blocking call
         # cannot stall the lease renewal; timed, to learn whether it is quick.
         aw = asyncio.to_thread(_timed, fn, args, kwargs, code)
+    else:
+        # A thread that nothing waits for: at the timeout the step fails and the run moves on, while the
+        # function (which no one can stop) runs on; its late result is dropped (engine/step_threads.py).
+        aw = run_abandonable(fn, args, kwargs, name=op_id)
     if timeout is None:
         result = await aw
     else:
