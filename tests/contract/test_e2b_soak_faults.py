@@ -16,8 +16,16 @@ from durable_sandbox.providers.e2b import E2BProvider
 from tests.contract.e2b_support import make_provider
 from tests.fakes.e2b_server import FakeE2BServer
 from tests.fakes.e2b_state import FakeState
+from tests.unit.process_support import eventually
 
 SPEC = SandboxSpec(owner="soak-fault-tests")
+# Waits are on conditions; this only bounds a wait that would otherwise hang. Generous: on a loaded machine
+# (load 2-3 and more, other suites sharing the cores) a stream's end takes far longer than it does alone.
+DEADLINE = 120.0
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    await eventually(condition, what, DEADLINE)
 
 
 async def test_a_failed_request_of_any_route_is_retried(e2b: E2BProvider, fake_e2b: FakeState) -> None:
@@ -44,28 +52,21 @@ async def test_a_stalled_request_times_out_and_its_retry_is_answered(fake_e2b: F
     await _until(lambda: creates[0].status == 504, "the stalled create to be answered")
 
 
-async def _until(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    """Poll a condition of the fake's state (it offers nothing to block on) until a deadline."""
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 async def test_killing_a_sandbox_kills_its_commands_and_cuts_their_streams(
     e2b: E2BProvider, fake_e2b: FakeState
 ) -> None:
     handle = await e2b.provision(SPEC, lease_seconds=300)
-    marker = fake_e2b.root / "started"
-    call = ToolCall(operation_id="op-1", type="shell",
-                    args={"command": f"touch {marker}; sleep 30; echo finished"})
+    pid_file = fake_e2b.root / "pid"
+    # A command that never ends by itself: only the kill can end the call.
+    call = ToolCall(operation_id="op-1", type="shell", args={"command": f"echo $$ > {pid_file}; exec sleep 600"})
     running = asyncio.create_task(e2b.execute(handle, call))
-    await _until(marker.exists, "the command to start")
+    await _until(lambda: pid_file.exists() and pid_file.read_text().strip() != "", "the command to start")
+    pid = int(pid_file.read_text())
     fake_e2b.kill(handle.id)
     # Not a completed call with some exit code: the sandbox and the process went away under it.
     with pytest.raises(ProviderError):
-        await asyncio.wait_for(running, 10)
+        await asyncio.wait_for(running, DEADLINE)
+    await _until(lambda: not _alive(pid), "the command to die with its sandbox")
 
 
 async def test_stopping_the_fake_kills_the_commands_still_running_in_its_sandboxes(tmp_path: Path) -> None:

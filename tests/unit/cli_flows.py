@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -107,6 +108,17 @@ def _gate(flag: str, go: str) -> str:
 async def gated(ctx: durable_sandbox.Context, data: dict[str, Any]) -> str:
     """One step that holds until a file exists (tests of leases: a worker that is alive mid-step)."""
     return await ctx.step("gate", _gate, data["flag"], data["go"])
+
+
+def _never_returns() -> None:
+    threading.Event().wait()  # nothing sets it: only the step's timeout ends this step
+
+
+@durable_sandbox.workflow
+async def endless_step(ctx: durable_sandbox.Context, data: dict[str, Any]) -> str:
+    """A plain function that never returns, under a step timeout (tests/unit/test_step_timeouts.py)."""
+    await ctx.step("forever", _never_returns, timeout=float(data["timeout"]))
+    return "unreachable"
 
 
 # Plain annotations, checked like models (tests/unit/test_cli_input_types.py).

@@ -53,6 +53,27 @@ async def crash_seq(ctx, inp: dict) -> list[str]:
     return out
 
 
+async def effect_at_once(log: str, name: str) -> str:
+    """An async step function that completes without suspending: its start and outcome share one commit."""
+    return effect(log, name)
+
+
+async def effect_after_a_suspension(log: str, name: str) -> str:
+    """An async step function that suspends first: its start is committed before it goes on."""
+    await asyncio.sleep(0)
+    return effect(log, name)
+
+
+@workflow(name="crash-seq-async-at-once")
+async def crash_seq_async_at_once(ctx, inp: dict) -> list[str]:
+    return [await ctx.step(name, effect_at_once, inp["log"], name) for name in ("s1", "s2", "s3")]
+
+
+@workflow(name="crash-seq-async-suspending")
+async def crash_seq_async_suspending(ctx, inp: dict) -> list[str]:
+    return [await ctx.step(name, effect_after_a_suspension, inp["log"], name) for name in ("s1", "s2", "s3")]
+
+
 @workflow(name="crash-par")
 async def crash_par(ctx, inp: dict) -> dict:
     first = await ctx.step("first", effect, inp["log"], "first")

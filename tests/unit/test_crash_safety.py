@@ -28,21 +28,28 @@ async def _resume_here(db_path, run_id, clock):
 SEQ = ["s1", "s2", "s3"]
 
 
+# The same three steps with a sync step function (the first runs of a function are in a thread: two commits per
+# step), an async one that completes without suspending (its start and outcome in one commit) and an async one
+# that suspends (its start committed before it goes on).
+SEQ_WORKFLOWS = ["crash-seq", "crash-seq-async-at-once", "crash-seq-async-suspending"]
+
+
+@pytest.mark.parametrize("workflow", SEQ_WORKFLOWS)
 @pytest.mark.parametrize(
     ("fault", "committed_at_crash", "ran_before_crash"),
     [
         ("before:s1", [], []),
         ("before:s2", ["s1"], ["s1"]),
-        ("inside:s2", ["s1"], ["s1"]),  # s2's start is recorded, its function has not run
+        ("inside:s2", ["s1"], ["s1"]),  # s2's start is recorded (or deferred: async), its function has not run
         ("after:s2", ["s1", "s2"], ["s1", "s2"]),  # s2's completion is committed
         ("after:s3", ["s1", "s2", "s3"], SEQ),  # every step committed, the run's own status not yet
     ],
 )
 async def test_sigkill_at_fault_points_then_resume(
-    db_path, tmp_path, clock, fault, committed_at_crash, ran_before_crash
+    db_path, tmp_path, clock, fault, committed_at_crash, ran_before_crash, workflow
 ):
     log = tmp_path / "effects.log"
-    committed = await _crash(db_path, "seq", "crash-seq", log, fault=fault)
+    committed = await _crash(db_path, "seq", workflow, log, fault=fault)
     assert committed == committed_at_crash
     assert _log(log) == ran_before_crash
 
@@ -56,11 +63,12 @@ async def test_sigkill_at_fault_points_then_resume(
         assert final.count(op) == 1
 
 
-async def test_sigkill_inside_step_function_reruns_only_that_step(db_path, tmp_path, clock):
+@pytest.mark.parametrize("workflow", SEQ_WORKFLOWS)
+async def test_sigkill_inside_step_function_reruns_only_that_step(db_path, tmp_path, clock, workflow):
     """Killed after s2's side effect but before s2 returned: s2 was never committed, so it runs again
     (at-least-once); s1, committed, does not."""
     log = tmp_path / "effects.log"
-    committed = await _crash(db_path, "mid", "crash-seq", log, die_in="s2")
+    committed = await _crash(db_path, "mid", workflow, log, die_in="s2")
     assert committed == ["s1"]
     assert _log(log) == ["s1", "s2"]
 

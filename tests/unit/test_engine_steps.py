@@ -565,18 +565,24 @@ async def test_a_quick_sync_step_runs_inline_and_a_slow_one_goes_back_to_threads
     assert log == ["loop", "thread", "thread"], "demoted after one slow inline run"
 
 
+def _record_commits(store, monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[str, str]]]:
+    """Every commit's records, as (op id, status), in commit order."""
+    commits: list[list[tuple[str, str]]] = []
+    real_commit = store.commit
+
+    async def recording_commit(run_id, fence, commit):
+        commits.append([(r.op_id, r.status) for r in commit.records])
+        return await real_commit(run_id, fence, commit)
+
+    monkeypatch.setattr(store, "commit", recording_commit)
+    return commits
+
+
 async def test_a_quick_inline_step_commits_its_start_with_its_outcome(engine, store, monkeypatch, roomy_timing):
     """Steps that run in a thread commit their start, then their outcome; once a sync function runs
     inline, both records go in one commit (nothing could observe the start in between). The journal
     keeps both records either way."""
-    commits: list[list[tuple[str, str]]] = []
-    real_commit = store.commit
-
-    async def counting_commit(run_id, fence, commit):
-        commits.append([(r.op_id, r.status) for r in commit.records])
-        return await real_commit(run_id, fence, commit)
-
-    monkeypatch.setattr(store, "commit", counting_commit)
+    commits = _record_commits(store, monkeypatch)
     log: list[str] = []
     wf = _where_loop("steps-inline-commits", log, threading.Event())
     quick = context_mod.QUICK_RUNS
@@ -614,3 +620,80 @@ async def test_inline_sync_steps_still_let_the_loop_run_so_cancel_gets_through(e
     st = await engine.cancel(run_id, "stop")
     assert st.status == "cancelled"
     assert counter[0] < total, "cancelled part-way, not after every step ran"
+
+
+# ---------------------------------------------------------------------------------------------- async steps at one commit
+
+
+async def test_an_async_step_that_never_suspends_commits_its_start_with_its_outcome(engine, store, monkeypatch):
+    """An async step function whose coroutine completes without suspending takes one commit, as a quick sync
+    step does; one that suspends has its start committed before it goes on, then its outcome. Failures
+    and retries keep their records. The journal keeps every record either way."""
+    commits = _record_commits(store, monkeypatch)
+    seen_on_resuming: list[list[list[tuple[str, str]]]] = []
+    failures = [1]
+
+    async def at_once(i: int) -> int:
+        return i
+
+    async def suspends(i: int) -> int:
+        await asyncio.sleep(0)
+        seen_on_resuming.append(list(commits))
+        return i
+
+    async def fails_once_at_once() -> str:
+        if failures:
+            failures.pop()
+            raise RuntimeError("first attempt fails")
+        return "ok"
+
+    @workflow(name="steps-async-commits")
+    async def wf(ctx):
+        a = await ctx.step("a", at_once, 1)
+        b = await ctx.step("b", suspends, 2)
+        c = await ctx.step("c", fails_once_at_once, retry=RetryPolicy(max_attempts=2, initial_interval=0, jitter=False))
+        return [a, b, c]
+
+    st = await engine.run(wf, run_id="async-commits")
+    assert st.status == "succeeded", st.error
+    assert st.result == [1, 2, "ok"]
+    step_commits = [c for c in commits if any(op in ("a", "b", "c") for op, _ in c)]
+    assert step_commits == [
+        [("a", "started"), ("a", "completed")],
+        [("b", "started")],
+        [("b", "completed")],
+        [("c", "started"), ("c", "failed")],
+        [("c", "started"), ("c", "completed")],
+    ]
+    assert seen_on_resuming[0][-1] == [("b", "started")], "b's start was committed before b went on"
+    history = [(r.op_id, r.status, r.attempt) for r in await engine.history("async-commits")]
+    assert history == [("a", "started", 1), ("a", "completed", 1), ("b", "started", 1), ("b", "completed", 1),
+                       ("c", "started", 1), ("c", "failed", 1), ("c", "started", 2), ("c", "completed", 2)]
+
+
+async def test_an_async_step_whose_start_a_cancel_refuses_never_goes_on(engine, db_path):
+    """The start of a suspended async step is committed with the cancel check: refused (a cancel another process
+    requested while the coroutine ran its first stretch), the coroutine is closed where it waits (its finally
+    runs) and what follows its await never runs."""
+    events: list[str] = []
+
+    async def suspends() -> None:
+        con = sqlite3.connect(db_path)  # another process's cancel, in the store while the step runs
+        with con:
+            con.execute("UPDATE runs SET cancel_requested='stop' WHERE run_id='async-cancel-start'")
+        con.close()
+        try:
+            await asyncio.sleep(0)
+            events.append("went on")
+        finally:
+            events.append("closed")
+
+    @workflow(name="steps-async-cancel-start")
+    async def wf(ctx):
+        await ctx.step("s", suspends)
+
+    st = await engine.run(wf, run_id="async-cancel-start")
+    assert st.status == "cancelled", st.error
+    assert st.error["message"] == "stop"
+    assert events == ["closed"]
+    assert [(r.op_id, r.status) for r in await engine.history("async-cancel-start")] == [("s", "started")]

@@ -32,6 +32,9 @@ from durable_sandbox.providers.contract import (
 from durable_sandbox.providers.local import LocalProvider, SandboxSuspendedError, snapshot_id_for
 
 SECRET = "s3cr3t-value-that-must-never-touch-disk"
+# Bounds a wait on a condition (a command started, a call cut); passing tests never reach it. Generous: on a
+# loaded machine a process takes far longer to start or to be reaped than alone (issue 33, item 7).
+DEADLINE = 120.0
 
 
 class FakeClock:
@@ -296,7 +299,7 @@ async def test_background_processes_do_not_outlive_the_call(
 ) -> None:
     # The call must also return at once, not when the backgrounded child (holding stdout) exits.
     result = await asyncio.wait_for(
-        run(provider, sandbox, "shell", command="sleep 60 & echo $! > bg.pid; echo done"), timeout=20
+        run(provider, sandbox, "shell", command="sleep 60 & echo $! > bg.pid; echo done"), DEADLINE
     )
     assert result == ToolResult(exit_code=0, stdout="done\n", stderr="")
     assert process_is_gone(int((provider.workspace_path(sandbox.id) / "bg.pid").read_text()))
@@ -311,8 +314,8 @@ async def test_death_by_signal_is_reported_as_128_plus_signal(
 
 async def test_cancelling_a_call_kills_its_command(provider: LocalProvider, sandbox: SandboxHandle) -> None:
     prefix, started = await started_pid(provider, sandbox)
-    task = asyncio.create_task(run(provider, sandbox, "shell", command=prefix + "exec sleep 60"))
-    pgid = await asyncio.wait_for(started, timeout=10)
+    task = asyncio.create_task(run(provider, sandbox, "shell", command=prefix + "exec sleep 600"))
+    pgid = await asyncio.wait_for(started, DEADLINE)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -328,7 +331,7 @@ async def test_cancelling_while_the_command_starts_leaves_nothing_running(
     await asyncio.sleep(0)  # one loop turn: the call is now waiting for its process to start
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(task, timeout=20)
+        await asyncio.wait_for(task, DEADLINE)
     # Nothing left starting in the background either (that process would escape every kill).
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
     assert all(process_is_gone(pid) for pid in pids_with(marker))
@@ -339,11 +342,11 @@ async def test_destroy_during_a_call_raises_gone_and_kills_it(
     provider: LocalProvider, sandbox: SandboxHandle
 ) -> None:
     prefix, started = await started_pid(provider, sandbox)
-    task = asyncio.create_task(run(provider, sandbox, "shell", command=prefix + "exec sleep 60"))
-    pgid = await asyncio.wait_for(started, timeout=10)
+    task = asyncio.create_task(run(provider, sandbox, "shell", command=prefix + "exec sleep 600"))
+    pgid = await asyncio.wait_for(started, DEADLINE)
     await provider.destroy(sandbox)
     with pytest.raises(SandboxGone):
-        await asyncio.wait_for(task, timeout=20)
+        await asyncio.wait_for(task, DEADLINE)
     assert process_is_gone(pgid)
     assert provider.leftovers() == []
 

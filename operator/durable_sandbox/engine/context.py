@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durable_sandbox.engine import faults
+from durable_sandbox.engine.coroutines import Rest, first_stretch
 from durable_sandbox.engine.errors import (
     CallbackTimeout,
     DuplicateOperationError,
@@ -35,6 +36,7 @@ from durable_sandbox.engine.serialization import (
     to_jsonable,
     value_digest,
 )
+from durable_sandbox.engine.step_threads import run_abandonable
 
 if TYPE_CHECKING:
     from durable_sandbox.engine.runtime import RunRuntime
@@ -68,8 +70,9 @@ def _takes_context(fn: Callable[..., Any]) -> bool:
 # Sync step functions: a thread hop costs more than a whole no-op step, and most steps are short glue.
 # A sync function runs inline on the loop once it has shown it is quick: after QUICK_RUNS thread runs
 # that took under QUICK_SECONDS (slower runs do not count; a preempted thread can look slow). One inline
-# run that takes longer than SLOW_SECONDS sends it back to threads for good (for the life of the process). Functions with a timeout always run in a thread (a
-# timeout must be able to abandon them), and so do callables without code (no identity to judge by).
+# run that takes longer than SLOW_SECONDS sends it back to threads for good (for the life of the process).
+# Functions with a timeout always run in a thread of their own (a timeout must be able to abandon them:
+# engine/step_threads.py), and callables without code never run inline (no identity to judge by).
 # Why this is safe: a quick function serialised with its parallel siblings costs nothing; a long one
 # runs in a thread, so it cannot stall lease renewal, signals or other runs. What remains: a function
 # that was quick and suddenly blocks stalls the loop that once (then it is demoted); the lease then
@@ -98,8 +101,16 @@ def _runs_inline(code: Any) -> bool:
     return code is not None and _observed.get(code, 0) >= QUICK_RUNS
 
 
+def _is_async(fn: Callable[..., Any]) -> bool:
+    code = _code_of(fn)
+    if code is not None:  # a function or a partial of one: its code says (the cheap test, on every step)
+        return bool(code.co_flags & inspect.CO_COROUTINE)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None))
+
+
 async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None,
                   op_id: str, rt: RunRuntime, *, code: Any, inline: bool) -> Any:
+    """A sync step function: inline once it has been quick, else in a thread (see above)."""
     if inline and code is not None:
         # A sync function known to be quick (only sync functions are ever counted): inline.
         started = time.perf_counter()
@@ -112,22 +123,52 @@ async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
         if inspect.isawaitable(result):
             result = await result
         return result
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
-        aw: Awaitable[Any] = fn(*args, **kwargs)
-    else:
-        # Otherwise in a thread, so that parallel branches really run in parallel and a blocking call
-        # cannot stall the lease renewal; timed, to learn whether it is quick.
-        aw = asyncio.to_thread(_timed, fn, args, kwargs, code)
     if timeout is None:
-        result = await aw
+        # In a thread, so that parallel branches really run in parallel and a blocking call cannot stall
+        # the lease renewal; timed, to learn whether it is quick.
+        result = await asyncio.to_thread(_timed, fn, args, kwargs, code)
     else:
+        # A thread that nothing waits for: at the timeout the step fails and the run moves on, while the
+        # function (which no one can stop) runs on; its late result is dropped (engine/step_threads.py).
         try:
-            result = await asyncio.wait_for(aw, timeout)
+            result = await asyncio.wait_for(run_abandonable(fn, args, kwargs, name=op_id), timeout)
         except TimeoutError:
             raise StepTimeout(op_id, timeout) from None
     if inspect.isawaitable(result):  # a sync callable that returned a coroutine (e.g. a lambda over an async fn)
         result = await result
     return result
+
+
+async def _invoke_async(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                        timeout: float | None, op_id: str, rt: RunRuntime) -> tuple[Any, bool]:
+    """An async step function, whose start record the caller has deferred. Without a timeout its coroutine
+    runs at once up to its first suspension (engine/coroutines.py): one that completes there returns with its
+    start still deferred (it rides on the outcome's commit, one commit per step, as a quick sync step's does);
+    one that suspends has its start committed (a cancel refused there) before it goes on, in this same task.
+    With a timeout the whole function runs in the task ``asyncio.wait_for`` makes, after its start is
+    committed (its first stretch must not run in another task than the rest: ``asyncio.timeout``,
+    ``TaskGroup`` bind to the task they start in). Returns ``(value, whether the start is still deferred)``."""
+    if time.perf_counter() - rt.last_yield >= YIELD_EVERY:
+        await rt.let_loop_run()  # a loop of steps that never suspend must still let the loop run
+    if timeout is not None:
+        await rt.write(check_cancel=True)
+        try:
+            return await asyncio.wait_for(fn(*args, **kwargs), timeout), False
+        except TimeoutError:
+            raise StepTimeout(op_id, timeout) from None
+    coro = fn(*args, **kwargs)
+    if not isinstance(coro, Coroutine):  # an awaitable of another kind: awaited as it is, its start first
+        await rt.write(check_cancel=True)
+        return await coro, False
+    done, outcome = first_stretch(coro)
+    if done:
+        return outcome, True
+    try:
+        await rt.write(check_cancel=True)
+    except BaseException:
+        coro.close()  # never to go on: its finally blocks run now
+        raise
+    return await Rest(coro, outcome), False
 
 
 def _timed(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], code: Any) -> Any:
@@ -220,15 +261,18 @@ class Context:
                 return revalidate(fn, value)
 
         code = _judged_code(fn, timeout)
+        is_async = _is_async(fn)
         while True:
             faults.reach(f"before:{op_id}")
             started = OperationRecord(op_id, OpKind.STEP.value, name, STARTED, attempt, digest, epoch=rt.epoch)
-            # A step that will run inline (a sync function known to be quick) holds the loop until it ends,
-            # so no one in this process could see its start in between: its start is committed in one commit
-            # with its outcome, which halves the commits of a loop of quick steps. What that gives up: a
-            # crash inside such a step leaves no start record, so it re-runs as the same attempt (its
-            # previous run lasted under QUICK_SECONDS); a cancel is refused at that outcome's commit.
-            deferred_start = inline = _runs_inline(code)
+            # A step that will run inline (a sync function known to be quick, or an async one's coroutine up
+            # to its first suspension) holds the loop meanwhile, so no one in this process could see its
+            # start in between: its start is committed in one commit with its outcome, which halves the
+            # commits of a loop of quick steps (an async function that suspends gets its start committed
+            # first, then goes on). What that gives up: a crash inside such a step leaves no start record,
+            # so it re-runs as the same attempt; a cancel is refused at that outcome's commit.
+            inline = _runs_inline(code)
+            deferred_start = inline or is_async
             if deferred_start:
                 rt.defer(started)
             else:
@@ -236,7 +280,10 @@ class Context:
             faults.reach(f"inside:{op_id}")
             rt.active_begin()
             try:
-                value = await _invoke(fn, args, kwargs, timeout, op_id, rt, code=code, inline=inline)
+                if is_async:
+                    value, deferred_start = await _invoke_async(fn, args, kwargs, timeout, op_id, rt)
+                else:
+                    value = await _invoke(fn, args, kwargs, timeout, op_id, rt, code=code, inline=inline)
             except (Suspend, asyncio.CancelledError):
                 raise
             except Exception as exc:

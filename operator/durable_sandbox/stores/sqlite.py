@@ -113,11 +113,23 @@ _OP_INSERT = (
     "INSERT INTO ops (run_id, op_id, kind, name, status, attempt, digest, result, error, meta, ts, epoch) "
     "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
 )
-_OP_FENCED = (
-    "INSERT INTO ops (run_id, op_id, kind, name, status, attempt, digest, result, error, meta, ts, epoch) "
-    "SELECT ?,?,?,?,?,?,?,?,?,?,?,? WHERE EXISTS (SELECT 1 FROM runs WHERE run_id=? AND fence=?)"
-)
-_OP_FENCED_CANCEL = _OP_FENCED[:-1] + " AND cancel_requested IS NULL)"
+# The step path's commits, of one record or a few (a step's start with its outcome, a call's completion with
+# the next call's start) and nothing else: one fenced statement, its own transaction (autocommit). The
+# fence (and cancellation) is checked by the same statement that writes, so a stale worker can never slip a
+# row in; the rows go in in VALUES order, with consecutive seqs (one statement holds the write lock).
+_OP_FENCED_MAX = 4
+
+
+def _op_fenced(n: int, check_cancel: bool) -> str:
+    rows = ",".join(["(?,?,?,?,?,?,?,?,?,?,?,?)"] * n)
+    return (
+        "INSERT INTO ops (run_id, op_id, kind, name, status, attempt, digest, result, error, meta, ts, epoch) "
+        f"SELECT * FROM (VALUES {rows}) WHERE EXISTS (SELECT 1 FROM runs WHERE run_id=? AND fence=?"
+        + (" AND cancel_requested IS NULL)" if check_cancel else ")")
+    )
+
+
+_OP_FENCED = {(n, check): _op_fenced(n, check) for n in range(1, _OP_FENCED_MAX + 1) for check in (False, True)}
 
 
 def default_home() -> Path:
@@ -382,25 +394,26 @@ class SqliteStore:
 
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
         db = self._db
-        if len(commit.records) == 1 and not commit.run and commit.thread_state is None and commit.cache is None:
-            # The step path: one fenced INSERT is its own transaction (autocommit), a quarter of the
-            # statements of BEGIN/SELECT/INSERT/COMMIT. The fence (and cancellation) is checked by
-            # the same statement that writes, so a stale worker can never slip a row in.
-            rec = commit.records[0]
+        records = commit.records
+        if (0 < len(records) <= _OP_FENCED_MAX and not commit.run and commit.thread_state is None
+                and commit.cache is None):
+            # The step path (see _OP_FENCED): one statement instead of BEGIN/SELECT/INSERT.../COMMIT.
             self._unchecked += 1
             if self._unchecked >= _IDENTITY_CHECK_EVERY:
                 self._unchecked = 0
                 self._check_file()
+            values = [v for rec in records for v in self._op_values(run_id, rec)]
             try:  # not self._errors(): a context manager costs a few percent of a no-op step here
-                cur = db.execute(_OP_FENCED_CANCEL if commit.check_cancel else _OP_FENCED,
-                                 (*self._op_values(run_id, rec), run_id, fence))
+                cur = db.execute(_OP_FENCED[len(records), commit.check_cancel], (*values, run_id, fence))
             except sqlite3.Error as e:
                 raise StoreError(f"Store {self.path}: {_explain(e)}") from None
-            if cur.rowcount != 1:
+            if cur.rowcount != len(records):
                 with self._tx() as tx:
                     self._check_fence(tx, run_id, fence, commit.check_cancel)
                 raise LeaseLost(run_id, fence)  # pragma: no cover - _check_fence raised already
-            rec.seq = cur.lastrowid or 0
+            last = cur.lastrowid or 0
+            for i, rec in enumerate(records):
+                rec.seq = last - len(records) + 1 + i
             return
         with self._tx() as tx:
             self._check_fence(tx, run_id, fence, commit.check_cancel)
