@@ -181,6 +181,19 @@ def _timed(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     return result
 
 
+
+async def _record_cache_hit(rt: RunRuntime, op_id: str, name: str, attempt: int, digest: str | None,
+                            cache_key: str) -> tuple[Any] | None:
+    """A step's cached value, if its cache key has one: recorded as the step's outcome (a hit), in a 1-tuple
+    (a cached value may be None); None on a miss."""
+    hit = await rt.store.cache_get(cache_key, time.time())
+    if hit is None:
+        return None
+    value, created = hit
+    await rt.write(OperationRecord(op_id, OpKind.STEP.value, name, COMPLETED, attempt, digest, value,
+                                   meta={"cache": "hit", "cacheKey": cache_key, "cachedAt": created}, epoch=rt.epoch))
+    return (value,)
+
 class Context:
     """What a workflow function receives. One per run, plus a child per parallel branch (scoped ids)."""
 
@@ -247,18 +260,8 @@ class Context:
                 await asyncio.sleep(resume_at - time.time())
         policy = retry or NO_RETRY
 
-        if cache_key is not None:
-            hit = await rt.store.cache_get(cache_key, time.time())
-            if hit is not None:
-                value, created = hit
-                await rt.write(
-                    OperationRecord(
-                        op_id, OpKind.STEP.value, name, COMPLETED, attempt, digest, value,
-                        meta={"cache": "hit", "cacheKey": cache_key, "cachedAt": created},
-                        epoch=rt.epoch,
-                    )
-                )
-                return revalidate(fn, value)
+        if cache_key is not None and (hit := await _record_cache_hit(rt, op_id, name, attempt, digest, cache_key)):
+            return revalidate(fn, hit[0])
 
         code = _judged_code(fn, timeout)
         is_async = _is_async(fn)

@@ -411,9 +411,8 @@ class SqliteStore:
                 with self._tx() as tx:
                     self._check_fence(tx, run_id, fence, commit.check_cancel)
                 raise LeaseLost(run_id, fence)  # pragma: no cover - _check_fence raised already
-            last = cur.lastrowid or 0
-            for i, rec in enumerate(records):
-                rec.seq = last - len(records) + 1 + i
+            for seq, rec in enumerate(records, start=(cur.lastrowid or 0) - len(records) + 1):
+                rec.seq = seq
             return
         with self._tx() as tx:
             self._check_fence(tx, run_id, fence, commit.check_cancel)
