@@ -251,7 +251,7 @@ async def test_a_commit_whose_outcome_is_unknown_is_neither_lost_nor_doubled(
     run, _ = await store.create_run(RunRecord(run_id=f"flaky-{int(landed)}", workflow="wf"))
     lease = await store.claim(run.run_id, "w", 30)
     await store.commit(run.run_id, lease.fence, Commit([_rec("before", 0)]))
-    real_patch = store._patch
+    real_patch = store.objects.patch
     failures = iter([True])
 
     async def flaky_patch(name: str, ops: list[dict[str, object]]) -> None:
@@ -261,7 +261,7 @@ async def test_a_commit_whose_outcome_is_unknown_is_neither_lost_nor_doubled(
             raise aiohttp.ServerDisconnectedError()
         await real_patch(name, ops)
 
-    monkeypatch.setattr(store, "_patch", flaky_patch)
+    monkeypatch.setattr(store.objects, "patch", flaky_patch)
     records = [_rec("flaky-1", 1), _rec("flaky-2", 2)]
     await store.commit(run.run_id, lease.fence, Commit(records))
     assert [r.seq for r in records] == [2, 3]

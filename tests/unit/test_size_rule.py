@@ -32,8 +32,6 @@ ALLOWED = {
     "engine/executor.py::RunExecutor": 434,
     "engine/executor.py::RunExecutor.execute": 99,
     "engine/runtime.py::RunRuntime": 359,
-    "kube/store.py::KubernetesStore": 821,
-    "kube/store.py::KubernetesStore.commit": 98,
     "providers/e2b.py::E2BProvider": 550,
     "providers/local.py::LocalProvider": 594,
     "providers/local.py::LocalProvider._shell_call": 106,

@@ -494,7 +494,7 @@ def _crd(
 
 
 def journal_schema() -> Schema:
-    """The ``Journal`` kind: what the operator keeps of runs and Sandboxes (``kube/store.py``,
+    """The ``Journal`` kind: what the operator keeps of runs and Sandboxes (``kube/store/``,
     ``kube/leases.py``). Shaped like a ConfigMap (a ``data`` map of strings, so the store's fenced JSON
     Patches address ``/data/<key>``), plus two plain fields for ``kubectl get``. A kind of its own because
     namespace roles (``edit``, ``admin``) grant ConfigMaps: whoever could write the journal could change what

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from durable_sandbox.engine.records import ErrorInfo, OperationRecord
-from durable_sandbox.kube.store import _decode_record, _encode_record, _jp, run_key
+from durable_sandbox.kube.store.codec import decode_record, encode_record, jp, run_key
 
 _OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
@@ -23,13 +23,13 @@ def test_run_key_is_the_id_when_it_is_a_dns_label_else_a_stable_digest() -> None
 def test_records_round_trip_through_the_encoding() -> None:
     rec = OperationRecord("op/1", "sandbox.call", "shell", "completed", 2, "sha", {"stdout": "é"},
                           ErrorInfo("E", "m", True, {"k": 1}), {"m": 1}, 12.5, 3)
-    back = _decode_record(7, _encode_record(rec))
+    back = decode_record(7, encode_record(rec))
     assert back == OperationRecord("op/1", "sandbox.call", "shell", "completed", 2, "sha", {"stdout": "é"},
                                    ErrorInfo("E", "m", True, {"k": 1}), {"m": 1}, 12.5, 3, seq=7)
-    started = _decode_record(1, _encode_record(OperationRecord("a", "step", "f", "started", result="x")))
+    started = decode_record(1, encode_record(OperationRecord("a", "step", "f", "started", result="x")))
     assert started.result is None and started.error is None and started.epoch == 0
 
 
 def test_json_pointer_escapes_slash_and_tilde() -> None:
-    assert _jp("metadata", "labels", "durable-sandbox.dev/status") == "/metadata/labels/durable-sandbox.dev~1status"
-    assert _jp("data", "a~b") == "/data/a~0b"
+    assert jp("metadata", "labels", "durable-sandbox.dev/status") == "/metadata/labels/durable-sandbox.dev~1status"
+    assert jp("data", "a~b") == "/data/a~0b"
