@@ -262,23 +262,23 @@ async def _child(db: Path, run_id: str, workflow_name: str, spec: Any) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     provider.after_execute = maybe_crash
-    import durable_sandbox.providers.local as local_mod
+    from durable_sandbox.providers.local import archives, layout
 
     if os.environ.get("DSB_TEST_CRASH_IN_SNAPSHOT_WRITE"):
         def write_half_then_die(workspace: Path, destination: Path, *_: Any) -> None:  # and its budget
             destination.write_bytes(b"half a tar")
             os.kill(os.getpid(), signal.SIGKILL)
 
-        local_mod._write_tar = write_half_then_die  # type: ignore[assignment]
+        archives.write_tar = write_half_then_die  # type: ignore[assignment]
     if os.environ.get("DSB_TEST_CRASH_IN_TRASH"):
-        real_rmtree = local_mod._rmtree
+        real_rmtree = layout.rmtree
 
         def die_in_trash(path: Path) -> None:
             if path.name.startswith(".trash-"):
                 os.kill(os.getpid(), signal.SIGKILL)
             real_rmtree(path)
 
-        local_mod._rmtree = die_in_trash  # type: ignore[assignment]
+        layout.rmtree = die_in_trash  # type: ignore[assignment]
     if os.environ.get("DSB_TEST_CRASH_AFTER_PROVISION"):
         inner_provision = provider.inner.provision
 

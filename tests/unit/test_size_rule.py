@@ -33,8 +33,6 @@ ALLOWED = {
     "engine/executor.py::RunExecutor.execute": 99,
     "engine/runtime.py::RunRuntime": 359,
     "providers/e2b.py::E2BProvider": 550,
-    "providers/local.py::LocalProvider": 594,
-    "providers/local.py::LocalProvider._shell_call": 106,
     "providers/testing.py::ProviderContractSuite": 354,
     "sandboxes/session.py::SandboxSession": 709,
     "stores/postgres.py::PostgresStore": 456,
