@@ -264,6 +264,7 @@ async def test_a_commit_whose_outcome_is_unknown_is_neither_lost_nor_doubled(
     monkeypatch.setattr(store.objects, "patch", flaky_patch)
     records = [_rec("flaky-1", 1), _rec("flaky-2", 2)]
     await store.commit(run.run_id, lease.fence, Commit(records))
+    assert not next(failures, False), "the commit never went through the failing patch"
     assert [r.seq for r in records] == [2, 3]
     await store.commit(run.run_id, lease.fence, Commit([_rec("after", 3)]))
     rows = await store.load_journal(run.run_id)
