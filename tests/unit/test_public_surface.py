@@ -7,6 +7,9 @@ import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.dsb import ROOT
 
@@ -88,3 +91,45 @@ def test_the_rule_sees_both_spellings_of_a_root_import() -> None:
     tree = ast.parse("import durable_sandbox\nfrom durable_sandbox import Engine\nfrom durable_sandbox.engine import x\n")
     assert root_imports(tree) == [1, 2]
 
+
+def test_the_kits_resolve_from_durable_sandbox_testing_and_the_old_paths_still_work() -> None:
+    import durable_sandbox.testing as kits
+    from durable_sandbox.providers.testing import ContractResources, ProviderContractSuite
+    from durable_sandbox.stores.testing import DamagedRowCases, StoreContractSuite
+    from durable_sandbox.testing.clock import FakeClock
+
+    assert sorted(kits.__all__) == sorted(
+        ["ContractResources", "DamagedRowCases", "FakeClock", "ProviderContractSuite", "StoreContractSuite"])
+    assert kits.StoreContractSuite is StoreContractSuite and kits.DamagedRowCases is DamagedRowCases
+    assert kits.ProviderContractSuite is ProviderContractSuite and kits.ContractResources is ContractResources
+    assert kits.FakeClock is FakeClock
+    assert set(kits.__all__) <= set(dir(kits))
+
+
+def test_the_provider_kit_loads_no_engine_module() -> None:
+    loaded = fresh_interpreter(
+        "import json, sys\nfrom durable_sandbox.testing import ProviderContractSuite\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('durable_sandbox.'))))"
+    )
+    assert isinstance(loaded, list) and "durable_sandbox.providers.testing" in loaded
+    assert [m for m in loaded if m.startswith(("durable_sandbox.engine", "durable_sandbox.stores"))] == []
+
+
+async def test_the_fake_clock_expires_a_sqlite_lease_without_waiting(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from durable_sandbox.engine import LeaseHeld, RunRecord
+    from durable_sandbox.stores import SqliteStore
+    from durable_sandbox.testing import FakeClock
+
+    clock = FakeClock().install(monkeypatch)
+    store = SqliteStore(tmp_path / "runs.db")
+    try:
+        await store.create_run(RunRecord(run_id="clocked", workflow="kit.flow"))
+        await store.claim("clocked", "first", ttl=60.0)
+        with pytest.raises(LeaseHeld):
+            await store.claim("clocked", "second", ttl=60.0)
+        clock.advance(61.0)  # the lease's minute passes on the store's clock, not the test's
+        lease = await store.claim("clocked", "second", ttl=60.0)
+        assert lease.owner == "second"
+    finally:
+        await store.close()
