@@ -6,11 +6,11 @@ import click
 
 from durable_sandbox.cli import drive, render
 from durable_sandbox.cli.commands.common import pass_settings, report_outcome, run_async
-from durable_sandbox.cli.errors import EXIT_OK, CliError
 from durable_sandbox.cli.jsonarg import parse_json
-from durable_sandbox.cli.session import open_client, open_engine
-from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import RunState
+from durable_sandbox.runs.errors import EXIT_OK, CliError
+from durable_sandbox.runs.session import open_client, open_engine
+from durable_sandbox.runs.settings import Settings
 from durable_sandbox.sandbox_engine import Engine
 from durable_sandbox.sandboxes.journal import answer_problem
 

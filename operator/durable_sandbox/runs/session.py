@@ -7,16 +7,16 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from durable_sandbox.cli.envfiles import LocalEnvValues
-from durable_sandbox.cli.errors import CliError
-from durable_sandbox.cli.settings import STORE_ENV, Settings
 from durable_sandbox.engine import Store, StoreError
+from durable_sandbox.runs.envfiles import LocalEnvValues
+from durable_sandbox.runs.errors import CliError
+from durable_sandbox.runs.settings import STORE_ENV, Settings
 from durable_sandbox.sandbox_engine import Engine
 from durable_sandbox.stores.locations import open_store
 from durable_sandbox.workflows.sandbox_agent import AgentServices
 
 if TYPE_CHECKING:
-    from durable_sandbox.cli.cluster import (
+    from durable_sandbox.runs.cluster import (
         ClusterEngine,  # needs the kubernetes extra: imported for --kube only
     )
 
@@ -48,9 +48,9 @@ async def open_client(settings: Settings) -> AsyncIterator[Engine | ClusterEngin
 
 
 def cluster_module() -> Any:
-    """:mod:`durable_sandbox.cli.cluster`, imported only for --kube: it needs the `kubernetes` extra."""
+    """:mod:`durable_sandbox.runs.cluster`, imported only for --kube: it needs the `kubernetes` extra."""
     try:
-        from durable_sandbox.cli import cluster
+        from durable_sandbox.runs import cluster
     except ImportError as exc:
         raise CliError(f"--kube needs the Kubernetes client: pip install 'durable-sandbox[kubernetes]' ({exc})") from None
     return cluster
