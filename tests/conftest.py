@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import time
-import types
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-import durable_sandbox.engine.context as context_mod
-import durable_sandbox.engine.driver as driver_mod
-import durable_sandbox.engine.executor as executor_mod
-import durable_sandbox.stores.sqlite as sqlite_mod
 from tests.clock import Clock
 from tests.fakes.fixtures import fake_e2b
 from tests.postgres.fixtures import install_if_selected, mark_postgres_tests, postgres_dsn, postgres_server
@@ -55,13 +49,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     """The wall clock of the engine's context, executor and run driver and of SqliteStore, moved by the test
     (``clock.advance``): TTLs, leases, timers and backoffs pass without waiting."""
-    c = Clock()
-    fake = types.SimpleNamespace(
-        time=c.time, monotonic=time.monotonic, sleep=time.sleep, perf_counter=time.perf_counter
-    )
-    for mod in (context_mod, driver_mod, executor_mod, sqlite_mod):
-        monkeypatch.setattr(mod, "time", fake)
-    return c
+    return Clock().install(monkeypatch)
 
 
 @pytest.fixture(scope="session")

@@ -2,89 +2,51 @@
 
 ``durable_sandbox.Engine`` is the engine with sandbox sessions wired in (``ctx.sandbox``); the bare
 engine (``durable_sandbox.engine.Engine``) knows nothing of sandboxes or providers.
+
+The public names resolve lazily (PEP 562): importing a submodule such as ``durable_sandbox.providers.contract``
+runs this file first, and a provider package must not pay for (or depend on) the engine it never uses.
+Code inside the package imports each name from its defining module, never from here.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from durable_sandbox.engine import (
-    CallbackTimeout,
-    Context,
-    NonDeterminismError,
-    ParallelError,
-    RetryPolicy,
-    RunNotFound,
-    RunState,
-    RunStatus,
-    SignalConflict,
-    StepFailed,
-    StepTimeout,
-    workflow,
-)
-from durable_sandbox.engine import Engine as _BareEngine
-from durable_sandbox.engine.executor import Unresolvable
-from durable_sandbox.workflows import sandbox_agent as _builtin_workflows  # noqa: F401 - registers sandbox-agent
+from durable_sandbox.lazy_names import lazy_names
+
+if TYPE_CHECKING:
+    from durable_sandbox.engine import (
+        CallbackTimeout,
+        Context,
+        NonDeterminismError,
+        ParallelError,
+        RetryPolicy,
+        RunState,
+        RunStatus,
+        SignalConflict,
+        StepFailed,
+        StepTimeout,
+        workflow,
+    )
+    from durable_sandbox.sandbox_engine import Engine
 
 __version__ = "0.1.0"
 
-
-class Engine(_BareEngine):
-    """The engine with ``ctx.sandbox`` wired to the sandbox sessions and the provider registry.
-
-    ``store`` defaults to the embedded :class:`~durable_sandbox.stores.SqliteStore` at
-    ``$DURABLE_SANDBOX_HOME/runs.db``. ``providers`` maps provider names to instances (or is a
-    callable ``name -> provider``); by default providers come from the registry.
-    """
-
-    def __init__(
-        self,
-        store: Any = None,
-        *,
-        providers: Any = None,
-        hibernate_after: float = 300.0,
-        extensions: Iterable[object] = (),
-        worker_id: str | None = None,
-        lease_ttl: float = 30.0,
-        inline_sleep_limit: float = 5.0,
-        unresolvable: Unresolvable = "leave",
-    ) -> None:
-        from durable_sandbox.sandboxes.journal import SandboxJournal
-        from durable_sandbox.sandboxes.session import SessionFactory
-        from durable_sandbox.stores import SqliteStore
-
-        factory = SessionFactory(providers)
-        super().__init__(
-            store if store is not None else SqliteStore(), sandbox_factory=factory, hooks=factory,
-            reader=SandboxJournal(),
-            hibernate_after=hibernate_after, extensions=extensions, worker_id=worker_id, lease_ttl=lease_ttl,
-            inline_sleep_limit=inline_sleep_limit, unresolvable=unresolvable,
-        )
-        self._session_factory = factory
-
-    async def aclose(self) -> None:
-        """Stop background runs; a run this process drove that now waits has its sandboxes hibernated
-        first (snapshot, then destroy), so a process that exits while a run waits leaks nothing."""
-        await super().aclose()
-        for run_id in sorted(self.driven):
-            # The run's head alone says whether it waits: a finished or deleted run (its journal may be half
-            # collected with its Workflow) is no business of this close, and no warning.
-            try:
-                run = await self.store.get_run(run_id)
-            except Exception:
-                continue  # unreadable now: a run that waits is hibernated by its next holder, or its lease ends
-            if run is None or run.status != RunStatus.WAITING:
-                continue  # deleted meanwhile (with its Workflow: its sandboxes were finalized then) or not waiting
-            try:
-                await self.hibernate(run_id)
-            except RunNotFound:
-                continue
-            except Exception as exc:  # a failed hibernation leaves the sandbox to its provider lease
-                logging.getLogger("durable_sandbox").warning("could not hibernate waiting run %s: %s", run_id, exc)
-        await self._session_factory.aclose()
-
+# public name -> the module that defines it
+_ORIGIN: dict[str, str] = {
+    "CallbackTimeout": "durable_sandbox.engine",
+    "Context": "durable_sandbox.engine",
+    "Engine": "durable_sandbox.sandbox_engine",
+    "NonDeterminismError": "durable_sandbox.engine",
+    "ParallelError": "durable_sandbox.engine",
+    "RetryPolicy": "durable_sandbox.engine",
+    "RunState": "durable_sandbox.engine",
+    "RunStatus": "durable_sandbox.engine",
+    "SignalConflict": "durable_sandbox.engine",
+    "StepFailed": "durable_sandbox.engine",
+    "StepTimeout": "durable_sandbox.engine",
+    "workflow": "durable_sandbox.engine",
+}
 
 __all__ = [
     "CallbackTimeout",
@@ -100,3 +62,6 @@ __all__ = [
     "StepTimeout",
     "workflow",
 ]
+
+
+__getattr__, __dir__ = lazy_names(__name__, globals(), _ORIGIN)

@@ -24,8 +24,8 @@ DECODING = re.compile(
 WRITERS_AND_OWNER = {"sandboxes/journal.py", "sandboxes/session.py"}
 # Documents of their own, not journal records: Kubernetes conditions, the Sandbox controller's status.operation.
 OTHER_SCHEMAS = {
-    ("cli/cluster.py", '(ready or {}).get("reason")'),
-    ("cli/cluster.py", 'failed.get("reason")'),
+    ("runs/cluster.py", '(ready or {}).get("reason")'),
+    ("runs/cluster.py", 'failed.get("reason")'),
     ("cli/render.py", 'row.get("reason")'),
     ("kube/sandbox/controller.py", 'op.get("snapshotId")'),
     ("kube/sandbox/controller.py", '(self._condition(view, "Suspended") or {}).get("reason")'),

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 import durable_sandbox
-from durable_sandbox.cli.errors import CliError
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.runs.errors import CliError
+from durable_sandbox.runs.session import Settings
 from durable_sandbox.stores import SqliteStore
 from durable_sandbox.ui.app import create_app
 from durable_sandbox.ui.local import LocalSource

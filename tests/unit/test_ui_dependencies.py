@@ -31,7 +31,7 @@ before = set(sys.modules)
 async def main(home):
     import durable_sandbox
     import durable_sandbox.cli.main, durable_sandbox.ui.server
-    from durable_sandbox.cli.session import Settings
+    from durable_sandbox.runs.session import Settings
     from durable_sandbox.stores import SqliteStore
     from durable_sandbox.ui.app import create_app
     from durable_sandbox.ui.local import LocalSource

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_USAGE
+from durable_sandbox.runs.errors import EXIT_FAILED, EXIT_USAGE
 
 __all__ = ["api_refusal"]
 

@@ -1,299 +1,62 @@
-"""`dsb --kube`: the same commands against a cluster, where the operator executes the runs.
+"""`dsb --kube run`: apply a manifest and follow each Workflow's run until it settles, shown as a local run is.
 
-:class:`ClusterEngine` offers what the commands call on a local engine (inspect, history, stream, runs,
-signal, cancel) for the runs of one namespace. Runs are read from the operator's journal (Journal objects
-through ``KubernetesStore``; with ``--store postgresql://...``, the PostgreSQL journal the operator was given
-with ``--journal``) with the engine's own ``RunClient``, exactly as the operator writes them, so inspect,
-history and logs print what they print locally. What steers a run is the Workflow's spec, as with kubectl: ``signal`` adds a key to
-``spec.signals``, ``cancel`` sets ``spec.cancel``; ``run`` applies the manifest (server-side) and follows the
-run. A run is named by its Workflow's name or by its run id (``<name>-<uid[:8]>``).
+The cluster's runs themselves (inspect, history, stream, runs, signal, cancel) are opened by
+:mod:`durable_sandbox.runs.cluster`, which the web view shares.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import json
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import click
 
 from durable_sandbox.cli.drive import with_display
-from durable_sandbox.cli.errors import CliError
 from durable_sandbox.cli.render import emit_data
-from durable_sandbox.cli.settings import Settings
-from durable_sandbox.engine import OperationRecord, RunNotFound, RunRecord, RunState, RunStatus
-from durable_sandbox.engine.client import RunClient
-from durable_sandbox.engine.errors import StoreError
-from durable_sandbox.engine.records import ErrorInfo
-from durable_sandbox.engine.store import Store
-from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.journals import ApiServerJournal, JournalChoice, PostgresJournal, open_journal
+from durable_sandbox.engine import RunState
 from durable_sandbox.kube.manifests import load_manifests
 from durable_sandbox.kube.models import Resource
-from durable_sandbox.kube.resources import SANDBOXES
-from durable_sandbox.kube.status import TERMINAL_PHASES
-from durable_sandbox.kube.workflow.ignored import RERUN_HINT
-from durable_sandbox.kube.workflows import NoSuchWorkflow, WorkflowClient, run_id_of
-from durable_sandbox.sandboxes.journal import SandboxJournal
+from durable_sandbox.kube.workflows import run_id_of
+from durable_sandbox.runs.cluster import POLL_SECONDS, ClusterEngine, not_started_state
+from durable_sandbox.runs.errors import CliError
+from durable_sandbox.runs.settings import Settings
 
-# How often a follower reads the run's objects: each read is a GET of the run's head ConfigMap.
-POLL_SECONDS = 0.5
 # Phases after which `dsb --kube run` stops following (the operator keeps a waiting run and resumes it).
 SETTLED_PHASES = frozenset({"Succeeded", "Failed", "Cancelled", "Waiting", "Suspended"})
 # How long `run` waits before saying that no operator has picked the Workflow up yet (it keeps waiting).
 NO_OPERATOR_HINT_SECONDS = 15.0
 
 
-def default_namespace() -> str:
-    """The namespace of the kubeconfig's current context, else ``default`` (as kubectl chooses)."""
-    import os
-
-    import yaml
-
-    path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path.home() / ".kube" / "config")
-    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError, TypeError):
-        config = yaml.safe_load(Path(path).read_text()) or {}
-        current = config.get("current-context")
-        for ctx in config.get("contexts") or []:
-            if ctx.get("name") == current:
-                return str((ctx.get("context") or {}).get("namespace") or "default")
-    return "default"
-
-
-@dataclass
-class ClusterEngine:
-    """The engine as `dsb` commands use it, for the runs of one namespace of a cluster."""
-
-    namespace: str
-    api: KubeClient
-    store: Store
-    workflows: WorkflowClient
-    journal: JournalChoice = field(default_factory=ApiServerJournal)
-
-    @classmethod
-    @contextlib.asynccontextmanager
-    async def open(cls, settings: Settings) -> AsyncIterator[ClusterEngine]:
-        ns = settings.namespace or default_namespace()
-        choice = journal_of(settings)
-        try:
-            api = await KubeClient.connect()
-        except RuntimeError as exc:
-            raise CliError(str(exc)) from None
-        try:
-            try:
-                stores = await open_journal(choice, api)
-            except StoreError as exc:
-                raise CliError(f"the operator's journal ({choice}): {exc}") from None
-            try:
-                yield cls(ns, api, stores.store_for(ns), WorkflowClient(api, ns), choice)
-            finally:
-                await stores.aclose()
-        finally:
-            await api.close()
-
-    @property
-    def client(self) -> RunClient:
-        return RunClient(self.store, reader=SandboxJournal())
-
-    # ------------------------------------------------------------------ naming
-
-    async def workflow(self, ref: str) -> dict[str, Any]:
-        try:
-            return await self.workflows.find(ref)
-        except NoSuchWorkflow as exc:
-            raise CliError(str(exc)) from None
-
-    async def run_id(self, ref: str) -> str:
-        """The run id of the Workflow named ``ref`` (or whose run id ``ref`` is)."""
-        return run_id_of(await self.workflow(ref))
-
-    async def _existing_run(self, ref: str) -> str:
-        rid = await self.run_id(ref)
-        if await self.store.get_run(rid) is None:
-            raise RunNotFound(
-                f"Workflow {self.namespace}/{ref} has no run in {self.journal} yet (run id {rid}): is an operator "
-                f"running? `kubectl describe workflow {ref} -n {self.namespace}` shows its conditions"
-                + ("; if the operator keeps its journal in PostgreSQL (--journal), give its URL: "
-                   "`dsb --kube --store postgresql://user@host/db ...`" if isinstance(self.journal, ApiServerJournal)
-                   else "")
-            )
-        return rid
-
-    # ------------------------------------------------------------------ what the commands call
-
-    async def inspect(self, ref: str) -> RunState:
-        obj = await self.workflow(ref)
+async def follow(cluster: ClusterEngine, name: str) -> RunState:
+    """Wait until the Workflow settles (finished, waiting or suspended) and return its run's state."""
+    started = time.monotonic()
+    hinted = False
+    while True:
+        obj = await cluster.workflows.get(name)
+        if obj is None:
+            raise CliError(f"Workflow {cluster.namespace}/{name} was deleted while it ran", code=1)
         rid = run_id_of(obj)
-        if await self.store.get_run(rid) is None:
-            return _not_started_state(rid, obj)  # pending, or refused (its Failed condition says why)
-        return await self.client.inspect(rid)
-
-    async def history(self, ref: str) -> list[OperationRecord]:
-        return await self.client.history(await self._existing_run(ref))
-
-    async def stream(self, ref: str, *, follow: bool = True) -> AsyncIterator[dict[str, Any]]:
-        rid = await self._existing_run(ref)
-        async for event in self.client.stream(rid, follow=follow, poll_interval=POLL_SECONDS):
-            yield event
-
-    async def runs(
-        self, *, status: Sequence[RunStatus] | None = None, workflow: str | None = None, limit: int = 100
-    ) -> list[RunRecord]:
-        """One run per Workflow, newest first: its run as the operator recorded it, or a pending one
-        for a Workflow the operator has not started yet."""
-        objects = await self.workflows.list()
-        recorded = {r.run_id: r for r in await self.store.list_runs(limit=100_000)}
-        out: list[RunRecord] = []
-        for obj in objects:
-            rid = run_id_of(obj)
-            run = recorded.get(rid) or _not_started(rid, obj)
-            if (not status or run.status in status) and (workflow is None or run.workflow == workflow):
-                out.append(run)
-        return sorted(out, key=lambda r: r.created_at, reverse=True)[:limit]
-
-    async def sandboxes(self) -> list[dict[str, Any]]:
-        """The namespace's Sandbox resources, oldest first (as kubectl lists them: by name within a second)."""
-        rows = [sandbox_summary(obj) for obj in await self.workflows.objects.list(SANDBOXES, self.namespace)]
-        return sorted(rows, key=lambda r: r["name"])
-
-    async def signal(self, ref: str, callback_id: str, value: Any = None) -> bool:
-        obj = await self.workflow(ref)
-        return await self.workflows.signal(obj["metadata"]["name"], callback_id, value)
-
-    async def cancel(self, ref: str, reason: str) -> RunState:
-        """Set spec.cancel; the operator cancels the run and cleans up. Returns the run as it is now."""
-        obj = await self.workflow(ref)
-        await self.workflows.cancel(obj["metadata"]["name"])
-        rid = await self.run_id(ref)
-        if await self.store.get_run(rid) is None:
-            return _not_started_state(rid, obj)
-        return await self.client.inspect(rid)
-
-    async def resume(self, ref: str, **_: Any) -> RunState:
-        try:
-            obj: dict[str, Any] | None = await self.workflow(ref)
-        except CliError:
-            obj = None  # no such Workflow: the answer below holds for it too
-        phase = ((obj or {}).get("status") or {}).get("phase")
-        if obj is not None and phase in TERMINAL_PHASES:
-            name = obj["metadata"]["name"]
-            retry = json.dumps({"spec": {"retry": {"maxAttempts": 2}}}, separators=(",", ":"))
-            raise CliError(
-                f"Workflow {name} is {phase.lower()}: a Workflow is one run, and a finished one is not run "
-                f"again; {RERUN_HINT} (`kubectl patch workflow {name} -n {self.namespace} --type merge "
-                f"-p '{retry}'`)"
+        status = obj.get("status") or {}
+        run = await cluster.store.get_run(rid)
+        phase = status.get("phase")
+        current = status.get("observedGeneration") in (None, obj["metadata"].get("generation"))
+        if phase in SETTLED_PHASES and current:
+            if run is None:  # rejected before a run existed (a policy, an invalid spec)
+                return not_started_state(rid, obj)
+            state = await cluster.client.inspect(rid)
+            if phase not in ("Waiting", "Suspended") or state.status not in ("pending", "running"):
+                return state
+        if run is None and not hinted and time.monotonic() - started > NO_OPERATOR_HINT_SECONDS:
+            hinted = True
+            click.echo(
+                f"warning: no operator has started Workflow {cluster.namespace}/{name} yet; is `dsb operator` "
+                f"running for this cluster? (still waiting; Ctrl-C stops waiting, the Workflow stays)",
+                err=True,
             )
-        raise CliError(
-            f"in a cluster the operator continues runs by itself (after a signal, a timer, a crash); "
-            f"`dsb --kube -n {self.namespace} logs -f {ref}` follows it"
-        )
-
-    # ------------------------------------------------------------------ run: apply and follow
-
-    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        return await self.workflows.apply(manifest)
-
-    async def follow(self, name: str) -> RunState:
-        """Wait until the Workflow settles (finished, waiting or suspended) and return its run's state."""
-        started = time.monotonic()
-        hinted = False
-        while True:
-            obj = await self.workflows.get(name)
-            if obj is None:
-                raise CliError(f"Workflow {self.namespace}/{name} was deleted while it ran", code=1)
-            rid = run_id_of(obj)
-            status = obj.get("status") or {}
-            run = await self.store.get_run(rid)
-            phase = status.get("phase")
-            current = status.get("observedGeneration") in (None, obj["metadata"].get("generation"))
-            if phase in SETTLED_PHASES and current:
-                if run is None:  # rejected before a run existed (a policy, an invalid spec)
-                    return _not_started_state(rid, obj)
-                state = await self.client.inspect(rid)
-                if phase not in ("Waiting", "Suspended") or state.status not in ("pending", "running"):
-                    return state
-            if run is None and not hinted and time.monotonic() - started > NO_OPERATOR_HINT_SECONDS:
-                hinted = True
-                click.echo(
-                    f"warning: no operator has started Workflow {self.namespace}/{name} yet; is `dsb operator` "
-                    f"running for this cluster? (still waiting; Ctrl-C stops waiting, the Workflow stays)",
-                    err=True,
-                )
-            await asyncio.sleep(POLL_SECONDS)
-
-
-def journal_of(settings: Settings) -> JournalChoice:
-    """Where `dsb --kube` reads runs: the API server's Journal objects, or, given ``--store postgresql://...``,
-    the operator's PostgreSQL journal (the URL its --journal got; each namespace has its schema under it)."""
-    if not settings.store_given:
-        return ApiServerJournal()  # not $DSB_STORE: that names the local store of `dsb` without --kube
-    if not settings.postgres:
-        raise CliError(f"--store {settings.store_label}: with --kube, --store names the operator's PostgreSQL "
-                       f"journal (postgresql://user@host/db, as given to `dsb operator --journal`); a run in a "
-                       f"cluster is never in a local file")
-    return PostgresJournal(dsn=settings.location, pool_size=2)
-
-
-def _created_at(obj: dict[str, Any]) -> float:
-    import datetime as dt
-
-    stamp = obj["metadata"].get("creationTimestamp")
-    if not stamp:
-        return time.time()
-    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def sandbox_summary(obj: dict[str, Any]) -> dict[str, Any]:
-    """One Sandbox as `dsb --kube sandboxes` shows it (the columns of `kubectl get dsbx`, and who holds it)."""
-    spec, status = obj.get("spec") or {}, obj.get("status") or {}
-    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
-    return {
-        "name": obj["metadata"]["name"],
-        "phase": status.get("phase") or "Pending",
-        # Display only: the provider the operator pinned (its default when the spec names none), else the spec's.
-        "provider": status.get("provider") or spec.get("provider") or "-",
-        "ready": (ready or {}).get("status") or "Unknown",
-        "reason": (ready or {}).get("reason"),
-        "holder": status.get("holder"),  # the Workflow running in it (spec.sandboxRef)
-        "suspend": bool(spec.get("suspend")),
-        "providerId": status.get("providerId"),
-        "snapshots": list(status.get("snapshots") or []),
-        "createdAt": obj["metadata"].get("creationTimestamp"),
-        "created": _created_at(obj),
-    }
-
-
-def _workflow_name(obj: dict[str, Any]) -> str:
-    spec = obj.get("spec") or {}
-    return str(spec.get("entrypoint") or "sandbox-agent")
-
-
-def _not_started(rid: str, obj: dict[str, Any]) -> RunRecord:
-    """A Workflow the operator has not started (or has refused): its status says why."""
-    status = obj.get("status") or {}
-    failed = next(
-        (c for c in status.get("conditions") or [] if c.get("type") == "Failed" and c.get("status") == "True"), None
-    )
-    created = _created_at(obj)
-    if failed is not None:
-        error = ErrorInfo(type=str(failed.get("reason") or "Failed"), message=str(failed.get("message") or ""))
-        return RunRecord(rid, _workflow_name(obj), RunStatus.FAILED, error=error, created_at=created, updated_at=created)
-    return RunRecord(rid, _workflow_name(obj), RunStatus.PENDING, created_at=created, updated_at=created)
-
-
-def _not_started_state(rid: str, obj: dict[str, Any]) -> RunState:
-    run = _not_started(rid, obj)
-    return RunState(
-        run_id=run.run_id, workflow=run.workflow, status=run.status.value,
-        error=run.error.to_json() if run.error else None, created_at=run.created_at, updated_at=run.updated_at,
-    )  # fmt: skip
+        await asyncio.sleep(POLL_SECONDS)
 
 
 def load(target: str) -> list[Resource]:
@@ -322,7 +85,7 @@ async def run_manifest(settings: Settings, resources: list[Resource], *, detach:
             if detach:
                 continue
             states.append(
-                await with_display(cluster, settings, rid, f"Workflow/{name}", functools.partial(cluster.follow, name))
+                await with_display(cluster, settings, rid, f"Workflow/{name}", functools.partial(follow, cluster, name))
             )
         if detach and settings.output == "table":
             click.echo(f"follow with `{settings.dsb()} logs -f NAME`, inspect with `{settings.dsb()} inspect NAME`")

@@ -10,14 +10,14 @@ from typing import Protocol
 import click
 
 from durable_sandbox.cli import render
-from durable_sandbox.cli.envfiles import LocalEnvValues
-from durable_sandbox.cli.errors import Interrupted
 from durable_sandbox.cli.progress import make_display, positions, watch
-from durable_sandbox.cli.settings import Settings
 from durable_sandbox.cli.targets import RunPlan
 from durable_sandbox.engine import Engine, LeaseHeld, RunRecord, RunState, RunStatus, Store
 from durable_sandbox.engine.driver import LocalDriver, RunPolicy
 from durable_sandbox.engine.owner import describe_owner
+from durable_sandbox.runs.envfiles import LocalEnvValues
+from durable_sandbox.runs.errors import Interrupted
+from durable_sandbox.runs.settings import Settings
 from durable_sandbox.workflows.sandbox_agent import AgentServices
 
 # Finished for good: running the same manifest again reports these instead of running anything.

@@ -8,10 +8,10 @@ from typing import Any
 import click
 
 from durable_sandbox.cli import render
-from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import RunRecord
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.kube.plan import RunPlan
+from durable_sandbox.runs.settings import Settings
 
 
 def plan_doc(plan: RunPlan, existing: RunRecord | None) -> dict[str, Any]:

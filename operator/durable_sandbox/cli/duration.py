@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from durable_sandbox.cli.errors import CliError
+from durable_sandbox.runs.errors import CliError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")

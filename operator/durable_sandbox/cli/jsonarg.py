@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from durable_sandbox.cli.errors import CliError
 from durable_sandbox.kube.manifests import MAX_DEPTH
+from durable_sandbox.runs.errors import CliError
 
 
 def nesting_depth(value: Any) -> int:

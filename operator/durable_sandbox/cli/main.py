@@ -17,8 +17,6 @@ from typing import Any
 import click
 
 from durable_sandbox.cli.api_errors import api_refusal
-from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_LEASE_HELD, EXIT_USAGE, CliError, Interrupted
-from durable_sandbox.cli.settings import Settings
 from durable_sandbox.cli.targets import add_cwd_to_path
 from durable_sandbox.engine import (
     LeaseHeld,
@@ -33,6 +31,8 @@ from durable_sandbox.engine import (
 )
 from durable_sandbox.engine.errors import StoreUnavailable
 from durable_sandbox.kube.manifests import ManifestError
+from durable_sandbox.runs.errors import EXIT_FAILED, EXIT_LEASE_HELD, EXIT_USAGE, CliError, Interrupted
+from durable_sandbox.runs.settings import Settings
 
 OUTPUTS = ["table", "wide", "json", "yaml"]
 

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from durable_sandbox.cli.errors import CliError
 from durable_sandbox.kube import plan
 from durable_sandbox.kube.manifests import ManifestError, load_manifests
 from durable_sandbox.kube.plan import WORKFLOW_LABEL, RunPlan
 from durable_sandbox.kube.preflight import sandbox_problems
+from durable_sandbox.runs.errors import CliError
 
 # Run ids are typed back in commands (`dsb resume ID`): not empty, no whitespace or control characters.
 RUN_ID = re.compile(r"^[^\s\x00-\x1f\x7f]{1,253}$")

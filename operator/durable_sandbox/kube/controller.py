@@ -39,7 +39,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import durable_sandbox
 from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.concurrency import RunSlots
 from durable_sandbox.kube.events import EventRecorder
@@ -60,6 +59,7 @@ from durable_sandbox.kube.workflow.settings import OperatorPolicy, OperatorSetti
 from durable_sandbox.kube.workflow.shutdown import shutdown
 from durable_sandbox.kube.workflow.turn import Turn
 from durable_sandbox.kube.workflow.wing import Wing
+from durable_sandbox.sandbox_engine import Engine
 
 __all__ = ["Operator", "OperatorPolicy", "OperatorSettings"]
 
@@ -142,7 +142,7 @@ class Operator:
     def provider_for(self, name: str) -> Any:
         return self.engines.provider(name)
 
-    def engine_for(self, namespace: str) -> durable_sandbox.Engine:
+    def engine_for(self, namespace: str) -> Engine:
         return self.engines.engine_for(namespace)
 
     def status_of(self, view: RunView) -> dict[str, Any]:

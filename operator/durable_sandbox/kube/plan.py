@@ -12,7 +12,7 @@ half-started run (or a provisioned sandbox) behind. Where the two differ, it is 
   reference, never the value (the operator hands values to the sandbox at provision time). Literal
   ``value``s (and a call's ``env``) are kept out of the input too (``RunPlan.env_values``): the engine
   that drives the run needs ``AgentServices.env_values`` returning them by run id (`dsb run` keeps them
-  beside its store, see ``cli/envfiles.py``; the operator re-plans the Workflow object).
+  beside its store, see ``runs/envfiles.py``; the operator re-plans the Workflow object).
 - ``ttlSecondsAfterFinished``/``suspend`` only mean something in the cluster.
 - a sandbox that names no provider: ``local`` for `dsb run`; in the cluster the operator decides
   (``kube/provider_choice.py``: the provider its journal pinned, else its ``--default-provider``) and passes it

@@ -1,6 +1,6 @@
 """A cluster's runs for the web view (``dsb --kube ui``): the Workflows of one namespace.
 
-Everything goes through ``cli.cluster.ClusterEngine``, the client ``dsb --kube`` uses, with the caller's
+Everything goes through ``runs.cluster.ClusterEngine``, the client ``dsb --kube`` uses, with the caller's
 kubeconfig: the list is the Workflows' status (what ``kubectl get dwf`` shows; one LIST), a run's journal
 and events are read through ``KubernetesStore`` exactly as the operator writes them, and the Workflow's
 own Kubernetes Events are added to its timeline. The view steers a run only through the Workflow's spec,
@@ -17,10 +17,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from durable_sandbox.cli.cluster import ClusterEngine
 from durable_sandbox.engine import Event, OperationRecord, RunStatus, Store
 from durable_sandbox.kube.client import ApiException, json_body
 from durable_sandbox.kube.workflows import run_id_of
+from durable_sandbox.runs.cluster import ClusterEngine
 from durable_sandbox.sandboxes.summary import summarize
 from durable_sandbox.ui.source import (
     Action,

@@ -1,4 +1,4 @@
-"""The local store's runs for the web view: the engine ``dsb`` opens (``cli.session.open_engine``).
+"""The local store's runs for the web view: the engine ``dsb`` opens (``runs.session.open_engine``).
 
 Actions do what the ``dsb`` commands do: a signal is ``dsb signal`` (the engine's ``signal``), a cancel is
 ``dsb cancel`` (the engine's ``cancel``: a waiting run's sandbox cleanup runs in this process), and a resume
@@ -15,12 +15,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import durable_sandbox
-from durable_sandbox.cli.detach import background, log_path
-from durable_sandbox.cli.session import Settings
 from durable_sandbox.engine import Event, OperationRecord, RunRecord, RunStatus, Store
 from durable_sandbox.engine.owner import describe_owner
 from durable_sandbox.kube.plan import WORKFLOW_LABEL
+from durable_sandbox.runs.detach import background, log_path
+from durable_sandbox.runs.session import Settings
+from durable_sandbox.sandbox_engine import Engine
 from durable_sandbox.sandboxes.summary import summarize, total_calls
 from durable_sandbox.ui.sandboxes import SessionFold
 from durable_sandbox.ui.source import (
@@ -58,7 +58,7 @@ class LocalSource:
     mode: Literal["local"] = "local"
     poll_seconds = 0.25
 
-    def __init__(self, engine: durable_sandbox.Engine, settings: Settings) -> None:
+    def __init__(self, engine: Engine, settings: Settings) -> None:
         self.engine = engine
         self.settings = settings
         self._digests: dict[str, RunDigest] = {}

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Callable
 
 import uvicorn
 
-from durable_sandbox.cli.errors import CliError
-from durable_sandbox.cli.session import Settings, cluster_module, open_engine
+from durable_sandbox.runs.errors import CliError
+from durable_sandbox.runs.session import Settings, cluster_module, open_engine
 from durable_sandbox.ui.app import create_app
 from durable_sandbox.ui.local import LocalSource
 from durable_sandbox.ui.security import Guard, is_loopback

@@ -14,8 +14,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from durable_sandbox.cli.errors import CliError
 from durable_sandbox.engine import RunNotFound, RunStatus
+from durable_sandbox.runs.errors import CliError
 from durable_sandbox.ui.live import Timelines
 from durable_sandbox.ui.render import environment
 from durable_sandbox.ui.security import Guard

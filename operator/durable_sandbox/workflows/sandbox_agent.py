@@ -387,7 +387,7 @@ class AgentServices:
     """What the process driving sandbox-agent runs hands them, by run id: values that are never stored (an
     extension value of the engine: ``Engine(extensions=[AgentServices(...)])``)."""
 
-    # run id -> the literal env values kept out of its stored input (`dsb run`: cli/envfiles.py; the operator
+    # run id -> the literal env values kept out of its stored input (`dsb run`: runs/envfiles.py; the operator
     # re-plans the Workflow object)
     env_values: Callable[[str], Mapping[str, str] | None] | None = None
     # run id -> the Secret values its sandbox env references (the operator reads them just before it executes)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from durable_sandbox.cli.errors import EXIT_FAILED
 from durable_sandbox.kube.journal_key import (
     DEFAULT_SECRET_NAME,
     default_location,
@@ -21,6 +20,7 @@ from durable_sandbox.kube.journal_key_readers import (
     readers_problem,
     served_namespace_problem,
 )
+from durable_sandbox.runs.errors import EXIT_FAILED
 from tests.dsb import dsb
 
 

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 import click
 
 from durable_sandbox.cli import render
-from durable_sandbox.cli.errors import EXIT_WAITING, Interrupted, exit_code_for
-from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import RunState
+from durable_sandbox.runs.errors import EXIT_WAITING, Interrupted, exit_code_for
+from durable_sandbox.runs.settings import Settings
 
 T = TypeVar("T")
 

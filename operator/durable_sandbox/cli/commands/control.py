@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-import durable_sandbox
 from durable_sandbox.cli import drive, render
 from durable_sandbox.cli.commands.common import pass_settings, report_outcome, run_async
-from durable_sandbox.cli.errors import EXIT_OK, CliError
 from durable_sandbox.cli.jsonarg import parse_json
-from durable_sandbox.cli.session import open_client, open_engine
-from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import RunState
+from durable_sandbox.runs.errors import EXIT_OK, CliError
+from durable_sandbox.runs.session import open_client, open_engine
+from durable_sandbox.runs.settings import Settings
+from durable_sandbox.sandbox_engine import Engine
 from durable_sandbox.sandboxes.journal import answer_problem
 
 
@@ -68,7 +68,7 @@ def signal(settings: Settings, run_id: str, callback_id: str, value_json: str, t
             pending = [cb.id for cb in state.pending_callbacks]
             new = await engine.signal(run_id, callback_id, value)
             after = None
-            if then_resume and isinstance(engine, durable_sandbox.Engine):
+            if then_resume and isinstance(engine, Engine):
                 if settings.output == "table":  # said first: the resume may not get far (its code not importable here)
                     click.echo(f"signalled {callback_id} of run {run_id}" + ("" if new else " (already had this value)"))
                 after = await drive.resume_run(engine, settings, run_id)

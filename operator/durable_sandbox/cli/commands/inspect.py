@@ -6,9 +6,9 @@ import click
 
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
-from durable_sandbox.cli.session import open_client
-from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import OperationRecord, RunState
+from durable_sandbox.runs.session import open_client
+from durable_sandbox.runs.settings import Settings
 
 
 @click.command("inspect")

@@ -8,10 +8,10 @@ import click
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, report_outcome, run_async
 from durable_sandbox.cli.duration import parse_duration
-from durable_sandbox.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, CliError
-from durable_sandbox.cli.session import open_engine
-from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import RunState
+from durable_sandbox.runs.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, CliError
+from durable_sandbox.runs.session import open_engine
+from durable_sandbox.runs.settings import Settings
 
 
 @click.command("wait")

@@ -9,8 +9,8 @@ import click
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
 from durable_sandbox.cli.progress import make_display
-from durable_sandbox.cli.session import open_client
-from durable_sandbox.cli.settings import Settings
+from durable_sandbox.runs.session import open_client
+from durable_sandbox.runs.settings import Settings
 
 
 @click.command()

@@ -7,8 +7,8 @@ import asyncio
 import click
 
 from durable_sandbox.cli.commands.common import pass_settings
-from durable_sandbox.cli.errors import CliError
-from durable_sandbox.cli.settings import Settings
+from durable_sandbox.runs.errors import CliError
+from durable_sandbox.runs.settings import Settings
 
 
 @click.command("mcp")

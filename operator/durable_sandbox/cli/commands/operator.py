@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from durable_sandbox.cli.errors import EXIT_FAILED, CliError
+from durable_sandbox.runs.errors import EXIT_FAILED, CliError
 
 if TYPE_CHECKING:
     from durable_sandbox.kube.journals import JournalChoice
@@ -189,9 +189,9 @@ def _session_api(namespaces: tuple[str, ...], *, port: int, host: str, cert: str
 def _journal_key(location: str | None, served: tuple[str, ...]) -> bytes:
     """The journal key (kube/journal_key.py), refused when others can read it where that can be told
     (kube/journal_key_readers.py)."""
-    from durable_sandbox.cli.cluster import default_namespace
     from durable_sandbox.kube import journal_key
     from durable_sandbox.kube.journal_key_readers import readers_of, readers_problem, served_namespace_problem
+    from durable_sandbox.runs.cluster import default_namespace
 
     try:
         namespace, name = (journal_key.parse_location(location, default_namespace) if location

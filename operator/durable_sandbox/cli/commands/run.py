@@ -6,14 +6,14 @@ import click
 
 from durable_sandbox.cli import drive, dryrun
 from durable_sandbox.cli.commands.common import outcome_code, pass_settings, report_outcome, run_async, worst
-from durable_sandbox.cli.detach import spawn
-from durable_sandbox.cli.errors import EXIT_OK, CliError
 from durable_sandbox.cli.jsonarg import read_input
 from durable_sandbox.cli.render import emit_data, state_doc
-from durable_sandbox.cli.session import cluster_module, open_engine, open_local_store
-from durable_sandbox.cli.settings import Settings
 from durable_sandbox.cli.targets import RunPlan, is_manifest, plan_entrypoint, plan_manifest
 from durable_sandbox.engine import RunRecord, RunState
+from durable_sandbox.runs.detach import spawn
+from durable_sandbox.runs.errors import EXIT_OK, CliError
+from durable_sandbox.runs.session import cluster_module, open_engine, open_local_store
+from durable_sandbox.runs.settings import Settings
 
 
 @click.command()
@@ -88,7 +88,9 @@ def _run_in_cluster(
     if given:
         raise CliError(f"{', '.join(given)}: not with --kube (the run id is <name>-<uid[:8]>; the manifest "
                        f"carries spec.input; `kubectl apply --dry-run=server -f FILE` checks a manifest)")
-    cluster = cluster_module()
+    cluster_module()  # the kubernetes extra, or a usage error that names it
+    from durable_sandbox.cli import cluster
+
     states = run_async(cluster.run_manifest(settings, cluster.load(target), detach=detach))
     ctx = click.get_current_context()
     if detach:

@@ -8,8 +8,8 @@ import sys
 import click
 
 from durable_sandbox.cli.commands.common import pass_settings
-from durable_sandbox.cli.errors import EXIT_FAILED, CliError
-from durable_sandbox.cli.settings import Settings
+from durable_sandbox.runs.errors import EXIT_FAILED, CliError
+from durable_sandbox.runs.settings import Settings
 
 
 @click.group()

@@ -9,9 +9,9 @@ import click
 
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
-from durable_sandbox.cli.errors import CliError
-from durable_sandbox.cli.session import cluster_module
-from durable_sandbox.cli.settings import Settings
+from durable_sandbox.runs.errors import CliError
+from durable_sandbox.runs.session import cluster_module
+from durable_sandbox.runs.settings import Settings
 
 
 @click.command()

@@ -7,7 +7,7 @@ import asyncio
 import click
 
 from durable_sandbox.cli.commands.common import pass_settings
-from durable_sandbox.cli.session import Settings
+from durable_sandbox.runs.session import Settings
 
 
 @click.command("ui")

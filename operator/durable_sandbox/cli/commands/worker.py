@@ -12,10 +12,10 @@ import click
 
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
-from durable_sandbox.cli.errors import EXIT_OK
-from durable_sandbox.cli.session import open_engine
-from durable_sandbox.cli.settings import Settings
 from durable_sandbox.engine import RunRecord
+from durable_sandbox.runs.errors import EXIT_OK
+from durable_sandbox.runs.session import open_engine
+from durable_sandbox.runs.settings import Settings
 
 
 @click.command()

@@ -18,7 +18,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import durable_sandbox
 from durable_sandbox.engine import JournalDamaged, LeaseHeld
 from durable_sandbox.kube.errors import CleanupPending
 from durable_sandbox.kube.events import LifecycleEvent
@@ -27,6 +26,7 @@ from durable_sandbox.kube.workflow.finished import let_go
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.wing import Wing
 from durable_sandbox.providers.contract import Capability, tag_key
+from durable_sandbox.sandbox_engine import Engine
 from durable_sandbox.sandboxes import journal
 
 __all__ = ["Cleanup"]
@@ -73,7 +73,7 @@ class Cleanup:
             await self._blocked(view, body, f"cleanup of run {run_id} is blocked: {type(exc).__name__}: {exc}", delay)
         await self._done(view, body)
 
-    async def _cancel(self, view: RunView, body: Mapping[str, Any], engine: durable_sandbox.Engine,
+    async def _cancel(self, view: RunView, body: Mapping[str, Any], engine: Engine,
                       requested: str | None, delay: float) -> None:
         run_id = view.run_id
         if not requested:
@@ -86,7 +86,7 @@ class Cleanup:
         except Exception as exc:
             await self._blocked(view, body, f"cleanup of run {run_id} is blocked: {type(exc).__name__}: {exc}", delay)
 
-    async def _delete_retained(self, engine: durable_sandbox.Engine, run_id: str, body: Mapping[str, Any]) -> None:
+    async def _delete_retained(self, engine: Engine, run_id: str, body: Mapping[str, Any]) -> None:
         """A succeeded run's retained snapshots (retainLatestSnapshot) outlive the run, not its Workflow: the
         finalized sessions skip them, so they go here (deleting a snapshot is idempotent). The journal names
         them (each session's finalize record), not status: status is a projection, and a replica that did
@@ -110,7 +110,7 @@ class Cleanup:
             async with self.wing.engines.provider_for_once(provider) as made:
                 await made.delete_snapshot(kept.snapshot_id)
 
-    async def _finalize_leftovers(self, engine: durable_sandbox.Engine, run_id: str) -> None:
+    async def _finalize_leftovers(self, engine: Engine, run_id: str) -> None:
         executor = engine.executor
         hooks = executor.hooks
         if hooks is None:

@@ -10,7 +10,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-import durable_sandbox
 from durable_sandbox.engine import JournalDamaged
 from durable_sandbox.kube.client import KubeClient
 from durable_sandbox.kube.holder_processes import HolderProcesses
@@ -24,6 +23,7 @@ from durable_sandbox.kube.workflow.refusal_notices import refusal_hold
 from durable_sandbox.kube.workflow.runs import Runs, RunView
 from durable_sandbox.kube.workflow.settings import OperatorPolicy, OperatorSettings
 from durable_sandbox.providers.contract import INSTALLATION_LABEL, ConfigurationError, SandboxHandle
+from durable_sandbox.sandbox_engine import Engine
 from durable_sandbox.sandboxes.session import SandboxServices
 from durable_sandbox.workflows.sandbox_agent import AgentServices
 
@@ -43,13 +43,13 @@ class Engines:
         self.journals = journals  # each namespace's store: the API server's Journal objects or PostgreSQL
         self.holding: Holding | None = None  # set by the Operator (it needs run_live, from here)
 
-    def engine_for(self, namespace: str) -> durable_sandbox.Engine:
+    def engine_for(self, namespace: str) -> Engine:
         engine = self.runs.engines.get(namespace)
         if engine is None:
             store = ObservedStore(self.journals.store_for(namespace),
                                   self.publisher.observed,
                                   self.publisher.event_interval, self.publisher.read)
-            engine = durable_sandbox.Engine(
+            engine = Engine(
                 store,
                 worker_id=self.settings.worker_id,
                 lease_ttl=self.settings.lease_ttl,

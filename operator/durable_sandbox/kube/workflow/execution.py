@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import durable_sandbox
 from durable_sandbox.engine import LeaseHeld, NotRunnableHere, RunStatus
 from durable_sandbox.engine.errors import RunNotFound, StoreUnavailable
 from durable_sandbox.kube.client import brief, is_transient
@@ -35,6 +34,7 @@ from durable_sandbox.kube.workflow.parking import Outcome, Park, wait_or_park
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.steering import sync_spec
 from durable_sandbox.kube.workflow.wing import Wing
+from durable_sandbox.sandbox_engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class _Executing:
     """One execution of a run in this task, from the slot to the end."""
 
     view: RunView
-    engine: durable_sandbox.Engine
+    engine: Engine
     plan: RunPlan
     deadline: float | None
     task: asyncio.Task[Any] = field(init=False)
@@ -75,7 +75,7 @@ class Execution:
     def _stopping(self) -> bool:
         return self.runs.stopped.is_set() or self.runs.stopping
 
-    async def drive(self, view: RunView, engine: durable_sandbox.Engine, plan: RunPlan,
+    async def drive(self, view: RunView, engine: Engine, plan: RunPlan,
                     deadline: float | None) -> Outcome:
         """Execute the run here if its lease is free; meanwhile keep the spec flowing to it."""
         delay = self.claim_delay()

@@ -12,7 +12,7 @@ from durable_sandbox.kube.objects import ObjectView
 from durable_sandbox.kube.status import Extra, Projection, StatusWriter
 
 if TYPE_CHECKING:
-    import durable_sandbox
+    from durable_sandbox.sandbox_engine import Engine
 
 __all__ = ["Parked", "RunView", "Runs"]
 
@@ -60,7 +60,7 @@ class Runs:
     views: dict[str, RunView] = field(default_factory=dict)
     active: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     parked: dict[str, Parked] = field(default_factory=dict)
-    engines: dict[str, durable_sandbox.Engine] = field(default_factory=dict)  # namespace -> its engine
+    engines: dict[str, Engine] = field(default_factory=dict)  # namespace -> its engine
     secrets: dict[str, dict[tuple[str, str], str]] = field(default_factory=dict)
     env_values: dict[str, dict[str, str]] = field(default_factory=dict)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)  # set when the replica stops

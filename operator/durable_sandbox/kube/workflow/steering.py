@@ -7,19 +7,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-import durable_sandbox
 from durable_sandbox.engine import SignalConflict
 from durable_sandbox.kube.events import LifecycleEvent
 from durable_sandbox.kube.models import WorkflowResource, without_refused_signals
 from durable_sandbox.kube.workflow.publishing import Publisher
 from durable_sandbox.kube.workflow.runs import RunView
+from durable_sandbox.sandbox_engine import Engine
 
 __all__ = ["sync_spec"]
 
 _MISSING = object()
 
 
-async def sync_spec(view: RunView, engine: durable_sandbox.Engine, publisher: Publisher) -> WorkflowResource | None:
+async def sync_spec(view: RunView, engine: Engine, publisher: Publisher) -> WorkflowResource | None:
     """Bring spec.signals and spec.cancel to the run (a signal is stored once); the spec as validated, or
     None when it is invalid (admission has said why)."""
     body, refused = without_refused_signals(dict(view.body))

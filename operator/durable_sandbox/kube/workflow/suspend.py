@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import contextlib
 
-import durable_sandbox
 from durable_sandbox.engine import LeaseHeld, RunStatus
 from durable_sandbox.kube.workflow.runs import RunView
+from durable_sandbox.sandbox_engine import Engine
 
 __all__ = ["suspend"]
 
 
-async def suspend(view: RunView, engine: durable_sandbox.Engine) -> bool:
+async def suspend(view: RunView, engine: Engine) -> bool:
     """Snapshot and destroy the run's sandboxes (hibernate) and mark it suspended, under its lease. False when
     its lease is held elsewhere."""
     executor = engine.executor

@@ -16,7 +16,6 @@ import contextlib
 import logging
 import time
 
-import durable_sandbox
 from durable_sandbox.engine import LeaseHeld, RunStatus
 from durable_sandbox.engine.driver import decide, time_out
 from durable_sandbox.engine.errors import JournalDamaged, StoreRefused, StoreUnavailable
@@ -34,6 +33,7 @@ from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.steering import sync_spec
 from durable_sandbox.kube.workflow.suspend import suspend
 from durable_sandbox.kube.workflow.wing import Wing
+from durable_sandbox.sandbox_engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class Turn:
         self.publisher.republish(view)
         return plan
 
-    async def step(self, view: RunView, engine: durable_sandbox.Engine, plan: RunPlan) -> Outcome:
+    async def step(self, view: RunView, engine: Engine, plan: RunPlan) -> Outcome:
         """One turn of the daemon: bring the spec to the run, then do the run driver's next step (execute,
         cancel at the deadline, wait for a backoff or a timer, suspend or resume, finish)."""
         wf = await sync_spec(view, engine, self.publisher)
@@ -184,7 +184,7 @@ class Turn:
             return await self._waiting(view, engine, plan, run, step.at)
         return await self.execution.drive(view, engine, plan, step.deadline)
 
-    async def _suspended(self, view: RunView, engine: durable_sandbox.Engine, run: RunRecord) -> Outcome:
+    async def _suspended(self, view: RunView, engine: Engine, run: RunRecord) -> Outcome:
         if run.status != RunStatus.SUSPENDED and not await suspend(view, engine):
             # Its lease is held: by a replica executing it (which stops at the next boundary), or by one
             # that died or was cut off from the API server (the lease expires). Look again shortly: waiting
@@ -195,7 +195,7 @@ class Turn:
         await self._wait(view, None, "suspended")
         return "again"
 
-    async def _waiting(self, view: RunView, engine: durable_sandbox.Engine, plan: RunPlan, run: RunRecord,
+    async def _waiting(self, view: RunView, engine: Engine, plan: RunPlan, run: RunRecord,
                        due: float | None) -> Outcome:
         """A run waiting on a signal or a timer (``due``: its wake time or its deadline, whichever is first):
         its sandbox is hibernated once it has waited long enough, and the run is parked until then."""

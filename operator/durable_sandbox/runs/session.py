@@ -7,16 +7,16 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import durable_sandbox
-from durable_sandbox.cli.envfiles import LocalEnvValues
-from durable_sandbox.cli.errors import CliError
-from durable_sandbox.cli.settings import STORE_ENV, Settings
 from durable_sandbox.engine import Store, StoreError
+from durable_sandbox.runs.envfiles import LocalEnvValues
+from durable_sandbox.runs.errors import CliError
+from durable_sandbox.runs.settings import STORE_ENV, Settings
+from durable_sandbox.sandbox_engine import Engine
 from durable_sandbox.stores.locations import open_store
 from durable_sandbox.workflows.sandbox_agent import AgentServices
 
 if TYPE_CHECKING:
-    from durable_sandbox.cli.cluster import (
+    from durable_sandbox.runs.cluster import (
         ClusterEngine,  # needs the kubernetes extra: imported for --kube only
     )
 
@@ -36,7 +36,7 @@ def check_store(settings: Settings, *, create: bool) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_client(settings: Settings) -> AsyncIterator[durable_sandbox.Engine | ClusterEngine]:
+async def open_client(settings: Settings) -> AsyncIterator[Engine | ClusterEngine]:
     """What inspect, history, logs, runs, signal and cancel work against: the local store's engine, or
     with --kube the cluster's runs (same methods, same results)."""
     if not settings.kube:
@@ -48,9 +48,9 @@ async def open_client(settings: Settings) -> AsyncIterator[durable_sandbox.Engin
 
 
 def cluster_module() -> Any:
-    """:mod:`durable_sandbox.cli.cluster`, imported only for --kube: it needs the `kubernetes` extra."""
+    """:mod:`durable_sandbox.runs.cluster`, imported only for --kube: it needs the `kubernetes` extra."""
     try:
-        from durable_sandbox.cli import cluster
+        from durable_sandbox.runs import cluster
     except ImportError as exc:
         raise CliError(f"--kube needs the Kubernetes client: pip install 'durable-sandbox[kubernetes]' ({exc})") from None
     return cluster
@@ -67,7 +67,7 @@ async def open_local_store(settings: Settings) -> Store:
 
 
 @contextlib.asynccontextmanager
-async def open_engine(settings: Settings, *, create: bool = False) -> AsyncIterator[durable_sandbox.Engine]:
+async def open_engine(settings: Settings, *, create: bool = False) -> AsyncIterator[Engine]:
     if settings.kube:
         raise CliError(
             "this command works on the local store; in a cluster the operator executes runs (with --kube: run, "
@@ -76,7 +76,7 @@ async def open_engine(settings: Settings, *, create: bool = False) -> AsyncItera
     check_store(settings, create=create)
     store = await open_local_store(settings)
     env_values = LocalEnvValues(settings.store_path)
-    engine = durable_sandbox.Engine(store, extensions=[AgentServices(env_values=env_values)])
+    engine = Engine(store, extensions=[AgentServices(env_values=env_values)])
     try:
         yield engine
     finally:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from durable_sandbox.cli.settings import STORE_ENV, Settings
+from durable_sandbox.runs.settings import STORE_ENV, Settings
 
 
 def log_path(settings: Settings) -> Path:

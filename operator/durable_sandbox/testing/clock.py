@@ -1,0 +1,51 @@
+"""A wall clock tests move instead of waiting: TTLs, timers, leases and backoffs pass without sleeping."""
+
+from __future__ import annotations
+
+import importlib
+import time
+import types
+from typing import Protocol
+
+__all__ = ["FakeClock"]
+
+_real_time = time.time
+
+# The modules whose ``time`` is the engine's wall clock: the context (timers, ``ctx.now``), the run driver
+# (deadlines, retry backoff), the executor (leases, hibernation) and SqliteStore (cache expiry, due runs).
+CLOCKED_MODULES = (
+    "durable_sandbox.engine.context",
+    "durable_sandbox.engine.driver",
+    "durable_sandbox.engine.executor",
+    "durable_sandbox.stores.sqlite",
+)
+
+
+class Patcher(Protocol):
+    """What ``install`` needs to swap a module attribute and put it back (``pytest.MonkeyPatch`` is one)."""
+
+    def setattr(self, target: object, name: str, value: object) -> None: ...
+
+
+class FakeClock:
+    """The engine's wall clock as real time plus an offset that the test moves (``advance``).
+
+    ``install(monkeypatch)`` makes it the clock of the engine and of SqliteStore for one test; monotonic time,
+    ``sleep`` and ``perf_counter`` stay real, so nothing waits on a clock that does not move by itself.
+    """
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def time(self) -> float:
+        return _real_time() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+    def install(self, patcher: Patcher) -> FakeClock:
+        fake = types.SimpleNamespace(time=self.time, monotonic=time.monotonic, sleep=time.sleep,
+                                     perf_counter=time.perf_counter)
+        for name in CLOCKED_MODULES:
+            patcher.setattr(importlib.import_module(name), "time", fake)
+        return self
