@@ -120,7 +120,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # kopf installs its own SIGTERM/SIGINT handlers as it starts (they stop everything within seconds); the
     # application's replace them once it has: runs are handed over first, then kopf is stopped.
     asyncio.get_running_loop().call_later(GRACEFUL_STOP_INSTALL_DELAY, app.take_signals)
-    await app.start()
+    try:
+        await app.start()
+    except asyncio.CancelledError:
+        # Stopped while starting (e.g. SIGTERM while it waits for the API server to serve its kinds): kopf runs
+        # no cleanup activity after a cancelled startup, so what the start opened is closed here.
+        await asyncio.shield(app.close())
+        raise
 
 
 @kopf.on.cleanup()
