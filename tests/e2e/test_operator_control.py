@@ -15,7 +15,6 @@ from tests.dsb import dsb
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     condition,
-    event_reasons,
     local_sandboxes,
     manifest,
     namespace,
@@ -113,7 +112,7 @@ def test_suspend_hibernates_between_calls_and_resume_restores_from_the_snapshot(
     wait_condition(control_plane, namespace, "pausable", "Succeeded")
     results = status(control_plane, namespace, "pausable")["result"]["toolResults"]
     assert [r["stdout"] for r in results[-3:]] == ["gate passed\n", "kept across hibernation\n", "one\n"]
-    assert "Resumed" in event_reasons(control_plane, namespace, "pausable")
+    wait_event(control_plane, namespace, "pausable", "Resumed")  # Events are written in the background
     assert local_sandboxes(op.home) == []
 
 

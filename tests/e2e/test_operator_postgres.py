@@ -30,6 +30,7 @@ from tests.e2e.operator_support import (
     operators,
     status,
     wait_condition,
+    wait_event,
     wait_gone,
     wait_in_flight,
 )
@@ -180,7 +181,7 @@ def test_a_run_deleted_from_postgres_mid_run_stops_instead_of_starting_over(
     failed = condition(cp, namespace, "lost", "Failed")
     assert failed is not None and failed["reason"] == "JournalLost", failed
     assert schema in failed["message"] and "Journal " not in failed["message"], failed["message"]
-    assert "JournalLost" in event_reasons(cp, namespace, "lost")
+    wait_event(cp, namespace, "lost", "JournalLost")  # Events are written in the background
     assert effects.read_text().split().count("c1") == 1, "the committed first call did not run again"
     cp.kubectl("delete", "workflow", "lost", "-n", namespace, "--timeout=120s")
     wait_gone(cp, namespace, "lost")

@@ -308,7 +308,7 @@ def test_a_journal_changed_behind_the_operators_back_fails_the_run_visibly_and_i
     wait_condition(t.cp, t.a, "edited", "Failed")
     failed = condition(t.cp, t.a, "edited", "Failed")
     assert failed is not None and failed["reason"] == "JournalTampered" and head in failed["message"]
-    assert "JournalTampered" in event_reasons(t.cp, t.a, "edited")
+    wait_until(lambda: "JournalTampered" in event_reasons(t.cp, t.a, "edited"), 60, "the JournalTampered Event")
     assert "applied" not in " ".join(t.lines()) and "forged" not in " ".join(t.lines())
     done = t.cp.kubectl("delete", "workflow", "edited", "-n", t.a, "--timeout=120s", check=False, timeout=150)
     assert done.returncode == 0, done.stderr

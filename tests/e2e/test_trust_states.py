@@ -106,7 +106,7 @@ def test_a_refused_journal_create_is_shown_and_the_run_starts_once_it_is_allowed
                f"Ready=False JournalWriteRefused ({status(cp, namespace, 'refused')})")
     ready = condition(cp, namespace, "refused", "Ready")
     assert ready is not None and "test quota" in ready["message"] and "refused" in ready["message"]
-    assert "JournalWriteRefused" in event_reasons(cp, namespace, "refused")
+    wait_event(cp, namespace, "refused", "JournalWriteRefused")  # Events are written in the background
     lift()
     wait_condition(cp, namespace, "refused", "Succeeded", timeout=180)
     assert "Traceback" not in op.logs()
@@ -169,7 +169,7 @@ def test_a_journal_deleted_mid_run_stops_the_run_instead_of_starting_it_over(
     wait_condition(cp, namespace, "lost", "Failed", timeout=120)
     failed = condition(cp, namespace, "lost", "Failed")
     assert failed is not None and failed["reason"] == "JournalLost" and head in failed["message"]
-    assert "JournalLost" in event_reasons(cp, namespace, "lost")
+    wait_event(cp, namespace, "lost", "JournalLost")  # Events are written in the background
     assert effects.read_text().split().count("c1") == 1, "the committed first call did not run again"
 
 
@@ -248,7 +248,7 @@ def test_a_secret_the_operator_may_not_read_is_said_not_logged_as_a_traceback(
                f"Ready=False SecretNotReadable ({status(cp, namespace, 'needs-other')})")
     ready = condition(cp, namespace, "needs-other", "Ready")
     assert ready is not None and f"{namespace}/other" in ready["message"] and "workflowSecrets" in ready["message"]
-    assert "SecretNotReadable" in event_reasons(cp, namespace, "needs-other")
+    wait_event(cp, namespace, "needs-other", "SecretNotReadable")  # Events are written in the background
     assert "Traceback" not in op.logs() and " ERROR " not in op.logs()
 
 
