@@ -159,8 +159,8 @@ def apply(kubeconfig: str, namespace: str, docs: list[dict[str, Any]]) -> None:
 
 async def _phases(kubeconfig: str, namespace: str) -> dict[str, dict[str, bool | str]]:
     """Each Workflow's conditions (True or not) by name, and its status message under "message"."""
-    from durable_sandbox.kube.client import KubeClient
-    from durable_sandbox.kube.workflows import WorkflowClient
+    from durable_sandbox.kube.api.client import KubeClient
+    from durable_sandbox.kube.spec.workflows import WorkflowClient
 
     api = await KubeClient.connect(kubeconfig=kubeconfig)
     try:
@@ -194,8 +194,8 @@ def wait_all(kubeconfig: str, namespace: str, names: set[str], condition: str, t
 
 
 async def _signal_all(kubeconfig: str, namespace: str, names: list[str]) -> None:
-    from durable_sandbox.kube.client import KubeClient
-    from durable_sandbox.kube.workflows import WorkflowClient
+    from durable_sandbox.kube.api.client import KubeClient
+    from durable_sandbox.kube.spec.workflows import WorkflowClient
 
     api = await KubeClient.connect(kubeconfig=kubeconfig)
     try:

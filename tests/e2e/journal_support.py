@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Literal
 import pytest
 
 from durable_sandbox.engine.records import OperationRecord
-from durable_sandbox.kube.journals import namespace_schema
 from durable_sandbox.kube.store import KubernetesStore
+from durable_sandbox.kube.store.journals import namespace_schema
 from durable_sandbox.stores.postgres import PostgresStore, split_dsn
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def namespace_dsn(dsn: str, ns: str) -> str:
 
 def drop_namespace_schemas(server: PostgresServer, base: str) -> None:
     """Drop every namespace schema the operators made under base schema ``base`` (``<base>_ns_*``,
-    ``<base>_nh_*``: kube/journals.py's ``namespace_schema``)."""
+    ``<base>_nh_*``: kube/store/journals.py's ``namespace_schema``)."""
     if not server.running():  # a test that stopped the server and failed before starting it again
         server.start()
     server.sql(

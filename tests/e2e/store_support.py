@@ -8,7 +8,7 @@ import uuid
 
 from tests.e2e.conftest import ControlPlane
 
-# Every store in these tests seals its values (kube/sealing.py), as the operator's always does.
+# Every store in these tests seals its values (kube/journal/sealing.py), as the operator's always does.
 TEST_JOURNAL_KEY = b"durable-sandbox e2e journal key!"
 
 

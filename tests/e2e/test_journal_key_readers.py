@@ -1,4 +1,4 @@
-"""Issue 32, item 8, against the real API server: who else may read the journal key (kube/journal_key_readers.py),
+"""Issue 32, item 8, against the real API server: who else may read the journal key (kube/journal/journal_key_readers.py),
 asked as `dsb operator` asks at start-up, and the operator refusing to start when someone may."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_sandbox.kube.journal_key_readers import Subject, readers_of
+from durable_sandbox.kube.journal.journal_key_readers import Subject, readers_of
 from tests.dsb import dsb
 
 from .conftest import ControlPlane

@@ -77,7 +77,7 @@ class Scene:
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
     def pool_key(self) -> bytes:
-        # The operator's journal key (kube/journal_key.py: made by the first replica, in `default` here).
+        # The operator's journal key (kube/journal/journal_key.py: made by the first replica, in `default` here).
         secret = self.cp.kubectl_json("get", "secret", "durable-sandbox-journal-key", "-n", "default")
         return derive_pool_key(base64.b64decode(secret["data"]["key"]))
 

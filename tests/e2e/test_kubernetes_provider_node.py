@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import durable_sandbox
-from durable_sandbox.kube.orphans import sweep_once
+from durable_sandbox.kube.sweep.orphans import sweep_once
 from durable_sandbox.providers.archive_limit import ArchiveTooLarge
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,

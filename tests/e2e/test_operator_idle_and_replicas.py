@@ -105,8 +105,8 @@ def apply_all(cp: ControlPlane, ns: str, docs: list[dict[str, Any]]) -> None:
 
 def signal_all(cp: ControlPlane, ns: str, names: list[str]) -> None:
     """``spec.signals.approve = true`` on every one, as `dsb --kube signal` writes it (concurrently)."""
-    from durable_sandbox.kube.client import KubeClient
-    from durable_sandbox.kube.workflows import WorkflowClient
+    from durable_sandbox.kube.api.client import KubeClient
+    from durable_sandbox.kube.spec.workflows import WorkflowClient
 
     async def run() -> None:
         api = await KubeClient.connect(kubeconfig=str(cp.kubeconfig))

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from durable_sandbox.engine import RunStatus
-from durable_sandbox.kube.resources import API_VERSION
-from durable_sandbox.kube.status import PHASES, TERMINAL_PHASES
+from durable_sandbox.kube.api.resources import API_VERSION
+from durable_sandbox.kube.reporting.status import PHASES, TERMINAL_PHASES
 from tests.dsb import dsb
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import namespace, operators, status

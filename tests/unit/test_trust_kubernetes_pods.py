@@ -11,11 +11,11 @@ from typing import Any, cast
 
 import pytest
 
-from durable_sandbox.kube.metrics import OperatorMetrics
-from durable_sandbox.kube.orphans import sweep_once
 from durable_sandbox.kube.pool.controller import PoolController, PoolView
 from durable_sandbox.kube.sandbox.controller import SandboxController
 from durable_sandbox.kube.sandbox.view import OPERATION_LABEL, SandboxView
+from durable_sandbox.kube.sweep.orphans import sweep_once
+from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 from durable_sandbox.providers.contract import INSTALLATION_LABEL, ProvisionError, SandboxSpec
 from durable_sandbox.providers.kubernetes import KubernetesProvider
 from durable_sandbox.providers.kubernetes_identity import (

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from durable_sandbox.engine.errors import DurableError
-from durable_sandbox.kube.client import brief, is_transient
+from durable_sandbox.kube.api.client import brief, is_transient
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.models import CALL_KINDS, request_model

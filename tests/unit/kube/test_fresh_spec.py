@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from durable_sandbox.kube.apiserver_away import ApiServerAway
-from durable_sandbox.kube.controller import Operator, OperatorSettings
-from durable_sandbox.kube.plan import cluster_run_id
-from durable_sandbox.kube.resources import WORKFLOWS
+from durable_sandbox.kube.api.apiserver_away import ApiServerAway
+from durable_sandbox.kube.api.resources import WORKFLOWS
+from durable_sandbox.kube.spec.plan import cluster_run_id
+from durable_sandbox.kube.workflow.controller import Operator, OperatorSettings
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.turn import acted_generation
 from tests.fakes.custom_objects import FakeCustomObjects

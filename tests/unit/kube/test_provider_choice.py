@@ -1,4 +1,4 @@
-"""Which provider a Workflow's run or a Sandbox gets when its spec names none (kube/provider_choice.py), what the
+"""Which provider a Workflow's run or a Sandbox gets when its spec names none (kube/spec/provider_choice.py), what the
 operator refuses, and the plan that carries the decision into the run's stored input (where it is pinned)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from durable_sandbox.cli.main import cli
-from durable_sandbox.kube.models import SandboxResource, WorkflowResource
-from durable_sandbox.kube.plan import plan_workflow
-from durable_sandbox.kube.provider_choice import (
+from durable_sandbox.kube.spec.models import SandboxResource, WorkflowResource
+from durable_sandbox.kube.spec.plan import plan_workflow
+from durable_sandbox.kube.spec.provider_choice import (
     DEFAULT_UNAVAILABLE,
     LOCAL_NOT_ALLOWED,
     ProviderChoice,
@@ -119,7 +119,7 @@ def test_dsb_operator_documents_its_default_provider() -> None:
 def test_the_default_provider_example_names_none_and_needs_no_object_store() -> None:
     from pathlib import Path
 
-    from durable_sandbox.kube.manifests import load_manifests
+    from durable_sandbox.kube.spec.manifests import load_manifests
 
     (wf,) = load_manifests(Path(__file__).resolve().parents[3] / "examples" / "default-provider-workflow.yaml")
     assert isinstance(wf, WorkflowResource) and wf.spec.sandbox is not None and wf.spec.sandbox.provider is None
