@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -364,12 +363,6 @@ def monotonic_deadline(seconds: float) -> float:
 # -- the operator's /metrics and /healthz (`dsb operator --metrics-port`, the chart's metrics.port)
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:

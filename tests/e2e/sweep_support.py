@@ -23,7 +23,6 @@ from durable_sandbox.providers.e2b import E2BProvider
 from durable_sandbox.providers.local import LocalProvider
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
-    free_port,
     get,
     http_get,
     scrape,
@@ -33,6 +32,7 @@ from tests.e2e.operator_support import (
     wait_gone,
 )
 from tests.fakes.e2b_state import FakeState
+from tests.ports import free_port
 
 __all__ = ["SWEEP", "Provider", "e2b_provider", "local_provider", "sweeps_leftovers"]
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
-    free_port,
     http_get,
     manifest,
     namespace,
@@ -20,6 +19,7 @@ from tests.e2e.operator_support import (
     total,
     wait_condition,
 )
+from tests.ports import free_port
 
 __all__ = ["namespace", "operators"]  # fixtures
 

@@ -25,7 +25,6 @@ from tests.e2e.operator_support import (
     condition,
     event_reasons,
     events,
-    free_port,
     http_get,
     manifest,
     namespace,
@@ -37,6 +36,7 @@ from tests.e2e.operator_support import (
     wait_gone,
     wait_in_flight,
 )
+from tests.ports import free_port
 
 __all__ = ["namespace", "operators"]  # fixtures
 
