@@ -38,6 +38,7 @@ from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvid
 from durable_sandbox.providers.kubernetes_template import PodTemplate
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore, SnapshotName
 from durable_sandbox.providers.testing import ProviderContractSuite
+from durable_sandbox.testing import FakeClock
 from tests.e2e.sandbox_support import IMAGE, control_plane_on_the_node, node
 from tests.e2e.trust_node_support import NODE_HOSTILE_SPEC, KubectlCluster
 from tests.objectstore import S3Server
@@ -51,14 +52,6 @@ from .node_support import NodeCluster, require_gvisor
 __all__ = ["control_plane_on_the_node", "node"]  # fixtures
 
 NO_SHELL_IMAGE = os.environ.get("DSB_TEST_NO_SHELL_IMAGE", "localhost/pause:3.10")  # FROM scratch: no /bin/sh
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self.offset
 
 
 @pytest.fixture
@@ -99,7 +92,7 @@ class TestKubernetesContract(ProviderContractSuite):
     @pytest.fixture
     async def provider(self, control_plane: ControlPlane, namespace: str,
                        store: S3SnapshotStore) -> AsyncIterator[SandboxProvider]:
-        self.cp, self.clock = control_plane, ManualClock()
+        self.cp, self.clock = control_plane, FakeClock()
         provider = make_provider(control_plane, namespace, store, clock=self.clock, snapshot_limit=16 * 2**20)
         yield provider
         await provider.aclose()
@@ -110,7 +103,7 @@ class TestKubernetesContract(ProviderContractSuite):
         self.cp.kubectl("delete", "pod", "-n", namespace, name, "--grace-period=0", "--force")
 
     async def expire_lease(self, provider: SandboxProvider, handle: SandboxHandle) -> None:
-        self.clock.offset += self.lease_seconds + 1
+        self.clock.advance(self.lease_seconds + 1)
 
 
 class TestKubernetesContractUnderGVisor(TestKubernetesContract):
@@ -122,7 +115,7 @@ class TestKubernetesContractUnderGVisor(TestKubernetesContract):
                        store: S3SnapshotStore) -> AsyncIterator[SandboxProvider]:
         assert isinstance(control_plane, NodeCluster)
         runtime_class = require_gvisor(control_plane)
-        self.cp, self.clock = control_plane, ManualClock()
+        self.cp, self.clock = control_plane, FakeClock()
         template = PodTemplate(image=IMAGE, imagePullPolicy="Never", runtimeClassName=runtime_class)
         provider = make_provider(control_plane, namespace, store, clock=self.clock, template=template,
                                  snapshot_limit=16 * 2**20)
