@@ -21,7 +21,7 @@ import aiohttp
 import httpx
 from aiohttp import web
 
-from tests.e2e.conftest import ControlPlane, _die_with_parent, wait_until
+from tests.e2e.controlplane import ControlPlane, _die_with_parent, wait_until
 from tests.ports import free_port
 
 READY_TIMEOUT_S = 180.0

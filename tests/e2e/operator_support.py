@@ -17,7 +17,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from durable_sandbox.engine.records import OperationRecord
 from tests.dsb import DSB
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, fresh_namespace, wait_until
 from tests.e2e.journal_support import OperatorJournal, check_rows, kube_journal
 from tests.fakes.e2b_state import FakeState
 from tests.fakes.fixtures import fake_e2b_in_thread
@@ -78,10 +77,8 @@ def wait_established(cp: ControlPlane, names: Sequence[str] = CRD_NAMES) -> None
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
     install_crds(control_plane)
-    name = f"op-{uuid.uuid4().hex[:8]}"
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+    with fresh_namespace(control_plane, "op") as name:
+        yield name
 
 
 @dataclass

@@ -26,7 +26,7 @@ import yaml
 
 from durable_sandbox.providers.kubernetes_template import PodTemplate, TemplatePolicy
 
-from .conftest import ControlPlane, private_control_plane
+from .controlplane import ControlPlane, private_control_plane
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "durable-sandbox"
@@ -62,7 +62,7 @@ def run_helm(
 
 
 def kube_version() -> str:
-    from .conftest import kubernetes_version
+    from .controlplane import kubernetes_version
 
     return kubernetes_version()
 

@@ -36,7 +36,7 @@ from durable_sandbox.providers.kubernetes_pool import (
     derive_pool_key,
 )
 from durable_sandbox.providers.kubernetes_template import PodTemplate
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     OperatorProcess,
     namespace,

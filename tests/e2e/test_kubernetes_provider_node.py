@@ -39,6 +39,7 @@ from durable_sandbox.providers.kubernetes_template import PodTemplate
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore, SnapshotName
 from durable_sandbox.providers.testing import ProviderContractSuite
 from durable_sandbox.testing import FakeClock
+from tests.e2e.controlplane import fresh_namespace
 from tests.e2e.sandbox_support import IMAGE, control_plane_on_the_node, node
 from tests.e2e.trust_node_support import NODE_HOSTILE_SPEC, KubectlCluster
 from tests.objectstore import S3Server
@@ -46,7 +47,7 @@ from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
 from tests.unit.sandbox_session_support import engine_for
 from tests.unit.trust_support import FORGERIES, Attack, TrustKit
 
-from .conftest import ControlPlane
+from .controlplane import ControlPlane
 from .node_support import NodeCluster, require_gvisor
 
 __all__ = ["control_plane_on_the_node", "node"]  # fixtures
@@ -56,11 +57,9 @@ NO_SHELL_IMAGE = os.environ.get("DSB_TEST_NO_SHELL_IMAGE", "localhost/pause:3.10
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane, node: str) -> Iterator[str]:
-    name = "kpn-" + secrets.token_hex(4)
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    leftover = control_plane.kubectl_json("get", "pods", "-n", name, "-l", f"{SANDBOX_LABEL}=true")["items"]
-    control_plane.kubectl("delete", "namespace", name, "--wait=false")
+    with fresh_namespace(control_plane, "kpn") as name:
+        yield name
+        leftover = control_plane.kubectl_json("get", "pods", "-n", name, "-l", f"{SANDBOX_LABEL}=true")["items"]
     assert [p["metadata"]["name"] for p in leftover if not p["metadata"].get("deletionTimestamp")] == [], \
         "the test left sandbox Pods behind"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     events,
     manifest,

@@ -24,7 +24,7 @@ from durable_sandbox.client import SandboxCallError, SandboxClient
 from durable_sandbox.sessions.journal import SESSION, calls_run_id
 from tests.docs_commands import ROOT, commands_run_by
 from tests.dsb import DSB
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     OperatorProcess,
     http_get,
