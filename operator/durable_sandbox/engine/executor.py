@@ -42,6 +42,7 @@ from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.engine.state import RunState, build_state
 from durable_sandbox.engine.store import Store
+from durable_sandbox.engine.traced import traced_attempt
 from durable_sandbox.engine.workflow import WorkflowDefinition, resolve
 
 log = logging.getLogger("durable_sandbox.engine")
@@ -242,7 +243,8 @@ class RunExecutor:
         )
         rt.emit("run.resumed" if rows else "run.started", workflow=run.workflow, worker=self.worker_id)
         ctx = Context(rt)
-        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, ctx, run.input), name=run.run_id)
+        wf: asyncio.Task[Any] = asyncio.create_task(
+            traced_attempt(rt, run, _call_workflow(definition, ctx, run.input)), name=run.run_id)
         self._tasks[run.run_id] = wf
         self._runtimes[run.run_id] = rt
         keeper = asyncio.create_task(self._keep_lease(lease, rt, wf))

@@ -1,0 +1,136 @@
+"""Traces (issue 40) with the OpenTelemetry SDK's in-memory exporter: the spans of a run with a sandbox loss,
+their parent-child structure, the caller's traceparent as the parent, ``TRACEPARENT`` in a sandbox call's env;
+tracing off imports nothing of OpenTelemetry. The same run through a real collector: tests/e2e/test_traces.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import durable_sandbox as ds
+from durable_sandbox.engine.extensions import Extensions
+from durable_sandbox.engine.traced import caller_labels
+from durable_sandbox.providers.local import LocalProvider
+from durable_sandbox.stores import SqliteStore
+from durable_sandbox.tracing import TRACEPARENT_LABEL, Tracing, valid_traceparent
+from durable_sandbox.tracing.api import enabled
+from tests.unit.tracing_support import Span, check_lossy_trace, lossy
+
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+CALLER = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+
+
+def as_span(s: ReadableSpan) -> Span:
+    ctx = s.get_span_context()
+    assert ctx is not None
+    return {
+        "name": s.name, "trace": f"{ctx.trace_id:032x}", "id": f"{ctx.span_id:016x}",
+        "parent": f"{s.parent.span_id:016x}" if s.parent is not None else None,
+        "attributes": dict(s.attributes or {}), "events": [e.name for e in s.events],
+        "links": [f"{link.context.span_id:016x}" for link in s.links],
+    }
+
+
+def traced_engine(tmp_path: Path) -> tuple[Any, InMemorySpanExporter, LocalProvider]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    local = LocalProvider(tmp_path / "home")
+    engine = ds.Engine(SqliteStore(tmp_path / "runs.db"), providers={"local": local},
+                       extensions=[Tracing.opentelemetry(provider)])
+    return engine, exporter, local
+
+
+async def test_a_run_with_a_loss_is_one_trace_under_the_callers_span(tmp_path: Path) -> None:
+    engine, exporter, local = traced_engine(tmp_path)
+    state = await engine.run(lossy, run_id="t1", labels={TRACEPARENT_LABEL: CALLER})
+    assert state.status == "waiting", state.error
+    await engine.signal("t1", "approve", "yes")
+    state = await engine.resume("t1")
+    assert state.status == "succeeded", state.error
+    spans = [as_span(s) for s in exporter.get_finished_spans()]
+    check_lossy_trace(spans, CALLER_TRACE, CALLER_SPAN)
+    # The call saw TRACEPARENT: the span of the execution that wrote the file (the replay into the replacement).
+    seen = valid_traceparent(state.result["traceparent"])
+    assert seen is not None, state.result
+    replay = next(s for s in spans if s["attributes"].get("durable_sandbox.replay") is True)
+    assert seen == f"00-{CALLER_TRACE}-{replay['id']}-01"
+    history = await engine.history("t1")
+    assert not any(CALLER_TRACE in str(r.meta) or "env" in ((r.meta or {}).get("call") or {}).get("args", {})
+                   for r in history), "the journal never holds the injected env"
+    assert local.leftovers() == []
+    await engine.aclose()
+
+
+async def test_without_a_caller_each_attempt_is_a_root_linked_to_the_one_before(tmp_path: Path) -> None:
+    engine, exporter, _ = traced_engine(tmp_path)
+    assert (await engine.run(lossy, run_id="t2")).status == "waiting"
+    await engine.signal("t2", "approve", "yes")
+    assert (await engine.resume("t2")).status == "succeeded"
+    runs = [as_span(s) for s in exporter.get_finished_spans() if s.name.startswith("run ")]
+    assert [r["parent"] for r in runs] == [None, None]
+    assert runs[1]["links"] == [runs[0]["id"]] and runs[0]["links"] == []
+    await engine.aclose()
+
+
+def test_the_callers_traceparent_comes_from_its_labels_its_span_or_the_env() -> None:
+    off = Extensions()
+    assert caller_labels(off, None, {"TRACEPARENT": CALLER}) is None, "tracing off: labels untouched"
+    on = Extensions([Tracing.opentelemetry(TracerProvider())])
+    assert caller_labels(on, None, {"TRACEPARENT": CALLER}) == {TRACEPARENT_LABEL: CALLER}
+    given = {TRACEPARENT_LABEL: "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    assert caller_labels(on, given, {"TRACEPARENT": CALLER}) == given
+    assert caller_labels(on, {"a": "b"}, {"TRACEPARENT": "garbage"}) == {"a": "b"}, "a malformed one is ignored"
+    assert valid_traceparent("00-" + "0" * 32 + "-" + "2" * 16 + "-01") is None, "an all-zero trace id is invalid"
+
+
+@pytest.mark.parametrize(("env", "on"), [
+    ({}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, True),
+    ({"OTEL_TRACES_EXPORTER": "console"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}, False),
+])
+def test_opentelemetry_environment_turns_tracing_on(env: dict[str, str], on: bool) -> None:
+    assert enabled(env) is on
+    assert (Tracing.from_env(env) is not None) is on
+
+
+def test_tracing_off_imports_nothing_of_opentelemetry(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import asyncio, sys
+        import durable_sandbox as ds
+        from durable_sandbox.providers.local import LocalProvider
+        from durable_sandbox.stores import SqliteStore
+
+        @ds.workflow(name="off")
+        async def flow(ctx):
+            await ctx.step("a", lambda: 1)
+            async with ctx.sandbox("ws", provider="local") as sbx:
+                await sbx.shell("true")
+            return 1
+
+        async def main():
+            engine = ds.Engine(SqliteStore({str(tmp_path / 'runs.db')!r}),
+                               providers={{"local": LocalProvider({str(tmp_path / 'home')!r})}})
+            state = await engine.run(flow)
+            await engine.aclose()
+            assert state.status == "succeeded", state.error
+            loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
+            assert not loaded, loaded
+
+        asyncio.run(main())
+    """)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
