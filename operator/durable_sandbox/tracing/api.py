@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from durable_sandbox.tracing.spans import Spans
+from durable_sandbox.tracing.traceparent import TRACE_UI_ENV
 
 
 class Tracing:
@@ -38,13 +39,7 @@ class Tracing:
             return None
         from durable_sandbox.tracing.otel import provider_from_env
 
-        return cls.opentelemetry(provider_from_env(), ui_url=env.get("DURABLE_SANDBOX_TRACE_UI") or None)
-
-    def trace_url(self, traceparent: str | None) -> str | None:
-        """The trace UI's page of the trace ``traceparent`` belongs to (None: no UI configured, no trace)."""
-        if not self.ui_url or not traceparent:
-            return None
-        return self.ui_url.replace("{trace_id}", traceparent.split("-")[1])
+        return cls.opentelemetry(provider_from_env(), ui_url=env.get(TRACE_UI_ENV) or None)
 
 
 def enabled(env: Mapping[str, str]) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 # The caller's trace context, recorded on the run when it is created (the client library's labels, the
 # ``TRACEPARENT`` env of ``dsb run``, the caller's current span, a Workflow's annotation): every attempt of the
@@ -14,6 +15,9 @@ ATTEMPT_LABEL = "durable-sandbox.dev/trace-attempt"
 # What a sandbox call's environment gets, so that the agent's own tools continue the trace; also what
 # ``dsb run`` reads as its caller's context (the convention of otel-cli and others).
 TRACEPARENT_ENV = "TRACEPARENT"
+# A trace UI's page of one trace, with ``{trace_id}`` (Jaeger: https://jaeger.example/trace/{trace_id}); the web
+# view links a run to its trace when it is set (the chart's tracing.uiUrl).
+TRACE_UI_ENV = "DURABLE_SANDBOX_TRACE_UI"
 
 _TRACEPARENT = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
 
@@ -24,3 +28,12 @@ def valid_traceparent(value: object) -> str | None:
     if isinstance(value, str) and _TRACEPARENT.match(value.strip()):
         return value.strip()
     return None
+
+
+def trace_link(labels: Mapping[str, str], ui_url: str | None) -> str | None:
+    """The trace UI's page of a run's trace: its newest attempt's trace (each attempt without a caller is a
+    trace of its own), else its caller's; None without a UI or a recorded trace."""
+    if not ui_url or "{trace_id}" not in ui_url:
+        return None
+    tp = valid_traceparent(labels.get(ATTEMPT_LABEL)) or valid_traceparent(labels.get(TRACEPARENT_LABEL))
+    return ui_url.replace("{trace_id}", tp.split("-")[1]) if tp else None
