@@ -134,3 +134,23 @@ def test_tracing_off_imports_nothing_of_opentelemetry(tmp_path: Path) -> None:
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OTEL_")}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_workflow_annotation_becomes_the_runs_caller() -> None:
+    from durable_sandbox.tracing import TRACEPARENT_ANNOTATION, annotated_caller
+
+    assert annotated_caller({TRACEPARENT_ANNOTATION: CALLER}) == {TRACEPARENT_LABEL: CALLER}
+    assert annotated_caller({TRACEPARENT_ANNOTATION: "not-a-traceparent"}) == {}
+    assert annotated_caller(None) == {}
+
+
+def test_trace_links_take_the_newest_attempt_then_the_caller() -> None:
+    from durable_sandbox.tracing import ATTEMPT_LABEL
+    from durable_sandbox.tracing.traceparent import trace_link
+
+    ui = "https://jaeger.example/trace/{trace_id}"
+    attempt = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    assert trace_link({TRACEPARENT_LABEL: CALLER}, ui) == f"https://jaeger.example/trace/{CALLER_TRACE}"
+    assert trace_link({TRACEPARENT_LABEL: CALLER, ATTEMPT_LABEL: attempt}, ui) == "https://jaeger.example/trace/" + "a" * 32
+    assert trace_link({TRACEPARENT_LABEL: CALLER}, None) is None
+    assert trace_link({}, ui) is None

@@ -10,18 +10,22 @@ from durable_sandbox.tracing.api import Tracing
 from durable_sandbox.tracing.spans import AttributeValue, SpanHandle, Spans
 from durable_sandbox.tracing.traceparent import (
     ATTEMPT_LABEL,
+    TRACEPARENT_ANNOTATION,
     TRACEPARENT_ENV,
     TRACEPARENT_LABEL,
+    annotated_caller,
     valid_traceparent,
 )
 
 __all__ = [
     "ATTEMPT_LABEL",
+    "TRACEPARENT_ANNOTATION",
     "TRACEPARENT_ENV",
     "TRACEPARENT_LABEL",
     "AttributeValue",
     "SpanHandle",
     "Spans",
     "Tracing",
+    "annotated_caller",
     "valid_traceparent",
 ]

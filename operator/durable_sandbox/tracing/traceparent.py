@@ -9,6 +9,9 @@ from collections.abc import Mapping
 # ``TRACEPARENT`` env of ``dsb run``, the caller's current span, a Workflow's annotation): every attempt of the
 # run is its child. A label value may hold it (55 characters of hex digits and dashes).
 TRACEPARENT_LABEL = "durable-sandbox.dev/traceparent"
+# The same name as a Workflow's annotation: ``kubectl apply`` of a Workflow annotated with a traceparent (a CI
+# job's, a GitOps controller's) records it on the run, whose attempts become its children.
+TRACEPARENT_ANNOTATION = TRACEPARENT_LABEL
 # The newest attempt's own span, recorded when the attempt starts: the next attempt (a resume after a crash,
 # a retry, a wake-up) links to it, so the trace of a run that spans processes can be followed back.
 ATTEMPT_LABEL = "durable-sandbox.dev/trace-attempt"
@@ -37,3 +40,11 @@ def trace_link(labels: Mapping[str, str], ui_url: str | None) -> str | None:
         return None
     tp = valid_traceparent(labels.get(ATTEMPT_LABEL)) or valid_traceparent(labels.get(TRACEPARENT_LABEL))
     return ui_url.replace("{trace_id}", tp.split("-")[1]) if tp else None
+
+
+def annotated_caller(annotations: Mapping[str, str] | None) -> dict[str, str]:
+    """The run label a Workflow's traceparent annotation gives (none for none or a malformed one). What it can
+    change is where the run's spans hang in a trace, nothing the operator runs or believes: so an annotation,
+    which users without write access to the spec may set, is enough."""
+    tp = valid_traceparent((annotations or {}).get(TRACEPARENT_ANNOTATION))
+    return {TRACEPARENT_LABEL: tp} if tp else {}
