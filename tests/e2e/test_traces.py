@@ -5,6 +5,7 @@ the parent; the resumed attempt (after a signal, in another process) links to th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from tests.dsb import dsb
 from tests.unit.tracing_support import check_lossy_trace
 
 from .conftest import wait_until
-from .trace_support import TraceCollector, running_collector
+from .trace_support import TraceCollector, running_collector, waterfall_svg
 
 pytestmark = pytest.mark.e2e
 
@@ -51,4 +52,6 @@ def test_dsb_run_with_a_loss_is_one_trace_in_the_collector(trace_collector: Trac
 
     spans = wait_until(both_attempts, 30, "both attempts' spans in the collector's file")
     check_lossy_trace(spans, CALLER_TRACE, CALLER_SPAN)
+    if os.environ.get("DSB_TRACE_PICTURE"):  # docs/operations.md's picture: DSB_TRACE_PICTURE=docs/traces/run-loss.svg
+        Path(os.environ["DSB_TRACE_PICTURE"]).write_text(waterfall_svg(spans))
     assert {s["service"] for s in spans} == {"dsb-trace-test"}, "OTEL_SERVICE_NAME names the service"

@@ -72,6 +72,7 @@ class TraceCollector:
                             "events": [e["name"] for e in s.get("events", [])],
                             "links": [link["spanId"] for link in s.get("links", [])],
                             "service": service.get("service.name"),
+                            "start": int(s["startTimeUnixNano"]), "end": int(s["endTimeUnixNano"]),
                         })
         return out
 
@@ -99,3 +100,46 @@ def running_collector(tmp_path: Path) -> Iterator[TraceCollector]:
     finally:
         stop_process(proc, 30)
         log.close()
+
+
+ATTRIBUTES_SHOWN = ("durable_sandbox.operation.id", "process.exit.code", "durable_sandbox.snapshot.count",
+                    "durable_sandbox.loss.reason", "durable_sandbox.restore.replayed", "durable_sandbox.outcome")
+
+
+def waterfall_svg(spans: list[Span]) -> str:
+    """The trace as a trace UI draws it (one row per span, indented under its parent, a bar for its time): the
+    picture docs/operations.md shows, written by tests/e2e/test_traces.py when ``DSB_TRACE_PICTURE`` names a file."""
+    ids = {s["id"] for s in spans}
+    rows: list[tuple[int, Span, Span]] = []  # (depth, span, its root: each attempt is drawn on its own time scale)
+
+    def walk(span: Span, depth: int, root: Span) -> None:
+        rows.append((depth, span, root))
+        for child in sorted((c for c in spans if c["parent"] == span["id"]), key=lambda c: c["start"]):
+            walk(child, depth + 1, root)
+
+    for root in sorted((s for s in spans if s["parent"] not in ids), key=lambda s: s["start"]):
+        walk(root, 0, root)
+    t0, t1 = min(s["start"] for s in spans), max(s["end"] for s in spans)
+    label_w, bar_w, row_h = 620, 520, 20
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 20}" height="{row_h * len(rows) + 30}" '
+           'font-family="monospace" font-size="11">', '<rect width="100%" height="100%" fill="white"/>',
+           f'<text x="4" y="14" fill="#555">trace {spans[0]["trace"]} · {len(spans)} spans · '
+           f'{(t1 - t0) / 1e9:.2f} s</text>']
+    for i, (depth, s, root) in enumerate(rows):
+        y = 24 + i * row_h
+        a = s["attributes"]
+        shown = " ".join(f"{k.rsplit('.', 1)[-1]}={a[k]}" for k in ATTRIBUTES_SHOWN if k in a)
+        replay = " [replay]" if a.get("durable_sandbox.replay") is True else ""
+        events = f" +{len(s['events'])} events" if s["events"] else ""
+        links = " (linked)" if s["links"] else ""
+        took = f" {(s['end'] - s['start']) / 1e6:.0f} ms"
+        text = f"{s['name']}{replay}{links}  {shown}{events}{took}"
+        scale = bar_w / max(1, root["end"] - root["start"])
+        x = label_w + 10 + (s["start"] - root["start"]) * scale
+        w = max(2.0, (s["end"] - s["start"]) * scale)
+        color = "#d9534f" if s["name"] == "sandbox.loss" else "#f0ad4e" if replay or "restore" in s["name"] else "#5b8def"
+        esc = text.replace("&", "&amp;").replace("<", "&lt;")
+        out.append(f'<text x="{4 + depth * 14}" y="{y + 13}">{esc}</text>')
+        out.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" fill="{color}"/>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"

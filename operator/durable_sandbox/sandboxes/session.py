@@ -56,14 +56,7 @@ from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.call_failure import failure_message
 from durable_sandbox.sandboxes.journal import reserved_operation_id, sessions_in
 from durable_sandbox.sandboxes.requirements import unmet
-from durable_sandbox.sandboxes.traced import (
-    LOSS,
-    delete_record,
-    snapshot_record,
-    traced_call,
-    traced_lifecycle,
-    traced_provider,
-)
+from durable_sandbox.sandboxes.traced import traced_provider, traced_session
 
 log = logging.getLogger("durable_sandbox.sandboxes")
 
@@ -286,6 +279,7 @@ class SessionState:
 # ------------------------------------------------------------------------------------------ session
 
 
+@traced_session  # spans for its calls and lifecycle when tracing is on (sandboxes/traced.py)
 class SandboxSession:
     """``async with ctx.sandbox("workspace", provider="local", snapshot_every=10) as sbx: ...``"""
 
@@ -362,7 +356,6 @@ class SandboxSession:
     def handle(self) -> SandboxHandle | None:
         return self.state.handle
 
-    @traced_call
     async def call(self, call: ToolCall, *, fails: Callable[[ToolResult], str | None] | None = None,
                    on_replay: str = journal.ON_REPLAY_RERUN) -> ToolResult:
         """Execute ``call`` (or return its recorded outcome). ``fails`` judges the outcome: a reason fails the
@@ -608,7 +601,6 @@ class SandboxSession:
 
     # ------------------------------------------------------------------ lifecycle
 
-    @traced_lifecycle(journal.PROVISION)
     async def _provision(self, prev: OperationRecord | None) -> None:
         op_id = journal.provision_id(self.sid)
         if prev is not None:
@@ -707,7 +699,6 @@ class SandboxSession:
         rec = self.rt.lookup(journal.restore_id(self.sid, self.state.restores + 1))
         return rec is not None and rec.status == "started"
 
-    @traced_lifecycle(journal.SNAPSHOT, recorded=snapshot_record)
     async def _checkpoint(self, count: int, *, fresh: bool = True) -> None:
         """Snapshot at ``count`` calls, record it, then delete the checkpoint it supersedes."""
         # A re-opened session's snapshots get ids of their own: the failed attempt's were deleted.
@@ -731,7 +722,6 @@ class SandboxSession:
         for old in [c for c in self.state.checkpoints if c.count < count]:
             await self._delete_snapshot(old)
 
-    @traced_lifecycle(journal.SNAPSHOT_DELETE, recorded=delete_record)
     async def _delete_snapshot(self, cp: Checkpoint) -> None:
         op_id = journal.delete_id(cp.op_id)
         meta = {journal.META_SNAPSHOT_ID: cp.snapshot_id}
@@ -753,7 +743,6 @@ class SandboxSession:
                             meta={journal.META_COUNT: count, journal.META_SANDBOX_ID: handle.id if handle else None})
         await self._recover("loss injected")
 
-    @traced_lifecycle(LOSS)
     async def _recover(self, why: str) -> None:
         if self._attached_id() is not None:
             raise DurableError(
@@ -775,7 +764,6 @@ class SandboxSession:
                 continue
             break
 
-    @traced_lifecycle(journal.RESTORE)
     async def _restore(self, *, reason: str) -> None:
         """Make a replacement sandbox from the newest checkpoint (or fresh), replay the calls since it."""
         number = self.state.restores + 1

@@ -186,6 +186,25 @@ def _with_traceparent(call: ToolCall, traceparent: str | None) -> ToolCall:
     return call.model_copy(update={"args": {**call.args, "env": env}})
 
 
+def traced_session(cls: type[S]) -> type[S]:
+    """``SandboxSession`` with its hooks worn (a class decorator, so the session's own code stays as it was): a
+    method renamed or removed fails here, at import, never as a span that silently stops."""
+    hooks: dict[str, Callable[[Any], Any]] = {
+        "call": traced_call,
+        "_provision": traced_lifecycle(journal.PROVISION),
+        "_checkpoint": traced_lifecycle(journal.SNAPSHOT, recorded=snapshot_record),
+        "_delete_snapshot": traced_lifecycle(journal.SNAPSHOT_DELETE, recorded=delete_record),
+        "_recover": traced_lifecycle(LOSS),  # what a loss sets off: destroy the lost sandbox, restore
+        "_restore": traced_lifecycle(journal.RESTORE),
+    }
+    for name, hook in hooks.items():
+        method = cls.__dict__.get(name)
+        if method is None:
+            raise TypeError(f"{cls.__name__} has no method {name!r} for its tracing hook (sandboxes/traced.py)")
+        setattr(cls, name, hook(method))
+    return cls
+
+
 def traced_provider(rt: RunRuntime, sid: str, provider: SandboxProvider) -> SandboxProvider:
     """``provider`` as session ``sid`` of run ``rt`` uses it: itself when tracing is off."""
     tracing = tracing_of(rt)
