@@ -154,3 +154,23 @@ def test_trace_links_take_the_newest_attempt_then_the_caller() -> None:
     assert trace_link({TRACEPARENT_LABEL: CALLER, ATTEMPT_LABEL: attempt}, ui) == "https://jaeger.example/trace/" + "a" * 32
     assert trace_link({TRACEPARENT_LABEL: CALLER}, None) is None
     assert trace_link({}, ui) is None
+
+
+async def test_a_store_that_refuses_the_attempts_label_does_not_fail_the_run(tmp_path: Path) -> None:
+    class Refusing(SqliteStore):
+        async def update_run(self, run_id: str, changes: dict[str, Any], *, fence: int | None = None) -> None:
+            if "labels" in changes:
+                raise RuntimeError("quota exceeded")
+            await super().update_run(run_id, changes, fence=fence)
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = ds.Engine(Refusing(tmp_path / "runs.db"), providers={"local": LocalProvider(tmp_path / "home")},
+                       extensions=[Tracing.opentelemetry(provider)])
+    assert (await engine.run(lossy, run_id="t3")).status == "waiting"
+    await engine.signal("t3", "approve", "yes")
+    assert (await engine.resume("t3")).status == "succeeded"
+    runs = [as_span(s) for s in exporter.get_finished_spans() if s.name.startswith("run ")]
+    assert [r["links"] for r in runs] == [[], []], "no attempt recorded: nothing to link to, and no failure"
+    await engine.aclose()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from durable_sandbox.engine.extensions import Extensions
     from durable_sandbox.engine.records import RunRecord
     from durable_sandbox.engine.runtime import RunRuntime
+
+log = logging.getLogger("durable_sandbox.tracing")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -106,8 +109,13 @@ def traced_attempt(rt: RunRuntime, run: RunRecord, body: Coroutine[Any, Any, T])
 
     async def record(span: SpanHandle) -> None:
         own = span.traceparent()
-        if own is not None:
+        if own is None:
+            return
+        try:
             await rt.store.update_run(run.run_id, {"labels": {**run.labels, ATTEMPT_LABEL: own}}, fence=rt.fence)
+        except Exception as exc:  # a trace's link must never fail the run: the run's next write says what is wrong
+            log.info("run %s: could not record its attempt's trace context (%s); the next attempt will not link "
+                     "to this one", run.run_id, exc)
 
     async def attempt() -> T:
         return await body
