@@ -174,3 +174,40 @@ async def test_a_store_that_refuses_the_attempts_label_does_not_fail_the_run(tmp
     runs = [as_span(s) for s in exporter.get_finished_spans() if s.name.startswith("run ")]
     assert [r["links"] for r in runs] == [[], []], "no attempt recorded: nothing to link to, and no failure"
     await engine.aclose()
+
+
+async def test_a_session_call_through_the_call_api_joins_the_callers_trace(tmp_path: Path) -> None:
+    import httpx
+
+    from durable_sandbox.sessions.http import create_app
+    from tests.unit.sessions_support import local_gate, service
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    svc = service(SqliteStore(tmp_path / "runs.db"), await local_gate(tmp_path / "home"),
+                  extensions=[Tracing.opentelemetry(provider)])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(svc)), base_url="http://sessions") as http:
+        ran = await http.post("http://sessions/v1/namespaces/demo/sandboxes/box/shell",
+                              headers={"Authorization": "Bearer good-token", "traceparent": CALLER},
+                              json={"operationId": "s1", "command": 'printf %s "$TRACEPARENT"'})
+    assert ran.status_code == 200, ran.text
+    spans = {s["name"]: s for s in (as_span(x) for x in exporter.get_finished_spans())}
+    request, call = spans["sandbox.session_call shell"], spans["sandbox.call shell"]
+    assert (request["trace"], request["parent"]) == (CALLER_TRACE, CALLER_SPAN), "the header's span is the parent"
+    assert call["parent"] == request["id"] and call["attributes"]["durable_sandbox.operation.id"] == "calls/s1"
+    assert ran.json()["stdout"] == f"00-{CALLER_TRACE}-{call['id']}-01", "the call saw its own span as TRACEPARENT"
+
+
+def test_the_client_sends_the_current_span_or_the_env_as_traceparent(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry import trace
+
+    from durable_sandbox.tracing.traceparent import outgoing_traceparent
+
+    monkeypatch.setenv("TRACEPARENT", CALLER)
+    assert outgoing_traceparent() == CALLER, "no current span: the environment's (a tool inside a sandbox call)"
+    tracer = TracerProvider().get_tracer("t")
+    with tracer.start_as_current_span("agent") as span:
+        ctx = span.get_span_context()
+        assert outgoing_traceparent() == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    assert trace.get_current_span().get_span_context().is_valid is False

@@ -177,3 +177,13 @@ def traced_callback(method: Callable[Concatenate[C, str, P], Awaitable[T]]) -> C
                             lambda: method(self, id, *args, **kwargs))
 
     return callback
+
+
+async def under_caller(rt: RunRuntime, traceparent: str | None, name: str,
+                       attributes: Mapping[str, AttributeValue | None], body: Callable[[], Awaitable[T]]) -> T:
+    """``body`` in a span ``name``, the child of a request's ``traceparent`` header (a Sandbox's session call
+    through the call API); straight through when tracing is off."""
+    tracing = tracing_of(rt)
+    if tracing is None:
+        return await body()
+    return await within(tracing, name, attributes, body, parent=valid_traceparent(traceparent))

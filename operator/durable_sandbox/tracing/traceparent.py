@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Mapping
 
 # The caller's trace context, recorded on the run when it is created (the client library's labels, the
@@ -48,3 +50,16 @@ def annotated_caller(annotations: Mapping[str, str] | None) -> dict[str, str]:
     which users without write access to the spec may set, is enough."""
     tp = valid_traceparent((annotations or {}).get(TRACEPARENT_ANNOTATION))
     return {TRACEPARENT_LABEL: tp} if tp else {}
+
+
+def outgoing_traceparent() -> str | None:
+    """The trace context a request this process sends should carry (``traceparent`` header): the current span
+    when this process traces with OpenTelemetry (already imported: never imported here), else ``TRACEPARENT`` in
+    the environment (a tool running inside a sandbox call, which got it from the call's span)."""
+    if "opentelemetry.trace" in sys.modules:
+        from opentelemetry import trace
+
+        ctx = trace.get_current_span().get_span_context()
+        if ctx.is_valid:
+            return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    return valid_traceparent(os.environ.get(TRACEPARENT_ENV))
