@@ -39,6 +39,11 @@ EXIT_CODE = "process.exit.code"  # OpenTelemetry's semantic convention for a pro
 _restoring: ContextVar[bool] = ContextVar("durable_sandbox_restoring", default=False)
 
 
+class Restores(Protocol):
+    @property
+    def restores(self) -> int: ...
+
+
 class Session(Protocol):
     """What the hooks read of a ``sandboxes.session.SandboxSession`` (which imports this module)."""
 
@@ -49,6 +54,9 @@ class Session(Protocol):
 
     @property
     def handle(self) -> SandboxHandle | None: ...
+
+    @property
+    def state(self) -> Restores: ...
 
 
 S = TypeVar("S", bound=Session)
@@ -131,7 +139,7 @@ def _after(name: str, session: Session, span: SpanHandle) -> None:
     if name in (journal.PROVISION, journal.RESTORE) and handle is not None:
         span.set(SANDBOX_ID, handle.id)
     if name == journal.RESTORE:
-        rec = session.rt.lookup(journal.restore_id(session.sid, getattr(session, "state").restores))  # noqa: B009
+        rec = session.rt.lookup(journal.restore_id(session.sid, session.state.restores))
         meta = (rec.meta or {}) if rec is not None else {}
         span.set(SNAPSHOT_ID, meta.get(journal.META_SNAPSHOT_ID))
         span.set("durable_sandbox.restore.replayed", len(meta.get(journal.META_REPLAYED) or []))
