@@ -95,6 +95,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 enforcer_binary()  # scripts/netpol-build: kube-router, for the tests that enforce NetworkPolicy
             except RuntimeError:  # remembered; the fixture raises it
                 pass
+    if any("trace_collector" in getattr(item, "fixturenames", ()) for item in will_run(session.items)):
+        from .trace_support import collector_binary
+
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            try:
+                collector_binary()  # scripts/otelcol-build: the test trace backend (about two minutes cold)
+            except RuntimeError:  # remembered; the fixture raises it
+                pass
     if any(item.get_closest_marker("browser") for item in will_run(session.items)):
         from .browser_support import chromium
 

@@ -37,6 +37,7 @@ from durable_sandbox.engine.serialization import (
     value_digest,
 )
 from durable_sandbox.engine.step_threads import run_abandonable
+from durable_sandbox.engine.traced import traced_callback, traced_step
 
 if TYPE_CHECKING:
     from durable_sandbox.engine.runtime import RunRuntime
@@ -232,6 +233,7 @@ class Context:
     # bottom as the step's durability rules: replay, cache, start record, attempt, retry, outcome record.
     # Long on purpose: a step's durable protocol (replay, cache, start record, retry, outcome record, the
     # fault points between them) reads in one place, top to bottom, in the order its records are written.
+    @traced_step
     async def step(
         self,
         id: str,
@@ -423,6 +425,7 @@ class Context:
 
     # ------------------------------------------------------------------ callbacks and timers
 
+    @traced_callback
     async def callback(self, id: str, payload: Any = None, *, timeout: float | None = None) -> Any:
         """Wait for ``Engine.signal(run_id, <scoped id>, value)`` and return the value.
 

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from typing import Any, Literal, Protocol
 
@@ -42,6 +42,7 @@ from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.engine.state import RunState, build_state
 from durable_sandbox.engine.store import Store
+from durable_sandbox.engine.traced import traced_attempt
 from durable_sandbox.engine.workflow import WorkflowDefinition, resolve
 
 log = logging.getLogger("durable_sandbox.engine")
@@ -242,7 +243,7 @@ class RunExecutor:
         )
         rt.emit("run.resumed" if rows else "run.started", workflow=run.workflow, worker=self.worker_id)
         ctx = Context(rt)
-        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, ctx, run.input), name=run.run_id)
+        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, ctx, run), name=run.run_id)
         self._tasks[run.run_id] = wf
         self._runtimes[run.run_id] = rt
         keeper = asyncio.create_task(self._keep_lease(lease, rt, wf))
@@ -533,6 +534,11 @@ def workflow_module(run: RunRecord) -> str | None:
     return None
 
 
-async def _call_workflow(definition: WorkflowDefinition, ctx: Context, raw_input: Any) -> Any:
-    # Input validation happens inside the task so that a failure fails the run (it never hangs in "running").
-    return await definition.fn(ctx, *definition.prepare_input(raw_input))
+def _call_workflow(definition: WorkflowDefinition, ctx: Context, run: RunRecord) -> Coroutine[Any, Any, Any]:
+    """The workflow's coroutine for one execution of ``run``, in its attempt's span when tracing is on."""
+
+    async def call() -> Any:
+        # Input validation happens inside the task so that a failure fails the run (it never hangs in "running").
+        return await definition.fn(ctx, *definition.prepare_input(run.input))
+
+    return traced_attempt(ctx.operations, run, call())

@@ -56,6 +56,7 @@ from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.call_failure import failure_message
 from durable_sandbox.sandboxes.journal import reserved_operation_id, sessions_in
 from durable_sandbox.sandboxes.requirements import unmet
+from durable_sandbox.sandboxes.traced import traced_provider, traced_session
 
 log = logging.getLogger("durable_sandbox.sandboxes")
 
@@ -278,6 +279,7 @@ class SessionState:
 # ------------------------------------------------------------------------------------------ session
 
 
+@traced_session  # spans for its calls and lifecycle when tracing is on (sandboxes/traced.py)
 class SandboxSession:
     """``async with ctx.sandbox("workspace", provider="local", snapshot_every=10) as sbx: ...``"""
 
@@ -1023,7 +1025,8 @@ class SessionFactory:
 
     def __call__(self, ctx: Context, id: str, *, provider: str = "local", **options: Any) -> SandboxSession:
         rt = ctx.operations
-        return SandboxSession(rt, ctx.scope + id, self.providers(provider), **options)
+        sid = ctx.scope + id
+        return SandboxSession(rt, sid, traced_provider(rt, sid, self.providers(provider)), **options)
 
     async def _cleanup_sessions(self, rt: RunRuntime, action: str) -> None:
         rows = rt.known_rows()
