@@ -14,7 +14,7 @@ import pytest
 from tests.dsb import dsb
 from tests.unit.tracing_support import check_lossy_trace
 
-from .conftest import wait_until
+from .controlplane import wait_until
 from .trace_support import TraceCollector, running_collector, waterfall_svg
 
 pytestmark = pytest.mark.e2e

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.ports import free_port
 from tests.processes import stop_process
 from tests.unit.tracing_support import Span
 
-from .conftest import PROJECT_ROOT, wait_until
+from .controlplane import PROJECT_ROOT, wait_until
 from .node_support import _script_output
 
 OTELCOL_SCRIPT = PROJECT_ROOT / "scripts" / "otelcol-build"
@@ -27,12 +28,6 @@ READY_TIMEOUT_S = 60.0
 def collector_binary() -> Path:
     """scripts/otelcol-build's collector, once per session (the e2e conftest builds it outside any test)."""
     return _script_output(OTELCOL_SCRIPT)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _listening(port: int) -> bool:
@@ -81,7 +76,7 @@ class TraceCollector:
 def running_collector(tmp_path: Path) -> Iterator[TraceCollector]:
     """A collector writing to ``tmp_path``, stopped at the end (the ``trace_collector`` fixture of a test)."""
     binary = collector_binary()
-    port = _free_port()
+    port = free_port()
     tmp_path.mkdir(parents=True, exist_ok=True)
     output = tmp_path / "traces.jsonl"
     config = tmp_path / "otelcol.yaml"
