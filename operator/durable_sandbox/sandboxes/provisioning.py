@@ -9,12 +9,14 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from durable_sandbox.engine import faults
 from durable_sandbox.engine.records import OperationRecord, OpKind
+from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.providers.contract import (
+    RETAIN_LABEL,
     Capability,
     ConfigurationError,
     ProviderError,
@@ -159,3 +161,20 @@ class Provisioner:
                     await retries.cleanup(f"destroy unrecorded sandbox {h.id}", functools.partial(sc.provider.destroy, h))
                 except CleanupFailed as exc:  # not this run's failure: the orphan sweep removes it later
                     log.warning("run %s, session %s: %s", sc.rt.run_id, sc.sid, exc)
+
+
+def sandbox_spec(rt: RunRuntime, sid: str, *, template: str | None = None, env: Mapping[str, str] | None = None,
+                 owner: str | None = None, retain: bool = False) -> SandboxSpec:
+    """What every sandbox of session ``sid`` is made with (a provision's or restore's op id is added per make)."""
+    services = SandboxServices.of(rt)
+    return SandboxSpec(
+        template=template,
+        env=dict(env or {}),
+        owner=owner or (services.owner(rt.run_id) if services.owner is not None else None) or "durable-sandbox-local",
+        labels={
+            # The operator adds its installation label (orphan sweeps list by it); snapshots keep them.
+            **services.labels,
+            **({RETAIN_LABEL: "true"} if retain else {}),
+            "durable-sandbox.dev/run-id": rt.run_id, "durable-sandbox.dev/session": sid,
+        },
+    )

@@ -34,10 +34,8 @@ from durable_sandbox.engine.records import ErrorInfo, OperationRecord, OpKind
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
 from durable_sandbox.providers.contract import (
-    RETAIN_LABEL,
     SandboxHandle,
     SandboxProvider,
-    SandboxSpec,
     ToolCall,
     ToolResult,
 )
@@ -58,7 +56,7 @@ from durable_sandbox.sandboxes.errors import (
     ToolCallFailed,
 )
 from durable_sandbox.sandboxes.journal import reserved_operation_id
-from durable_sandbox.sandboxes.provisioning import Provisioner
+from durable_sandbox.sandboxes.provisioning import Provisioner, sandbox_spec
 from durable_sandbox.sandboxes.recovery import MAX_RECOVERIES, Recoverer
 from durable_sandbox.sandboxes.replay_policy import ReplayPlanner
 from durable_sandbox.sandboxes.scope import SessionScope
@@ -114,7 +112,7 @@ class SandboxSession:
         self.hibernate_after = hibernate_after if hibernate_after is not None else (
             rt.hibernate_after if rt.hibernate_after is not None else DEFAULT_HIBERNATE_AFTER)
         self.lease_seconds = lease_seconds
-        self.spec = _spec(rt, sid, template=template, env=env, owner=owner, retain=retain_latest_snapshot)
+        self.spec = sandbox_spec(rt, sid, template=template, env=env, owner=owner, retain=retain_latest_snapshot)
         self._operation_ids = list(operation_ids or [])
         # Where the session's next call goes: 0 for a workflow (its code calls from the first again on replay);
         # a Sandbox's own session (sessions/journal.py) is opened for one call at its place in the order.
@@ -338,19 +336,3 @@ class SandboxSession:
     async def finalize(self, *, succeeded: bool) -> None:
         await self.teardown.finalize(succeeded=succeeded, retain_latest_snapshot=self.retain_latest_snapshot)
 
-
-def _spec(rt: RunRuntime, sid: str, *, template: str | None, env: Mapping[str, str] | None, owner: str | None,
-          retain: bool) -> SandboxSpec:
-    """What every sandbox of session ``sid`` is made with (a provision's or restore's op id is added per make)."""
-    services = SandboxServices.of(rt)
-    return SandboxSpec(
-        template=template,
-        env=dict(env or {}),
-        owner=owner or (services.owner(rt.run_id) if services.owner is not None else None) or "durable-sandbox-local",
-        labels={
-            # The operator adds its installation label (orphan sweeps list by it); snapshots keep them.
-            **services.labels,
-            **({RETAIN_LABEL: "true"} if retain else {}),
-            "durable-sandbox.dev/run-id": rt.run_id, "durable-sandbox.dev/session": sid,
-        },
-    )
