@@ -1,8 +1,9 @@
 """One session's place in its run: the run it journals into, its id, its provider and what its journal says.
 
-Every piece of a session (provisioning, replay, recovery, checkpoints, teardown) works through a scope, so each can
-be used on its own: a Sandbox's own session calls (``sessions/``) build a scope over their call journal and reuse
-the checkpointer and the recoverer without a ``SandboxSession``."""
+Every piece of a session (provisioning, replay, recovery, checkpoints, teardown) works through a scope and the pieces
+it needs, never through a ``SandboxSession``, so each can be used on its own: a scope over any run's journal of
+completed calls and a provider is enough for a ``Checkpointer`` and a ``Recoverer``
+(``tests/unit/test_session_pieces.py``)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class SessionState:
     def latest(self) -> Checkpoint | None:
         return self.checkpoints[-1] if self.checkpoints else None
 
-    def forget(self, sandbox_id: str) -> None:
+    def forget(self, sandbox_id: str | None) -> None:
         """Sandbox ``sandbox_id`` is gone (destroyed or let go): neither live nor pending any more."""
         if self.handle is not None and self.handle.id == sandbox_id:
             self.handle = None
@@ -98,10 +98,7 @@ class SessionState:
                     self.recoveries += 1
                     self.recovery_attempts += 1
         elif r.kind == OpKind.SANDBOX_DESTROY.value:
-            gone = meta.get(journal.META_SANDBOX_ID)
-            if self.handle is not None and self.handle.id == gone:
-                self.handle = None
-            self.pending_handles = [h for h in self.pending_handles if h.id != gone]
+            self.forget(meta.get(journal.META_SANDBOX_ID))
         elif r.kind == OpKind.SANDBOX_SNAPSHOT.value:
             self.checkpoints.append(Checkpoint(int(meta["count"]), r.result["snapshotId"], r.op_id))
         elif r.kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value:
