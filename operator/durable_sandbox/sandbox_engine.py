@@ -39,8 +39,8 @@ class Engine(_BareEngine):
         inline_sleep_limit: float = 5.0,
         unresolvable: Unresolvable = "leave",
     ) -> None:
+        from durable_sandbox.sandboxes.factory import SessionFactory
         from durable_sandbox.sandboxes.journal import SandboxJournal
-        from durable_sandbox.sandboxes.session import SessionFactory
         from durable_sandbox.stores import SqliteStore
         from durable_sandbox.tracing import Tracing
 

@@ -55,7 +55,7 @@ Unresolvable = Literal["fail", "leave"]
 
 class RunHooks(Protocol):
     """What the engine calls at a run's turning points, for the resources ``ctx.sandbox`` holds (the sandbox
-    sessions: ``sandboxes.session.SessionFactory``)."""
+    sessions: ``sandboxes.factory.SessionFactory``)."""
 
     async def after_run(self, rt: RunRuntime, status: RunStatus) -> None:
         """The run ends ``status`` (its final commit follows): release what only a success keeps."""

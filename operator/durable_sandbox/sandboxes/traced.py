@@ -3,7 +3,8 @@ a loss and the restore that follows it, and every call a restore replays into th
 ``durable_sandbox.replay``); a call taken from the journal is an event. Each sandbox call gets ``TRACEPARENT``
 in its environment (shell calls: the only kind with one), so the agent's own tools can continue the trace.
 
-Thin on purpose, like engine/traced.py: decorators on ``SandboxSession``'s methods and a provider wrapper
+Thin on purpose, like engine/traced.py: decorators on the methods of ``SandboxSession`` (its calls) and of the
+pieces it is made of (``Provisioner``, ``Checkpointer``, ``Recoverer``), and a provider wrapper
 (:func:`traced_provider`) that only exists while tracing is on. The wrapper adds ``TRACEPARENT`` after the
 call was journaled and digested, so the journal never holds it and a replay's digest does not change.
 """
@@ -45,12 +46,20 @@ class Restores(Protocol):
 
 
 class Session(Protocol):
-    """What the hooks read of a ``sandboxes.session.SandboxSession`` (which imports this module)."""
+    """What the hooks read of a session: a ``SandboxSession`` itself, or a piece's ``SessionScope`` (the session
+    and its pieces import this module, not the other way round)."""
 
-    rt: RunRuntime
-    sid: str
-    provider: SandboxProvider
-    generation: int
+    @property
+    def rt(self) -> RunRuntime: ...
+
+    @property
+    def sid(self) -> str: ...
+
+    @property
+    def provider(self) -> SandboxProvider: ...
+
+    @property
+    def generation(self) -> int: ...
 
     @property
     def handle(self) -> SandboxHandle | None: ...
@@ -59,7 +68,27 @@ class Session(Protocol):
     def state(self) -> Restores: ...
 
 
-S = TypeVar("S", bound=Session)
+class _ScopeView:
+    """A piece's ``scope`` (``sandboxes/scope.py``) read as the hooks read a session."""
+
+    def __init__(self, scope: Any) -> None:
+        self._scope = scope
+
+    rt = property(lambda self: self._scope.rt)
+    sid = property(lambda self: self._scope.sid)
+    provider = property(lambda self: self._scope.provider)
+    generation = property(lambda self: self._scope.generation)
+    state = property(lambda self: self._scope.state)
+    handle = property(lambda self: self._scope.state.handle)
+
+
+def _session(owner: Any) -> Session:
+    """The session a hooked method belongs to: the object itself, or the scope of the piece it is a method of."""
+    scope = getattr(owner, "scope", None)
+    return cast(Session, _ScopeView(scope) if scope is not None else owner)
+
+
+S = TypeVar("S")
 
 
 def _base(session: Session) -> dict[str, AttributeValue | None]:
@@ -81,13 +110,14 @@ def traced_call(method: Callable[Concatenate[S, ToolCall, P], Awaitable[ToolResu
 
     @functools.wraps(method)
     async def call(self: S, tool_call: ToolCall, *args: P.args, **kwargs: P.kwargs) -> ToolResult:
-        tracing = tracing_of(self.rt)
+        session = _session(self)
+        tracing = tracing_of(session.rt)
         if tracing is None:
             return await method(self, tool_call, *args, **kwargs)
-        op_id = journal.call_id(self.sid, tool_call.operation_id)
-        if replayed(tracing, self.rt, op_id, journal.CALL):
+        op_id = journal.call_id(session.sid, tool_call.operation_id)
+        if replayed(tracing, session.rt, op_id, journal.CALL):
             return await method(self, tool_call, *args, **kwargs)
-        attributes = {**_base(self), OP_ID: op_id, OP_KIND: journal.CALL, CALL_TYPE: tool_call.type, REPLAY: False}
+        attributes = {**_base(session), OP_ID: op_id, OP_KIND: journal.CALL, CALL_TYPE: tool_call.type, REPLAY: False}
         return await within(tracing, f"sandbox.call {tool_call.type}", attributes,
                             lambda: method(self, tool_call, *args, **kwargs), done=_result_attributes)
 
@@ -102,17 +132,18 @@ def traced_lifecycle(name: str, *, recorded: Callable[[Any, tuple[Any, ...]], st
     def wrap(method: Callable[Concatenate[S, P], Awaitable[T]]) -> Callable[Concatenate[S, P], Awaitable[T]]:
         @functools.wraps(method)
         async def lifecycle(self: S, *args: P.args, **kwargs: P.kwargs) -> T:
-            tracing = tracing_of(self.rt)
+            session = _session(self)
+            tracing = tracing_of(session.rt)
             if tracing is None:
                 return await method(self, *args, **kwargs)
-            op_id = recorded(self, args) if recorded is not None else None
-            if op_id is not None and replayed(tracing, self.rt, op_id, name):
+            op_id = recorded(session, args) if recorded is not None else None
+            if op_id is not None and replayed(tracing, session.rt, op_id, name):
                 return await method(self, *args, **kwargs)
-            attributes = {**_base(self), OP_KIND: name, OP_ID: op_id, **_arguments(name, args, kwargs)}
+            attributes = {**_base(session), OP_KIND: name, OP_ID: op_id, **_arguments(name, args, kwargs)}
             token = _restoring.set(True) if name == journal.RESTORE else None
             try:
                 return await within(tracing, name, attributes, lambda: method(self, *args, **kwargs),
-                                    done=lambda span, _: _after(name, self, span))
+                                    done=lambda span, _: _after(name, session, span))
             finally:
                 if token is not None:
                     _restoring.reset(token)
@@ -147,12 +178,12 @@ def _after(name: str, session: Session, span: SpanHandle) -> None:
 
 
 def snapshot_record(session: Any, args: tuple[Any, ...]) -> str | None:
-    """The journal id of ``_checkpoint(count)``: a replay passes checkpoints that are recorded already."""
+    """The journal id of ``Checkpointer.checkpoint(count)``: a replay passes checkpoints that are recorded already."""
     return journal.snapshot_id(session.sid, args[0], session.generation) if args else None
 
 
 def delete_record(session: Any, args: tuple[Any, ...]) -> str | None:
-    """The journal id of ``_delete_snapshot(checkpoint)``."""
+    """The journal id of ``Checkpointer.delete(checkpoint)``."""
     return journal.delete_id(args[0].op_id) if args else None
 
 
@@ -194,23 +225,32 @@ def _with_traceparent(call: ToolCall, traceparent: str | None) -> ToolCall:
     return call.model_copy(update={"args": {**call.args, "env": env}})
 
 
-def traced_session(cls: type[S]) -> type[S]:
-    """``SandboxSession`` with its hooks worn (a class decorator, so the session's own code stays as it was): a
-    method renamed or removed fails here, at import, never as a span that silently stops."""
-    hooks: dict[str, Callable[[Any], Any]] = {
-        "call": traced_call,
-        "_provision": traced_lifecycle(journal.PROVISION),
-        "_checkpoint": traced_lifecycle(journal.SNAPSHOT, recorded=snapshot_record),
-        "_delete_snapshot": traced_lifecycle(journal.SNAPSHOT_DELETE, recorded=delete_record),
-        "_recover": traced_lifecycle(LOSS),  # what a loss sets off: destroy the lost sandbox, restore
-        "_restore": traced_lifecycle(journal.RESTORE),
-    }
+def _wear(cls: type[T], hooks: dict[str, Callable[[Any], Any]]) -> type[T]:
+    """``cls`` with ``hooks`` worn on its methods (so its own code stays as it was): a method renamed or removed
+    fails here, at import, never as a span that silently stops."""
+    if cls.__dict__.get("_dsb_traced"):
+        return cls
     for name, hook in hooks.items():
         method = cls.__dict__.get(name)
         if method is None:
             raise TypeError(f"{cls.__name__} has no method {name!r} for its tracing hook (sandboxes/traced.py)")
         setattr(cls, name, hook(method))
+    setattr(cls, "_dsb_traced", True)  # noqa: B010 - a marker on the class, not an attribute of its instances
     return cls
+
+
+def traced_session(cls: type[T]) -> type[T]:
+    """``SandboxSession`` with its calls in spans (a class decorator)."""
+    return _wear(cls, {"call": traced_call})
+
+
+def traced_pieces(provisioner: type[Any], checkpointer: type[Any], recoverer: type[Any]) -> None:
+    """The session's pieces with their lifecycle in spans: provisioning, checkpoints and their deletion, a loss
+    (what it sets off: destroy the lost sandbox, restore) and the restore."""
+    _wear(provisioner, {"provision": traced_lifecycle(journal.PROVISION)})
+    _wear(checkpointer, {"checkpoint": traced_lifecycle(journal.SNAPSHOT, recorded=snapshot_record),
+                         "delete": traced_lifecycle(journal.SNAPSHOT_DELETE, recorded=delete_record)})
+    _wear(recoverer, {"recover": traced_lifecycle(LOSS), "restore": traced_lifecycle(journal.RESTORE)})
 
 
 def traced_provider(rt: RunRuntime, sid: str, provider: SandboxProvider) -> SandboxProvider:
