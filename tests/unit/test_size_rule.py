@@ -35,8 +35,6 @@ ALLOWED = {
     "providers/e2b.py::E2BProvider": 550,
     "providers/testing.py::ProviderContractSuite": 354,
     "sandboxes/session.py::SandboxSession": 709,
-    "stores/postgres.py::PostgresStore": 456,
-    "stores/sqlite.py::SqliteStore": 353,
     "stores/testing.py::StoreContractSuite": 515,
 }
 
