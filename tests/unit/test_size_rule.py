@@ -33,9 +33,7 @@ ALLOWED = {
     "engine/executor.py::RunExecutor.execute": 99,
     "engine/runtime.py::RunRuntime": 359,
     "providers/e2b.py::E2BProvider": 550,
-    "providers/testing.py::ProviderContractSuite": 354,
     "sandboxes/session.py::SandboxSession": 709,
-    "stores/testing.py::StoreContractSuite": 515,
 }
 
 
