@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Self, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Self, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
@@ -34,14 +34,14 @@ _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 1.0
 SERVER_NOW = "extract(epoch from clock_timestamp())::double precision"
 
 # SQLSTATEs that mean "the server is away or turning us away for now", not "this request is wrong".
-_OUTAGE_STATES = {"57P01", "57P02", "57P03", "53300", "40001", "40P01"}
+_OUTAGE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01"})
 # SQLSTATEs (or their classes, two characters) that mean "the server refuses this for good, until someone acts":
 # a privilege taken away, the login refused, the disk full, a standby that takes no writes, a value over a
 # limit, the schema or database dropped. Raised as StoreRefused: the run stops where it is, nothing recorded,
 # and its owner says why (the operator: JournalWriteRefused, retried later), never a crash or the run's failure.
-_REFUSED_STATES = {"42501", "25006", "3D000", "3F000", "42P01"}
-_REFUSED_CLASSES = {"28", "53", "54"}
-_REFUSAL_HINTS = {
+_REFUSED_STATES = frozenset({"42501", "25006", "3D000", "3F000", "42P01"})
+_REFUSED_CLASSES = frozenset({"28", "53", "54"})
+_REFUSAL_HINTS: Final[Mapping[str, str]] = {
     "42501": "grant the store's role USAGE on its schema and SELECT, INSERT, UPDATE, DELETE on its tables",
     "25006": "the server takes no writes (a standby, or default_transaction_read_only): point the URL at the primary",
     "28": "the server refused the login: check the role and its password ($PGPASSWORD, ~/.pgpass, the Secret)",

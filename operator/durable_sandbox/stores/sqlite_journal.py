@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 from durable_sandbox.engine.errors import LeaseLost, StoreError
 from durable_sandbox.engine.records import Commit, OperationRecord
@@ -39,7 +40,7 @@ def _op_fenced(n: int, check_cancel: bool) -> str:
     )
 
 
-_OP_FENCED = {(n, check): _op_fenced(n, check) for n in range(1, _OP_FENCED_MAX + 1) for check in (False, True)}
+_OP_FENCED: Final[Mapping[tuple[int, bool], str]] = {(n, check): _op_fenced(n, check) for n in range(1, _OP_FENCED_MAX + 1) for check in (False, True)}
 
 
 class SqliteJournal(SqliteRuns):
