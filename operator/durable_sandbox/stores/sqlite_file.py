@@ -3,8 +3,8 @@ in WAL mode, transactions, SQLite's errors said with the path and what to do, an
 naming the file this process writes to. The store's jobs (``sqlite_runs.py``, ``sqlite_journal.py``, ...) are
 built on this class; ``SqliteStore`` (``sqlite.py``) puts them together.
 
-``wall_clock`` is the SQLite store's wall clock (leases, due runs, cache and thread-state times): the one place tests move
-it (``durable_sandbox.testing.FakeClock``).
+``wall_clock`` is the SQLite store's wall clock (leases, due runs, cache and thread-state times): the one place
+tests move it (``durable_sandbox.testing.FakeClock``).
 """
 
 from __future__ import annotations
