@@ -13,8 +13,8 @@ from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.providers.contract import ConfigurationError, SandboxProvider
 from durable_sandbox.sandboxes.journal import sessions_in
 from durable_sandbox.sandboxes.session import SandboxSession
-from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sandboxes.state import SessionState
+from durable_sandbox.sandboxes.traced import traced_provider
 
 ProviderSource = Mapping[str, SandboxProvider] | Callable[[str], SandboxProvider] | None
 
