@@ -18,7 +18,10 @@ def calls_run_id(uid: str) -> str:
     id (those end ``-<8 hex>``). Named here, beside the Sandbox, because its deletion goes with the Sandbox's."""
     return f"dsbx.{uid}.calls"
 
-__all__ = ["OPERATION_LABEL", "SANDBOX_LABEL", "SandboxControllerSettings", "SandboxView"]
+
+CALLS_SESSION = "calls"  # the session id of a Sandbox's own calls in that run (op ids ``calls/<operationId>``)
+
+__all__ = ["CALLS_SESSION", "OPERATION_LABEL", "SANDBOX_LABEL", "SandboxControllerSettings", "SandboxView"]
 
 SANDBOX_LABEL = "durable-sandbox.dev/sandbox"  # on the provider's sandbox: the Sandbox resource it is
 OPERATION_LABEL = "durable-sandbox.dev/operation"  # ... and the operation that made it (to adopt it after a crash)

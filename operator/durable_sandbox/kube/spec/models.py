@@ -398,6 +398,12 @@ class SandboxResourceSpec(ResourceSandboxSettings):
         "seconds; the next Workflow that uses it (spec.sandboxRef) resumes it from the snapshot. Unset: never on "
         "idleness. spec.suspend wins over it.",
     )] | None = None
+    snapshot_every_n_calls: Annotated[int, Field(
+        ge=0, le=10_000, strict=True,
+        description="Snapshot the sandbox after every N completed session calls (calls made to this Sandbox "
+        "through the call API); a lost sandbox is restored from the newest snapshot and only the session calls "
+        "after it are replayed. 0: no session snapshots (a loss replays every session call).",
+    )] = 0
 
     @field_validator("provider")
     @classmethod
