@@ -18,6 +18,7 @@ from typing import Any
 from durable_sandbox.kube.api.resources import SANDBOXES, CustomObjects
 from durable_sandbox.kube.holders.holding import SESSION_CLAIM, Holding, SandboxHeld
 from durable_sandbox.kube.journal.sandbox_records import LINEAGE, SandboxRecords
+from durable_sandbox.kube.sandbox.view import LOSS_REPORTED
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.journal import SandboxRef
@@ -53,8 +54,9 @@ class KubeSandboxGate:
         return SandboxRef(namespace, name, str(body["metadata"]["uid"]), snapshot_every=every if isinstance(every, int) else 0)
 
     async def replaced(self, ref: SandboxRef, lost: str) -> SandboxHandle:
-        """The live sandbox once the controller has replaced ``lost`` (it notices a loss at its next liveness check,
-        within half of spec.leaseSeconds); the call keeps holding the Sandbox meanwhile."""
+        """The live sandbox once the controller has replaced ``lost``; the call keeps holding the Sandbox meanwhile.
+        ``status.lossReported`` wakes the controller to check it at once (else it would at its next renewal)."""
+        await self.objects.patch_status(SANDBOXES, ref.namespace, ref.name, {LOSS_REPORTED: lost})
         deadline = time.monotonic() + self.ready_timeout
         while True:
             try:

@@ -606,6 +606,10 @@ class SandboxResourceStatus(_Status):
     )
     operation_count: int = Field(default=0, description="How many provider operations were started (numbers their ids).")
     holder: str | None = Field(default=None, description="The Workflow whose calls run in this sandbox now.")
+    loss_reported: str | None = Field(
+        default=None, description="The live sandbox a session call found gone or unusable: a hint that makes the "
+        "controller check it now (with the provider) instead of at its next lease renewal.",
+    )
     state: str | None = Field(
         default=None, description="Ready: live and held by a Workflow; Idle: live, no Workflow holds it (so no call "
         "runs); Suspended: no live sandbox (spec.suspend, or spec.idleSuspendAfterSeconds).",
