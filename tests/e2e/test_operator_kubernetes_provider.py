@@ -50,12 +50,13 @@ class Cluster:
         self.cp, self.ns, self.s3, self.start = cp, ns, s3, start
         self.bucket = "op-" + secrets.token_hex(5)
 
-    def operator(self, **extra: str) -> OperatorProcess:
+    def operator(self, *args: str, fault: str | None = None, home: Path | None = None, name: str | None = None,
+                 **extra: str) -> OperatorProcess:
         env = {**self.s3.environ(self.bucket, prefix="dsb"), "DSB_K8S_NAMESPACES": self.ns, **extra,
                # The node's control plane, whatever KUBECONFIG the session's plain one set.
                "KUBECONFIG": str(self.cp.kubeconfig),
                "DSB_K8S_TEMPLATE": json.dumps({"image": IMAGE, "imagePullPolicy": "Never"})}
-        op: OperatorProcess = self.start(env=env)
+        op: OperatorProcess = self.start(*args, env=env, fault=fault, home=home, name=name)
         return op
 
     def workflow(self, name: str, **spec: Any) -> dict[str, Any]:
