@@ -99,9 +99,9 @@ class AttachedSandboxLost(DurableError):
     """The live sandbox of the Sandbox resource a session attached to is gone: its controller re-creates it (a
     Sandbox's own session calls wait for that and rebuild, ``sessions/rebuild.py``; a Workflow's run fails)."""
 
-    def __init__(self, message: str, sandbox_id: str | None) -> None:
+    def __init__(self, message: str, lost: SandboxHandle | None) -> None:
         super().__init__(message)
-        self.sandbox_id = sandbox_id
+        self.sandbox_id = lost.id if lost is not None else None
 
 
 
@@ -755,9 +755,7 @@ class SandboxSession:
             raise AttachedSandboxLost(
                 f"Sandbox {self.sid!r}: the sandbox of Sandbox resource {self._attached_name()!r} "
                 f"was lost ({why}); its controller re-creates it from its newest snapshot. Run the Workflow again "
-                f"(or give it spec.retry) to continue in the re-created sandbox.",
-                self.state.handle.id if self.state.handle is not None else None,
-            )
+                f"(or give it spec.retry) to continue in the re-created sandbox.", self.state.handle)
         while True:
             if self.state.recovery_attempts >= MAX_RECOVERIES:
                 raise RecoveryBudgetExhausted(self.sid, MAX_RECOVERIES)

@@ -103,7 +103,7 @@ class SessionJournal:
                 interrupted = rt.lookup(journal.call_id(SESSION, call.operation_id)) is not None
                 for _ in range(MAX_REPLACEMENTS):
                     try:
-                        await rebuild(rt, handle, provider, await gate.lineage(ref), interrupted=interrupted,
+                        await rebuild(rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
                                       before=_index_of(rt, call.operation_id), where=ref.where)
                         return await self._execute(ref, rt, handle, provider, call, on_replay)
                     except SandboxUnknown as unknown:

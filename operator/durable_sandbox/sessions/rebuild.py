@@ -23,7 +23,7 @@ exactly once; an effect of an interrupted call outside the sandbox may happen tw
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -110,10 +110,12 @@ def held_by(sandbox_id: str, held: Mapping[str, int], snapshots: Mapping[str, in
     return None
 
 
-async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider, lineage: Mapping[str, str],
-                  *, before: int, interrupted: bool, where: str) -> None:
+async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
+                  lineage: Callable[[], Awaitable[Mapping[str, str]]], *, before: int, interrupted: bool,
+                  where: str) -> None:
     """Bring ``handle`` to hold exactly the session's completed calls before index ``before`` (see the module's
-    docstring); :class:`SandboxUnknown` when it cannot be used (then it has been destroyed, if it was there)."""
+    docstring); :class:`SandboxUnknown` when it cannot be used (then it has been destroyed, if it was there).
+    ``lineage`` is read only for a sandbox the journal does not know (the first call into a replacement)."""
     held, snapshots, cut = held_counts(rt.rows)
     if handle.id in cut or (interrupted and handle.id in held):
         why = ("its rebuild was cut short" if handle.id in cut else
@@ -125,11 +127,11 @@ async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvid
         except SandboxGone:
             pass
         raise SandboxUnknown(handle.id, why)
-    has = held_by(handle.id, held, snapshots, lineage)
+    if handle.id in held and held[handle.id] >= before:
+        return  # the sandbox the previous call ran in (the common case: nothing read, nothing written)
+    has = held_by(handle.id, held, snapshots, await lineage())
     if has is None:
         has = before  # a sandbox from before lineage was recorded: it has been holding every call
-    if handle.id in held and has >= before:
-        return
     state = SessionState.derive(CALLS_SESSION, rt.rows)
     plan = [i for i in sorted(state.calls) if has <= i < before]
     op_id = f"{REBUILD}/{handle.id}"
