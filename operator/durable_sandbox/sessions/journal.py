@@ -38,7 +38,13 @@ from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
 from durable_sandbox.kube.sandbox.view import CALLS_SESSION, calls_run_id
 from durable_sandbox.kube.store import OwnerRef
-from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider, ToolCall, ToolResult
+from durable_sandbox.providers.contract import (
+    Capability,
+    SandboxHandle,
+    SandboxProvider,
+    ToolCall,
+    ToolResult,
+)
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.session import AttachedSandboxLost, SandboxServices, SandboxSession
 from durable_sandbox.sessions.errors import CallRefused
@@ -98,6 +104,10 @@ class SessionJournal:
             if done is not None:
                 return done
             async with gate.live(ref) as (handle, provider):
+                if ref.snapshot_every and not provider.capabilities().supports(Capability.SNAPSHOT):
+                    raise CallRefused(409, f"spec.snapshotEveryNCalls is {ref.snapshot_every}, but provider "
+                                      f"{provider.name} cannot snapshot", where=f"{ref.where}, spec.snapshotEveryNCalls",
+                                      do="set spec.snapshotEveryNCalls to 0, or use a provider with snapshots")
                 # Started before and never answered: the operator stopped while it ran, in the sandbox it may have
                 # changed (if that one is still live, its state is unknown).
                 interrupted = rt.lookup(journal.call_id(SESSION, call.operation_id)) is not None
