@@ -12,8 +12,15 @@ from typing import Any
 import pytest
 
 from durable_sandbox.engine.records import OperationRecord
-from durable_sandbox.providers.contract import SandboxHandle, ToolCall, ToolResult
+from durable_sandbox.providers.contract import (
+    Capability,
+    ProviderCapabilities,
+    SandboxHandle,
+    ToolCall,
+    ToolResult,
+)
 from durable_sandbox.providers.local import LocalProvider
+from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.journal import calls_run_id
 from durable_sandbox.sessions.models import CallRequest, ShellRequest
 from durable_sandbox.sessions.rebuild import REBUILD, held_by
@@ -184,3 +191,19 @@ def test_what_a_sandbox_holds_follows_its_lineage() -> None:
     assert held_by("sbx-4", held, snapshots, lineage) == 0  # provisioned fresh
     assert held_by("sbx-5", held, snapshots, lineage) is None  # a snapshot nobody recorded
     assert held_by("sbx-9", held, snapshots, lineage) is None
+
+
+class NoSnapshots(LocalProvider):
+    def capabilities(self) -> ProviderCapabilities:
+        caps = super().capabilities()
+        return caps.model_copy(update={"supported": caps.supported - {Capability.SNAPSHOT}})
+
+
+async def test_snapshots_every_n_calls_on_a_provider_that_cannot_snapshot_are_refused_before_anything_runs(
+        tmp_path: Path) -> None:
+    outside = tmp_path / "outside.log"
+    _, _, svc = await setup(tmp_path, every=2, provider=NoSnapshots(tmp_path / "home"))
+    with pytest.raises(CallRefused) as refused:
+        await send(svc, shell("a", f"echo ran >> {outside}"))
+    assert refused.value.status == 409 and refused.value.body.where.endswith("spec.snapshotEveryNCalls")
+    assert effects(outside) == []
