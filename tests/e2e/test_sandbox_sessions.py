@@ -36,24 +36,9 @@ from tests.e2e.operator_support import (
 )
 from tests.e2e.operator_support import wait_condition as wait_workflow
 from tests.e2e.sandbox_support import sandbox, set_suspend, status, wait_for
+from tests.e2e.session_caller_support import CALLER_RULE, caller_token
 
 __all__ = ["namespace", "operators"]  # fixtures
-
-CALLER_RULE = {"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxes/calls"], "verbs": ["create"]}
-
-
-def caller_token(cp: ControlPlane, ns: str, sa: str, *, granted: bool) -> str:
-    """A TokenRequest token of ServiceAccount ``sa`` in ``ns``, bound (``granted``) to create sandboxes/calls there."""
-    cp.kubectl("create", "serviceaccount", sa, "-n", ns)
-    if granted:
-        cp.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                  "metadata": {"name": f"{sa}-calls"}, "rules": [CALLER_RULE]}, "-n", ns)
-        cp.kubectl("create", "rolebinding", f"{sa}-calls", f"--role={sa}-calls", f"--serviceaccount={ns}:{sa}", "-n", ns)
-        wait_until(lambda: cp.kubectl("auth", "can-i", "create", "sandboxes.durable-sandbox.dev", "--subresource=calls", "-n", ns,
-                                      as_user=f"system:serviceaccount:{ns}:{sa}", check=False).returncode == 0,
-                   30, f"RBAC to grant {sa}")
-    return cp.kubectl("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
-
 
 def start(operators: Any, port: int, **kwargs: Any) -> OperatorProcess:
     op: OperatorProcess = operators("--allow-local-provider", "--session-port", str(port), "--session-host", "127.0.0.1",

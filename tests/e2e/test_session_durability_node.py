@@ -17,10 +17,10 @@ from typing import Any
 from durable_sandbox.client import SandboxClient
 from durable_sandbox.sessions.journal import SESSION, calls_run_id
 from tests.e2e.conftest import wait_until
+from tests.e2e.kubernetes_operator_support import Cluster, cluster
 from tests.e2e.operator_support import events, free_port, http_get, journal, namespace, operators
 from tests.e2e.sandbox_support import control_plane_on_the_node, node, wait_for
-from tests.e2e.test_operator_kubernetes_provider import Cluster, cluster
-from tests.e2e.test_sandbox_sessions import caller_token
+from tests.e2e.session_caller_support import caller_token
 
 __all__ = ["cluster", "control_plane_on_the_node", "namespace", "node", "operators"]  # fixtures
 
