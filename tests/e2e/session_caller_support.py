@@ -3,9 +3,12 @@ of session calls: ``test_sandbox_sessions.py``, ``test_session_durability_node.p
 
 from __future__ import annotations
 
-from tests.e2e.conftest import ControlPlane, wait_until
+from typing import Any
 
-__all__ = ["CALLER_RULE", "caller_token"]
+from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.operator_support import OperatorProcess, http_get
+
+__all__ = ["CALLER_RULE", "caller_token", "start"]
 
 CALLER_RULE = {"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxes/calls"], "verbs": ["create"]}
 
@@ -21,3 +24,11 @@ def caller_token(cp: ControlPlane, ns: str, sa: str, *, granted: bool) -> str:
                                       as_user=f"system:serviceaccount:{ns}:{sa}", check=False).returncode == 0,
                    30, f"RBAC to grant {sa}")
     return cp.kubectl("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
+
+
+def start(operators: Any, port: int, **kwargs: Any) -> OperatorProcess:
+    op: OperatorProcess = operators("--allow-local-provider", "--session-port", str(port), "--session-host", "127.0.0.1",
+                                    **kwargs)
+    wait_until(lambda: http_get(port, "/healthz")[0] == 200 or not op.alive(), 60, "the session API to answer")
+    assert op.alive(), op.logs()[-3000:]
+    return op

@@ -26,9 +26,7 @@ from tests.docs_commands import ROOT, commands_run_by
 from tests.dsb import DSB
 from tests.e2e.conftest import ControlPlane, wait_until
 from tests.e2e.operator_support import (
-    OperatorProcess,
     free_port,
-    http_get,
     journal,
     manifest,
     namespace,
@@ -36,17 +34,9 @@ from tests.e2e.operator_support import (
 )
 from tests.e2e.operator_support import wait_condition as wait_workflow
 from tests.e2e.sandbox_support import sandbox, set_suspend, status, wait_for
-from tests.e2e.session_caller_support import CALLER_RULE, caller_token
+from tests.e2e.session_caller_support import CALLER_RULE, caller_token, start
 
 __all__ = ["namespace", "operators"]  # fixtures
-
-def start(operators: Any, port: int, **kwargs: Any) -> OperatorProcess:
-    op: OperatorProcess = operators("--allow-local-provider", "--session-port", str(port), "--session-host", "127.0.0.1",
-                                    **kwargs)
-    wait_until(lambda: http_get(port, "/healthz")[0] == 200 or not op.alive(), 60, "the session API to answer")
-    assert op.alive(), op.logs()[-3000:]
-    return op
-
 
 def ready_box(cp: ControlPlane, ns: str, operators: Any, port: int) -> str:
     """An operator serving the call API on ``port``, Sandbox ``box`` Ready, and a token of a ServiceAccount that may
