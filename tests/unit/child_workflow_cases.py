@@ -5,6 +5,7 @@ the ``location`` a separate process opens it by)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -16,6 +17,7 @@ import pytest
 from durable_sandbox.engine import Engine
 from durable_sandbox.engine.children import PARENT_LABEL, ChildWorkflowFailed, child_run_id
 from durable_sandbox.engine.store import Store
+from tests.dsb import dsb
 from tests.unit import compose_worker
 from tests.unit.composition_flows import one_child, planner, start_then_join
 from tests.unit.engine_support import ops
@@ -175,6 +177,18 @@ class ChildWorkflowCases:
         middle = child_run_id("g", "middle")
         assert (await engine.inspect(middle)).status == "cancelled"
         assert (await engine.inspect(child_run_id(middle, "only"))).status == "cancelled"
+
+    async def test_dsb_run_runs_a_family_and_inspect_shows_the_children(self, engine: Engine, tmp_path: Path) -> None:
+        log = tmp_path / "log"
+        ran = dsb("--store", self.location, "-o", "json", "run", "tests.unit.composition_flows:planner",
+                  "--input", json.dumps({"log": str(log), "n": 2}), "--run-id", "cli", process=True)
+        assert ran.exit_code == 0, ran.output
+        assert json.loads(ran.stdout)["status"] == "succeeded"
+        assert sorted(lines(log)) == ["critic", "work:p0", "work:p1"]
+        shown = dsb("--store", self.location, "-o", "json", "inspect", child_run_id("cli", "work/p0/child"),
+                    process=True)
+        assert shown.exit_code == 0, shown.output
+        assert json.loads(shown.stdout)["labels"] == {PARENT_LABEL: "cli"}
 
     # ------------------------------------------------------------------ crashes
 

@@ -102,3 +102,9 @@ def test_ui_pages_http_part(tmp_path: Path) -> None:
     assert res["http_runs_page_s"]["median"] > 0 and res["baseline_dsb_runs_s"]["median"] > 0
     assert res["http_timeline_big"]["bytes"] > res["http_timeline_small"]["bytes"] > 0
     assert json.loads(out.read_text())["runs"] == 12
+
+
+def test_child_workflows(tmp_path: Path) -> None:
+    out = tmp_path / "children.json"
+    res = _load("child_workflows").main(["--children", "3", "--rounds", "1", "--tmp", str(tmp_path), "--out", str(out)])
+    assert res["ratios"]["child_vs_step"] > 0 and out.exists()
