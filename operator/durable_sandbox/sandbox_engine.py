@@ -40,10 +40,10 @@ class Engine(_BareEngine):
         unresolvable: Unresolvable = "leave",
     ) -> None:
         from durable_sandbox.sandboxes.journal import SandboxJournal
-        from durable_sandbox.sandboxes.session import SessionFactory
+        from durable_sandbox.sandboxes.passover import PassingSessionFactory
         from durable_sandbox.stores import SqliteStore
 
-        factory = SessionFactory(providers)
+        factory = PassingSessionFactory(providers)  # sessions that pass over at ctx.continue_as_new
         super().__init__(
             store if store is not None else SqliteStore(), sandbox_factory=factory, hooks=factory,
             reader=SandboxJournal(),

@@ -73,3 +73,36 @@ async def one_child(ctx: Any, inp: dict[str, Any]) -> Any:
 @workflow(name="compose-grandparent")
 async def grandparent(ctx: Any, inp: dict[str, Any]) -> Any:
     return await ctx.child_workflow(one_child, inp, id="middle")
+
+
+@workflow(name="compose-counter")
+async def counter(ctx: Any, inp: dict[str, Any]) -> dict[str, Any]:
+    """One step per run, then continue as new until ``rounds`` runs have counted."""
+    n = inp.get("n", 0)
+    await ctx.step("count", effect, inp["log"], f"count:{n}")
+    if n + 1 < inp["rounds"]:
+        await ctx.continue_as_new({**inp, "n": n + 1})
+    return {"counted": n + 1}
+
+
+@workflow(name="compose-session-agent")
+async def session_agent(ctx: Any, inp: dict[str, Any]) -> dict[str, Any]:
+    """An agent's session that continues as new every ``per_run`` calls, carrying its sandbox: each call appends
+    a line to a file in the workspace, so the last run sees every call any run of the chain made."""
+    i, total = inp.get("i", 0), inp["total"]
+    async with ctx.sandbox("ws", provider="local", snapshot_every=inp.get("snapshot_every", 0)) as sbx:
+        sandbox = sbx.handle.id if sbx.handle else None
+        for _ in range(inp["per_run"]):
+            if i >= total:
+                break
+            await sbx.shell(f"echo call-{i} >> calls.txt", operation_id=f"c{i}")
+            i += 1
+        if i < total:
+            await ctx.continue_as_new({**inp, "i": i})
+        listed = await sbx.shell("cat calls.txt", operation_id="final")
+    return {"lines": listed.stdout.split(), "sandbox": sandbox}
+
+
+@workflow(name="compose-continuing-child")
+async def continuing_child_parent(ctx: Any, inp: dict[str, Any]) -> Any:
+    return await ctx.child_workflow(counter, {"log": inp["log"], "rounds": 3}, id="counter")

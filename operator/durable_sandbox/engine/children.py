@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from durable_sandbox.engine import faults
 from durable_sandbox.engine.client import RunClient
+from durable_sandbox.engine.continue_as_new import follow
 from durable_sandbox.engine.errors import LeaseHeld, StepFailed, Suspend
 from durable_sandbox.engine.records import ErrorInfo, OperationRecord, OpKind, OpStatus, RunRecord, RunStatus
 from durable_sandbox.engine.serialization import input_digest, revalidate
@@ -210,10 +211,14 @@ async def _result(handle: ChildHandle) -> Any:
             raise ChildWorkflowFailed.from_record(rec)
         rec = await _retry(rt, rec, handle)  # the parent was retried: resume the failed child
     runs = _runs(rt)
-    child = await RunClient(rt.store).get(handle.run_id)
-    if not _outcome_ready(child, rec):
-        await runs.drive(handle.run_id, handle.definition)
-        child = await RunClient(rt.store).get(handle.run_id)
+    # A child that continued as new ends with the last run of its chain (engine/continue_as_new.py).
+    child = await follow(rt.store, await RunClient(rt.store).get(handle.run_id))
+    while not _outcome_ready(child, rec):
+        driven = child.run_id
+        await runs.drive(driven, handle.definition)
+        child = await follow(rt.store, await RunClient(rt.store).get(driven))
+        if child.run_id == driven:  # it waits (or executes elsewhere); a chain that moved on is driven further
+            break
     if not _outcome_ready(child, rec):
         await _wait_for(rt, rec, child)
     return await _record_outcome(rt, rec, child, handle)
@@ -231,7 +236,7 @@ async def _wait_for(rt: RunRuntime, rec: OperationRecord, child: RunRecord) -> N
 
 
 async def _retry(rt: RunRuntime, rec: OperationRecord, handle: ChildHandle) -> OperationRecord:
-    child = await RunClient(rt.store).get(handle.run_id)
+    child = await follow(rt.store, await RunClient(rt.store).get(handle.run_id))
     started = OperationRecord(
         handle.id, CHILD, rec.name, STARTED, rec.attempt + 1, rec.input_digest,
         meta={**(rec.meta or {}), "waitKey": None,
@@ -322,6 +327,10 @@ class ChildRuns:
 
     async def _cancel(self, run_id: str, reason: str) -> None:
         executor = self.executor
+        first = await executor.store.get_run(run_id)
+        if first is None:
+            return
+        run_id = (await follow(executor.store, first)).run_id  # a child that continued as new: its last run
         run = await RunClient(executor.store).request_cancel(run_id, reason)
         if run.status.terminal:
             return

@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 from durable_sandbox.engine.children import ChildRuns, after_run
 from durable_sandbox.engine.client import require_run, state_of
 from durable_sandbox.engine.context import Context
+from durable_sandbox.engine.continue_as_new import ContinueAsNew, start_next
 from durable_sandbox.engine.errors import (
     AlreadyExecuting,
     Handover,
@@ -531,7 +532,10 @@ def workflow_module(run: RunRecord) -> str | None:
 
 async def _call_workflow(definition: WorkflowDefinition, ctx: Context, raw_input: Any) -> Any:
     # Input validation happens inside the task so that a failure fails the run (it never hangs in "running").
-    return await definition.fn(ctx, *definition.prepare_input(raw_input))
+    try:
+        return await definition.fn(ctx, *definition.prepare_input(raw_input))
+    except ContinueAsNew as c:  # the run ends here, its result naming the next run (engine/continue_as_new.py)
+        return await start_next(ctx.operations.store, c)
 
 
 def _wake_at(rt: RunRuntime, s: Suspend) -> float | None:
