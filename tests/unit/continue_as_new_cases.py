@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 import durable_sandbox
-from durable_sandbox.engine.continue_as_new import CHAIN, CONTINUED_FROM, GENERATION, chain_of
+from durable_sandbox.engine.continue_as_new import (
+    CHAIN,
+    CONTINUED_FROM,
+    GENERATION,
+    HANDED_OVER_AFTER,
+    chain_of,
+)
 from durable_sandbox.engine.store import Store
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.sandboxes.passover import ADOPTED_FROM, PASSED_TO
@@ -63,8 +69,10 @@ class ContinueAsNewCases:
             state = await engine.inspect(run_id)
             assert [o.op_id for o in state.operations] == ["count"]  # bounded: one run's own operations
             if gen:
-                assert state.labels == {CONTINUED_FROM: "cnt" if gen == 1 else f"cnt~{gen - 1}", CHAIN: "cnt",
-                                        GENERATION: str(gen)}
+                labels = dict(state.labels)
+                assert labels.pop(HANDED_OVER_AFTER).isdigit()
+                assert labels == {CONTINUED_FROM: "cnt" if gen == 1 else f"cnt~{gen - 1}", CHAIN: "cnt",
+                                  GENERATION: str(gen)}
             if gen < 3:
                 assert state.status == "succeeded" and state.result == {"continuedAsNew": f"cnt~{gen + 1}"}
         record = await engine.store.get_run("cnt~2")

@@ -31,6 +31,9 @@ from durable_sandbox.engine.workflow import WorkflowDefinition, resolve
 CONTINUED_FROM = "durable-sandbox.dev/continued-from"
 CHAIN = "durable-sandbox.dev/chain"
 GENERATION = "durable-sandbox.dev/generation"
+# The last journal seq the old run had committed when it called continue_as_new: what it wrote at the hand-over
+# (sandboxes passed) comes after, so the next run reads only that much of the old journal, however long it is.
+HANDED_OVER_AFTER = "durable-sandbox.dev/handed-over-after-seq"
 RESULT_KEY = "continuedAsNew"
 
 
@@ -38,11 +41,12 @@ class ContinueAsNew(BaseException):  # a control-flow signal, like Suspend: not 
     """Raised by ``ctx.continue_as_new`` through the workflow code (a BaseException: ``except Exception`` in the
     workflow does not stop it); the engine ends the run and starts the next (:func:`start_next`)."""
 
-    def __init__(self, run: RunRecord, next_run_id: str, input: Any) -> None:
+    def __init__(self, run: RunRecord, next_run_id: str, input: Any, after_seq: int = 0) -> None:
         super().__init__(f"run {run.run_id!r} continues as new run {next_run_id!r}")
         self.run = run
         self.next_run_id = next_run_id
         self.input = input
+        self.after_seq = after_seq
 
 
 def next_run_id(run: RunRecord) -> str:
@@ -84,15 +88,16 @@ class ContinuesAsNew:
             _definition(run).check_input(data)
         except InvalidInput as exc:
             raise InvalidInput(f"continue_as_new of run {run.run_id!r} ({run.workflow!r}): {exc}") from None
-        raise ContinueAsNew(run, next_run_id(run), data)
+        committed = next((r.seq for r in reversed(rt.rows) if r.seq), 0)  # rows are in commit order
+        raise ContinueAsNew(run, next_run_id(run), data, committed)
 
 
 async def start_next(store: Store, c: ContinueAsNew) -> dict[str, str]:
     """Create the next run of the chain (once: its id is fixed) and return the old run's result."""
     old = c.run
-    labels = {k: v for k, v in old.labels.items() if k not in (CONTINUED_FROM, CHAIN, GENERATION)}
+    labels = {k: v for k, v in old.labels.items() if k not in (CONTINUED_FROM, CHAIN, GENERATION, HANDED_OVER_AFTER)}
     labels |= {CONTINUED_FROM: old.run_id, CHAIN: old.labels.get(CHAIN, old.run_id),
-               GENERATION: str(int(old.labels.get(GENERATION, "0")) + 1)}
+               GENERATION: str(int(old.labels.get(GENERATION, "0")) + 1), HANDED_OVER_AFTER: str(c.after_seq)}
     record = RunRecord(run_id=c.next_run_id, workflow=old.workflow, input=c.input, thread_id=old.thread_id,
                        labels=labels, workflow_ref=old.workflow_ref)
     stored, created = await store.create_run(record)

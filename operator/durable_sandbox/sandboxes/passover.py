@@ -18,7 +18,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from durable_sandbox.engine.continue_as_new import CONTINUED_FROM, ContinueAsNew
+from durable_sandbox.engine.continue_as_new import CONTINUED_FROM, HANDED_OVER_AFTER, ContinueAsNew
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.providers.contract import ConfigurationError, SandboxHandle
 from durable_sandbox.sandboxes import journal
@@ -73,7 +73,10 @@ async def adopt(session: SandboxSession) -> bool:
     previous = run.labels.get(CONTINUED_FROM) if run is not None else None
     if not previous:
         return False
-    passed = _passed(await rt.store.load_journal(previous), session.sid, rt.run_id)
+    after = run.labels.get(HANDED_OVER_AFTER, "0") if run is not None else "0"
+    # Only what the old run wrote at the hand-over: a journal of 10,000 calls is not read to find it.
+    rows = await rt.store.journal_since(previous, int(after) if after.isdigit() else 0)
+    passed = _passed(rows, session.sid, rt.run_id)
     if passed is None:
         return False
     meta = passed.meta or {}
