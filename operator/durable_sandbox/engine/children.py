@@ -294,6 +294,13 @@ class ChildRuns:
             # away) leaves the child resumable, and the parent waiting for it.
             log.exception("executing child run %s failed", run_id)
 
+    async def aclose(self) -> None:
+        """Stop the children executing here (each goes back to ``pending``, resumable by any worker)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def ended(self, run: RunRecord) -> None:
         """After an execution of ``run``: if it has ended (its final commit is in), wake its parent, if it has
         one waiting for this end."""

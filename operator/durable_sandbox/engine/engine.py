@@ -276,8 +276,10 @@ class Engine:
         )
 
     async def aclose(self) -> None:
-        """Stop runs started here in the background; they stay runnable for another worker."""
+        """Stop runs started here in the background, and child workflows executing here; they stay runnable for
+        another worker."""
         tasks = list(self._background.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.executor.children.aclose()
