@@ -133,7 +133,7 @@ class ContinueAsNewCases:
         assert "continue_as_new of run 'bad'" in st.error["message"]
         assert [r.run_id for r in await engine.runs()] == ["bad"]
 
-    @pytest.mark.parametrize("point", ["continued-as-new:ck", "after:ws/c2"])
+    @pytest.mark.parametrize("point", ["after:ws/c1", "passed:ws", "continued-as-new:ck"])
     async def test_a_crash_around_the_hand_over_loses_nothing_and_doubles_nothing(
         self, engine: durable_sandbox.Engine, local: Hooked, tmp_path: Path, point: str
     ) -> None:
@@ -146,7 +146,7 @@ class ContinueAsNewCases:
         assert code == 0, (out, err)
         st = await engine.inspect("ck~1")
         assert st.status == "succeeded", st.error
-        assert st.result["lines"] == [f"call-{i}" for i in range(6)]
+        assert st.result["lines"] == [f"call-{i}" for i in range(6)], st.result
         assert sorted(r.run_id for r in await engine.runs()) == ["ck", "ck~1"]
         provisions = [r for r in await engine.history("ck") if r.kind == "sandbox.provision" and r.status == "completed"]
         adopted = [r for r in await engine.history("ck~1") if r.kind == "sandbox.provision" and r.status == "completed"]

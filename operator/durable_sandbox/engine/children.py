@@ -56,7 +56,7 @@ CHILD = OpKind.CHILD.value
 COMPLETED = OpStatus.COMPLETED.value
 FAILED = OpStatus.FAILED.value
 STARTED = OpStatus.STARTED.value
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_/-]")
 _MAX_ID = 200
 
 
@@ -126,10 +126,13 @@ class ChildWorkflowFailed(StepFailed):
 
 
 def child_run_id(parent_run_id: str, op_id: str) -> str:
-    """The child's run id: the same for the same parent and operation, so a replay finds the run it created."""
-    safe = _UNSAFE.sub("-", op_id)
+    """The child's run id: the same for the same parent and operation, so a replay finds the run it created.
+    ``<parent>.<op id with / as .>`` (``plan.work.p1.child``); an op id with a dot or a character outside
+    ``A-Z a-z 0-9 _ -`` gets those as ``-`` and a hash of it, so two op ids never name one child."""
     digest = hashlib.sha256(op_id.encode()).hexdigest()[:8]
-    tail = safe if safe == op_id else f"{safe}-{digest}"
+    plain = op_id.replace("/", ".")
+    safe = _UNSAFE.sub("-", op_id).replace("/", ".")
+    tail = plain if "." not in op_id and safe == plain else f"{safe}-{digest}"
     out = f"{parent_run_id}.{tail}"
     return out if len(out) <= _MAX_ID else f"{out[: _MAX_ID - 9]}-{digest}"
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
+from durable_sandbox.engine import faults
 from durable_sandbox.engine.continue_as_new import CONTINUED_FROM, HANDED_OVER_AFTER, ContinueAsNew
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.providers.contract import ConfigurationError, SandboxHandle
@@ -54,6 +55,7 @@ async def pass_on(session: SandboxSession, next_run_id: str) -> None:
               PASSED_TO: next_run_id, PASSED_HANDLE: _handle_json(handle),
               PASSED_SNAPSHOT: keep.snapshot_id if keep else None, journal.META_PROVIDER: st.provider},
     ))
+    faults.reach(f"passed:{session.sid}")  # recorded as passed; the next run not created yet
     st.finalized = True
     session.rt.emit("sandbox.passed", session=session.sid, sandbox=handle.id, to=next_run_id)
 
@@ -74,9 +76,13 @@ async def adopt(session: SandboxSession) -> bool:
     if not previous:
         return False
     after = run.labels.get(HANDED_OVER_AFTER, "0") if run is not None else "0"
-    # Only what the old run wrote at the hand-over: a journal of 10,000 calls is not read to find it.
-    rows = await rt.store.journal_since(previous, int(after) if after.isdigit() else 0)
-    passed = _passed(rows, session.sid, rt.run_id)
+    # Only what the old run wrote at the hand-over: a journal of 10,000 calls is not read to find it. A hand-over
+    # that a crash cut short was recorded before the replay that created this run, so before that seq: then the
+    # whole journal is read, once.
+    passed = _passed(await rt.store.journal_since(previous, int(after) if after.isdigit() else 0), session.sid,
+                     rt.run_id)
+    if passed is None and after not in ("", "0"):
+        passed = _passed(await rt.store.load_journal(previous), session.sid, rt.run_id)
     if passed is None:
         return False
     meta = passed.meta or {}
