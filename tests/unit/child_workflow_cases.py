@@ -210,6 +210,22 @@ class ChildWorkflowCases:
         assert lines(log) == ["before", "work:only", "after"]  # the child's work once
         assert sorted(r.run_id for r in await engine.runs(limit=100)) == sorted(["crash", child_id])
 
+    async def test_a_crash_before_the_parent_records_a_childs_failure_never_retries_the_child(
+        self, engine: Engine, tmp_path: Path
+    ) -> None:
+        log = tmp_path / "log"
+        extra = json.dumps({"child": {"fail": True}})
+        code, out, err = await worker(self.location, "run", "cf", "compose-one-child", str(log), extra,
+                                      fault="child-ended:only")
+        assert code == -signal.SIGKILL, (code, out, err)
+        code, out, err = await worker(self.location, "resume", "cf")
+        assert code == 0, (out, err)
+        st = await engine.inspect("cf")
+        assert st.status == "failed" and st.error is not None and st.error["type"] == "ChildWorkflowFailed"
+        child = await engine.inspect(child_run_id("cf", "only"))
+        assert child.attempt == 1  # its failure reported, not retried by the parent's resume
+        assert lines(log) == ["before", "work:only", "fail:only"]
+
     async def test_a_crash_inside_the_child_resumes_the_same_child(self, engine: Engine, tmp_path: Path) -> None:
         log = tmp_path / "log"
         code, out, err = await worker(self.location, "run", "inner", "compose-one-child", str(log),

@@ -174,10 +174,10 @@ async def start_child(ctx: _Context, workflow: Any, input: Any = None, *, id: st
     prev = rt.enter(op_id, CHILD, definition.name, digest)
     handle = ChildHandle(ctx, op_id, run_id, definition)
     if prev is not None:
+        # Started before: ``result()`` decides whether the child still needs executing (driving it here now could
+        # retry a child whose failure the parent has yet to record).
         recorded = (prev.meta or {}).get("childRunId")
         handle.run_id = str(recorded) if recorded else run_id
-        if prev.status == STARTED:
-            _runs(rt).drive_soon(handle.run_id, definition)
         return handle
     await RunClient(rt.store).create(definition, input, run_id=run_id, labels={PARENT_LABEL: rt.run_id})
     faults.reach(f"child-created:{op_id}")
@@ -251,6 +251,7 @@ async def _retry(rt: RunRuntime, rec: OperationRecord, handle: ChildHandle) -> O
 
 
 async def _record_outcome(rt: RunRuntime, rec: OperationRecord, child: RunRecord, handle: ChildHandle) -> Any:
+    faults.reach(f"child-ended:{handle.id}")  # the child has ended; the parent has not recorded it yet
     if child.status == RunStatus.SUCCEEDED:
         await rt.write(OperationRecord(handle.id, CHILD, rec.name, COMPLETED, rec.attempt, rec.input_digest,
                                        child.result, meta=rec.meta, epoch=rt.epoch), boundary=True)
