@@ -18,6 +18,8 @@ from durable_sandbox.lazy_names import lazy_names
 if TYPE_CHECKING:
     from durable_sandbox.engine import (
         CallbackTimeout,
+        ChildPolicy,
+        ChildWorkflowFailed,
         Context,
         NonDeterminismError,
         ParallelError,
@@ -36,6 +38,8 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _ORIGIN: Final[Mapping[str, str]] = {
     "CallbackTimeout": "durable_sandbox.engine",
+    "ChildPolicy": "durable_sandbox.engine",
+    "ChildWorkflowFailed": "durable_sandbox.engine",
     "Context": "durable_sandbox.engine",
     "Engine": "durable_sandbox.sandbox_engine",
     "NonDeterminismError": "durable_sandbox.engine",
@@ -51,6 +55,8 @@ _ORIGIN: Final[Mapping[str, str]] = {
 
 __all__ = [
     "CallbackTimeout",
+    "ChildPolicy",
+    "ChildWorkflowFailed",
     "Context",
     "Engine",
     "NonDeterminismError",

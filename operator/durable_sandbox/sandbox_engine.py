@@ -39,12 +39,12 @@ class Engine(_BareEngine):
         inline_sleep_limit: float = 5.0,
         unresolvable: Unresolvable = "leave",
     ) -> None:
-        from durable_sandbox.sandboxes.factory import SessionFactory
         from durable_sandbox.sandboxes.journal import SandboxJournal
+        from durable_sandbox.sandboxes.passover import PassingSessionFactory
         from durable_sandbox.stores import SqliteStore
         from durable_sandbox.tracing import Tracing
 
-        factory = SessionFactory(providers)
+        factory = PassingSessionFactory(providers)  # sessions that pass over at ctx.continue_as_new
         extensions = list(extensions)
         if not any(isinstance(e, Tracing) for e in extensions):
             # OpenTelemetry's environment (OTEL_EXPORTER_OTLP_ENDPOINT, ...) turns traces on; off, nothing is added.

@@ -119,3 +119,15 @@ def test_session_recovery_against_a_tree(tmp_path: Path) -> None:
                       "--tmp", str(tmp_path), "--out", str(out)])
     assert set(res["ratios_this_over_baseline"]) == {"calls", "recovery"}
     assert all(len(s) == 1 for per in res["samples_seconds"].values() for s in per.values()) and out.exists()
+
+
+def test_child_workflows(tmp_path: Path) -> None:
+    out = tmp_path / "children.json"
+    res = _load("child_workflows").main(["--children", "3", "--rounds", "1", "--tmp", str(tmp_path), "--out", str(out)])
+    assert res["ratios"]["child_vs_step"] > 0 and out.exists()
+
+
+def test_continue_as_new(tmp_path: Path) -> None:
+    out = tmp_path / "can.json"
+    res = _load("continue_as_new").main(["--calls", "5", "--rounds", "1", "--tmp", str(tmp_path), "--out", str(out)])
+    assert set(res["median_seconds"]) == {"call", "handover", "ending_state", "handover_proper"} and out.exists()

@@ -17,6 +17,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durable_sandbox.engine import faults
+from durable_sandbox.engine.children import ChildWorkflows
+from durable_sandbox.engine.continue_as_new import ContinuesAsNew
 from durable_sandbox.engine.coroutines import Rest, first_stretch
 from durable_sandbox.engine.errors import (
     CallbackTimeout,
@@ -195,8 +197,9 @@ async def _record_cache_hit(rt: RunRuntime, op_id: str, name: str, attempt: int,
                                    meta={"cache": "hit", "cacheKey": cache_key, "cachedAt": created}, epoch=rt.epoch))
     return (value,)
 
-class Context:
-    """What a workflow function receives. One per run, plus a child per parallel branch (scoped ids)."""
+class Context(ChildWorkflows, ContinuesAsNew):
+    """What a workflow function receives. One per run, plus a child per parallel branch (scoped ids).
+    ``child_workflow``/``start_child`` come from engine/children.py, ``continue_as_new`` from engine/continue_as_new.py."""
 
     __slots__ = ("_rt", "_scope")
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from durable_sandbox.engine.client import RunClient, new_run_id
+from durable_sandbox.engine.continue_as_new import next_of
 from durable_sandbox.engine.driver import RunPolicy, enforce
 from durable_sandbox.engine.errors import RunNotFinished
 from durable_sandbox.engine.executor import (
@@ -152,8 +153,12 @@ class Engine:
         return await self.inspect(run_id)
 
     async def _drive(self, run_id: str, definition: Any) -> RunState:
+        """Drive the run, and the runs it continues as (``ctx.continue_as_new``): the state of the last."""
         state = await self.executor.drive(run_id, definition, if_busy="wait")
         assert state is not None  # "wait" never skips
+        while (nxt := next_of(state.status, state.result)) is not None:
+            state = await self.executor.drive(nxt, definition, if_busy="wait")
+            assert state is not None
         return state
 
     async def open_runtime(self, run: RunRecord, lease: Any, **kwargs: Any) -> Any:
@@ -275,8 +280,10 @@ class Engine:
         )
 
     async def aclose(self) -> None:
-        """Stop runs started here in the background; they stay runnable for another worker."""
+        """Stop runs started here in the background, and child workflows executing here; they stay runnable for
+        another worker."""
         tasks = list(self._background.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.executor.children.aclose()
