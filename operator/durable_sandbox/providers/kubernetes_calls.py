@@ -29,8 +29,8 @@ from durable_sandbox.providers.contract import (
 )
 from durable_sandbox.providers.kubernetes_connection import split_id
 from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, StreamBroken
-from durable_sandbox.providers.kubernetes_lifecycle import PodLifecycle
 from durable_sandbox.providers.kubernetes_template import CONTAINER
+from durable_sandbox.providers.kubernetes_verification import PodVerification
 from durable_sandbox.providers.output import OutputBuffer
 
 log = logging.getLogger("durable_sandbox.providers.kubernetes")
@@ -42,7 +42,7 @@ _KILLED_EXIT_CODES = frozenset({128 + 9, 128 + 15})  # the exec's shell ended by
 _KILL_GRACE_SECONDS = 5.0
 
 
-class PodCalls(PodLifecycle):
+class PodCalls(PodVerification):
     """Runs scripts in a sandbox Pod: calls, the probe."""
 
     async def _run(self, handle: SandboxHandle, script: bytes, *, stdout: Callable[[bytes], Any] | None = None,
@@ -52,6 +52,10 @@ class PodCalls(PodLifecycle):
         namespace, name = split_id(handle.id)
         await self._api()
         assert self._exec is not None
+        # The exec goes to the Pod *of this name*: whoever may delete and create Pods can put another one there.
+        # Nothing (the script, a call's env, restored files) is sent before the Pod is known to be the sealed one,
+        # and nothing that came back is believed unless it still is afterwards (kubernetes_verification.py).
+        await self._verify_pod(handle, what, before=True)
 
         async def stdin() -> AsyncIterator[bytes]:
             yield script
@@ -75,6 +79,7 @@ class PodCalls(PodLifecycle):
             gone = await self._lost(handle, ProviderError(f"{what} in sandbox {handle.id}: killed"))
             if isinstance(gone, SandboxGone):
                 raise gone
+        await self._verify_pod(handle, what, before=False)
         return outcome.exit_code
 
     async def execute(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
