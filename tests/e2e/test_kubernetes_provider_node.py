@@ -407,6 +407,19 @@ async def test_the_isolation_benchmark_runs_at_its_smallest(control_plane: Contr
     assert len(figures["samples"]["isolated_call"]) == 3
 
 
+async def test_the_call_benchmark_runs_at_its_smallest(control_plane: ControlPlane, namespace: str) -> None:
+    """benchmarks/kubernetes_provider.py's call part (with and without the Pod reads around each exec), once."""
+    bench = _benchmark("kubernetes_provider")
+    provider = make_provider(control_plane, namespace, None)
+    try:
+        figures = await bench.call_part(provider, namespace, repeats=1)
+    finally:
+        await provider.aclose()
+    assert figures["ratio"] > 0 and figures["verification_ratio"] > 0
+    assert {k: len(v) for k, v in figures["samples"].items()} == {
+        "bare_exec": 1, "provider_call": 1, "provider_call_unverified": 1}
+
+
 def _benchmark(name: str) -> Any:
     directory = str(Path(__file__).resolve().parents[2] / "benchmarks")
     if directory not in sys.path:
