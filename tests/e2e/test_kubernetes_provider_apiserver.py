@@ -15,6 +15,7 @@ import pytest
 from durable_sandbox.providers.contract import ProvisionError, SandboxSpec
 from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvider, pod_name
 from durable_sandbox.providers.kubernetes_exec import ExecRejected, PodExec
+from durable_sandbox.providers.kubernetes_identity import env_secret_name
 from durable_sandbox.providers.kubernetes_template import PodTemplate
 from tests.e2e.controlplane import fresh_namespace
 from tests.unit.process_support import eventually
@@ -193,10 +194,12 @@ async def test_the_pod_is_named_from_the_operation_and_says_whose_it_is(
     assert json.loads(annotations["durable-sandbox.dev/sandbox"])["owner"] == f"{namespace}/uid-3"
     spec_json = json.dumps(pod["spec"])
     assert "b" not in [e.get("value") for e in pod["spec"]["containers"][0].get("env", [])]
-    assert pod["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": f"{name}-env"}}]
+    env_secret = env_secret_name(provider._seal_key, namespace, name)  # only the operator's key names it
+    assert env_secret.startswith(f"{name}-env-")
+    assert pod["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": env_secret}}]
     assert pod["spec"]["automountServiceAccountToken"] is False and "serviceAccountToken" not in spec_json
-    secret = control_plane.kubectl_json("get", "secret", "-n", namespace, f"{name}-env")
-    await eventually(lambda: control_plane.kubectl_json("get", "secret", "-n", namespace, f"{name}-env")
+    secret = control_plane.kubectl_json("get", "secret", "-n", namespace, env_secret)
+    await eventually(lambda: control_plane.kubectl_json("get", "secret", "-n", namespace, env_secret)
                      ["metadata"].get("ownerReferences"), "the env Secret to be owned by its Pod", 30)
     assert secret["metadata"]["labels"][SANDBOX_LABEL] == "true"
     # A second provision of the same operation (an answer lost) never adopts a Pod that was not finished (sealed

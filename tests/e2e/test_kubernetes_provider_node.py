@@ -43,9 +43,10 @@ from tests.e2e.controlplane import fresh_namespace
 from tests.e2e.sandbox_support import IMAGE, control_plane_on_the_node, node
 from tests.e2e.trust_node_support import NODE_HOSTILE_SPEC, KubectlCluster
 from tests.objectstore import S3Server
+from tests.unit.process_support import eventually
 from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
 from tests.unit.sandbox_session_support import engine_for
-from tests.unit.trust_support import FORGERIES, Attack, TrustKit
+from tests.unit.trust_support import FORGERIES, Attack, TrustKit, recreate
 
 from .controlplane import ControlPlane
 from .node_support import NodeCluster, require_gvisor
@@ -201,6 +202,35 @@ async def test_a_pod_deleted_mid_call_is_sandbox_gone(control_plane: ControlPlan
     with pytest.raises(SandboxGone):
         await asyncio.wait_for(running, 120)
     await provider.destroy(handle)
+
+
+async def test_a_call_never_reaches_a_pod_recreated_under_the_sandbox_pods_name(
+        control_plane: ControlPlane, namespace: str, provider: KubernetesProvider) -> None:
+    """A namespace user deletes the sandbox Pod and makes her own under its name (labels and annotations, seal
+    included, copied; running on the node, so an exec by name would reach it): the next call, before any lease
+    renewal, sends it nothing (neither the script nor the call's env) and is the sandbox's loss."""
+    handle = await provider.provision(spec(namespace), lease_seconds=600)
+    assert (await call(provider, handle, "shell", command="true")).exit_code == 0
+    cluster = KubectlCluster(control_plane)
+    name = handle.metadata["pod"]
+    genuine = cluster.get(namespace, name)
+    assert genuine is not None
+    try:
+        forged = recreate(cluster, genuine, NODE_HOSTILE_SPEC)
+        await eventually(lambda: (cluster.get(namespace, name) or {}).get("status", {}).get("phase") == "Running",
+                         "the forged Pod to run", 120)
+        with pytest.raises(SandboxGone, match="replaced by another Pod of the same name"):
+            await call(provider, handle, "shell", command="touch /tmp/dsb-reached", env={"TOKEN": "s3cr3t"})
+        reached = control_plane.kubectl("exec", "-n", namespace, name, "--", "sh", "-c",
+                                        "test -e /tmp/dsb-reached && echo reached || echo untouched").stdout
+        assert reached.strip() == "untouched", "the call ran in the forged Pod"
+        assert cluster.warnings(namespace, name), "the refusal is said in a Warning Event on the forged Pod"
+        await provider.destroy(handle)  # by the recorded uid: never the forged Pod
+        left = cluster.get(namespace, name)
+        assert left is not None and left["metadata"]["uid"] == forged["metadata"]["uid"]
+    finally:
+        control_plane.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force",
+                              "--wait=true", timeout=120)
 
 
 async def test_a_store_that_is_down_fails_the_snapshot_retryably_and_leaves_no_object(
@@ -367,6 +397,19 @@ async def test_the_isolation_benchmark_runs_at_its_smallest(control_plane: Contr
         await isolated.aclose()
     assert figures["startup_ratio"] > 0 and figures["call_ratio"] > 0
     assert len(figures["samples"]["isolated_call"]) == 3
+
+
+async def test_the_call_benchmark_runs_at_its_smallest(control_plane: ControlPlane, namespace: str) -> None:
+    """benchmarks/kubernetes_provider.py's call part (with and without the Pod reads around each exec), once."""
+    bench = _benchmark("kubernetes_provider")
+    provider = make_provider(control_plane, namespace, None)
+    try:
+        figures = await bench.call_part(provider, namespace, repeats=1)
+    finally:
+        await provider.aclose()
+    assert figures["ratio"] > 0 and figures["verification_ratio"] > 0
+    assert {k: len(v) for k, v in figures["samples"].items()} == {
+        "bare_exec": 1, "provider_call": 1, "provider_call_unverified": 1}
 
 
 def _benchmark(name: str) -> Any:

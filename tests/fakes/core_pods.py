@@ -218,17 +218,24 @@ class FakeCore:
 
 
 class FakeExec:
-    """Every exec answers ``exit_code`` (the image probe passes); ``runs`` keeps (namespace, pod) of each."""
+    """Every exec answers ``exit_code`` (the image probe passes); ``runs`` keeps (namespace, pod) of each and
+    ``sent`` what its stdin carried; ``during`` (if set) is called while an exec runs (a Pod replaced meanwhile)."""
 
     def __init__(self, exit_code: int = 0) -> None:
         self.exit_code = exit_code
         self.runs: list[tuple[str, str]] = []
+        self.sent: list[bytes] = []
+        self.during: Callable[[str, str], None] | None = None
 
     async def run(self, namespace: str, pod: str, container: str, command: Sequence[str], *,
                   stdout: Callable[[bytes], Any], stderr: Callable[[bytes], Any],
                   stdin: AsyncIterator[bytes] | None = None, what: str = "exec") -> ExecOutcome:
         self.runs.append((namespace, pod))
+        received = b""
         if stdin is not None:
-            async for _ in stdin:
-                pass
+            async for chunk in stdin:
+                received += chunk
+        self.sent.append(received)
+        if self.during is not None:
+            self.during(namespace, pod)
         return ExecOutcome(exit_code=self.exit_code, status={"status": "Success"})

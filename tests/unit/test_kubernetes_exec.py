@@ -186,8 +186,8 @@ async def test_the_providers_timeout_kills_the_calls_processes(endpoint: tuple[E
     _, execs = endpoint
     provider = KubernetesProvider(namespace="ns", environ={})
     provider.workspace = str(tmp_path)
-    provider._api_client, provider._exec, provider._core = execs.api_client, execs, object()
-    handle = SandboxHandle(id="ns/pod", provider="kubernetes")
+    provider._api_client, provider._exec, provider._core = execs.api_client, execs, _one_pod()
+    handle = SandboxHandle(id="ns/pod", provider="kubernetes", metadata={"uid": _UID})
     marker = "dsb-timeout-" + tmp_path.name
     where = str(tmp_path)  # pytest makes it from the resolved temp root
     result = await provider.execute(handle, ToolCall(operation_id="slow", type="shell", args={
@@ -197,6 +197,19 @@ async def test_the_providers_timeout_kills_the_calls_processes(endpoint: tuple[E
     assert _sleepers() == [], "every process of the timed-out call was killed"
     done = await provider.execute(handle, ToolCall(operation_id="quick", type="shell", args={"command": "pwd"}))
     assert (done.exit_code, done.stdout.strip()) == (0, where)
+
+
+_UID = "uid-of-ns-pod"
+
+
+def _one_pod() -> Any:
+    """The API the provider reads Pod ``ns/pod`` from before and after each exec (the exec itself runs here)."""
+    from tests.fakes.core_pods import FakeCore
+
+    core = FakeCore()
+    core.stamp(pod := {"metadata": {"namespace": "ns", "name": "pod"}}, uid=_UID)
+    core.pods[("ns", "pod")] = pod
+    return core
 
 
 def _sleepers() -> list[str]:
@@ -228,8 +241,8 @@ async def test_a_snapshot_streams_the_workspace_as_tar_to_the_store_and_a_failed
     (workspace / "d").mkdir(parents=True)
     (workspace / "d" / "big.bin").write_bytes(bytes(range(256)) * 40_000)  # 10 MB: several reads, one part
     provider.workspace = str(workspace)
-    provider._api_client, provider._exec, provider._core = execs.api_client, execs, object()
-    handle = SandboxHandle(id="ns/pod", provider="kubernetes", metadata={"owner": "ns/uid", "labels": {}})
+    provider._api_client, provider._exec, provider._core = execs.api_client, execs, _one_pod()
+    handle = SandboxHandle(id="ns/pod", provider="kubernetes", metadata={"owner": "ns/uid", "labels": {}, "uid": _UID})
     try:
         snapshot = await provider.snapshot(handle, operation_id="op-snap")
         assert await provider.snapshot(handle, operation_id="op-snap") == snapshot, "reconciled by operation id"
@@ -270,8 +283,8 @@ async def test_a_snapshot_past_the_limit_stops_the_exec_and_stores_nothing(
     workspace.mkdir()
     (workspace / "noise.bin").write_bytes(os.urandom(48 * 2**20))  # what a tar without sparse support streams
     provider.workspace = str(workspace)
-    provider._api_client, provider._exec, provider._core = execs.api_client, execs, object()
-    handle = SandboxHandle(id="ns/pod", provider="kubernetes", metadata={"owner": "ns/uid", "labels": {}})
+    provider._api_client, provider._exec, provider._core = execs.api_client, execs, _one_pod()
+    handle = SandboxHandle(id="ns/pod", provider="kubernetes", metadata={"owner": "ns/uid", "labels": {}, "uid": _UID})
     try:
         with pytest.raises(ArchiveTooLarge, match="larger than the limit of 4 MiB"):
             await asyncio.wait_for(provider.snapshot(handle, operation_id="op-big"), 60)

@@ -32,7 +32,6 @@ ALLOWED = {
     "engine/executor.py::RunExecutor": 434,
     "engine/executor.py::RunExecutor.execute": 99,
     "engine/runtime.py::RunRuntime": 359,
-    "providers/e2b.py::E2BProvider": 550,
 }
 
 

@@ -16,14 +16,21 @@ from durable_sandbox.kube.sandbox.controller import SandboxController
 from durable_sandbox.kube.sandbox.view import OPERATION_LABEL, SandboxView
 from durable_sandbox.kube.sweep.orphans import sweep_once
 from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
-from durable_sandbox.providers.contract import INSTALLATION_LABEL, ProvisionError, SandboxSpec
-from durable_sandbox.providers.kubernetes import KubernetesProvider
+from durable_sandbox.providers.contract import (
+    INSTALLATION_LABEL,
+    ProvisionError,
+    SandboxGone,
+    SandboxSpec,
+    ToolCall,
+)
+from durable_sandbox.providers.kubernetes import KubernetesProvider, pod_name
 from durable_sandbox.providers.kubernetes_identity import (
     META_ANNOTATION,
     OPERATION_KEY_LABEL,
     OWNER_KEY_LABEL,
     SEAL,
     creation_mark,
+    env_secret_name,
 )
 from durable_sandbox.providers.kubernetes_pool import POOL_STATE_LABEL, WARM, derive_pool_key
 from durable_sandbox.providers.kubernetes_template import PodTemplate
@@ -31,7 +38,7 @@ from durable_sandbox.testing import FakeClock
 from tests.fakes.core_pods import FakeCore, FakeExec
 from tests.fakes.custom_objects import FakeCustomObjects
 
-from .trust_support import FORGERIES, Attack, TrustKit
+from .trust_support import FORGERIES, Attack, TrustKit, recreate
 
 NS = "team-a"
 KEY = derive_pool_key(b"k" * 32)
@@ -51,6 +58,13 @@ def provider_on(core: FakeCore, clock: FakeClock | None = None) -> KubernetesPro
 def spec(operation: str = "op-1", owner: str = OWNER, **extra: Any) -> SandboxSpec:
     return SandboxSpec(owner=owner, operation_id=operation, **extra,
                        labels={INSTALLATION_LABEL: INSTALLATION, OPERATION_LABEL: operation})
+
+
+def env_secret_of(pod: dict[str, Any] | None) -> str:
+    """The name of the env Secret a sandbox Pod reads (its container's envFrom)."""
+    assert pod is not None
+    (source,) = pod["spec"]["containers"][0]["envFrom"]
+    return str(source["secretRef"]["name"])
 
 
 def uid_of(handle: Any) -> str:
@@ -134,7 +148,7 @@ class TestOrphanSweep(TrustKit):
     @pytest.fixture
     async def world(self, core: FakeCore, provider: KubernetesProvider) -> Attack:
         genuine = await genuine_pod(core, provider, env={"TOKEN": "t"})
-        assert core.secret(NS, f"{genuine['metadata']['name']}-env") is not None
+        assert core.secret(NS, env_secret_of(genuine)) is not None
 
         async def act() -> set[str]:
             result = await sweep_once(provider, installation=INSTALLATION, live={}, first_seen={}, now=time.time(),
@@ -186,14 +200,14 @@ async def test_a_forged_pod_past_its_lease_is_not_deleted_and_a_sealed_one_is_wi
     clock = FakeClock(start=time.time())
     provider = provider_on(core, clock)
     genuine = await genuine_pod(core, provider, env={"TOKEN": "t"})
-    name = genuine["metadata"]["name"]
+    name, env_secret = genuine["metadata"]["name"], env_secret_of(genuine)
     forged = core.create({**genuine, "metadata": {**genuine["metadata"], "name": "victim"}})
     core.create({"kind": "Secret", "metadata": {"namespace": NS, "name": "victim-env"}})
     clock.advance(3600)  # every lease ran out
     assert await provider.inventory_sandboxes(INSTALLATION) == []
     assert core.get(NS, "victim") is not None and core.secret(NS, "victim-env") is not None
     assert core.warnings(NS, "victim"), "the refusal is said on the forged Pod"
-    assert core.get(NS, name) is None and core.secret(NS, f"{name}-env") is None
+    assert core.get(NS, name) is None and core.secret(NS, env_secret) is None
     assert [e["reason"] for e in core.events if e["involvedObject"]["name"] == name] == ["SandboxPodDeleted"]
     assert ("Pod", f"{NS}/victim", forged["metadata"]["uid"]) not in core.deleted
 
@@ -202,12 +216,13 @@ async def test_destroy_deletes_the_env_secret_only_while_its_pod_owns_it(core: F
                                                                           provider: KubernetesProvider) -> None:
     handle = await provider.provision(spec(env={"TOKEN": "t"}), lease_seconds=600)
     name = handle.metadata["pod"]
+    env_secret = env_secret_of(core.get(NS, name))
     # A user replaces the Secret beside the Pod with one of her own (no owner): it is not the sandbox's.
-    core.secrets.pop((NS, f"{name}-env"))
-    core.create({"kind": "Secret", "metadata": {"namespace": NS, "name": f"{name}-env"}})
+    core.secrets.pop((NS, env_secret))
+    core.create({"kind": "Secret", "metadata": {"namespace": NS, "name": env_secret}})
     await provider.destroy(handle)
     assert core.get(NS, name) is None
-    assert core.secret(NS, f"{name}-env") is not None
+    assert core.secret(NS, env_secret) is not None
 
 
 async def test_destroying_a_recorded_sandbox_never_deletes_a_pod_recreated_under_its_name(
@@ -279,3 +294,109 @@ async def test_deleting_a_pool_deletes_its_warm_pods_never_a_starting_pod_recrea
     assert core.get(NS, warm_name) is None
     left = core.get(NS, starting_name)
     assert left is not None and left["metadata"]["uid"] == forged["metadata"]["uid"]
+
+
+# ------------------------------------------------------------------------------------------------ calls (issue 32 follow-up)
+
+
+def shell(command: str = "true", **args: Any) -> ToolCall:
+    return ToolCall(operation_id="call-1", type="shell", args={"command": command, **args})
+
+
+def exec_of(provider: KubernetesProvider) -> FakeExec:
+    return cast(FakeExec, provider._exec)
+
+
+@pytest.mark.parametrize("recorded_uid", [True, False], ids=["handle-with-uid", "handle-without-uid"])
+async def test_a_call_sends_nothing_to_a_pod_recreated_under_the_sandbox_pods_name(
+        core: FakeCore, provider: KubernetesProvider, recorded_uid: bool) -> None:
+    """The Pod deleted and made again by a namespace user, labels and annotations (seal included) copied, before
+    the next lease renewal: the call's script and env (a Secret's value) never reach it, the sandbox is lost (the
+    run restores and replays into a Pod of the operator's), and the forgery is refused visibly, not deleted."""
+    handle = await provider.provision(spec(), lease_seconds=600)
+    if not recorded_uid:  # a handle journaled without its uid: the operator's seal decides
+        handle = handle.model_copy(update={"metadata": {k: v for k, v in handle.metadata.items() if k != "uid"}})
+    forged = recreate(core, core.get(NS, handle.metadata["pod"]))
+    runs = len(exec_of(provider).runs)
+    with pytest.raises(SandboxGone, match="replaced by another Pod of the same name"):
+        await provider.execute(handle, shell("echo $TOKEN", env={"TOKEN": "s3cr3t-call-env"}))
+    assert len(exec_of(provider).runs) == runs, "an exec was sent to the forged Pod"
+    assert not any(b"s3cr3t-call-env" in sent for sent in exec_of(provider).sent)
+    assert core.warnings(NS, forged["metadata"]["name"])
+    assert core.get(NS, forged["metadata"]["name"])["metadata"]["uid"] == forged["metadata"]["uid"]
+    with pytest.raises(SandboxGone):  # and the sandbox stays lost: no later call goes there either
+        await provider.execute(handle, shell())
+
+
+async def test_a_result_from_a_pod_replaced_while_the_call_ran_is_never_used(core: FakeCore,
+                                                                             provider: KubernetesProvider) -> None:
+    """The exec is by name: a Pod swapped in while it runs (force delete, create) may have answered it. The
+    uid read after the exec differs from the one before, so the result is discarded and the sandbox lost."""
+    handle = await provider.provision(spec(), lease_seconds=600)
+    genuine = core.get(NS, handle.metadata["pod"])
+    assert (await provider.execute(handle, shell())).exit_code == 0  # the positive control
+
+    def swap(namespace: str, name: str) -> None:
+        exec_of(provider).during = None
+        recreate(core, genuine)
+
+    exec_of(provider).during = swap
+    with pytest.raises(SandboxGone, match="nor its result used"):
+        await provider.execute(handle, shell())
+    assert core.warnings(NS, handle.metadata["pod"])
+
+
+async def test_a_snapshot_of_a_replaced_pod_is_never_stored(core: FakeCore, provider: KubernetesProvider) -> None:
+    """Every exec goes through the check, a snapshot's and a restore's too (their data is the sandbox's files)."""
+    handle = await provider.provision(spec(), lease_seconds=600)
+    recreate(core, core.get(NS, handle.metadata["pod"]))
+    with pytest.raises(SandboxGone):
+        await provider._run(handle, b"tar", what="snapshot (operation s-1)")
+    assert len(exec_of(provider).runs) == 1  # the probe of the genuine Pod only
+
+
+# ------------------------------------------------------------------------------------------------ env Secret
+
+
+async def test_an_env_secret_planted_under_the_old_name_receives_nothing_and_is_left_alone(
+        core: FakeCore, provider: KubernetesProvider) -> None:
+    """Its name was ``<pod>-env`` (the Pod's name comes from the operation id, printed on the Sandbox): a user
+    made a Secret there first, with a key of hers, and the sandbox's env was written into it and read from it.
+    Now the name is one only the operator computes."""
+    handle_spec = spec(env={"TOKEN": "s3cr3t-env"})
+    name = pod_name(handle_spec.operation_id or "")
+    planted = core.create({"kind": "Secret", "metadata": {"namespace": NS, "name": f"{name}-env"},
+                           "stringData": {"LD_PRELOAD": "/workspace/evil.so"}})
+    handle = await provider.provision(handle_spec, lease_seconds=600)
+    env_secret = env_secret_of(core.get(NS, handle.metadata["pod"]))
+    assert env_secret != f"{name}-env" and env_secret.startswith(f"{name}-env-")
+    left = core.secret(NS, f"{name}-env")
+    assert left is not None and left["metadata"]["uid"] == planted["metadata"]["uid"]
+    assert left["stringData"] == {"LD_PRELOAD": "/workspace/evil.so"} and not left["metadata"].get("ownerReferences")
+    ours = core.secret(NS, env_secret)
+    assert ours is not None and ours["stringData"] == {"TOKEN": "s3cr3t-env"}
+    assert [r["uid"] for r in ours["metadata"]["ownerReferences"]] == [handle.metadata["uid"]]
+    # The name is the key's: another operator key (or none) names another Secret.
+    other = provider_on(FakeCore())
+    other._seal_key = b"another key"
+    assert env_secret_name(other._seal_key, NS, name) != env_secret
+
+
+async def test_a_secret_found_under_the_env_secrets_name_is_never_written_into_and_nothing_leaks(
+        core: FakeCore, provider: KubernetesProvider) -> None:
+    """A retried provision meets the Secret of its name (an earlier attempt's, or a copy made once it was seen):
+    it is made anew, never patched (a user's extra key would become the sandbox's env), and the adopted Pod owns
+    the new one, so destroying the sandbox leaves no Secret behind."""
+    first = await provider.provision(spec(env={"TOKEN": "t"}), lease_seconds=600)
+    env_secret = env_secret_of(core.get(NS, first.metadata["pod"]))
+    core.delete_secret(NS, env_secret)
+    copied = core.create({"kind": "Secret", "metadata": {"namespace": NS, "name": env_secret},
+                          "stringData": {"TOKEN": "t", "LD_PRELOAD": "/workspace/evil.so"}})
+    again = await provider.provision(spec(env={"TOKEN": "t"}), lease_seconds=600)
+    assert again.metadata["uid"] == first.metadata["uid"]  # adopted
+    made = core.secret(NS, env_secret)
+    assert made is not None and made["metadata"]["uid"] != copied["metadata"]["uid"]
+    assert made["stringData"] == {"TOKEN": "t"}
+    assert [r["uid"] for r in made["metadata"]["ownerReferences"]] == [first.metadata["uid"]]
+    await provider.destroy(again)
+    assert core.secret(NS, env_secret) is None and core.get(NS, first.metadata["pod"]) is None

@@ -84,11 +84,7 @@ def forge(kind: str, attack: Attack) -> dict[str, Any]:
         _user_secret(cluster, namespace, _meta(forged)["name"])
         return forged
     elif kind == "recreated":
-        cluster.delete(namespace, name)
-        # The genuine Pod's env Secret goes with it (the garbage collector, in its own time): the user's own
-        # Secret of that name is made only once the old one is gone.
-        cluster.delete_secret(namespace, f"{name}-env")
-        forged = _pod(attack, name, labels, annotations)
+        return recreate(cluster, genuine, attack.hostile)
     elif kind == "annotation_edited":
         described = dict(_described(annotations))
         described["owner"] = f"{namespace}/someone-else"
@@ -98,6 +94,22 @@ def forge(kind: str, attack: Attack) -> dict[str, Any]:
         raise AssertionError(kind)
     created = cluster.create(forged)
     _user_secret(cluster, namespace, _meta(created)["name"])
+    return created
+
+
+def recreate(cluster: Cluster, genuine: dict[str, Any], hostile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The re-created forgery: ``genuine`` deleted and a Pod of the user's made under its name, its labels and
+    annotations (seal included) copied, its spec ``hostile``; and the user's Secret ``<pod>-env`` beside it.
+    The forged Pod as the cluster holds it (another uid)."""
+    namespace, name = _meta(genuine)["namespace"], _meta(genuine)["name"]
+    cluster.delete(namespace, name)
+    # (A Secret of the old name-only scheme goes with the Pod it belonged to: the user's is made once it is gone.)
+    cluster.delete_secret(namespace, f"{name}-env")
+    created = cluster.create({"apiVersion": "v1", "kind": "Pod", "spec": copy.deepcopy(hostile or HOSTILE_SPEC),
+                              "metadata": {"namespace": namespace, "name": name,
+                                           "labels": dict(_meta(genuine).get("labels") or {}),
+                                           "annotations": dict(_meta(genuine).get("annotations") or {})}})
+    _user_secret(cluster, namespace, name)
     return created
 
 

@@ -11,8 +11,9 @@ Where things are:
   restarts adopts what it made. Labels: the owner's, the installation's and the operation's keys
   (:func:`tag_key` digests: label values cannot hold ``/``), the run id where it is a valid label value; the
   full owner and spec labels, and the lease's expiry, are annotations.
-* **The sandbox's env** (``spec.env``, may hold secrets) is a Secret of its own (``<pod>-env``, ``envFrom``),
-  owned by the Pod, so it goes when the Pod goes; never in the Pod's spec, a handle or a message.
+* **The sandbox's env** (``spec.env``, may hold secrets) is a Secret of its own (``<pod>-env-<mac>``: a name
+  only the operator computes, so none can be planted for it; ``envFrom``), owned by the Pod, so it goes when the
+  Pod goes; never in the Pod's spec, a handle or a message.
 * **Calls** are one exec each (``providers/kubernetes_exec.py``) of a fixed boot command that reads its script
   from stdin (``providers/kubernetes_scripts.py``): output is kept as the journal's head/tail rule says
   (``providers/output.py``), a timeout kills every process of the call in the Pod (by a tag in their
@@ -25,11 +26,14 @@ Where things are:
 * **Leases** are an annotation, renewed by ``renew_lease``; a Pod whose lease has run out is deleted when it
   is next touched and by every inventory (the orphan sweep), so a Pod nobody renews does not live on.
 * **Identity** is a seal over the Pod's uid (``providers/kubernetes_identity.py``), never its labels: only
-  the operator's sealed Pods are adopted, listed or deleted; every other Pod met is refused, visibly.
+  the operator's sealed Pods are adopted, listed or deleted; every other Pod met is refused, visibly. Every
+  exec (by name) is bracketed by reads of the Pod's uid (``providers/kubernetes_verification.py``): nothing is
+  sent to, and no result believed from, a Pod re-created under the sandbox's name.
 
 The code, one job per module, each a layer of the class: ``kubernetes_connection.py`` (state, the API client,
 errors, reading Pods), ``kubernetes_adoption.py`` (create, adopt, seal, refuse, delete by identity),
-``kubernetes_lifecycle.py`` (leases, loss, listings), ``kubernetes_calls.py`` (calls, the probe),
+``kubernetes_lifecycle.py`` (leases, loss, listings), ``kubernetes_verification.py`` (each exec goes to the
+sealed Pod), ``kubernetes_calls.py`` (calls, the probe),
 ``kubernetes_warm.py`` (warm claims, pool Pods), ``kubernetes_provisioning.py`` (templates, env, new Pods),
 ``kubernetes_snapshots.py`` (snapshots, restores); this module: configuration and capabilities.
 """

@@ -8,9 +8,9 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import re
 import secrets
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 from durable_sandbox.providers import kubernetes_scripts as scripts
@@ -23,14 +23,13 @@ from durable_sandbox.providers.contract import (
     ToolCall,
     ToolResult,
     file_not_found_result,
-    safe_relative_path,
-    unsupported_tool_result,
     wrote_file_result,
 )
+from durable_sandbox.providers.dispatch import dispatch, path_arg, shell_args, string_arg
 from durable_sandbox.providers.kubernetes_connection import split_id
 from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, StreamBroken
-from durable_sandbox.providers.kubernetes_lifecycle import PodLifecycle
 from durable_sandbox.providers.kubernetes_template import CONTAINER
+from durable_sandbox.providers.kubernetes_verification import PodVerification
 from durable_sandbox.providers.output import OutputBuffer
 
 log = logging.getLogger("durable_sandbox.providers.kubernetes")
@@ -42,7 +41,7 @@ _KILLED_EXIT_CODES = frozenset({128 + 9, 128 + 15})  # the exec's shell ended by
 _KILL_GRACE_SECONDS = 5.0
 
 
-class PodCalls(PodLifecycle):
+class PodCalls(PodVerification):
     """Runs scripts in a sandbox Pod: calls, the probe."""
 
     async def _run(self, handle: SandboxHandle, script: bytes, *, stdout: Callable[[bytes], Any] | None = None,
@@ -52,6 +51,10 @@ class PodCalls(PodLifecycle):
         namespace, name = split_id(handle.id)
         await self._api()
         assert self._exec is not None
+        # The exec goes to the Pod *of this name*: whoever may delete and create Pods can put another one there.
+        # Nothing (the script, a call's env, restored files) is sent before the Pod is known to be the sealed one,
+        # and nothing that came back is believed unless it still is afterwards (kubernetes_verification.py).
+        await self._verify_pod(handle, what, before=True)
 
         async def stdin() -> AsyncIterator[bytes]:
             yield script
@@ -75,23 +78,18 @@ class PodCalls(PodLifecycle):
             gone = await self._lost(handle, ProviderError(f"{what} in sandbox {handle.id}: killed"))
             if isinstance(gone, SandboxGone):
                 raise gone
+        await self._verify_pod(handle, what, before=False)
         return outcome.exit_code
 
     async def execute(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
-        if call.type not in TOOL_TYPES:
-            return unsupported_tool_result(call.type)
-        await self._require_live(handle)
-        try:
-            if call.type == "shell":
-                return await self._shell(handle, call)
-            if call.type == "write_file":
-                return await self._write_file(handle, call)
-            return await self._read_file(handle, call)
-        except _InvalidCall as exc:
-            return ToolResult(exit_code=1, stdout="", stderr=str(exc))
+        if call.type in TOOL_TYPES:
+            await self._require_live(handle)
+        return await dispatch(call, {"shell": partial(self._shell, handle), "write_file": partial(self._write_file, handle),
+                                     "read_file": partial(self._read_file, handle)})
 
     async def _shell(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
-        command, timeout, cwd, env = _shell_args(call)
+        args = shell_args(call)
+        command, timeout, cwd, env = args.command, args.timeout, args.cwd, args.env
         tag = hashlib.sha256(f"{handle.id}\0{call.operation_id}\0{secrets.token_hex(8)}".encode()).hexdigest()[:24]
         out, err = OutputBuffer(), OutputBuffer()
         script = scripts.shell(command, tag=tag, cwd=cwd, env=env, workspace=self.workspace)
@@ -127,7 +125,7 @@ class PodCalls(PodLifecycle):
             await self._run(handle, scripts.kill_call(tag), what="stop a timed-out call")
 
     async def _read_file(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
-        path = _path_arg(call)
+        path = path_arg(call)
         out, err = OutputBuffer(), OutputBuffer(4096)
         code = await self._run(handle, scripts.read_file(path, workspace=self.workspace), stdout=out.feed, stderr=err.feed,
                                what=f"read {path}")
@@ -136,11 +134,8 @@ class PodCalls(PodLifecycle):
         return _file_failure(code, path, "read", err)
 
     async def _write_file(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
-        path = _path_arg(call)
-        contents = call.args.get("contents")
-        if not isinstance(contents, str):
-            raise _InvalidCall("Invalid arguments for write_file: 'contents' must be a str")
-        data = contents.encode("utf-8")
+        path = path_arg(call)
+        data = string_arg(call, "contents").encode("utf-8")
         err = OutputBuffer(4096)
         code = await self._run(handle, scripts.write_file(path, len(data), workspace=self.workspace), stderr=err.feed, data=chunks(data),
                                what=f"write {path}")
@@ -172,10 +167,6 @@ class PodCalls(PodLifecycle):
 
 
 
-class _InvalidCall(Exception):
-    """Arguments a call cannot run with: a failed result (exit 1, this text), as for the other providers."""
-
-
 def _discard(_: bytes) -> None:
     return None
 
@@ -203,44 +194,3 @@ def _file_failure(code: int, path: str, verb: str, err: OutputBuffer) -> ToolRes
     else:
         text = f"Cannot {verb} {path}: {err.text().strip() or f'exit {code}'}"
     return ToolResult(exit_code=1, stdout="", stderr=text)
-
-
-
-def _path_arg(call: ToolCall) -> str:
-    path = call.args.get("path")
-    if not isinstance(path, str):
-        raise _InvalidCall(f"Invalid arguments for {call.type}: 'path' must be a str")
-    try:
-        return safe_relative_path(path)
-    except ValueError as exc:
-        prefix = f"unsafe path {path!r}: "
-        raise _InvalidCall(f"Unsafe path: {path}: {str(exc).removeprefix(prefix)}") from None
-
-
-
-def _shell_args(call: ToolCall) -> tuple[str, float | None, str | None, dict[str, str]]:
-    args = call.args
-    unexpected = sorted(set(args) - {"command", "timeout", "cwd", "env"})
-    if unexpected:
-        raise _InvalidCall(f"Invalid arguments for shell: unexpected argument(s) {', '.join(map(repr, unexpected))}")
-    command = args.get("command")
-    if not isinstance(command, str) or not command:
-        raise _InvalidCall("Invalid arguments for shell: 'command' must be a non-empty string")
-    timeout = args.get("timeout")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
-                                or timeout == float("inf")):
-        raise _InvalidCall("Invalid arguments for shell: 'timeout' must be a positive number of seconds")
-    cwd = args.get("cwd")
-    if cwd is not None:
-        if not isinstance(cwd, str):
-            raise _InvalidCall("Invalid arguments for shell: 'cwd' must be a str")
-        try:
-            cwd = safe_relative_path(cwd)
-        except ValueError as exc:
-            raise _InvalidCall(f"Unsafe path: {cwd}: {str(exc).removeprefix(f'unsafe path {cwd!r}: ')}") from None
-    env = args.get("env") or {}
-    if not isinstance(env, dict) or not all(
-            isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and isinstance(v, str) and "\0" not in v
-            for k, v in env.items()):
-        raise _InvalidCall("Invalid arguments for shell: 'env' must map variable names to strings")
-    return command, (float(timeout) if timeout is not None else None), cwd, env

@@ -4,7 +4,7 @@ Pod as a handle.
 
 The provider is this class and a layer per job above it, each a module: ``kubernetes_adoption.py`` (creating,
 adopting, sealing, refusing and deleting Pods by identity), ``kubernetes_lifecycle.py`` (leases, loss, destroy,
-listings), ``kubernetes_calls.py`` (tool calls, the probe), ``kubernetes_warm.py`` (warm pool claims and pool
+listings), ``kubernetes_verification.py`` (each exec goes to the sealed Pod), ``kubernetes_calls.py`` (tool calls, the probe), ``kubernetes_warm.py`` (warm pool claims and pool
 Pods), ``kubernetes_provisioning.py`` (templates, env Secrets, new Pods), ``kubernetes_snapshots.py``
 (snapshots, restores) and ``kubernetes.py`` (``KubernetesProvider``: its configuration and capabilities)."""
 

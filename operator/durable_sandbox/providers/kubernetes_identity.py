@@ -30,7 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["META_ANNOTATION", "SEAL", "Identity", "completion_seal", "creation_mark", "identify", "identity_key"]
+__all__ = ["META_ANNOTATION", "SEAL", "Identity", "completion_seal", "creation_mark", "env_secret_name", "identify",
+           "identity_key"]
 
 SEAL = "durable-sandbox.dev/seal"
 META_ANNOTATION = "durable-sandbox.dev/sandbox"  # JSON: owner, labels, template (the handle's metadata)
@@ -60,6 +61,14 @@ def creation_mark(key: bytes, namespace: str, name: str, owner_key: str, operati
 def completion_seal(key: bytes, namespace: str, name: str, uid: str, owner_key: str, operation_key: str,
                     described: str) -> str:
     return "s." + _mac(key, "sandbox", namespace, name, uid, owner_key, operation_key, described)
+
+
+def env_secret_name(key: bytes, namespace: str, pod: str) -> str:
+    """The name of a sandbox Pod's env Secret: ``<pod>-env-<mac>``, which only the operator can compute, so nobody
+    can make a Secret under it beforehand for the sandbox's env values to be written into (or read from). The
+    same for every attempt of one operation (a retry finds the Secret an earlier attempt made)."""
+    digest = hmac.new(key, "\0".join(("env-secret", namespace, pod)).encode(), hashlib.sha256).hexdigest()
+    return f"{pod}-env-{digest[:16]}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from durable_sandbox.providers.kubernetes_identity import (
     META_ANNOTATION,
     SEAL,
     creation_mark,
+    env_secret_name,
 )
 from durable_sandbox.providers.kubernetes_pool import (
     OPERATION_KEY_LABEL,
@@ -54,6 +55,7 @@ log = logging.getLogger("durable_sandbox.providers.kubernetes")
 
 __all__ = ["PodProvisioning", "pod_name"]
 
+_ENV_SECRET_ATTEMPTS = 3  # a Secret under the env Secret's name deleted, and back again, this many times: give up
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -112,7 +114,7 @@ class PodProvisioning(WarmClaims):
         described = json.dumps({"owner": spec.owner, "labels": dict(spec.labels), "template": spec.template},
                                sort_keys=True)
         annotations = {LEASE_ANNOTATION: repr(expires), META_ANNOTATION: described}
-        env_secret = f"{name}-env" if spec.env else None
+        env_secret = env_secret_name(self._seal_key, namespace, name) if spec.env else None
         manifest = template.pod(name=name, namespace=namespace, labels=labels, annotations=annotations,
                                 env_secret=env_secret)
         self._gone.pop(sandbox_id, None)
@@ -128,10 +130,8 @@ class PodProvisioning(WarmClaims):
             if env_secret is not None:
                 # Before the Pod, so its container starts at once (a missing Secret holds it back for the kubelet's
                 # retry period). Only a process killed between the two requests leaves the Secret without a Pod;
-                # a retried provision of the same operation takes it over (same name).
-                created = await self._put_env_secret(namespace, env_secret, labels, spec.env)
-                if created is not None:
-                    made.append(created)
+                # a retried provision of the same operation finds it (same name) and makes it anew.
+                made.append(await self._put_env_secret(namespace, env_secret, labels, spec.env))
 
         try:
             pod, adopted = await self._create_pod(core, manifest, spec, put_env)
@@ -143,6 +143,8 @@ class PodProvisioning(WarmClaims):
             raise
         if not adopted:
             return await self._finish(pod, restore, env_secret=env_secret, cold=True)
+        if env_secret is not None:  # made anew above: the adopted Pod owns it, as the first attempt's did
+            await self._own_env_secret(namespace, env_secret, pod)
         self._leases[sandbox_id] = float(pod["metadata"]["annotations"][LEASE_ANNOTATION])
         return self._handle(pod)
 
@@ -169,30 +171,33 @@ class PodProvisioning(WarmClaims):
         return self._handle(pod)
 
     async def _put_env_secret(self, namespace: str, name: str, labels: dict[str, str],
-                              env: Mapping[str, str]) -> str | None:
-        """Create the env Secret (its uid), or write the env into the one of that name already there (None)."""
+                              env: Mapping[str, str]) -> str:
+        """Create the env Secret; its uid. One already under its name (``env_secret_name``: only the operator
+        computes it) is an earlier attempt's, or a copy of it someone made once they saw it: never written into
+        (its keys would become the sandbox's env beside ours), but deleted and made anew."""
         core = await self._api()
         body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": name, "namespace": namespace, "labels": labels}, "stringData": dict(env)}
-        try:
-            created = await api_body(core.create_namespaced_secret_without_preload_content(namespace, body))
-            return str(created["metadata"]["uid"])
-        except Exception as exc:
-            if self._status(exc) != 409:
-                raise self._provision_error(f"create the env Secret of {namespace}/{name}", exc) from None
-            try:  # a retried provision: the same sandbox, its env as this spec says (patch: never read back)
-                await api_body(core.patch_namespaced_secret_without_preload_content(
-                    name, namespace, {"metadata": {"labels": labels, "ownerReferences": None},
-                                      "stringData": dict(env)}), parse=False)
-            except Exception as exc2:
-                raise self._provision_error(f"update the env Secret of {namespace}/{name}", exc2) from None
-        return None
+        for _ in range(_ENV_SECRET_ATTEMPTS):
+            try:
+                created = await api_body(core.create_namespaced_secret_without_preload_content(namespace, body))
+                return str(created["metadata"]["uid"])
+            except Exception as exc:
+                if self._status(exc) != 409:
+                    raise self._provision_error(f"create the env Secret {namespace}/{name}", exc) from None
+            # (Deleted by name: the operator may not read Secrets back, so it never learns this one's uid.)
+            log.info("kubernetes: deleting Secret %s/%s found under the env Secret's name: made anew, never "
+                     "reused", namespace, name)
+            await self._delete_env_secret(namespace, name, None)
+        raise ProvisionError(f"create the env Secret {namespace}/{name}: a Secret of its name came back "
+                             f"{_ENV_SECRET_ATTEMPTS} times while it was made anew; find out who makes it",
+                             retryable=True)
 
-    async def _delete_env_secret(self, namespace: str, name: str, uid: str) -> None:
+    async def _delete_env_secret(self, namespace: str, name: str, uid: str | None) -> None:
         core = await self._api()
         try:
             await api_body(core.delete_namespaced_secret_without_preload_content(
-                name, namespace, body={"preconditions": {"uid": uid}}), parse=False)
+                name, namespace, body={"preconditions": {"uid": uid}} if uid else {}), parse=False)
         except Exception as exc:
             if self._status(exc) not in (404, 409):
                 raise self._api_error(f"delete Secret {namespace}/{name}", exc) from None

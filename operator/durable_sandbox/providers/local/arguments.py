@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from durable_sandbox.providers.contract import safe_relative_path
+from durable_sandbox.providers.dispatch import InvalidCall
 
 ENV_NAME = re.compile(r"[^=\0]+")
 
 
-class Refused(Exception):
-    """A tool call that fails as a result (exit 1, this stderr) rather than as an exception."""
+class Refused(InvalidCall):
+    """A tool call that fails as a result (exit 1, this stderr) rather than as an exception (the shared
+    dispatch, ``providers/dispatch.py``, makes it one)."""
 
     def __init__(self, stderr: str) -> None:
         super().__init__(stderr)

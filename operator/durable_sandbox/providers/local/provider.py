@@ -80,8 +80,9 @@ from durable_sandbox.providers.contract import (
     ToolResult,
     unsupported_tool_result,
 )
+from durable_sandbox.providers.dispatch import dispatch
 from durable_sandbox.providers.local import archives, layout
-from durable_sandbox.providers.local.arguments import Refused, parse_args
+from durable_sandbox.providers.local.arguments import parse_args
 from durable_sandbox.providers.local.files import read_file, write_file
 from durable_sandbox.providers.local.layout import (
     SANDBOX_ID,
@@ -190,19 +191,21 @@ class LocalProvider(LocalLayout, SandboxProvider):
         if lease.get("suspended"):
             raise SandboxSuspendedError(handle.id)
         workspace = self.workspace_path(handle.id)
-        try:
-            if call.type == "shell":
-                result = await self._calls.call(handle.id, workspace, call.args)
-            elif call.type == "write_file":
-                path, contents = parse_args("write_file", call.args, required={"path": str, "contents": str})
-                result = await asyncio.to_thread(write_file, handle.id, workspace, path, contents)
-            elif call.type == "read_file":
-                (path,) = parse_args("read_file", call.args, required={"path": str})
-                result = await asyncio.to_thread(read_file, handle.id, workspace, path)
-            else:
-                return unsupported_tool_result(call.type)
-        except Refused as refused:
-            result = ToolResult(exit_code=1, stdout="", stderr=refused.stderr)
+
+        async def shell(call: ToolCall) -> ToolResult:
+            return await self._calls.call(handle.id, workspace, call.args)
+
+        async def write(call: ToolCall) -> ToolResult:
+            path, contents = parse_args("write_file", call.args, required={"path": str, "contents": str})
+            return await asyncio.to_thread(write_file, handle.id, workspace, path, contents)
+
+        async def read(call: ToolCall) -> ToolResult:
+            (path,) = parse_args("read_file", call.args, required={"path": str})
+            return await asyncio.to_thread(read_file, handle.id, workspace, path)
+
+        if call.type not in TOOL_TYPES:
+            return unsupported_tool_result(call.type)
+        result = await dispatch(call, {"shell": shell, "write_file": write, "read_file": read})
         # A destroy or loss while the call ran: its result describes a sandbox that no longer exists.
         if not self._exists(handle.id):
             await self._remove(handle.id)  # a write_file racing the destroy may have recreated directories
