@@ -38,8 +38,8 @@ KINDS = ("configmap", "journal")
 async def measure(kubeconfig: str, namespace: str, rounds: int, per_round: int) -> dict[str, dict[int, list[float]]]:
     from kubernetes.aio.client import models as m
 
-    from durable_sandbox.kube.client import KubeClient, json_body
-    from durable_sandbox.kube.resources import API_VERSION, GROUP, JOURNALS, JSON_PATCH, VERSION
+    from durable_sandbox.kube.api.client import KubeClient, json_body
+    from durable_sandbox.kube.api.resources import API_VERSION, GROUP, JOURNALS, JSON_PATCH, VERSION
 
     api = await KubeClient.connect(kubeconfig=kubeconfig)
 

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from _common import RESULTS_DIR, fmt, machine_info, print_table, ratio, write_results
-from durable_sandbox.kube.resources import GROUP, VERSION, WORKFLOWS
+from durable_sandbox.kube.api.resources import GROUP, VERSION, WORKFLOWS
 from operator_throughput import ROOT, control_plane, kubectl
 
 CRD = ROOT / "crds" / "workflows.durable-sandbox.dev.yaml"

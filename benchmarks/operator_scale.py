@@ -38,7 +38,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tests.ports import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -68,12 +68,6 @@ def load() -> list[float]:
 
 
 # ------------------------------------------------------------------------------------------- a replica
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -159,8 +153,8 @@ def apply(kubeconfig: str, namespace: str, docs: list[dict[str, Any]]) -> None:
 
 async def _phases(kubeconfig: str, namespace: str) -> dict[str, dict[str, bool | str]]:
     """Each Workflow's conditions (True or not) by name, and its status message under "message"."""
-    from durable_sandbox.kube.client import KubeClient
-    from durable_sandbox.kube.workflows import WorkflowClient
+    from durable_sandbox.kube.api.client import KubeClient
+    from durable_sandbox.kube.spec.workflows import WorkflowClient
 
     api = await KubeClient.connect(kubeconfig=kubeconfig)
     try:
@@ -194,8 +188,8 @@ def wait_all(kubeconfig: str, namespace: str, names: set[str], condition: str, t
 
 
 async def _signal_all(kubeconfig: str, namespace: str, names: list[str]) -> None:
-    from durable_sandbox.kube.client import KubeClient
-    from durable_sandbox.kube.workflows import WorkflowClient
+    from durable_sandbox.kube.api.client import KubeClient
+    from durable_sandbox.kube.spec.workflows import WorkflowClient
 
     api = await KubeClient.connect(kubeconfig=kubeconfig)
     try:

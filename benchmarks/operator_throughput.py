@@ -157,8 +157,8 @@ def manifest(name: str, calls: int) -> dict[str, Any]:
 async def wait_succeeded(kubeconfig: str, namespace: str, names: list[str], timeout: float,
                          status_sizes: list[int]) -> None:
     """Until every Workflow has Succeeded; samples each one's .status size (bytes of JSON) on the way."""
-    from durable_sandbox.kube.client import KubeClient
-    from durable_sandbox.kube.workflows import WorkflowClient
+    from durable_sandbox.kube.api.client import KubeClient
+    from durable_sandbox.kube.spec.workflows import WorkflowClient
 
     api = await KubeClient.connect(kubeconfig=kubeconfig)
     try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tests.ports import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -38,12 +39,6 @@ TARGET_RATIO = 1.3  # issue 35's goal for a no-op call through the API against t
 TARGET_WRITES_PER_CALL = 1.2  # issue 35's goal with the API-server journal
 CALLER_ROLE = """{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "calls"},
  "rules": [{"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxes/calls"], "verbs": ["create"]}]}"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float) -> None:

@@ -315,9 +315,9 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
             "kubectl apply -f examples/idle-sandbox-resume.yaml",
             "kubectl wait --for=condition=Succeeded workflow/read-idle-box --timeout=120s",
         )},
-        "python -m durable_sandbox.kube.crds --write crds/": Run(REGEN),
-        "python -m durable_sandbox.kube.crds --write charts/durable-sandbox/crds/": Run(REGEN),
-        "python -m durable_sandbox.kube.crds --check crds/": Run(REGEN),
+        "python -m durable_sandbox.kube.spec.crds --write crds/": Run(REGEN),
+        "python -m durable_sandbox.kube.spec.crds --write charts/durable-sandbox/crds/": Run(REGEN),
+        "python -m durable_sandbox.kube.spec.crds --check crds/": Run(REGEN),
         "scripts/dev-cluster down": Run(DEV_CLUSTER, note="needs root and the machine's node"),
     },
     "docs/providers.md": {

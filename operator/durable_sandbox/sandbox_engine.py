@@ -39,11 +39,17 @@ class Engine(_BareEngine):
         inline_sleep_limit: float = 5.0,
         unresolvable: Unresolvable = "leave",
     ) -> None:
+        from durable_sandbox.sandboxes.factory import SessionFactory
         from durable_sandbox.sandboxes.journal import SandboxJournal
-        from durable_sandbox.sandboxes.session import SessionFactory
         from durable_sandbox.stores import SqliteStore
+        from durable_sandbox.tracing import Tracing
 
         factory = SessionFactory(providers)
+        extensions = list(extensions)
+        if not any(isinstance(e, Tracing) for e in extensions):
+            # OpenTelemetry's environment (OTEL_EXPORTER_OTLP_ENDPOINT, ...) turns traces on; off, nothing is added.
+            traced = Tracing.from_env()
+            extensions += [traced] if traced is not None else []
         super().__init__(
             store if store is not None else SqliteStore(), sandbox_factory=factory, hooks=factory,
             reader=SandboxJournal(),

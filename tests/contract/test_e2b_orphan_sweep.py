@@ -3,7 +3,7 @@ snapshots (tagged by name), on every page, and nothing of another installation o
 
 from __future__ import annotations
 
-from durable_sandbox.kube.orphans import LiveOwner, sweep_once
+from durable_sandbox.kube.sweep.orphans import LiveOwner, sweep_once
 from durable_sandbox.providers.contract import INSTALLATION_LABEL, RETAIN_LABEL, SandboxSpec
 from durable_sandbox.providers.e2b import E2BProvider
 from tests.fakes.e2b_state import FakeState

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from durable_sandbox.kube import crds
+from durable_sandbox.kube.spec import crds
+from tests.e2e.controlplane import fresh_namespace
 from tests.e2e.operator_support import wait_established
 
 if TYPE_CHECKING:
-    from .conftest import ControlPlane
+    from .controlplane import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"
@@ -34,10 +35,8 @@ def installed(control_plane: ControlPlane) -> None:
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane, installed: None) -> Iterator[str]:
-    name = f"crds-{uuid.uuid4().hex[:8]}"
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+    with fresh_namespace(control_plane, "crds") as name:
+        yield name
 
 
 def hello() -> dict[str, Any]:
@@ -361,7 +360,7 @@ def test_defaults_are_applied_so_the_stored_spec_is_the_effective_one(
     # What has no default stays absent: absent means "not set" (no timeout, no TTL).
     assert "timeoutSeconds" not in spec and "ttlSecondsAfterFinished" not in spec and "sandboxRef" not in spec
     # The models read the stored spec the same way as the manifest.
-    from durable_sandbox.kube.models import WorkflowSpec
+    from durable_sandbox.kube.spec.models import WorkflowSpec
 
     assert WorkflowSpec.model_validate(spec) == WorkflowSpec.model_validate(manifest["spec"] | {"retry": {}})
 
@@ -487,7 +486,7 @@ def test_signals_can_only_gain_keys(control_plane: ControlPlane, namespace: str,
 
 def test_anchors_and_aliases_are_accepted_by_both(control_plane: ControlPlane, namespace: str) -> None:
     """Anchors and aliases that expand moderately: `dsb run`'s bounded loader accepts what kubectl accepts."""
-    from durable_sandbox.kube.manifests import load_manifests
+    from durable_sandbox.kube.spec.manifests import load_manifests
 
     anchored = (
         "apiVersion: durable-sandbox.dev/v1alpha1\nkind: Workflow\nmetadata:\n  name: anchored\nspec:\n"

@@ -36,16 +36,16 @@ from durable_sandbox.providers.kubernetes_pool import (
     derive_pool_key,
 )
 from durable_sandbox.providers.kubernetes_template import PodTemplate
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     OperatorProcess,
-    free_port,
     namespace,
     operators,
     scrape,
     wait_condition,
 )
 from tests.e2e.sandbox_support import IMAGE, control_plane_on_the_node, node
+from tests.ports import free_port
 
 __all__ = ["control_plane_on_the_node", "namespace", "node", "operators"]  # fixtures
 
@@ -77,7 +77,7 @@ class Scene:
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
     def pool_key(self) -> bytes:
-        # The operator's journal key (kube/journal_key.py: made by the first replica, in `default` here).
+        # The operator's journal key (kube/journal/journal_key.py: made by the first replica, in `default` here).
         secret = self.cp.kubectl_json("get", "secret", "durable-sandbox-journal-key", "-n", "default")
         return derive_pool_key(base64.b64decode(secret["data"]["key"]))
 

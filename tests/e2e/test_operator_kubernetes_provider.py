@@ -24,7 +24,7 @@ import yaml
 from durable_sandbox.providers.contract import SandboxHandle, ToolCall, tag_key
 from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvider
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.node_support import NodeCluster, busybox_context, require_gvisor
 from tests.e2e.operator_support import (
     OperatorProcess,

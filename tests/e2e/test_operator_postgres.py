@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from durable_sandbox.kube.journals import namespace_schema
+from durable_sandbox.kube.store.journals import namespace_schema
 from durable_sandbox.stores.postgres import split_dsn
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     HELLO,
     condition,

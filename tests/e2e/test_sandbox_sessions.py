@@ -24,10 +24,9 @@ from durable_sandbox.client import SandboxCallError, SandboxClient
 from durable_sandbox.sessions.journal import SESSION, calls_run_id
 from tests.docs_commands import ROOT, commands_run_by
 from tests.dsb import DSB
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     OperatorProcess,
-    free_port,
     http_get,
     journal,
     manifest,
@@ -36,6 +35,7 @@ from tests.e2e.operator_support import (
 )
 from tests.e2e.operator_support import wait_condition as wait_workflow
 from tests.e2e.sandbox_support import sandbox, set_suspend, status, wait_for
+from tests.ports import free_port
 
 __all__ = ["namespace", "operators"]  # fixtures
 

@@ -1,4 +1,4 @@
-"""A fake of :class:`durable_sandbox.kube.resources.CustomObjects` for unit tests of the controllers.
+"""A fake of :class:`durable_sandbox.kube.api.resources.CustomObjects` for unit tests of the controllers.
 
 It fakes the one class every custom-object read and write goes through (not the generated client below
 it), so a test states what the API server holds and answers in plain JSON, as the controllers see it:
@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes.aio.client.exceptions import ApiException
 
-from durable_sandbox.kube.resources import MERGE_PATCH, CustomObjects, PatchType
+from durable_sandbox.kube.api.resources import MERGE_PATCH, CustomObjects, PatchType
 
 Key = tuple[str, str, str]  # plural, namespace, name
 

@@ -1,4 +1,4 @@
-"""A fake of :class:`durable_sandbox.kube.client.KubeClient` for starting the operator's application without a
+"""A fake of :class:`durable_sandbox.kube.api.client.KubeClient` for starting the operator's application without a
 cluster: discovery serves every resource of the operator (and every LIST answers, empty), Events are recorded
 in ``events``. Custom objects are :class:`tests.fakes.custom_objects.FakeCustomObjects`, given beside it."""
 
@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from durable_sandbox.kube.apiserver_away import ApiServerAway
-from durable_sandbox.kube.discovery import VERBS
-from durable_sandbox.kube.metrics import OperatorMetrics
-from durable_sandbox.kube.resources import GROUP, JOURNALS, SERVED, VERSION
+from durable_sandbox.kube.api.apiserver_away import ApiServerAway
+from durable_sandbox.kube.api.discovery import VERBS
+from durable_sandbox.kube.api.resources import GROUP, JOURNALS, SERVED, VERSION
+from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 
 
 class FakeApis:

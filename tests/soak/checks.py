@@ -110,8 +110,8 @@ def retained_snapshots(tracked: list[Tracked]) -> dict[str, int]:
 def snapshot_owners(tracked: list[Tracked], kubeconfig: Path, namespace: str, keys: set[str]) -> list[str]:
     """For whoever replays a seed that left snapshots: the Workflow each owner key (a provider's tag of
     ``<namespace>/<uid>``) belongs to, its script and end, and its journal's sandbox rows."""
-    from durable_sandbox.kube.objects import owner_tag
-    from durable_sandbox.kube.plan import cluster_run_id
+    from durable_sandbox.kube.api.objects import owner_tag
+    from durable_sandbox.kube.spec.plan import cluster_run_id
     from durable_sandbox.providers.contract import tag_key
 
     found: list[str] = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,8 +73,8 @@ async def local_gate(home: Path) -> FakeGate:
 
 
 def service(store: SqliteStore, gate: FakeGate, auth: FakeAuth | None = None, *, worker: str = "w1",
-            limits: Limits | None = None) -> SessionService:
-    journal = SessionJournal(store, worker_id=worker, lease_ttl=10.0, owned=False)
+            limits: Limits | None = None, extensions: Sequence[object] = ()) -> SessionService:
+    journal = SessionJournal(store, worker_id=worker, lease_ttl=10.0, owned=False, extensions=extensions)
     return SessionService(auth or FakeAuth(), gate, lambda _ns: journal, limits)
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from durable_sandbox.engine import Engine
 from durable_sandbox.engine.errors import InvalidInput
-from durable_sandbox.kube.models import WorkflowResource
-from durable_sandbox.kube.plan import PlanError, plan_workflow
+from durable_sandbox.kube.spec.models import WorkflowResource
+from durable_sandbox.kube.spec.plan import PlanError, plan_workflow
 from tests.dsb import dsb
 from tests.unit import cli_flows
 

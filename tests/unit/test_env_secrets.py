@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import durable_sandbox
-from durable_sandbox.kube.resources import API_VERSION
+from durable_sandbox.kube.api.resources import API_VERSION
 from durable_sandbox.stores import SqliteStore
 from tests.dsb import dsb
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from durable_sandbox.kube.manifests import ManifestError, load_manifests
-from durable_sandbox.kube.resources import API_VERSION
+from durable_sandbox.kube.api.resources import API_VERSION
+from durable_sandbox.kube.spec.manifests import ManifestError, load_manifests
 from tests.dsb import dsb
 
 

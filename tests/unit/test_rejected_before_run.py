@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_sandbox.kube.resources import API_VERSION
+from durable_sandbox.kube.api.resources import API_VERSION
 from tests.dsb import Ran, dsb
 
 FLOWS = "tests.unit.cli_flows"
@@ -123,7 +123,7 @@ def test_bad_arguments_are_refused_before_any_run(args: list[str], fragment: str
 def test_a_provider_that_cannot_be_created_is_refused_before_any_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from durable_sandbox.kube import preflight
+    from durable_sandbox.kube.spec import preflight
 
     def broken(name: str) -> None:
         raise RuntimeError(f"{name}: no workspace directory")

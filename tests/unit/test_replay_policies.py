@@ -283,7 +283,7 @@ async def test_a_loss_after_the_last_call_is_still_recovered_once_answered(
 
 def test_the_recovered_event_and_dsb_inspect_list_replayed_skipped_and_asked_calls_by_op_id() -> None:
     from durable_sandbox.cli.render import op_detail
-    from durable_sandbox.kube.events import lifecycle_events
+    from durable_sandbox.kube.reporting.events import lifecycle_events
 
     meta = {"reason": "recovery", "snapshotId": None, "fromCount": 0,
             "replayed": ["sandbox/notes", "sandbox/build", "sandbox/notify", "sandbox/audit"],
@@ -359,7 +359,7 @@ def test_a_wrong_answer_is_refused_before_it_is_stored(engine: durable_sandbox.E
     """A signal cannot change once given: `dsb signal` (local and --kube) and the Workflow models (a manifest's
     spec.signals; the operator refuses that one signal and says so) refuse a wrong answer to a replay callback;
     the admission policy refuses it on update (tests/e2e/test_crds.py)."""
-    from durable_sandbox.kube.models import signal_problems
+    from durable_sandbox.kube.spec.models import signal_problems
     from tests.dsb import dsb
 
     problems = signal_problems({"replay:sandbox/push": "yes", "replay:sandbox/notify": "skip", "approve": "yes"})

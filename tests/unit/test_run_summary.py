@@ -4,7 +4,7 @@ journal.Tally): the same journal gives the same recoveries, live snapshots and c
 from __future__ import annotations
 
 from durable_sandbox import Engine
-from durable_sandbox.kube.status import Extra, Projection, render
+from durable_sandbox.kube.reporting.status import Extra, Projection, render
 from durable_sandbox.sandboxes.summary import summarize
 from durable_sandbox.stores import SqliteStore
 from tests.unit import ui_flows

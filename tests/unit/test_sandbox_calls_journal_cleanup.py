@@ -20,7 +20,7 @@ from tests.unit.sessions_support import NAMESPACE, local_gate, service
 
 @dataclass
 class Journals:
-    """What the finalizer asks of the operator's journal stores (kube/journals.py's JournalStores)."""
+    """What the finalizer asks of the operator's journal stores (kube/store/journals.py's JournalStores)."""
 
     store: SqliteStore
     collected_with_workflow: bool

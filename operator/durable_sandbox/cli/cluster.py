@@ -17,9 +17,9 @@ import click
 from durable_sandbox.cli.drive import with_display
 from durable_sandbox.cli.render import emit_data
 from durable_sandbox.engine import RunState
-from durable_sandbox.kube.manifests import load_manifests
-from durable_sandbox.kube.models import Resource
-from durable_sandbox.kube.workflows import run_id_of
+from durable_sandbox.kube.spec.manifests import load_manifests
+from durable_sandbox.kube.spec.models import Resource
+from durable_sandbox.kube.spec.workflows import run_id_of
 from durable_sandbox.runs.cluster import POLL_SECONDS, ClusterEngine, not_started_state
 from durable_sandbox.runs.errors import CliError
 from durable_sandbox.runs.settings import Settings

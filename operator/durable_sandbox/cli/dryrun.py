@@ -10,7 +10,7 @@ import click
 from durable_sandbox.cli import render
 from durable_sandbox.engine import RunRecord
 from durable_sandbox.engine.serialization import to_jsonable
-from durable_sandbox.kube.plan import RunPlan
+from durable_sandbox.kube.spec.plan import RunPlan
 from durable_sandbox.runs.settings import Settings
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from durable_sandbox.kube.manifests import MAX_DEPTH
+from durable_sandbox.kube.spec.manifests import MAX_DEPTH
 from durable_sandbox.runs.errors import CliError
 
 

@@ -30,7 +30,7 @@ from durable_sandbox.engine import (
     WorkflowNotFound,
 )
 from durable_sandbox.engine.errors import StoreUnavailable
-from durable_sandbox.kube.manifests import ManifestError
+from durable_sandbox.kube.spec.manifests import ManifestError
 from durable_sandbox.runs.errors import EXIT_FAILED, EXIT_LEASE_HELD, EXIT_USAGE, CliError, Interrupted
 from durable_sandbox.runs.settings import Settings
 

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from durable_sandbox.engine import OperationRecord, RunRecord, RunState, RunStatus
 from durable_sandbox.engine.driver import Backoff, RunPolicy, backoff
-from durable_sandbox.kube.plan import WORKFLOW_LABEL
+from durable_sandbox.kube.spec.plan import WORKFLOW_LABEL
 from durable_sandbox.runs.settings import Settings
 from durable_sandbox.sandboxes import journal
 

@@ -1,6 +1,6 @@
 """What `dsb run` runs: a manifest's Workflows, or a ``module:function`` / registered workflow.
 
-The meaning of a Workflow spec (run plan, run id, retry, timeout) is :mod:`durable_sandbox.kube.plan`,
+The meaning of a Workflow spec (run plan, run id, retry, timeout) is :mod:`durable_sandbox.kube.spec.plan`,
 shared with the operator; this module reads the target and turns plan errors into CLI errors.
 """
 
@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from durable_sandbox.kube import plan
-from durable_sandbox.kube.manifests import ManifestError, load_manifests
-from durable_sandbox.kube.plan import WORKFLOW_LABEL, RunPlan
-from durable_sandbox.kube.preflight import sandbox_problems
+from durable_sandbox.kube.spec import plan
+from durable_sandbox.kube.spec.manifests import ManifestError, load_manifests
+from durable_sandbox.kube.spec.plan import WORKFLOW_LABEL, RunPlan
+from durable_sandbox.kube.spec.preflight import sandbox_problems
 from durable_sandbox.runs.errors import CliError
 
 # Run ids are typed back in commands (`dsb resume ID`): not empty, no whitespace or control characters.

@@ -20,6 +20,7 @@ from durable_sandbox.engine.errors import DuplicateOperationError
 from durable_sandbox.engine.parallel import run_parallel
 from durable_sandbox.engine.policies import RetryPolicy
 from durable_sandbox.engine.steps import run_step
+from durable_sandbox.engine.traced import traced_callback, traced_step
 from durable_sandbox.engine.waits import durable_sleep, wait_for_callback
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class Context:
 
     # ------------------------------------------------------------------ operations
 
+    @traced_step
     async def step(
         self,
         id: str,
@@ -95,6 +97,7 @@ class Context:
         """
         return await run_parallel(self, id, branches, max_concurrency=max_concurrency, retry=retry, timeout=timeout)
 
+    @traced_callback
     async def callback(self, id: str, payload: Any = None, *, timeout: float | None = None) -> Any:
         """Wait for ``Engine.signal(run_id, <scoped id>, value)`` and return the value.
 

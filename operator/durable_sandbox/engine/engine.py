@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from durable_sandbox.engine.records import OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.sources import poll_store
 from durable_sandbox.engine.state import RunState
 from durable_sandbox.engine.store import Store
+from durable_sandbox.engine.traced import caller_labels
 from durable_sandbox.engine.workflow import definition_of
 
 log = logging.getLogger("durable_sandbox.engine")
@@ -106,7 +108,9 @@ class Engine:
         thread_id: str | None = None,
         labels: dict[str, str] | None = None,
     ) -> RunRecord:
-        """Record a new run (status pending) without executing it; idempotent for the same id and input."""
+        """Record a new run (status pending) without executing it; idempotent for the same id and input.
+        With tracing on, the caller's trace context is recorded in its labels (engine/traced.py)."""
+        labels = caller_labels(self.extensions, labels, os.environ)
         return await self.client.create(workflow, input, run_id=run_id, thread_id=thread_id, labels=labels)
 
     async def run(

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import replace
 from typing import Any, Literal, Protocol
 
@@ -37,6 +37,7 @@ from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRe
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.state import RunState, build_state
 from durable_sandbox.engine.store import Store
+from durable_sandbox.engine.traced import traced_attempt
 from durable_sandbox.engine.workflow import WorkflowDefinition, resolve
 
 log = logging.getLogger("durable_sandbox.engine")
@@ -49,7 +50,7 @@ Unresolvable = Literal["fail", "leave"]
 
 class RunHooks(Protocol):
     """What the engine calls at a run's turning points, for the resources ``ctx.sandbox`` holds (the sandbox
-    sessions: ``sandboxes.session.SessionFactory``)."""
+    sessions: ``sandboxes.factory.SessionFactory``)."""
 
     async def after_run(self, rt: RunRuntime, status: RunStatus) -> None:
         """The run ends ``status`` (its final commit follows): release what only a success keeps."""
@@ -209,7 +210,7 @@ class RunExecutor:
             fence=lease.fence,
         )
         rt.emit("run.resumed" if rt.rows else "run.started", workflow=run.workflow, worker=self.worker_id)
-        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, Context(rt), run.input), name=run.run_id)
+        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, Context(rt), run), name=run.run_id)
         ending = Ending(self.store, run, lease, rt, worker_id=self.worker_id,
                         after_run=self.hooks.after_run if self.hooks is not None else None)
         keeper = asyncio.create_task(keep_lease(self.store, lease, self.lease_ttl, rt, wf,
@@ -377,6 +378,11 @@ def workflow_module(run: RunRecord) -> str | None:
     return None
 
 
-async def _call_workflow(definition: WorkflowDefinition, ctx: Context, raw_input: Any) -> Any:
-    # Input validation happens inside the task so that a failure fails the run (it never hangs in "running").
-    return await definition.fn(ctx, *definition.prepare_input(raw_input))
+def _call_workflow(definition: WorkflowDefinition, ctx: Context, run: RunRecord) -> Coroutine[Any, Any, Any]:
+    """The workflow's coroutine for one execution of ``run``, in its attempt's span when tracing is on."""
+
+    async def call() -> Any:
+        # Input validation happens inside the task so that a failure fails the run (it never hangs in "running").
+        return await definition.fn(ctx, *definition.prepare_input(run.input))
+
+    return traced_attempt(ctx.operations, run, call())

@@ -1,7 +1,7 @@
 """``ctx.parallel``: a fan-out of branches, each checkpointed on its own under ``<id>/<key>``, and the join.
 
 The protocol: the parallel's start record (its branch keys), the branches under an optional concurrency bound
-(a plain callable runs as one step, ``async def branch(ctx)`` in a child context with its own scoped
+(a plain callable runs as one ``ctx.step``, ``async def branch(ctx)`` in a child context with its own scoped
 operations and a completion record of its own), then the join: every failure named (ParallelError), or the
 waits of suspended branches merged into one Suspend, or the result committed once. A replayed parallel
 returns its recorded result without entering its branches again.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -20,7 +20,6 @@ from durable_sandbox.engine.errors import ParallelError, Suspend
 from durable_sandbox.engine.policies import RetryPolicy
 from durable_sandbox.engine.records import OperationRecord, OpKind, OpStatus
 from durable_sandbox.engine.serialization import callable_name, revalidate, to_jsonable, value_digest
-from durable_sandbox.engine.steps import run_step
 
 if TYPE_CHECKING:
     from durable_sandbox.engine.runtime import RunRuntime
@@ -34,13 +33,16 @@ Branch = Callable[..., Any]
 
 
 class BranchingContext(Protocol):
-    """What a parallel needs of the context it runs in: its run, its scope, and a child context per branch."""
+    """What a parallel needs of the context it runs in: its run, its scope, its ``step`` (a plain branch is one,
+    traced as any step) and a child context per branch."""
 
     @property
     def operations(self) -> RunRuntime: ...
 
     @property
     def scope(self) -> str: ...
+
+    def step(self, id: str, /, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]: ...
 
     def child(self, scope: str) -> Any: ...
 
@@ -103,7 +105,7 @@ async def run_parallel(
     async def run_branch(key: str, branch: Branch) -> Any:
         async with gate if gate is not None else nullcontext():
             if not takes_context(branch, context_type):
-                return await run_step(rt, f"{op_id}/{key}", branch, (), {}, retry=retry, timeout=timeout)
+                return await ctx.step(f"{id}/{key}", branch, retry=retry, timeout=timeout)
             return await _run_scoped_branch(ctx, f"{op_id}/{key}", f"{id}/{key}", branch)
 
     outcomes = await asyncio.gather(*(run_branch(k, b) for k, b in items), return_exceptions=True)

@@ -23,7 +23,7 @@ Settings, and why:
   API server restart between that wait and kopf's read (milliseconds), kopf says so in its log and
   :class:`UnservedResourcesGuard` stops the operator with an error, so that it is restarted (a Pod is).
 
-What the process runs is one object, :class:`~durable_sandbox.kube.application.OperatorApplication`, handed to
+What the process runs is one object, :class:`~durable_sandbox.kube.process.application.OperatorApplication`, handed to
 kopf as its memo by :func:`run`: every handler here reads it from there (``memo``), and nothing here is a module
 global that changes.
 """
@@ -41,10 +41,10 @@ from typing import Any, cast
 
 import kopf
 
-from durable_sandbox.kube.application import OperatorApplication
-from durable_sandbox.kube.errors import CleanupPending
-from durable_sandbox.kube.metrics import OperatorMetrics
-from durable_sandbox.kube.resources import FINALIZER, GROUP, POOLS, SANDBOXES, VERSION, WORKFLOWS
+from durable_sandbox.kube.api.errors import CleanupPending
+from durable_sandbox.kube.api.resources import FINALIZER, GROUP, POOLS, SANDBOXES, VERSION, WORKFLOWS
+from durable_sandbox.kube.process.application import OperatorApplication
+from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 
 log = logging.getLogger("durable_sandbox.kube.handlers")
 

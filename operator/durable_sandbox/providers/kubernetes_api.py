@@ -1,7 +1,7 @@
 """The ``kubernetes`` provider's connection to the API server: ``kubernetes.aio`` configured from a kubeconfig
 (``$KUBECONFIG``, else ``~/.kube/config``) or, inside the cluster, from the Pod's service account.
 
-Providers import nothing of the package above them, so this is the provider's own (``kube/client.py`` uses it
+Providers import nothing of the package above them, so this is the provider's own (``kube/api/client.py`` uses it
 too: one way to read a kubeconfig). Pods, Secrets and ``pods/exec`` are reached with it, with the operator's
 identity; the sandbox itself never gets a token.
 """

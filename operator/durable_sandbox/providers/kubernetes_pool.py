@@ -20,7 +20,7 @@ A pool Pod goes through three states, in its label ``durable-sandbox.dev/pool-st
   now, deleted by it as a cold Pod is).
 
 Seals are HMAC-SHA256 under the pool key, which the operator derives from its journal key
-(``kube/journal_key.py``); whoever may only edit the namespace's Pods can neither mint one nor move one to
+(``kube/journal/journal_key.py``); whoever may only edit the namespace's Pods can neither mint one nor move one to
 another Pod. A claim compares the whole spec with the template's again (Pods let ``image`` be patched, and
 ephemeral containers be added), besides the warm seal over the uid.
 """

@@ -25,12 +25,12 @@ from durable_sandbox.engine.client import RunClient
 from durable_sandbox.engine.errors import StoreError
 from durable_sandbox.engine.records import ErrorInfo
 from durable_sandbox.engine.store import Store
-from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.journals import ApiServerJournal, JournalChoice, PostgresJournal, open_journal
-from durable_sandbox.kube.resources import SANDBOXES
-from durable_sandbox.kube.status import TERMINAL_PHASES
+from durable_sandbox.kube.api.client import KubeClient
+from durable_sandbox.kube.api.resources import SANDBOXES
+from durable_sandbox.kube.reporting.status import TERMINAL_PHASES
+from durable_sandbox.kube.spec.workflows import NoSuchWorkflow, WorkflowClient, run_id_of
+from durable_sandbox.kube.store.journals import ApiServerJournal, JournalChoice, PostgresJournal, open_journal
 from durable_sandbox.kube.workflow.ignored import RERUN_HINT
-from durable_sandbox.kube.workflows import NoSuchWorkflow, WorkflowClient, run_id_of
 from durable_sandbox.runs.errors import CliError
 from durable_sandbox.runs.settings import Settings
 from durable_sandbox.sandboxes.journal import SandboxJournal

@@ -1,9 +1,10 @@
 """The sandbox sessions' journal records: how they are named, which meta keys they carry, what each means.
 
-The session writes them (``sandboxes/session.py``); everyone who reads them reads them through this module:
+The session writes them (``sandboxes/session.py`` and its pieces: ``provisioning.py``, ``checkpoints.py``,
+``recovery.py``, ``replay_policy.py``, ``teardown.py``); everyone who reads them reads them through this module:
 the engine through the :class:`SandboxJournal` reader it is given (``engine/extensions.py``: the engine
 imports nothing of sandboxes), ``dsb inspect``/``history``/``logs`` (``cli/render.py``, ``cli/progress.py``),
-the operator's status, Events and finalizer (``kube/status.py``, ``kube/events.py``,
+the operator's status, Events and finalizer (``kube/reporting/status.py``, ``kube/reporting/events.py``,
 ``kube/workflow/cleanup.py``).
 
 Op ids of session ``s`` (every id is scoped by its session, so a caller's operation id never collides with

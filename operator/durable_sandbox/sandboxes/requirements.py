@@ -1,6 +1,6 @@
 """What a sandbox session asks of its provider's capabilities, judged in one place: by the session, which
 refuses before it provisions anything (``SandboxSession``), and by `dsb run`'s check before a run is even
-created (``kube/preflight.py``, which names the Workflow's spec fields)."""
+created (``kube/spec/preflight.py``, which names the Workflow's spec fields)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A run's summary: its state with its live snapshots, recoveries and calls, built in one place.
 
 ``dsb inspect`` (through the engine's :class:`~durable_sandbox.sandboxes.journal.SandboxJournal` reader), the
-web view's run header (``ui/local.py``, ``ui/cluster.py``) and the Workflow's status (``kube/status.py``'s
+web view's run header (``ui/local.py``, ``ui/cluster.py``) and the Workflow's status (``kube/reporting/status.py``'s
 ``Projection``) all count from ``sandboxes.journal.Tally``, so the page, the CLI and ``kubectl describe`` cannot disagree
 on how many recoveries a run had or which of its snapshots are live.
 """

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from durable_sandbox.engine.errors import DurableError
-from durable_sandbox.kube.client import brief, is_transient
+from durable_sandbox.kube.api.client import brief, is_transient
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.models import CALL_KINDS, request_model
@@ -51,7 +51,8 @@ def create_app(service: SessionService) -> Starlette:
             except ValidationError as exc:
                 raise CallRefused(400, "the request body is not a valid call: " + _fields(exc), where=f"{where}, {kind}",
                                   do="fix the fields named (docs/agents.md lists each call's fields)") from None
-            answer = await service.call(_bearer(request), namespace, name, parsed)  # type: ignore[arg-type]
+            answer = await service.call(_bearer(request), namespace, name, parsed,  # type: ignore[arg-type]
+                                        traceparent=request.headers.get("traceparent"))
             return JSONResponse(answer.model_dump(exclude_none=True))
         except CallRefused as refused:
             return _refusal(refused)

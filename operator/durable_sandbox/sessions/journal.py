@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +31,15 @@ from durable_sandbox.engine.executor import RunExecutor
 from durable_sandbox.engine.records import Lease, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
+from durable_sandbox.engine.traced import under_caller
 from durable_sandbox.kube.sandbox.view import calls_run_id
 from durable_sandbox.kube.store import OwnerRef
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider, ToolCall, ToolResult
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.session import SandboxServices, SandboxSession
+from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.tracing import Tracing
 
 __all__ = ["SESSION", "SESSION_WORKFLOW", "SandboxRef", "SessionJournal", "calls_run_id"]
 
@@ -68,18 +71,22 @@ class Answered:
 class SessionJournal:
     """The call journals of one namespace's Sandboxes, over that namespace's store (API server or PostgreSQL)."""
 
-    def __init__(self, store: Any, *, worker_id: str, lease_ttl: float, owned: bool = True) -> None:
+    def __init__(self, store: Any, *, worker_id: str, lease_ttl: float, owned: bool = True,
+                 extensions: Iterable[object] = ()) -> None:
         self.store = store
         self.owned = owned  # the run is owned by the Sandbox (its store takes an owner: the operator's stores do)
         self._handles: dict[str, SandboxHandle] = {}  # run id -> the live sandbox taken for the call in flight
+        given = list(extensions)
+        # Tracing, unless given, as OpenTelemetry's environment configures it (docs/operations.md, "Traces").
+        traced = Tracing.from_env() if not any(isinstance(e, Tracing) for e in given) else None
         self.executor = RunExecutor(store, worker_id=worker_id, lease_ttl=lease_ttl,
-                                    extensions=[SandboxServices(attached=self._attached)])
+                                    extensions=[SandboxServices(attached=self._attached), *given, *([traced] if traced else [])])
 
     async def _attached(self, run_id: str, _name: str) -> SandboxHandle:
         return self._handles[run_id]
 
     async def call(self, ref: SandboxRef, live: Callable[[], AbstractAsyncContextManager[tuple[SandboxHandle, SandboxProvider]]],
-                   call: ToolCall) -> Answered:
+                   call: ToolCall, *, traceparent: str | None = None) -> Answered:
         """Run ``call`` in the Sandbox's live sandbox, journaled (see the module's docstring). ``live`` takes the
         Sandbox for the call (its holder) and gives its sandbox and provider: entered under the journal's lease, so
         two replicas never both hold it for calls, and left once the call is committed."""
@@ -89,13 +96,17 @@ class SessionJournal:
             if done is not None:
                 return done
             async with live() as (handle, provider):
-                return await self._execute(ref, rt, handle, provider, call)
+                # The request's span, the child of the caller's ``traceparent`` header; the call's own span inside.
+                return await under_caller(rt, traceparent, f"sandbox.session_call {call.type}",
+                                          {"durable_sandbox.sandbox": ref.where, "durable_sandbox.operation.id":
+                                           call.operation_id},
+                                          lambda: self._execute(ref, rt, handle, provider, call))
 
     async def _execute(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
                        call: ToolCall) -> Answered:
         self._handles[rt.run_id] = handle
         try:
-            session = SandboxSession(rt, SESSION, provider, attach=ref.name, owner=f"{ref.namespace}/{ref.uid}",
+            session = SandboxSession(rt, SESSION, traced_provider(rt, SESSION, provider), attach=ref.name, owner=f"{ref.namespace}/{ref.uid}",
                                      next_index=_index_of(rt, call.operation_id))
             await session.__aenter__()  # journals the attach once (``calls/provision``)
             # The live sandbox is the Sandbox's, read from its record for this call: it may have been

@@ -21,8 +21,8 @@ from typing import Any
 
 from kubernetes.aio import client as k8s
 
-from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.resources import GROUP
+from durable_sandbox.kube.api.client import KubeClient
+from durable_sandbox.kube.api.resources import GROUP
 from durable_sandbox.sessions.errors import CallRefused
 
 __all__ = ["CALLS_SUBRESOURCE", "KubeAuthorizer"]

@@ -1,6 +1,6 @@
 """The Sandbox resources of a cluster, for session calls: found by name, their live sandbox taken for one call.
 
-A call takes the Sandbox's holder (``kube/holding.py``, ``SESSION_CLAIM``) with the same compare-and-swap a Workflow
+A call takes the Sandbox's holder (``kube/holders/holding.py``, ``SESSION_CLAIM``) with the same compare-and-swap a Workflow
 takes it with, so a call never shares the sandbox with a Workflow's calls or a suspend: a Sandbox held by a running
 Workflow refuses the call (409, naming it); an idle-suspended one is resumed by the taking, and the call waits for
 it to be Ready. What is acted on is the operator's sealed record of the Sandbox, never its status.
@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from durable_sandbox.kube.holding import SESSION_CLAIM, Holding, SandboxHeld
-from durable_sandbox.kube.resources import SANDBOXES, CustomObjects
-from durable_sandbox.kube.sandbox_records import SandboxRecords
+from durable_sandbox.kube.api.resources import SANDBOXES, CustomObjects
+from durable_sandbox.kube.holders.holding import SESSION_CLAIM, Holding, SandboxHeld
+from durable_sandbox.kube.journal.sandbox_records import SandboxRecords
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.journal import SandboxRef

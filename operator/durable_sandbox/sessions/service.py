@@ -50,7 +50,8 @@ class SessionService:
         self._admitted: dict[SandboxRef, int] = {}  # calls in flight or waiting, per Sandbox
         self._turns: dict[SandboxRef, asyncio.Lock] = {}
 
-    async def call(self, token: str | None, namespace: str, name: str, request: CallRequest) -> CallAnswer:
+    async def call(self, token: str | None, namespace: str, name: str, request: CallRequest, *,
+                   traceparent: str | None = None) -> CallAnswer:
         caller = await self.auth.check(token, namespace, name)
         ref = await self.gate.find(namespace, name)
         timeout = request.timeout if isinstance(request, ShellRequest) else None
@@ -58,7 +59,8 @@ class SessionService:
             raise CallRefused(400, f"timeout {timeout:g}s is over this operator's limit of {self.limits.max_timeout:g}s", where=f"{ref.where}, timeout",
                               do="ask for a shorter timeout, or split the work into several calls")
         async with self._admission(ref), self._turn(ref):
-            answered = await self.journal_for(namespace).call(ref, lambda: self.gate.live(ref), request.tool_call())
+            answered = await self.journal_for(namespace).call(ref, lambda: self.gate.live(ref), request.tool_call(),
+                                                              traceparent=traceparent)
         log.info("%s: call %s (%s) by %s %s", ref.where, request.operationId, request.tool_call().type, caller,
                  "answered from the journal" if answered.replayed else f"exited {answered.result.exit_code}")
         return CallAnswer.of(request.operationId, answered.result, replayed=answered.replayed)

@@ -1,4 +1,4 @@
-"""The session API in `dsb operator`: a service of the operator process (``kube/application.py`` starts it once
+"""The session API in `dsb operator`: a service of the operator process (``kube/process/application.py`` starts it once
 its controllers are built) that builds the call service from the operator's own parts (its API client, Sandbox
 records, holder, providers and journals) and serves it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from durable_sandbox.kube.controller import Operator
+from durable_sandbox.kube.workflow.controller import Operator
 from durable_sandbox.sessions.http import SessionApi, start_session_api
 from durable_sandbox.sessions.journal import SessionJournal
 from durable_sandbox.sessions.kube_auth import KubeAuthorizer
@@ -42,7 +42,7 @@ def build_service(op: Operator, settings: SessionApiSettings, namespaces: frozen
 
 
 class SessionApiService:
-    """The call API as a service of the operator process (``kube/process_config.py``'s ``Service``): built from the
+    """The call API as a service of the operator process (``kube/process/process_config.py``'s ``Service``): built from the
     operator's own parts once its controllers are, served until the process closes."""
 
     def __init__(self, settings: SessionApiSettings, namespaces: tuple[str, ...]) -> None:

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from durable_sandbox.engine import Event, OperationRecord, RunStatus, Store
-from durable_sandbox.kube.client import ApiException, json_body
-from durable_sandbox.kube.workflows import run_id_of
+from durable_sandbox.kube.api.client import ApiException, json_body
+from durable_sandbox.kube.spec.workflows import run_id_of
 from durable_sandbox.runs.cluster import ClusterEngine
 from durable_sandbox.sandboxes.summary import summarize
 from durable_sandbox.ui.source import (
@@ -42,7 +42,7 @@ PHASE_STATUS = {
     "Cancelled": RunStatus.CANCELLED,
 }  # fmt: skip
 TERMINAL = frozenset({"Succeeded", "Failed", "Cancelled"})
-# Event reasons the timeline already shows from the journal (kube/events.py derives them from it).
+# Event reasons the timeline already shows from the journal (kube/reporting/events.py derives them from it).
 JOURNAL_REASONS = frozenset({"Provisioned", "SnapshotTaken", "SnapshotDeleted", "SandboxLost", "Recovered",
                              "WaitingForSignal", "Succeeded", "Failed", "Cancelled"})  # fmt: skip
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from durable_sandbox.engine import Event, OperationRecord, RunRecord, RunStatus, Store
 from durable_sandbox.engine.owner import describe_owner
-from durable_sandbox.kube.plan import WORKFLOW_LABEL
+from durable_sandbox.kube.spec.plan import WORKFLOW_LABEL
 from durable_sandbox.runs.detach import background, log_path
 from durable_sandbox.runs.session import Settings
 from durable_sandbox.sandbox_engine import Engine

@@ -38,7 +38,7 @@ from durable_sandbox.ui.row_labels import (
 
 __all__ = ["Item", "Lane", "Timeline", "session_of"]
 
-# Kubernetes Event reasons that are a suspend or a resume (kube/controller.py emits them).
+# Kubernetes Event reasons that are a suspend or a resume (kube/workflow/controller.py emits them).
 _K8S_KINDS = {"Suspended": "suspend", "Resumed": "resume", "SandboxLost": "lost", "Recovered": "restore"}
 
 

@@ -8,10 +8,10 @@ import asyncio
 import copy
 from typing import Any
 
-from durable_sandbox.kube.client import ApiException
-from durable_sandbox.kube.holding import Holding
-from durable_sandbox.kube.sandbox_records import ACTIVE_AT, HOLDER, IDLE_CLAIM, SandboxRecords
-from durable_sandbox.kube.sealing import Sealer
+from durable_sandbox.kube.api.client import ApiException
+from durable_sandbox.kube.holders.holding import Holding
+from durable_sandbox.kube.journal.sandbox_records import ACTIVE_AT, HOLDER, IDLE_CLAIM, SandboxRecords
+from durable_sandbox.kube.journal.sealing import Sealer
 
 NS, NAME, UID = "demo", "dev-box", "0123abcd-uid"
 

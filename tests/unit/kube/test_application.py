@@ -13,11 +13,11 @@ import kopf
 import pytest
 
 from durable_sandbox.kube import handlers
-from durable_sandbox.kube.application import NotServing, OperatorApplication
-from durable_sandbox.kube.controller import OperatorSettings
-from durable_sandbox.kube.metrics import OperatorMetrics
-from durable_sandbox.kube.process_config import OperatorConfig
-from durable_sandbox.kube.resources import WORKFLOWS
+from durable_sandbox.kube.api.resources import WORKFLOWS
+from durable_sandbox.kube.process.application import NotServing, OperatorApplication
+from durable_sandbox.kube.process.process_config import OperatorConfig
+from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
+from durable_sandbox.kube.workflow.controller import OperatorSettings
 from tests.fakes.custom_objects import FakeCustomObjects
 from tests.fakes.kube_client import FakeKubeClient
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_sandbox.kube.client import KubeClient
+from durable_sandbox.kube.api.client import KubeClient
 from tests.dsb import dsb
 
 KUBECONFIG = """\

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from durable_sandbox.kube import crds
+from durable_sandbox.kube.spec import crds
 from tests.dsb import ROOT
 
 CRD_DIR = ROOT / "crds"

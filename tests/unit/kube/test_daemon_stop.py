@@ -14,7 +14,7 @@ from kopf import DaemonStoppingReason as Reason
 from kopf._core.intents.stoppers import DaemonStopper
 
 from durable_sandbox.kube.handlers import DAEMON_INSTANT_EXIT, configure_kopf, until_stopped
-from durable_sandbox.kube.metrics import OperatorMetrics
+from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 
 
 class Daemon:

@@ -1,11 +1,11 @@
-"""The name of a run's terminal Event (kube/events.py): the same for every replica, one per end of a run,
+"""The name of a run's terminal Event (kube/reporting/events.py): the same for every replica, one per end of a run,
 and a valid Event name for any Workflow name."""
 
 from __future__ import annotations
 
 import re
 
-from durable_sandbox.kube.events import LifecycleEvent, terminal_event
+from durable_sandbox.kube.reporting.events import LifecycleEvent, terminal_event
 
 SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DONE = LifecycleEvent("Succeeded", "run hello-1234abcd succeeded (4/4 calls)")

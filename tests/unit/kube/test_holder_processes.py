@@ -1,5 +1,5 @@
 """Issue 32 item 6: a shared Sandbox changing hands ends what the last holder's calls left running before the next
-holder's first call (``kube/holder_processes.py``), with the real ``Holding`` and ``SandboxRecords`` over a Journal
+holder's first call (``kube/holders/holder_processes.py``), with the real ``Holding`` and ``SandboxRecords`` over a Journal
 object in memory and the real local provider (its processes are real). The record says whose the processes are by
 run id (name and uid), so the same run re-attaching keeps its own, and a Workflow of the same name made anew (another
 uid) does not."""
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from durable_sandbox.kube.holder_processes import CLEARED_FOR, HolderProcesses
-from durable_sandbox.kube.holding import SandboxHeld
+from durable_sandbox.kube.holders.holder_processes import CLEARED_FOR, HolderProcesses
+from durable_sandbox.kube.holders.holding import SandboxHeld
 from durable_sandbox.providers.contract import Capability, SandboxHandle, SandboxProvider, SandboxSpec
 from durable_sandbox.providers.local import LocalProvider
 from tests.unit.kube.sandbox_records_support import LIVE, NAME, NS, UID, World

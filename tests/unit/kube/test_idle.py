@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
+from durable_sandbox.kube.journal.sandbox_records import ACTIVE_AT, HOLDER, IDLE_CLAIM, IDLE_SUSPENDED
 from durable_sandbox.kube.sandbox.idle import ACTIVE, IDLE, SUSPENDED, plan_idle
-from durable_sandbox.kube.sandbox_records import ACTIVE_AT, HOLDER, IDLE_CLAIM, IDLE_SUSPENDED
 from tests.unit.kube.sandbox_records_support import LIVE, NAME, NS, UID, World
 
 # ------------------------------------------------------------------ the plan

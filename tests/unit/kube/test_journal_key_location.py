@@ -1,5 +1,5 @@
 """Issue 32, item 8: where the journal key lives by default (the operator's own namespace, never a namespace its
-users edit by accident) and the start-up checks of who else may read it (kube/journal_key_readers.py). The
+users edit by accident) and the start-up checks of who else may read it (kube/journal/journal_key_readers.py). The
 checks against a real API server: tests/e2e/test_journal_key_readers.py."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from durable_sandbox.kube.journal_key import (
+from durable_sandbox.kube.journal.journal_key import (
     DEFAULT_SECRET_NAME,
     default_location,
     own_namespace,
     parse_location,
 )
-from durable_sandbox.kube.journal_key_readers import (
+from durable_sandbox.kube.journal.journal_key_readers import (
     Subject,
     key_readers,
     readers_problem,

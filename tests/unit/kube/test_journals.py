@@ -1,9 +1,9 @@
-"""The operator's journal choice (kube/journals.py): each namespace's schema is its own, and the DSN's password is
+"""The operator's journal choice (kube/store/journals.py): each namespace's schema is its own, and the DSN's password is
 never printed."""
 
 from __future__ import annotations
 
-from durable_sandbox.kube.journals import ApiServerJournal, PostgresJournal, namespace_schema
+from durable_sandbox.kube.store.journals import ApiServerJournal, PostgresJournal, namespace_schema
 
 
 def test_each_namespace_has_a_schema_of_its_own_whatever_its_length() -> None:

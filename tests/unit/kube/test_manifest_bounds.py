@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from durable_sandbox.kube.manifests import (
+from durable_sandbox.kube.api.resources import API_VERSION
+from durable_sandbox.kube.spec.manifests import (
     MAX_EXPANDED_NODES,
     MAX_MANIFEST_BYTES,
     ManifestError,
     load_manifests,
 )
-from durable_sandbox.kube.models import WorkflowResource
-from durable_sandbox.kube.resources import API_VERSION
+from durable_sandbox.kube.spec.models import WorkflowResource
 from tests.dsb import dsb
 
 HEAD = f"apiVersion: {API_VERSION}\nkind: Workflow\nmetadata:\n  name: demo\nspec:\n"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from durable_sandbox.kube.manifests import ManifestError, load_manifests
-from durable_sandbox.kube.models import SandboxResource, WorkflowResource, to_sandbox_agent_input
-from durable_sandbox.kube.resources import API_VERSION
+from durable_sandbox.kube.api.resources import API_VERSION
+from durable_sandbox.kube.spec.manifests import ManifestError, load_manifests
+from durable_sandbox.kube.spec.models import SandboxResource, WorkflowResource, to_sandbox_agent_input
 from durable_sandbox.providers.registry import available_providers
 from durable_sandbox.workflows.sandbox_agent import SandboxAgentInput
 from tests.dsb import ROOT

@@ -1,4 +1,4 @@
-"""Operator metrics (kube/metrics.py) and their HTTP server (kube/metrics_server.py), without a cluster.
+"""Operator metrics (kube/telemetry/metrics.py) and their HTTP server (kube/telemetry/metrics_server.py), without a cluster.
 
 A real run of the built-in sandbox-agent workflow on the local provider, wrapped by
 ``OperatorMetrics.instrument``, moves the counters by exactly what the run did; the exposition served
@@ -17,8 +17,13 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 import durable_sandbox
-from durable_sandbox.kube.metrics import PHASES, InstrumentedProvider, OperatorMetrics, api_verb
-from durable_sandbox.kube.metrics_server import MetricsServer, Readiness, make_app, start_metrics_server
+from durable_sandbox.kube.telemetry.metrics import PHASES, InstrumentedProvider, OperatorMetrics, api_verb
+from durable_sandbox.kube.telemetry.metrics_server import (
+    MetricsServer,
+    Readiness,
+    make_app,
+    start_metrics_server,
+)
 from durable_sandbox.providers.contract import SandboxProvider
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore

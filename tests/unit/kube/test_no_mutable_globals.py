@@ -1,5 +1,5 @@
 """0 module globals in kube/ that change after import (issue 34): what the operator process holds is its application
-object's (kube/application.py), so a test starts one on fakes and two in one process share nothing.
+object's (kube/process/application.py), so a test starts one on fakes and two in one process share nothing.
 
 Checked on the source: no ``global`` statement; no module-level name bound to a list, dict or set (a display, a
 comprehension, or list()/dict()/set()/defaultdict()/... ) unless typed ``Final`` and read-only (``Mapping``,

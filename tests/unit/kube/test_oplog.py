@@ -16,9 +16,9 @@ import pytest
 from kubernetes.aio.client.exceptions import ApiException
 
 import durable_sandbox as ds
-from durable_sandbox.kube.apiserver_away import ApiServerAway, took
-from durable_sandbox.kube.client import brief
-from durable_sandbox.kube.oplog import JsonFormatter, KopfLines, PoolRetryLines, about, configure
+from durable_sandbox.kube.api.apiserver_away import ApiServerAway, took
+from durable_sandbox.kube.api.client import brief
+from durable_sandbox.kube.reporting.oplog import JsonFormatter, KopfLines, PoolRetryLines, about, configure
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore
 
@@ -224,8 +224,8 @@ async def test_closing_says_nothing_of_runs_that_finished_or_were_deleted(tmp_pa
 async def test_a_failed_orphan_sweep_is_tried_again_soon_not_after_its_interval(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """The first sweep of a start met an API server still initializing and waited the whole interval (300 s)."""
-    from durable_sandbox.kube import sweeper
-    from durable_sandbox.kube.metrics import OperatorMetrics
+    from durable_sandbox.kube.sweep import sweeper
+    from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
     from tests.fakes.kube_client import FakeKubeClient
 
     monkeypatch.setattr(sweeper, "RETRY_FIRST", 0.01)
@@ -244,7 +244,7 @@ async def test_a_failed_orphan_sweep_is_tried_again_soon_not_after_its_interval(
 
     swept = Failing(FakeKubeClient(), installation="i", namespaces=[], providers=dict, grace=0,  # type: ignore[arg-type]
                     events=None, metrics=OperatorMetrics(), records=None)  # type: ignore[arg-type]
-    with caplog.at_level(logging.DEBUG, logger="durable_sandbox.kube.sweeper"):
+    with caplog.at_level(logging.DEBUG, logger="durable_sandbox.kube.sweep.sweeper"):
         await asyncio.wait_for(swept.run(300, stopped), 5)
     assert rounds == ["sweep"] * 3
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

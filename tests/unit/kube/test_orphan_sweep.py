@@ -1,5 +1,5 @@
-"""The orphan sweep's decision (kube/orphans.py), the live owners the operator derives from its resources
-(kube/sweeper.py), and sweeps against the real local provider (sandboxes and snapshots)."""
+"""The orphan sweep's decision (kube/sweep/orphans.py), the live owners the operator derives from its resources
+(kube/sweep/sweeper.py), and sweeps against the real local provider (sandboxes and snapshots)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from durable_sandbox.kube.metrics import OperatorMetrics
-from durable_sandbox.kube.orphans import Inventory, LiveOwner, Orphan, SweepPlan, plan_sweep, sweep_once
-from durable_sandbox.kube.plan import cluster_run_id
+from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.store import run_key
-from durable_sandbox.kube.sweeper import default_installation_id, live_owners
+from durable_sandbox.kube.sweep.orphans import Inventory, LiveOwner, Orphan, SweepPlan, plan_sweep, sweep_once
+from durable_sandbox.kube.sweep.sweeper import default_installation_id, live_owners
+from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
     RETAIN_LABEL,

@@ -1,4 +1,4 @@
-"""kube/plan.py: one meaning of a Workflow spec for `dsb run` and the operator."""
+"""kube/spec/plan.py: one meaning of a Workflow spec for `dsb run` and the operator."""
 
 from __future__ import annotations
 
@@ -6,21 +6,19 @@ from typing import Any
 
 import pytest
 
-from durable_sandbox.kube.models import WorkflowResource
-from durable_sandbox.kube.plan import (
+from durable_sandbox.kube.spec.models import WorkflowResource
+from durable_sandbox.kube.spec.plan import (
     PlanError,
     WorkflowNotAllowed,
     cluster_run_id,
     entrypoint_allowed,
     plan_workflow,
 )
+from tests.builders import workflow_resource
 
 
 def workflow(spec: dict[str, Any], uid: str | None = "0123456789abcdef") -> WorkflowResource:
-    meta: dict[str, Any] = {"name": "demo", "namespace": "team"}
-    if uid:
-        meta["uid"] = uid
-    return WorkflowResource.model_validate({"metadata": meta, "spec": spec})
+    return workflow_resource(uid=uid or None, **spec)
 
 
 TOOL_CALLS = [{"type": "shell", "command": "echo hi"}]
@@ -98,7 +96,7 @@ def test_missing_sandbox_ref_is_an_error_in_the_cluster() -> None:
 
 def spec_description(field: str) -> str:
     """What `kubectl explain workflow.spec.<field>` shows: the generated CRD's description of the field."""
-    from durable_sandbox.kube.crds import generate_crds
+    from durable_sandbox.kube.spec.crds import generate_crds
 
     [workflows] = [crd for crd in generate_crds() if crd["spec"]["names"]["kind"] == "Workflow"]
     spec = workflows["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]

@@ -1,4 +1,4 @@
-"""Which provider a Workflow's run or a Sandbox gets when its spec names none (kube/provider_choice.py), what the
+"""Which provider a Workflow's run or a Sandbox gets when its spec names none (kube/spec/provider_choice.py), what the
 operator refuses, and the plan that carries the decision into the run's stored input (where it is pinned)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from durable_sandbox.cli.main import cli
-from durable_sandbox.kube.models import SandboxResource, WorkflowResource
-from durable_sandbox.kube.plan import plan_workflow
-from durable_sandbox.kube.provider_choice import (
+from durable_sandbox.kube.spec.models import SandboxResource, WorkflowResource
+from durable_sandbox.kube.spec.plan import plan_workflow
+from durable_sandbox.kube.spec.provider_choice import (
     DEFAULT_UNAVAILABLE,
     LOCAL_NOT_ALLOWED,
     ProviderChoice,
@@ -20,6 +20,7 @@ from durable_sandbox.kube.provider_choice import (
     refusal,
     sandbox_choice,
 )
+from tests.builders import workflow_resource
 
 UID = "0b5e1f2a-0000-4000-8000-000000000001"
 CALLS = [{"type": "shell", "command": "true"}]
@@ -75,9 +76,7 @@ def test_a_default_the_operator_cannot_build_is_refused_saying_what_to_set() -> 
 
 
 def workflow(**spec: Any) -> WorkflowResource:
-    return WorkflowResource.model_validate({
-        "apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow",
-        "metadata": {"name": "wf", "namespace": "team", "uid": UID}, "spec": {"toolCalls": CALLS, **spec}})
+    return workflow_resource("wf", uid=UID, **{"toolCalls": CALLS, **spec})
 
 
 def stored_provider(wf: WorkflowResource, **kwargs: Any) -> str:
@@ -119,7 +118,7 @@ def test_dsb_operator_documents_its_default_provider() -> None:
 def test_the_default_provider_example_names_none_and_needs_no_object_store() -> None:
     from pathlib import Path
 
-    from durable_sandbox.kube.manifests import load_manifests
+    from durable_sandbox.kube.spec.manifests import load_manifests
 
     (wf,) = load_manifests(Path(__file__).resolve().parents[3] / "examples" / "default-provider-workflow.yaml")
     assert isinstance(wf, WorkflowResource) and wf.spec.sandbox is not None and wf.spec.sandbox.provider is None

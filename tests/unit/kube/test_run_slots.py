@@ -1,4 +1,4 @@
-"""The per-replica cap on executing runs (kube/concurrency.py)."""
+"""The per-replica cap on executing runs (kube/workflow/concurrency.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from durable_sandbox.kube.concurrency import CONCURRENCY_LIMIT_REASON, RunSlots, concurrency_limit_condition
+from durable_sandbox.kube.workflow.concurrency import (
+    CONCURRENCY_LIMIT_REASON,
+    RunSlots,
+    concurrency_limit_condition,
+)
 
 
 async def test_at_most_limit_runs_hold_a_slot_and_the_rest_start_in_arrival_order() -> None:

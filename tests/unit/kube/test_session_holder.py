@@ -1,4 +1,4 @@
-"""The Sandbox's holder while a session call runs (kube/holding.py SESSION_CLAIM): it holds the Sandbox against
+"""The Sandbox's holder while a session call runs (kube/holders/holding.py SESSION_CLAIM): it holds the Sandbox against
 Workflows and the idle timer without a run to ask about, until let go or for SESSION_HOLD_SECONDS after it was
 taken, so an operator killed mid-call does not hold the Sandbox for ever."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from durable_sandbox.kube.holding import SESSION_CLAIM, SESSION_HOLD_SECONDS, Holding
-from durable_sandbox.kube.sandbox_records import ACTIVE_AT, HOLDER
+from durable_sandbox.kube.holders.holding import SESSION_CLAIM, SESSION_HOLD_SECONDS, Holding
+from durable_sandbox.kube.journal.sandbox_records import ACTIVE_AT, HOLDER
 
 
 async def no_run_is_live(_namespace: str, _workflow: str) -> bool:

@@ -1,4 +1,4 @@
-"""kube/status.py: the bounded status projection of a journal and the coalescing of status patches."""
+"""kube/reporting/status.py: the bounded status projection of a journal and the coalescing of status patches."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 import durable_sandbox
 from durable_sandbox.engine.records import ErrorInfo, RunStatus
-from durable_sandbox.kube.events import lifecycle_events
-from durable_sandbox.kube.status import RECENT_OPERATIONS, Extra, Projection, StatusWriter, render
+from durable_sandbox.kube.reporting.events import lifecycle_events
+from durable_sandbox.kube.reporting.status import RECENT_OPERATIONS, Extra, Projection, StatusWriter, render
 from durable_sandbox.stores import SqliteStore
 from durable_sandbox.workflows import sandbox_agent
 
@@ -148,7 +148,7 @@ async def test_a_slow_write_spaces_out_the_next_ones_but_not_phase_changes(monke
     import asyncio
     from types import SimpleNamespace
 
-    from durable_sandbox.kube import status as status_module
+    from durable_sandbox.kube.reporting import status as status_module
 
     clock = [1000.0]  # the writer's monotonic clock, moved only by the API server's (fake) write time
     monkeypatch.setattr(status_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))

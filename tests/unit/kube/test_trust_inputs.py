@@ -10,21 +10,21 @@ import pydantic
 import pytest
 
 from durable_sandbox.engine.errors import JournalDamaged
-from durable_sandbox.kube import crds
-from durable_sandbox.kube.labels import label_value
-from durable_sandbox.kube.models import (
+from durable_sandbox.kube.api.labels import label_value
+from durable_sandbox.kube.journal.sealing import Sealer
+from durable_sandbox.kube.spec import crds
+from durable_sandbox.kube.spec.models import (
     SIGNAL_MAX_BYTES,
     SIGNALS_MAX_BYTES,
     WorkflowResource,
     without_refused_signals,
 )
-from durable_sandbox.kube.plan import PlanError, WorkflowNotAllowed, WorkflowUnavailable, plan_workflow
-from durable_sandbox.kube.sealing import Sealer
+from durable_sandbox.kube.spec.plan import PlanError, WorkflowNotAllowed, WorkflowUnavailable, plan_workflow
+from tests.builders import workflow_resource
 
 
 def workflow(spec: dict[str, Any]) -> WorkflowResource:
-    return WorkflowResource.model_validate({"metadata": {"name": "demo", "namespace": "team", "uid": "0123456789ab"},
-                                            "spec": spec})
+    return workflow_resource(uid="0123456789ab", **spec)
 
 
 def errors_of(spec: dict[str, Any]) -> list[tuple[tuple[Any, ...], str]]:

@@ -11,10 +11,10 @@ from typing import Any
 
 from kubernetes.aio.client.exceptions import ApiException
 
-from durable_sandbox.kube.apiserver_away import ApiServerAway
-from durable_sandbox.kube.controller import Operator, OperatorSettings
-from durable_sandbox.kube.metrics import OperatorMetrics
-from durable_sandbox.kube.plan import cluster_run_id
+from durable_sandbox.kube.api.apiserver_away import ApiServerAway
+from durable_sandbox.kube.spec.plan import cluster_run_id
+from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
+from durable_sandbox.kube.workflow.controller import Operator, OperatorSettings
 from durable_sandbox.kube.workflow.scheduler import TRANSIENT_WAKE_SPREAD
 from tests.fakes.custom_objects import FakeCustomObjects
 

@@ -14,10 +14,10 @@ import click
 from durable_sandbox.runs.errors import EXIT_FAILED, CliError
 
 if TYPE_CHECKING:
-    from durable_sandbox.kube.journals import JournalChoice
-    from durable_sandbox.kube.metrics import OperatorMetrics
-    from durable_sandbox.kube.oplog import LogFormat
-    from durable_sandbox.kube.process_config import PoolProviderFactory, ProviderFactory, Service
+    from durable_sandbox.kube.process.process_config import PoolProviderFactory, ProviderFactory, Service
+    from durable_sandbox.kube.reporting.oplog import LogFormat
+    from durable_sandbox.kube.store.journals import JournalChoice
+    from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
     from durable_sandbox.providers.contract import SandboxProvider
 
 
@@ -126,12 +126,12 @@ def operator(
     """
     try:
         from durable_sandbox.kube import handlers
-        from durable_sandbox.kube.apiserver_away import ApiServerAway
-        from durable_sandbox.kube.application import OperatorApplication
-        from durable_sandbox.kube.controller import OperatorPolicy, OperatorSettings
-        from durable_sandbox.kube.oplog import configure as configure_logging
-        from durable_sandbox.kube.process_config import OperatorConfig
-        from durable_sandbox.kube.sweeper import default_installation_id
+        from durable_sandbox.kube.api.apiserver_away import ApiServerAway
+        from durable_sandbox.kube.process.application import OperatorApplication
+        from durable_sandbox.kube.process.process_config import OperatorConfig
+        from durable_sandbox.kube.reporting.oplog import configure as configure_logging
+        from durable_sandbox.kube.sweep.sweeper import default_installation_id
+        from durable_sandbox.kube.workflow.controller import OperatorPolicy, OperatorSettings
         from durable_sandbox.providers.kubernetes_egress import ENV_EGRESS_POLICY
     except ImportError as exc:
         raise CliError(f"dsb operator needs the Kubernetes extra: pip install 'durable-sandbox[kubernetes]' ({exc})") from exc
@@ -187,10 +187,14 @@ def _session_api(namespaces: tuple[str, ...], *, port: int, host: str, cert: str
 
 
 def _journal_key(location: str | None, served: tuple[str, ...]) -> bytes:
-    """The journal key (kube/journal_key.py), refused when others can read it where that can be told
-    (kube/journal_key_readers.py)."""
-    from durable_sandbox.kube import journal_key
-    from durable_sandbox.kube.journal_key_readers import readers_of, readers_problem, served_namespace_problem
+    """The journal key (kube/journal/journal_key.py), refused when others can read it where that can be told
+    (kube/journal/journal_key_readers.py)."""
+    from durable_sandbox.kube.journal import journal_key
+    from durable_sandbox.kube.journal.journal_key_readers import (
+        readers_of,
+        readers_problem,
+        served_namespace_problem,
+    )
     from durable_sandbox.runs.cluster import default_namespace
 
     try:
@@ -242,10 +246,10 @@ def _pool_provider(key: bytes | None) -> PoolProviderFactory | None:
 def _default_provider(name: str, allow_local: bool) -> str:
     """``--default-provider``: an installed provider (else the operator does not start). One it cannot use here
     (local without --allow-local-provider, a provider missing its configuration) is said now, and each Workflow
-    or Sandbox that names no provider is refused saying so (kube/provider_choice.py)."""
+    or Sandbox that names no provider is refused saying so (kube/spec/provider_choice.py)."""
     import os
 
-    from durable_sandbox.kube.provider_choice import LOCAL
+    from durable_sandbox.kube.spec.provider_choice import LOCAL
     from durable_sandbox.providers.registry import available_providers
 
     name = name.strip()
@@ -267,7 +271,7 @@ def _journal_choice(value: str) -> JournalChoice:
     """The journal ``--journal`` names, its PostgreSQL server reached once here so that a wrong DSN or a server
     out of reach is said at start (redacted), not retried by kopf's startup handler forever."""
     from durable_sandbox.engine.errors import StoreError
-    from durable_sandbox.kube.journals import ApiServerJournal, PostgresJournal, probe
+    from durable_sandbox.kube.store.journals import ApiServerJournal, PostgresJournal, probe
     from durable_sandbox.providers.redaction import redact_url
     from durable_sandbox.stores.urls import is_postgres_url
 

@@ -12,7 +12,7 @@ condition) is written only when it changes. The PodTemplate is re-read every tur
 within a turn.
 
 One replica at a time: the turn runs only in the replica holding the pool's lease (``dsbpool.<uid>``, a Journal
-object as for Sandboxes, ``kube/leases.py``); claims need no lease (they are conditional writes, any replica).
+object as for Sandboxes, ``kube/journal/leases.py``); claims need no lease (they are conditional writes, any replica).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from durable_sandbox.kube.client import KubeClient, brief
-from durable_sandbox.kube.conditions import State, merge
-from durable_sandbox.kube.leases import HeldLease, LeaseBusy, ObjectLeases
-from durable_sandbox.kube.metrics import OperatorMetrics
-from durable_sandbox.kube.models import SandboxPoolSpec
-from durable_sandbox.kube.objects import ObjectView
-from durable_sandbox.kube.resources import API_VERSION, OPERATOR_FIELD_MANAGER, POOLS, CustomObjects
+from durable_sandbox.kube.api.client import KubeClient, brief
+from durable_sandbox.kube.api.objects import ObjectView
+from durable_sandbox.kube.api.resources import API_VERSION, OPERATOR_FIELD_MANAGER, POOLS, CustomObjects
+from durable_sandbox.kube.journal.leases import HeldLease, LeaseBusy, ObjectLeases
+from durable_sandbox.kube.spec.conditions import State, merge
+from durable_sandbox.kube.spec.models import SandboxPoolSpec
+from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.providers.kubernetes_pool import WARM, PoolPlan, PoolPod, plan_pool, template_hash
 

@@ -10,29 +10,29 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.conditions import SANDBOX_CONDITIONS
-from durable_sandbox.kube.events import EventRecorder
-from durable_sandbox.kube.holding import Holding
-from durable_sandbox.kube.journals import JournalStores
-from durable_sandbox.kube.leases import ObjectLeases
-from durable_sandbox.kube.models import SandboxResource
-from durable_sandbox.kube.resources import (
+from durable_sandbox.kube.api.client import KubeClient
+from durable_sandbox.kube.api.resources import (
     API_VERSION,
     OPERATOR_FIELD_MANAGER,
     CustomObjects,
 )
+from durable_sandbox.kube.holders.holding import Holding
+from durable_sandbox.kube.journal.leases import ObjectLeases
+from durable_sandbox.kube.journal.sandbox_records import (
+    HOLDER,
+    RECORDED,
+    SandboxRecords,
+)
+from durable_sandbox.kube.reporting.events import EventRecorder
 from durable_sandbox.kube.sandbox.view import (
     SANDBOX_LABEL,
     SandboxControllerSettings,
     SandboxView,
 )
-from durable_sandbox.kube.sandbox_records import (
-    HOLDER,
-    RECORDED,
-    SandboxRecords,
-)
-from durable_sandbox.kube.secrets import read_secret_values, secret_refs
+from durable_sandbox.kube.spec.conditions import SANDBOX_CONDITIONS
+from durable_sandbox.kube.spec.models import SandboxResource
+from durable_sandbox.kube.spec.secrets import read_secret_values, secret_refs
+from durable_sandbox.kube.store.journals import JournalStores
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 
 __all__ = ["CONDITION_ORDER", "STEPS", "SandboxBase", "handle_metadata", "shown_status"]
@@ -45,7 +45,7 @@ CONDITION_ORDER = SANDBOX_CONDITIONS
 
 def shown_status(status: Mapping[str, Any] | None) -> dict[str, Any]:
     """What of a Sandbox's status the controller keeps from the API server: everything but what it acts on
-    (that comes from the Sandbox's record only) and the holder (the record's, shown there by kube/holding.py)."""
+    (that comes from the Sandbox's record only) and the holder (the record's, shown there by kube/holders/holding.py)."""
     return {k: v for k, v in (status or {}).items() if k not in RECORDED and k != HOLDER}
 
 

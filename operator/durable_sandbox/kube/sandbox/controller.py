@@ -14,12 +14,12 @@ What the daemon keeps true:
   A superseded snapshot is deleted only after the new one is recorded.
 - ``spec.idleSuspendAfterSeconds``: a live sandbox nobody has held for that long (``kube/sandbox/idle.py``
   plans it from the record's ``lastActiveAt``) is suspended the same way, under the holder ``IDLE_CLAIM``
-  (``kube/holding.py``), so no Workflow's call runs while it is half suspended; it stays suspended until a
+  (``kube/holders/holding.py``), so no Workflow's call runs while it is half suspended; it stays suspended until a
   Workflow takes it, which resumes it from the snapshot (``IdleSuspended``, ``Resumed`` Events). The
   explicit ``spec.suspend`` wins over it either way.
 
 What the controller acts on (the live sandbox's id and handle, the snapshots it owns, the operation in
-progress, its phase) is kept in the Sandbox's own record (``kube/sandbox_records.py``: a sealed Journal object
+progress, its phase) is kept in the Sandbox's own record (``kube/journal/sandbox_records.py``: a sealed Journal object
 no namespace role grants) and shown in status; status is never read back as truth (anyone granted
 ``sandboxes/status`` can write it), so nobody but the operator can point a Sandbox at another tenant's sandbox
 or snapshot.
@@ -36,7 +36,7 @@ Status is written only by the controller (``status.py``), through the status sub
 one write per transition, right after the record. Which room does what: ``kube/sandbox/__init__.py``.
 
 One replica at a time: every replica runs a daemon for every Sandbox, but only the holder of the
-Sandbox's ``coordination.k8s.io`` Lease (``dsbx.<uid>``, owned by the Sandbox, see ``kube/leases.py``)
+Sandbox's ``coordination.k8s.io`` Lease (``dsbx.<uid>``, owned by the Sandbox, see ``kube/journal/leases.py``)
 reconciles it and runs its cleanup; the others look again when the holder's lease would run out, so a
 dead holder is taken over after about one lease period, and one that stops (SIGTERM) releases it. A
 holder that loses its lease (not renewed in time, taken over) stops the reconciliation in progress at

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from durable_sandbox.kube.errors import CleanupPending
+from durable_sandbox.kube.api.errors import CleanupPending
 from durable_sandbox.kube.sandbox.turn import SandboxTurn
 from durable_sandbox.kube.sandbox.view import SandboxView, calls_run_id
 from durable_sandbox.providers.contract import (

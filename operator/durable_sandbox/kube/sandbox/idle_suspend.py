@@ -1,5 +1,5 @@
 """``spec.idleSuspendAfterSeconds``: a live sandbox nobody held for that long is suspended under the holder
-``IDLE_CLAIM`` (``kube/holding.py``), so no Workflow's call runs while it is half suspended, and resumed when a
+``IDLE_CLAIM`` (``kube/holders/holding.py``), so no Workflow's call runs while it is half suspended, and resumed when a
 Workflow takes it (``kube/sandbox/idle.py`` plans it)."""
 
 from __future__ import annotations
@@ -8,18 +8,18 @@ import logging
 import time
 
 from durable_sandbox.engine import faults
-from durable_sandbox.kube.conditions import rfc3339
-from durable_sandbox.kube.models import SandboxResource
-from durable_sandbox.kube.sandbox.idle import SUSPENDED, plan_idle
-from durable_sandbox.kube.sandbox.suspend import SandboxSuspend
-from durable_sandbox.kube.sandbox.view import SandboxView
-from durable_sandbox.kube.sandbox_records import (
+from durable_sandbox.kube.journal.sandbox_records import (
     ACTIVE_AT,
     HOLDER,
     IDLE_CLAIM,
     IDLE_SUSPENDED,
     SUSPENDED_AT,
 )
+from durable_sandbox.kube.sandbox.idle import SUSPENDED, plan_idle
+from durable_sandbox.kube.sandbox.suspend import SandboxSuspend
+from durable_sandbox.kube.sandbox.view import SandboxView
+from durable_sandbox.kube.spec.conditions import rfc3339
+from durable_sandbox.kube.spec.models import SandboxResource
 from durable_sandbox.providers.contract import Capability, SandboxProvider
 
 log = logging.getLogger("durable_sandbox.kube.sandbox.controller")

@@ -1,12 +1,12 @@
-"""The Sandbox's Lease: one replica reconciles a Sandbox (``dsbx.<uid>``, ``kube/leases.py``); a new holder
+"""The Sandbox's Lease: one replica reconciles a Sandbox (``dsbx.<uid>``, ``kube/journal/leases.py``); a new holder
 reads the status back before it acts, and one that loses the lease stops its reconciliation at once."""
 
 from __future__ import annotations
 
 import logging
 
-from durable_sandbox.kube.leases import HeldLease, LeaseBusy
-from durable_sandbox.kube.resources import SANDBOXES
+from durable_sandbox.kube.api.resources import SANDBOXES
+from durable_sandbox.kube.journal.leases import HeldLease, LeaseBusy
 from durable_sandbox.kube.sandbox.base import shown_status
 from durable_sandbox.kube.sandbox.status import SandboxStatus
 from durable_sandbox.kube.sandbox.view import SandboxView

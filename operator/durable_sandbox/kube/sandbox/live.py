@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from durable_sandbox.kube.conditions import rfc3339
-from durable_sandbox.kube.models import SandboxResource
 from durable_sandbox.kube.sandbox.base import handle_metadata
 from durable_sandbox.kube.sandbox.operations import SandboxOperations
 from durable_sandbox.kube.sandbox.view import SandboxView
+from durable_sandbox.kube.spec.conditions import rfc3339
+from durable_sandbox.kube.spec.models import SandboxResource
 from durable_sandbox.providers.contract import SandboxGone, SandboxProvider
 
 __all__ = ["SandboxLive"]

@@ -9,11 +9,10 @@ import time
 from typing import Any
 
 from durable_sandbox.engine import faults
-from durable_sandbox.kube.conditions import State, rfc3339
-from durable_sandbox.kube.labels import label_value
-from durable_sandbox.kube.models import SandboxResource
-from durable_sandbox.kube.objects import owner_tag
-from durable_sandbox.kube.resources import SANDBOXES, WORKFLOWS
+from durable_sandbox.kube.api.labels import label_value
+from durable_sandbox.kube.api.objects import owner_tag
+from durable_sandbox.kube.api.resources import SANDBOXES, WORKFLOWS
+from durable_sandbox.kube.journal.sandbox_records import ACTIVE_AT
 from durable_sandbox.kube.sandbox.base import handle_metadata
 from durable_sandbox.kube.sandbox.lease import SandboxLease
 from durable_sandbox.kube.sandbox.view import (
@@ -21,7 +20,8 @@ from durable_sandbox.kube.sandbox.view import (
     SANDBOX_LABEL,
     SandboxView,
 )
-from durable_sandbox.kube.sandbox_records import ACTIVE_AT
+from durable_sandbox.kube.spec.conditions import State, rfc3339
+from durable_sandbox.kube.spec.models import SandboxResource
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
     Capability,

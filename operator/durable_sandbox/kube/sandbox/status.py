@@ -1,5 +1,5 @@
 """The Sandbox's record and status: what the controller acts on is recorded first (the Sandbox's sealed record,
-``kube/sandbox_records.py``), then shown in status (merge patches through the status subresource, one write per
+``kube/journal/sandbox_records.py``), then shown in status (merge patches through the status subresource, one write per
 transition); conditions, Events and the lifecycle log."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from durable_sandbox.kube.conditions import State, find, merge, rfc3339
-from durable_sandbox.kube.events import LifecycleEvent
-from durable_sandbox.kube.oplog import LIFECYCLE_LOGGER, about
-from durable_sandbox.kube.resources import SANDBOXES
+from durable_sandbox.kube.api.resources import SANDBOXES
+from durable_sandbox.kube.reporting.events import LifecycleEvent
+from durable_sandbox.kube.reporting.oplog import LIFECYCLE_LOGGER, about
 from durable_sandbox.kube.sandbox.base import CONDITION_ORDER, STEPS, SandboxBase
 from durable_sandbox.kube.sandbox.idle import IdlePlan
 from durable_sandbox.kube.sandbox.view import SandboxView
+from durable_sandbox.kube.spec.conditions import State, find, merge, rfc3339
 
 log = logging.getLogger("durable_sandbox.kube.sandbox.controller")
 lifecycle = logging.getLogger(LIFECYCLE_LOGGER)

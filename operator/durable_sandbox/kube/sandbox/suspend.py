@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import time
 
-from durable_sandbox.kube.conditions import rfc3339
-from durable_sandbox.kube.models import SandboxResource
+from durable_sandbox.kube.journal.sandbox_records import IDLE_SUSPENDED, SUSPENDED_AT
 from durable_sandbox.kube.sandbox.idle import SUSPENDED
 from durable_sandbox.kube.sandbox.live import SandboxLive
 from durable_sandbox.kube.sandbox.view import SandboxView
-from durable_sandbox.kube.sandbox_records import IDLE_SUSPENDED, SUSPENDED_AT
+from durable_sandbox.kube.spec.conditions import rfc3339
+from durable_sandbox.kube.spec.models import SandboxResource
 from durable_sandbox.providers.contract import Capability, SandboxProvider
 
 __all__ = ["SandboxSuspend"]

@@ -8,11 +8,11 @@ import logging
 
 from pydantic import ValidationError
 
-from durable_sandbox.kube.models import SandboxResource
-from durable_sandbox.kube.provider_choice import PINNED, refusal, sandbox_choice
 from durable_sandbox.kube.sandbox.idle_suspend import SandboxIdle
 from durable_sandbox.kube.sandbox.operations import SnapshotRefused
 from durable_sandbox.kube.sandbox.view import SandboxView
+from durable_sandbox.kube.spec.models import SandboxResource
+from durable_sandbox.kube.spec.provider_choice import PINNED, refusal, sandbox_choice
 from durable_sandbox.providers.contract import ProviderError, ProvisionError
 
 log = logging.getLogger("durable_sandbox.kube.sandbox.controller")

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_sandbox.kube.leases import HeldLease
-from durable_sandbox.kube.objects import ObjectView
-from durable_sandbox.kube.provider_choice import LOCAL, PINNED
+from durable_sandbox.kube.api.objects import ObjectView
+from durable_sandbox.kube.journal.leases import HeldLease
+from durable_sandbox.kube.spec.provider_choice import LOCAL, PINNED
 from durable_sandbox.providers.contract import SandboxHandle
 
 

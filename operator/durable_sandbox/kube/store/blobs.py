@@ -9,8 +9,8 @@ import json
 from typing import Any
 
 from durable_sandbox.engine.errors import JournalDamaged
-from durable_sandbox.kube.client import ApiException, is_conflict
-from durable_sandbox.kube.journal_objects import JournalObjects
+from durable_sandbox.kube.api.client import ApiException, is_conflict
+from durable_sandbox.kube.journal.journal_objects import JournalObjects
 from durable_sandbox.kube.store.codec import BLOB_PART_BYTES, object_meta
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from durable_sandbox.engine.errors import JournalDamaged, LeaseLost
 from durable_sandbox.engine.records import OperationRecord
-from durable_sandbox.kube.client import ApiException, is_conflict
-from durable_sandbox.kube.journal_objects import JournalObjects
+from durable_sandbox.kube.api.client import ApiException, is_conflict
+from durable_sandbox.kube.journal.journal_objects import JournalObjects
 from durable_sandbox.kube.store.codec import (
     CHUNK_BYTES,
     RunState,

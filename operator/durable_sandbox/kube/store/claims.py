@@ -1,4 +1,4 @@
-"""Who executes a run: claims of its lease (``kube/leases.py``), whose transitions are the fence the head is moved
+"""Who executes a run: claims of its lease (``kube/journal/leases.py``), whose transitions are the fence the head is moved
 to, renewals, releases, and handing out the next runnable run."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 from durable_sandbox.engine.errors import JournalDamaged, LeaseHeld, LeaseLost, RunNotFound
 from durable_sandbox.engine.records import Lease
-from durable_sandbox.kube.client import ApiException, is_not_found, is_precondition_failed
-from durable_sandbox.kube.journal_objects import LABEL_PART, LABEL_RUN, MANAGED_BY
-from durable_sandbox.kube.leases import LeaseBusy, LeaseGone, Leases
+from durable_sandbox.kube.api.client import ApiException, is_not_found, is_precondition_failed
+from durable_sandbox.kube.journal.journal_objects import LABEL_PART, LABEL_RUN, MANAGED_BY
+from durable_sandbox.kube.journal.leases import LeaseBusy, LeaseGone, Leases
 from durable_sandbox.kube.store.codec import LABEL_STATUS, RETRIES, dumps, lease_name, run_id_of, run_key
 from durable_sandbox.kube.store.heads import RunHeads
 from durable_sandbox.kube.store.side_objects import SideObjects

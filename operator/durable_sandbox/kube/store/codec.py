@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable_sandbox.engine.records import ErrorInfo, OperationRecord, RunStatus
-from durable_sandbox.kube.journal_objects import LABEL_PART, LABEL_RUN, MANAGED_BY
+from durable_sandbox.kube.journal.journal_objects import LABEL_PART, LABEL_RUN, MANAGED_BY
 
 LABEL_STATUS = "durable-sandbox.dev/status"
 ANNOTATION_RUN = "durable-sandbox.dev/run-id"

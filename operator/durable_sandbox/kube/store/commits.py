@@ -12,7 +12,7 @@ from typing import Any
 from durable_sandbox.engine import faults
 from durable_sandbox.engine.errors import LeaseLost, RunCancelledError, StoreUnavailable
 from durable_sandbox.engine.records import Commit
-from durable_sandbox.kube.client import ApiException, is_not_found, is_precondition_failed, is_transient
+from durable_sandbox.kube.api.client import ApiException, is_not_found, is_precondition_failed, is_transient
 from durable_sandbox.kube.store.chunks import JournalChunks
 from durable_sandbox.kube.store.codec import (
     INLINE_RECORD_BYTES,

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from durable_sandbox.engine.records import Event
-from durable_sandbox.kube.client import ApiException, is_conflict, is_not_found, is_precondition_failed
-from durable_sandbox.kube.journal_objects import JournalObjects
+from durable_sandbox.kube.api.client import ApiException, is_conflict, is_not_found, is_precondition_failed
+from durable_sandbox.kube.journal.journal_objects import JournalObjects
 from durable_sandbox.kube.store.codec import EVENTS_BYTES, RETRIES, dumps, jp, object_meta, run_key
 from durable_sandbox.kube.store.heads import RunHeads
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from durable_sandbox.engine.errors import JournalDamaged, LeaseLost
 from durable_sandbox.engine.records import ErrorInfo, RunRecord, RunStatus
-from durable_sandbox.kube.client import is_transient
-from durable_sandbox.kube.journal_objects import JournalObjects
-from durable_sandbox.kube.sealing import Sealer
+from durable_sandbox.kube.api.client import is_transient
+from durable_sandbox.kube.journal.journal_objects import JournalObjects
+from durable_sandbox.kube.journal.sealing import Sealer
 from durable_sandbox.kube.store.blobs import Blobs
 from durable_sandbox.kube.store.codec import (
     RUN_FIELDS,
@@ -34,7 +34,7 @@ class RunHeads:
         self.blobs = blobs
         self._runs: dict[str, RunState] = {}
 
-    # ------------------------------------------------------------------ sealed values (kube/sealing.py)
+    # ------------------------------------------------------------------ sealed values (kube/journal/sealing.py)
 
     def sealed(self, scope: str, name: str, value: str) -> str:
         return self.sealer.seal(scope, name, value)

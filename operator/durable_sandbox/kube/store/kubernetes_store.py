@@ -3,7 +3,7 @@ Store protocol's face, each job in a module of this package (named below).
 
 Objects of a run ``R`` (key ``K`` = ``R`` when ``R`` is a DNS label, else a digest of it), all of the kind
 ``Journal`` (``durable-sandbox.dev/v1alpha1``, shaped like a ConfigMap: a ``data`` map of strings; see
-``kube/crds.py`` for why a kind of its own), labelled ``durable-sandbox.dev/run-id=K`` and
+``kube/spec/crds.py`` for why a kind of its own), labelled ``durable-sandbox.dev/run-id=K`` and
 ``durable-sandbox.dev/part=...``, owned by the Workflow when the run belongs to one (garbage-collected with it):
 
 - ``dsb.K`` (part ``run``), the **head**: the run record (one data key per field, ``run.<field>``), the
@@ -22,15 +22,15 @@ Objects of a run ``R`` (key ``K`` = ``R`` when ``R`` is a DNS label, else a dige
   content is checked against the digest in its name on every read.
 - ``dsb.K.events`` (part ``events``): run events (lifecycle, progress), appended with a JSON Patch ``test``
   of their own counter; a bounded feed (the oldest are dropped past ``EVENTS_BYTES``; ``events.py``).
-- ``dsb.K.lease`` (part ``lease``): who executes the run (``kube/leases.py``); its transitions are the fence (``claims.py``).
+- ``dsb.K.lease`` (part ``lease``): who executes the run (``kube/journal/leases.py``); its transitions are the fence (``claims.py``).
 
 Cache entries (``dsb.cache.<digest>``) and thread state (``dsb.thread.<digest>``) have their own objects.
 A commit carrying them writes them right after its head patch and records them in the head (``redo``) in
 that same patch, so a worker that dies in between has them re-applied when the run is claimed next (``side_objects.py``).
 
-**Authenticated values.** With a journal key (the operator always has one, ``kube/journal_key.py``), every
+**Authenticated values.** With a journal key (the operator always has one, ``kube/journal/journal_key.py``), every
 value a run is executed or cleaned up from (records, run fields, signals, the chunk list, redo, thread state,
-cache entries) is sealed (``kube/sealing.py``) and checked on every read; one that fails, or cannot be
+cache entries) is sealed (``kube/journal/sealing.py``) and checked on every read; one that fails, or cannot be
 decoded, raises :class:`~durable_sandbox.engine.errors.JournalDamaged`, never a replay of it.
 
 API writes: a commit is one write (plus one chunk write per ~32 KiB of journal, plus a blob create per
@@ -45,10 +45,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from durable_sandbox.engine.records import Commit, Event, Lease, OperationRecord, RunRecord, RunStatus
-from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.journal_objects import JournalObjects
-from durable_sandbox.kube.leases import Leases
-from durable_sandbox.kube.sealing import Sealer
+from durable_sandbox.kube.api.client import KubeClient
+from durable_sandbox.kube.journal.journal_objects import JournalObjects
+from durable_sandbox.kube.journal.leases import Leases
+from durable_sandbox.kube.journal.sealing import Sealer
 from durable_sandbox.kube.store.blobs import Blobs
 from durable_sandbox.kube.store.chunks import JournalChunks
 from durable_sandbox.kube.store.claims import RunClaims
@@ -74,7 +74,7 @@ class KubernetesStore:
     def __init__(self, namespace: str, api: KubeClient, *, clock: Callable[[], float] = time.monotonic,
                  field_manager: str = "durable-sandbox", owns_client: bool = False,
                  journal_key: bytes | None = None) -> None:
-        """``journal_key``: the operator's key (``kube/journal_key.py``); every value this store acts on is then
+        """``journal_key``: the operator's key (``kube/journal/journal_key.py``); every value this store acts on is then
         sealed when written and checked when read. Without one (``dsb --kube`` reads with the user's own
         credentials) seals are stripped unchecked."""
         self.namespace = namespace

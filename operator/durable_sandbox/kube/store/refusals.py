@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from durable_sandbox.engine.errors import StoreRefused, StoreUnavailable
-from durable_sandbox.kube.client import ApiException, is_transient
+from durable_sandbox.kube.api.client import ApiException, is_transient
 
 # Answers that say the write will not be taken as it is (others are retried inside the store, or transient).
 REFUSALS = frozenset({400, 403, 413, 422})

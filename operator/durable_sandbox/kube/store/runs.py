@@ -9,9 +9,9 @@ from typing import Any
 
 from durable_sandbox.engine.errors import JournalDamaged, LeaseLost, RunNotFound
 from durable_sandbox.engine.records import RunRecord, RunStatus
-from durable_sandbox.kube.client import ApiException, is_conflict, is_not_found, is_precondition_failed
-from durable_sandbox.kube.journal_objects import LABEL_PART, LABEL_RUN, JournalObjects
-from durable_sandbox.kube.leases import Leases
+from durable_sandbox.kube.api.client import ApiException, is_conflict, is_not_found, is_precondition_failed
+from durable_sandbox.kube.journal.journal_objects import LABEL_PART, LABEL_RUN, JournalObjects
+from durable_sandbox.kube.journal.leases import Leases
 from durable_sandbox.kube.store.codec import (
     ANNOTATION_RUN,
     INLINE_FIELD_BYTES,

@@ -11,8 +11,8 @@ from typing import Any
 
 from durable_sandbox.engine.errors import JournalDamaged
 from durable_sandbox.engine.records import Commit
-from durable_sandbox.kube.client import ApiException, is_conflict, is_not_found
-from durable_sandbox.kube.journal_objects import LABEL_PART, JournalObjects
+from durable_sandbox.kube.api.client import ApiException, is_conflict, is_not_found
+from durable_sandbox.kube.journal.journal_objects import LABEL_PART, JournalObjects
 from durable_sandbox.kube.store.codec import INLINE_FIELD_BYTES, RETRIES, dumps, object_meta, side_name
 from durable_sandbox.kube.store.heads import RunHeads
 

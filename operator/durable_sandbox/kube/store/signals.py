@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_sandbox.engine.errors import RunNotFound, SignalConflict
-from durable_sandbox.kube.client import ApiException, is_not_found, is_precondition_failed
+from durable_sandbox.kube.api.client import ApiException, is_not_found, is_precondition_failed
 from durable_sandbox.kube.store.codec import RETRIES, canonical, dumps, head_name, run_key
 from durable_sandbox.kube.store.heads import RunHeads
 

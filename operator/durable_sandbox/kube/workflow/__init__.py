@@ -1,4 +1,4 @@
-"""The Workflow controller, one room per job; ``kube/controller.py`` wires them into the ``Operator``.
+"""The Workflow controller, one room per job; ``kube/workflow/controller.py`` wires them into the ``Operator``.
 
 - ``settings.py``: the operator's policy and settings.
 - ``runs.py``: what this replica keeps of each run (``RunView``) and the table every room shares (``Runs``).

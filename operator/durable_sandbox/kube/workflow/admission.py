@@ -1,7 +1,7 @@
 """Admission: policy and plan, before anything is imported, provisioned or executed.
 
 A Workflow is validated and checked against the operator's policy (its provider decided by
-``kube/provider_choice.py``: pinned by a run already created, named, or the operator's default; the local provider
+``kube/spec/provider_choice.py``: pinned by a run already created, named, or the operator's default; the local provider
 only when allowed; entrypoints only from the configured modules, the built-in sandbox-agent always) before its workflow code
 is imported; the Secrets its sandbox env names are read (kept in memory for the run, never stored); a
 ``spec.sandboxRef`` Sandbox is taken for it. Then its run is created in the namespace's store, owned by the
@@ -16,12 +16,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from durable_sandbox.engine.records import RunRecord
-from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.events import LifecycleEvent
-from durable_sandbox.kube.manifests import format_loc
-from durable_sandbox.kube.models import SandboxResource, WorkflowResource, without_refused_signals
-from durable_sandbox.kube.plan import PlanError, RunPlan, WorkflowUnavailable, plan_workflow
-from durable_sandbox.kube.provider_choice import (
+from durable_sandbox.kube.api.client import KubeClient
+from durable_sandbox.kube.api.resources import SANDBOXES
+from durable_sandbox.kube.reporting.events import LifecycleEvent
+from durable_sandbox.kube.reporting.status import Projection
+from durable_sandbox.kube.spec.manifests import format_loc
+from durable_sandbox.kube.spec.models import SandboxResource, WorkflowResource, without_refused_signals
+from durable_sandbox.kube.spec.plan import PlanError, RunPlan, WorkflowUnavailable, plan_workflow
+from durable_sandbox.kube.spec.provider_choice import (
     LOCAL,
     ProviderChoice,
     choose_provider,
@@ -29,13 +31,12 @@ from durable_sandbox.kube.provider_choice import (
     refusal,
     sandbox_choice,
 )
-from durable_sandbox.kube.resources import SANDBOXES
-from durable_sandbox.kube.secrets import SecretNotReadable, read_secret_values, secret_refs
-from durable_sandbox.kube.status import Projection
+from durable_sandbox.kube.spec.secrets import SecretNotReadable, read_secret_values, secret_refs
 from durable_sandbox.kube.store import OwnerRef
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.settings import OperatorPolicy
 from durable_sandbox.kube.workflow.wing import Wing
+from durable_sandbox.tracing import annotated_caller
 from durable_sandbox.workflows import sandbox_agent
 
 __all__ = ["Admission"]
@@ -131,7 +132,9 @@ class Admission:
         store: Any = engine.store  # a KubernetesStore: the run's objects are owned by the Workflow
         run = stored
         if run is None:
-            record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=plan.labels)
+            # A traceparent annotation parents the run's spans (docs/operations.md, "Traces").
+            labels = {**plan.labels, **annotated_caller((view.body.get("metadata") or {}).get("annotations"))}
+            record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=labels)
             run, created = await store.create_run(record, owner=OwnerRef(name=view.name, uid=view.uid))
             if created:
                 self.publisher.admitted(view, _admitted(plan))

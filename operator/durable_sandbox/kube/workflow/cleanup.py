@@ -3,7 +3,7 @@
 The delete handler (``kube/handlers.py``) calls :meth:`Cleanup.cleanup`: the run is cancelled (here, or by
 taking its lease), every sandbox session its journal does not show finalized is finalized, the snapshots a
 succeeded run retained are deleted, and the Sandbox it held is let go. While the provider refuses, or another
-replica still executes the run, :class:`~durable_sandbox.kube.errors.CleanupPending` keeps the finalizer, with
+replica still executes the run, :class:`~durable_sandbox.kube.api.errors.CleanupPending` keeps the finalizer, with
 condition ``CleanupBlocked`` and an Event; kopf retries with the backoff of ``cleanup_backoff``. The journal,
 not status, says what to delete: status is a projection, which anyone granted ``workflows/status`` can write.
 When there is no journal to go by (the run's objects are gone already, or it fails its seals:
@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from durable_sandbox.engine import JournalDamaged, LeaseHeld
-from durable_sandbox.kube.errors import CleanupPending
-from durable_sandbox.kube.events import LifecycleEvent
-from durable_sandbox.kube.plan import cluster_run_id
+from durable_sandbox.kube.api.errors import CleanupPending
+from durable_sandbox.kube.reporting.events import LifecycleEvent
+from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.workflow.finished import let_go
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.wing import Wing

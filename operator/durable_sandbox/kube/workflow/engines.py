@@ -1,5 +1,5 @@
 """The engines the Workflow controller executes runs with: one per namespace, over that namespace's
-store (``KubernetesStore`` or PostgreSQL: kube/journals.py; observed by the publisher), with the operator's provider policy and the services the
+store (``KubernetesStore`` or PostgreSQL: kube/store/journals.py; observed by the publisher), with the operator's provider policy and the services the
 engine's extensions read for the run they serve (Secret values and literal env values handed over by
 admission, the owner tag of its sandboxes, the live sandbox of an attached Sandbox resource, the labels of
 every sandbox this operator makes)."""
@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from durable_sandbox.engine import JournalDamaged
-from durable_sandbox.kube.client import KubeClient
-from durable_sandbox.kube.holder_processes import HolderProcesses
-from durable_sandbox.kube.holding import Holding
-from durable_sandbox.kube.journals import JournalStores
-from durable_sandbox.kube.plan import cluster_run_id
-from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
+from durable_sandbox.kube.api.client import KubeClient
+from durable_sandbox.kube.api.resources import WORKFLOWS, CustomObjects
+from durable_sandbox.kube.holders.holder_processes import HolderProcesses
+from durable_sandbox.kube.holders.holding import Holding
+from durable_sandbox.kube.spec.plan import cluster_run_id
+from durable_sandbox.kube.store.journals import JournalStores
 from durable_sandbox.kube.workflow.observed import ObservedStore
 from durable_sandbox.kube.workflow.publishing import Publisher
 from durable_sandbox.kube.workflow.refusal_notices import refusal_hold
@@ -130,7 +130,7 @@ class Engines:
         if view is None or self.holding is None:
             raise RuntimeError(f"run {run_id} is not served by this operator")
         handle = await self.holding.live_handle(view.namespace, name, view.name)
-        # Nothing an earlier holder's calls left running meets this run's calls (kube/holder_processes.py).
+        # Nothing an earlier holder's calls left running meets this run's calls (kube/holders/holder_processes.py).
         await HolderProcesses(self.holding.objects, self.holding.records, self.provider_for_once).clear_for(
             view.namespace, name, view.name, run_id, handle)
         return handle

@@ -2,7 +2,7 @@
 
 Before claiming, a replica waits in proportion to the runs it executes already (claim spreading: the idler
 replica wins); the slot is taken before the Lease, so a run queued here stays free for a replica with room
-(``kube/concurrency.py``); the Workflow is read afresh just before the claim (a lagging watch must not let
+(``kube/workflow/concurrency.py``); the Workflow is read afresh just before the claim (a lagging watch must not let
 this replica execute past a ``spec.suspend`` it has not seen). While the run executes, this task keeps
 watching its Workflow and brings to the run what happens meanwhile:
 
@@ -26,10 +26,14 @@ from typing import Any, Literal
 
 from durable_sandbox.engine import LeaseHeld, NotRunnableHere, RunStatus
 from durable_sandbox.engine.errors import RunNotFound, StoreUnavailable
-from durable_sandbox.kube.client import brief, is_transient
-from durable_sandbox.kube.concurrency import CONCURRENCY_LIMIT_REASON, RunSlots, concurrency_limit_condition
-from durable_sandbox.kube.plan import RunPlan
-from durable_sandbox.kube.resources import WORKFLOWS
+from durable_sandbox.kube.api.client import brief, is_transient
+from durable_sandbox.kube.api.resources import WORKFLOWS
+from durable_sandbox.kube.spec.plan import RunPlan
+from durable_sandbox.kube.workflow.concurrency import (
+    CONCURRENCY_LIMIT_REASON,
+    RunSlots,
+    concurrency_limit_condition,
+)
 from durable_sandbox.kube.workflow.parking import Outcome, Park, wait_or_park
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.steering import sync_spec
@@ -104,7 +108,7 @@ class Execution:
     async def _in_slot(self, ex: _Executing) -> Any:
         view = ex.view
         # The slot is taken before the Lease is claimed, so a run queued here stays free for a
-        # replica with room (kube/concurrency.py).
+        # replica with room (kube/workflow/concurrency.py).
         async with self.slots.slot(view.run_id, on_wait=lambda: self._queued(view)):
             ex.slot.set()
             self._dequeued(view)

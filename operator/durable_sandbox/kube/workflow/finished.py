@@ -7,11 +7,11 @@ import contextlib
 import time
 from typing import Any
 
-from durable_sandbox.kube.events import LifecycleEvent
-from durable_sandbox.kube.holding import Holding
-from durable_sandbox.kube.plan import RunPlan
-from durable_sandbox.kube.resources import WORKFLOWS
-from durable_sandbox.kube.status import TERMINAL_PHASES
+from durable_sandbox.kube.api.resources import WORKFLOWS
+from durable_sandbox.kube.holders.holding import Holding
+from durable_sandbox.kube.reporting.events import LifecycleEvent
+from durable_sandbox.kube.reporting.status import TERMINAL_PHASES
+from durable_sandbox.kube.spec.plan import RunPlan
 from durable_sandbox.kube.workflow.ignored import ignored_fields, ignored_notice
 from durable_sandbox.kube.workflow.leftovers import remove_leftovers
 from durable_sandbox.kube.workflow.parking import Outcome, wait_or_park

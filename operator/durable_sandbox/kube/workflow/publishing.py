@@ -2,8 +2,8 @@
 
 The executor writes through an :class:`~durable_sandbox.kube.workflow.observed.ObservedStore`, which reports
 every commit and journal read here (:meth:`Publisher.observed`, :meth:`Publisher.read`); the rows are folded
-into the run's :class:`~durable_sandbox.kube.status.Projection`, rendered as the status document and offered
-to the run's :class:`~durable_sandbox.kube.status.StatusWriter` (coalesced to about one patch a second, at
+into the run's :class:`~durable_sandbox.kube.reporting.status.Projection`, rendered as the status document and offered
+to the run's :class:`~durable_sandbox.kube.reporting.status.StatusWriter` (coalesced to about one patch a second, at
 once on a phase change). Only the replica executing a run writes its status and Events, so nothing is read
 back for them. Writes that follow the clock rather than the work share a budget across every run of this
 replica (``OperatorSettings.periodic_writes_per_s``).
@@ -27,8 +27,9 @@ from typing import Any
 
 from durable_sandbox.engine.driver import backoff
 from durable_sandbox.engine.records import Commit, OperationRecord
-from durable_sandbox.kube.apiserver_away import ApiServerAway, took
-from durable_sandbox.kube.events import (
+from durable_sandbox.kube.api.apiserver_away import ApiServerAway, took
+from durable_sandbox.kube.api.resources import WORKFLOWS, CustomObjects
+from durable_sandbox.kube.reporting.events import (
     TERMINAL_REASONS,
     EventRecorder,
     LifecycleEvent,
@@ -36,10 +37,9 @@ from durable_sandbox.kube.events import (
     run_status_event,
     terminal_event,
 )
-from durable_sandbox.kube.oplog import LIFECYCLE_LOGGER, about
-from durable_sandbox.kube.plan import cluster_run_id
-from durable_sandbox.kube.resources import WORKFLOWS, CustomObjects
-from durable_sandbox.kube.status import RETRYING, StatusWriter, render, retry_message
+from durable_sandbox.kube.reporting.oplog import LIFECYCLE_LOGGER, about
+from durable_sandbox.kube.reporting.status import RETRYING, StatusWriter, render, retry_message
+from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.kube.workflow.runs import Runs, RunView
 from durable_sandbox.kube.workflow.settings import OperatorSettings

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from durable_sandbox.engine.errors import StoreRefused
 from durable_sandbox.engine.refusals import RefusalHold
-from durable_sandbox.kube.events import LifecycleEvent
+from durable_sandbox.kube.reporting.events import LifecycleEvent
 from durable_sandbox.kube.workflow.publishing import Publisher
 from durable_sandbox.kube.workflow.runs import Runs
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from durable_sandbox.engine.records import RunRecord
-from durable_sandbox.kube.objects import ObjectView
-from durable_sandbox.kube.status import Extra, Projection, StatusWriter
+from durable_sandbox.kube.api.objects import ObjectView
+from durable_sandbox.kube.reporting.status import Extra, Projection, StatusWriter
 
 if TYPE_CHECKING:
     from durable_sandbox.sandbox_engine import Engine

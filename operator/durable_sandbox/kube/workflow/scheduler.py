@@ -22,9 +22,9 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
-from durable_sandbox.kube.client import brief, is_transient
-from durable_sandbox.kube.plan import cluster_run_id
-from durable_sandbox.kube.resources import WORKFLOWS
+from durable_sandbox.kube.api.client import brief, is_transient
+from durable_sandbox.kube.api.resources import WORKFLOWS
+from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.workflow.parking import Park
 from durable_sandbox.kube.workflow.runs import Parked, RunView
 from durable_sandbox.kube.workflow.wing import Wing

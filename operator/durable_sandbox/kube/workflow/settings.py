@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from durable_sandbox.engine.executor import default_worker_id
-from durable_sandbox.kube.concurrency import DEFAULT_MAX_CONCURRENT_RUNS
+from durable_sandbox.kube.workflow.concurrency import DEFAULT_MAX_CONCURRENT_RUNS
 
 __all__ = ["OperatorPolicy", "OperatorSettings"]
 
@@ -15,7 +15,7 @@ class OperatorPolicy:
     """What this operator may do on behalf of the Workflows it serves."""
 
     allow_local_provider: bool = False
-    # The provider of a Workflow's or Sandbox's sandbox that names none (kube/provider_choice.py); pinned when the
+    # The provider of a Workflow's or Sandbox's sandbox that names none (kube/spec/provider_choice.py); pinned when the
     # operator first takes the resource up, so changing it later moves nothing that runs.
     default_provider: str = "local"
     # Modules (or packages) entrypoints may be imported from; the built-in sandbox-agent is always allowed.
@@ -48,8 +48,8 @@ class OperatorSettings:
     # Runs admitted at once: an operator restart re-admits every Workflow, and each admission reads the run's
     # head and journal; a few at a time keep that burst's memory small (the RSS it leaves is its high-water mark).
     admissions: int = 8
-    max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS  # runs this replica executes at once (kube/concurrency.py)
+    max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS  # runs this replica executes at once (kube/workflow/concurrency.py)
     # Every sandbox (and snapshot) this operator makes is labelled with it; the orphan sweep lists by it.
     installation_id: str = "durable-sandbox"
-    sweep_interval: float = 300.0  # seconds between orphan sweeps (kube/sweeper.py); 0: no sweep
+    sweep_interval: float = 300.0  # seconds between orphan sweeps (kube/sweep/sweeper.py); 0: no sweep
     sweep_grace: float = 600.0  # an orphan is removed once seen orphaned this long

@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from durable_sandbox.engine import SignalConflict
-from durable_sandbox.kube.events import LifecycleEvent
-from durable_sandbox.kube.models import WorkflowResource, without_refused_signals
+from durable_sandbox.kube.reporting.events import LifecycleEvent
+from durable_sandbox.kube.spec.models import WorkflowResource, without_refused_signals
 from durable_sandbox.kube.workflow.publishing import Publisher
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.sandbox_engine import Engine

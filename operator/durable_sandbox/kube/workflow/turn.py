@@ -20,11 +20,11 @@ from durable_sandbox.engine import LeaseHeld, RunStatus
 from durable_sandbox.engine.driver import decide, time_out
 from durable_sandbox.engine.errors import JournalDamaged, StoreRefused, StoreUnavailable
 from durable_sandbox.engine.records import RunRecord
-from durable_sandbox.kube.client import brief, is_transient
-from durable_sandbox.kube.events import LifecycleEvent
-from durable_sandbox.kube.oplog import about
-from durable_sandbox.kube.plan import RunPlan
-from durable_sandbox.kube.status import TERMINAL_PHASES
+from durable_sandbox.kube.api.client import brief, is_transient
+from durable_sandbox.kube.reporting.events import LifecycleEvent
+from durable_sandbox.kube.reporting.oplog import about
+from durable_sandbox.kube.reporting.status import TERMINAL_PHASES
+from durable_sandbox.kube.spec.plan import RunPlan
 from durable_sandbox.kube.workflow.admission import Admission
 from durable_sandbox.kube.workflow.execution import Execution
 from durable_sandbox.kube.workflow.finished import Finisher

@@ -1,0 +1,1 @@
+"""Who holds a Sandbox resource, and a shared Sandbox changing hands."""

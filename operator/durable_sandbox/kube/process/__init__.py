@@ -1,0 +1,1 @@
+"""The operator process as one object: its frozen configuration, the application and the tasks beside it."""

@@ -1,0 +1,1 @@
+"""The orphan sweep: what no live resource claims, planned apart from removing it, and its timer."""

@@ -1,0 +1,1 @@
+"""The operator's Prometheus metrics and the small HTTP server that serves them with the health probes."""
