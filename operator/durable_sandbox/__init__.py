@@ -10,7 +10,8 @@ Code inside the package imports each name from its defining module, never from h
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
 
 from durable_sandbox.lazy_names import lazy_names
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 # public name -> the module that defines it
-_ORIGIN: dict[str, str] = {
+_ORIGIN: Final[Mapping[str, str]] = {
     "CallbackTimeout": "durable_sandbox.engine",
     "Context": "durable_sandbox.engine",
     "Engine": "durable_sandbox.sandbox_engine",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 import click
 import yaml
@@ -20,7 +21,7 @@ from durable_sandbox.kube.spec.plan import WORKFLOW_LABEL
 from durable_sandbox.runs.settings import Settings
 from durable_sandbox.sandboxes import journal
 
-_STATUS_STYLE = {
+_STATUS_STYLE: Final[Mapping[str, str]] = {
     "succeeded": "green",
     "completed": "green",
     "failed": "red",

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.providers.contract import RUNTIME_CLASS_KEY
@@ -196,7 +196,7 @@ def reserved_operation_id(operation_id: str) -> bool:
 
 
 # How many trailing parts of a lifecycle record's op id follow its session's id, by kind.
-_SESSION_TAIL = {PROVISION: 1, SNAPSHOT: 2, SNAPSHOT_DELETE: 3, RESTORE: 2, INJECT_LOSS: 2}
+_SESSION_TAIL: Final[Mapping[str, int]] = {PROVISION: 1, SNAPSHOT: 2, SNAPSHOT_DELETE: 3, RESTORE: 2, INJECT_LOSS: 2}
 
 
 def session_of(row: OperationRecord) -> str | None:
@@ -486,7 +486,7 @@ def recovery_count(rows: Iterable[OperationRecord]) -> int:
 # ------------------------------------------------------------------ the engine's reader
 
 
-_EVENTS = {
+_EVENTS: Final[Mapping[str, str]] = {
     PROVISION: "sandbox.provisioned",
     SNAPSHOT: "sandbox.snapshot",
     SNAPSHOT_DELETE: "sandbox.snapshot_deleted",

@@ -7,7 +7,8 @@ sent again (a dropped connection, a restarted client) returns the journaled resu
 from __future__ import annotations
 
 import shlex
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -83,7 +84,7 @@ class ListRequest(_Request):
 
 
 CallRequest = ShellRequest | WriteFileRequest | ReadFileRequest | ListRequest
-CALL_KINDS: dict[str, type[_Request]] = {
+CALL_KINDS: Final[Mapping[str, type[_Request]]] = {
     "shell": ShellRequest, "write_file": WriteFileRequest, "read_file": ReadFileRequest, "list": ListRequest,
 }
 

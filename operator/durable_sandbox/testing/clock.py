@@ -19,7 +19,7 @@ CLOCKED_MODULES = (
     "durable_sandbox.engine.waits",
     "durable_sandbox.engine.driver",
     "durable_sandbox.engine.executor",
-    "durable_sandbox.stores.sqlite",
+    "durable_sandbox.stores.sqlite_file",
 )
 
 
