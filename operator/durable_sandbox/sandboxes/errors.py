@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_sandbox.engine.errors import DurableError
-from durable_sandbox.providers.contract import ToolResult
+from durable_sandbox.providers.contract import SandboxHandle, ToolResult
 from durable_sandbox.sandboxes import journal
 
 
@@ -32,6 +32,15 @@ class RecoveryBudgetExhausted(DurableError):
 
 class CleanupFailed(DurableError):
     retryable = True
+
+
+class AttachedSandboxLost(DurableError):
+    """The live sandbox of the Sandbox resource a session attached to is gone: its controller re-creates it (a
+    Sandbox's own session calls wait for that and rebuild, ``sessions/rebuild.py``; a Workflow's run fails)."""
+
+    def __init__(self, message: str, lost: SandboxHandle | None) -> None:
+        super().__init__(message)
+        self.sandbox_id = lost.id if lost is not None else None
 
 
 class ToolCallFailed(DurableError):

@@ -12,12 +12,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from durable_sandbox.engine import faults
-from durable_sandbox.engine.errors import DurableError
 from durable_sandbox.engine.records import ErrorInfo, OpKind
 from durable_sandbox.providers.contract import SandboxGone, SandboxHandle
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.call_records import handle_json
-from durable_sandbox.sandboxes.errors import ReconstructionError, RecoveryBudgetExhausted, ReplayAnswerInvalid
+from durable_sandbox.sandboxes.errors import (
+    AttachedSandboxLost,
+    ReconstructionError,
+    RecoveryBudgetExhausted,
+    ReplayAnswerInvalid,
+)
 from durable_sandbox.sandboxes.provisioning import Provisioner
 from durable_sandbox.sandboxes.replay_policy import Replay, ReplayPlanner
 from durable_sandbox.sandboxes.scope import SessionScope
@@ -55,11 +59,10 @@ class Recoverer:
     async def recover(self, why: str) -> None:
         sc = self.scope
         if self.provisioner.attached_id() is not None:
-            raise DurableError(
+            raise AttachedSandboxLost(
                 f"Sandbox {sc.sid!r}: the sandbox of Sandbox resource {self.provisioner.attached_name()!r} "
                 f"was lost ({why}); its controller re-creates it from its newest snapshot. Run the Workflow again "
-                f"(or give it spec.retry) to continue in the re-created sandbox."
-            )
+                f"(or give it spec.retry) to continue in the re-created sandbox.", sc.state.handle)
         while True:
             if sc.state.recovery_attempts >= MAX_RECOVERIES:
                 raise RecoveryBudgetExhausted(sc.sid, MAX_RECOVERIES)

@@ -49,6 +49,7 @@ from durable_sandbox.sandboxes.call_records import (
 )
 from durable_sandbox.sandboxes.checkpoints import Checkpointer
 from durable_sandbox.sandboxes.errors import (
+    AttachedSandboxLost,
     CleanupFailed,
     ReconstructionError,
     RecoveryBudgetExhausted,
@@ -67,9 +68,20 @@ from durable_sandbox.sandboxes.teardown import Teardown
 from durable_sandbox.sandboxes.traced import traced_pieces, traced_session
 
 __all__ = [
-    "DEFAULT_HIBERNATE_AFTER", "MAX_RECOVERIES", "Checkpoint", "CleanupFailed", "ReconstructionError",
-    "RecoveryBudgetExhausted", "ReplayAnswerInvalid", "SandboxServices", "SandboxSession", "SessionState",
-    "ToolCallFailed", "derived_operation_id", "journaled_args",
+    "DEFAULT_HIBERNATE_AFTER",
+    "MAX_RECOVERIES",
+    "AttachedSandboxLost",
+    "Checkpoint",
+    "CleanupFailed",
+    "ReconstructionError",
+    "RecoveryBudgetExhausted",
+    "ReplayAnswerInvalid",
+    "SandboxServices",
+    "SandboxSession",
+    "SessionState",
+    "ToolCallFailed",
+    "derived_operation_id",
+    "journaled_args",
 ]
 
 log = logging.getLogger("durable_sandbox.sandboxes")

@@ -8,9 +8,15 @@ it goes with it), under the session ``calls``: the same records, sealing and mac
    call answered by another replica, or before a restart, is known here;
 2. a call whose ``operationId`` the journal has completed is answered from the journal and never runs again (the
    same arguments required: an id reused for another call is refused);
-3. otherwise its ``started`` record is committed before the provider runs it, and its ``completed`` record (the
-   result, capped as the journal keeps it) is committed before it is answered; a call whose ``started`` record has
-   no completion (the operator died while it ran) runs again, as the same attempt, when it is retried.
+3. otherwise the live sandbox is brought to hold every earlier completed call (``rebuild.py``: after a loss, the
+   controller's replacement gets the calls after its snapshot replayed), its ``started`` record is committed
+   before the provider runs it, and its ``completed`` record (the result, capped as the journal keeps it) is
+   committed before it is answered; every ``spec.snapshotEveryNCalls`` completed calls the sandbox is snapshot
+   (the superseded snapshot deleted once the new one is recorded). A call whose ``started`` record has no
+   completion (the operator died while it ran) runs again, as the same attempt, when it is retried, but never in
+   the sandbox it may have run in: that one's state is unknown, so it is replaced and rebuilt first.
+4. a sandbox lost under a call (or its rebuild) is waited for: the controller re-creates it from the newest
+   snapshot, the calls after it are replayed, and the call runs there; the caller sees only the latency.
 
 Why one lease per call rather than per session: a session may sit idle for hours between calls; holding a run's
 lease that long would keep every other replica from answering it after a failover until the lease ran out.
@@ -21,9 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from durable_sandbox.engine.errors import LeaseHeld, LeaseLost, NonDeterminismError
@@ -32,21 +37,29 @@ from durable_sandbox.engine.records import Lease, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
 from durable_sandbox.engine.traced import under_caller
-from durable_sandbox.kube.sandbox.view import calls_run_id
+from durable_sandbox.kube.sandbox.view import CALLS_SESSION, calls_run_id
 from durable_sandbox.kube.store import OwnerRef
-from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider, ToolCall, ToolResult
+from durable_sandbox.providers.contract import (
+    Capability,
+    SandboxHandle,
+    SandboxProvider,
+    ToolCall,
+    ToolResult,
+)
 from durable_sandbox.sandboxes import journal
-from durable_sandbox.sandboxes.session import SandboxServices, SandboxSession
+from durable_sandbox.sandboxes.session import AttachedSandboxLost, SandboxServices, SandboxSession
 from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.rebuild import SandboxAccess, SandboxUnknown, rebuild
 from durable_sandbox.tracing import Tracing
 
 __all__ = ["SESSION", "SESSION_WORKFLOW", "SandboxRef", "SessionJournal", "calls_run_id"]
 
 log = logging.getLogger("durable_sandbox.sessions")
 
-SESSION = "calls"  # the session id of a Sandbox's own calls in its journal (op ids ``calls/<operationId>``)
+SESSION = CALLS_SESSION  # the session id of a Sandbox's own calls in its journal (op ids ``calls/<operationId>``)
 SESSION_WORKFLOW = "sandbox-session"  # the run's workflow name: never executed, it names what the run is
+MAX_REPLACEMENTS = 3  # sandboxes lost (or found unknown) under one call before it is refused (503: retry)
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,8 @@ class SandboxRef:
     namespace: str
     name: str
     uid: str
+    # spec.snapshotEveryNCalls when the call was sent (not part of the identity: one turn per Sandbox whatever it is)
+    snapshot_every: int = field(default=0, compare=False)
 
     @property
     def where(self) -> str:
@@ -85,34 +100,64 @@ class SessionJournal:
     async def _attached(self, run_id: str, _name: str) -> SandboxHandle:
         return self._handles[run_id]
 
-    async def call(self, ref: SandboxRef, live: Callable[[], AbstractAsyncContextManager[tuple[SandboxHandle, SandboxProvider]]],
-                   call: ToolCall, *, traceparent: str | None = None) -> Answered:
-        """Run ``call`` in the Sandbox's live sandbox, journaled (see the module's docstring). ``live`` takes the
-        Sandbox for the call (its holder) and gives its sandbox and provider: entered under the journal's lease, so
-        two replicas never both hold it for calls, and left once the call is committed."""
+    async def call(self, ref: SandboxRef, gate: SandboxAccess, call: ToolCall, *,
+                   on_replay: str = journal.ON_REPLAY_RERUN, traceparent: str | None = None) -> Answered:
+        """Run ``call`` in the Sandbox's live sandbox, journaled (see the module's docstring). ``gate.live`` takes
+        the Sandbox for the call (its holder) and gives its sandbox and provider: entered under the journal's lease,
+        so two replicas never both hold it for calls, and left once the call is committed. ``traceparent``: the
+        caller's trace, the parent of the request's span."""
         run = await self._run(ref)
-        async with self._leased(ref, run) as (_, rt):
+        async with self._leased(ref, run) as (lease, rt):
             done = _completed(ref, rt.rows, call)
             if done is not None:
                 return done
-            async with live() as (handle, provider):
-                # The request's span, the child of the caller's ``traceparent`` header; the call's own span inside.
-                return await under_caller(rt, traceparent, f"sandbox.session_call {call.type}",
-                                          {"durable_sandbox.sandbox": ref.where, "durable_sandbox.operation.id":
-                                           call.operation_id},
-                                          lambda: self._execute(ref, rt, handle, provider, call))
+            async with gate.live(ref) as (handle, provider):
+                if ref.snapshot_every and not provider.capabilities().supports(Capability.SNAPSHOT):
+                    raise CallRefused(409, f"spec.snapshotEveryNCalls is {ref.snapshot_every}, but provider "
+                                      f"{provider.name} cannot snapshot", where=f"{ref.where}, spec.snapshotEveryNCalls",
+                                      do="set spec.snapshotEveryNCalls to 0, or use a provider with snapshots")
+                # Started before and never answered: the operator stopped while it ran, in the sandbox it may have
+                # changed (if that one is still live, its state is unknown).
+                interrupted = rt.lookup(journal.call_id(SESSION, call.operation_id)) is not None
+                for _ in range(MAX_REPLACEMENTS):
+                    try:
+                        await rebuild(rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
+                                      before=_index_of(rt, call.operation_id), where=ref.where)
+                        return await self._traced(ref, rt, handle, provider, call, on_replay, traceparent)
+                    except SandboxUnknown as unknown:
+                        lost = unknown.sandbox_id
+                    except AttachedSandboxLost as gone:
+                        lost = gone.sandbox_id or handle.id
+                    log.warning("%s: sandbox %s is lost or unknown; call %s waits for its replacement", ref.where,
+                                lost, call.operation_id)
+                    interrupted = False  # a replacement is newer than the interruption
+                    handle = await gate.replaced(ref, lost)
+                    rt = await self.executor.open_runtime(run, lease)  # the journal as it is now, the call anew
+                raise CallRefused(503, f"the Sandbox's sandbox was lost {MAX_REPLACEMENTS} times under this call",
+                                  where=ref.where, do="retry with the same operationId; `kubectl describe dsbx` says "
+                                  "why its sandboxes do not last")
+
+    async def _traced(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
+                      call: ToolCall, on_replay: str, traceparent: str | None) -> Answered:
+        """:meth:`_execute` in the request's span, the child of the caller's ``traceparent`` header (the call's
+        own span inside)."""
+        return await under_caller(rt, traceparent, f"sandbox.session_call {call.type}",
+                                  {"durable_sandbox.sandbox": ref.where, "durable_sandbox.operation.id":
+                                   call.operation_id},
+                                  lambda: self._execute(ref, rt, handle, provider, call, on_replay))
 
     async def _execute(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
-                       call: ToolCall) -> Answered:
+                       call: ToolCall, on_replay: str) -> Answered:
         self._handles[rt.run_id] = handle
         try:
-            session = SandboxSession(rt, SESSION, traced_provider(rt, SESSION, provider), attach=ref.name, owner=f"{ref.namespace}/{ref.uid}",
-                                     next_index=_index_of(rt, call.operation_id))
+            session = SandboxSession(rt, SESSION, traced_provider(rt, SESSION, provider), attach=ref.name,
+                                     owner=f"{ref.namespace}/{ref.uid}", next_index=_index_of(rt, call.operation_id),
+                                     snapshot_every=ref.snapshot_every)
             await session.__aenter__()  # journals the attach once (``calls/provision``)
             # The live sandbox is the Sandbox's, read from its record for this call: it may have been
             # recovered or resumed since the session's first call recorded one.
             session.state.handle = handle
-            result = await session.call(call)
+            result = await session.call(call, on_replay=on_replay)
             await rt.write()  # the completion, committed before the call is answered
         except NonDeterminismError as exc:
             raise _reused(ref, call.operation_id) from exc

@@ -36,6 +36,9 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     operationId: str = Field(pattern=OPERATION_ID_PATTERN)
+    # What rebuilding the sandbox after a loss does with this call once it completed: run it again (its outcome
+    # checked) or skip it (its result stands; for a call whose effect is outside the sandbox). Journaled with it.
+    onReplay: Literal["rerun", "skip"] = "rerun"
 
     def tool_call(self) -> ToolCall:
         raise NotImplementedError
