@@ -84,7 +84,7 @@ async def test_a_cancel_noticed_twice_stops_the_run_once_and_its_cleanup_runs(
     held = HeldReads(store)
     async with holding_run(held) as (engine, running):
         try:
-            wf = engine.executor._tasks["r"]
+            wf = engine.executor.here.tasks["r"]
 
             # Another process asks for the cancel; this one is told to cancel its execution (cancel_here) and the
             # keeper will notice it too. The session's cleanup first asks the store why the run was cancelled.

@@ -10,7 +10,7 @@ import time
 import pytest
 from pydantic import BaseModel
 
-import durable_sandbox.engine.context as context_mod
+import durable_sandbox.engine.step_calls as step_calls
 from durable_sandbox.engine import (
     DuplicateOperationError,
     RetryPolicy,
@@ -526,7 +526,7 @@ async def test_clear_cache(engine):
 def _where(log: list[str], slow: threading.Event) -> int:
     log.append("loop" if threading.current_thread() is threading.main_thread() else "thread")
     if slow.is_set():
-        time.sleep(context_mod.SLOW_SECONDS * 2)  # the work itself is slow here, not a wait for something
+        time.sleep(step_calls.SLOW_SECONDS * 2)  # the work itself is slow here, not a wait for something
     return len(log)
 
 
@@ -534,9 +534,9 @@ def _where(log: list[str], slow: threading.Event) -> int:
 def roomy_timing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Quick and slow with room for a loaded machine: a no-op preempted for a few ms must not count as
     slow, and nothing learnt about _where by other tests carries over."""
-    monkeypatch.setattr(context_mod, "QUICK_SECONDS", 1.0)
-    monkeypatch.setattr(context_mod, "SLOW_SECONDS", 0.5)
-    monkeypatch.setattr(context_mod, "_observed", {})
+    monkeypatch.setattr(step_calls, "QUICK_SECONDS", 1.0)
+    monkeypatch.setattr(step_calls, "SLOW_SECONDS", 0.5)
+    monkeypatch.setattr(step_calls, "_observed", {})
 
 
 def _where_loop(name: str, log: list[str], slow: threading.Event):
@@ -554,7 +554,7 @@ async def test_a_quick_sync_step_runs_inline_and_a_slow_one_goes_back_to_threads
     log: list[str] = []
     slow = threading.Event()
     wf = _where_loop("steps-inline", log, slow)
-    quick = context_mod.QUICK_RUNS
+    quick = step_calls.QUICK_RUNS
     assert (await engine.run(wf, quick + 2, run_id="inline-1")).status == "succeeded"
     assert log == ["thread"] * quick + ["loop"] * 2
     slow.set()
@@ -585,7 +585,7 @@ async def test_a_quick_inline_step_commits_its_start_with_its_outcome(engine, st
     commits = _record_commits(store, monkeypatch)
     log: list[str] = []
     wf = _where_loop("steps-inline-commits", log, threading.Event())
-    quick = context_mod.QUICK_RUNS
+    quick = step_calls.QUICK_RUNS
     run_id = "inline-commits"
     assert (await engine.run(wf, quick + 2, run_id=run_id)).status == "succeeded"
     assert log == ["thread"] * quick + ["loop"] * 2

@@ -46,7 +46,7 @@ MUTABLE_NODES = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.Se
 EXCEPTED = {
     "engine/workflow.py::_REGISTRY": "the @workflow decorator registers a function when its module is imported: "
                                      "the catalogue is the process's imported modules, as sys.modules is",
-    "engine/context.py::_observed": "what the process learnt of each step function's code object (quick enough "
+    "engine/step_calls.py::_observed": "what the process learnt of each step function's code object (quick enough "
                                     "to run inline or not), keyed by code objects that are the process's own; "
                                     "it chooses where a step runs, never what it records",
     "engine/faults.py::_counts": "fault points armed by the process's environment (DURABLE_SANDBOX_FAULT) for crash "

@@ -6,17 +6,17 @@ completed operation return its recorded result, so "resume" and "replay" are the
 Where runs come from is not decided here: ``Engine.run``/``resume`` drive one run, the SQLite poller
 (:func:`engine.sources.poll_store`, behind ``dsb worker``) claims runnable runs, and the operator
 executes the run of each Workflow its kopf daemon drives. Whatever the source, a run already
-executing in this process is never claimed a second time by it (a second claim by the same owner
-would advance the fence and cut off the execution that is running).
+executing in this process is never claimed a second time by it (engine/in_process.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import replace
 from typing import Any, Literal, Protocol
 
@@ -24,24 +24,20 @@ from durable_sandbox.engine.children import ChildRuns, after_run
 from durable_sandbox.engine.client import require_run, state_of
 from durable_sandbox.engine.context import Context
 from durable_sandbox.engine.continue_as_new import ContinueAsNew, start_next
+from durable_sandbox.engine.endings import Ending
 from durable_sandbox.engine.errors import (
     AlreadyExecuting,
-    Handover,
     LeaseHeld,
-    LeaseLost,
     NotRunnableHere,
     RunNotFinished,
-    StoreError,
-    StoreRefused,
-    Suspend,
     WorkflowNotFound,
 )
 from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader
+from durable_sandbox.engine.in_process import ExecutingHere
+from durable_sandbox.engine.lease_keeper import keep_lease
 from durable_sandbox.engine.owner import holder_is_dead, new_worker_id
 from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRecord, RunRecord, RunStatus
-from durable_sandbox.engine.refusals import commit_holding
 from durable_sandbox.engine.runtime import RunRuntime
-from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.engine.state import RunState, build_state
 from durable_sandbox.engine.store import Store
 from durable_sandbox.engine.traced import traced_attempt
@@ -70,7 +66,6 @@ class RunHooks(Protocol):
         """The run waits: give back what costs while it waits (snapshot and destroy its sandboxes)."""
 
 
-
 def default_worker_id() -> str:
     """``<host>:<pid>:<process start>:<nonce>``: names this process for good (see engine/owner.py)."""
     return new_worker_id()
@@ -83,6 +78,9 @@ class RunExecutor:
     it at a run's turning points and ``reader`` how its records read (engine/extensions.py); ``extensions`` are the values handed to extensions
     above the engine, one per type; ``hibernate_after`` how long a waiting run keeps its sandboxes (None:
     the sessions' own default).
+
+    One execution's ending is engine/endings.py's, its lease keeper engine/lease_keeper.py's, and which runs
+    execute in this process engine/in_process.py's.
     """
 
     def __init__(
@@ -110,34 +108,24 @@ class RunExecutor:
         self.children = ChildRuns(self)  # child workflows driven here; also what a run's end does to its relatives
         self.extensions = Extensions([*extensions, self.children])
         self.unresolvable: Unresolvable = unresolvable
-        self._tasks: dict[str, asyncio.Task[Any]] = {}  # run id -> workflow task executing here
-        self._runtimes: dict[str, RunRuntime] = {}  # run id -> its runtime while executing here
-        self._cancelling: set[str] = set()  # runs whose workflow task was cancelled (cleanup in progress)
-        self._active: dict[str, asyncio.Event] = {}  # run id -> set when this process stops executing it
+        self.here = ExecutingHere()
         self.driven: set[str] = set()  # runs this process executed (to hibernate on close if they wait)
 
     # ------------------------------------------------------------------ the in-process guard
 
     def is_executing(self, run_id: str) -> bool:
         """True while this process holds (or is taking) the run's lease to execute it."""
-        return run_id in self._active
+        return self.here.is_executing(run_id)
 
     @contextlib.asynccontextmanager
-    async def _exclusive(self, run_id: str, *, wait: bool) -> Any:
-        """Mark ``run_id`` as executing here; yields False (and marks nothing) if it already is and
-        ``wait`` is false, else waits for the other execution to end first."""
-        while (busy := self._active.get(run_id)) is not None:
-            if not wait:
-                yield False
-                return
-            await busy.wait()
-        done = asyncio.Event()
-        self._active[run_id] = done
+    async def _leased(self, run_id: str) -> AsyncIterator[Lease]:
+        """The run's lease for this worker (``claim``) while the block runs, released after it."""
+        lease = await self.claim(run_id)
         try:
-            yield True
+            yield lease
         finally:
-            self._active.pop(run_id, None)
-            done.set()
+            with contextlib.suppress(Exception):
+                await self.store.release(lease)
 
     # ------------------------------------------------------------------ driving
 
@@ -150,7 +138,7 @@ class RunExecutor:
         If this process is executing the run already, ``if_busy="wait"`` waits for that to end and
         then drives it; ``"skip"`` returns None at once (a duplicate event from a run source).
         """
-        async with self._exclusive(run_id, wait=if_busy == "wait") as mine:
+        async with self.here.exclusive(run_id, wait=if_busy == "wait") as mine:
             if not mine:
                 return None
             run = await self._get(run_id)
@@ -158,12 +146,8 @@ class RunExecutor:
                 return build_state(run, await self.store.load_journal(run_id), self.reader)
             self.driven.add(run_id)
             while True:
-                lease = await self.claim(run_id)
-                try:
+                async with self._leased(run_id) as lease:
                     rows = await self.execute(lease, definition)
-                finally:
-                    with contextlib.suppress(Exception):
-                        await self.store.release(lease)
                 if rows is None:
                     return state_of(await self._get(run_id), await self.store.load_journal(run_id), self.reader)
                 run = await self._get(run_id)
@@ -191,7 +175,7 @@ class RunExecutor:
         kept (not renewed): released, the source would be handed the same run again at once; kept, it runs
         out after the lease's TTL, the run unchanged and claimable by any worker (the source may release it
         sooner, when it stops)."""
-        async with self._exclusive(lease.run_id, wait=False) as mine:
+        async with self.here.exclusive(lease.run_id, wait=False) as mine:
             if not mine:
                 # Already executing here: this claim advanced the fence past the execution's, so give
                 # it back at once (release is fenced: it only clears this claim).
@@ -213,14 +197,9 @@ class RunExecutor:
                         await self.store.release(lease)
             return not_runnable
 
-    # Longer than the ~80 lines a function gets here, on purpose: its except clauses are the table of how an
-    # execution can end (waiting, cancelled, interrupted, lease lost, handed over, failed, succeeded), and
-    # each ends in the same final commit below them; split, that table would be spread over several places.
-    # Long on purpose: one execution under one lease, from the fenced start to the terminal commit; every
-    # exit (done, failed, suspended, cancelled, lease lost) is a branch here, so none is missed by a helper.
     async def execute(self, lease: Lease, definition: WorkflowDefinition | None) -> list[OperationRecord] | None:
-        """Execute the run once under ``lease``; returns its journal rows (None if nothing ran)."""
-        store = self.store
+        """Execute the run once under ``lease``, from the fenced start to the commit of how it ended
+        (engine/endings.py); returns its journal rows (None if nothing ran)."""
         run = await self._get(lease.run_id)
         if run.status.terminal and run.status != RunStatus.FAILED:
             return None
@@ -228,116 +207,33 @@ class RunExecutor:
             await self.finish_cancelled(lease, run)
             return None
         if definition is None:
-            try:
-                definition = resolve_run_workflow(run)
-            except WorkflowNotFound as exc:
-                if self.unresolvable == "leave":
-                    raise NotRunnableHere(run.run_id, exc, status=run.status.value, module=workflow_module(run)) from exc
-                # Failed, `resume` retries it once the code is importable.
-                await store.update_run(
-                    run.run_id, {"status": RunStatus.FAILED, "error": ErrorInfo.from_exception(exc)}, fence=lease.fence
-                )
-                raise
+            definition = await definition_of(self.store, run, lease, self.unresolvable)
         epoch = run.epoch + 1 if run.status == RunStatus.FAILED else run.epoch
-        rt = await self.open_runtime(run, lease, epoch=epoch, signals=await store.get_signals(run.run_id))
-        rows = rt.rows
-        await store.update_run(
+        rt = await self.open_runtime(run, lease, epoch=epoch, signals=await self.store.get_signals(run.run_id))
+        await self.store.update_run(
             run.run_id,
             {"status": RunStatus.RUNNING, "epoch": epoch, "wake_at": None, "pending_callbacks": [], "error": None},
             fence=lease.fence,
         )
-        rt.emit("run.resumed" if rows else "run.started", workflow=run.workflow, worker=self.worker_id)
-        ctx = Context(rt)
-        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, ctx, run), name=run.run_id)
-        self._tasks[run.run_id] = wf
-        self._runtimes[run.run_id] = rt
-        keeper = asyncio.create_task(self._keep_lease(lease, rt, wf))
-        changes: dict[str, Any]
+        rt.emit("run.resumed" if rt.rows else "run.started", workflow=run.workflow, worker=self.worker_id)
+        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, Context(rt), run), name=run.run_id)
+        ending = Ending(self.store, run, lease, rt, worker_id=self.worker_id,
+                        after_run=functools.partial(after_run, self.children, self.hooks))
+        keeper = asyncio.create_task(keep_lease(self.store, lease, self.lease_ttl, rt, wf,
+                                                lambda: self.here.cancel_once(run.run_id, wf)))
         try:
-            try:
-                result = await wf
-                rt.check_all_reached()  # raises NonDeterminismError for a recorded op the code skipped
-            except Suspend as s:
-                await rt.drain()
-                pending = rt.pending_callbacks()
-                changes = {
-                    "status": RunStatus.WAITING,
-                    "wake_at": _wake_at(rt, s),
-                    "pending_callbacks": [p["id"] for p in pending],
-                }
-                rt.emit("run.waiting", callbacks=[p["id"] for p in pending], wakeAt=changes["wake_at"])
-            except asyncio.CancelledError:
-                reason = await rt.cancel_requested()
-                if reason is None:
-                    # Interrupted, not cancelled (Ctrl-C, SIGTERM, shutdown): sandbox sessions have
-                    # hibernated; the run goes back to pending, resumable here or by any worker.
-                    await self._leave_pending(lease, rt, "run.interrupted")
-                    raise
-                changes = {"status": RunStatus.CANCELLED, "error": ErrorInfo("RunCancelled", reason)}
-                rt.emit("run.cancelled", reason=reason)
-            except LeaseLost:
-                log.warning("lost the lease on run %s; stopping without writing", run.run_id)
-                return None
-            except Handover as h:
-                await rt.drain()
-                await self._leave_pending(lease, rt, "run.handed_over", reason=h.why)
-                return None
-            except StoreError:
-                # The store cannot record (damaged, refusing, gone): not the workflow's failure, and nothing
-                # more can be written anyway. The caller says why; the run goes on from its journal later.
-                raise
-            except Exception as exc:
-                rt.draining = True
-                await rt.drain()
-                changes = {"status": RunStatus.FAILED, "error": ErrorInfo.from_exception(exc)}
-                rt.emit("run.failed", error=str(exc))
-            else:
-                changes = {
-                    "status": RunStatus.SUCCEEDED,
-                    "result": to_jsonable(result, what=f"The result of workflow {run.workflow!r}"),
-                }
-                rt.emit("run.succeeded")
-            await after_run(self.children, self.hooks, rt, changes["status"])
-            final = await rt.pending_records()
-            # Held like any write of the run: the last call's result rides on this commit.
-            await commit_holding(store, run.run_id, lease.fence, Commit(final, run=changes, thread_state=rt.state_change()),
-                                 rt.refusal_hold, released=lambda: rt.handover is not None)
-            rt.rows.extend(final)
-            rt.committed(final)
-            if changes["status"] == RunStatus.WAITING and changes["pending_callbacks"]:
-                signals = await store.get_signals(run.run_id)
-                if any(cb in signals for cb in changes["pending_callbacks"]):
-                    await store.update_run(run.run_id, {"status": RunStatus.PENDING}, fence=lease.fence)
-            await rt.flush_events()
-            return rt.rows
+            with self.here.running(rt, wf):
+                return await ending.settle(wf)
         finally:
             keeper.cancel()
-            self._tasks.pop(run.run_id, None)
-            self._runtimes.pop(run.run_id, None)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await keeper
-
-    async def _leave_pending(self, lease: Lease, rt: RunRuntime, event: str, **data: Any) -> None:
-        """Leave the run runnable for the next worker: completed records committed, status pending;
-        the caller releases the lease."""
-        rt.emit(event, worker=self.worker_id, **data)
-        try:
-            final = await rt.pending_records()
-            await self.store.commit(rt.run_id, lease.fence, Commit(final, run={"status": RunStatus.PENDING}))
-            rt.committed(final)
-            await rt.flush_events()
-        except LeaseLost:
-            pass  # another worker has it already
 
     def hand_over(self, run_id: str, why: str) -> bool:
         """Stop executing ``run_id`` here at its next operation boundary (the operation in flight
         completes and is committed first) and leave it runnable with its sandboxes live (the next
         worker re-attaches to them); False if it does not execute here."""
-        rt = self._runtimes.get(run_id)
-        if rt is None:
-            return False
-        rt.handover = why
-        return True
+        return self.here.hand_over(run_id, why)
 
     async def open_runtime(
         self, run: RunRecord, lease: Lease, *, epoch: int | None = None, signals: dict[str, Any] | None = None
@@ -359,61 +255,21 @@ class RunExecutor:
             hibernate_after=self.hibernate_after,
         )
 
-    async def _keep_lease(self, lease: Lease, rt: RunRuntime, wf: asyncio.Task[Any]) -> None:
-        """Renew the lease and notice cancellation requested from another process."""
-        interval = max(self.lease_ttl / 3, 0.05)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                lease = await self.store.renew(lease, self.lease_ttl)
-            except LeaseLost:
-                log.error("lease on run %s lost; cancelling its execution here", lease.run_id)
-                wf.cancel()
-                return
-            except StoreRefused as exc:
-                # Refused, not lost: the run may be held at a refused commit (engine/refusals.py), and a keeper
-                # that ended here would let the lease lapse under it. Keep renewing; the fence decides.
-                log.warning("run %s: renewing its lease was refused (%s); trying again in %.1fs",
-                            lease.run_id, exc, interval)
-                continue
-            try:
-                run = await self.store.get_run(lease.run_id)
-            except Exception as exc:
-                # Only a failed renewal means the lease is lost. A failed read (the store away for a moment)
-                # must not end the keeper: the lease would then lapse while the run goes on executing here,
-                # and the replica that takes the run over would execute it alongside. The next poll reads again.
-                log.warning("run %s: could not read it to look for a cancel (%s); looking again in %.1fs",
-                            lease.run_id, exc, interval)
-                continue
-            if run is not None and run.cancel_requested and rt.cancel_reason is None:
-                rt.cancel_reason = run.cancel_requested
-                self._cancel_once(lease.run_id, wf)
-
     # ------------------------------------------------------------------ cancel and hibernation
 
     async def cancel_here(self, run_id: str, reason: str) -> bool:
         """Cancel the run's execution in this process (cleanup runs in it); False if it does not execute here."""
-        task = self._tasks.get(run_id)
+        task = self.here.tasks.get(run_id)
         if task is None:
             return False
-        self._cancel_once(run_id, task)
+        self.here.cancel_once(run_id, task)
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(asyncio.shield(task), timeout=self.lease_ttl)
         return True
 
-    def _cancel_once(self, run_id: str, task: asyncio.Task[Any]) -> None:
-        """Cancel the run's workflow task for a user cancel, once, whoever notices the cancel first (this
-        process's ``cancel_here``, or the lease keeper polling the store): a second cancel would interrupt the
-        cleanup the first one started (sandbox finalization runs inside the cancelled task), and the run
-        would end ``cancelled`` with its sandbox and snapshots left behind."""
-        if run_id in self._cancelling:
-            return
-        self._cancelling.add(run_id)
-        task.add_done_callback(lambda _: self._cancelling.discard(run_id))
-        task.cancel()
-
     async def finish_cancelled(self, lease: Lease, run: RunRecord) -> None:
-        """Cancel a run that is not executing: finalize its sandboxes from the journal, then mark it."""
+        """Cancel a run that is not executing: its children cancelled, its sandboxes finalized from the journal,
+        then it is marked."""
         await self.children.cancel_children(run.run_id, await self.store.load_journal(run.run_id), run.cancel_requested)
         if self.hooks is not None:
             await self.hooks.cancel_cleanup(self, run, lease)
@@ -429,34 +285,24 @@ class RunExecutor:
 
     async def drive_cancel(self, run_id: str) -> None:
         """Take the lease of a run that is not executing and finish its cancellation (cleanup included)."""
-        async with self._exclusive(run_id, wait=True):
-            lease = await self.claim(run_id)
-            try:
-                run = await self._get(run_id)
-                if not run.status.terminal:
-                    await self.finish_cancelled(lease, run)
-            finally:
-                with contextlib.suppress(Exception):
-                    await self.store.release(lease)
+        async with self.here.exclusive(run_id, wait=True), self._leased(run_id) as lease:
+            run = await self._get(run_id)
+            if not run.status.terminal:
+                await self.finish_cancelled(lease, run)
 
     async def expire(self, run_id: str, reason: str) -> None:
         """A failed run that was to be retried, past its deadline (engine/driver.py): under its lease, finalize
         what is left of its sandboxes and mark it cancelled with ``reason`` instead of retrying it."""
-        async with self._exclusive(run_id, wait=True):
-            lease = await self.claim(run_id)
-            try:
-                run = await self._get(run_id)
-                if run.status == RunStatus.FAILED:
-                    await self.finish_cancelled(lease, replace(run, cancel_requested=reason))
-            finally:
-                with contextlib.suppress(Exception):
-                    await self.store.release(lease)
+        async with self.here.exclusive(run_id, wait=True), self._leased(run_id) as lease:
+            run = await self._get(run_id)
+            if run.status == RunStatus.FAILED:
+                await self.finish_cancelled(lease, replace(run, cancel_requested=reason))
 
     async def delete(self, run_id: str) -> None:
         """Delete a finished run from the store. Under its lease, any sandbox session its journal does not
         show as finalized is finalized first; if that cleanup fails the run is kept (its journal is what
         finds the sandbox again) and the error propagates."""
-        async with self._exclusive(run_id, wait=False) as mine:
+        async with self.here.exclusive(run_id, wait=False) as mine:
             if not mine:
                 raise AlreadyExecuting(run_id)
             lease = await self.store.claim(run_id, self.worker_id, self.lease_ttl)
@@ -478,15 +324,11 @@ class RunExecutor:
         run = await self._get(run_id)
         if hooks is None or run.status != RunStatus.WAITING:
             return False
-        async with self._exclusive(run_id, wait=False) as mine:
+        async with self.here.exclusive(run_id, wait=False) as mine:
             if not mine:
                 return False  # executing here: it is not idle
-            lease = await self.claim(run_id)
-            try:
+            async with self._leased(run_id) as lease:
                 await hooks.hibernate_run(self, run, lease)
-            finally:
-                with contextlib.suppress(Exception):
-                    await self.store.release(lease)
         return True
 
     async def hibernate_idle(self, older_than: float) -> list[str]:
@@ -505,6 +347,20 @@ class RunExecutor:
 
     async def _get(self, run_id: str) -> RunRecord:
         return await require_run(self.store, run_id)
+
+
+async def definition_of(store: Store, run: RunRecord, lease: Lease, unresolvable: Unresolvable) -> WorkflowDefinition:
+    """The run's workflow, imported by this process: NotRunnableHere if it cannot be and unresolvable runs
+    are left for another process, else the run fails (``resume`` retries it once the code is importable)."""
+    try:
+        return resolve_run_workflow(run)
+    except WorkflowNotFound as exc:
+        if unresolvable == "leave":
+            raise NotRunnableHere(run.run_id, exc, status=run.status.value, module=workflow_module(run)) from exc
+        await store.update_run(
+            run.run_id, {"status": RunStatus.FAILED, "error": ErrorInfo.from_exception(exc)}, fence=lease.fence
+        )
+        raise
 
 
 def resolve_run_workflow(run: RunRecord) -> WorkflowDefinition:
@@ -542,13 +398,3 @@ def _call_workflow(definition: WorkflowDefinition, ctx: Context, run: RunRecord)
             return await start_next(ctx.operations.store, c)
 
     return traced_attempt(ctx.operations, run, call())
-
-
-def _wake_at(rt: RunRuntime, s: Suspend) -> float | None:
-    times = [s.wake_at] if s.wake_at is not None else []
-    for rec in rt.latest.values():
-        if rec.status == "started" and rec.meta:
-            for key in ("deadline", "wakeAt"):
-                if rec.meta.get(key) is not None:
-                    times.append(float(rec.meta[key]))
-    return min(times) if times else None

@@ -11,10 +11,12 @@ __all__ = ["FakeClock"]
 
 _real_time = time.time
 
-# The modules whose ``time`` is the engine's wall clock: the context (timers, ``ctx.now``), the run driver
-# (deadlines, retry backoff), the executor (leases, hibernation) and SqliteStore (cache expiry, due runs).
+# The modules whose ``time`` is the engine's wall clock: steps (retry backoff, cache expiry), waits (timers,
+# callback deadlines), the run driver (deadlines, retry backoff), the executor (leases, hibernation) and
+# SqliteStore (cache expiry, due runs).
 CLOCKED_MODULES = (
-    "durable_sandbox.engine.context",
+    "durable_sandbox.engine.steps",
+    "durable_sandbox.engine.waits",
     "durable_sandbox.engine.driver",
     "durable_sandbox.engine.executor",
     "durable_sandbox.stores.sqlite_file",
