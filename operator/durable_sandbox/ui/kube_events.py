@@ -26,8 +26,8 @@ async def object_events(cluster: ClusterEngine, kind: str, obj: dict[str, Any],
                         skip: Collection[str] = ()) -> list[dict[str, Any]]:
     """The Events of ``obj`` (of ``kind``) as ``{uid, ts, reason, message, type, count}``, but those whose reason is in
     ``skip`` (what the journal already says) and those of an earlier object of the same name (another uid)."""
-    meta = obj["metadata"]
-    selector = f"involvedObject.name={meta['name']},involvedObject.kind={kind}"
+    named = obj["metadata"]
+    selector = f"involvedObject.name={named['name']},involvedObject.kind={kind}"
     try:
         out = await json_body(cluster.api.core.list_namespaced_event_without_preload_content(
             cluster.namespace, field_selector=selector))  # fmt: skip
@@ -37,7 +37,7 @@ async def object_events(cluster: ClusterEngine, kind: str, obj: dict[str, Any],
         raise
     events = []
     for ev in out.get("items") or []:
-        if (ev.get("involvedObject") or {}).get("uid") not in (None, meta.get("uid")) or ev.get("reason") in skip:
+        if (ev.get("involvedObject") or {}).get("uid") not in (None, named.get("uid")) or ev.get("reason") in skip:
             continue
         ts = (parse_time(ev.get("lastTimestamp")) or parse_time(ev.get("eventTime"))
               or parse_time(ev.get("firstTimestamp")) or parse_time(ev["metadata"].get("creationTimestamp")))  # fmt: skip

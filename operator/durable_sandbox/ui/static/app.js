@@ -127,6 +127,7 @@ class TimelineView {
     if (d.header) replaceHeader(d.header);
     if (d.status) { this.status = d.status; this.terminal = d.terminal; this.live = d.live ?? !d.terminal; }
     if (d.lanes) this.lanes = d.lanes;
+    if (d.omitted != null) this.omitted = d.omitted;
     let added = false;
     for (const it of d.items || []) {
       const known = this.byKey.get(it.k);
