@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from durable_sandbox.engine import RunNotFound
 from durable_sandbox.engine.records import OperationRecord
 from durable_sandbox.kube.api.client import ApiException
 from durable_sandbox.kube.api.resources import SANDBOXES
@@ -194,6 +195,9 @@ async def test_a_sandbox_is_its_uid_and_one_the_kubeconfig_may_not_read_is_not_s
         assert (await c.get("/api/timeline", params={"id": "sandbox/secret-box"})).status_code == 404
         missing = await c.get("/run", params={"id": "sandbox/nope"})
         assert missing.status_code == 404 and f"no Sandbox {NAMESPACE}/nope" in missing.text
+    with pytest.raises(RunNotFound, match=f"Sandbox {NAMESPACE}/box has had no session call yet"):
+        await source.cluster.history("sandbox/box")  # `dsb --kube history`: the re-created one has none
+    assert (await source.cluster.inspect("sandbox/box")).status == "pending"
 
 
 def call_rows(n: int, start: float = 1000.0) -> list[OperationRecord]:

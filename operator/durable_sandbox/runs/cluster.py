@@ -129,9 +129,9 @@ class ClusterEngine:
 
     async def _existing_run(self, ref: str) -> str:
         rid = await self.run_id(ref)
-        if await self.store.get_run(rid) is None and sandbox_of(ref) is not None:
-            raise RunNotFound(f"Sandbox {self.namespace}/{sandbox_of(ref)} has had no session call yet (run id {rid})")
         if await self.store.get_run(rid) is None:
+            if (box := sandbox_of(ref)) is not None:
+                raise RunNotFound(f"Sandbox {self.namespace}/{box} has had no session call yet (run id {rid})")
             raise RunNotFound(
                 f"Workflow {self.namespace}/{ref} has no run in {self.journal} yet (run id {rid}): is an operator "
                 f"running? `kubectl describe workflow {ref} -n {self.namespace}` shows its conditions"
