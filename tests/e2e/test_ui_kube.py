@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from durable_sandbox.client import SandboxClient
 from tests.e2e.browser_support import (
     Page,
     header_fact,
@@ -33,6 +34,9 @@ from tests.e2e.operator_support import (
     wait_event,
     wait_in_flight,
 )
+from tests.e2e.sandbox_support import sandbox, wait_for
+from tests.e2e.session_caller_support import caller_token, start
+from tests.ports import free_port
 
 __all__ = ["namespace", "operators", "tab", "ui_servers"]  # fixtures
 
@@ -179,4 +183,33 @@ def test_the_view_has_the_kubeconfig_s_rights_and_no_more(
     flash = page.inner_text("#flash.bad")
     assert "the API server refused to patch Workflow" in flash and "(403)" in flash, flash
     assert not spec(control_plane, namespace, "approve-me").get("cancel")
+    tab.check()
+
+
+def test_a_sandboxs_session_calls_on_its_page(control_plane: ControlPlane, namespace: str, operators: Any, tab: Page,
+                                             ui_servers: Any, tmp_path: Path) -> None:
+    """Issue 35 item 5: a Sandbox's own calls (the call API) on its page, reached from the Sandboxes list: each call
+    with its caller's operation id, the snapshot every 2 calls, the header counted as `dsb --kube inspect` counts."""
+    cp, port = control_plane, free_port()
+    start(operators, port)
+    cp.apply(sandbox("box", snapshotEveryNCalls=2), "-n", namespace)
+    wait_for(cp, namespace, "box", "Ready")
+    token = caller_token(cp, namespace, "agent", granted=True)
+    with SandboxClient.attach("box", namespace=namespace, url=f"http://127.0.0.1:{port}", token=token) as box:
+        assert box.write_file("notes/a.txt", "hello\n", operation_id="w1").exit_code == 0
+        assert box.run("cat notes/a.txt", operation_id="r1").stdout == "hello\n"
+        assert box.run("exit 3", operation_id="x1", env={"TOKENISH": "s3cr3t-value"}).exit_code == 3
+    server = ui_servers(("--kube", "-n", namespace), ())
+    page = tab.page
+    page.goto(server.url)
+    page.goto(f"{server.base}/sandboxes")
+    page.click("a[href='/run?id=sandbox/box']")
+    page.wait_for_selector("#tl-list .tr[data-kind='snapshot']")
+    rows = [(kind, outcome) for kind, outcome, _ in timeline_rows(page) if kind in ("call", "snapshot")]
+    assert rows == [("call", "ok"), ("call", "ok"), ("snapshot", "ok"), ("call", "nonzero")], rows
+    ids = page.eval_on_selector_all("#tl-list .tr[data-kind='call'] small.oid", "els => els.map(e => e.textContent)")
+    assert sorted(ids) == ["op r1", "op w1", "op x1"]
+    assert header_fact(page, "calls") == "3 of 3" and f"{namespace}/box" in page.inner_text(".facts")
+    assert "s3cr3t-value" not in page.content() and token not in page.content()
+    shoot(page, screenshots_dir(tmp_path), "kube-sandbox-session", full=True)
     tab.check()

@@ -7,7 +7,9 @@ with ``--journal``) with the engine's own ``RunClient``, exactly as the operator
 history and logs print what they print locally. What steers a run is the Workflow's spec, as with kubectl: ``signal`` adds a key to
 ``spec.signals``, ``cancel`` sets ``spec.cancel``; ``apply`` applies a manifest (server-side; `dsb --kube run`
 follows the run in ``cli/cluster.py``).
-A run is named by its Workflow's name or by its run id (``<name>-<uid[:8]>``).
+A run is named by its Workflow's name or by its run id (``<name>-<uid[:8]>``); a Sandbox's own session calls
+(``dsbx.<uid>.calls``, sessions/journal.py) by ``sandbox/<Sandbox name>`` (no Workflow's name holds a ``/``), so
+``dsb --kube inspect|history sandbox/NAME`` and the web view's Sandbox page read them with the same client.
 """
 
 from __future__ import annotations
@@ -25,18 +27,26 @@ from durable_sandbox.engine.client import RunClient
 from durable_sandbox.engine.errors import StoreError
 from durable_sandbox.engine.records import ErrorInfo
 from durable_sandbox.engine.store import Store
-from durable_sandbox.kube.api.client import KubeClient
+from durable_sandbox.kube.api.client import ApiException, KubeClient
 from durable_sandbox.kube.api.resources import SANDBOXES
 from durable_sandbox.kube.reporting.status import TERMINAL_PHASES
+from durable_sandbox.kube.sandbox.view import calls_run_id
 from durable_sandbox.kube.spec.workflows import NoSuchWorkflow, WorkflowClient, run_id_of
 from durable_sandbox.kube.store.journals import ApiServerJournal, JournalChoice, PostgresJournal, open_journal
 from durable_sandbox.kube.workflow.ignored import RERUN_HINT
 from durable_sandbox.runs.errors import CliError
 from durable_sandbox.runs.settings import Settings
 from durable_sandbox.sandboxes.journal import SandboxJournal
+from durable_sandbox.sessions.journal import SESSION_WORKFLOW
 
 # How often a follower reads the run's objects: each read is a GET of the run's head ConfigMap.
 POLL_SECONDS = 0.5
+SANDBOX_REF = "sandbox/"  # ``sandbox/NAME``: the session calls of the Sandbox NAME
+
+
+def sandbox_of(ref: str) -> str | None:
+    """The Sandbox a ``sandbox/NAME`` reference names (None: ``ref`` names a Workflow or a run)."""
+    return ref[len(SANDBOX_REF):] if ref.startswith(SANDBOX_REF) and len(ref) > len(SANDBOX_REF) else None
 
 
 def default_namespace() -> str:
@@ -98,13 +108,30 @@ class ClusterEngine:
         except NoSuchWorkflow as exc:
             raise CliError(str(exc)) from None
 
+    async def sandbox(self, name: str) -> dict[str, Any]:
+        """The Sandbox ``name`` of the namespace, read with the caller's credentials (its uid names its calls' run:
+        a Sandbox re-created under the same name is another one, with another journal)."""
+        try:
+            obj = await self.workflows.objects.get(SANDBOXES, self.namespace, name)
+        except ApiException as exc:
+            raise CliError(f"cannot read Sandbox {self.namespace}/{name}: the API server answered {exc.status} "
+                           f"({exc.reason}); `kubectl auth can-i get sandboxes -n {self.namespace}` tells") from None
+        if obj is None:
+            raise CliError(f"no Sandbox {self.namespace}/{name}: `kubectl get dsbx -n {self.namespace}` lists them")
+        return obj
+
     async def run_id(self, ref: str) -> str:
-        """The run id of the Workflow named ``ref`` (or whose run id ``ref`` is)."""
+        """The run id of the Workflow named ``ref`` (or whose run id ``ref`` is), or of ``sandbox/NAME``'s calls."""
+        name = sandbox_of(ref)
+        if name is not None:
+            return calls_run_id((await self.sandbox(name))["metadata"]["uid"])
         return run_id_of(await self.workflow(ref))
 
     async def _existing_run(self, ref: str) -> str:
         rid = await self.run_id(ref)
         if await self.store.get_run(rid) is None:
+            if (box := sandbox_of(ref)) is not None:
+                raise RunNotFound(f"Sandbox {self.namespace}/{box} has had no session call yet (run id {rid})")
             raise RunNotFound(
                 f"Workflow {self.namespace}/{ref} has no run in {self.journal} yet (run id {rid}): is an operator "
                 f"running? `kubectl describe workflow {ref} -n {self.namespace}` shows its conditions"
@@ -117,6 +144,13 @@ class ClusterEngine:
     # ------------------------------------------------------------------ what the commands call
 
     async def inspect(self, ref: str) -> RunState:
+        name = sandbox_of(ref)
+        if name is not None:
+            box = await self.sandbox(name)
+            rid = calls_run_id(box["metadata"]["uid"])
+            if await self.store.get_run(rid) is None:
+                return no_calls_state(rid, box)
+            return await self.client.inspect(rid)
         obj = await self.workflow(ref)
         rid = run_id_of(obj)
         if await self.store.get_run(rid) is None:
@@ -246,6 +280,13 @@ def _not_started(rid: str, obj: dict[str, Any]) -> RunRecord:
         error = ErrorInfo(type=str(failed.get("reason") or "Failed"), message=str(failed.get("message") or ""))
         return RunRecord(rid, _workflow_name(obj), RunStatus.FAILED, error=error, created_at=created, updated_at=created)
     return RunRecord(rid, _workflow_name(obj), RunStatus.PENDING, created_at=created, updated_at=created)
+
+
+def no_calls_state(rid: str, box: dict[str, Any]) -> RunState:
+    """A Sandbox that has had no session call yet: its calls' run does not exist."""
+    created = _created_at(box)
+    return RunState(run_id=rid, workflow=SESSION_WORKFLOW, status=RunStatus.PENDING.value, created_at=created,
+                    updated_at=created, labels={"durable-sandbox.dev/sandbox": box["metadata"]["name"]})
 
 
 def not_started_state(rid: str, obj: dict[str, Any]) -> RunState:

@@ -20,6 +20,8 @@ a step's), with their kind:
 ``s/destroy/<sandbox id>``            ``sandbox.destroy``          a sandbox destroyed (or detached)
 ``s/finalize[~g]``                    ``sandbox.destroy``          the session's end (meta ``finalized``)
 ``replay:s/<operationId>``            ``callback``                 a replay of an ``ask`` call, asked (``onReplay``)
+``rebuild/<sandbox id>``              ``sandbox.restore``          a Sandbox's session calls replayed into its live
+                                                                   sandbox (sessions/rebuild.py; :func:`rebuilt`)
 ====================================  ===========================  ==========================================
 
 ``~g`` is the generation of a session re-opened after its run failed and was retried (the failed
@@ -44,7 +46,9 @@ __all__ = [
     "META_SNAPSHOT_ID",
     "REASON_LOST",
     "REASON_RECOVERY",
+    "REBUILD",
     "Provisioned",
+    "Rebuilt",
     "Retained",
     "SandboxJournal",
     "Tally",
@@ -64,6 +68,7 @@ __all__ = [
     "provision_id",
     "provisioned",
     "reason",
+    "rebuilt",
     "recovered",
     "recovery_count",
     "recovery_started",
@@ -112,6 +117,8 @@ ANSWERS = (ON_REPLAY_RERUN, ON_REPLAY_SKIP)  # what an ask callback may be answe
 ASK_PREFIX = "replay:"
 
 # Reasons (META_REASON).
+# A Sandbox's own session (sessions/rebuild.py): op ids ``rebuild/<sandbox id>``, outside its calls session.
+REBUILD = "rebuild"
 REASON_RECOVERY = "recovery"  # restore: after the sandbox was lost
 REASON_RESUME = "resume"  # restore: a re-opened session rebuilt from the journal
 REASON_LOST = "lost"  # destroy: the lost sandbox, before recovery
@@ -337,6 +344,28 @@ def replay_summary(row: OperationRecord) -> str:
     if answers:
         parts.append(f"{len(answers)} asked ({_listed([f'{op}: {a}' for op, a in answers.items()])})")
     return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """What a Sandbox's session rebuild record says (sessions/rebuild.py writes it: a live sandbox brought to hold
+    every earlier completed session call, the missing ones replayed into it in order)."""
+
+    sandbox: str  # the sandbox brought up to date
+    held: int  # the session calls it held before
+    count: int  # the calls it holds after
+    replayed: list[str]  # the operation ids (as callers gave them) executed again into it (completed record)
+
+
+def rebuilt(row: OperationRecord) -> Rebuilt | None:
+    """The rebuild a ``rebuild/<sandbox id>`` record is about (None for any other record)."""
+    if row.kind != RESTORE or not row.op_id.startswith(REBUILD + "/"):
+        return None
+    meta = _meta(row)
+    done = row.result.get("replayed") if isinstance(row.result, dict) else None
+    return Rebuilt(sandbox=str(meta.get("sandbox") or row.op_id[len(REBUILD) + 1:]), held=int(meta.get("from") or 0),
+                   count=int(meta.get("count") or 0),
+                   replayed=[op for op in done or [] if isinstance(op, str)])
 
 
 def restored_from(row: OperationRecord) -> str | None:

@@ -39,7 +39,7 @@ __all__ = ["REBUILD", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts
 
 log = logging.getLogger("durable_sandbox.sessions")
 
-REBUILD = "rebuild"  # op ids ``rebuild/<sandbox id>``: outside the calls session (an operationId has no "/")
+REBUILD = journal.REBUILD  # op ids ``rebuild/<sandbox id>``: outside the calls session (an operationId has no "/")
 
 
 class SandboxAccess(Protocol):

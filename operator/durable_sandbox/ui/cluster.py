@@ -11,17 +11,18 @@ resume set ``spec.suspend``. It never writes the journal or status.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final, Literal
 
 from durable_sandbox.engine import Event, OperationRecord, RunStatus, Store
-from durable_sandbox.kube.api.client import ApiException, json_body
+from durable_sandbox.kube.api.client import ApiException
 from durable_sandbox.kube.spec.workflows import run_id_of
-from durable_sandbox.runs.cluster import ClusterEngine
+from durable_sandbox.runs.cluster import SANDBOX_REF, ClusterEngine, sandbox_of
 from durable_sandbox.sandboxes.summary import summarize
+from durable_sandbox.ui.kube_events import object_events, parse_time
+from durable_sandbox.ui.sandbox_session import SandboxSessions
 from durable_sandbox.ui.source import (
     Action,
     RunDetail,
@@ -45,15 +46,6 @@ TERMINAL = frozenset({"Succeeded", "Failed", "Cancelled"})
 # Event reasons the timeline already shows from the journal (kube/reporting/events.py derives them from it).
 JOURNAL_REASONS = frozenset({"Provisioned", "SnapshotTaken", "SnapshotDeleted", "SandboxLost", "Recovered",
                              "WaitingForSignal", "Succeeded", "Failed", "Cancelled"})  # fmt: skip
-
-
-def parse_time(stamp: Any) -> float | None:
-    if not isinstance(stamp, str) or not stamp:
-        return None
-    try:
-        return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def row_of(obj: dict[str, Any]) -> RunRow:
@@ -84,6 +76,7 @@ class ClusterSource:
 
     def __init__(self, cluster: ClusterEngine) -> None:
         self.cluster = cluster
+        self.sessions = SandboxSessions(cluster)  # ``sandbox/NAME``: a Sandbox's own session calls
 
     @property
     def store(self) -> Store:
@@ -100,6 +93,8 @@ class ClusterSource:
         return RunPage(page_of(matching, query), len(matching), query)
 
     async def head(self, ref: str) -> RunHead:
+        if (box := sandbox_of(ref)) is not None:
+            return await self.sessions.head(box)
         obj = await self.cluster.workflow(ref)  # CliError (not found) names the namespace
         row = row_of(obj)
         run = await self.store.get_run(row.run_id)
@@ -110,6 +105,8 @@ class ClusterSource:
                        live=run.status == RunStatus.RUNNING and not run.stale)
 
     async def detail(self, ref: str, journal: list[OperationRecord] | None = None) -> RunDetail:
+        if (box := sandbox_of(ref)) is not None:
+            return await self.sessions.detail(ref, box, journal)
         obj = await self.cluster.workflow(ref)  # CliError (not found) names the namespace
         name = obj["metadata"]["name"]
         row = row_of(obj)
@@ -169,6 +166,8 @@ class ClusterSource:
         ]  # fmt: skip
 
     async def version(self, ref: str) -> Any:
+        if (box := sandbox_of(ref)) is not None:
+            return await self.sessions.version(box)
         obj = await self.cluster.workflow(ref)
         run = await self.store.get_run(run_id_of(obj))
         return obj["metadata"].get("resourceVersion"), None if run is None else (run.status, run.updated_at)
@@ -181,28 +180,11 @@ class ClusterSource:
 
     async def object_events(self, ref: str) -> list[dict[str, Any]]:
         """The Workflow's Kubernetes Events that the journal does not already say (suspend, resume, cleanup,
-        the operator's refusals); [] when the kubeconfig may not list Events."""
-        obj = await self.cluster.workflow(ref)
-        uid = obj["metadata"].get("uid")
-        selector = f"involvedObject.name={obj['metadata']['name']},involvedObject.kind=Workflow"
-        try:
-            out = await json_body(self.cluster.api.core.list_namespaced_event_without_preload_content(
-                self.cluster.namespace, field_selector=selector))  # fmt: skip
-        except ApiException as exc:
-            if exc.status in (401, 403):
-                return []
-            raise
-        events = []
-        for ev in out.get("items") or []:
-            if (ev.get("involvedObject") or {}).get("uid") not in (None, uid) or ev.get("reason") in JOURNAL_REASONS:
-                continue
-            ts = (parse_time(ev.get("lastTimestamp")) or parse_time(ev.get("eventTime"))
-                  or parse_time(ev.get("firstTimestamp")) or parse_time(ev["metadata"].get("creationTimestamp")))  # fmt: skip
-            if ts is None:
-                continue
-            events.append({"uid": ev["metadata"].get("uid"), "ts": ts, "reason": ev.get("reason"),
-                           "message": ev.get("message"), "type": ev.get("type"), "count": ev.get("count")})  # fmt: skip
-        return events
+        the operator's refusals), or the Sandbox's (``sandbox/NAME``: its journal says only its calls); [] when the
+        kubeconfig may not list Events."""
+        if (box := sandbox_of(ref)) is not None:
+            return await self.sessions.object_events(box)
+        return await object_events(self.cluster, "Workflow", await self.cluster.workflow(ref), JOURNAL_REASONS)
 
     async def sandboxes(self) -> tuple[list[SandboxRow], str | None]:
         workflows = await self.cluster.workflows.list()
@@ -236,6 +218,7 @@ class ClusterSource:
                 name=res["name"], kind="resource", state=state, provider=res.get("provider"),
                 sandbox_id=res.get("providerId"), snapshots=list(res.get("snapshots") or []), runs=runs,
                 detail=f"Sandbox resource; Ready {res.get('ready')}" + (f" ({res['reason']})" if res.get("reason") else ""),
+                session_ref=SANDBOX_REF + res["name"],
             ))  # fmt: skip
         return out, None
 

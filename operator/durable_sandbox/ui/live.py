@@ -25,6 +25,9 @@ __all__ = ["LiveTimeline", "Timelines"]
 
 # A Workflow's Kubernetes Events are listed at most this often (one LIST each).
 OBJECT_EVENTS_SECONDS = 3.0
+# The newest timeline items a Sandbox's page keeps (a session may go on for days): older ones are counted, not
+# shown; `dsb --kube history sandbox/NAME` prints every record.
+SESSION_ITEMS = 2000
 
 
 @dataclass
@@ -41,6 +44,14 @@ class LiveTimeline:
     looked: float = 0.0  # monotonic time of the last read
     objects_looked: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def fold(self, rows: list[OperationRecord], events: list[Event], object_events: list[dict[str, Any]]) -> list[Item]:
+        """Keep and fold what was read; the records of items the timeline dropped (its cap) go."""
+        self.keep(rows, events, object_events)
+        changed = self.timeline.feed(rows, events, object_events)
+        for op in self.timeline.take_evicted():
+            self.rows.pop(op, None)
+        return changed
 
     def keep(self, rows: list[OperationRecord], events: list[Event], object_events: list[dict[str, Any]]) -> None:
         self.journal.extend(rows)
@@ -79,12 +90,13 @@ class Timelines:
     async def _build(self, ref: str) -> LiveTimeline:
         head = await self.source.head(ref)
         run_id = head.run_id
-        live = LiveTimeline(ref, run_id, Timeline(head.created_at))
+        # A Sandbox's session calls: each with its caller's operation id, the newest SESSION_ITEMS kept.
+        timeline = Timeline(head.created_at, session=head.session, cap=SESSION_ITEMS if head.session else None)
+        live = LiveTimeline(ref, run_id, timeline)
         rows = await self.source.journal(run_id) if run_id else []
         events = await self.source.events(run_id, 0) if run_id else []
         objects = await self.source.object_events(ref)
-        live.keep(rows, events, objects)
-        live.timeline.feed(rows, events, objects)
+        live.fold(rows, events, objects)
         live.looked = live.objects_looked = time.monotonic()
         return live
 
@@ -106,6 +118,4 @@ class Timelines:
             if now - live.objects_looked >= OBJECT_EVENTS_SECONDS:
                 live.objects_looked = now
                 objects = await self.source.object_events(live.ref)
-            live.keep(rows, events, objects)
-            changed = tl.feed(rows, events, objects)
-            live.log.extend(changed)
+            live.log.extend(live.fold(rows, events, objects))

@@ -30,7 +30,7 @@ def record_routes(view: View) -> list[Route]:
         return JSONResponse({
             "gen": live.gen, "v": len(live.log), "base": tl.base, "lanes": [lane.to_json() for lane in tl.lanes],
             "items": [i.to_json(tl.base) for i in tl.sorted_items(progress=progress)], "status": head.status,
-            "terminal": head.terminal, "live": head.live,
+            "terminal": head.terminal, "live": head.live, "omitted": tl.omitted,
         })  # fmt: skip
 
     async def record(request: Request) -> Response:

@@ -45,7 +45,6 @@ def _or_unknown(n: int | None) -> int | str:
     return "?" if n is None else n
 
 
-
 def row_label(row: OperationRecord, targets: Mapping[str, str]) -> str:
     """What the timeline calls a journal row (a call by its target, as its started record named it)."""
     kind = row.kind
@@ -54,6 +53,10 @@ def row_label(row: OperationRecord, targets: Mapping[str, str]) -> str:
     if kind == STEP:
         tail = row.op_id.rsplit("/", 1)[-1]
         return tail if tail == row.name else f"{tail} ({row.name})"
+    if kind == SANDBOX_RESTORE and (rebuild := journal.rebuilt(row)) is not None:  # a Sandbox's session calls
+        if rebuild.held >= rebuild.count:
+            return f"sandbox {rebuild.sandbox} holds the first {counted(rebuild.count, 'call')}: nothing to replay"
+        return f"rebuild sandbox {rebuild.sandbox}: replay calls {rebuild.held + 1} to {rebuild.count}"
     if kind == SANDBOX_RESTORE:
         source = journal.restored_from(row) or "nothing (fresh sandbox)"
         return f"{journal.reason(row) or 'restore'} from {source}"

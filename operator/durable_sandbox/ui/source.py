@@ -91,6 +91,7 @@ class RunDetail:
     actions: list[Action]
     facts: list[tuple[str, str]] = field(default_factory=list)  # mode-specific lines (spec flags, lease holder)
     stale: bool = False
+    not_started: str | None = None  # what the page says while the run has no journal (None: a Workflow's words)
 
     @property
     def live(self) -> bool:
@@ -108,6 +109,7 @@ class RunHead:
     status: str
     terminal: bool
     live: bool = False  # executing now (running, and its worker alive): what is in flight grows until now
+    session: bool = False  # a Sandbox's own calls (``sandbox/NAME``): their operation ids shown, the newest items kept
 
 
 @dataclass
@@ -123,6 +125,7 @@ class SandboxRow:
     runs: list[tuple[str, str]]  # (ref, label) of the runs that used it
     retained: str | None = None
     detail: str | None = None
+    session_ref: str | None = None  # the page of its session calls (``/run?id=sandbox/NAME``), for a Sandbox resource
 
 
 class RunSource(Protocol):

@@ -81,13 +81,14 @@ def _timeline_stream(view: View) -> Callable[[Request], Awaitable[Response]]:
                 yield _sse("reset", {"why": "the timeline was rebuilt"})
                 return
             lanes = len(live.timeline.lanes)
+            omitted = live.timeline.omitted
             # The first look always sends the header: the page's own may be older than this stream (the run moved
             # between rendering the page and opening the stream, or the stream reconnected).
             version: Any = object()
             quiet = 0.0
 
             async def look() -> dict[str, Any]:
-                nonlocal position, lanes, version
+                nonlocal position, lanes, version, omitted
                 await view.timelines.refresh(live)
                 changed = live.log[position:]
                 position = len(live.log)
@@ -95,6 +96,8 @@ def _timeline_stream(view: View) -> Callable[[Request], Awaitable[Response]]:
                 items = [i.to_json(live.timeline.base) for i in _unique(changed) if progress or i.kind != "progress"]
                 if items:
                     out["items"] = items
+                if live.timeline.omitted != omitted:  # a Sandbox's long session: older items dropped meanwhile
+                    out["omitted"] = omitted = live.timeline.omitted
                 if len(live.timeline.lanes) != lanes:
                     lanes = len(live.timeline.lanes)
                     out["lanes"] = [lane.to_json() for lane in live.timeline.lanes]

@@ -10,19 +10,24 @@ by side.
 
 The fold is incremental: :meth:`Timeline.feed` takes rows and events in commit order and returns the
 items it created or changed, which is what the page's live updates send.
+
+A Sandbox's own session calls (``session``) are folded the same way: each call also carries the operation id its
+caller gave; a rebuild (``rebuild/<sandbox>``, sessions/rebuild.py) is a restore whose replayed calls follow it;
+and only the newest ``cap`` items are kept (a session may go on for days), the older ones counted in ``omitted``.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Final
 
 from durable_sandbox.engine.records import Event, OperationRecord
 from durable_sandbox.engine.wording import counted
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.journal import call_target
+from durable_sandbox.ui.event_labels import STOPPED, event_view
 from durable_sandbox.ui.row_labels import (
     CALLBACK,
     PARALLEL,
@@ -35,11 +40,15 @@ from durable_sandbox.ui.row_labels import (
     row_kind,
     row_label,
 )
+from durable_sandbox.ui.timeline_cap import ItemCap
 
 __all__ = ["Item", "Lane", "Timeline", "session_of"]
 
 # Kubernetes Event reasons that are a suspend or a resume (kube/workflow/controller.py emits them).
-_K8S_KINDS: Final[Mapping[str, str]] = {"Suspended": "suspend", "Resumed": "resume", "SandboxLost": "lost", "Recovered": "restore"}
+# (A Sandbox's controller emits the rest: its calls' journal holds none of its steps.)
+_K8S_KINDS: Final[Mapping[str, str]] = {"Suspended": "suspend", "Resumed": "resume", "SandboxLost": "lost", "Recovered": "restore",
+                                        "IdleSuspended": "suspend", "Provisioned": "provision", "SnapshotTaken": "snapshot",
+                                        "SnapshotDeleted": "snapshot-delete"}
 
 
 @dataclass(slots=True)
@@ -70,6 +79,7 @@ class Item:
     note: str | None = None
     of: str | None = None  # a replayed call: the key of the item of the call it reproduces
     rerun: bool = False  # the same attempt run again after an interruption ended its segment before
+    oid: str | None = None  # a session call's operation id, as its caller gave it
     version: int = 0
 
     def to_json(self, base: float) -> dict[str, Any]:
@@ -90,6 +100,8 @@ class Item:
             out["of"] = self.of
         if self.rerun:
             out["ra"] = 1
+        if self.oid is not None:
+            out["id"] = self.oid
         return out
 
 
@@ -124,6 +136,13 @@ class Timeline:
     _changed: list[Item] = field(default_factory=list)
     _last_ts: float = 0.0  # the newest time folded: the last sign of life before a worker's crash
     _stopped: bool = True  # the newest run event said the run stopped executing (or none came yet)
+    session: bool = False  # a Sandbox's own calls: each call item carries its caller's operation id
+    cap: InitVar[int | None] = None  # keep only the newest items (None: all of them)
+    capped: ItemCap | None = field(default=None, init=False)
+    _oids: dict[str, str] = field(default_factory=dict)  # a session call's operation id -> its op id
+
+    def __post_init__(self, cap: int | None) -> None:
+        self.capped = ItemCap(cap) if cap is not None else None
 
     # ------------------------------------------------------------------ feeding
 
@@ -148,13 +167,24 @@ class Timeline:
             self._last_ts = max(self._last_ts, record.ts)
         for k8s in k8s_events:
             self._k8s_event(k8s)
+        if self.capped is not None:
+            self.capped.trim(self.items, self.sorted_items)
         seen: set[str] = set()
         out = []
         for item in self._changed:
-            if item.key not in seen:
+            if self.items.get(item.key) is item and item.key not in seen:
                 seen.add(item.key)
                 out.append(item)
         return out
+
+    @property
+    def omitted(self) -> int:
+        """Items dropped for the cap (0 without one)."""
+        return self.capped.omitted if self.capped is not None else 0
+
+    def take_evicted(self) -> set[str]:
+        """The op ids of the items dropped since the last call that no kept item has (their records can go)."""
+        return self.capped.take_evicted(self.items) if self.capped is not None else set()
 
     def sorted_items(self, *, progress: bool = True) -> list[Item]:
         items = self.items.values() if progress else (i for i in self.items.values() if i.kind != "progress")
@@ -244,7 +274,15 @@ class Timeline:
             item.note = f"times out at +{float(meta['deadline']) - self.base:.1f}s"
         if again is not None:
             self._rerun(item, again)
+        self._caller_id(item, row)
         self._open[row.op_id] = self._put(item)
+
+    def _caller_id(self, item: Item, row: OperationRecord) -> None:
+        if self.session and row.kind == SANDBOX_CALL:
+            given = (row.meta or {}).get(journal.META_OPERATION_ID)
+            item.oid = given if isinstance(given, str) else None
+            if item.oid is not None:
+                self._oids[item.oid] = row.op_id
 
     def _rerun(self, item: Item, interrupted: Item) -> None:
         if (item.attempt, item.epoch) == (interrupted.attempt, interrupted.epoch):
@@ -280,6 +318,7 @@ class Timeline:
             )  # fmt: skip
             if again is not None:
                 self._rerun(item, again)
+            self._caller_id(item, row)
             self._put(item)
         else:
             item.t1 = row.ts
@@ -311,8 +350,13 @@ class Timeline:
             self._replayed(row, item)
 
     def _replayed(self, row: OperationRecord, restore: Item) -> None:
-        replayed = [op for op in journal.replayed(row) if isinstance(op, str)]
+        rebuild = journal.rebuilt(row)  # a Sandbox's session calls replayed into its replacement sandbox
+        replayed = ([self._oids.get(oid, oid) for oid in rebuild.replayed] if rebuild else
+                    [op for op in journal.replayed(row) if isinstance(op, str)])
         restore.note = f"replayed {counted(len(replayed), 'call')} into the new sandbox"
+        if rebuild is not None:
+            restore.note = (f"replayed {counted(len(replayed), 'call')} into sandbox {rebuild.sandbox} (it held the "
+                            f"first {rebuild.held} of {rebuild.count}; calls journaled onReplay: skip are not run again)")
         if skipped := journal.skipped(row):  # onReplay: skip (or asked, answered skip): not executed again
             restore.note += f"; skipped {', '.join(skipped)} (the journaled result stands)"
         if asked := journal.asked(row):
@@ -329,6 +373,7 @@ class Timeline:
                 seq=row.seq - 1 + (i + 1) / (len(replayed) + 1), op=op, exit=original.exit if original else None,
                 note=f"replayed by {row.op_id}: same op id, outcome checked against the journal",
                 of=original.key if original else None,
+                oid=(original.oid if original else op.rsplit("/", 1)[-1]) if self.session else None,
             ))  # fmt: skip
 
     # ------------------------------------------------------------------ events
@@ -336,53 +381,20 @@ class Timeline:
     def _event(self, event: Event) -> None:
         data = event.data or {}
         etype = event.type
-        kind, outcome, lane = "event", "info", 0
-        label = etype
-        if etype == "signal.received":
-            kind, label = "signal", f"signal received for {data.get('callbackId')}"
-        elif etype == "progress":
-            kind = "progress"
-            pct = data.get("percent")
-            label = str(data.get("message", "")) + (f" ({pct:g}%)" if isinstance(pct, int | float) else "")
-            if isinstance(data.get("scope"), str):
-                lane = self.lane_of(data["scope"].rstrip("/"))
-        elif etype == "run.handed_over":
-            reason = str(data.get("reason") or "")
-            kind = "suspend" if "suspend" in reason else "run"
-            label = f"handed over: {reason}" if reason else "handed over"
-        elif etype.startswith("run."):
-            kind = "run"
-            state = etype[4:]
-            if etype == "run.interrupted":  # Ctrl-C, SIGTERM: what was in flight stops here, runs again on resume
-                outcome = "warning"
-                self._interrupt_all(event.ts, "interrupted: the run was stopped (Ctrl-C or a shutdown) while this "
-                                              "ran; it runs again when the run is resumed")
-            elif etype in ("run.resumed", "run.started") and not self._stopped:
-                # A worker starts it while the last one never said it stopped (no waiting, no hand-over, no
-                # interruption): that one died, and what it left in flight ended with its last record.
-                self._interrupt_all(self._last_ts, "interrupted: the worker running it stopped before it "
-                                                   "finished (no record of why)")
-            label = f"run {state}"
-            if etype == "run.waiting":
-                label += " for " + (", ".join(data.get("callbacks") or []) or "a timer")
-            if data.get("worker"):
-                label += f" (worker {data['worker']})"
-            if etype in ("run.failed", "run.cancelled"):
-                outcome = "failed" if etype == "run.failed" else "warning"
-                why = data.get("error") or data.get("reason")
-                if why:
-                    label += f": {why}"
-            elif etype == "run.succeeded":
-                outcome = "ok"
-        elif etype == "sandbox.lost":
-            kind, outcome = "lost", "warning"
-            label = f"sandbox lost ({data.get('session', '?')}): {data.get('reason', '')}"
-        elif etype == "sandbox.hibernated":
-            kind = "hibernate"
-            label = f"sandbox hibernated ({data.get('session', '?')}) after {counted(data.get('count', '?'), 'call')}"
+        kind, label, outcome = event_view(event)
+        lane = 0
+        if etype == "progress" and isinstance(data.get("scope"), str):
+            lane = self.lane_of(data["scope"].rstrip("/"))
+        if etype == "run.interrupted":  # Ctrl-C, SIGTERM: what was in flight stops here, runs again on resume
+            self._interrupt_all(event.ts, "interrupted: the run was stopped (Ctrl-C or a shutdown) while this "
+                                          "ran; it runs again when the run is resumed")
+        elif etype in ("run.resumed", "run.started") and not self._stopped:
+            # A worker starts it while the last one never said it stopped (no waiting, no hand-over, no
+            # interruption): that one died, and what it left in flight ended with its last record.
+            self._interrupt_all(self._last_ts, "interrupted: the worker running it stopped before it "
+                                               "finished (no record of why)")
         if etype.startswith("run."):
-            self._stopped = etype in ("run.waiting", "run.handed_over", "run.interrupted", "run.failed", "run.succeeded",
-                                      "run.cancelled")
+            self._stopped = etype in STOPPED
         if isinstance(data.get("session"), str):
             lane = self.lane_of(data["session"])
         self._put(Item(key=f"e{event.seq}", kind=kind, label=label[:400], lane=lane, t0=event.ts, t1=None,
@@ -397,7 +409,7 @@ class Timeline:
         if count > 1:
             label += f" (x{count})"
         known = self.items.get(key)
-        if known is not None and known.label == label:
+        if (known is not None and known.label == label) or (self.capped is not None and key in self.capped.gone):
             return
         self._put(Item(key=key, kind=_K8S_KINDS.get(reason, "k8s"), label=label, lane=0, t0=float(ev["ts"]), t1=None,
                        outcome="warning" if ev.get("type") == "Warning" else "info", seq=0, src=2))

@@ -93,6 +93,7 @@ class TimelineView {
     this.gen = d.gen; this.v = d.v; this.base = d.base; this.lanes = d.lanes;
     this.status = d.status; this.terminal = d.terminal; this.live = d.live ?? !d.terminal;
     this.items = d.items;
+    this.omitted = d.omitted || 0; // a Sandbox's long session: the oldest items are not sent
     this.byKey = new Map(this.items.map((it) => [it.k, it]));
     this.refilter();
     if ($("#tl-follow").checked && !this.terminal) this.list.scrollTop = this.list.scrollHeight;
@@ -126,6 +127,7 @@ class TimelineView {
     if (d.header) replaceHeader(d.header);
     if (d.status) { this.status = d.status; this.terminal = d.terminal; this.live = d.live ?? !d.terminal; }
     if (d.lanes) this.lanes = d.lanes;
+    if (d.omitted != null) this.omitted = d.omitted;
     let added = false;
     for (const it of d.items || []) {
       const known = this.byKey.get(it.k);
@@ -148,12 +150,14 @@ class TimelineView {
       const it = this.items[i];
       counts[it.c] = (counts[it.c] || 0) + 1;
       if (this.hidden.has(it.c)) continue;
-      if (q && !(it.l.toLowerCase().includes(q) || opOf(it).toLowerCase().includes(q) || it.c.includes(q))) continue;
+      if (q && !(it.l.toLowerCase().includes(q) || opOf(it).toLowerCase().includes(q) || it.c.includes(q)
+                 || (it.id && it.id.toLowerCase().includes(q)))) continue;
       this.view.push(i);
     }
     this.layout();
     this.kinds(counts);
-    $("#tl-count").textContent = `${this.view.length} of ${this.items.length} shown`;
+    $("#tl-count").textContent = `${this.view.length} of ${this.items.length} shown` +
+      (this.omitted ? `; ${this.omitted} older not loaded (dsb --kube history ${this.ref} prints them)` : "");
     this.spacer.style.height = `${this.view.length * ROW}px`;
     this.drawOverview();
     this.render(true);
@@ -267,6 +271,7 @@ class TimelineView {
     const t1 = this.endOf(it, Date.now() - this.base * 1000);
     const left = (it.t0 / this.tmax) * 100, width = Math.max(((t1 - it.t0) / this.tmax) * 100, 0.25);
     const label = h("span", { class: "tl" }, it.l);
+    if (it.id) label.append(h("small", { class: "oid", text: `op ${it.id}` })); // a session call: its caller's operation id
     if (it.n) label.append(h("small", { text: `[${this.lanes[it.n]?.label ?? it.n}]` }));
     if (it.a) label.append(h("small", { text: `attempt ${it.a}` }));
     if (it.ra) label.append(h("small", { text: "run again" }));
