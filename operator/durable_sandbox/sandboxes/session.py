@@ -52,7 +52,7 @@ from durable_sandbox.providers.contract import (
     UnsupportedCapability,
 )
 from durable_sandbox.providers.redaction import REDACTED
-from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes import fork_journal, journal
 from durable_sandbox.sandboxes.call_failure import failure_message
 from durable_sandbox.sandboxes.journal import reserved_operation_id, sessions_in
 from durable_sandbox.sandboxes.requirements import unmet
@@ -74,6 +74,7 @@ DEFAULT_HIBERNATE_AFTER = 300.0  # seconds a waiting run keeps its sandbox, when
 class ReconstructionError(DurableError):
     def __init__(self, op_id: str, recorded: ToolResult, replayed: ToolResult) -> None:
         self.op_id = op_id
+        self.recorded, self.replayed = recorded, replayed  # what a fork's error shows (sandboxes/fork.py)
         super().__init__(
             f"Reconstruction operation {op_id} produced a different outcome. Recorded exit {recorded.exit_code}, "
             f"replayed exit {replayed.exit_code}"
@@ -179,6 +180,9 @@ class Checkpoint:
     count: int  # completed calls the snapshot contains
     snapshot_id: str
     op_id: str
+    # Another run's snapshot a fork was built from (sandboxes/fork_journal.py): restored from like one's own,
+    # never deleted from the provider (its owner deletes it); letting it go is only journaled.
+    borrowed: bool = False
 
 
 @dataclass
@@ -250,7 +254,8 @@ class SessionState:
                     st.handle = None
                 st.pending_handles = [h for h in st.pending_handles if h.id != gone]
             elif r.kind == OpKind.SANDBOX_SNAPSHOT.value:
-                st.checkpoints.append(Checkpoint(int(meta["count"]), r.result["snapshotId"], r.op_id))
+                st.checkpoints.append(Checkpoint(int(meta["count"]), r.result["snapshotId"], r.op_id,
+                                                 bool(meta.get(fork_journal.BORROWED))))
             elif r.kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value:
                 st.checkpoints = [c for c in st.checkpoints if c.snapshot_id != journal.deletion_of(r)]
             elif r.kind == OpKind.SANDBOX_CALL.value:
@@ -301,6 +306,7 @@ class SandboxSession:
         owner: str | None = None,
         attach: str | None = None,
         next_index: int = 0,
+        keep_checkpoints: bool = False,
     ) -> None:
         if snapshot_every < 0:
             raise ValueError(f"snapshot_every must be >= 0, not {snapshot_every}")
@@ -310,6 +316,7 @@ class SandboxSession:
         self.sid = sid
         self.provider = provider
         self.snapshot_every = snapshot_every
+        self.keep_checkpoints = keep_checkpoints  # every checkpoint kept until the end: points to fork from
         self.retain_latest_snapshot = retain_latest_snapshot
         self.inject_loss_after = inject_loss_after
         self.suspend_between_calls = suspend_between_calls
@@ -350,7 +357,7 @@ class SandboxSession:
 
     def operation_id(self, index: int) -> str:
         given = self._operation_ids[index] if index < len(self._operation_ids) else None
-        return given or derived_operation_id(self.rt.run_id, self.sid, index)
+        return given or derived_operation_id(fork_journal.derivation_run(self.rt.first, self.rt.run_id, self.sid, index), self.sid, index)
 
     @property
     def handle(self) -> SandboxHandle | None:
@@ -606,7 +613,7 @@ class SandboxSession:
         if prev is not None:
             await self._reap_unrecorded()
         self.rt.enter(op_id, OpKind.SANDBOX_PROVISION.value, self.provider.name, None)
-        meta = {"provider": self.provider.name, "options": self._options()}
+        meta = {"provider": self.provider.name, "options": session_options(self)}
         await self._journal(op_id, OpKind.SANDBOX_PROVISION, self.provider.name, "started", meta=meta, check_cancel=True)
         if self.attach is not None:
             handle = await self._attached_handle(self.attach)
@@ -646,17 +653,6 @@ class SandboxSession:
         """The spec for one provision/restore: its operation id lets a provider with an idempotent create
         answer the engine's retry of it with the same sandbox."""
         return self.spec.model_copy(update={"operation_id": f"{self.rt.run_id}/{op_id}"})
-
-    def _options(self) -> dict[str, Any]:
-        # Never the env: it may hold secrets.
-        return {
-            "template": self.spec.template,
-            "leaseSeconds": self.lease_seconds,
-            "snapshotEvery": self.snapshot_every,
-            "retainLatestSnapshot": self.retain_latest_snapshot,
-            "injectLossAfter": self.inject_loss_after,
-            "attach": self.attach,
-        }
 
     async def _reap_unrecorded(self) -> None:
         """A crash between the provider creating a sandbox and the journal recording it would leak it:
@@ -719,14 +715,14 @@ class SandboxSession:
                                 meta={"count": count, "operationId": provider_op})
             faults.reach(f"snapshot-recorded:{op_id}")
             self.state.checkpoints.append(Checkpoint(count, snapshot_id, op_id))
-        for old in [c for c in self.state.checkpoints if c.count < count]:
+        for old in [c for c in self.state.checkpoints if c.count < count and not self.keep_checkpoints]:
             await self._delete_snapshot(old)
 
     async def _delete_snapshot(self, cp: Checkpoint) -> None:
         op_id = journal.delete_id(cp.op_id)
         meta = {journal.META_SNAPSHOT_ID: cp.snapshot_id}
         await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "started", meta=meta)
-        await self._retry_cleanup(f"delete snapshot {cp.snapshot_id}", lambda: self.provider.delete_snapshot(cp.snapshot_id))
+        await self._retry_cleanup(f"delete snapshot {cp.snapshot_id}", lambda: fork_journal.delete_own(self.provider, cp.snapshot_id, cp.borrowed))
         await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "completed", meta=meta)
         self.state.checkpoints = [c for c in self.state.checkpoints if c.snapshot_id != cp.snapshot_id]
 
@@ -989,6 +985,19 @@ class SandboxSession:
         )
         self.state.finalized = True
         self.state.retained = keep.snapshot_id if keep else None
+
+
+def session_options(session: SandboxSession) -> dict[str, Any]:
+    """What a session's provision record keeps of its options (never the env: it may hold secrets)."""
+    return {
+        "template": session.spec.template,
+        "leaseSeconds": session.lease_seconds,
+        "snapshotEvery": session.snapshot_every,
+        "retainLatestSnapshot": session.retain_latest_snapshot,
+        "injectLossAfter": session.inject_loss_after,
+        "attach": session.attach,
+        "keepCheckpoints": session.keep_checkpoints,
+    }
 
 
 # ------------------------------------------------------------------------------------------ factory
