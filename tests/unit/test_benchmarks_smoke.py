@@ -109,3 +109,12 @@ def test_tracing_cost_runs(tmp_path: Path) -> None:
     res = mod.main(["--steps", "10", "--repeats", "1", "--warmup", "0", "--tmp", str(tmp_path),
                     "--out", str(tmp_path / "tracing.json")])
     assert all(res[v]["steps_per_s"] > 0 for v in ("baseline", "off", "on"))
+
+
+def test_fork_benchmark(tmp_path: Path) -> None:
+    mod = _load("fork")
+    out = tmp_path / "fork.json"
+    res = mod.main(["--calls", "6", "--after", "5", "--every", "2", "--mb", "1", "--repeats", "1",
+                    "--tmp", str(tmp_path), "--out", str(out)])
+    assert res["seconds"]["fork"] > 0 and res["seconds"]["replay"] > 0 and res["seconds"]["ten_forks"] > 0
+    assert json.loads(out.read_text())["args"]["after"] == "5"

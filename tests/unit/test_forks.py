@@ -191,3 +191,32 @@ def test_dsb_fork_makes_k_forks_and_resume_continues_them_from_call_n(home: Path
     refused = dsb("fork", "src", "--after", "7")
     assert refused.exit_code != 0 and "completed 6 calls; cannot fork after call 7" in refused.output
     assert dsb("signal", "src", "done", "true", "--resume").exit_code == 0
+
+
+def test_the_docs_fork_commands_and_code_work(tmp_path: Path) -> None:
+    """docs/forks.md: its workflow saved as forkdemo.py, its commands as written (the run waits: exit 3; the
+    forks are made; the resumed one waits on done with its tail's count), then its Python code."""
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    from tests.docs_commands import FORKS, ROOT, commands_run_by
+    from tests.dsb import dsb
+
+    doc = (ROOT / "docs" / "forks.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", doc, re.S)
+    (tmp_path / "forkdemo.py").write_text(code[0])
+    (tmp_path / "fork_api.py").write_text(code[1])
+    home = tmp_path / "home"
+    commands = commands_run_by(FORKS, "docs/forks.md")
+    assert [shlex.split(c.text)[1] for c in commands] == ["run", "fork", "fork"]
+    ran = [dsb(*shlex.split(c.text)[1:], home=home, cwd=tmp_path) for c in commands]
+    assert [r.returncode for r in ran] == [3, 0, 0], [r.output for r in ran]
+    made = [line.split()[0] for line in ran[1].stdout.splitlines() if "fork of base after call 3: pending" in line]
+    assert len(made) == 2, ran[1].stdout
+    assert "fork of base after call 3: waiting" in ran[2].stdout, ran[2].stdout
+    api = subprocess.run([sys.executable, "fork_api.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "DURABLE_SANDBOX_HOME": str(home)}, check=False)
+    assert api.returncode == 0, api.stderr
+    assert "restored from" in api.stdout and api.stdout.count(" waiting") == 2, api.stdout

@@ -143,13 +143,18 @@ async def _make_one(
 ) -> str | None:
     """Create fork ``fork_id`` and build its workspace; returns its own snapshot at the fork point (if any)."""
     labels = {**source.labels, FORK_LABEL: source.run_id} if source.labels else {FORK_LABEL: source.run_id}
-    run = await engine.client.create(workflow or source.workflow, source.input if input is None else input,
-                                     run_id=fork_id, labels=labels)
+    if workflow is None:  # the source's, as recorded (its module need not be imported here)
+        record = RunRecord(run_id=fork_id, workflow=source.workflow, input=source.input if input is None else input,
+                           labels=labels, workflow_ref=source.workflow_ref)
+    else:
+        record = engine.client.record(workflow, source.input if input is None else input, run_id=fork_id,
+                                      labels=labels)
+    run, created = await engine.store.create_run(record)
+    if not created:
+        raise ForkRefused(f"Run {fork_id!r} exists already; choose a new run id for the fork")
     lease = await engine.executor.claim(fork_id)
     try:
         rt = await engine.executor.open_runtime(run, lease)
-        if rt.rows:
-            raise ForkRefused(f"Run {fork_id!r} already has a journal; choose a new run id for the fork")
         await rt.write(*prefix)
         st = SessionState.derive(sid, rt.known_rows())
         assert st.provider is not None
