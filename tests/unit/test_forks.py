@@ -220,3 +220,54 @@ def test_the_docs_fork_commands_and_code_work(tmp_path: Path) -> None:
                          env={**__import__("os").environ, "DURABLE_SANDBOX_HOME": str(home)}, check=False)
     assert api.returncode == 0, api.stderr
     assert "restored from" in api.stdout and api.stdout.count(" waiting") == 2, api.stdout
+
+
+def child(db: Path, *args: str, fault: str | None = None) -> int:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DURABLE_SANDBOX_FAULT"}
+    if fault is not None:
+        env["DURABLE_SANDBOX_FAULT"] = fault
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "tests.unit.fork_child", str(db), *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    return done.returncode
+
+
+@pytest.mark.parametrize("fault", [
+    "provisioned:sandbox/restore/1",  # the fork's sandbox made, not yet journaled
+    "snapshot-recorded:sandbox/snapshot/45",  # its own snapshot recorded, the borrowed one not yet let go
+    "fork-ready:f1",  # made, not yet runnable
+])
+@pytest.mark.parametrize("source_first", [True, False])
+async def test_a_fork_killed_half_way_is_never_driven_and_deleting_it_and_its_source_in_either_order_leaks_nothing(
+    engine: durable_sandbox.Engine, local: Hooked, db: Path, fault: str, source_first: bool
+) -> None:
+    """The maker of a fork is SIGKILLed at a fault point; the half-made fork waits on nothing (no worker drives
+    it) and its source's checkpoints are untouched. Then source and fork are deleted, each in a child process
+    SIGKILLed at its first snapshot deletion and deleted again: the ``local`` fixture finds no sandbox, snapshot or
+    lease left, and no snapshot of the source's is deleted before the source is."""
+    import signal
+
+    await source(engine)
+    src_snapshots = {c.snapshot_id for c in SessionState.derive("sandbox", await engine.history("src")).checkpoints}
+    assert child(db, "fork", "src", "45", "f1", fault=fault) == -signal.SIGKILL
+    assert (await engine.inspect("f1")).status == "waiting"
+    assert await engine.worker(idle_exit=True) == []  # nothing runnable: the half-made fork is not driven
+    assert src_snapshots <= snapshots_on_disk(local), "a checkpoint of the source was deleted by its fork"
+    for run_id in (["src", "f1"] if source_first else ["f1", "src"]):
+        first = "sandbox/snapshot/10/delete" if run_id == "src" else "sandbox/snapshot/45/delete"
+        killed = child(db, "delete", run_id, fault=f"snapshot-deleted:{first}")
+        assert killed == -signal.SIGKILL or run_id == "f1", "the source's delete did not reach its fault point"
+        if await engine.store.get_run(run_id) is not None:
+            assert child(db, "delete", run_id) == 0
+        if run_id == "f1" and not source_first:
+            assert src_snapshots <= snapshots_on_disk(local), "the fork's deletion deleted a snapshot of the source"
+    assert [r.run_id for r in await engine.runs()] == []
+    assert snapshots_on_disk(local) == set()
+
+
+def snapshots_on_disk(local: Hooked) -> set[str]:
+    return {p.stem for p in local.inner.snapshots_dir.glob("*.tar")}

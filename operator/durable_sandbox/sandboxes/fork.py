@@ -25,10 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from durable_sandbox.engine import faults
 from durable_sandbox.engine.client import RunClient, new_run_id
 from durable_sandbox.engine.errors import DurableError, RunNotFound, Suspend
 from durable_sandbox.engine.executor import RunExecutor
-from durable_sandbox.engine.records import Lease, OperationRecord, RunRecord
+from durable_sandbox.engine.records import Lease, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.store import Store
 from durable_sandbox.providers.contract import Capability, SandboxProvider, ToolResult
 from durable_sandbox.sandboxes import fork_journal
@@ -149,6 +150,9 @@ async def _make_one(
     else:
         record = engine.client.record(workflow, source.input if input is None else input, run_id=fork_id,
                                       labels=labels)
+    # Created waiting on nothing: no worker drives a fork until it is ready (made pending at the end). A fork
+    # whose maker died half-way stays so, and is removed by `delete` (its journal finds what it made).
+    record.status = RunStatus.WAITING
     run, created = await engine.store.create_run(record)
     if not created:
         raise ForkRefused(f"Run {fork_id!r} exists already; choose a new run id for the fork")
@@ -166,22 +170,31 @@ async def _make_one(
             await session.rebuild()
         except Suspend as waiting:  # an ``ask`` call: the run waits for the answer; the restore resumes then
             made.waiting_for[fork_id] = list(waiting.op_ids)
+            await _ready(engine, fork_id, lease)
             return None
         except ReconstructionError as diverged:
             raise ForkDiverged(made.source, made.after_call, diverged.op_id, diverged.recorded,
                                diverged.replayed) from None
+        own = None
         caps = session.provider.capabilities()
         if caps.supports(Capability.SNAPSHOT) and caps.supports(Capability.RESTORE):
             await session.checkpoint_own()
             latest = session.state.latest
-            return latest.snapshot_id if latest is not None and not latest.borrowed else None
-        return None
+            own = latest.snapshot_id if latest is not None and not latest.borrowed else None
+        await _ready(engine, fork_id, lease)
+        return own
     except BaseException:
         await _undo_claimed(engine, run, lease)
         raise
     finally:
         with contextlib.suppress(Exception):
             await engine.store.release(lease)
+
+
+async def _ready(engine: Engine, fork_id: str, lease: Lease) -> None:
+    """The fork is made: runnable from now on (a worker, ``engine.resume``, ``dsb resume``)."""
+    faults.reach(f"fork-ready:{fork_id}")
+    await engine.store.update_run(fork_id, {"status": RunStatus.PENDING}, fence=lease.fence)
 
 
 async def _undo(engine: Engine, fork_id: str) -> None:

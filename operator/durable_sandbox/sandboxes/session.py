@@ -723,6 +723,7 @@ class SandboxSession:
         meta = {journal.META_SNAPSHOT_ID: cp.snapshot_id}
         await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "started", meta=meta)
         await self._retry_cleanup(f"delete snapshot {cp.snapshot_id}", lambda: fork_journal.delete_own(self.provider, cp.snapshot_id, cp.borrowed))
+        faults.reach(f"snapshot-deleted:{op_id}")  # deleted, not yet journaled: deleting again is a no-op
         await self._journal(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "completed", meta=meta)
         self.state.checkpoints = [c for c in self.state.checkpoints if c.snapshot_id != cp.snapshot_id]
 
