@@ -65,7 +65,7 @@ class Engine(_BareEngine):
 
     async def fork(
         self, run_id: str, *, after_call: int, count: int = 1, session: str | None = None,
-        workflow: str | None = None, input: Any = None, run_ids: Any = None,
+        workflow: Any = None, input: Any = None, run_ids: Any = None,
     ) -> Any:
         """Fork run ``run_id`` at its call ``after_call``: ``count`` new runs (pending) whose sandbox workspace
         is the source's after that call, rebuilt and checked now; see sandboxes/fork.py. Returns a ``Forked``."""

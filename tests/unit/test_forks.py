@@ -271,3 +271,30 @@ async def test_a_fork_killed_half_way_is_never_driven_and_deleting_it_and_its_so
 
 def snapshots_on_disk(local: Hooked) -> set[str]:
     return {p.stem for p in local.inner.snapshots_dir.glob("*.tar")}
+
+
+@workflow(name="fork-counter-tail")
+async def tail(ctx: Context, spec: dict[str, Any]) -> dict[str, Any]:
+    """The source's first ``from`` calls, then a new tail."""
+    async with ctx.sandbox("sandbox", provider="local", snapshot_every=10, keep_checkpoints=True) as sbx:
+        for i in range(spec["calls"]):
+            word = str(i) if i < spec["from"] else f"tail{i}"
+            await sbx.shell(f"echo {word} >> log.txt; wc -l < log.txt")
+        log = (await sbx.read_file("log.txt")).stdout
+    return {"log": log}
+
+
+def test_dsb_run_fork_of_runs_a_new_tail_from_call_n_in_the_restored_workspace(home: Path) -> None:
+    from tests.dsb import dsb
+
+    ran = dsb("run", "tests.unit.test_forks:counter", "--input", '{"calls": 25, "every": 10}', "--run-id", "src")
+    assert ran.exit_code == 3, ran.output
+    forked = dsb("-o", "json", "run", "tests.unit.test_forks:tail", "--fork-of", "src", "--after", "23",
+                 "--input", '{"calls": 26, "from": 23}', "--run-id", "new-tail")
+    assert forked.exit_code == 0, forked.output
+    doc = json.loads(forked.stdout)
+    assert doc["status"] == "succeeded" and doc["result"]["log"] == expected_log(23) + "tail23\ntail24\ntail25\n"
+    diverging = dsb("run", "tests.unit.test_forks:tail", "--fork-of", "src", "--after", "23",
+                    "--input", '{"calls": 26, "from": 20}')
+    assert diverging.exit_code != 0 and "NonDeterminism" in diverging.output, diverging.output
+    assert dsb("signal", "src", "done", "true", "--resume").exit_code == 0

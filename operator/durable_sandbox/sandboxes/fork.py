@@ -98,7 +98,7 @@ class Forked:
 
 async def fork_run(
     engine: Engine, run_id: str, *, after_call: int, count: int = 1, session: str | None = None,
-    workflow: str | None = None, input: Any = None, run_ids: Sequence[str] | None = None,
+    workflow: Any = None, input: Any = None, run_ids: Sequence[str] | None = None,
 ) -> Forked:
     """Make ``count`` forks of run ``run_id`` at its call ``after_call`` (see the module's docstring).
     A fork whose replay diverges raises :class:`ForkDiverged` and every fork of this call is undone."""
@@ -140,7 +140,7 @@ async def fork_run(
 
 async def _make_one(
     engine: Engine, source: RunRecord, fork_id: str, prefix: list[OperationRecord], sid: str,
-    workflow: str | None, input: Any, made: Forked,
+    workflow: Any, input: Any, made: Forked,
 ) -> str | None:
     """Create fork ``fork_id`` and build its workspace; returns its own snapshot at the fork point (if any)."""
     labels = {**source.labels, FORK_LABEL: source.run_id} if source.labels else {FORK_LABEL: source.run_id}

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
+from durable_sandbox.cli.targets import is_manifest, plan_entrypoint
+from durable_sandbox.engine import RunState
 from durable_sandbox.runs.errors import EXIT_OK, CliError
 from durable_sandbox.runs.session import open_engine
 from durable_sandbox.runs.settings import Settings
@@ -52,3 +56,26 @@ def fork(settings: Settings, run_id: str, after_call: int, count: int, session: 
         if not then_resume:
             click.echo(f"continue one with: {settings.dsb()} resume {made.run_ids[0]}")
     click.get_current_context().exit(EXIT_OK)
+
+
+def run_fork_of(settings: Settings, target: str, value: Any, given: bool, run_id: str | None, source: str,
+                after_call: int | None) -> RunState:
+    """`dsb run TARGET --fork-of RUN --after N`: a fork of RUN at call N running TARGET from there (its steps and
+    calls before N come from RUN's journal and must be the same, in order; the rest runs anew), driven now."""
+    if after_call is None:
+        raise CliError("--fork-of needs --after N: the call of RUN's session to fork at")
+    if is_manifest(target):
+        raise CliError("--fork-of is for module:function targets (a code-first run)")
+    plan = plan_entrypoint(target, value, run_id)
+
+    async def go() -> RunState:
+        async with open_engine(settings) as engine:
+            try:
+                made = await engine.fork(source, after_call=after_call, workflow=plan.definition,
+                                         input=value if given else None,
+                                         run_ids=[run_id] if run_id is not None else None)
+            except (ForkRefused, ForkDiverged) as exc:
+                raise CliError(f"dsb run --fork-of {source} --after {after_call}: {exc}") from None
+            return await engine.resume(made.run_ids[0])
+
+    return run_async(go())
