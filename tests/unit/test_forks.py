@@ -216,10 +216,14 @@ def test_the_docs_fork_commands_and_code_work(tmp_path: Path) -> None:
     made = [line.split()[0] for line in ran[1].stdout.splitlines() if "fork of base after call 3: pending" in line]
     assert len(made) == 2, ran[1].stdout
     assert "fork of base after call 3: waiting" in ran[2].stdout, ran[2].stdout
+    # `dsb run` hibernated the waiting run on exit (a snapshot, the sandbox destroyed): its checkpoints were kept.
+    forked = [r for r in json.loads(dsb("-o", "json", "runs", home=home).stdout) if r["runId"] not in ("base", *made)]
+    shown = dsb("history", forked[0]["runId"], home=home).stdout
+    assert "sandbox/snapshot/borrowed-2" in shown and "fresh" not in shown, shown
     api = subprocess.run([sys.executable, "fork_api.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={**__import__("os").environ, "DURABLE_SANDBOX_HOME": str(home)}, check=False)
     assert api.returncode == 0, api.stderr
-    assert "restored from" in api.stdout and api.stdout.count(" waiting") == 2, api.stdout
+    assert "restored from lsnap-" in api.stdout and api.stdout.count(" waiting") == 2, api.stdout
 
 
 def child(db: Path, *args: str, fault: str | None = None) -> int:
