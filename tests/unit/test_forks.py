@@ -33,7 +33,8 @@ async def counter(ctx: Context, spec: dict[str, Any]) -> dict[str, Any]:
         counts = []
         for i in range(spec["calls"]):
             command = "date +%s%N" if spec.get("clock_at") == i else f"echo {i} >> log.txt; wc -l < log.txt"
-            counts.append((await sbx.shell(command)).stdout.strip())
+            policy = spec.get("policies", {}).get(str(i), "rerun")
+            counts.append((await sbx.shell(command, on_replay=policy)).stdout.strip())
         await ctx.callback("done")
     return {"counts": counts}
 
@@ -302,3 +303,24 @@ def test_dsb_run_fork_of_runs_a_new_tail_from_call_n_in_the_restored_workspace(h
                     "--input", '{"calls": 26, "from": 20}')
     assert diverging.exit_code != 0 and "NonDeterminism" in diverging.output, diverging.output
     assert dsb("signal", "src", "done", "true", "--resume").exit_code == 0
+
+
+async def test_a_fork_honours_on_replay_skip_is_not_executed_and_ask_waits_for_its_answer(
+    engine: durable_sandbox.Engine, local: Hooked
+) -> None:
+    """Call 13 is journaled ask, call 14 skip: the fork at 15 restores the checkpoint at 10; 13 waits for
+    ``replay:<op>`` before anything is made; answered rerun, it is replayed, and 14 is not executed again (its
+    line is missing from the fork's workspace); the run goes on from call 15."""
+    await source(engine, calls=20, every=10, policies={"13": "ask", "14": "skip"})
+    forked = await engine.fork("src", after_call=15)
+    (fork,) = forked.run_ids
+    (ask,) = forked.waiting_for[fork]
+    assert ask.startswith("replay:sandbox/dsv1_")
+    state = await engine.resume(fork)
+    assert state.status == "waiting" and [c.id for c in state.pending_callbacks] == [ask]
+    await engine.signal(fork, ask, "rerun")
+    state = await engine.resume(fork)
+    assert state.status == "waiting" and [c.id for c in state.pending_callbacks] == ["done"]
+    lines = (await workspace_log(engine, local, fork)).splitlines()
+    assert lines[:15] == [*[str(i) for i in range(14)], "15"]
+    await finish(engine, fork, "src")
