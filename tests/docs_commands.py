@@ -203,6 +203,7 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "python benchmarks/operator_throughput.py": BENCHMARK,
         "python benchmarks/operator_scale.py": BENCHMARK,
         "python benchmarks/ui_pages.py": BENCHMARK,
+        "python benchmarks/fork.py": BENCHMARK,
         "python benchmarks/operator_throughput.py --calls 500 --workflows 20 --calls-each 25": BENCHMARK,
         "python benchmarks/operator_throughput.py --kubeconfig .dev-cluster/kubeconfig": BENCHMARK,
         "python benchmarks/operator_throughput.py --py-spy": BENCHMARK,
