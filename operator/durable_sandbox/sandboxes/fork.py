@@ -163,9 +163,9 @@ async def _make_one(
         st = SessionState.derive(sid, rt.known_rows())
         assert st.provider is not None
         options = st.options
-        session = ForkSession(rt, sid, engine.sandbox_provider(st.provider),
-                                 template=options.get("template"), lease_seconds=int(options.get("leaseSeconds", 3600)),
-                                 snapshot_every=int(options.get("snapshotEvery") or 0))
+        session = ForkSession(rt, sid, engine.sandbox_provider(st.provider), template=options.get("template"),
+                              lease_seconds=int(options.get("leaseSeconds", 3600)),
+                              snapshot_every=int(options.get("snapshotEvery") or 0))
         try:
             await session.rebuild()
         except Suspend as waiting:  # an ``ask`` call: the run waits for the answer; the restore resumes then
