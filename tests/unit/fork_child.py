@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import durable_sandbox
-import tests.unit.test_forks  # noqa: F401 - registers the source's workflow
+import tests.unit.fork_support  # noqa: F401 - registers the source's workflow
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore
 

@@ -17,26 +17,13 @@ from typing import Any
 import pytest
 
 import durable_sandbox
-from durable_sandbox import Context, workflow
 from durable_sandbox.sandboxes import fork_journal
 from durable_sandbox.sandboxes.fork import ForkDiverged, ForkRefused
 from durable_sandbox.sandboxes.session import SessionState
+from tests.unit.fork_support import counter
 from tests.unit.sandbox_session_support import Hooked, db, engine_for, local
 
 __all__ = ["db", "local"]  # fixtures
-
-
-@workflow(name="fork-counter")
-async def counter(ctx: Context, spec: dict[str, Any]) -> dict[str, Any]:
-    async with ctx.sandbox("sandbox", provider="local", snapshot_every=spec.get("every", 0),
-                           keep_checkpoints=True) as sbx:
-        counts = []
-        for i in range(spec["calls"]):
-            command = "date +%s%N" if spec.get("clock_at") == i else f"echo {i} >> log.txt; wc -l < log.txt"
-            policy = spec.get("policies", {}).get(str(i), "rerun")
-            counts.append((await sbx.shell(command, on_replay=policy)).stdout.strip())
-        await ctx.callback("done")
-    return {"counts": counts}
 
 
 @pytest.fixture
@@ -178,7 +165,7 @@ async def test_the_fork_journal_names_no_sandbox_or_snapshot_of_the_source_as_it
 def test_dsb_fork_makes_k_forks_and_resume_continues_them_from_call_n(home: Path) -> None:
     from tests.dsb import dsb
 
-    ran = dsb("run", "tests.unit.test_forks:counter", "--input", '{"calls": 6, "every": 2}', "--run-id", "src")
+    ran = dsb("run", "tests.unit.fork_support:counter", "--input", '{"calls": 6, "every": 2}', "--run-id", "src")
     assert ran.exit_code == 3, ran.output  # waiting on "done", its sandbox and checkpoints live
     made = dsb("-o", "json", "fork", "src", "--after", "3", "--count", "2")
     assert made.exit_code == 0, made.output
@@ -278,28 +265,17 @@ def snapshots_on_disk(local: Hooked) -> set[str]:
     return {p.stem for p in local.inner.snapshots_dir.glob("*.tar")}
 
 
-@workflow(name="fork-counter-tail")
-async def tail(ctx: Context, spec: dict[str, Any]) -> dict[str, Any]:
-    """The source's first ``from`` calls, then a new tail."""
-    async with ctx.sandbox("sandbox", provider="local", snapshot_every=10, keep_checkpoints=True) as sbx:
-        for i in range(spec["calls"]):
-            word = str(i) if i < spec["from"] else f"tail{i}"
-            await sbx.shell(f"echo {word} >> log.txt; wc -l < log.txt")
-        log = (await sbx.read_file("log.txt")).stdout
-    return {"log": log}
-
-
 def test_dsb_run_fork_of_runs_a_new_tail_from_call_n_in_the_restored_workspace(home: Path) -> None:
     from tests.dsb import dsb
 
-    ran = dsb("run", "tests.unit.test_forks:counter", "--input", '{"calls": 25, "every": 10}', "--run-id", "src")
+    ran = dsb("run", "tests.unit.fork_support:counter", "--input", '{"calls": 25, "every": 10}', "--run-id", "src")
     assert ran.exit_code == 3, ran.output
-    forked = dsb("-o", "json", "run", "tests.unit.test_forks:tail", "--fork-of", "src", "--after", "23",
+    forked = dsb("-o", "json", "run", "tests.unit.fork_support:tail", "--fork-of", "src", "--after", "23",
                  "--input", '{"calls": 26, "from": 23}', "--run-id", "new-tail")
     assert forked.exit_code == 0, forked.output
     doc = json.loads(forked.stdout)
     assert doc["status"] == "succeeded" and doc["result"]["log"] == expected_log(23) + "tail23\ntail24\ntail25\n"
-    diverging = dsb("run", "tests.unit.test_forks:tail", "--fork-of", "src", "--after", "23",
+    diverging = dsb("run", "tests.unit.fork_support:tail", "--fork-of", "src", "--after", "23",
                     "--input", '{"calls": 26, "from": 20}')
     assert diverging.exit_code != 0 and "NonDeterminism" in diverging.output, diverging.output
     assert dsb("signal", "src", "done", "true", "--resume").exit_code == 0
