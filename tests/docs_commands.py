@@ -126,6 +126,7 @@ REGEN = "tests/unit/kube/test_crds.py::test_docs_regenerating_commands_write_the
 CLUSTER = "tests/e2e/test_docs_commands.py::test_cluster_commands_of_the_docs_work"  # a fresh control plane per doc
 README = "tests/unit/test_readme.py::test_readme_first_command_runs_the_hello_workflow"
 README_CODE = "tests/unit/test_readme.py::test_readme_code_first_example_runs_with_its_commands"
+FORKS = "tests/unit/test_forks.py::test_the_docs_fork_commands_and_code_work"
 CHART_ON_NODE = "tests/e2e/test_chart_on_node.py::test_installed_operator_pod_is_ready_and_reconciles_hello"
 DEV_CLUSTER = "tests/e2e/test_dev_cluster.py::test_up_runs_pods_and_down_leaves_nothing_behind"
 REPLAY_CLUSTER = ("tests/e2e/test_operator_replay_policies.py::"
@@ -160,6 +161,11 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "dsb -n demo sandbox exec dev-box -- sh -c 'echo hello > greeting.txt; cat greeting.txt'":
             Run(AGENTS, note=AGENTS_NOTE),
     },
+    "docs/forks.md": {text: Run(FORKS, note="in a directory holding the doc's code as forkdemo.py") for text in (
+        "dsb run forkdemo:build --input '{\"calls\": 6}' --run-id base",
+        "dsb fork base --after 3 --count 2",
+        "dsb fork base --after 3 --resume",
+    )},
     "README.md": {
         "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && dsb run examples/hello-workflow.yaml":
             Run(README, note="the `dsb run` at its end; the venv and `pip install -e .` are what scripts/test does "
@@ -197,6 +203,7 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "python benchmarks/operator_throughput.py": BENCHMARK,
         "python benchmarks/operator_scale.py": BENCHMARK,
         "python benchmarks/ui_pages.py": BENCHMARK,
+        "python benchmarks/fork.py": BENCHMARK,
         "python benchmarks/operator_throughput.py --calls 500 --workflows 20 --calls-each 25": BENCHMARK,
         "python benchmarks/operator_throughput.py --kubeconfig .dev-cluster/kubeconfig": BENCHMARK,
         "python benchmarks/operator_throughput.py --py-spy": BENCHMARK,

@@ -14,6 +14,7 @@ from typing import Any
 from durable_sandbox.engine import Engine as _BareEngine
 from durable_sandbox.engine import RunNotFound, RunStatus
 from durable_sandbox.engine.executor import Unresolvable
+from durable_sandbox.providers.contract import SandboxProvider
 from durable_sandbox.workflows import sandbox_agent as _builtin_workflows  # noqa: F401 - registers sandbox-agent
 
 __all__ = ["Engine"]
@@ -57,6 +58,21 @@ class Engine(_BareEngine):
             inline_sleep_limit=inline_sleep_limit, unresolvable=unresolvable,
         )
         self._session_factory = factory
+
+    def sandbox_provider(self, name: str) -> SandboxProvider:
+        """The provider instance this engine's sandbox sessions use under ``name``."""
+        return self._session_factory.providers(name)
+
+    async def fork(
+        self, run_id: str, *, after_call: int, count: int = 1, session: str | None = None,
+        workflow: Any = None, input: Any = None, run_ids: Any = None,
+    ) -> Any:
+        """Fork run ``run_id`` at its call ``after_call``: ``count`` new runs (pending) whose sandbox workspace
+        is the source's after that call, rebuilt and checked now; see sandboxes/fork.py. Returns a ``Forked``."""
+        from durable_sandbox.sandboxes.fork import fork_run
+
+        return await fork_run(self, run_id, after_call=after_call, count=count, session=session,
+                              workflow=workflow, input=input, run_ids=run_ids)
 
     async def aclose(self) -> None:
         """Stop background runs; a run this process drove that now waits has its sandboxes hibernated

@@ -131,3 +131,12 @@ def test_continue_as_new(tmp_path: Path) -> None:
     out = tmp_path / "can.json"
     res = _load("continue_as_new").main(["--calls", "5", "--rounds", "1", "--tmp", str(tmp_path), "--out", str(out)])
     assert set(res["median_seconds"]) == {"call", "handover", "ending_state", "handover_proper"} and out.exists()
+
+
+def test_fork_benchmark(tmp_path: Path) -> None:
+    mod = _load("fork")
+    out = tmp_path / "fork.json"
+    res = mod.main(["--calls", "6", "--after", "5", "--every", "2", "--mb", "1", "--repeats", "1",
+                    "--tmp", str(tmp_path), "--out", str(out)])
+    assert res["seconds"]["fork"] > 0 and res["seconds"]["replay"] > 0 and res["seconds"]["ten_forks"] > 0
+    assert json.loads(out.read_text())["args"]["after"] == "5"

@@ -182,6 +182,7 @@ def _accept_global_options(command: click.Command) -> None:
 def _register() -> None:
     from durable_sandbox.cli.commands import (
         control,
+        fork,
         inspect,
         lifecycle,
         logs,
@@ -202,6 +203,7 @@ def _register() -> None:
         control.cancel,
         control.signal,
         control.resume,
+        fork.fork,
         runs.runs,
         sandboxes.sandboxes,
         logs.logs,

@@ -10,7 +10,7 @@ import hashlib
 
 from durable_sandbox.engine import faults
 from durable_sandbox.engine.records import OpKind
-from durable_sandbox.sandboxes import journal, retries
+from durable_sandbox.sandboxes import fork_journal, journal, retries
 from durable_sandbox.sandboxes.recovery import Recoverer
 from durable_sandbox.sandboxes.scope import SessionScope
 from durable_sandbox.sandboxes.state import Checkpoint
@@ -20,6 +20,7 @@ class Checkpointer:
     def __init__(self, scope: SessionScope, recoverer: Recoverer) -> None:
         self.scope = scope
         self.recoverer = recoverer  # a sandbox lost while being snapshotted is recovered, then snapshotted
+        self.keep_all = False  # every checkpoint kept until the end: points to fork from (``keep_checkpoints``)
 
     async def checkpoint(self, count: int, *, fresh: bool = True) -> None:
         """Snapshot at ``count`` calls, record it, then delete the checkpoint it supersedes. Not ``fresh``: the
@@ -45,7 +46,7 @@ class Checkpointer:
                            meta=dict(meta))
             faults.reach(f"snapshot-recorded:{op_id}")
             sc.state.checkpoints.append(Checkpoint(count, snapshot_id, op_id))
-        for old in [c for c in sc.state.checkpoints if c.count < count]:
+        for old in [c for c in sc.state.checkpoints if c.count < count and not self.keep_all]:
             await self.delete(old)
 
     async def delete(self, cp: Checkpoint) -> None:
@@ -53,6 +54,8 @@ class Checkpointer:
         op_id = journal.delete_id(cp.op_id)
         meta = {journal.META_SNAPSHOT_ID: cp.snapshot_id}
         await sc.write(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "started", meta=meta)
-        await retries.cleanup(f"delete snapshot {cp.snapshot_id}", lambda: sc.provider.delete_snapshot(cp.snapshot_id))
+        await retries.cleanup(f"delete snapshot {cp.snapshot_id}",
+                              lambda: fork_journal.delete_own(sc.provider, cp.snapshot_id, cp.borrowed))
+        faults.reach(f"snapshot-deleted:{op_id}")  # deleted, not yet journaled: deleting again is a no-op
         await sc.write(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "completed", meta=meta)
         sc.state.checkpoints = [c for c in sc.state.checkpoints if c.snapshot_id != cp.snapshot_id]

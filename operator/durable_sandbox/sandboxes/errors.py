@@ -12,6 +12,7 @@ from durable_sandbox.sandboxes import journal
 class ReconstructionError(DurableError):
     def __init__(self, op_id: str, recorded: ToolResult, replayed: ToolResult) -> None:
         self.op_id = op_id
+        self.recorded, self.replayed = recorded, replayed  # what a fork's error shows (sandboxes/fork.py)
         super().__init__(
             f"Reconstruction operation {op_id} produced a different outcome. Recorded exit {recorded.exit_code}, "
             f"replayed exit {replayed.exit_code}"

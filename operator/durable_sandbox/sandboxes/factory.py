@@ -57,7 +57,8 @@ class SessionFactory:
             state.reopen_for(rt.epoch)
             if state.finalized or state.provider is None:
                 continue
-            session = SandboxSession(rt, sid, self.providers(state.provider), lease_seconds=int(state.options.get("leaseSeconds", 3600)))
+            session = SandboxSession(rt, sid, self.providers(state.provider), lease_seconds=int(state.options.get("leaseSeconds", 3600)),
+                                     keep_checkpoints=bool(state.options.get("keepCheckpoints")))  # hibernation keeps them too
             if action == "hibernate":
                 await session.hibernate()
             else:

@@ -39,7 +39,7 @@ from durable_sandbox.providers.contract import (
     ToolCall,
     ToolResult,
 )
-from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes import fork_journal, journal
 from durable_sandbox.sandboxes.call_failure import failure_message
 from durable_sandbox.sandboxes.call_records import (
     derived_operation_id,
@@ -111,6 +111,7 @@ class SandboxSession:
         owner: str | None = None,
         attach: str | None = None,
         next_index: int = 0,
+        keep_checkpoints: bool = False,
     ) -> None:
         if snapshot_every < 0:
             raise ValueError(f"snapshot_every must be >= 0, not {snapshot_every}")
@@ -120,6 +121,7 @@ class SandboxSession:
         self.sid = sid
         self.provider = provider
         self.snapshot_every = snapshot_every
+        self.keep_checkpoints = keep_checkpoints  # every checkpoint kept until the end: points to fork from
         self.retain_latest_snapshot = retain_latest_snapshot
         self.inject_loss_after = inject_loss_after
         self.suspend_between_calls = suspend_between_calls
@@ -139,6 +141,7 @@ class SandboxSession:
         self.replays = ReplayPlanner(self.scope)
         self.recoverer = Recoverer(self.scope, self.provisioner, self.replays)
         self.checkpointer = Checkpointer(self.scope, self.recoverer)
+        self.checkpointer.keep_all = keep_checkpoints
         self.teardown = Teardown(self.scope, self.provisioner, self.checkpointer)
 
     @property
@@ -157,7 +160,8 @@ class SandboxSession:
 
     def operation_id(self, index: int) -> str:
         given = self._operation_ids[index] if index < len(self._operation_ids) else None
-        return given or derived_operation_id(self.rt.run_id, self.sid, index)
+        run = fork_journal.derivation_run(self.rt.first, self.rt.run_id, self.sid, index)  # a fork: its source's
+        return given or derived_operation_id(run, self.sid, index)
 
     @property
     def handle(self) -> SandboxHandle | None:
@@ -313,6 +317,7 @@ class SandboxSession:
             "retainLatestSnapshot": self.retain_latest_snapshot,
             "injectLossAfter": self.inject_loss_after,
             "attach": self.attach,
+            "keepCheckpoints": self.keep_checkpoints,
         }
 
     # ------------------------------------------------------------------ a call's sandbox, and what follows a call

@@ -8,7 +8,7 @@ from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.providers.contract import SandboxHandle, ToolResult
-from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes import fork_journal, journal
 from durable_sandbox.sandboxes.call_records import result_from
 
 
@@ -17,6 +17,9 @@ class Checkpoint:
     count: int  # completed calls the snapshot contains
     snapshot_id: str
     op_id: str
+    # Another run's snapshot a fork was built from (sandboxes/fork_journal.py): restored from like one's own,
+    # never deleted from the provider (its owner deletes it); letting it go is only journaled.
+    borrowed: bool = False
 
 
 @dataclass
@@ -100,7 +103,8 @@ class SessionState:
         elif r.kind == OpKind.SANDBOX_DESTROY.value:
             self.forget(meta.get(journal.META_SANDBOX_ID))
         elif r.kind == OpKind.SANDBOX_SNAPSHOT.value:
-            self.checkpoints.append(Checkpoint(int(meta["count"]), r.result["snapshotId"], r.op_id))
+            self.checkpoints.append(Checkpoint(int(meta["count"]), r.result["snapshotId"], r.op_id,
+                                               bool(meta.get(fork_journal.BORROWED))))
         elif r.kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value:
             self.checkpoints = [c for c in self.checkpoints if c.snapshot_id != journal.deletion_of(r)]
         elif r.kind == OpKind.SANDBOX_CALL.value:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from durable_sandbox.cli import drive, dryrun
+from durable_sandbox.cli.commands import fork
 from durable_sandbox.cli.commands.common import outcome_code, pass_settings, report_outcome, run_async, worst
 from durable_sandbox.cli.jsonarg import read_input
 from durable_sandbox.cli.render import emit_data, state_doc
@@ -25,6 +26,9 @@ from durable_sandbox.runs.settings import Settings
 @click.option("--detach", is_flag=True, help="Create the run(s) and return; a background process drives them "
               "(then `dsb wait RUN`, `dsb logs -f RUN`).")
 @click.option("--dry-run", is_flag=True, help="Validate and print what would run; create and run nothing.")
+@click.option("--fork-of", metavar="RUN", help="Start from RUN's call N (--after): its workspace and journal up to "
+              "there, the rest run anew (docs/forks.md).")
+@click.option("--after", "after_call", type=click.IntRange(min=0), metavar="N", help="With --fork-of: the call.")
 @pass_settings
 def run(
     settings: Settings,
@@ -35,6 +39,8 @@ def run(
     thread_id: str | None,
     detach: bool,
     dry_run: bool,
+    fork_of: str | None,
+    after_call: int | None,
 ) -> None:
     """Run a Workflow manifest (FILE.yaml, '-' for stdin) or a workflow (module:function or registered name).
 
@@ -49,6 +55,10 @@ def run(
     if detach and target == "-":
         raise CliError("--detach needs a manifest file: the background process cannot read stdin again")
     given, value = read_input(input_json, input_file)
+    if fork_of is not None:
+        if detach or dry_run or thread_id:
+            raise CliError("--fork-of runs the fork now: give no --detach, --dry-run or --thread-id with it")
+        _report(settings, [fork.run_fork_of(settings, target, value, given, run_id, fork_of, after_call)])
     if is_manifest(target):
         if given:
             raise CliError("--input/--input-file apply to module:function targets; a manifest carries spec.input")

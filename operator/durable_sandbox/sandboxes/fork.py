@@ -1,0 +1,218 @@
+"""Fork a run at call N: new runs whose sandbox workspace is the source's state after its call N.
+
+Each fork is a run of its own (the source's workflow unless another is given, pending: a worker or
+``engine.resume`` continues it from call N with whatever the code does next, the way Temporal's reset and
+LangGraph's time travel do, with the workspace at N restored too). Its journal starts as
+sandboxes/fork_journal.py says; then, under the fork's lease, its session restores the newest checkpoint of
+the source at or before N, replays the calls after it in order with the outcome check (``onReplay`` honoured:
+``skip`` is not executed again, ``ask`` asks), and takes a snapshot of its own at N before letting the
+borrowed checkpoint go.
+
+Snapshot ownership: *each fork takes its own snapshot first*. No run ever deletes another's snapshot, and no
+run's deletion waits on another's: a run's finalizer needs only its own journal (no reference counts kept
+across runs that different people may own and delete in any order). The cost is one snapshot per fork. The
+source's checkpoint is needed only while a fork is being made; if its owner deletes it meanwhile, the fork's
+restore fails and the fork is undone (nothing half-made), and can be asked for again.
+
+K forks of one point are made from one replay: the first fork restores and replays, then its own snapshot at
+N is the checkpoint the others restore from (nothing to replay), when the provider takes snapshots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from durable_sandbox.engine import faults
+from durable_sandbox.engine.client import RunClient, new_run_id
+from durable_sandbox.engine.errors import DurableError, RunNotFound, Suspend
+from durable_sandbox.engine.executor import RunExecutor
+from durable_sandbox.engine.records import Lease, OperationRecord, RunRecord, RunStatus
+from durable_sandbox.engine.store import Store
+from durable_sandbox.providers.contract import Capability, SandboxProvider, ToolResult
+from durable_sandbox.sandboxes import fork_journal
+from durable_sandbox.sandboxes.fork_journal import Borrowed, ForkRefused
+from durable_sandbox.sandboxes.session import ReconstructionError, SandboxSession, SessionState
+
+__all__ = ["ForkDiverged", "ForkRefused", "Forked", "fork_run"]
+
+FORK_LABEL = "durable-sandbox.dev/fork-of"
+_SHOWN = 400  # characters of each stream an error shows
+
+
+class Engine(Protocol):
+    """What a fork needs of the engine (``durable_sandbox.Engine`` is one)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    client: RunClient
+    executor: RunExecutor
+
+    def sandbox_provider(self, name: str) -> SandboxProvider: ...
+
+
+class ForkSession(SandboxSession):
+    """A fork's session while the fork is being made: the two steps only a fork takes."""
+
+    async def rebuild(self) -> None:
+        """Restore the newest checkpoint (the borrowed one) and replay the calls since, outcomes checked."""
+        await self.recoverer.restore(reason=fork_journal.FORK_OP)
+
+    async def checkpoint_own(self) -> None:
+        """Snapshot the workspace now, then let go of the borrowed checkpoints (journaled only: their owner
+        deletes them): from then on the fork needs nothing of its source's."""
+        await self.checkpointer.checkpoint(self.state.completed)
+        for cp in [c for c in self.state.checkpoints if c.borrowed]:
+            await self.checkpointer.delete(cp)
+
+
+class ForkDiverged(DurableError):
+    """Replaying the source's calls into the fork gave another outcome than the source's journal records."""
+
+    def __init__(self, source: str, after_call: int, op_id: str, recorded: ToolResult, replayed: ToolResult) -> None:
+        def shown(r: ToolResult) -> str:
+            return f"exit {r.exit_code}, stdout {r.stdout[:_SHOWN]!r}, stderr {r.stderr[:_SHOWN]!r}"
+
+        super().__init__(
+            f"Fork of run {source!r} after call {after_call}: replaying call {op_id!r} diverged. Expected (the "
+            f"source's journal): {shown(recorded)}. Actual (replayed): {shown(replayed)}. The call is not "
+            f"deterministic (it reads the clock, the network, random data...); nothing was made. Journal it with "
+            f"on_replay='skip' (onReplay: skip) if its effect is outside the workspace, or fork before it."
+        )
+
+
+@dataclass
+class Forked:
+    """What ``fork`` made: the new runs (pending) and, for a replay that waits on ``ask`` answers, which."""
+
+    run_ids: list[str]
+    source: str
+    after_call: int
+    session: str
+    restored_from: str | None = None  # the source's snapshot the first fork was restored from (None: fresh)
+    waiting_for: dict[str, list[str]] = field(default_factory=dict)  # run id -> replay callbacks to answer
+
+
+async def fork_run(
+    engine: Engine, run_id: str, *, after_call: int, count: int = 1, session: str | None = None,
+    workflow: Any = None, input: Any = None, run_ids: Sequence[str] | None = None,
+) -> Forked:
+    """Make ``count`` forks of run ``run_id`` at its call ``after_call`` (see the module's docstring).
+    A fork whose replay diverges raises :class:`ForkDiverged` and every fork of this call is undone."""
+    if count < 1:
+        raise ForkRefused(f"count must be >= 1, not {count}")
+    ids = list(run_ids) if run_ids is not None else [new_run_id() for _ in range(count)]
+    if len(ids) != count:
+        raise ForkRefused(f"{count} forks asked for, {len(ids)} run ids given")
+    source = await engine.store.get_run(run_id)
+    if source is None:
+        raise RunNotFound(run_id)
+    rows = await engine.store.load_journal(run_id)
+    sid = fork_journal.session_to_fork(rows, session)
+    state = SessionState.derive(sid, rows)
+    if state.provider is None:
+        raise ForkRefused(f"Sandbox session {sid!r} of run {run_id!r} has no provider recorded; nothing to fork")
+    provider = engine.sandbox_provider(state.provider)
+    caps = provider.capabilities()
+    restorable = caps.supports(Capability.SNAPSHOT) and caps.supports(Capability.RESTORE)
+    usable = [c for c in state.checkpoints if c.count <= after_call] if restorable else []
+    borrowed = Borrowed(usable[-1].count, usable[-1].snapshot_id, run_id) if usable else None
+    made = Forked(ids, run_id, after_call, sid, restored_from=borrowed.snapshot_id if borrowed else None)
+    done: list[str] = []
+    try:
+        for fork_id in ids:
+            prefix = fork_journal.fork_prefix(rows, source_run=run_id, sid=sid, after_call=after_call,
+                                              borrowed=borrowed)
+            own = await _make_one(engine, source, fork_id, prefix, sid, workflow, input, made)
+            done.append(fork_id)
+            if own is not None and restorable:  # the next forks restore from this one's snapshot
+                borrowed = Borrowed(after_call, own, fork_id)
+    except BaseException:
+        for fork_id in done:
+            with contextlib.suppress(Exception):
+                await _undo(engine, fork_id)
+        raise
+    return made
+
+
+async def _make_one(
+    engine: Engine, source: RunRecord, fork_id: str, prefix: list[OperationRecord], sid: str,
+    workflow: Any, input: Any, made: Forked,
+) -> str | None:
+    """Create fork ``fork_id`` and build its workspace; returns its own snapshot at the fork point (if any)."""
+    labels = {**source.labels, FORK_LABEL: source.run_id} if source.labels else {FORK_LABEL: source.run_id}
+    if workflow is None:  # the source's, as recorded (its module need not be imported here)
+        record = RunRecord(run_id=fork_id, workflow=source.workflow, input=source.input if input is None else input,
+                           labels=labels, workflow_ref=source.workflow_ref)
+    else:
+        record = engine.client.record(workflow, source.input if input is None else input, run_id=fork_id,
+                                      labels=labels)
+    # Created waiting on nothing: no worker drives a fork until it is ready (made pending at the end). A fork
+    # whose maker died half-way stays so, and is removed by `delete` (its journal finds what it made).
+    record.status = RunStatus.WAITING
+    run, created = await engine.store.create_run(record)
+    if not created:
+        raise ForkRefused(f"Run {fork_id!r} exists already; choose a new run id for the fork")
+    lease = await engine.executor.claim(fork_id)
+    try:
+        rt = await engine.executor.open_runtime(run, lease)
+        await rt.write(*prefix)
+        st = SessionState.derive(sid, rt.known_rows())
+        assert st.provider is not None
+        options = st.options
+        session = ForkSession(rt, sid, engine.sandbox_provider(st.provider), template=options.get("template"),
+                              lease_seconds=int(options.get("leaseSeconds", 3600)),
+                              snapshot_every=int(options.get("snapshotEvery") or 0))
+        try:
+            await session.rebuild()
+        except Suspend as waiting:  # an ``ask`` call: the run waits for the answer; the restore resumes then
+            made.waiting_for[fork_id] = list(waiting.op_ids)
+            await _ready(engine, fork_id, lease)
+            return None
+        except ReconstructionError as diverged:
+            raise ForkDiverged(made.source, made.after_call, diverged.op_id, diverged.recorded,
+                               diverged.replayed) from None
+        own = None
+        caps = session.provider.capabilities()
+        if caps.supports(Capability.SNAPSHOT) and caps.supports(Capability.RESTORE):
+            await session.checkpoint_own()
+            latest = session.state.latest
+            own = latest.snapshot_id if latest is not None and not latest.borrowed else None
+        await _ready(engine, fork_id, lease)
+        return own
+    except BaseException:
+        await _undo_claimed(engine, run, lease)
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            await engine.store.release(lease)
+
+
+async def _ready(engine: Engine, fork_id: str, lease: Lease) -> None:
+    """The fork is made: runnable from now on (a worker, ``engine.resume``, ``dsb resume``)."""
+    faults.reach(f"fork-ready:{fork_id}")
+    await engine.store.update_run(fork_id, {"status": RunStatus.PENDING}, fence=lease.fence)
+
+
+async def _undo(engine: Engine, fork_id: str) -> None:
+    run = await engine.store.get_run(fork_id)
+    if run is None:
+        return
+    lease = await engine.executor.claim(fork_id)
+    try:
+        await _undo_claimed(engine, run, lease)
+    finally:
+        with contextlib.suppress(Exception):
+            await engine.store.release(lease)
+
+
+async def _undo_claimed(engine: Engine, run: RunRecord, lease: Lease) -> None:
+    """Finalize the fork's session (its sandboxes destroyed, its own snapshots deleted; borrowed ones only
+    let go), then delete the run: nothing of a fork that failed is left."""
+    hooks = engine.executor.hooks
+    if hooks is not None:
+        await hooks.cancel_cleanup(engine.executor, run, lease)
+    await engine.store.delete_run(run.run_id, fence=lease.fence)
