@@ -14,19 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from durable_sandbox.process_identity import process_start
 from tests.postgres.server import PostgresServer, PostgresUnavailable, install
 
 FIXTURE = "postgres_server"
 PREFIX = "dsb-postgres-"
 OWNER_FILE = "owner.json"  # which test session a server directory belongs to
-
-
-def _process_start(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2 :].split()[19]
 
 
 def reap_abandoned(base: Path) -> list[Path]:
@@ -37,7 +30,7 @@ def reap_abandoned(base: Path) -> list[Path]:
     for directory in base.glob(f"{PREFIX}*"):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             owner = json.loads((directory / OWNER_FILE).read_text())
-            if _process_start(int(owner["pid"])) == owner["start"]:
+            if process_start(int(owner["pid"])) == owner["start"]:
                 continue  # its session is alive
             with contextlib.suppress(PostgresUnavailable):
                 PostgresServer(directory).down()
@@ -70,7 +63,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     Outside pytest's tmp dir on purpose: the server user must be able to enter its directory."""
     reap_abandoned(Path(tempfile.gettempdir()))
     directory = Path(tempfile.mkdtemp(prefix=PREFIX))
-    (directory / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": _process_start(os.getpid())}))
+    (directory / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": process_start(os.getpid())}))
     server = PostgresServer(directory)
     try:
         server.up()

@@ -151,3 +151,13 @@ async def test_each_sandbox_lifecycle_operation_is_one_event(tmp_path: Path) -> 
     assert types.count("sandbox.lost") == 1, "the loss itself, with its reason, once"
     assert types.count("sandbox.recovered") == 1
     await engine.aclose()
+
+
+async def test_a_misspelt_option_of_a_new_run_is_refused_before_a_run_exists(tmp_path: Path) -> None:
+    # The options of a new run are one TypedDict (engine/client.py NewRun) for every way to create one; a
+    # name not among them is a TypeError, as a keyword signature would raise, not a silently ignored option.
+    engine = ds.Engine(SqliteStore(tmp_path / "runs.db"))
+    for create in (engine.run, engine.create, engine.start, engine.client.create):
+        with pytest.raises(TypeError, match="run_idd"):
+            await create(counter, "a", run_idd="t1")  # type: ignore[call-arg]
+    assert await engine.store.list_runs() == []

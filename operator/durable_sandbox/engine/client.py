@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from durable_sandbox.engine.errors import InvalidInput, RunConflict, RunNotFound
 from durable_sandbox.engine.events import tail
@@ -29,6 +29,16 @@ def new_run_id() -> str:
     return "run-" + uuid.uuid4().hex[:12]
 
 
+class NewRun(TypedDict, total=False):
+    """The options of a new run, one list for every way to create one (``RunClient.record``/``create``,
+    ``Engine.create``/``run``/``start``): ``run_id`` (default: a new one; the same id and input again is
+    the same run), ``thread_id`` (runs of one conversation) and ``labels``."""
+
+    run_id: str | None
+    thread_id: str | None
+    labels: dict[str, str] | None
+
+
 class RunClient:
     """Create, signal, cancel (request), inspect, history, stream and list runs of one store. ``reader`` says
     what the records of the engine's extensions mean (engine/extensions.py; the sandbox sessions')."""
@@ -37,17 +47,13 @@ class RunClient:
         self.store = store
         self.reader = reader
 
-    def record(
-        self,
-        workflow: Any,
-        input: Any = None,
-        *,
-        run_id: str | None = None,
-        thread_id: str | None = None,
-        labels: dict[str, str] | None = None,
-    ) -> RunRecord:
+    def record(self, workflow: Any, input: Any = None, **new: Unpack[NewRun]) -> RunRecord:
         """The record of a new run, checked (input against the workflow's type) but not stored: for
         stores that take more than the record when a run is created (the cluster's owner reference)."""
+        unknown = new.keys() - NewRun.__annotations__.keys()
+        if unknown:  # a keyword signature would refuse it too: a misspelt option is no silent default
+            raise TypeError(f"unexpected option(s) for a new run: {', '.join(sorted(unknown))} "
+                            f"(the options are {', '.join(NewRun.__annotations__)})")
         definition = definition_of(workflow)
         data = to_jsonable(input, what="The workflow input")
         try:
@@ -55,25 +61,17 @@ class RunClient:
         except InvalidInput as exc:
             raise InvalidInput(f"Input for workflow {definition.name!r} is invalid: {exc}") from None
         return RunRecord(
-            run_id=run_id or new_run_id(),
+            run_id=new.get("run_id") or new_run_id(),
             workflow=definition.name,
             input=data,
-            thread_id=thread_id,
-            labels=labels or {},
+            thread_id=new.get("thread_id"),
+            labels=new.get("labels") or {},
             workflow_ref=definition.ref,
         )
 
-    async def create(
-        self,
-        workflow: Any,
-        input: Any = None,
-        *,
-        run_id: str | None = None,
-        thread_id: str | None = None,
-        labels: dict[str, str] | None = None,
-    ) -> RunRecord:
+    async def create(self, workflow: Any, input: Any = None, **new: Unpack[NewRun]) -> RunRecord:
         """Record a new run (status pending) without executing it; idempotent for the same id and input."""
-        run = self.record(workflow, input, run_id=run_id, thread_id=thread_id, labels=labels)
+        run = self.record(workflow, input, **new)
         stored, created = await self.store.create_run(run)
         if not created and (stored.workflow != run.workflow or stored.input != run.input):
             raise RunConflict(

@@ -13,9 +13,9 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
-from durable_sandbox.engine.client import RunClient, new_run_id
+from durable_sandbox.engine.client import NewRun, RunClient, new_run_id
 from durable_sandbox.engine.continue_as_new import next_of
 from durable_sandbox.engine.driver import RunPolicy, enforce
 from durable_sandbox.engine.errors import RunNotFinished
@@ -100,38 +100,23 @@ class Engine:
 
     # ------------------------------------------------------------------ creating and driving runs
 
-    async def create(
-        self,
-        workflow: Any,
-        input: Any = None,
-        *,
-        run_id: str | None = None,
-        thread_id: str | None = None,
-        labels: dict[str, str] | None = None,
-    ) -> RunRecord:
-        """Record a new run (status pending) without executing it; idempotent for the same id and input.
-        With tracing on, the caller's trace context is recorded in its labels (engine/traced.py)."""
-        labels = caller_labels(self.extensions, labels, os.environ)
-        return await self.client.create(workflow, input, run_id=run_id, thread_id=thread_id, labels=labels)
+    async def create(self, workflow: Any, input: Any = None, **new: Unpack[NewRun]) -> RunRecord:
+        """Record a new run (status pending) without executing it; idempotent for the same id and input
+        (``NewRun`` lists the options). With tracing on, the caller's trace context is recorded in its labels
+        (engine/traced.py)."""
+        new["labels"] = caller_labels(self.extensions, new.get("labels"), os.environ)
+        return await self.client.create(workflow, input, **new)
 
-    async def run(
-        self,
-        workflow: Any,
-        input: Any = None,
-        *,
-        run_id: str | None = None,
-        thread_id: str | None = None,
-        labels: dict[str, str] | None = None,
-    ) -> RunState:
+    async def run(self, workflow: Any, input: Any = None, **new: Unpack[NewRun]) -> RunState:
         """Start (or continue) a run and drive it until it finishes or waits."""
         definition = definition_of(workflow)
-        run = await self.create(definition, input, run_id=run_id, thread_id=thread_id, labels=labels)
+        run = await self.create(definition, input, **new)
         return await self._drive(run.run_id, definition)
 
-    async def start(self, workflow: Any, input: Any = None, **kwargs: Any) -> str:
+    async def start(self, workflow: Any, input: Any = None, **new: Unpack[NewRun]) -> str:
         """Create a run and drive it in the background of this process; returns its run id."""
         definition = definition_of(workflow)
-        run = await self.create(definition, input, **kwargs)
+        run = await self.create(definition, input, **new)
         task = asyncio.create_task(self._drive(run.run_id, definition), name=run.run_id)
         self._background[run.run_id] = task
         task.add_done_callback(lambda _: self._background.pop(run.run_id, None))

@@ -15,15 +15,7 @@ import socket
 import uuid
 from dataclasses import dataclass
 
-
-def process_start(pid: int) -> str | None:
-    """The start time of process ``pid`` (clock ticks since boot), or None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
+from durable_sandbox.process_identity import process_start
 
 
 def new_worker_id() -> str:

@@ -142,41 +142,38 @@ def caller_labels(extensions: Extensions, labels: dict[str, str] | None, environ
     return {**(labels or {}), TRACEPARENT_LABEL: caller}
 
 
+def _traced_operation(kind: str) -> Callable[[Callable[Concatenate[C, str, P], Awaitable[T]]],
+                                             Callable[Concatenate[C, str, P], Awaitable[T]]]:
+    """A ``Context`` method taking an operation id in a span ``<kind> <op id>`` (an event when the journal
+    answers it): one wrapper for every traced operation kind, so they all trace alike."""
+
+    def decorate(method: Callable[Concatenate[C, str, P], Awaitable[T]]) -> Callable[Concatenate[C, str, P], Awaitable[T]]:
+        @functools.wraps(method)
+        async def operation(self: C, id: str, *args: P.args, **kwargs: P.kwargs) -> T:
+            rt = self.operations
+            tracing = tracing_of(rt)
+            if tracing is None:
+                return await method(self, id, *args, **kwargs)
+            op_id = self.scope + id
+            if replayed(tracing, rt, op_id, kind):
+                return await method(self, id, *args, **kwargs)
+            return await within(tracing, f"{kind} {op_id}", {OP_ID: op_id, OP_KIND: kind},
+                                lambda: method(self, id, *args, **kwargs))
+
+        return operation
+
+    return decorate
+
+
 def traced_step(method: Callable[Concatenate[C, str, P], Awaitable[T]]) -> Callable[Concatenate[C, str, P], Awaitable[T]]:
     """``Context.step`` in a span ``step <op id>`` (an event when it comes from the journal)."""
-
-    @functools.wraps(method)
-    async def step(self: C, id: str, *args: P.args, **kwargs: P.kwargs) -> T:
-        rt = self.operations
-        tracing = tracing_of(rt)
-        if tracing is None:
-            return await method(self, id, *args, **kwargs)
-        op_id = self.scope + id
-        if replayed(tracing, rt, op_id, "step"):
-            return await method(self, id, *args, **kwargs)
-        return await within(tracing, f"step {op_id}", {OP_ID: op_id, OP_KIND: "step"},
-                            lambda: method(self, id, *args, **kwargs))
-
-    return step
+    return _traced_operation("step")(method)
 
 
 def traced_callback(method: Callable[Concatenate[C, str, P], Awaitable[T]]) -> Callable[Concatenate[C, str, P], Awaitable[T]]:
     """``Context.callback`` in a span ``callback <op id>``: short when the signal is there, else it ends with
     the outcome ``waiting`` as the run suspends (the wait itself is between two attempts)."""
-
-    @functools.wraps(method)
-    async def callback(self: C, id: str, *args: P.args, **kwargs: P.kwargs) -> T:
-        rt = self.operations
-        tracing = tracing_of(rt)
-        if tracing is None:
-            return await method(self, id, *args, **kwargs)
-        op_id = self.scope + id
-        if replayed(tracing, rt, op_id, "callback"):
-            return await method(self, id, *args, **kwargs)
-        return await within(tracing, f"callback {op_id}", {OP_ID: op_id, OP_KIND: "callback"},
-                            lambda: method(self, id, *args, **kwargs))
-
-    return callback
+    return _traced_operation("callback")(method)
 
 
 async def under_caller(rt: RunRuntime, traceparent: str | None, name: str,

@@ -66,6 +66,7 @@ from durable_sandbox.sandboxes.session_checks import check_session
 from durable_sandbox.sandboxes.state import Checkpoint, SessionState
 from durable_sandbox.sandboxes.teardown import Teardown
 from durable_sandbox.sandboxes.traced import traced_pieces, traced_session
+from durable_sandbox.shell_args import shell_args
 
 __all__ = [
     "DEFAULT_HIBERNATE_AFTER",
@@ -236,13 +237,7 @@ class SandboxSession:
                     env: Mapping[str, str] | None = None, operation_id: str | None = None,
                     on_replay: str = journal.ON_REPLAY_RERUN) -> ToolResult:
         """Run ``command``; ``on_replay``: see :meth:`call`."""
-        args: dict[str, Any] = {"command": command}
-        if timeout is not None:
-            args["timeout"] = timeout
-        if cwd is not None:
-            args["cwd"] = cwd
-        if env:
-            args["env"] = dict(env)
+        args = shell_args(command, timeout, cwd, env)
         return await self.call(ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="shell", args=args),
                                on_replay=on_replay)
 

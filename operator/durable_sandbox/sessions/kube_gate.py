@@ -57,21 +57,9 @@ class KubeSandboxGate:
         """The live sandbox once the controller has replaced ``lost``; the call keeps holding the Sandbox meanwhile.
         ``status.lossReported`` wakes the controller to check it at once (else it would at its next renewal)."""
         await self.objects.patch_status(SANDBOXES, ref.namespace, ref.name, {LOSS_REPORTED: lost})
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            try:
-                handle = await self.holding.live_handle(ref.namespace, ref.name, SESSION_CLAIM)
-                if handle.id != lost:
-                    return handle
-                why = f"sandbox {lost} is lost and not replaced yet"
-            except SandboxHeld as waits:
-                why = str(waits)
-            await self._refuse_if_held(ref)
-            if time.monotonic() > deadline:
-                raise CallRefused(503, f"the Sandbox's lost sandbox was not replaced in time: {why}", where=ref.where,
-                                  do="retry the call with the same operationId; `kubectl describe dsbx` says what it "
-                                  "waits for")
-            await asyncio.sleep(POLL)
+        return await self._wait_live(ref, lambda handle: f"sandbox {lost} is lost and not replaced yet"
+                                     if handle.id == lost else None,
+                                     late="the Sandbox's lost sandbox was not replaced in time")
 
     async def lineage(self, ref: SandboxRef) -> Mapping[str, str]:
         found = (await self.records.read(ref.namespace, ref.uid)).get(LINEAGE)
@@ -95,16 +83,23 @@ class KubeSandboxGate:
             await self.holding.release(ref.namespace, ref.name, SESSION_CLAIM)
             raise
 
-    async def _wait_live(self, ref: SandboxRef) -> SandboxHandle:
+    async def _wait_live(self, ref: SandboxRef, unready: Callable[[SandboxHandle], str | None] = lambda _: None, *,
+                         late: str = "the Sandbox has no live sandbox yet") -> SandboxHandle:
+        """The Sandbox's live sandbox once ``unready`` finds nothing wrong with it (it answers why not, else None);
+        each round refuses the call if the Sandbox is held or gone meanwhile, and past the ready timeout with 503
+        (``late`` says what did not happen in time)."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
             try:
-                return await self.holding.live_handle(ref.namespace, ref.name, SESSION_CLAIM)
+                handle = await self.holding.live_handle(ref.namespace, ref.name, SESSION_CLAIM)
+                why = unready(handle)
+                if why is None:
+                    return handle
             except SandboxHeld as waits:
                 why = str(waits)
             await self._refuse_if_held(ref)
             if time.monotonic() > deadline:
-                raise CallRefused(503, f"the Sandbox has no live sandbox yet: {why}", where=ref.where,
+                raise CallRefused(503, f"{late}: {why}", where=ref.where,
                                   do="retry the call with the same operationId; `kubectl describe dsbx` says what it "
                                   "waits for")
             await asyncio.sleep(POLL)

@@ -68,14 +68,18 @@ class CustomObjects:
 
         return await json_body(call, parse=parse)
 
-    async def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+    async def _json_or_none(self, call: Any) -> dict[str, Any] | None:
+        """The object ``call`` answers, or None when it is gone (the class docstring says why that is no error)."""
         try:
-            return await self._json(self.api.custom.get_namespaced_custom_object_without_preload_content(
-                GROUP, VERSION, namespace, plural, name))
+            return await self._json(call)
         except Exception as exc:
             if _not_found(exc):
                 return None
             raise
+
+    async def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._json_or_none(self.api.custom.get_namespaced_custom_object_without_preload_content(
+            GROUP, VERSION, namespace, plural, name))
 
     async def list(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
         """The objects of ``namespace`` (None: of every namespace)."""
@@ -87,14 +91,9 @@ class CustomObjects:
     async def patch(self, plural: str, namespace: str, name: str, body: Any, *,
                     patch_type: PatchType = MERGE_PATCH) -> dict[str, Any] | None:
         """Patch the object (its spec or metadata: the status subresource ignores these writes)."""
-        try:
-            return await self._json(self.api.custom.patch_namespaced_custom_object_without_preload_content(
-                GROUP, VERSION, namespace, plural, name, body, field_manager=self.field_manager,
-                _content_type=patch_type))
-        except Exception as exc:
-            if _not_found(exc):
-                return None
-            raise
+        return await self._json_or_none(self.api.custom.patch_namespaced_custom_object_without_preload_content(
+            GROUP, VERSION, namespace, plural, name, body, field_manager=self.field_manager,
+            _content_type=patch_type))
 
     async def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any], *,
                            precondition: str | None = None) -> dict[str, Any] | None:
@@ -103,14 +102,10 @@ class CustomObjects:
         body: dict[str, Any] = {"status": dict(status)}
         if precondition is not None:
             body["metadata"] = {"resourceVersion": precondition}
-        try:
-            return await self._json(self.api.custom.patch_namespaced_custom_object_status_without_preload_content(
+        return await self._json_or_none(
+            self.api.custom.patch_namespaced_custom_object_status_without_preload_content(
                 GROUP, VERSION, namespace, plural, name, body, field_manager=self.field_manager,
                 _content_type=MERGE_PATCH))
-        except Exception as exc:
-            if _not_found(exc):
-                return None
-            raise
 
     async def apply(self, manifest: Mapping[str, Any], namespace: str) -> dict[str, Any]:
         """Server-side apply of one manifest (a Workflow or a Sandbox) in ``namespace``; returns the object."""

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from durable_sandbox.process_identity import process_start
+
 SANDBOX_ID = re.compile(r"lsb-[0-9a-f]{12}")
 SNAPSHOT_ID = re.compile(r"lsnap-[0-9a-f]{24}")
 
@@ -38,18 +40,6 @@ def snapshot_id_for(operation_id: str) -> str:
 
 def new_sandbox_id() -> str:
     return f"lsb-{uuid.uuid4().hex[:12]}"
-
-
-def process_start(pid: int) -> str | None:
-    """The start time of process ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat): with
-    the pid it names one process for good, even after the pid is reused. (engine/owner.py reads it the
-    same way for lease holders; providers import nothing of the engine, so each layer has its own.)"""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat_line = f.read()
-    except OSError:
-        return None
-    return stat_line[stat_line.rfind(b")") + 2 :].split()[19].decode()
 
 
 # Temp files carry "<pid>-<start time>" of the process writing them, so a later start can tell the

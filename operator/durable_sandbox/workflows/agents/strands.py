@@ -34,7 +34,7 @@ conversation manager, or none), session managers' own I/O, and strands interrupt
 from __future__ import annotations
 
 import importlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterable, Callable
 from typing import Any
 
 from strands.hooks import BeforeToolCallEvent
@@ -140,43 +140,56 @@ class DurableModel(Model):
         system_prompt: Any = None,
         **kwargs: Any,
     ) -> AsyncGenerator[Any, None]:
-        run = self._active()
-        if run is None:
-            async for event in self.inner.stream(messages, tool_specs, system_prompt, **kwargs):
-                yield event
-            return
+        def settle(run: DurableAgentRun, events: list[Any]) -> list[Any]:
+            run.plan_tools(_tool_use_ids(events))
+            return events
 
-        async def call() -> list[Any]:
-            return [e async for e in self.inner.stream(messages, tool_specs, system_prompt, **kwargs)]
-
-        try:
-            events = await run.model_call(call, request=_request(messages, tool_specs, system_prompt, kwargs))
-        except StepFailed as exc:
-            raise _model_error(exc) from None
-        run.plan_tools(_tool_use_ids(events))
-        for event in events:
+        async for event in self._model_events(
+            lambda: self.inner.stream(messages, tool_specs, system_prompt, **kwargs),
+            lambda: _request(messages, tool_specs, system_prompt, kwargs), settle=settle,
+        ):
             yield event
 
     async def structured_output(
         self, output_model: Any, prompt: Any, system_prompt: Any = None, **kwargs: Any
     ) -> AsyncGenerator[Any, None]:
+        def settle(run: DurableAgentRun, events: list[Any]) -> list[Any]:
+            return [{**event, "output": output_model.model_validate(event["output"])}
+                    if isinstance(event, dict) and "output" in event and isinstance(event["output"], dict) else event
+                    for event in events]
+
+        async for event in self._model_events(
+            lambda: self.inner.structured_output(output_model, prompt, system_prompt, **kwargs),
+            lambda: {"messages": prompt, "system": system_prompt, "output": getattr(output_model, "__qualname__", None)},
+            settle=settle, name="structured_output",
+        ):
+            yield event
+
+    async def _model_events(
+        self,
+        produce: Callable[[], AsyncIterable[Any]],
+        request: Callable[[], Any],
+        *,
+        settle: Callable[[DurableAgentRun, list[Any]], list[Any]],
+        name: str = "model",
+    ) -> AsyncGenerator[Any, None]:
+        """The wrapped model's events: streamed straight through outside an active run; inside one, collected
+        as one journaled model call (``request`` digested for the replay check), then ``settle``d (recorded and
+        replayed events alike) and yielded."""
         run = self._active()
         if run is None:
-            async for event in self.inner.structured_output(output_model, prompt, system_prompt, **kwargs):
+            async for event in produce():
                 yield event
             return
 
         async def call() -> list[Any]:
-            return [e async for e in self.inner.structured_output(output_model, prompt, system_prompt, **kwargs)]
+            return [e async for e in produce()]
 
-        request = {"messages": prompt, "system": system_prompt, "output": getattr(output_model, "__qualname__", None)}
         try:
-            events = await run.model_call(call, request=request, name="structured_output")
+            events = await run.model_call(call, request=request(), name=name)
         except StepFailed as exc:
             raise _model_error(exc) from None
-        for event in events:
-            if isinstance(event, dict) and "output" in event and isinstance(event["output"], dict):
-                event = {**event, "output": output_model.model_validate(event["output"])}
+        for event in settle(run, events):
             yield event
 
 
