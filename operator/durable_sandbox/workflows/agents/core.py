@@ -24,6 +24,7 @@ hand-written agent loop can use them directly.
 from __future__ import annotations
 
 import base64
+import contextlib
 import contextvars
 import hashlib
 import json
@@ -32,6 +33,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from durable_sandbox.engine import Context, RetryPolicy
+from durable_sandbox.sandboxes.call_scope import call_scope
 
 _BYTES = "__dsb_bytes__"
 _current: contextvars.ContextVar[DurableAgentRun | None] = contextvars.ContextVar("durable_agent_run", default=None)
@@ -191,7 +193,9 @@ class DurableAgentRun:
         op = self.tool_op(self._tool_number(call_id), name)
         req = digest(input) if self.check_input and input is not None else None
 
-        call = _encoded_call(fn, f"agent-tool:{tool_slug(name)}")
+        # Sandbox calls the tool makes are named after this step (``<op>/sbx/<k>``): replaying the step from the
+        # journal, which does not make them, shifts no other call, and a re-run of the step finds them journaled.
+        call = _encoded_call(fn, f"agent-tool:{tool_slug(name)}", scope=op)
         recorded = await self._step(op, call, req, retry=self.tool_retry, timeout=self.tool_timeout)
         return decode(recorded)
 
@@ -247,14 +251,16 @@ class DurableAgent(Protocol):
 __all__ = ["DurableAgent", "DurableAgentRun", "current_run", "decode", "digest", "encode", "tool_slug"]
 
 
-def _encoded_call(fn: Callable[[], Any], name: str) -> Callable[[str | None], Awaitable[Any]]:
+def _encoded_call(fn: Callable[[], Any], name: str, *, scope: str | None = None) -> Callable[[str | None], Awaitable[Any]]:
     """A step function for one model or tool call. Its argument is the request digest, which only feeds
-    the step's input check; ``name`` is what the journal records (and replay compares)."""
+    the step's input check; ``name`` is what the journal records (and replay compares). With ``scope`` (a tool
+    call's op id), sandbox calls made inside are named after it (sandboxes/call_scope.py)."""
 
     async def call(_request_digest: str | None) -> Any:
-        value = fn()
-        if hasattr(value, "__await__"):
-            value = await value
+        with call_scope(scope) if scope is not None else contextlib.nullcontext():
+            value = fn()
+            if hasattr(value, "__await__"):
+                value = await value
         return encode(value)
 
     call.__name__ = call.__qualname__ = name
