@@ -6,6 +6,7 @@ in one sandbox, and one runs in a replacement only as the restore's journaled re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -18,10 +19,12 @@ import pytest
 
 pytest.importorskip("strands")
 
+import durable_sandbox
 from durable_sandbox.engine import RunStatus
-from durable_sandbox.providers.contract import SandboxHandle
+from durable_sandbox.providers.contract import SandboxHandle, ToolCall, ToolResult
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore
+from durable_sandbox.workflows.agents import DurableAgentRun
 from tests.unit.agent_sandbox_support import SESSION, agent_tools_flow, engine, executed, hand_written_loop
 from tests.unit.lease_support import wait_for_lease_expiry
 
@@ -180,3 +183,49 @@ async def test_a_hand_written_loop_resumed_after_its_tools_were_journaled_makes_
     assert_no_call_ran_twice(executed(tmp_path / "effects.jsonl"), rows)
     calls = [r.op_id for r in rows if r.kind == "sandbox.call" and r.status == "completed"]
     assert calls[:2] == [f"{SESSION}/loop/tool/1-write/sbx/1", f"{SESSION}/loop/tool/1-write/sbx/2"]
+
+
+class Overlaps(LocalProvider):
+    """Counts calls executing at once; each yields to the event loop in between, so two unserialized calls overlap."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__(home)
+        self.active = self.most = 0
+
+    async def execute(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
+        self.active += 1
+        self.most = max(self.most, self.active)
+        try:
+            for _ in range(5):
+                await asyncio.sleep(0)  # a yield, not a wait: the other tool's task gets to run here
+            return await super().execute(handle, call)
+        finally:
+            self.active -= 1
+
+
+@durable_sandbox.workflow(name="tests.agent-sandbox-gather")
+async def gathered_tools(ctx: durable_sandbox.Context, params: dict[str, Any]) -> list[str]:
+    async with ctx.sandbox(SESSION, provider="local") as sbx:
+        run = DurableAgentRun(ctx, "g")
+
+        async def touch(name: str) -> str:
+            for k in range(3):
+                await sbx.shell(f"echo {k} >> {name}")
+            return name
+
+        return list(await asyncio.gather(*(run.tool_call("touch", lambda n=n: touch(n), call_id=n) for n in ("x", "y"))))
+
+
+async def test_concurrent_tools_calls_run_one_at_a_time_in_the_sandbox(tmp_path: Path) -> None:
+    provider = Overlaps(tmp_path / "home")
+    eng = durable_sandbox.Engine(SqliteStore(tmp_path / "runs.db"), providers={"local": provider})
+    try:
+        state = await eng.run(gathered_tools, {}, run_id="gather")
+    finally:
+        await eng.aclose()
+    assert state.status == RunStatus.SUCCEEDED, state.error
+    assert provider.most == 1
+    rows = await journal_of(tmp_path / "runs.db", "gather")
+    calls = [r for r in rows if r.kind == "sandbox.call" and r.status == "completed"]
+    assert [r.meta["index"] for r in calls] == list(range(6))  # indexes in the order the sandbox ran them
+    assert {r.op_id for r in calls} == {f"{SESSION}/g/tool/{n}-touch/sbx/{k}" for n in (1, 2) for k in (1, 2, 3)}

@@ -86,11 +86,11 @@ class SessionState:
                 self.options = meta.get("options", self.options)
             if r.kind == OpKind.SANDBOX_CALL.value:
                 self.policies[r.op_id] = journal.on_replay(r)
+            if meta.get("handle"):
+                self.pending_handles.append(SandboxHandle.model_validate(meta["handle"]))
         index = journal.call_index(r)
         if index is not None:
             self.took(index)
-            if meta.get("handle"):
-                self.pending_handles.append(SandboxHandle.model_validate(meta["handle"]))
         if r.kind == OpKind.SANDBOX_RESTORE.value and r.status == "failed":
             self.restores += 1
             self.recovery_attempts += meta.get(journal.META_REASON) == journal.REASON_RECOVERY

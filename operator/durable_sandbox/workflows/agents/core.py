@@ -16,6 +16,11 @@ Tool numbers are assigned in the order the model *requested* the tools (:meth:`D
 with the call ids from the model's response), not in the order concurrent tools happen to start, so a
 framework that runs tools concurrently still gets stable ids.
 
+A tool may call the run's sandbox: calls it makes without an operation id are named after the tool
+call, ``<agent-id>/tool/<n>-<toolname>/sbx/<k>`` (``sandboxes/call_scope.py``), so a tool replayed from
+the journal (which does not make them) shifts no other call, and a tool run again after a crash finds
+its committed calls in the journal instead of running them again.
+
 An adapter for a framework (``strands.py`` is the first) intercepts the framework's model and tool calls
 and routes them through :meth:`DurableAgentRun.model_call` and :meth:`DurableAgentRun.tool_call`; a
 hand-written agent loop can use them directly.
