@@ -62,6 +62,15 @@ def replayed_by_restores(rows: list[Any]) -> Counter[str]:
     return counts
 
 
+def assert_one_place_per_call(rows: list[Any]) -> None:
+    """Every call journaled at one index, every index held by one call, none left out: replayed tools, which
+    make no calls, shifted nothing (a rebuilt sandbox replays the calls in the order they ran)."""
+    places = {(r.op_id, r.meta["index"]) for r in rows if r.kind == "sandbox.call" and "index" in (r.meta or {})}
+    ops = [op for op, _ in places]
+    indexes = sorted(i for _, i in places)
+    assert len(set(ops)) == len(ops) and indexes == list(range(len(indexes))), sorted(places, key=lambda p: p[1])
+
+
 def assert_no_call_ran_twice(log: list[dict[str, str]], rows: list[Any]) -> None:
     """No call ran twice in one sandbox; beyond its first run, a call ran only as a restore's journaled replay."""
     pairs = Counter((e["op"], e["sandbox"]) for e in log)
@@ -132,6 +141,7 @@ async def test_killed_mid_run_and_resumed_with_a_loss_no_call_runs_twice(
     rows = await journal_of(db, "killed")
     everything = executed(log)
     assert_no_call_ran_twice(everything, rows)
+    assert_one_place_per_call(rows)
     after = [e["op"] for e in everything[len(before):]]
     assert not set(after) & {e["op"] for e in before} - set(replayed_by_restores(rows))
     assert set(TOOL_CALLS) <= {e["op"] for e in everything}
@@ -163,6 +173,7 @@ async def test_a_sandbox_lost_while_the_run_was_down_is_rebuilt_before_the_agent
     assert state.result == plain
     rows = await journal_of(db, "killed")
     assert_no_call_ran_twice(executed(log), rows)
+    assert_one_place_per_call(rows)
     after = executed(log)[len(before):]
     # The interrupted call found the sandbox gone; every call before it was replayed into a replacement first.
     replayed = [e["op"] for e in after[:len(before)]]
