@@ -108,8 +108,9 @@ class ReplayPlanner:
 
     def recorded_call(self, op_id: str, index: int) -> ToolCall:
         """The call ``op_id`` as it was issued, to execute again into a replacement."""
-        # The workflow re-issues its calls in order before any later one can need a recovery, so every
-        # call to replay was seen in this process, env values included; the journal is the fallback.
+        # The workflow re-issues its own calls in order before any later one can need a recovery, so those
+        # were seen in this process, env values included; the calls of agent tools replayed from the journal
+        # were not (call_scope.py): the journal is their source.
         if op_id in self.calls:
             return self.calls[op_id]
         sid = self.scope.sid
@@ -120,6 +121,8 @@ class ReplayPlanner:
         if args["args"].get("env"):
             raise DurableError(
                 f"Sandbox {sid!r}: call {op_id} set env values, which the journal does not keep; it can only "
-                f"be replayed after the workflow issues it again"
+                f"be replayed after the workflow issues it again (a call made inside an agent tool that was "
+                f"replayed from the journal is not issued again): give such values to the session "
+                f"(ctx.sandbox(..., env=)), not to a call"
             )
         return ToolCall(operation_id=self.scope.local(op_id), type=args["type"], args=args["args"])

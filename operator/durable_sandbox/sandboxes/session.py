@@ -47,6 +47,7 @@ from durable_sandbox.sandboxes.call_records import (
     result_from,
     result_json,
 )
+from durable_sandbox.sandboxes.call_scope import current_call_scope
 from durable_sandbox.sandboxes.checkpoints import Checkpointer
 from durable_sandbox.sandboxes.errors import (
     AttachedSandboxLost,
@@ -131,9 +132,15 @@ class SandboxSession:
         self.lease_seconds = lease_seconds
         self.spec = sandbox_spec(rt, sid, template=template, env=env, owner=owner, retain=retain_latest_snapshot)
         self._operation_ids = list(operation_ids or [])
-        # Where the session's next call goes: 0 for a workflow (its code calls from the first again on replay);
-        # a Sandbox's own session (sessions/journal.py) is opened for one call at its place in the order.
+        # Where a new call goes at the earliest (after every journaled one in any case): 0 for a workflow; a
+        # Sandbox's own session (sessions/journal.py) is opened for one call at its place in the order.
         self._next_index = next_index
+        # Calls the workflow's own code made (not a journaled step's: call_scope.py), in its order: what names a
+        # call given no operation id, since that code issues them again, in the same order, on every execution.
+        self._issued = next_index
+        # One call at a time in the sandbox (an agent's concurrent tools): a call's index is its place in the order
+        # the sandbox ran them, which is the order a rebuilt sandbox replays them in.
+        self._one_at_a_time = asyncio.Lock()
         self._suspended = False
         self.scope = SessionScope.open(rt, sid, provider)
         # The name of a Sandbox resource whose live sandbox this session uses instead of provisioning one:
@@ -164,6 +171,18 @@ class SandboxSession:
         run = fork_journal.derivation_run(self.rt.first, self.rt.run_id, self.sid, index)  # a fork: its source's
         return given or derived_operation_id(run, self.sid, index)
 
+    def _default_operation_id(self) -> str:
+        """The id of the next call given none: ``<step op id>/sbx/<k>`` inside a journaled step (an agent's tool),
+        else derived from its place among the calls the workflow's own code made."""
+        scope = current_call_scope()
+        return scope.next_operation_id() if scope is not None else self.operation_id(self._issued)
+
+    def _index_of(self, op_id: str) -> int:
+        """The call's place in the session's order: the one its journal record took (a replayed or retried call;
+        a journaled step replayed without making its calls shifts nothing), else after every journaled call."""
+        index = journal.call_index(prev) if (prev := self.rt.lookup(op_id)) is not None else None
+        return index if index is not None else max(self._next_index, self.state.next_index)
+
     @property
     def handle(self) -> SandboxHandle | None:
         return self.state.handle
@@ -180,11 +199,17 @@ class SandboxSession:
         ``replay:<op id>``, answered rerun or skip). It is journaled with the call when it first runs, and
         that is what a replay follows."""
         journal.check_on_replay(on_replay, f"Sandbox {self.sid!r}, call {call.operation_id!r}")
-        index = self._next_index
-        self._next_index += 1
+        if current_call_scope() is None:
+            self._issued += 1
         if reserved_operation_id(call.operation_id):
             raise ValueError(f"Sandbox {self.sid!r}: operation id {call.operation_id!r} is reserved; choose another id")
+        async with self._one_at_a_time:
+            return await self._call(call, fails=fails, on_replay=on_replay)
+
+    async def _call(self, call: ToolCall, *, fails: Callable[[ToolResult], str | None] | None,
+                    on_replay: str) -> ToolResult:
         op_id = journal.call_id(self.sid, call.operation_id)
+        index = self._index_of(op_id)
         self.replays.calls[op_id] = call  # with its env values, which the journal does not keep (for replay)
         digest = value_digest([call.type, call.args])
         prev = self.rt.enter(op_id, OpKind.SANDBOX_CALL.value, call.type, digest)
@@ -213,6 +238,7 @@ class SandboxSession:
             await self.scope.write(op_id, OpKind.SANDBOX_CALL, call.type, "started", digest=digest, meta=meta,
                                    check_cancel=True)
             self.state.policies[op_id] = on_replay
+            self.state.took(index)
         # Capped here, whatever the provider returned: the caller sees what the journal keeps, so a
         # replay returns the same result as the first execution.
         faults.reach(f"before:{op_id}")
@@ -238,13 +264,13 @@ class SandboxSession:
                     on_replay: str = journal.ON_REPLAY_RERUN) -> ToolResult:
         """Run ``command``; ``on_replay``: see :meth:`call`."""
         args = shell_args(command, timeout, cwd, env)
-        return await self.call(ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="shell", args=args),
+        return await self.call(ToolCall(operation_id=operation_id or self._default_operation_id(), type="shell", args=args),
                                on_replay=on_replay)
 
     async def write_file(self, path: str, contents: str, *, operation_id: str | None = None,
                          on_replay: str = journal.ON_REPLAY_RERUN) -> ToolResult:
         return await self.call(
-            ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="write_file",
+            ToolCall(operation_id=operation_id or self._default_operation_id(), type="write_file",
                      args={"path": path, "contents": contents}),
             on_replay=on_replay,
         )
@@ -252,7 +278,7 @@ class SandboxSession:
     async def read_file(self, path: str, *, operation_id: str | None = None,
                         on_replay: str = journal.ON_REPLAY_RERUN) -> ToolResult:
         return await self.call(
-            ToolCall(operation_id=operation_id or self.operation_id(self._next_index), type="read_file", args={"path": path}),
+            ToolCall(operation_id=operation_id or self._default_operation_id(), type="read_file", args={"path": path}),
             on_replay=on_replay,
         )
 

@@ -34,6 +34,7 @@ class SessionState:
     pending_handles: list[SandboxHandle] = field(default_factory=list)  # made but not yet adopted
     checkpoints: list[Checkpoint] = field(default_factory=list)
     calls: dict[int, tuple[str, ToolResult]] = field(default_factory=dict)  # index -> (op id, result)
+    next_index: int = 0  # after every call journaled (started included): where a new call goes
     # call op id -> what a replay does with it (journal.ON_REPLAY_*), as its started record said
     policies: dict[str, str] = field(default_factory=dict)
     recoveries: int = 0
@@ -51,6 +52,10 @@ class SessionState:
         while n in self.calls:
             n += 1
         return n
+
+    def took(self, index: int) -> None:
+        """A call was journaled at ``index``: new calls go after it."""
+        self.next_index = max(self.next_index, index + 1)
 
     @property
     def latest(self) -> Checkpoint | None:
@@ -86,6 +91,9 @@ class SessionState:
                 self.policies[r.op_id] = journal.on_replay(r)
             if meta.get("handle"):
                 self.pending_handles.append(SandboxHandle.model_validate(meta["handle"]))
+        index = journal.call_index(r)
+        if index is not None:
+            self.took(index)
         if r.kind == OpKind.SANDBOX_RESTORE.value and r.status == "failed":
             self.restores += 1
             self.recovery_attempts += meta.get(journal.META_REASON) == journal.REASON_RECOVERY

@@ -16,6 +16,11 @@ Tool numbers are assigned in the order the model *requested* the tools (:meth:`D
 with the call ids from the model's response), not in the order concurrent tools happen to start, so a
 framework that runs tools concurrently still gets stable ids.
 
+A tool may call the run's sandbox: calls it makes without an operation id are named after the tool
+call, ``<agent-id>/tool/<n>-<toolname>/sbx/<k>`` (``sandboxes/call_scope.py``), so a tool replayed from
+the journal (which does not make them) shifts no other call, and a tool run again after a crash finds
+its committed calls in the journal instead of running them again.
+
 An adapter for a framework (``strands.py`` is the first) intercepts the framework's model and tool calls
 and routes them through :meth:`DurableAgentRun.model_call` and :meth:`DurableAgentRun.tool_call`; a
 hand-written agent loop can use them directly.
@@ -24,6 +29,7 @@ hand-written agent loop can use them directly.
 from __future__ import annotations
 
 import base64
+import contextlib
 import contextvars
 import hashlib
 import json
@@ -32,6 +38,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from durable_sandbox.engine import Context, RetryPolicy
+from durable_sandbox.sandboxes.call_scope import call_scope
 
 _BYTES = "__dsb_bytes__"
 _current: contextvars.ContextVar[DurableAgentRun | None] = contextvars.ContextVar("durable_agent_run", default=None)
@@ -191,7 +198,9 @@ class DurableAgentRun:
         op = self.tool_op(self._tool_number(call_id), name)
         req = digest(input) if self.check_input and input is not None else None
 
-        call = _encoded_call(fn, f"agent-tool:{tool_slug(name)}")
+        # Sandbox calls the tool makes are named after this step (``<op>/sbx/<k>``): replaying the step from the
+        # journal, which does not make them, shifts no other call, and a re-run of the step finds them journaled.
+        call = _encoded_call(fn, f"agent-tool:{tool_slug(name)}", scope=op)
         recorded = await self._step(op, call, req, retry=self.tool_retry, timeout=self.tool_timeout)
         return decode(recorded)
 
@@ -247,14 +256,16 @@ class DurableAgent(Protocol):
 __all__ = ["DurableAgent", "DurableAgentRun", "current_run", "decode", "digest", "encode", "tool_slug"]
 
 
-def _encoded_call(fn: Callable[[], Any], name: str) -> Callable[[str | None], Awaitable[Any]]:
+def _encoded_call(fn: Callable[[], Any], name: str, *, scope: str | None = None) -> Callable[[str | None], Awaitable[Any]]:
     """A step function for one model or tool call. Its argument is the request digest, which only feeds
-    the step's input check; ``name`` is what the journal records (and replay compares)."""
+    the step's input check; ``name`` is what the journal records (and replay compares). With ``scope`` (a tool
+    call's op id), sandbox calls made inside are named after it (sandboxes/call_scope.py)."""
 
     async def call(_request_digest: str | None) -> Any:
-        value = fn()
-        if hasattr(value, "__await__"):
-            value = await value
+        with call_scope(scope) if scope is not None else contextlib.nullcontext():
+            value = fn()
+            if hasattr(value, "__await__"):
+                value = await value
         return encode(value)
 
     call.__name__ = call.__qualname__ = name
