@@ -95,6 +95,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 enforcer_binary()  # scripts/netpol-build: kube-router, for the tests that enforce NetworkPolicy
             except RuntimeError:  # remembered; the fixture raises it
                 pass
+    if any("agent_sandbox" in getattr(item, "fixturenames", ()) for item in will_run(session.items)):
+        from .agent_sandbox_support import agent_sandbox_build
+
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            try:
+                agent_sandbox_build()  # scripts/agent-sandbox-build: kubernetes-sigs/agent-sandbox's controller
+            except RuntimeError:  # remembered; the fixture raises it
+                pass
     if any("trace_collector" in getattr(item, "fixturenames", ()) for item in will_run(session.items)):
         from .trace_support import collector_binary
 

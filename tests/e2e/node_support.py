@@ -274,7 +274,8 @@ def _node_processes() -> set[str]:
         line = " ".join(args)
         if (exe in NODE_PROGRAMS and any(str(d) in line for d in NODE_DIRS)) or "bind=10.0.0.1," in line \
                 or (exe == "controlplane" and args[1:2] in (["kubelet"], ["kube-scheduler"])) or exe == "pause" \
-                or exe == "kube-router":  # tests/e2e/netpol_support.py's enforcer
+                or exe == "kube-router" \
+                or exe == "agent-sandbox-controller":  # tests/e2e/netpol_support.py's, agent_sandbox_support.py's
             found.add(f"{entry.name} {line[:200]}")
     return found
 
