@@ -13,6 +13,7 @@ from pathlib import Path
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider, SandboxSpec
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.hold import HoldSettings
 from durable_sandbox.sessions.journal import SandboxRef, SessionJournal
 from durable_sandbox.sessions.models import Limits
 from durable_sandbox.sessions.service import SessionService
@@ -47,6 +48,7 @@ class FakeGate:
     handle: SandboxHandle
     held_by: str | None = None  # a Workflow holding the Sandbox
     taken: int = 0  # session calls that took the holder
+    released: int = 0  # times the holder was let go
     in_live: asyncio.Event = field(default_factory=asyncio.Event)  # set while a call is inside live()
     let_go: asyncio.Event | None = None  # when set to an Event, live() waits on it (a call held in flight)
 
@@ -61,9 +63,12 @@ class FakeGate:
             raise CallRefused(409, f"the Sandbox is held by Workflow {self.held_by!r}", where=ref.where, do="wait")
         self.taken += 1
         self.in_live.set()
-        if self.let_go is not None:
-            await self.let_go.wait()
-        yield self.handle, self.provider
+        try:
+            if self.let_go is not None:
+                await self.let_go.wait()
+            yield self.handle, self.provider
+        finally:
+            self.released += 1
 
 
 async def local_gate(home: Path) -> FakeGate:
@@ -73,9 +78,15 @@ async def local_gate(home: Path) -> FakeGate:
 
 
 def service(store: SqliteStore, gate: FakeGate, auth: FakeAuth | None = None, *, worker: str = "w1",
-            limits: Limits | None = None) -> SessionService:
-    journal = SessionJournal(store, worker_id=worker, lease_ttl=10.0, owned=False)
-    return SessionService(auth or FakeAuth(), gate, lambda _ns: journal, limits)
+            limits: Limits | None = None, hold: HoldSettings | None = None) -> SessionService:
+    return service_and_journal(store, gate, auth, worker=worker, limits=limits, hold=hold)[0]
+
+
+def service_and_journal(store: SqliteStore, gate: FakeGate, auth: FakeAuth | None = None, *, worker: str = "w1",
+                        limits: Limits | None = None, hold: HoldSettings | None = None,
+                        lease_ttl: float = 10.0) -> tuple[SessionService, SessionJournal]:
+    journal = SessionJournal(store, worker_id=worker, lease_ttl=lease_ttl, owned=False, hold=hold)
+    return SessionService(auth or FakeAuth(), gate, lambda _ns: journal, limits), journal
 
 
 def effects(path: Path) -> list[str]:

@@ -225,7 +225,7 @@ class SessionState:
             if r.kind == OpKind.SANDBOX_PROVISION.value and r.status == "started":
                 st.provider = meta.get("provider", st.provider)
                 st.options = meta.get("options", st.options)
-            if r.kind == OpKind.SANDBOX_CALL.value and r.status == "started":
+            if r.kind == OpKind.SANDBOX_CALL.value and (r.status == "started" or journal.META_CALL in meta):
                 st.policies[r.op_id] = journal.on_replay(r)
             if r.status == "started" and meta.get("handle"):
                 st.pending_handles.append(SandboxHandle.model_validate(meta["handle"]))
@@ -355,7 +355,7 @@ class SandboxSession:
         return self.state.handle
 
     async def call(self, call: ToolCall, *, fails: Callable[[ToolResult], str | None] | None = None,
-                   on_replay: str = journal.ON_REPLAY_RERUN) -> ToolResult:
+                   on_replay: str = journal.ON_REPLAY_RERUN, journal_start: bool = True) -> ToolResult:
         """Execute ``call`` (or return its recorded outcome). ``fails`` judges the outcome: a reason fails the
         call (journaled as failed, :class:`ToolCallFailed` raised), so the run fails and a retry of the run
         executes it again; None (the default for every outcome) makes it a completed call.
@@ -364,7 +364,14 @@ class SandboxSession:
         ``rerun`` it (the default), ``skip`` it (its journaled result stands; the rebuilt workspace lacks its
         changes: for calls whose effect is outside the workspace) or ``ask`` (wait on the callback
         ``replay:<op id>``, answered rerun or skip). It is journaled with the call when it first runs, and
-        that is what a replay follows."""
+        that is what a replay follows.
+
+        ``journal_start=False`` (a Sandbox's own session, ``sessions/journal.py``): no ``started`` record is
+        committed before the call runs; its one record, written when it completes, carries what the started
+        record would (the call, its index, ``onReplay``) and the caller commits it before answering. A crash
+        mid-call then leaves no trace, and the retry runs the call again, which is what a started record
+        without a completion leads to as well. The session's callers serialize its calls (one holder, one lease),
+        so no other call can take the index meanwhile."""
         journal.check_on_replay(on_replay, f"Sandbox {self.sid!r}, call {call.operation_id!r}")
         index = self._next_index
         self._next_index += 1
@@ -384,13 +391,14 @@ class SandboxSession:
         elif self.state.finalized:
             raise DurableError(f"Sandbox {self.sid!r} was already finalized; open a new session for more calls")
         else:
+            meta = {"index": index, "operationId": call.operation_id,
+                    "call": {"type": call.type, "args": journaled_args(call.args)}}
+            if on_replay != journal.ON_REPLAY_RERUN:  # absent means rerun: journals of plain calls stay as they were
+                meta[journal.META_ON_REPLAY] = on_replay
             if prev is None or prev.status == "failed":  # new, or failed in an earlier attempt of the run
-                meta = {"index": index, "operationId": call.operation_id,
-                        "call": {"type": call.type, "args": journaled_args(call.args)}}
-                if on_replay != journal.ON_REPLAY_RERUN:  # absent means rerun: journals of plain calls stay as they were
-                    meta[journal.META_ON_REPLAY] = on_replay
-                await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "started", digest=digest, meta=meta,
-                                    check_cancel=True)
+                if journal_start:
+                    await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "started", digest=digest, meta=meta,
+                                        check_cancel=True)
                 self.state.policies[op_id] = on_replay
             # Capped here, whatever the provider returned: the caller sees what the journal keeps, so a
             # replay returns the same result as the first execution.
@@ -407,9 +415,9 @@ class SandboxSession:
                 raise failure
             # Deferred: committed with the run's next write (the next call's start, a snapshot, the final
             # commit), so a call costs one commit; ``after:<op>`` is reached once it has landed.
+            done = {journal.META_INDEX: index, journal.META_OPERATION_ID: call.operation_id, journal.META_SANDBOX_ID: sandbox_id}
             await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "completed", digest=digest,
-                                result=_result_json(result),
-                                meta={journal.META_INDEX: index, journal.META_OPERATION_ID: call.operation_id, journal.META_SANDBOX_ID: sandbox_id},
+                                result=_result_json(result), meta=done if journal_start else {**meta, **done},
                                 defer=True)
             self.state.calls[index] = (op_id, result)
         await self._after_call(index + 1)

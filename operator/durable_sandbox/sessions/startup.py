@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from durable_sandbox.kube.workflow.controller import Operator
+from durable_sandbox.sessions.hold import HoldSettings
 from durable_sandbox.sessions.http import SessionApi, start_session_api
 from durable_sandbox.sessions.journal import SessionJournal
 from durable_sandbox.sessions.kube_auth import KubeAuthorizer
@@ -24,17 +25,18 @@ class SessionApiSettings:
     certfile: str | None = None
     keyfile: str | None = None
     limits: Limits = field(default_factory=Limits)
+    hold: HoldSettings = field(default_factory=HoldSettings)
 
 
-def build_service(op: Operator, settings: SessionApiSettings, namespaces: frozenset[str]) -> SessionService:
-    journals: dict[str, SessionJournal] = {}
+def build_service(op: Operator, settings: SessionApiSettings, namespaces: frozenset[str],
+                  journals: dict[str, SessionJournal]) -> SessionService:
 
     def journal_for(namespace: str) -> SessionJournal:
         found = journals.get(namespace)
         if found is None:
             found = journals[namespace] = SessionJournal(op.engines.journals.store_for(namespace),
                                                          worker_id=op.settings.worker_id,
-                                                         lease_ttl=op.settings.lease_ttl)
+                                                         lease_ttl=op.settings.lease_ttl, hold=settings.hold)
         return found
 
     gate = KubeSandboxGate(op.objects, op.records, op.holding, op.engines.provider_for_once, namespaces=namespaces)
@@ -49,9 +51,10 @@ class SessionApiService:
         self.settings = settings
         self.namespaces = frozenset(namespaces)
         self._server: SessionApi | None = None
+        self._journals: dict[str, SessionJournal] = {}  # namespace -> its Sandboxes' call journals (open sessions)
 
     async def start(self, workflows: Operator) -> None:
-        service = build_service(workflows, self.settings, self.namespaces)
+        service = build_service(workflows, self.settings, self.namespaces, self._journals)
         self._server = await start_session_api(service, host=self.settings.host, port=self.settings.port,
                                                certfile=self.settings.certfile, keyfile=self.settings.keyfile)
 
@@ -59,3 +62,5 @@ class SessionApiService:
         server, self._server = self._server, None
         if server is not None:
             await server.stop()
+        for journal in self._journals.values():  # after the last answer: the open sessions' holders and leases
+            await journal.aclose()
