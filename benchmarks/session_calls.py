@@ -164,7 +164,8 @@ def journal_phases(args: argparse.Namespace, kubeconfig: str, workdir: Path, lab
            **extra_env}
     log = (workdir / f"operator-{label}.log").open("wb")
     operator = subprocess.Popen([args.dsb, "operator", "--allow-local-provider", "-n", namespace, "--session-port",
-                                 str(port), "--session-host", "127.0.0.1", "--session-hold-seconds", str(HOLD_S)],
+                                 str(port), "--session-host", "127.0.0.1", "--session-hold-seconds", str(HOLD_S),
+                                 "--session-max-calls-per-second", "100000"],  # one caller for every session here
                                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     res: dict[str, Any] = {}
     try:

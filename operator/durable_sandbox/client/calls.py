@@ -21,6 +21,7 @@ URL_ENV = "DSB_SESSION_URL"  # the call API's address when none is given
 CA_ENV = "DSB_SESSION_CA"  # a CA bundle to verify it with (HTTPS)
 RETRY_FOR = 120.0  # seconds a call is retried (same operation id) across disconnects and retryable refusals
 FIRST_DELAY, MAX_DELAY = 0.2, 5.0
+MAX_WAIT_ASKED = 30.0  # the longest wait a server's Retry-After is followed for at once
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,26 @@ def _retry_after(outcome: httpx.Response | Exception, attempt: int, started: flo
             retry = outcome.status_code in (502, 503, 504)  # a proxy's answer, not the API's
         if not retry:
             return None
+        asked = _retry_after_header(outcome)
+        if asked is not None:  # the server says when (429 over the caller's rate): not sooner, and not for ever
+            return min(asked, MAX_WAIT_ASKED)
     elif not isinstance(outcome, httpx.TransportError):
         return None
     return min(FIRST_DELAY * 2 ** attempt, MAX_DELAY)
+
+
+def _retry_after_header(response: httpx.Response) -> float | None:
+    """The answer's wait in seconds: the error's ``retryAfter`` (fractions), else the Retry-After header."""
+    try:
+        given = (response.json().get("error") or {}).get("retryAfter")
+    except ValueError:
+        given = None
+    if given is None:
+        given = response.headers.get("retry-after")
+    try:
+        return max(float(given), 0.0) if given is not None else None
+    except ValueError:
+        return None  # an HTTP date: the backoff decides
 
 
 def _operation_id(given: str | None) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import ssl
 from dataclasses import dataclass
@@ -102,7 +103,10 @@ def _fields(exc: ValidationError) -> str:
 
 
 def _refusal(refused: CallRefused) -> JSONResponse:
-    return JSONResponse({"error": refused.body.model_dump()}, status_code=refused.status)
+    wait = refused.body.retryAfter
+    headers = {"Retry-After": str(max(1, math.ceil(wait)))} if wait is not None else None
+    return JSONResponse({"error": refused.body.model_dump(exclude_none=True)}, status_code=refused.status,
+                        headers=headers)
 
 
 class _QuietServer(uvicorn.Server):
