@@ -106,8 +106,9 @@ class _Target:
     name: str
     token: Callable[[], str]
 
-    def path(self, kind: str) -> str:
-        return f"{self.url.rstrip('/')}/v1/namespaces/{self.namespace}/sandboxes/{self.name}/{kind}"
+    def path(self, kind: str = "") -> str:
+        base = f"{self.url.rstrip('/')}/v1/namespaces/{self.namespace}/sandboxes/{self.name}"
+        return f"{base}/{kind}" if kind else base
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token()}"}
@@ -155,6 +156,23 @@ class SandboxClient:
                kubeconfig: str | None = None, context: str | None = None, **options: Any) -> SandboxClient:
         return cls(_target(name, namespace, url, token, kubeconfig, context), **options)
 
+    @classmethod
+    def create_or_attach(cls, name: str, *, spec: dict[str, Any] | None = None, wait: float = 300.0,
+                         namespace: str | None = None, url: str | None = None, token: str | None = None,
+                         kubeconfig: str | None = None, context: str | None = None, **options: Any) -> SandboxClient:
+        """Sandbox ``name``: created with ``spec`` (e.g. ``{"provider": "kubernetes"}``; needs create on sandboxes)
+        unless it exists (then attached as it is), and waited for until Ready (``wait`` seconds; 0: not waited)."""
+        box = cls.attach(name, namespace=namespace, url=url, token=token, kubeconfig=kubeconfig, context=context,
+                         **options)
+        try:
+            _lifecycle_answer(box._http.put(box.target.path(), json={"spec": spec or {}}, headers=box.target.headers()))
+            if wait:
+                box.wait_ready(timeout=wait)
+        except BaseException:
+            box.close()
+            raise
+        return box
+
     def call(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> CallResult:
         """Send one call (``kind`` and its fields), retried with the same operation id until it is answered."""
         body = {**body, "operationId": _operation_id(operation_id)}
@@ -190,6 +208,34 @@ class SandboxClient:
     def close(self) -> None:
         self._http.close()
 
+    # The Sandbox's lifecycle, done by the call API with this client's token (the caller's own rights: patch or
+    # delete on sandboxes, docs/agents.md); a refusal raises SandboxCallError.
+
+    def state(self) -> dict[str, Any]:
+        """The Sandbox's state: ``{name, uid, phase, ready, suspended}`` (needs get on sandboxes)."""
+        return _lifecycle_answer(self._http.get(self.target.path(), headers=self.target.headers()))
+
+    def suspend(self) -> dict[str, Any]:
+        """Set spec.suspend: the Sandbox is snapshotted and its sandbox let go (needs patch on sandboxes)."""
+        return _lifecycle_answer(self._http.post(self.target.path("suspend"), headers=self.target.headers()))
+
+    def resume(self) -> dict[str, Any]:
+        """Clear spec.suspend: the Sandbox is restored from its snapshot (wait for it with :meth:`wait_ready`)."""
+        return _lifecycle_answer(self._http.post(self.target.path("resume"), headers=self.target.headers()))
+
+    def delete(self) -> None:
+        """Delete the Sandbox (its sandbox, snapshots and call journal go with it; needs delete on sandboxes)."""
+        _lifecycle_answer(self._http.delete(self.target.path(), headers=self.target.headers()))
+
+    def wait_ready(self, timeout: float = 300.0, poll: float = 1.0) -> dict[str, Any]:
+        """The Sandbox's state once it is Ready; TimeoutError (with its last phase) after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not (state := self.state())["ready"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(_not_ready(self.target, state, timeout))
+            time.sleep(poll)
+        return state
+
     def __enter__(self) -> SandboxClient:
         return self
 
@@ -210,6 +256,23 @@ class AsyncSandboxClient:
     def attach(cls, name: str, *, namespace: str | None = None, url: str | None = None, token: str | None = None,
                kubeconfig: str | None = None, context: str | None = None, **options: Any) -> AsyncSandboxClient:
         return cls(_target(name, namespace, url, token, kubeconfig, context), **options)
+
+    @classmethod
+    async def create_or_attach(cls, name: str, *, spec: dict[str, Any] | None = None, wait: float = 300.0,
+                               namespace: str | None = None, url: str | None = None, token: str | None = None,
+                               kubeconfig: str | None = None, context: str | None = None,
+                               **options: Any) -> AsyncSandboxClient:
+        box = cls.attach(name, namespace=namespace, url=url, token=token, kubeconfig=kubeconfig, context=context,
+                         **options)
+        try:
+            _lifecycle_answer(await box._http.put(box.target.path(), json={"spec": spec or {}},
+                                                  headers=box.target.headers()))
+            if wait:
+                await box.wait_ready(timeout=wait)
+        except BaseException:
+            await box.aclose()
+            raise
+        return box
 
     async def call(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> CallResult:
         body = {**body, "operationId": _operation_id(operation_id)}
@@ -245,6 +308,26 @@ class AsyncSandboxClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    async def state(self) -> dict[str, Any]:
+        return _lifecycle_answer(await self._http.get(self.target.path(), headers=self.target.headers()))
+
+    async def suspend(self) -> dict[str, Any]:
+        return _lifecycle_answer(await self._http.post(self.target.path("suspend"), headers=self.target.headers()))
+
+    async def resume(self) -> dict[str, Any]:
+        return _lifecycle_answer(await self._http.post(self.target.path("resume"), headers=self.target.headers()))
+
+    async def delete(self) -> None:
+        _lifecycle_answer(await self._http.delete(self.target.path(), headers=self.target.headers()))
+
+    async def wait_ready(self, timeout: float = 300.0, poll: float = 1.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while not (state := await self.state())["ready"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(_not_ready(self.target, state, timeout))
+            await asyncio.sleep(poll)
+        return state
+
     async def __aenter__(self) -> AsyncSandboxClient:
         return self
 
@@ -264,3 +347,15 @@ def _entries(result: CallResult, path: str) -> list[str]:
     if result.exit_code != 0:
         raise FileNotFoundError(result.stderr.strip() or path)
     return [line for line in result.stdout.splitlines() if line]
+
+
+def _lifecycle_answer(response: httpx.Response) -> dict[str, Any]:
+    if response.status_code >= 400:
+        raise _error_of(response)
+    return dict(response.json())
+
+
+def _not_ready(target: _Target, state: dict[str, Any], timeout: float) -> str:
+    return (f"Sandbox {target.namespace}/{target.name} was not Ready after {timeout:g}s (phase "
+            f"{state.get('phase') or 'Pending'}{', suspended' if state.get('suspended') else ''}); `kubectl describe "
+            f"dsbx {target.name} -n {target.namespace}` says what it waits for")

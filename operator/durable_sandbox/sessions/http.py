@@ -3,7 +3,8 @@
 ``POST /v1/namespaces/<namespace>/sandboxes/<name>/<kind>`` with ``kind`` one of ``shell``, ``write_file``,
 ``read_file``, ``list``; a JSON body (``models.py``) with the caller's ``operationId``; ``Authorization: Bearer
 <Kubernetes token>``. The answer is the call's result (``CallAnswer``); every refusal a JSON ``{"error": {status,
-reason, what, where, do}}``. Why in the operator: it holds each Sandbox's record, holder and call journal, so the
+reason, what, where, do}}``. ``GET`` and ``DELETE`` on the Sandbox's path, ``POST .../suspend`` and
+``.../resume``, ``PUT`` (create or attach): its lifecycle, done with the caller's own credentials (``lifecycle.py``). Why in the operator: it holds each Sandbox's record, holder and call journal, so the
 call API is the same process that decides the Sandbox's lifecycle, with nothing between them to fail apart.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import socket
@@ -29,6 +31,7 @@ from durable_sandbox.engine.errors import DurableError
 from durable_sandbox.kube.api.client import brief, is_transient
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.lifecycle import Lifecycle
 from durable_sandbox.sessions.models import CALL_KINDS, request_model
 from durable_sandbox.sessions.service import SessionService
 
@@ -37,7 +40,7 @@ __all__ = ["SessionApi", "create_app", "start_session_api"]
 log = logging.getLogger("durable_sandbox.sessions")
 
 
-def create_app(service: SessionService) -> Starlette:
+def create_app(service: SessionService, lifecycle: Lifecycle | None = None) -> Starlette:
     async def call(request: Request) -> Response:
         namespace, name, kind = (request.path_params[k] for k in ("namespace", "name", "kind"))
         where = f"Sandbox {namespace}/{name}"
@@ -71,10 +74,47 @@ def create_app(service: SessionService) -> Starlette:
     async def healthz(_: Request) -> Response:
         return Response("ok\n")
 
+    async def lifecycle_call(request: Request) -> Response:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        token = _bearer(request)
+        try:
+            if lifecycle is None:
+                raise CallRefused(404, "this call API does not serve Sandbox lifecycle requests",
+                                  where=f"Sandbox {namespace}/{name}", do="use kubectl (patch spec.suspend, delete)")
+            action = request.url.path.rstrip("/").rsplit("/", 1)[-1]
+            if request.method == "PUT":  # create, or attach to the one that exists (its spec as it is)
+                spec = await _spec(request, service.limits.max_request_bytes, f"Sandbox {namespace}/{name}")
+                return JSONResponse(await lifecycle.create_or_get(token, namespace, name, spec))
+            if request.method == "DELETE":
+                await lifecycle.delete(token, namespace, name)
+                return JSONResponse({"deleted": True})
+            if action in ("suspend", "resume"):
+                return JSONResponse(await lifecycle.set_suspend(token, namespace, name, action == "suspend"))
+            return JSONResponse(await lifecycle.state(token, namespace, name))
+        except CallRefused as refused:
+            return _refusal(refused)
+
+    prefix = "/v1/namespaces/{namespace}/sandboxes/{name}"
     return Starlette(routes=[
-        Route("/v1/namespaces/{namespace}/sandboxes/{name}/{kind}", call, methods=["POST"]),
+        Route(prefix, lifecycle_call, methods=["GET", "PUT", "DELETE"]),
+        Route(prefix + "/suspend", lifecycle_call, methods=["POST"]),
+        Route(prefix + "/resume", lifecycle_call, methods=["POST"]),
+        Route(prefix + "/{kind}", call, methods=["POST"]),
         Route("/healthz", healthz),
     ])
+
+
+async def _spec(request: Request, limit: int, where: str) -> dict[str, Any]:
+    """A create-or-attach body: ``{"spec": {...}}`` (the Sandbox's spec; the API server validates it)."""
+    body = await _bounded_body(request, limit, where)
+    try:
+        parsed = json.loads(body or b"{}")
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("spec", {}), dict):
+        raise CallRefused(400, "the body is not {\"spec\": {...}}", where=f"{where}, request body",
+                          do="send the Sandbox's spec as {\"spec\": {...}} (docs/kubernetes.md#sandbox-resources)")
+    return dict(parsed.get("spec") or {})
 
 
 def _bearer(request: Request) -> str | None:
@@ -131,7 +171,7 @@ class SessionApi:
 
 
 async def start_session_api(service: SessionService, *, host: str, port: int, certfile: str | None = None,
-                            keyfile: str | None = None) -> SessionApi:
+                            keyfile: str | None = None, lifecycle: Lifecycle | None = None) -> SessionApi:
     """Serve the call API on ``host:port`` (0: any free port), over TLS when ``certfile`` is given."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -143,7 +183,7 @@ async def start_session_api(service: SessionService, *, host: str, port: int, ce
         raise RuntimeError(f"cannot serve the session API on {host}:{port}: {exc.strerror}; choose another "
                            f"--session-port") from exc
     sock.listen(128)
-    config = uvicorn.Config(create_app(service), lifespan="off", log_level="warning", access_log=False,
+    config = uvicorn.Config(create_app(service, lifecycle), lifespan="off", log_level="warning", access_log=False,
                             server_header=False, proxy_headers=False, timeout_graceful_shutdown=5,
                             ssl_certfile=certfile, ssl_keyfile=keyfile, ssl_version=ssl.PROTOCOL_TLS_SERVER)
     server = _QuietServer(config)

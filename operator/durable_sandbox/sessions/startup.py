@@ -12,6 +12,7 @@ from durable_sandbox.sessions.http import SessionApi, start_session_api
 from durable_sandbox.sessions.journal import SessionJournal
 from durable_sandbox.sessions.kube_auth import KubeAuthorizer
 from durable_sandbox.sessions.kube_gate import KubeSandboxGate
+from durable_sandbox.sessions.lifecycle import KubeLifecycle
 from durable_sandbox.sessions.models import Limits
 from durable_sandbox.sessions.service import SessionService
 
@@ -52,11 +53,14 @@ class SessionApiService:
         self.namespaces = frozenset(namespaces)
         self._server: SessionApi | None = None
         self._journals: dict[str, SessionJournal] = {}  # namespace -> its Sandboxes' call journals (open sessions)
+        self._lifecycle: KubeLifecycle | None = None
 
     async def start(self, workflows: Operator) -> None:
         service = build_service(workflows, self.settings, self.namespaces, self._journals)
+        self._lifecycle = KubeLifecycle.of(workflows.api.api_client.configuration)
         self._server = await start_session_api(service, host=self.settings.host, port=self.settings.port,
-                                               certfile=self.settings.certfile, keyfile=self.settings.keyfile)
+                                               certfile=self.settings.certfile, keyfile=self.settings.keyfile,
+                                               lifecycle=self._lifecycle)
 
     async def stop(self) -> None:
         server, self._server = self._server, None
@@ -64,3 +68,5 @@ class SessionApiService:
             await server.stop()
         for journal in self._journals.values():  # after the last answer: the open sessions' holders and leases
             await journal.aclose()
+        if self._lifecycle is not None:
+            await self._lifecycle.aclose()
