@@ -364,14 +364,7 @@ class SandboxSession:
         ``rerun`` it (the default), ``skip`` it (its journaled result stands; the rebuilt workspace lacks its
         changes: for calls whose effect is outside the workspace) or ``ask`` (wait on the callback
         ``replay:<op id>``, answered rerun or skip). It is journaled with the call when it first runs, and
-        that is what a replay follows.
-
-        ``journal_start=False`` (a Sandbox's own session, ``sessions/journal.py``): no ``started`` record is
-        committed before the call runs; its one record, written when it completes, carries what the started
-        record would (the call, its index, ``onReplay``) and the caller commits it before answering. A crash
-        mid-call then leaves no trace, and the retry runs the call again, which is what a started record
-        without a completion leads to as well. The session's callers serialize its calls (one holder, one lease),
-        so no other call can take the index meanwhile."""
+        that is what a replay follows. ``journal_start=False``: one record per call, at completion (sessions/journal.py)."""
         journal.check_on_replay(on_replay, f"Sandbox {self.sid!r}, call {call.operation_id!r}")
         index = self._next_index
         self._next_index += 1
@@ -413,8 +406,7 @@ class SandboxSession:
                                     meta={journal.META_INDEX: index, journal.META_OPERATION_ID: call.operation_id, journal.META_SANDBOX_ID: sandbox_id,
                                           "outcome": _result_json(result)})
                 raise failure
-            # Deferred: committed with the run's next write (the next call's start, a snapshot, the final
-            # commit), so a call costs one commit; ``after:<op>`` is reached once it has landed.
+            # Deferred: rides on the run's next commit (one commit per call); ``after:<op>`` is reached once it lands.
             done = {journal.META_INDEX: index, journal.META_OPERATION_ID: call.operation_id, journal.META_SANDBOX_ID: sandbox_id}
             await self._journal(op_id, OpKind.SANDBOX_CALL, call.type, "completed", digest=digest,
                                 result=_result_json(result), meta=done if journal_start else {**meta, **done},
