@@ -4,7 +4,9 @@ records, holder, providers and journals) and serves it."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from durable_sandbox.kube.workflow.controller import Operator
 from durable_sandbox.sessions.hold import HoldSettings
@@ -17,6 +19,8 @@ from durable_sandbox.sessions.models import Limits
 from durable_sandbox.sessions.service import SessionService
 
 __all__ = ["SessionApiService", "SessionApiSettings"]
+
+log = logging.getLogger("durable_sandbox.sessions")
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class SessionApiService:
         self._lifecycle = KubeLifecycle.of(workflows.api.api_client.configuration)
         self._server = await start_session_api(service, host=self.settings.host, port=self.settings.port,
                                                certfile=self.settings.certfile, keyfile=self.settings.keyfile,
-                                               lifecycle=self._lifecycle)
+                                               lifecycle=self._lifecycle, mcp=_mcp(service))
 
     async def stop(self) -> None:
         server, self._server = self._server, None
@@ -70,3 +74,13 @@ class SessionApiService:
             await journal.aclose()
         if self._lifecycle is not None:
             await self._lifecycle.aclose()
+
+
+def _mcp(service: SessionService) -> Any:
+    """MCP over HTTP (``mcp_http.py``) when the mcp package is installed (the kubernetes extra carries it)."""
+    try:
+        from durable_sandbox.sessions.mcp_http import McpEndpoint
+    except ImportError as exc:
+        log.warning("MCP over HTTP is not served: %s (pip install 'durable-sandbox[mcp]')", exc)
+        return None
+    return McpEndpoint(service)
