@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from durable_sandbox.sessions.journal import SESSION, calls_run_id
 from examples.mcp_agent import FIXED, run_agent
+
+from durable_sandbox.sessions.journal import SESSION, calls_run_id
 from tests.unit.test_mcp_http import call_api
 
 
