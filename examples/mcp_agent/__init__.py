@@ -49,7 +49,9 @@ def next_step(transcript: Transcript) -> tuple[str, dict[str, Any]] | None:
         return "read_file", {"path": "calc.py"}
     if done[-1] == "read_file" and "a - b" in transcript.last:
         return "write_file", {"path": "calc.py", "contents": FIXED}
-    return "shell", {"command": "python3 test_calc.py"}
+    # -B: no bytecode cache; the fix has the buggy module's size and may land in the same second as its first
+    # import, which Python's cache (mtime and size) would then take for the unchanged module.
+    return "shell", {"command": "python3 -B test_calc.py"}
 
 
 async def run_agent(url: str, token: str) -> Transcript:

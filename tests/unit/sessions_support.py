@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import uvicorn
+
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider, SandboxSpec
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.hold import HoldSettings
+from durable_sandbox.sessions.http import create_app
 from durable_sandbox.sessions.journal import SandboxRef, SessionJournal
 from durable_sandbox.sessions.models import Limits
 from durable_sandbox.sessions.service import SessionService
@@ -99,3 +103,42 @@ async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def serving_call_api(tmp_path: Path) -> AsyncIterator[tuple[int, FakeGate]]:
+    """The call API served by uvicorn on a free local port, over a local sandbox: (port, gate)."""
+    gate = await local_gate(tmp_path / "home")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(service(SqliteStore(tmp_path / "runs.db"), gate)),
+                                           lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    await until(lambda: server.started)
+    try:
+        yield int(sock.getsockname()[1]), gate
+    finally:
+        server.should_exit = True
+        await task
+
+
+@contextlib.asynccontextmanager
+async def serving_mcp(tmp_path: Path) -> AsyncIterator[tuple[str, FakeGate, SqliteStore]]:
+    """The call API with MCP over HTTP, served on a free local port: (the Sandbox box's MCP URL, gate, store)."""
+    from durable_sandbox.sessions.mcp_http import McpEndpoint
+
+    gate = await local_gate(tmp_path / "home")
+    store = SqliteStore(tmp_path / "runs.db")
+    svc = service(store, gate)
+    mcp = McpEndpoint(svc)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(svc, mcp=mcp), lifespan="off", log_level="warning"))
+    async with mcp.lifespan():
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        await until(lambda: server.started)
+        try:
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1/namespaces/demo/sandboxes/box/mcp", gate, store
+        finally:
+            server.should_exit = True
+            await task

@@ -8,11 +8,11 @@ from pathlib import Path
 from examples.mcp_agent import FIXED, run_agent
 
 from durable_sandbox.sessions.journal import SESSION, calls_run_id
-from tests.unit.test_mcp_http import call_api
+from tests.unit.sessions_support import serving_mcp
 
 
 async def test_the_example_agent_fixes_the_bug_through_mcp(tmp_path: Path) -> None:
-    async with call_api(tmp_path) as (url, gate, store):
+    async with serving_mcp(tmp_path) as (url, gate, store):
         transcript = await run_agent(url, "good-token")
         tools = [tool for tool, _, _ in transcript.steps]
         assert tools == ["write_file", "write_file", "shell", "read_file", "write_file", "shell"]

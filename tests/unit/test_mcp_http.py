@@ -5,42 +5,15 @@ nothing runs."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-from durable_sandbox.sessions.http import create_app
 from durable_sandbox.sessions.journal import SESSION, calls_run_id
-from durable_sandbox.sessions.mcp_http import McpEndpoint
-from durable_sandbox.stores.sqlite import SqliteStore
-from tests.unit.sessions_support import FakeGate, effects, local_gate, service, until
-
-
-@contextlib.asynccontextmanager
-async def call_api(tmp_path: Path) -> AsyncIterator[tuple[str, FakeGate, SqliteStore]]:
-    gate = await local_gate(tmp_path / "home")
-    store = SqliteStore(tmp_path / "runs.db")
-    svc = service(store, gate)
-    mcp = McpEndpoint(svc)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(svc, mcp=mcp), lifespan="off", log_level="warning"))
-    async with mcp.lifespan():
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        await until(lambda: server.started)
-        try:
-            yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1/namespaces/demo/sandboxes/box/mcp", gate, store
-        finally:
-            server.should_exit = True
-            await task
+from tests.unit.sessions_support import effects, serving_mcp
 
 
 def text(result: object) -> str:
@@ -49,7 +22,7 @@ def text(result: object) -> str:
 
 async def test_the_official_mcp_client_calls_the_sandbox_over_http(tmp_path: Path) -> None:
     log = tmp_path / "effects.log"
-    async with call_api(tmp_path) as (url, _gate, store):
+    async with serving_mcp(tmp_path) as (url, _gate, store):
         http = create_mcp_http_client(headers={"Authorization": "Bearer good-token"})
         async with http, streamable_http_client(url, http_client=http) as (read, write), \
                 ClientSession(read, write) as mcp:
@@ -71,7 +44,7 @@ async def test_the_official_mcp_client_calls_the_sandbox_over_http(tmp_path: Pat
 @pytest.mark.parametrize(("token", "status"), [(None, 401), ("forged", 401), ("other-token", 403)])
 async def test_a_refused_caller_reaches_nothing(tmp_path: Path, token: str | None, status: int) -> None:
     log = tmp_path / "effects.log"
-    async with call_api(tmp_path) as (url, gate, store):
+    async with serving_mcp(tmp_path) as (url, gate, store):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                 "params": {"name": "shell", "arguments": {"command": f"echo ran >> {log}"}}}

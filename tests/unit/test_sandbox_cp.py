@@ -7,10 +7,10 @@ import asyncio
 from pathlib import Path
 
 from tests.dsb import DSB
-from tests.unit.test_mcp_server import call_api
+from tests.unit.sessions_support import serving_call_api
 
 
-async def dsb(port: int, *args: str, stdin: bytes = b"") -> tuple[int, str, str]:
+async def cp(port: int, *args: str, stdin: bytes = b"") -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         DSB, "-n", "demo", "sandbox", "cp", *args, "--url", f"http://127.0.0.1:{port}", "--token", "good-token",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -22,19 +22,19 @@ async def dsb(port: int, *args: str, stdin: bytes = b"") -> tuple[int, str, str]
 async def test_a_file_goes_in_and_comes_out(tmp_path: Path) -> None:
     local = tmp_path / "notes.txt"
     local.write_text("first line\nsecond\n")
-    async with call_api(tmp_path) as (port, gate):
-        assert (await dsb(port, str(local), "box:docs/notes.txt"))[0] == 0
+    async with serving_call_api(tmp_path) as (port, gate):
+        assert (await cp(port, str(local), "box:docs/notes.txt"))[0] == 0
         assert (Path(gate.handle.metadata["workspace"]) / "docs/notes.txt").read_text() == "first line\nsecond\n"
         back = tmp_path / "back.txt"
-        assert (await dsb(port, "box:docs/notes.txt", str(back)))[0] == 0
+        assert (await cp(port, "box:docs/notes.txt", str(back)))[0] == 0
         assert back.read_text() == "first line\nsecond\n"
-        assert (await dsb(port, "-", "box:piped.txt", stdin=b"from stdin\n"))[0] == 0
-        code, out, _ = await dsb(port, "box:piped.txt", "-")
+        assert (await cp(port, "-", "box:piped.txt", stdin=b"from stdin\n"))[0] == 0
+        code, out, _ = await cp(port, "box:piped.txt", "-")
         assert (code, out) == (0, "from stdin\n")
-        code, _, err = await dsb(port, "box:missing.txt", "-")
+        code, _, err = await cp(port, "box:missing.txt", "-")
         assert code == 1 and "box:missing.txt: no such file in the Sandbox" in err
-        code, _, err = await dsb(port, str(local), str(back))
+        code, _, err = await cp(port, str(local), str(back))
         assert code != 0 and "NAME:PATH" in err
         (tmp_path / "blob.bin").write_bytes(b"\xff\xfe\x00")
-        code, _, err = await dsb(port, str(tmp_path / "blob.bin"), "box:blob.bin")
+        code, _, err = await cp(port, str(tmp_path / "blob.bin"), "box:blob.bin")
         assert code != 0 and "not UTF-8 text" in err
