@@ -16,7 +16,7 @@ import uvicorn
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider, SandboxSpec
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.sessions.errors import CallRefused
-from durable_sandbox.sessions.hold import HoldSettings
+from durable_sandbox.sessions.hold import HoldSettings, LeftToAnotherReplica
 from durable_sandbox.sessions.http import create_app
 from durable_sandbox.sessions.journal import SandboxRef, SessionJournal
 from durable_sandbox.sessions.models import Limits
@@ -53,6 +53,7 @@ class FakeGate:
     held_by: str | None = None  # a Workflow holding the Sandbox
     taken: int = 0  # session calls that took the holder
     released: int = 0  # times the holder was let go
+    left: int = 0  # times a hold whose lease was lost let go without releasing the holder
     in_live: asyncio.Event = field(default_factory=asyncio.Event)  # set while a call is inside live()
     let_go: asyncio.Event | None = None  # when set to an Event, live() waits on it (a call held in flight)
 
@@ -71,7 +72,10 @@ class FakeGate:
             if self.let_go is not None:
                 await self.let_go.wait()
             yield self.handle, self.provider
-        finally:
+        except LeftToAnotherReplica:
+            self.left += 1  # not released: another replica holds the session now
+            raise
+        else:
             self.released += 1
 
 

@@ -141,6 +141,8 @@ async def test_a_replica_whose_lease_lapsed_runs_nothing_and_writes_nothing(tmp_
     assert refused.value.status == 409 and refused.value.body.retry
     assert isinstance(refused.value.__cause__, LeaseHeld)
     assert effects(log) == ["b"]
+    # A let go of its hold without releasing the Sandbox's session claim: B holds the session now.
+    assert (gate.left, gate.released) == (1, 0)
     rows = await store_b.load_journal(calls_run_id("uid-1"))
     assert [r.op_id for r in rows if r.op_id.startswith(f"{SESSION}/c")] == [f"{SESSION}/c1", f"{SESSION}/c2"]
     await journal_b.aclose()

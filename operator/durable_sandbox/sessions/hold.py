@@ -10,9 +10,10 @@ once per burst.
 What stays as it was:
 - **Fencing.** Every commit carries the lease's fence; a replica whose lease lapsed and was claimed by another
   can no longer commit, and a renewal that finds the lease lost cancels the call in flight here and drops the
-  hold, never releasing what it no longer owns. A call starts under a hold only while the lease was renewed
-  within two thirds of its time to live (``fresh``): a replica whose renewals fail (the store away from it) stops
-  starting calls before another replica could claim the lease, and claims it again for the next one.
+  hold, never releasing what it no longer owns (the lease, nor the Sandbox's session claim: the replica holding
+  the lease now holds that claim too, and releases it). A call starts under a hold only while the lease was
+  renewed within two thirds of its time to live (``fresh``), else after renewing it then: a replica whose renewals
+  fail (the store away from it) starts no call before it knows the lease is still its own.
 - **The journal read is current.** While this replica holds the lease no other replica can write the journal,
   so the rows kept in memory are the journal; a new hold reads it afresh.
 - **The holder rule.** A Workflow that comes while a session holds the Sandbox waits (``WaitingForSandbox``)
@@ -41,11 +42,17 @@ from durable_sandbox.engine.records import Lease
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 
-__all__ = ["HoldSettings", "OpenSession"]
+__all__ = ["HoldSettings", "LeftToAnotherReplica", "OpenSession"]
 
 log = logging.getLogger("durable_sandbox.sessions")
 
 Live = AbstractAsyncContextManager[tuple[SandboxHandle, SandboxProvider]]
+
+
+class LeftToAnotherReplica(Exception):
+    """Thrown into the live sandbox's context when a hold whose lease was lost (or cannot be told to be still this
+    replica's) is let go: the Sandbox's holder is then not released, since the replica that holds the lease now
+    holds it under the same session claim and releases it itself."""
 
 
 class HoldSettings(BaseModel):
@@ -98,6 +105,19 @@ class OpenSession:
         self._tasks = [asyncio.create_task(self._keep(renew, interval, close)),
                        asyncio.create_task(self._expire(settings, close))]
 
+    async def refresh(self, renew: Callable[[Lease], Awaitable[Lease]]) -> bool:
+        """Renew the lease now (a hold whose background renewals have fallen behind); False when it is lost or
+        the store cannot say (then nothing is released: another replica may hold the session)."""
+        try:
+            self.lease = await renew(self.lease)
+        except Exception as exc:
+            log.warning("the call journal %s: the lease could not be renewed before a call (%s); letting go of "
+                        "the session without releasing what another replica may hold", self.lease.run_id, exc)
+            self.lost = True
+            return False
+        self.renewed = time.monotonic()
+        return True
+
     async def _keep(self, renew: Callable[[Lease], Awaitable[Lease]], interval: float,
                     close: Callable[[OpenSession], Awaitable[None]]) -> None:
         while not self.closed:
@@ -136,7 +156,12 @@ class OpenSession:
             if task is not me:
                 task.cancel()
         try:
-            await self._stack.aclose()
+            if self.lost:
+                await self._stack.__aexit__(LeftToAnotherReplica, LeftToAnotherReplica(), None)
+            else:
+                await self._stack.aclose()
+        except LeftToAnotherReplica:
+            pass
         except Exception as exc:
             log.warning("the call journal %s: letting go of the Sandbox failed (%s); its holder lapses by itself",
                         self.lease.run_id, exc)

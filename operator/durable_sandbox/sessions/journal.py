@@ -33,7 +33,7 @@ from typing import Any
 
 from durable_sandbox.engine.errors import LeaseHeld, NonDeterminismError
 from durable_sandbox.engine.executor import RunExecutor
-from durable_sandbox.engine.records import RunRecord, RunStatus
+from durable_sandbox.engine.records import Lease, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
 from durable_sandbox.kube.sandbox.view import calls_run_id
@@ -98,8 +98,8 @@ class SessionJournal:
             async with session.lock:
                 if session.closed:
                     continue  # let go meanwhile (idle, lease lost): open it again
-                if not session.fresh(self.executor.lease_ttl):
-                    await self._close(session)  # renewals failing: claim the lease again before running anything
+                if not session.fresh(self.executor.lease_ttl) and not await session.refresh(self._renew):
+                    await self._close(session)  # the lease lost, or not known to be ours: claim it again first
                     continue
                 session.in_flight = asyncio.current_task()
                 try:
@@ -149,9 +149,11 @@ class SessionJournal:
                     await self.store.release(lease)
                 raise
             session = self._open[ref] = OpenSession(lease, rt)
-            session.start(lambda lease: self.store.renew(lease, self.executor.lease_ttl),
-                          max(self.executor.lease_ttl / 3, 0.05), self.hold, self._close)
+            session.start(self._renew, max(self.executor.lease_ttl / 3, 0.05), self.hold, self._close)
             return session
+
+    async def _renew(self, lease: Lease) -> Lease:
+        return await self.store.renew(lease, self.executor.lease_ttl)
 
     async def _close(self, session: OpenSession) -> None:
         for ref, found in list(self._open.items()):

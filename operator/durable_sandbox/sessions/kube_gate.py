@@ -20,6 +20,7 @@ from durable_sandbox.kube.holders.holding import SESSION_CLAIM, Holding, Sandbox
 from durable_sandbox.kube.journal.sandbox_records import SandboxRecords
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.hold import LeftToAnotherReplica
 from durable_sandbox.sessions.journal import SandboxRef
 
 __all__ = ["KubeSandboxGate"]
@@ -54,11 +55,16 @@ class KubeSandboxGate:
     @contextlib.asynccontextmanager
     async def live(self, ref: SandboxRef) -> AsyncIterator[tuple[SandboxHandle, SandboxProvider]]:
         handle = await self._take(ref)
+        release = True
         try:
             async with self.provider_for_once(handle.provider) as provider:
                 yield handle, provider
+        except LeftToAnotherReplica:
+            release = False  # the replica holding the lease now holds the session's claim, and releases it
+            raise
         finally:
-            await self.holding.release(ref.namespace, ref.name, SESSION_CLAIM)
+            if release:
+                await self.holding.release(ref.namespace, ref.name, SESSION_CLAIM)
 
     async def _take(self, ref: SandboxRef) -> SandboxHandle:
         await self._refuse_if_held(ref)
