@@ -18,13 +18,13 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \
  && rm -rf /var/lib/apt/lists/*
 
-# The runtime requirements (dependencies + the `kubernetes` extra), extracted from pyproject.toml in a stage
+# The runtime requirements (dependencies + the `kubernetes` and `otel` extras: traces, chart value `tracing`), extracted from pyproject.toml in a stage
 # of their own: the build stage copies only this list, so a pyproject.toml change that leaves them alone
 # (test extras, tool settings) does not download every dependency again.
 FROM python AS requirements
 COPY pyproject.toml /src/pyproject.toml
 RUN python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["kubernetes"]))' > /requirements.txt
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["kubernetes"] + p["optional-dependencies"]["otel"]))' > /requirements.txt
 
 FROM python AS build
 ARG PIP_INDEX_URL

@@ -38,7 +38,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tests.ports import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -68,12 +68,6 @@ def load() -> list[float]:
 
 
 # ------------------------------------------------------------------------------------------- a replica
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

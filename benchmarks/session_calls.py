@@ -23,7 +23,6 @@ import asyncio
 import concurrent.futures
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tests.ports import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -53,12 +54,6 @@ PG_TARGET_WRITES_PER_CALL = 0.1  # and with the PostgreSQL journal
 HOLD_S = 5.0  # the operator's --session-hold-seconds (its default)
 CALLER_ROLE = """{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "calls"},
  "rules": [{"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxes/calls"], "verbs": ["create"]}]}"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float) -> None:

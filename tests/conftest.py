@@ -39,8 +39,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The real control plane (tests/e2e/conftest.py), one per session for the e2e tier and the soak."""
-    from tests.e2e.conftest import session_control_plane
+    """The real control plane (tests/e2e/controlplane.py), one per session for the e2e tier and the soak."""
+    from tests.e2e.controlplane import session_control_plane
 
     yield from session_control_plane(tmp_path_factory)
 

@@ -205,6 +205,9 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "git show d5d36bd:crds/workflows.durable-sandbox.dev.yaml > /tmp/before.yaml": NotRun(
             "the first half of the crd_write_cost benchmark's recipe (the old CRD it compares with)"),
         "python benchmarks/crd_write_cost.py --calls 10000 --compare /tmp/before.yaml": BENCHMARK,
+        "git worktree add --detach /tmp/before <commit>": NotRun(
+            "the first half of the session_recovery benchmark's recipe (the tree it compares with)"),
+        "python benchmarks/session_recovery.py --calls 1000 --rounds 11 --against /tmp/before/operator": BENCHMARK,
         "python benchmarks/operator_scale.py --idle 100,1000 --batch 0 --window 10": BENCHMARK,
         "python benchmarks/operator_scale.py --idle '' --batch 200": BENCHMARK,
         "python benchmarks/engine_postgres.py --steps 1000 --repeats 3 --profile": BENCHMARK,

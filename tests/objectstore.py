@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from durable_sandbox.providers.s3_snapshots import S3Config
+from tests.ports import free_port
 from tests.processes import stop_process
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -37,13 +38,6 @@ def install_versitygw() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         import ctypes
@@ -56,7 +50,7 @@ class S3Server:
     binary: Path
     data: Path
     log: Path
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
     # Loopback, except where Pods must be able to reach it (the egress tests listen on the node's address).
     host: str = "127.0.0.1"
     access_key: str = field(default_factory=lambda: "dsbtest" + secrets.token_hex(4))

@@ -10,13 +10,16 @@ Code inside the package imports each name from its defining module, never from h
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
 
 from durable_sandbox.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from durable_sandbox.engine import (
         CallbackTimeout,
+        ChildPolicy,
+        ChildWorkflowFailed,
         Context,
         NonDeterminismError,
         ParallelError,
@@ -33,8 +36,10 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 # public name -> the module that defines it
-_ORIGIN: dict[str, str] = {
+_ORIGIN: Final[Mapping[str, str]] = {
     "CallbackTimeout": "durable_sandbox.engine",
+    "ChildPolicy": "durable_sandbox.engine",
+    "ChildWorkflowFailed": "durable_sandbox.engine",
     "Context": "durable_sandbox.engine",
     "Engine": "durable_sandbox.sandbox_engine",
     "NonDeterminismError": "durable_sandbox.engine",
@@ -50,6 +55,8 @@ _ORIGIN: dict[str, str] = {
 
 __all__ = [
     "CallbackTimeout",
+    "ChildPolicy",
+    "ChildWorkflowFailed",
     "Context",
     "Engine",
     "NonDeterminismError",

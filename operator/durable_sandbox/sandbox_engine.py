@@ -40,10 +40,16 @@ class Engine(_BareEngine):
         unresolvable: Unresolvable = "leave",
     ) -> None:
         from durable_sandbox.sandboxes.journal import SandboxJournal
-        from durable_sandbox.sandboxes.session import SessionFactory
+        from durable_sandbox.sandboxes.passover import PassingSessionFactory
         from durable_sandbox.stores import SqliteStore
+        from durable_sandbox.tracing import Tracing
 
-        factory = SessionFactory(providers)
+        factory = PassingSessionFactory(providers)  # sessions that pass over at ctx.continue_as_new
+        extensions = list(extensions)
+        if not any(isinstance(e, Tracing) for e in extensions):
+            # OpenTelemetry's environment (OTEL_EXPORTER_OTLP_ENDPOINT, ...) turns traces on; off, nothing is added.
+            traced = Tracing.from_env()
+            extensions += [traced] if traced is not None else []
         super().__init__(
             store if store is not None else SqliteStore(), sandbox_factory=factory, hooks=factory,
             reader=SandboxJournal(),

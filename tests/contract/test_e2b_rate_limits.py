@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import durable_sandbox.sandboxes.session as session_mod
+import durable_sandbox.sandboxes.retries as session_retries
 from durable_sandbox.providers.contract import ProviderError, RateLimited, SandboxSpec, ToolCall
 from durable_sandbox.providers.e2b import RetryPolicy
 from tests.contract.e2b_support import RecordingSleep, make_provider
@@ -104,9 +104,9 @@ async def test_a_rate_limit_outlasting_every_retry_budget_slows_the_run_but_does
         fake_e2b: FakeState, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Retry-After 0 and tiny backoffs keep the test fast; what matters is the count: more 429s in a row than
     # the adapter's attempts times the session's attempts, which failed the run before.
-    monkeypatch.setattr(session_mod, "FIRST_RETRY_DELAY", 0.0)
+    monkeypatch.setattr(session_retries, "FIRST_RETRY_DELAY", 0.0)
     adapter_attempts = 2
-    throttled = adapter_attempts * session_mod.TRANSIENT_ATTEMPTS * 2
+    throttled = adapter_attempts * session_retries.TRANSIENT_ATTEMPTS * 2
     provider = make_provider(fake_e2b, retry=RetryPolicy(attempts=adapter_attempts, initial_delay=0.0, max_delay=0.0))
     calls = [{"type": "shell", "command": "echo one"}, {"type": "shell", "command": "echo two"}]
     engine = engine_for(tmp_path / "runs.db", {"e2b": provider})

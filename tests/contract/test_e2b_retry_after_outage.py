@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-import durable_sandbox.sandboxes.session as session_mod
+import durable_sandbox.sandboxes.retries as session_retries
 from durable_sandbox.providers.contract import SandboxHandle, ToolCall
 from tests.contract.e2b_support import make_provider
 from tests.dsb import dsb
@@ -38,12 +38,12 @@ def results(result: dict[str, Any]) -> list[tuple[int, str, str]]:
 
 async def test_a_run_failed_by_an_e2b_outage_is_resumed_with_the_same_results(
         fake_e2b: FakeState, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(session_mod, "FIRST_RETRY_DELAY", 0.0)  # the session's own retries, not waited out
+    monkeypatch.setattr(session_retries, "FIRST_RETRY_DELAY", 0.0)  # the session's own retries, not waited out
     provider = Hooked(make_provider(fake_e2b), list_snapshots=lambda: [s.id for s in fake_e2b.snapshots()])
 
     async def outage_at_the_first_shell(handle: SandboxHandle, call: ToolCall) -> None:
         if call.type == "shell" and not fake_e2b.stream_faults and not outage_done:
-            for _ in range(session_mod.TRANSIENT_ATTEMPTS):  # more than the session retries
+            for _ in range(session_retries.TRANSIENT_ATTEMPTS):  # more than the session retries
                 fake_e2b.end_stream_with_error("unavailable", "envd is down")
             outage_done.append(True)
 
@@ -71,7 +71,7 @@ async def test_spec_retry_retries_a_run_failed_by_an_e2b_outage(fake_e2b: FakeSt
                  "retry": {"maxAttempts": 2, "initialIntervalSeconds": 0}},
     }))
     # The first shell call meets an outage that outlasts the session's retries; then E2B is back.
-    for _ in range(session_mod.TRANSIENT_ATTEMPTS):
+    for _ in range(session_retries.TRANSIENT_ATTEMPTS):
         fake_e2b.end_stream_with_error("unavailable", "envd is down")
     env = {"E2B_API_KEY": fake_e2b.api_key, "E2B_API_URL": fake_e2b.api_url, "E2B_SANDBOX_URL": fake_e2b.sandbox_url}
     # In a thread: the fake E2B server this test runs answers on this event loop.

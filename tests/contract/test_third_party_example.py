@@ -15,6 +15,7 @@ import pytest
 from durable_sandbox.providers import registry
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 from durable_sandbox.providers.testing import ProviderContractSuite
+from durable_sandbox.testing import FakeClock
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "third-party-provider"
 if str(EXAMPLE / "src") not in sys.path:  # importable without installing; CI also pip-installs it
@@ -23,18 +24,10 @@ if str(EXAMPLE / "src") not in sys.path:  # importable without installing; CI al
 from dsb_dirsnap import DirSnapProvider  # noqa: E402
 
 
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class TestDirSnapContract(ProviderContractSuite):
     @pytest.fixture
     async def provider(self, tmp_path: Path) -> AsyncIterator[SandboxProvider]:
-        self.clock = ManualClock()
+        self.clock = FakeClock(start=1_700_000_000.0)
         provider = DirSnapProvider(root=tmp_path / "dirsnap", clock=self.clock)
         yield provider
         await provider.aclose()
@@ -44,7 +37,7 @@ class TestDirSnapContract(ProviderContractSuite):
         shutil.rmtree(provider.workspace(handle.id))  # gone behind the provider's back
 
     async def expire_lease(self, provider: SandboxProvider, handle: SandboxHandle) -> None:
-        self.clock.now += self.lease_seconds + 1
+        self.clock.advance(self.lease_seconds + 1)
 
 
 def test_declared_entry_point_registers_the_provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import ssl
 import subprocess
 import threading
@@ -22,16 +21,10 @@ import aiohttp
 import httpx
 from aiohttp import web
 
-from tests.e2e.conftest import ControlPlane, _die_with_parent, wait_until
+from tests.e2e.controlplane import ControlPlane, _die_with_parent, wait_until
+from tests.ports import free_port
 
 READY_TIMEOUT_S = 180.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class RestartableAPIServer:
@@ -41,7 +34,7 @@ class RestartableAPIServer:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.pki = cp.dir / "pki"
         self.etcd = json.loads((cp.dir / "ready.json").read_text())["etcd"]
-        self.port = _free_port()
+        self.port = free_port()
         self.server = f"https://127.0.0.1:{self.port}"
         self.kubeconfig = self.dir / "kubeconfig"
         # The admin credentials of the control plane, pointed at this server.
@@ -134,7 +127,7 @@ class StartingDiscoveryProxy:
         self.upstream = api.server
         self.group = group
         self._tls = api._tls
-        self.port = _free_port()
+        self.port = free_port()
         self.server = f"http://127.0.0.1:{self.port}"
         self.kubeconfig = workdir / "proxy-kubeconfig"
         self.kubeconfig.write_text(api.kubeconfig.read_text().replace(api.server, self.server))

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import wait_until
+from tests.e2e.controlplane import wait_until
 from tests.e2e.readme_install_support import extra_for, readme_dsb
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -33,7 +33,7 @@ from durable_sandbox.kube.store.journals import namespace_schema
 from durable_sandbox.stores.postgres import PostgresStore, split_dsn
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import ControlPlane
+    from tests.e2e.controlplane import ControlPlane
     from tests.postgres.server import PostgresServer
 
 __all__ = ["JOURNAL_SWITCH", "OperatorJournal", "check_rows", "drop_namespace_schemas", "kube_journal",
@@ -148,9 +148,12 @@ class OperatorJournal:
         return asyncio.run(read())
 
 
-def operator_journal_fixture(request: pytest.FixtureRequest, cp: ControlPlane) -> Iterator[OperatorJournal]:
-    """The ``operator_journal`` fixture's body (tests/e2e/conftest.py): the parameter of a ``both_journals``
-    test, else the session's choice."""
+@pytest.fixture
+def operator_journal(request: pytest.FixtureRequest, control_plane: ControlPlane) -> Iterator[OperatorJournal]:
+    """The journal of the test's operators: the API server's by default, PostgreSQL under
+    ``DSB_TEST_OPERATOR_JOURNAL=postgres`` or as a ``both_journals`` test's second run (the parameter of a
+    ``both_journals`` test, else the session's choice). tests/e2e/conftest.py and the soak import it."""
+    cp = control_plane
     kind: Kind = getattr(request, "param", None) or selected_journal(request.config)
     if kind == "apiserver":
         yield OperatorJournal("apiserver", cp)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tests.processes import stop_process
 
-from .conftest import PROJECT_ROOT, wait_until
+from .controlplane import PROJECT_ROOT, wait_until
 from .node_support import NodeCluster, _script_output
 
 NETPOL_SCRIPT = PROJECT_ROOT / "scripts" / "netpol-build"

@@ -25,7 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import PROJECT_ROOT, ControlPlane, build_controlplane, start_control_plane, stop_control_plane
+from .controlplane import (
+    PROJECT_ROOT,
+    ControlPlane,
+    build_controlplane,
+    start_control_plane,
+    stop_control_plane,
+)
 
 PREPARE_SCRIPT = PROJECT_ROOT / "scripts" / "node-prepare"
 NODE_NAME = "dsb-node"

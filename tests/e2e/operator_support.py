@@ -12,13 +12,11 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from durable_sandbox.engine.records import OperationRecord
 from tests.dsb import DSB
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, fresh_namespace, wait_until
 from tests.e2e.journal_support import OperatorJournal, check_rows, kube_journal
 from tests.fakes.e2b_state import FakeState
 from tests.fakes.fixtures import fake_e2b_in_thread
@@ -79,10 +77,8 @@ def wait_established(cp: ControlPlane, names: Sequence[str] = CRD_NAMES) -> None
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
     install_crds(control_plane)
-    name = f"op-{uuid.uuid4().hex[:8]}"
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+    with fresh_namespace(control_plane, "op") as name:
+        yield name
 
 
 @dataclass
@@ -364,12 +360,6 @@ def monotonic_deadline(seconds: float) -> float:
 # -- the operator's /metrics and /healthz (`dsb operator --metrics-port`, the chart's metrics.port)
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:

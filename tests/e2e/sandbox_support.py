@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.node_support import BUSYBOX, NodeCluster, busybox_image
 
 # The node harness builds it from the host's busybox and imports it (tests/e2e/node_support.py, nothing is

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 
 # Every store in these tests seals its values (kube/journal/sealing.py), as the operator's always does.
 TEST_JOURNAL_KEY = b"durable-sandbox e2e journal key!"
@@ -28,7 +28,7 @@ class ManualMonotonic:
 _crds_installed: set[str] = set()  # the control planes (by server URL) that have the CRDs, Journal's included
 
 
-def fresh_namespace(control_plane: ControlPlane, prefix: str) -> str:
+def namespace_with_crds(control_plane: ControlPlane, prefix: str) -> str:
     if control_plane.server not in _crds_installed:
         from tests.e2e.operator_support import install_crds
 

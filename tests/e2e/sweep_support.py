@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 from durable_sandbox.providers.contract import INSTALLATION_LABEL, SandboxProvider, SandboxSpec
 from durable_sandbox.providers.e2b import E2BProvider
 from durable_sandbox.providers.local import LocalProvider
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.builders import workflow
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
-    free_port,
     get,
     http_get,
     scrape,
@@ -33,6 +33,7 @@ from tests.e2e.operator_support import (
     wait_gone,
 )
 from tests.fakes.e2b_state import FakeState
+from tests.ports import free_port
 
 __all__ = ["SWEEP", "Provider", "e2b_provider", "local_provider", "sweeps_leftovers"]
 
@@ -99,8 +100,7 @@ def e2b_provider(fake: FakeState) -> Provider:
 
 
 def _workflow(name: str, sandbox: dict[str, Any], calls: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
-            "spec": {"sandbox": sandbox, "toolCalls": calls, **spec}}
+    return workflow(name, sandbox=sandbox, toolCalls=calls, **spec)
 
 
 def _deleted_without_cleanup(cp: ControlPlane, ns: str, name: str) -> None:

@@ -26,7 +26,7 @@ import yaml
 
 from durable_sandbox.providers.kubernetes_template import PodTemplate, TemplatePolicy
 
-from .conftest import ControlPlane, private_control_plane
+from .controlplane import ControlPlane, private_control_plane
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "durable-sandbox"
@@ -62,7 +62,7 @@ def run_helm(
 
 
 def kube_version() -> str:
-    from .conftest import kubernetes_version
+    from .controlplane import kubernetes_version
 
     return kubernetes_version()
 
@@ -676,3 +676,22 @@ def test_the_session_api_values_render_its_port_service_tls_and_rbac(helm: Path,
     [binding] = by_kind(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == f"{SA_NAME}-session-auth"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA_NAME, "namespace": OPERATOR_NS}]
+
+
+def test_the_tracing_values_set_opentelemetrys_variables_and_are_off_by_default(helm: Path, helm_home: Path) -> None:
+    """tracing.* (docs/operations.md, "Traces"): off without an endpoint (no OTEL_* at all); with one, the SDK's own
+    variables; the trace UI's address for the web view's links."""
+    def env_of(*args: str) -> dict[str, str]:
+        [container] = one(render(helm, helm_home, *args), "Deployment")["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert not [k for k in env_of() if k.startswith("OTEL_") or k == "DURABLE_SANDBOX_TRACE_UI"]
+    env = env_of("--set", "tracing.endpoint=http://collector.obs:4318", "--set", "tracing.samplerArg=0.25",
+                 "--set", "tracing.uiUrl=https://jaeger.example/trace/{trace_id}")
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector.obs:4318"
+    assert env["OTEL_SERVICE_NAME"] == "durable-sandbox-operator"
+    assert env["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio" and env["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+    assert env["DURABLE_SANDBOX_TRACE_UI"] == "https://jaeger.example/trace/{trace_id}"
+    refused = run_helm(helm, helm_home, "template", RELEASE, str(CHART), "--kube-version", kube_version(),
+                       "--set", "tracing.sampler=sometimes", check=False)
+    assert refused.returncode != 0 and "sampler" in refused.stderr, refused.stderr

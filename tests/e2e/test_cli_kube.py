@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from tests.dsb import dsb
-from tests.e2e.conftest import wait_until
+from tests.e2e.controlplane import wait_until
 
 if TYPE_CHECKING:
-    from .conftest import ControlPlane
+    from .controlplane import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO = ROOT / "examples" / "hello-workflow.yaml"

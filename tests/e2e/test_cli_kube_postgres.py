@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from tests.dsb import dsb
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.operator_support import HELLO, namespace, operators, status, wait_condition
 from tests.e2e.postgres_journal_support import ENV, journal_dsn
 

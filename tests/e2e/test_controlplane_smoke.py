@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.e2e.controlplane import fresh_namespace
+
 if TYPE_CHECKING:
     # Only for annotations: conftest modules are not meant to be imported at run time.
-    from .conftest import ControlPlane
+    from .controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
 
@@ -98,10 +100,8 @@ def crd(control_plane: ControlPlane) -> str:
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
-    name = unique("smoke")
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+    with fresh_namespace(control_plane, "smoke") as name:
+        yield name
 
 
 def test_server_reports_the_pinned_release(control_plane: ControlPlane) -> None:

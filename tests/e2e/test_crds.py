@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from durable_sandbox.kube.spec import crds
+from tests.e2e.controlplane import fresh_namespace
 from tests.e2e.operator_support import wait_established
 
 if TYPE_CHECKING:
-    from .conftest import ControlPlane
+    from .controlplane import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"
@@ -34,10 +35,8 @@ def installed(control_plane: ControlPlane) -> None:
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane, installed: None) -> Iterator[str]:
-    name = f"crds-{uuid.uuid4().hex[:8]}"
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+    with fresh_namespace(control_plane, "crds") as name:
+        yield name
 
 
 def hello() -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import PROJECT_ROOT, build_controlplane, kubectl_path, wait_until
+from .controlplane import PROJECT_ROOT, build_controlplane, kubectl_path, wait_until
 from .node_support import (
     BUSYBOX,
     LOCK_TIMEOUT_S,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs_commands import CLUSTER, ROOT, Command, commands_run_by, failed, shell, shell_env
-from tests.e2e.conftest import ControlPlane, private_control_plane
+from tests.e2e.controlplane import ControlPlane, private_control_plane
 from tests.e2e.operator_support import OperatorProcess, log_problems
 
 DOCS = sorted({c.doc for c in commands_run_by(CLUSTER)})

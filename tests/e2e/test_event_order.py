@@ -13,7 +13,7 @@ import re
 
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.reporting.events import EventRecorder, LifecycleEvent
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.operator_support import manifest, namespace
 
 __all__ = ["namespace"]  # fixtures

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.operator_support import install_crds, namespace, operators, wait_condition
 
 __all__ = ["namespace", "operators"]  # fixtures

@@ -3,7 +3,6 @@ asked as `dsb operator` asks at start-up, and the operator refusing to start whe
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,18 +10,17 @@ import pytest
 
 from durable_sandbox.kube.journal.journal_key_readers import Subject, readers_of
 from tests.dsb import dsb
+from tests.e2e.controlplane import fresh_namespace
 
-from .conftest import ControlPlane
+from .controlplane import ControlPlane
 
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
-    name = "jkey-" + uuid.uuid4().hex[:8]
-    control_plane.kubectl("create", "namespace", name)
-    control_plane.kubectl("create", "secret", "generic", "journal-key", "-n", name,
-                          "--from-literal=key=" + "k" * 32)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false")
+    with fresh_namespace(control_plane, "jkey") as name:
+        control_plane.kubectl("create", "secret", "generic", "journal-key", "-n", name,
+                              "--from-literal=key=" + "k" * 32)
+        yield name
 
 
 def can_get_key(cp: ControlPlane, namespace: str, who: str) -> bool:

@@ -16,8 +16,8 @@ import pytest
 from durable_sandbox.engine.errors import JournalDamaged
 from durable_sandbox.engine.records import Commit, OperationRecord, RunRecord
 from durable_sandbox.kube.store import KubernetesStore
-from tests.e2e.conftest import ControlPlane
-from tests.e2e.store_support import TEST_JOURNAL_KEY, ManualMonotonic, drop_namespace, fresh_namespace
+from tests.e2e.controlplane import ControlPlane
+from tests.e2e.store_support import TEST_JOURNAL_KEY, ManualMonotonic, drop_namespace, namespace_with_crds
 
 pytestmark = pytest.mark.apiserver_journal(
     "Journal objects' RBAC and the journal key's seal; in PostgreSQL who may write the tables is the database's "
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.apiserver_journal(
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
-    name = fresh_namespace(control_plane, "jtrust")
+    name = namespace_with_crds(control_plane, "jtrust")
     yield name
     drop_namespace(control_plane, name)
 
@@ -175,7 +175,7 @@ async def test_values_cannot_be_moved_between_runs_or_namespaces(
         await fresh.close()
 
     # Another namespace: the donor's head copied there whole, data and all.
-    other_ns = fresh_namespace(control_plane, "jtrust-other")
+    other_ns = namespace_with_crds(control_plane, "jtrust-other")
     try:
         body = control_plane.kubectl_json("get", "journal", "dsb.donor", "-n", namespace)
         copy = {"apiVersion": body["apiVersion"], "kind": "Journal", "run": body["run"], "part": body["part"],

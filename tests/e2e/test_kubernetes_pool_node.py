@@ -36,16 +36,16 @@ from durable_sandbox.providers.kubernetes_pool import (
     derive_pool_key,
 )
 from durable_sandbox.providers.kubernetes_template import PodTemplate
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     OperatorProcess,
-    free_port,
     namespace,
     operators,
     scrape,
     wait_condition,
 )
 from tests.e2e.sandbox_support import IMAGE, control_plane_on_the_node, node
+from tests.ports import free_port
 
 __all__ = ["control_plane_on_the_node", "namespace", "node", "operators"]  # fixtures
 

@@ -16,17 +16,16 @@ from durable_sandbox.providers.contract import ProvisionError, SandboxSpec
 from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvider, pod_name
 from durable_sandbox.providers.kubernetes_exec import ExecRejected, PodExec
 from durable_sandbox.providers.kubernetes_template import PodTemplate
+from tests.e2e.controlplane import fresh_namespace
 from tests.unit.process_support import eventually
 
-from .conftest import ControlPlane
+from .controlplane import ControlPlane
 
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
-    name = "kprov-" + uuid.uuid4().hex[:8]
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false")
+    with fresh_namespace(control_plane, "kprov") as name:
+        yield name
 
 
 @pytest.fixture

@@ -38,6 +38,8 @@ from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvid
 from durable_sandbox.providers.kubernetes_template import PodTemplate
 from durable_sandbox.providers.s3_snapshots import S3SnapshotStore, SnapshotName
 from durable_sandbox.providers.testing import ProviderContractSuite
+from durable_sandbox.testing import FakeClock
+from tests.e2e.controlplane import fresh_namespace
 from tests.e2e.sandbox_support import IMAGE, control_plane_on_the_node, node
 from tests.e2e.trust_node_support import NODE_HOSTILE_SPEC, KubectlCluster
 from tests.objectstore import S3Server
@@ -45,7 +47,7 @@ from tests.unit.sandbox_session_support import SESSION_CALLS as CALLS
 from tests.unit.sandbox_session_support import engine_for
 from tests.unit.trust_support import FORGERIES, Attack, TrustKit
 
-from .conftest import ControlPlane
+from .controlplane import ControlPlane
 from .node_support import NodeCluster, require_gvisor
 
 __all__ = ["control_plane_on_the_node", "node"]  # fixtures
@@ -53,21 +55,11 @@ __all__ = ["control_plane_on_the_node", "node"]  # fixtures
 NO_SHELL_IMAGE = os.environ.get("DSB_TEST_NO_SHELL_IMAGE", "localhost/pause:3.10")  # FROM scratch: no /bin/sh
 
 
-class ManualClock:
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self.offset
-
-
 @pytest.fixture
 def namespace(control_plane: ControlPlane, node: str) -> Iterator[str]:
-    name = "kpn-" + secrets.token_hex(4)
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    leftover = control_plane.kubectl_json("get", "pods", "-n", name, "-l", f"{SANDBOX_LABEL}=true")["items"]
-    control_plane.kubectl("delete", "namespace", name, "--wait=false")
+    with fresh_namespace(control_plane, "kpn") as name:
+        yield name
+        leftover = control_plane.kubectl_json("get", "pods", "-n", name, "-l", f"{SANDBOX_LABEL}=true")["items"]
     assert [p["metadata"]["name"] for p in leftover if not p["metadata"].get("deletionTimestamp")] == [], \
         "the test left sandbox Pods behind"
 
@@ -99,7 +91,7 @@ class TestKubernetesContract(ProviderContractSuite):
     @pytest.fixture
     async def provider(self, control_plane: ControlPlane, namespace: str,
                        store: S3SnapshotStore) -> AsyncIterator[SandboxProvider]:
-        self.cp, self.clock = control_plane, ManualClock()
+        self.cp, self.clock = control_plane, FakeClock()
         provider = make_provider(control_plane, namespace, store, clock=self.clock, snapshot_limit=16 * 2**20)
         yield provider
         await provider.aclose()
@@ -110,7 +102,7 @@ class TestKubernetesContract(ProviderContractSuite):
         self.cp.kubectl("delete", "pod", "-n", namespace, name, "--grace-period=0", "--force")
 
     async def expire_lease(self, provider: SandboxProvider, handle: SandboxHandle) -> None:
-        self.clock.offset += self.lease_seconds + 1
+        self.clock.advance(self.lease_seconds + 1)
 
 
 class TestKubernetesContractUnderGVisor(TestKubernetesContract):
@@ -122,7 +114,7 @@ class TestKubernetesContractUnderGVisor(TestKubernetesContract):
                        store: S3SnapshotStore) -> AsyncIterator[SandboxProvider]:
         assert isinstance(control_plane, NodeCluster)
         runtime_class = require_gvisor(control_plane)
-        self.cp, self.clock = control_plane, ManualClock()
+        self.cp, self.clock = control_plane, FakeClock()
         template = PodTemplate(image=IMAGE, imagePullPolicy="Never", runtimeClassName=runtime_class)
         provider = make_provider(control_plane, namespace, store, clock=self.clock, template=template,
                                  snapshot_limit=16 * 2**20)

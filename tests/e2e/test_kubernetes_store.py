@@ -16,8 +16,8 @@ import pytest
 from durable_sandbox.engine.errors import LeaseHeld
 from durable_sandbox.engine.records import Commit, Event, OperationRecord, RunRecord
 from durable_sandbox.kube.store import CHUNK_BYTES, TAIL_BYTES, KubernetesStore, OwnerRef
-from tests.e2e.conftest import PROJECT_ROOT, ControlPlane
-from tests.e2e.store_support import TEST_JOURNAL_KEY, ManualMonotonic, drop_namespace, fresh_namespace
+from tests.e2e.controlplane import PROJECT_ROOT, ControlPlane
+from tests.e2e.store_support import TEST_JOURNAL_KEY, ManualMonotonic, drop_namespace, namespace_with_crds
 
 pytestmark = pytest.mark.apiserver_journal("KubernetesStore itself; PostgresStore's own: tests/postgres")
 
@@ -26,7 +26,7 @@ MiB = 1024 * 1024
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
-    name = fresh_namespace(control_plane, "kstore")
+    name = namespace_with_crds(control_plane, "kstore")
     yield name
     drop_namespace(control_plane, name)
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import ssl
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .conftest import kubernetes_version
+from tests.e2e.controlplane import fresh_namespace
+
+from .controlplane import kubernetes_version
 from .node_support import NodeCluster, busybox_image, require_gvisor
 
 NODE_IP = "10.88.0.1"
@@ -27,10 +28,8 @@ def busybox(node_cluster: NodeCluster) -> str:
 
 @pytest.fixture
 def namespace(node_cluster: NodeCluster) -> Iterator[str]:
-    ns = f"node-{uuid.uuid4().hex[:6]}"
-    node_cluster.kubectl("create", "namespace", ns)
-    yield ns
-    node_cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    with fresh_namespace(node_cluster, "node") as ns:
+        yield ns
 
 
 def pod(name: str, image: str, command: str) -> dict[str, object]:

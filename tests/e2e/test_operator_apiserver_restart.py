@@ -31,7 +31,7 @@ import pytest
 from durable_sandbox.kube.api.resources import GROUP
 from durable_sandbox.kube.handlers import UNSERVED_STOP
 from tests.e2e.apiserver_support import RestartableAPIServer, StartingDiscoveryProxy
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import manifest, namespace, operators, wait_condition
 
 __all__ = ["namespace", "operators"]  # fixtures (and `window` below)

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import manifest, namespace, operators
 
 __all__ = ["namespace", "operators"]  # fixtures

@@ -13,7 +13,7 @@ from typing import Any
 
 from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.sandboxes import journal as session_journal
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import (
     condition,

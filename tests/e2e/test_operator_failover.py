@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import (
     effect_calls,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.dsb import dsb
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     condition,
     events,

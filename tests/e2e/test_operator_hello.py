@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.dsb import dsb
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.operator_support import (
     HELLO,
     event_reasons,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import socket
 import urllib.request
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import (
     OperatorProcess,
@@ -32,6 +31,7 @@ from tests.e2e.operator_support import (
     operators,
     status,
 )
+from tests.ports import free_port
 
 __all__ = ["namespace", "operators"]  # fixtures
 
@@ -41,12 +41,6 @@ MORE = 40  # Workflows added after it: what each one costs is measured over thes
 # The budget, 256 MiB for 1,000 waiting Workflows, runtime included. Measured here: ~180 KiB (kopf's
 # per-object bookkeeping, our Parked record, allocator slack); with a task per run, as before, 770 KiB.
 RSS_PER_WORKFLOW_BOUND = 256 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def gauges(port: int) -> dict[str, float]:

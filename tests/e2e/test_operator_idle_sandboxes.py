@@ -17,7 +17,7 @@ from typing import Any
 
 from durable_sandbox.providers.contract import SandboxHandle, ToolCall
 from durable_sandbox.providers.local import LocalProvider
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     ROOT,
     OperatorProcess,

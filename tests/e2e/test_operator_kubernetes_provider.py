@@ -14,20 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-import yaml
-
 from durable_sandbox.providers.contract import SandboxHandle, ToolCall, tag_key
-from durable_sandbox.providers.kubernetes import SANDBOX_LABEL, KubernetesProvider
-from durable_sandbox.providers.s3_snapshots import S3SnapshotStore
-from tests.e2e.conftest import ControlPlane, wait_until
+from durable_sandbox.providers.kubernetes import KubernetesProvider
+from tests.e2e.controlplane import wait_until
+from tests.e2e.kubernetes_operator_support import ROOT, Cluster, cluster
 from tests.e2e.node_support import NodeCluster, busybox_context, require_gvisor
 from tests.e2e.operator_support import (
-    OperatorProcess,
     events,
     namespace,
     operators,
@@ -37,57 +31,8 @@ from tests.e2e.operator_support import (
     wait_in_flight,
 )
 from tests.e2e.sandbox_support import IMAGE, control_plane_on_the_node, node, set_suspend, wait_for
-from tests.objectstore import S3Server
 
-__all__ = ["control_plane_on_the_node", "namespace", "node", "operators"]  # fixtures
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "kubernetes-workflow.yaml"
-
-
-class Cluster:
-    def __init__(self, cp: ControlPlane, ns: str, s3: S3Server, start: Any) -> None:
-        self.cp, self.ns, self.s3, self.start = cp, ns, s3, start
-        self.bucket = "op-" + secrets.token_hex(5)
-
-    def operator(self, **extra: str) -> OperatorProcess:
-        env = {**self.s3.environ(self.bucket, prefix="dsb"), "DSB_K8S_NAMESPACES": self.ns, **extra,
-               # The node's control plane, whatever KUBECONFIG the session's plain one set.
-               "KUBECONFIG": str(self.cp.kubeconfig),
-               "DSB_K8S_TEMPLATE": json.dumps({"image": IMAGE, "imagePullPolicy": "Never"})}
-        op: OperatorProcess = self.start(env=env)
-        return op
-
-    def workflow(self, name: str, **spec: Any) -> dict[str, Any]:
-        doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-        doc["metadata"]["name"] = name
-        doc["spec"]["sandbox"].pop("template")  # the operator's default template: the image on the node
-        doc["spec"].update(spec)
-        return doc
-
-    def pods(self) -> list[str]:
-        items = self.cp.kubectl_json("get", "pods", "-n", self.ns, "-l", f"{SANDBOX_LABEL}=true")["items"]
-        return [p["metadata"]["name"] for p in items if not p["metadata"].get("deletionTimestamp")]
-
-    def objects(self) -> list[str]:
-        root = self.s3.data / self.bucket
-        return sorted(str(p.relative_to(root)) for p in root.rglob("*.tar")) if root.exists() else []
-
-
-@pytest.fixture
-def cluster(control_plane: ControlPlane, node: str, namespace: str, operators: Any,
-            s3_server: S3Server) -> Iterator[Cluster]:
-    scene = Cluster(control_plane, namespace, s3_server, operators)
-
-    async def make_bucket() -> None:
-        store = S3SnapshotStore(s3_server.config(scene.bucket))
-        try:
-            await store.ensure_bucket()
-        finally:
-            await store.aclose()
-
-    asyncio.run(make_bucket())
-    yield scene
+__all__ = ["cluster", "control_plane_on_the_node", "namespace", "node", "operators"]  # fixtures
 
 
 def test_the_example_succeeds_on_a_pod_and_leaves_nothing(cluster: Cluster) -> None:

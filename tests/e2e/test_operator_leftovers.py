@@ -12,7 +12,7 @@ from typing import Any
 from durable_sandbox.kube.sweep.sweeper import default_installation_id
 from durable_sandbox.providers.contract import INSTALLATION_LABEL, SandboxSpec
 from durable_sandbox.providers.local import LocalProvider
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     get,
     local_sandboxes,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.apiserver_support import RestartableAPIServer
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     HELLO,
     lifecycle,

@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
-    free_port,
     http_get,
     manifest,
     namespace,
@@ -20,6 +19,7 @@ from tests.e2e.operator_support import (
     total,
     wait_condition,
 )
+from tests.ports import free_port
 
 __all__ = ["namespace", "operators"]  # fixtures
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.operator_support import fake_e2b, namespace, operators
 from tests.e2e.sweep_support import e2b_provider, local_provider, sweeps_leftovers
 from tests.fakes.e2b_state import FakeState

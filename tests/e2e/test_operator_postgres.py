@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from durable_sandbox.kube.store.journals import namespace_schema
 from durable_sandbox.stores.postgres import split_dsn
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     HELLO,
     condition,

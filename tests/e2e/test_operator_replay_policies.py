@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.docs_commands import ROOT, commands_run_by, failed, shell
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import (
     event_reasons,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import condition, events, manifest, namespace, operators, status
 
 __all__ = ["namespace", "operators"]  # fixtures

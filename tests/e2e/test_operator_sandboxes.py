@@ -22,7 +22,7 @@ import pytest
 
 from durable_sandbox.providers.contract import SandboxHandle, ToolCall
 from durable_sandbox.providers.local import LocalProvider
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     OperatorProcess,
     event_time,

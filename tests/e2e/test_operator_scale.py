@@ -27,7 +27,7 @@ from kubernetes import watch as k8s_watch
 
 from durable_sandbox.kube.api.resources import GROUP, VERSION, WORKFLOWS
 from tests.dsb import dsb
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import condition, namespace, operators
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.operator_support import condition, events, manifest, namespace, operators, wait_condition
 
 __all__ = ["namespace", "operators"]  # fixtures

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     events,
-    free_port,
     manifest,
     namespace,
     operators,
@@ -25,6 +24,7 @@ from tests.e2e.operator_support import (
     total,
     wait_condition,
 )
+from tests.ports import free_port
 
 __all__ = ["namespace", "operators"]  # fixtures
 

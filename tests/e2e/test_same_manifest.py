@@ -19,10 +19,10 @@ from typing import Any
 import yaml
 
 from durable_sandbox.engine import RunStatus
-from durable_sandbox.kube.api.resources import API_VERSION
 from durable_sandbox.kube.reporting.status import PHASES, TERMINAL_PHASES
+from tests import builders
 from tests.dsb import dsb
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import namespace, operators, status
 
 __all__ = ["namespace", "operators"]  # fixtures
@@ -56,8 +56,7 @@ def cases(marker: Path, never: Path) -> dict[str, dict[str, Any]]:
 
 
 def workflow(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": "Workflow", "metadata": {"name": name},
-            "spec": {"sandbox": {"provider": "local"}, **spec}}
+    return builders.workflow(name, **{"sandbox": {"provider": "local"}, **spec})
 
 
 def outcome(phase: str, attempt: Any, result: Any, error: Any) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from durable_sandbox.providers.s3_snapshots import S3SnapshotStore
 from tests.e2e.sandbox_support import IMAGE, control_plane_on_the_node, node
 from tests.objectstore import S3Server, install_versitygw
 
-from .conftest import HELM_PATH, PROJECT_ROOT, ControlPlane, kubernetes_version
+from .controlplane import HELM_PATH, PROJECT_ROOT, ControlPlane, kubernetes_version
 from .netpol_support import Enforcer, run_enforcer
 from .node_support import NodeCluster
 

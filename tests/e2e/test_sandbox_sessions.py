@@ -25,11 +25,8 @@ from durable_sandbox.client import SandboxCallError, SandboxClient
 from durable_sandbox.sessions.journal import SESSION, calls_run_id
 from tests.docs_commands import ROOT, commands_run_by
 from tests.dsb import DSB
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
-    OperatorProcess,
-    free_port,
-    http_get,
     journal,
     manifest,
     namespace,
@@ -37,32 +34,10 @@ from tests.e2e.operator_support import (
 )
 from tests.e2e.operator_support import wait_condition as wait_workflow
 from tests.e2e.sandbox_support import sandbox, set_suspend, status, wait_for
+from tests.e2e.session_caller_support import CALLER_RULE, caller_token, start
+from tests.ports import free_port
 
 __all__ = ["namespace", "operators"]  # fixtures
-
-CALLER_RULE = {"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxes/calls"], "verbs": ["create"]}
-
-
-def caller_token(cp: ControlPlane, ns: str, sa: str, *, granted: bool) -> str:
-    """A TokenRequest token of ServiceAccount ``sa`` in ``ns``, bound (``granted``) to create sandboxes/calls there."""
-    cp.kubectl("create", "serviceaccount", sa, "-n", ns)
-    if granted:
-        cp.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                  "metadata": {"name": f"{sa}-calls"}, "rules": [CALLER_RULE]}, "-n", ns)
-        cp.kubectl("create", "rolebinding", f"{sa}-calls", f"--role={sa}-calls", f"--serviceaccount={ns}:{sa}", "-n", ns)
-        wait_until(lambda: cp.kubectl("auth", "can-i", "create", "sandboxes.durable-sandbox.dev", "--subresource=calls", "-n", ns,
-                                      as_user=f"system:serviceaccount:{ns}:{sa}", check=False).returncode == 0,
-                   30, f"RBAC to grant {sa}")
-    return cp.kubectl("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
-
-
-def start(operators: Any, port: int, **kwargs: Any) -> OperatorProcess:
-    op: OperatorProcess = operators("--allow-local-provider", "--session-port", str(port), "--session-host", "127.0.0.1",
-                                    **kwargs)
-    wait_until(lambda: http_get(port, "/healthz")[0] == 200 or not op.alive(), 60, "the session API to answer")
-    assert op.alive(), op.logs()[-3000:]
-    return op
-
 
 def ready_box(cp: ControlPlane, ns: str, operators: Any, port: int) -> str:
     """An operator serving the call API on ``port``, Sandbox ``box`` Ready, and a token of a ServiceAccount that may

@@ -13,8 +13,8 @@ from durable_sandbox.engine.records import Lease
 from durable_sandbox.engine.store import Store
 from durable_sandbox.kube.store import KubernetesStore
 from durable_sandbox.stores.testing import StoreContractSuite
-from tests.e2e.conftest import ControlPlane
-from tests.e2e.store_support import TEST_JOURNAL_KEY, ManualMonotonic, drop_namespace, fresh_namespace
+from tests.e2e.controlplane import ControlPlane
+from tests.e2e.store_support import TEST_JOURNAL_KEY, ManualMonotonic, drop_namespace, namespace_with_crds
 
 pytestmark = pytest.mark.apiserver_journal("KubernetesStore itself; PostgresStore's own: tests/postgres")
 
@@ -23,7 +23,7 @@ class TestKubernetesStoreContract(StoreContractSuite):
     @pytest.fixture
     async def store(self, control_plane: ControlPlane) -> AsyncIterator[Store]:
         self.clock = ManualMonotonic()
-        self.namespace = fresh_namespace(control_plane, "store-kit")
+        self.namespace = namespace_with_crds(control_plane, "store-kit")
         s = await KubernetesStore.connect(self.namespace, clock=self.clock, journal_key=TEST_JOURNAL_KEY)
         yield s
         await s.close()

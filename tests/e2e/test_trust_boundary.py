@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from durable_sandbox.kube.store import run_key
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     OperatorProcess,
     condition,

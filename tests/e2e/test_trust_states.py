@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from durable_sandbox.kube.store import run_key
-from tests.e2e.conftest import ControlPlane, wait_until
+from tests.builders import workflow as _workflow
+from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
     condition,
     event_reasons,
     events,
-    free_port,
     http_get,
     manifest,
     namespace,
@@ -37,13 +37,9 @@ from tests.e2e.operator_support import (
     wait_gone,
     wait_in_flight,
 )
+from tests.ports import free_port
 
 __all__ = ["namespace", "operators"]  # fixtures
-
-
-def _workflow(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
-            "spec": spec}
 
 
 def _ready_reason(cp: ControlPlane, ns: str, name: str) -> str | None:

@@ -21,7 +21,7 @@ from tests.e2e.browser_support import (
     timeline_rows,
     ui_servers,
 )
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.operator_support import (
     get,
     manifest,

@@ -7,7 +7,7 @@ import copy
 import json
 from typing import Any
 
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.sandbox_support import IMAGE
 from tests.unit.trust_support import HOSTILE_SPEC
 

@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import free_port
+
 INSTALL_LOCK = Path(tempfile.gettempdir()) / "durable-sandbox-postgres-install.lock"
 # Debian's packages would create and start a cluster of their own ("main" on port 5432); we never use it.
 CREATECLUSTER_DROPIN = Path("/etc/postgresql-common/createcluster.d/50-durable-sandbox.conf")
@@ -150,12 +152,6 @@ def _check_reachable(directory: Path, account: pwd.struct_passwd) -> None:
                 f"the server runs as {account.pw_name}, who cannot enter {parent} (mode {info.st_mode & 0o777:o}); "
                 f"choose a directory outside it, or `chmod o+x {parent}`"
             )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

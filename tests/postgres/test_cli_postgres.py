@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import durable_sandbox.stores.postgres as postgres_mod
+import durable_sandbox.stores.postgres_connection as postgres_connection
 from durable_sandbox.cli.main import cli
 from tests.postgres.server import PostgresServer
 from tests.unit.process_support import pids_with_env
@@ -196,7 +196,7 @@ def test_a_server_down_longer_than_the_store_waits_ends_dsb_run_resumably(
     ends saying how to continue, without the password. Once the server is back and the run's lease has lapsed,
     `dsb resume` finishes the run: the steps before and after ran once; the step in flight ran again (it is
     idempotent here), as its result was never recorded."""
-    monkeypatch.setattr(postgres_mod, "OUTAGE_TIMEOUT", 1.0)
+    monkeypatch.setattr(postgres_connection, "OUTAGE_TIMEOUT", 1.0)
     monkeypatch.setenv("DURABLE_SANDBOX_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(ROOT)
     log = tmp_path / "steps.log"

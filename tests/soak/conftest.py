@@ -7,15 +7,15 @@ import contextlib
 import os
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import build_controlplane
+from tests.e2e.controlplane import build_controlplane
 from tests.fakes.fixtures import fake_e2b_in_thread
 from tests.soak.driver import FakeE2B
 from tests.soak.plan import FAULT_KINDS, FaultKind
+from tests.soak.settings import SoakSettings
 
 SOAK_DIR = Path(__file__).resolve().parent
 CI_WORKFLOWS = 30
@@ -40,15 +40,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             build_controlplane()
 
 
-CI_FAULT_KINDS: tuple[FaultKind, ...] = FAULT_KINDS  # --soak-fault-kinds picks fewer, e.g. to replay a seed
-
-
-@dataclass(frozen=True)
-class SoakSettings:
-    seed: int
-    workflows: int
-    faults_per_kind: int
-    fault_kinds: tuple[FaultKind, ...] = CI_FAULT_KINDS
 
 
 def _setting(config: pytest.Config, option: str, env: str) -> int | None:
@@ -72,7 +63,7 @@ def soak_settings(request: pytest.FixtureRequest) -> SoakSettings:
 
 def _kinds(raw: str | None) -> tuple[FaultKind, ...]:
     if not raw:
-        return CI_FAULT_KINDS
+        return FAULT_KINDS  # --soak-fault-kinds picks fewer, e.g. to replay a seed
     kinds = tuple(k.strip() for k in raw.split(",") if k.strip())
     unknown = [k for k in kinds if k not in FAULT_KINDS]
     if unknown:

@@ -18,7 +18,7 @@ from durable_sandbox.kube.handlers import UNSERVED_STOP
 from durable_sandbox.kube.spec.plan import RUN_ID_LABEL
 from durable_sandbox.sandboxes.session import MAX_RECOVERIES
 from tests.e2e.apiserver_support import RestartableAPIServer
-from tests.e2e.conftest import ControlPlane
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.operator_support import OperatorProcess
 from tests.fakes.e2b_state import FakeState
 from tests.soak.plan import FAULT_KINDS, Fault, SoakPlan, WorkflowScript

@@ -24,12 +24,13 @@ from typing import Any
 import pytest
 
 from tests.e2e.apiserver_support import RestartableAPIServer
-from tests.e2e.conftest import ControlPlane, operator_journal, wait_until
+from tests.e2e.controlplane import ControlPlane, wait_until
+from tests.e2e.journal_support import operator_journal
 from tests.e2e.operator_support import OperatorProcess, local_sandboxes, namespace, operators
 from tests.soak.checks import retained_snapshots, run_problems, snapshot_owners
-from tests.soak.conftest import SoakSettings
 from tests.soak.driver import FakeE2B, Soak
 from tests.soak.plan import FAULT_KINDS, make_plan
+from tests.soak.settings import SoakSettings
 
 __all__ = ["namespace", "operator_journal", "operators"]  # fixtures
 

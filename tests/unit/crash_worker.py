@@ -93,7 +93,7 @@ async def crash_retry(ctx, inp: dict) -> str:
 def _skew_clock() -> None:
     skew = float(os.environ.get("CRASH_WORKER_CLOCK_SKEW") or 0)
     if skew:
-        import durable_sandbox.stores.sqlite as sqlite_mod
+        import durable_sandbox.stores.sqlite_file as sqlite_mod
 
         sqlite_mod.time = types.SimpleNamespace(time=lambda: time.time() + skew)  # type: ignore[assignment]
 

@@ -7,12 +7,15 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import uvicorn
 
+from durable_sandbox.kube.sandbox.checkpoints import session_snapshots
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider, SandboxSpec
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.sessions.errors import CallRefused
@@ -48,6 +51,9 @@ class FakeAuth:
 
 @dataclass
 class FakeGate:
+    """The Sandbox "box" (uid-1) and, standing in for its controller, the replacement of a lost sandbox: restored
+    from the newest snapshot of its session calls (``store``) or provisioned fresh, its lineage recorded."""
+
     provider: LocalProvider
     handle: SandboxHandle
     held_by: str | None = None  # a Workflow holding the Sandbox
@@ -56,11 +62,30 @@ class FakeGate:
     left: int = 0  # times a hold whose lease was lost let go without releasing the holder
     in_live: asyncio.Event = field(default_factory=asyncio.Event)  # set while a call is inside live()
     let_go: asyncio.Event | None = None  # when set to an Event, live() waits on it (a call held in flight)
+    snapshot_every: int = 0  # spec.snapshotEveryNCalls
+    store: Any = None  # the namespace's journal store (the controller reads the session's snapshots from it)
+    lineage_of: dict[str, str] = field(default_factory=dict)
+    replacements: list[tuple[str, str | None]] = field(default_factory=list)  # (lost id, snapshot restored)
 
     async def find(self, namespace: str, name: str) -> SandboxRef:
         if name != "box":
             raise CallRefused(404, "no such Sandbox", where=f"Sandbox {namespace}/{name}", do="create it")
-        return SandboxRef(namespace, name, "uid-1")
+        return SandboxRef(namespace, name, "uid-1", snapshot_every=self.snapshot_every)
+
+    async def replaced(self, ref: SandboxRef, lost: str) -> SandboxHandle:
+        if self.handle.id == lost:
+            snapshots = await session_snapshots(SimpleNamespace(store_for=lambda _ns: self.store), ref.namespace,  # type: ignore[arg-type]
+                                                ref.uid) if self.store is not None else []
+            source = snapshots[-1].snapshot_id if snapshots else None
+            spec = SandboxSpec(owner="demo/uid-1")
+            self.handle = (await self.provider.restore(source, spec, lease_seconds=600) if source
+                           else await self.provider.provision(spec, lease_seconds=600))
+            self.lineage_of[self.handle.id] = source or ""
+            self.replacements.append((lost, source))
+        return self.handle
+
+    async def lineage(self, ref: SandboxRef) -> Mapping[str, str]:
+        return dict(self.lineage_of)
 
     @contextlib.asynccontextmanager
     async def live(self, ref: SandboxRef) -> AsyncIterator[tuple[SandboxHandle, SandboxProvider]]:
@@ -79,21 +104,23 @@ class FakeGate:
             self.released += 1
 
 
-async def local_gate(home: Path) -> FakeGate:
-    provider = LocalProvider(home)
+async def local_gate(home: Path, provider: LocalProvider | None = None) -> FakeGate:
+    provider = provider or LocalProvider(home)
     handle = await provider.provision(SandboxSpec(owner="demo/uid-1"), lease_seconds=600)
-    return FakeGate(provider, handle)
+    return FakeGate(provider, handle, lineage_of={handle.id: ""})
 
 
 def service(store: SqliteStore, gate: FakeGate, auth: FakeAuth | None = None, *, worker: str = "w1",
-            limits: Limits | None = None, hold: HoldSettings | None = None) -> SessionService:
-    return service_and_journal(store, gate, auth, worker=worker, limits=limits, hold=hold)[0]
+            limits: Limits | None = None, hold: HoldSettings | None = None,
+            extensions: Sequence[object] = ()) -> SessionService:
+    return service_and_journal(store, gate, auth, worker=worker, limits=limits, hold=hold, extensions=extensions)[0]
 
 
 def service_and_journal(store: SqliteStore, gate: FakeGate, auth: FakeAuth | None = None, *, worker: str = "w1",
                         limits: Limits | None = None, hold: HoldSettings | None = None,
-                        lease_ttl: float = 10.0) -> tuple[SessionService, SessionJournal]:
-    journal = SessionJournal(store, worker_id=worker, lease_ttl=lease_ttl, owned=False, hold=hold)
+                        lease_ttl: float = 10.0, extensions: Sequence[object] = ()) -> tuple[SessionService, SessionJournal]:
+    journal = SessionJournal(store, worker_id=worker, lease_ttl=lease_ttl, owned=False, hold=hold,
+                             extensions=extensions)
     return SessionService(auth or FakeAuth(), gate, lambda _ns: journal, limits), journal
 
 

@@ -102,3 +102,32 @@ def test_ui_pages_http_part(tmp_path: Path) -> None:
     assert res["http_runs_page_s"]["median"] > 0 and res["baseline_dsb_runs_s"]["median"] > 0
     assert res["http_timeline_big"]["bytes"] > res["http_timeline_small"]["bytes"] > 0
     assert json.loads(out.read_text())["runs"] == 12
+
+
+def test_tracing_cost_runs(tmp_path: Path) -> None:
+    mod = _load("tracing_cost")
+    res = mod.main(["--steps", "10", "--repeats", "1", "--warmup", "0", "--tmp", str(tmp_path),
+                    "--out", str(tmp_path / "tracing.json")])
+    assert all(res[v]["steps_per_s"] > 0 for v in ("baseline", "off", "on"))
+
+
+def test_session_recovery_against_a_tree(tmp_path: Path) -> None:
+    bench = _load("session_recovery")
+    out = tmp_path / "session.json"
+    # This tree against itself: every workload runs in its children (recovery included) and the ratio is formed.
+    res = bench.main(["--calls", "3", "--snapshot-every", "2", "--rounds", "1", "--against", str(bench.THIS_TREE),
+                      "--tmp", str(tmp_path), "--out", str(out)])
+    assert set(res["ratios_this_over_baseline"]) == {"calls", "recovery"}
+    assert all(len(s) == 1 for per in res["samples_seconds"].values() for s in per.values()) and out.exists()
+
+
+def test_child_workflows(tmp_path: Path) -> None:
+    out = tmp_path / "children.json"
+    res = _load("child_workflows").main(["--children", "3", "--rounds", "1", "--tmp", str(tmp_path), "--out", str(out)])
+    assert res["ratios"]["child_vs_step"] > 0 and out.exists()
+
+
+def test_continue_as_new(tmp_path: Path) -> None:
+    out = tmp_path / "can.json"
+    res = _load("continue_as_new").main(["--calls", "5", "--rounds", "1", "--tmp", str(tmp_path), "--out", str(out)])
+    assert set(res["median_seconds"]) == {"call", "handover", "ending_state", "handover_proper"} and out.exists()

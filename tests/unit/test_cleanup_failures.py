@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import durable_sandbox as ds
-import durable_sandbox.sandboxes.session as session_mod
+import durable_sandbox.sandboxes.retries as session_retries
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore
@@ -39,16 +39,16 @@ SPEC = {
 
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(session_mod, "FIRST_RETRY_DELAY", 0.0)
-    monkeypatch.setattr(session_mod, "MAX_RETRY_DELAY", 0.0)
+    monkeypatch.setattr(session_retries, "FIRST_RETRY_DELAY", 0.0)
+    monkeypatch.setattr(session_retries, "MAX_RETRY_DELAY", 0.0)
 
 
 async def test_transient_refusals_are_retried_until_the_snapshot_is_deleted(tmp_path: Path) -> None:
-    provider = RefusingProvider(tmp_path / "home", refusals=session_mod.CLEANUP_ATTEMPTS - 1)
+    provider = RefusingProvider(tmp_path / "home", refusals=session_retries.CLEANUP_ATTEMPTS - 1)
     engine = ds.Engine(SqliteStore(tmp_path / "runs.db"), providers={"local": provider})
     state = await engine.run("sandbox-agent", SPEC, run_id="c1")
     assert state.status == "succeeded", state.error
-    assert provider.delete_attempts == session_mod.CLEANUP_ATTEMPTS
+    assert provider.delete_attempts == session_retries.CLEANUP_ATTEMPTS
     assert provider.leftovers() == []
     await engine.aclose()
 

@@ -30,6 +30,7 @@ from durable_sandbox.providers.contract import (
     UnsupportedCapability,
 )
 from durable_sandbox.providers.local import LocalProvider, SandboxSuspendedError, snapshot_id_for
+from durable_sandbox.testing import FakeClock
 
 SECRET = "s3cr3t-value-that-must-never-touch-disk"
 # Bounds a wait on a condition (a command started, a call cut); passing tests never reach it. Generous: on a
@@ -37,20 +38,9 @@ SECRET = "s3cr3t-value-that-must-never-touch-disk"
 DEADLINE = 120.0
 
 
-class FakeClock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(start=1_000_000.0)
 
 
 @pytest.fixture

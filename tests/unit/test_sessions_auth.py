@@ -12,6 +12,7 @@ import pytest
 
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.kube_auth import KubeAuthorizer
+from durable_sandbox.testing import FakeClock
 
 
 @dataclass
@@ -34,20 +35,13 @@ class FakeApiServer:
         return SimpleNamespace(status=SimpleNamespace(allowed=(body.spec.user, attrs.namespace, attrs.name) in self.allowed))
 
 
-class Clock:
-    now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def authorizer(server: FakeApiServer, clock: Clock) -> KubeAuthorizer:
+def authorizer(server: FakeApiServer, clock: FakeClock) -> KubeAuthorizer:
     return KubeAuthorizer(None, authn=server, authz=server, cache_seconds=10, clock=clock)
 
 
 async def test_it_asks_for_create_sandboxes_calls_on_the_sandbox_for_the_tokens_user() -> None:
     server = FakeApiServer(allowed={("system:serviceaccount:demo:agent", "demo", "box")})
-    assert await authorizer(server, Clock()).check("t-agent", "demo", "box") == "system:serviceaccount:demo:agent"
+    assert await authorizer(server, FakeClock(start=100.0)).check("t-agent", "demo", "box") == "system:serviceaccount:demo:agent"
     attrs = server.asked[0].spec.resource_attributes
     assert (attrs.verb, attrs.group, attrs.resource, attrs.subresource, attrs.namespace, attrs.name) == (
         "create", "durable-sandbox.dev", "sandboxes", "calls", "demo", "box")
@@ -59,13 +53,13 @@ async def test_it_asks_for_create_sandboxes_calls_on_the_sandbox_for_the_tokens_
     ("t-agent", 403, "durable-sandbox-sandbox-caller")])
 async def test_refusals_say_what_to_do(token: str | None, status: int, do: str) -> None:
     with pytest.raises(CallRefused) as refused:
-        await authorizer(FakeApiServer(), Clock()).check(token, "demo", "box")
+        await authorizer(FakeApiServer(), FakeClock(start=100.0)).check(token, "demo", "box")
     assert refused.value.status == status and do in refused.value.body.do
     assert "t-agent" not in str(refused.value) and "forged" not in str(refused.value)
 
 
 async def test_an_allowed_caller_is_remembered_for_seconds_and_a_refusal_never() -> None:
-    server, clock = FakeApiServer(), Clock()
+    server, clock = FakeApiServer(), FakeClock(start=100.0)
     auth = authorizer(server, clock)
     with pytest.raises(CallRefused):
         await auth.check("t-agent", "demo", "box")
@@ -76,15 +70,14 @@ async def test_an_allowed_caller_is_remembered_for_seconds_and_a_refusal_never()
     with pytest.raises(CallRefused):
         await auth.check("t-agent", "demo", "other-box")  # another Sandbox is asked about on its own
     server.allowed.clear()  # taken away: it stops working once the remembered allow runs out
-    clock.now += 11
+    clock.advance(11)
     with pytest.raises(CallRefused):
         await auth.check("t-agent", "demo", "box")
     assert not any("t-agent" in str(k) for k in auth._allowed)
 
 
-
 async def test_one_token_review_for_a_token_calling_several_sandboxes() -> None:
-    server, clock = FakeApiServer(allowed={("system:serviceaccount:demo:agent", "demo", f"box-{i}") for i in range(5)}), Clock()
+    server, clock = FakeApiServer(allowed={("system:serviceaccount:demo:agent", "demo", f"box-{i}") for i in range(5)}), FakeClock(start=100.0)
     auth = authorizer(server, clock)
     for i in range(5):
         await auth.check("t-agent", "demo", f"box-{i}")

@@ -1,4 +1,4 @@
-"""A Sandbox's session kept open while calls keep coming (sessions/hold.py): one journal commit per call, the
+"""A Sandbox's session kept open while calls keep coming (sessions/hold.py): two journal commits per call, the
 holder and the lease taken once per burst and let go after the idle gap; fencing across a lost lease."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def write(op: str) -> WriteFileRequest:
     return WriteFileRequest(operationId=op, path=f"files/{op}.txt", contents=op)
 
 
-async def test_a_burst_of_calls_takes_the_sandbox_once_and_commits_once_per_call(tmp_path: Path) -> None:
+async def test_a_burst_of_calls_takes_the_sandbox_once_and_commits_twice_per_call(tmp_path: Path) -> None:
     gate = await local_gate(tmp_path / "home")
     store = CountingStore(tmp_path / "runs.db")
     svc, journal = service_and_journal(store, gate, hold=HoldSettings(idle_seconds=60, max_seconds=600))
@@ -63,15 +63,17 @@ async def test_a_burst_of_calls_takes_the_sandbox_once_and_commits_once_per_call
         assert answer.exitCode == 0 and not answer.replayed
     again = await svc.call("good-token", NAMESPACE, "box", write("c3"))
     assert again.replayed
-    # The holder taken and the lease claimed once; the journal read once; one commit per call (+2: the
-    # session's attach record, started and completed, written once in the journal's life by its first call).
+    # The holder taken and the lease claimed once; the journal read once; two commits per call (``started``
+    # before it runs, ``completed`` before it is answered), +3 once in the journal's life by its first call: the
+    # session's attach record, started and completed, and what the first sandbox holds (``rebuild/<id>``: none).
     assert (gate.taken, gate.released) == (1, 0)
     assert (store.counts["claim"], store.counts["release"], store.counts["load_journal"]) == (1, 0, 1)
-    assert store.counts["commit"] == 10 + 2
+    assert store.counts["commit"] == 2 * 10 + 3
     rows = await store.load_journal(calls_run_id("uid-1"))
     calls = [r for r in rows if r.op_id.startswith(f"{SESSION}/c")]
-    assert [(r.status, r.meta["index"], r.meta["call"]["type"]) for r in calls] == [
-        ("completed", i, "write_file") for i in range(10)]
+    assert [(r.status, r.meta["index"]) for r in calls] == [
+        (status, i) for i in range(10) for status in ("started", "completed")]
+    assert all(r.meta["call"]["type"] == "write_file" for r in calls if r.status == "started")
     await journal.aclose()
     assert (gate.released, store.counts["release"], journal.open_sessions()) == (1, 1, 0)
 
@@ -144,6 +146,7 @@ async def test_a_replica_whose_lease_lapsed_runs_nothing_and_writes_nothing(tmp_
     # A let go of its hold without releasing the Sandbox's session claim: B holds the session now.
     assert (gate.left, gate.released) == (1, 0)
     rows = await store_b.load_journal(calls_run_id("uid-1"))
-    assert [r.op_id for r in rows if r.op_id.startswith(f"{SESSION}/c")] == [f"{SESSION}/c1", f"{SESSION}/c2"]
+    assert [r.op_id for r in rows if r.op_id.startswith(f"{SESSION}/c") and r.status == "completed"] == [
+        f"{SESSION}/c1", f"{SESSION}/c2"]
     await journal_b.aclose()
     await journal_a.aclose()

@@ -17,19 +17,12 @@ from durable_sandbox.sessions.http import create_app
 from durable_sandbox.sessions.models import Limits, ShellRequest
 from durable_sandbox.sessions.rates import CallerRates
 from durable_sandbox.stores.sqlite import SqliteStore
+from durable_sandbox.testing import FakeClock
 from tests.unit.sessions_support import NAMESPACE, FakeAuth, effects, local_gate, service
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_bucket_per_caller_refills_at_its_rate() -> None:
-    clock = Clock()
+    clock = FakeClock(start=100.0)
     rates = CallerRates(2.0, clock=clock)
     assert [rates.take("alice") for _ in range(2)] == [None, None]
     wait = rates.take("alice")
@@ -45,7 +38,7 @@ async def test_a_caller_over_its_rate_is_refused_with_429_and_nothing_runs(tmp_p
     auth.rights["bob"] = {(NAMESPACE, "box")}
     svc = service(SqliteStore(tmp_path / "runs.db"), await local_gate(tmp_path / "home"), auth,
                   limits=Limits(max_calls_per_second=1))
-    svc.rates = CallerRates(1, clock=Clock())  # time stands still: the second call within the second is over
+    svc.rates = CallerRates(1, clock=FakeClock(start=100.0))  # time stands still: the second call within the second is over
     await svc.call("good-token", NAMESPACE, "box", ShellRequest(operationId="c1", command=f"echo 1 >> {log}"))
     with pytest.raises(CallRefused) as refused:
         await svc.call("good-token", NAMESPACE, "box", ShellRequest(operationId="c2", command=f"echo 2 >> {log}"))
@@ -59,7 +52,7 @@ async def test_a_caller_over_its_rate_is_refused_with_429_and_nothing_runs(tmp_p
 
 async def test_the_refusal_over_http_has_retry_after(tmp_path: Path) -> None:
     svc = service(SqliteStore(tmp_path / "runs.db"), await local_gate(tmp_path / "home"))
-    svc.rates = CallerRates(1, clock=Clock())
+    svc.rates = CallerRates(1, clock=FakeClock(start=100.0))
     url = "http://sessions/v1/namespaces/demo/sandboxes/box/shell"
     auth = {"Authorization": "Bearer good-token"}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(svc)), base_url="http://sessions") as http:

@@ -31,8 +31,9 @@ async def test_a_retried_call_is_answered_from_the_journal_and_runs_once(tmp_pat
     assert (again.exitCode, again.stdout, again.replayed) == (0, "out\n", True)
     assert effects(log) == ["ran"]
     rows = await store.load_journal(calls_run_id("uid-1"))
-    # One record per call, written when it completed (sessions/journal.py: no started record before it runs).
-    assert [(r.op_id, r.status) for r in rows if r.op_id == f"{SESSION}/c1"] == [(f"{SESSION}/c1", "completed")]
+    # Started before it runs, completed before it is answered (sessions/journal.py).
+    assert [(r.op_id, r.status) for r in rows if r.op_id == f"{SESSION}/c1"] == [
+        (f"{SESSION}/c1", "started"), (f"{SESSION}/c1", "completed")]
 
 
 async def test_a_new_process_answers_a_completed_call_from_the_journal(tmp_path: Path) -> None:

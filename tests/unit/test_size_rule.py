@@ -33,11 +33,6 @@ ALLOWED = {
     "engine/executor.py::RunExecutor.execute": 99,
     "engine/runtime.py::RunRuntime": 359,
     "providers/e2b.py::E2BProvider": 550,
-    "providers/testing.py::ProviderContractSuite": 354,
-    "sandboxes/session.py::SandboxSession": 709,
-    "stores/postgres.py::PostgresStore": 456,
-    "stores/sqlite.py::SqliteStore": 353,
-    "stores/testing.py::StoreContractSuite": 515,
 }
 
 

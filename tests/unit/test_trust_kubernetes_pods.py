@@ -27,6 +27,7 @@ from durable_sandbox.providers.kubernetes_identity import (
 )
 from durable_sandbox.providers.kubernetes_pool import POOL_STATE_LABEL, WARM, derive_pool_key
 from durable_sandbox.providers.kubernetes_template import PodTemplate
+from durable_sandbox.testing import FakeClock
 from tests.fakes.core_pods import FakeCore, FakeExec
 from tests.fakes.custom_objects import FakeCustomObjects
 
@@ -39,15 +40,7 @@ OWNER = f"{NS}/uid-owner"
 TEMPLATE = PodTemplate(image="localhost/busybox:dsb-test", imagePullPolicy="Never", runtimeClassName="gvisor")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def provider_on(core: FakeCore, clock: Clock | None = None) -> KubernetesProvider:
+def provider_on(core: FakeCore, clock: FakeClock | None = None) -> KubernetesProvider:
     provider = KubernetesProvider(namespace=NS, environ={}, pool_key=KEY, template=TEMPLATE, ready_timeout=5,
                                   clock=clock or time.time)
     provider._core = core
@@ -190,13 +183,13 @@ class TestPoolController(TrustKit):
 
 
 async def test_a_forged_pod_past_its_lease_is_not_deleted_and_a_sealed_one_is_with_an_event(core: FakeCore) -> None:
-    clock = Clock()
+    clock = FakeClock(start=time.time())
     provider = provider_on(core, clock)
     genuine = await genuine_pod(core, provider, env={"TOKEN": "t"})
     name = genuine["metadata"]["name"]
     forged = core.create({**genuine, "metadata": {**genuine["metadata"], "name": "victim"}})
     core.create({"kind": "Secret", "metadata": {"namespace": NS, "name": "victim-env"}})
-    clock.now += 3600  # every lease ran out
+    clock.advance(3600)  # every lease ran out
     assert await provider.inventory_sandboxes(INSTALLATION) == []
     assert core.get(NS, "victim") is not None and core.secret(NS, "victim-env") is not None
     assert core.warnings(NS, "victim"), "the refusal is said on the forged Pod"

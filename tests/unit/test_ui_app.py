@@ -196,3 +196,17 @@ async def test_an_interrupted_call_shows_each_attempt_and_a_stopped_run_as_stopp
     finally:
         await engine.aclose()
         await store.close()
+
+
+async def test_the_run_page_links_to_its_trace_when_a_trace_ui_is_configured(
+        engine: durable_sandbox.Engine, db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from durable_sandbox.tracing import TRACEPARENT_LABEL
+
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    await engine.create(ui_flows.everything, {"key": "c"}, run_id="ui-c", labels={TRACEPARENT_LABEL: caller})
+    async with client_for(engine, db_path) as c:
+        assert "open the run's trace" not in (await c.get("/run?id=ui-c")).text, "no trace UI configured: no link"
+        monkeypatch.setenv("DURABLE_SANDBOX_TRACE_UI", "https://jaeger.example/trace/{trace_id}")
+        page = (await c.get("/run?id=ui-c")).text
+        assert 'href="https://jaeger.example/trace/4bf92f3577b34da6a3ce929d0e0e4736"' in page
+        assert "open the run's trace" not in (await c.get("/run?id=ui-a")).text, "a run without a trace: no link"

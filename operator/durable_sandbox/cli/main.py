@@ -12,7 +12,8 @@ import os
 import shlex
 import signal
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Final
 
 import click
 
@@ -34,7 +35,7 @@ from durable_sandbox.kube.spec.manifests import ManifestError
 from durable_sandbox.runs.errors import EXIT_FAILED, EXIT_LEASE_HELD, EXIT_USAGE, CliError, Interrupted
 from durable_sandbox.runs.settings import Settings
 
-OUTPUTS = ["table", "wide", "json", "yaml"]
+OUTPUTS: Final[Sequence[str]] = ["table", "wide", "json", "yaml"]
 
 # Errors that mean "what you asked for is wrong", as opposed to "the run went wrong".
 _USAGE_ERRORS = (ManifestError, RunNotFound, RunNotFinished, WorkflowNotFound, RunConflict, SignalConflict, SerializationError)

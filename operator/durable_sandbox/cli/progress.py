@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Final, Protocol
 
 import click
 from rich.console import Console
@@ -33,9 +33,9 @@ from durable_sandbox.sandboxes.journal import SandboxJournal
 
 # Shown while a run is driven: the outcome of each operation, not its start.
 _QUIET_SUFFIXES = (".started",)
-_QUIET_TYPES = {"run.started", "run.resumed", "run.succeeded", "run.failed", "run.cancelled", "run.waiting"}
+_QUIET_TYPES = frozenset({"run.started", "run.resumed", "run.succeeded", "run.failed", "run.cancelled", "run.waiting"})
 
-_STYLE = {"completed": "green", "failed": "red", "retrying": "yellow", "waiting": "cyan", "lost": "red"}
+_STYLE: Final[Mapping[str, str]] = {"completed": "green", "failed": "red", "retrying": "yellow", "waiting": "cyan", "lost": "red"}
 
 
 def event_line(ev: dict[str, Any], *, wide: bool = False) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 import click
 import yaml
@@ -15,12 +16,14 @@ from rich.table import Table
 from rich.text import Text
 
 from durable_sandbox.engine import OperationRecord, RunRecord, RunState, RunStatus
+from durable_sandbox.engine.children import PARENT_LABEL
+from durable_sandbox.engine.continue_as_new import CHAIN, CONTINUED_FROM, GENERATION, next_of
 from durable_sandbox.engine.driver import Backoff, RunPolicy, backoff
 from durable_sandbox.kube.spec.plan import WORKFLOW_LABEL
 from durable_sandbox.runs.settings import Settings
 from durable_sandbox.sandboxes import journal
 
-_STATUS_STYLE = {
+_STATUS_STYLE: Final[Mapping[str, str]] = {
     "succeeded": "green",
     "completed": "green",
     "failed": "red",
@@ -202,6 +205,20 @@ def shown_status(status: str, retry: Backoff | None) -> Text:
     return styled("retrying") if retry is not None else styled(status)
 
 
+def composition_rows(state: RunState) -> list[tuple[str, str]]:
+    """How the run relates to others (engine/children.py, engine/continue_as_new.py): its parent, the run it
+    continues, the run it continued as, with the chain's first run and the generation."""
+    rows = []
+    if parent := state.labels.get(PARENT_LABEL):
+        rows.append(("Parent", parent))
+    if before := state.labels.get(CONTINUED_FROM):
+        chain = state.labels.get(CHAIN, before)
+        rows.append(("Continued from", f"{before} (chain {chain}, generation {state.labels.get(GENERATION, '?')})"))
+    if after := next_of(state.status, state.result):
+        rows.append(("Continued as", f"{after} (`dsb inspect {shlex.quote(after)}`)"))
+    return rows
+
+
 def state_table(state: RunState, *, wide: bool = False) -> list[Any]:
     """The renderables `dsb inspect` prints: summary, result/error, pending callbacks, operations."""
     out: list[Any] = []
@@ -219,6 +236,8 @@ def state_table(state: RunState, *, wide: bool = False) -> list[Any]:
     summary.add_row("Updated", fmt_time(state.updated_at))
     if state.thread_id:
         summary.add_row("Thread", state.thread_id)
+    for label, value in composition_rows(state):
+        summary.add_row(label, value)
     if state.wake_at:
         summary.add_row("Wakes at", fmt_time(state.wake_at))
     summary.add_row("Recoveries", str(state.recovery_count))

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from durable_sandbox.client.credentials import default_namespace, token_source
+from durable_sandbox.tracing.traceparent import outgoing_traceparent
 
 __all__ = ["AsyncSandboxClient", "CallResult", "SandboxCallError", "SandboxClient"]
 
@@ -111,7 +112,9 @@ class _Target:
         return f"{base}/{kind}" if kind else base
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token()}"}
+        # The caller's trace context, so the call's spans join its trace (docs/operations.md, "Traces").
+        caller = outgoing_traceparent()
+        return {"Authorization": f"Bearer {self.token()}", **({"traceparent": caller} if caller else {})}
 
 
 def _target(name: str, namespace: str | None, url: str | None, token: str | None, kubeconfig: str | None,

@@ -1,5 +1,6 @@
 """The durable execution engine: runs, journal, replay, context API, store protocol."""
 
+from durable_sandbox.engine.children import ChildHandle, ChildPolicy, ChildWorkflowFailed
 from durable_sandbox.engine.client import RunClient
 from durable_sandbox.engine.context import Context
 from durable_sandbox.engine.engine import Engine, new_run_id
@@ -35,6 +36,9 @@ from durable_sandbox.engine.workflow import WorkflowDefinition, resolve, workflo
 __all__ = [
     "AlreadyExecuting",
     "CallbackTimeout",
+    "ChildHandle",
+    "ChildPolicy",
+    "ChildWorkflowFailed",
     "Context",
     "DuplicateOperationError",
     "Engine",

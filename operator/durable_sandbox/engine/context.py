@@ -17,6 +17,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durable_sandbox.engine import faults
+from durable_sandbox.engine.children import ChildWorkflows
+from durable_sandbox.engine.continue_as_new import ContinuesAsNew
 from durable_sandbox.engine.coroutines import Rest, first_stretch
 from durable_sandbox.engine.errors import (
     CallbackTimeout,
@@ -37,6 +39,7 @@ from durable_sandbox.engine.serialization import (
     value_digest,
 )
 from durable_sandbox.engine.step_threads import run_abandonable
+from durable_sandbox.engine.traced import traced_callback, traced_step
 
 if TYPE_CHECKING:
     from durable_sandbox.engine.runtime import RunRuntime
@@ -194,8 +197,9 @@ async def _record_cache_hit(rt: RunRuntime, op_id: str, name: str, attempt: int,
                                    meta={"cache": "hit", "cacheKey": cache_key, "cachedAt": created}, epoch=rt.epoch))
     return (value,)
 
-class Context:
-    """What a workflow function receives. One per run, plus a child per parallel branch (scoped ids)."""
+class Context(ChildWorkflows, ContinuesAsNew):
+    """What a workflow function receives. One per run, plus a child per parallel branch (scoped ids).
+    ``child_workflow``/``start_child`` come from engine/children.py, ``continue_as_new`` from engine/continue_as_new.py."""
 
     __slots__ = ("_rt", "_scope")
 
@@ -232,6 +236,7 @@ class Context:
     # bottom as the step's durability rules: replay, cache, start record, attempt, retry, outcome record.
     # Long on purpose: a step's durable protocol (replay, cache, start record, retry, outcome record, the
     # fault points between them) reads in one place, top to bottom, in the order its records are written.
+    @traced_step
     async def step(
         self,
         id: str,
@@ -423,6 +428,7 @@ class Context:
 
     # ------------------------------------------------------------------ callbacks and timers
 
+    @traced_callback
     async def callback(self, id: str, payload: Any = None, *, timeout: float | None = None) -> Any:
         """Wait for ``Engine.signal(run_id, <scoped id>, value)`` and return the value.
 

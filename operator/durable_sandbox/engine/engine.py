@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from durable_sandbox.engine.client import RunClient, new_run_id
+from durable_sandbox.engine.continue_as_new import next_of
 from durable_sandbox.engine.driver import RunPolicy, enforce
 from durable_sandbox.engine.errors import RunNotFinished
 from durable_sandbox.engine.executor import (
@@ -29,6 +31,7 @@ from durable_sandbox.engine.records import OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.sources import poll_store
 from durable_sandbox.engine.state import RunState
 from durable_sandbox.engine.store import Store
+from durable_sandbox.engine.traced import caller_labels
 from durable_sandbox.engine.workflow import definition_of
 
 log = logging.getLogger("durable_sandbox.engine")
@@ -106,7 +109,9 @@ class Engine:
         thread_id: str | None = None,
         labels: dict[str, str] | None = None,
     ) -> RunRecord:
-        """Record a new run (status pending) without executing it; idempotent for the same id and input."""
+        """Record a new run (status pending) without executing it; idempotent for the same id and input.
+        With tracing on, the caller's trace context is recorded in its labels (engine/traced.py)."""
+        labels = caller_labels(self.extensions, labels, os.environ)
         return await self.client.create(workflow, input, run_id=run_id, thread_id=thread_id, labels=labels)
 
     async def run(
@@ -148,8 +153,12 @@ class Engine:
         return await self.inspect(run_id)
 
     async def _drive(self, run_id: str, definition: Any) -> RunState:
+        """Drive the run, and the runs it continues as (``ctx.continue_as_new``): the state of the last."""
         state = await self.executor.drive(run_id, definition, if_busy="wait")
         assert state is not None  # "wait" never skips
+        while (nxt := next_of(state.status, state.result)) is not None:
+            state = await self.executor.drive(nxt, definition, if_busy="wait")
+            assert state is not None
         return state
 
     async def open_runtime(self, run: RunRecord, lease: Any, **kwargs: Any) -> Any:
@@ -271,8 +280,10 @@ class Engine:
         )
 
     async def aclose(self) -> None:
-        """Stop runs started here in the background; they stay runnable for another worker."""
+        """Stop runs started here in the background, and child workflows executing here; they stay runnable for
+        another worker."""
         tasks = list(self._background.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.executor.children.aclose()

@@ -16,12 +16,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from typing import Any, Literal, Protocol
 
+from durable_sandbox.engine.children import ChildRuns, after_run
 from durable_sandbox.engine.client import require_run, state_of
 from durable_sandbox.engine.context import Context
+from durable_sandbox.engine.continue_as_new import ContinueAsNew, start_next
 from durable_sandbox.engine.errors import (
     AlreadyExecuting,
     Handover,
@@ -42,6 +44,7 @@ from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.engine.state import RunState, build_state
 from durable_sandbox.engine.store import Store
+from durable_sandbox.engine.traced import traced_attempt
 from durable_sandbox.engine.workflow import WorkflowDefinition, resolve
 
 log = logging.getLogger("durable_sandbox.engine")
@@ -54,7 +57,7 @@ Unresolvable = Literal["fail", "leave"]
 
 class RunHooks(Protocol):
     """What the engine calls at a run's turning points, for the resources ``ctx.sandbox`` holds (the sandbox
-    sessions: ``sandboxes.session.SessionFactory``)."""
+    sessions: ``sandboxes.factory.SessionFactory``)."""
 
     async def after_run(self, rt: RunRuntime, status: RunStatus) -> None:
         """The run ends ``status`` (its final commit follows): release what only a success keeps."""
@@ -104,7 +107,8 @@ class RunExecutor:
         self.hooks = hooks
         self.reader = reader
         self.hibernate_after = hibernate_after
-        self.extensions = Extensions(extensions)
+        self.children = ChildRuns(self)  # child workflows driven here; also what a run's end does to its relatives
+        self.extensions = Extensions([*extensions, self.children])
         self.unresolvable: Unresolvable = unresolvable
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # run id -> workflow task executing here
         self._runtimes: dict[str, RunRuntime] = {}  # run id -> its runtime while executing here
@@ -163,6 +167,7 @@ class RunExecutor:
                 if rows is None:
                     return state_of(await self._get(run_id), await self.store.load_journal(run_id), self.reader)
                 run = await self._get(run_id)
+                await self.children.ended(run)
                 if run.status != RunStatus.PENDING:
                     # The journal is already in memory: build the state from it rather than reading it again.
                     return state_of(run, rows, self.reader)
@@ -197,6 +202,7 @@ class RunExecutor:
             not_runnable = None
             try:
                 await self.execute(lease, None)
+                await self.children.ended(await self._get(lease.run_id))
             except NotRunnableHere as exc:
                 not_runnable = exc
             except Exception:
@@ -242,7 +248,7 @@ class RunExecutor:
         )
         rt.emit("run.resumed" if rows else "run.started", workflow=run.workflow, worker=self.worker_id)
         ctx = Context(rt)
-        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, ctx, run.input), name=run.run_id)
+        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, ctx, run), name=run.run_id)
         self._tasks[run.run_id] = wf
         self._runtimes[run.run_id] = rt
         keeper = asyncio.create_task(self._keep_lease(lease, rt, wf))
@@ -256,7 +262,7 @@ class RunExecutor:
                 pending = rt.pending_callbacks()
                 changes = {
                     "status": RunStatus.WAITING,
-                    "wake_at": self._wake_at(rt, s),
+                    "wake_at": _wake_at(rt, s),
                     "pending_callbacks": [p["id"] for p in pending],
                 }
                 rt.emit("run.waiting", callbacks=[p["id"] for p in pending], wakeAt=changes["wake_at"])
@@ -291,8 +297,7 @@ class RunExecutor:
                     "result": to_jsonable(result, what=f"The result of workflow {run.workflow!r}"),
                 }
                 rt.emit("run.succeeded")
-            if self.hooks is not None and changes["status"] in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.SUCCEEDED):
-                await self.hooks.after_run(rt, changes["status"])
+            await after_run(self.children, self.hooks, rt, changes["status"])
             final = await rt.pending_records()
             # Held like any write of the run: the last call's result rides on this commit.
             await commit_holding(store, run.run_id, lease.fence, Commit(final, run=changes, thread_state=rt.state_change()),
@@ -354,15 +359,6 @@ class RunExecutor:
             hibernate_after=self.hibernate_after,
         )
 
-    def _wake_at(self, rt: RunRuntime, s: Suspend) -> float | None:
-        times = [s.wake_at] if s.wake_at is not None else []
-        for rec in rt.latest.values():
-            if rec.status == "started" and rec.meta:
-                for key in ("deadline", "wakeAt"):
-                    if rec.meta.get(key) is not None:
-                        times.append(float(rec.meta[key]))
-        return min(times) if times else None
-
     async def _keep_lease(self, lease: Lease, rt: RunRuntime, wf: asyncio.Task[Any]) -> None:
         """Renew the lease and notice cancellation requested from another process."""
         interval = max(self.lease_ttl / 3, 0.05)
@@ -418,6 +414,7 @@ class RunExecutor:
 
     async def finish_cancelled(self, lease: Lease, run: RunRecord) -> None:
         """Cancel a run that is not executing: finalize its sandboxes from the journal, then mark it."""
+        await self.children.cancel_children(run.run_id, await self.store.load_journal(run.run_id), run.cancel_requested)
         if self.hooks is not None:
             await self.hooks.cancel_cleanup(self, run, lease)
         await self.store.commit(
@@ -428,6 +425,7 @@ class RunExecutor:
                 run={"status": RunStatus.CANCELLED, "error": ErrorInfo("RunCancelled", run.cancel_requested or "")},
             ),
         )
+        await self.children.ended(await self._get(run.run_id))
 
     async def drive_cancel(self, run_id: str) -> None:
         """Take the lease of a run that is not executing and finish its cancellation (cleanup included)."""
@@ -533,6 +531,24 @@ def workflow_module(run: RunRecord) -> str | None:
     return None
 
 
-async def _call_workflow(definition: WorkflowDefinition, ctx: Context, raw_input: Any) -> Any:
-    # Input validation happens inside the task so that a failure fails the run (it never hangs in "running").
-    return await definition.fn(ctx, *definition.prepare_input(raw_input))
+def _call_workflow(definition: WorkflowDefinition, ctx: Context, run: RunRecord) -> Coroutine[Any, Any, Any]:
+    """The workflow's coroutine for one execution of ``run``, in its attempt's span when tracing is on."""
+
+    async def call() -> Any:
+        # Input validation happens inside the task so that a failure fails the run (it never hangs in "running").
+        try:
+            return await definition.fn(ctx, *definition.prepare_input(run.input))
+        except ContinueAsNew as c:  # the run ends here, its result naming the next run (engine/continue_as_new.py)
+            return await start_next(ctx.operations.store, c)
+
+    return traced_attempt(ctx.operations, run, call())
+
+
+def _wake_at(rt: RunRuntime, s: Suspend) -> float | None:
+    times = [s.wake_at] if s.wake_at is not None else []
+    for rec in rt.latest.values():
+        if rec.status == "started" and rec.meta:
+            for key in ("deadline", "wakeAt"):
+                if rec.meta.get(key) is not None:
+                    times.append(float(rec.meta[key]))
+    return min(times) if times else None

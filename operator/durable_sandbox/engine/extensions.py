@@ -44,7 +44,9 @@ class JournalReader(Protocol):
 
 
 class _GenericJournal:
-    """The reader of an engine without extensions: no record is anyone's."""
+    """The reader of an engine without extensions: no record is anyone's. No state (no slots): one for all."""
+
+    __slots__ = ()
 
     def target(self, row: OperationRecord) -> str | None:
         return None

@@ -42,6 +42,7 @@ class OpKind(enum.StrEnum):
     CALLBACK = "callback"
     SLEEP = "sleep"
     PATCH = "patch"
+    CHILD = "child"  # a child workflow started by the run (engine/children.py)
     SANDBOX_PROVISION = "sandbox.provision"
     SANDBOX_CALL = "sandbox.call"
     SANDBOX_SNAPSHOT = "sandbox.snapshot"

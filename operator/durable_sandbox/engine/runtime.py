@@ -404,11 +404,17 @@ class RunRuntime:
 
 
 def pending_callbacks(latest: Any) -> list[dict[str, Any]]:
-    return [
-        {"id": r.op_id, "payload": (r.meta or {}).get("payload")}
-        for r in latest
-        if r.kind == OpKind.CALLBACK.value and r.status == STARTED
-    ]
+    """What the run waits for: its callbacks, and the ends of child runs (engine/children.py: a child's end
+    signals the key its parent waits on, like a callback)."""
+    out = []
+    for r in latest:
+        if r.status != STARTED:
+            continue
+        if r.kind == OpKind.CALLBACK.value:
+            out.append({"id": r.op_id, "payload": (r.meta or {}).get("payload")})
+        elif r.kind == OpKind.CHILD.value and r.meta and r.meta.get("waitKey"):
+            out.append({"id": r.meta["waitKey"], "payload": {"child": r.op_id, "childRunId": r.meta.get("childRunId")}})
+    return out
 
 
 def nondeterminism(op_id: str, rec: OperationRecord, kind: str, name: str, digest: str | None) -> NonDeterminismError:

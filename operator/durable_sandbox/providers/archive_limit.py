@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Final
 
 from durable_sandbox.providers.contract import ConfigurationError, ProvisionError
 
 __all__ = ["ArchiveBudget", "ArchiveTooLarge", "configured_limit", "format_size", "quantity_bytes"]
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
-_FACTORS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+_FACTORS: Final[Mapping[str | None, int]] = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
 

@@ -17,7 +17,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from durable_sandbox.providers.archive_limit import configured_limit
 from durable_sandbox.providers.contract import (
@@ -46,7 +46,7 @@ log = logging.getLogger("durable_sandbox.providers.kubernetes")
 
 __all__ = ["HOPELESS_REASONS", "HOPELESS_WAITING", "KubernetesConnection", "api_body", "split_id", "terminated_message"]
 
-MANAGED_BY = {"app.kubernetes.io/managed-by": "durable-sandbox"}
+MANAGED_BY: Final[Mapping[str, str]] = {"app.kubernetes.io/managed-by": "durable-sandbox"}
 SANDBOX_LABEL = "durable-sandbox.dev/sandbox-pod"
 INSTALLATION_KEY_LABEL = "durable-sandbox.dev/installation-key"
 RUN_LABEL = "durable-sandbox.dev/run-id"
@@ -56,7 +56,7 @@ MAXIMUM_LEASE_SECONDS = 86_400
 # namespace "demo"'); a 403 without it comes from admission (RuntimeClass, PodSecurity, webhooks).
 _RBAC_REFUSAL = re.compile(r'\bcannot [a-z]+ resource "')
 # Container states that will not get better by waiting: the provision fails at once, saying which and why.
-HOPELESS_REASONS = {
+HOPELESS_REASONS: Final[Mapping[str, str]] = {
     "ErrImagePull": "the image cannot be pulled", "ImagePullBackOff": "the image cannot be pulled",
     "ErrImageNeverPull": "the image is not on the node and the pull policy is Never",
     "InvalidImageName": "the image name is invalid", "CreateContainerConfigError": "the container's configuration is invalid",

@@ -12,7 +12,7 @@ is: a field the manifest leaves empty must be empty in the Pod too (a ``privileg
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 __all__ = ["spec_mismatch"]
 
@@ -22,7 +22,7 @@ _POD_FIELDS = ("runtimeClassName", "securityContext", "automountServiceAccountTo
 _HOST_NAMESPACES = ("hostNetwork", "hostPID", "hostIPC")  # absent is false
 _CONTAINER_FIELDS = ("name", "image", "command", "args", "securityContext")
 # What the API server adds to a volume the manifest names: (source field, default value).
-_VOLUME_DEFAULTS = {"defaultMode": 420, "type": ""}
+_VOLUME_DEFAULTS: Final[Mapping[str, Any]] = {"defaultMode": 420, "type": ""}
 
 
 def _nothing(value: Any) -> bool:

@@ -13,7 +13,7 @@ docs/providers.md's policy table lists every field.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from pydantic import Field
 
@@ -24,7 +24,7 @@ __all__ = ["ENV_POLICY", "AskedPod", "TemplatePolicy", "policy_problems"]
 ENV_POLICY = "DSB_K8S_POLICY"
 ALLOWED_VOLUME_TYPES = frozenset({"emptyDir", "configMap", "downwardAPI", "persistentVolumeClaim", "projected"})
 ALLOWED_PROJECTED_SOURCES = frozenset({"configMap", "downwardAPI"})
-_CREDENTIAL_VOLUMES = {"secret": "it puts a Secret in the sandbox",
+_CREDENTIAL_VOLUMES: Final[Mapping[str, str]] = {"secret": "it puts a Secret in the sandbox",
                        "serviceAccountToken": "it puts a token of the cluster in the sandbox",
                        "hostPath": "host paths are refused"}
 CONTAINER_SECURITY_FIELDS = frozenset({

@@ -223,7 +223,7 @@ class PodProvisioning(WarmClaims):
                     return
                 waiting = state.get("waiting") or {}
                 reason = waiting.get("reason")
-                if reason in HOPELESS_REASONS:
+                if isinstance(reason, str) and reason in HOPELESS_REASONS:
                     message = str(waiting.get("message") or "").strip()
                     raise ProvisionError(
                         f"Pod {namespace}/{name}: {reason}: {HOPELESS_REASONS[reason]}" + (f" ({message})" if message else "")

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -44,7 +44,7 @@ DEFAULT_IMAGE = "docker.io/library/busybox:1.36"
 WORKSPACE = "/workspace"  # the workspace volume's mount: the shell's cwd and $HOME, what snapshots hold
 CONTAINER = "sandbox"
 # Sleeps in the background and waits, so SIGTERM (Pod deletion) ends it at once instead of after the grace period.
-KEEP_ALIVE = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
+KEEP_ALIVE: Final[Sequence[str]] = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 POD_TEMPLATE_PREFIX = "podtemplate/"
 ENV_TEMPLATE = "DSB_K8S_TEMPLATE"
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
@@ -67,7 +67,7 @@ class WorkspaceVolume(SettingModel):
         return {"name": "workspace", "emptyDir": empty}
 
 
-RESTRICTED_SECURITY_CONTEXT: dict[str, Any] = {
+RESTRICTED_SECURITY_CONTEXT: Final[Mapping[str, Any]] = {
     "runAsNonRoot": True,
     "runAsUser": 1000,
     "runAsGroup": 1000,
@@ -265,8 +265,8 @@ class PodTemplate(SettingModel):
         }
 
 
-_SPEC_DEFAULTS: dict[str, Any] = {"dnsPolicy": "ClusterFirst", "schedulerName": "default-scheduler"}
-_CONTAINER_DEFAULTS: dict[str, Any] = {"terminationMessagePath": "/dev/termination-log",
+_SPEC_DEFAULTS: Final[Mapping[str, Any]] = {"dnsPolicy": "ClusterFirst", "schedulerName": "default-scheduler"}
+_CONTAINER_DEFAULTS: Final[Mapping[str, Any]] = {"terminationMessagePath": "/dev/termination-log",
                                        "terminationMessagePolicy": "File"}
 
 

@@ -12,15 +12,15 @@ import importlib
 import importlib.metadata
 import logging
 import sys
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
 
 from durable_sandbox.providers.contract import CONTRACT_VERSION, ConfigurationError, SandboxProvider
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "durable_sandbox.providers"
-BUILTIN_PROVIDERS: dict[str, str] = {
+BUILTIN_PROVIDERS: Final[Mapping[str, str]] = {
     "local": "durable_sandbox.providers.local:LocalProvider",
     "e2b": "durable_sandbox.providers.e2b:E2BProvider",
     "kubernetes": "durable_sandbox.providers.kubernetes:KubernetesProvider",

@@ -1,6 +1,7 @@
 """The sandbox sessions' journal records: how they are named, which meta keys they carry, what each means.
 
-The session writes them (``sandboxes/session.py``); everyone who reads them reads them through this module:
+The session writes them (``sandboxes/session.py`` and its pieces: ``provisioning.py``, ``checkpoints.py``,
+``recovery.py``, ``replay_policy.py``, ``teardown.py``); everyone who reads them reads them through this module:
 the engine through the :class:`SandboxJournal` reader it is given (``engine/extensions.py``: the engine
 imports nothing of sandboxes), ``dsb inspect``/``history``/``logs`` (``cli/render.py``, ``cli/progress.py``),
 the operator's status, Events and finalizer (``kube/reporting/status.py``, ``kube/reporting/events.py``,
@@ -30,7 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.providers.contract import RUNTIME_CLASS_KEY
@@ -195,7 +196,7 @@ def reserved_operation_id(operation_id: str) -> bool:
 
 
 # How many trailing parts of a lifecycle record's op id follow its session's id, by kind.
-_SESSION_TAIL = {PROVISION: 1, SNAPSHOT: 2, SNAPSHOT_DELETE: 3, RESTORE: 2, INJECT_LOSS: 2}
+_SESSION_TAIL: Final[Mapping[str, int]] = {PROVISION: 1, SNAPSHOT: 2, SNAPSHOT_DELETE: 3, RESTORE: 2, INJECT_LOSS: 2}
 
 
 def session_of(row: OperationRecord) -> str | None:
@@ -485,7 +486,7 @@ def recovery_count(rows: Iterable[OperationRecord]) -> int:
 # ------------------------------------------------------------------ the engine's reader
 
 
-_EVENTS = {
+_EVENTS: Final[Mapping[str, str]] = {
     PROVISION: "sandbox.provisioned",
     SNAPSHOT: "sandbox.snapshot",
     SNAPSHOT_DELETE: "sandbox.snapshot_deleted",

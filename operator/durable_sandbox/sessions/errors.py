@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Final
+
 from durable_sandbox.sessions.models import ErrorBody
 
 __all__ = ["CallRefused"]
 
-_REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict",
+_REASONS: Final[Mapping[int, str]] = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict",
             413: "PayloadTooLarge", 429: "TooManyRequests", 503: "Unavailable", 500: "Failed"}
 
 

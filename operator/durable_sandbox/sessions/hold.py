@@ -38,7 +38,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_sandbox.engine.errors import LeaseLost
-from durable_sandbox.engine.records import Lease
+from durable_sandbox.engine.records import Lease, RunRecord
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 
@@ -70,6 +70,7 @@ class OpenSession:
 
     lease: Lease
     rt: RunRuntime
+    run: RunRecord  # the journal's run: reopened under the lease after a replacement (sessions/journal.py)
     opened: float = field(default_factory=time.monotonic)
     renewed: float = field(default_factory=time.monotonic)  # when the lease was last claimed or renewed
     last_used: float = field(default_factory=time.monotonic)

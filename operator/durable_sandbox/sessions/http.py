@@ -61,7 +61,8 @@ def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp:
             except ValidationError as exc:
                 raise CallRefused(400, "the request body is not a valid call: " + _fields(exc), where=f"{where}, {kind}",
                                   do="fix the fields named (docs/agents.md lists each call's fields)") from None
-            answer = await service.call(_bearer(request), namespace, name, parsed)  # type: ignore[arg-type]
+            answer = await service.call(_bearer(request), namespace, name, parsed,  # type: ignore[arg-type]
+                                        traceparent=request.headers.get("traceparent"))
             return JSONResponse(answer.model_dump(exclude_none=True))
         except CallRefused as refused:
             return _refusal(refused)

@@ -9,11 +9,18 @@ it goes with it), under the session ``calls``: the same records, sealing and mac
    answered by another replica, or before a restart, is known here (no other replica writes while this one holds);
 2. a call whose ``operationId`` the journal has completed is answered from the journal and never runs again (the
    same arguments required: an id reused for another call is refused);
-3. otherwise it runs, and its one record (``completed``: the call, its place in the order, its result capped as the
-   journal keeps it) is committed before it is answered: one journal write per call. No ``started`` record is
-   committed before it runs (``SandboxSession.call``'s ``journal_start=False``): a call interrupted by a crash
-   leaves nothing, and its retry runs it, which is what a ``started`` record without a completion led to as well
-   (a journal written before this change may hold such records: their retry runs the call at its recorded place).
+3. otherwise the live sandbox is brought to hold every earlier completed call (``rebuild.py``: after a loss, the
+   controller's replacement gets the calls after its snapshot replayed), its ``started`` record is committed
+   before the provider runs it, and its ``completed`` record (the result, capped as the journal keeps it) is
+   committed before it is answered: two journal writes per call. Every ``spec.snapshotEveryNCalls`` completed
+   calls the sandbox is snapshot (the superseded snapshot deleted once the new one is recorded). A call whose
+   ``started`` record has no completion (the operator died while it ran) runs again, as the same attempt, when it
+   is retried, but never in the sandbox it may have run in: that one's state is unknown, so it is replaced and
+   rebuilt first. Why keep the ``started`` record although it doubles the writes: it is what tells an
+   interrupted call from one never run, and without it the workspace could hold an interrupted call twice.
+4. a sandbox lost under a call (or its rebuild) is waited for: the controller re-creates it from the newest
+   snapshot, the calls after it are replayed, and the call runs there; the caller sees only the latency. Under a
+   hold the hold's live sandbox becomes the replacement.
 
 Why the lease is let go after an idle gap rather than kept for the session: a session may sit idle for hours
 between calls; holding a run's lease that long would keep every other replica from answering it after a failover
@@ -26,9 +33,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from durable_sandbox.engine.errors import LeaseHeld, NonDeterminismError
@@ -36,20 +42,31 @@ from durable_sandbox.engine.executor import RunExecutor
 from durable_sandbox.engine.records import Lease, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
-from durable_sandbox.kube.sandbox.view import calls_run_id
+from durable_sandbox.engine.traced import under_caller
+from durable_sandbox.kube.sandbox.view import CALLS_SESSION, calls_run_id
 from durable_sandbox.kube.store import OwnerRef
-from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider, ToolCall, ToolResult
+from durable_sandbox.providers.contract import (
+    Capability,
+    SandboxHandle,
+    SandboxProvider,
+    ToolCall,
+    ToolResult,
+)
 from durable_sandbox.sandboxes import journal
-from durable_sandbox.sandboxes.session import SandboxServices, SandboxSession
+from durable_sandbox.sandboxes.session import AttachedSandboxLost, SandboxServices, SandboxSession
+from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.hold import HoldSettings, OpenSession
+from durable_sandbox.sessions.rebuild import SandboxAccess, SandboxUnknown, rebuild
+from durable_sandbox.tracing import Tracing
 
 __all__ = ["SESSION", "SESSION_WORKFLOW", "SandboxRef", "SessionJournal", "calls_run_id"]
 
 log = logging.getLogger("durable_sandbox.sessions")
 
-SESSION = "calls"  # the session id of a Sandbox's own calls in its journal (op ids ``calls/<operationId>``)
+SESSION = CALLS_SESSION  # the session id of a Sandbox's own calls in its journal (op ids ``calls/<operationId>``)
 SESSION_WORKFLOW = "sandbox-session"  # the run's workflow name: never executed, it names what the run is
+MAX_REPLACEMENTS = 3  # sandboxes lost (or found unknown) under one call before it is refused (503: retry)
 
 
 @dataclass(frozen=True)
@@ -59,6 +76,8 @@ class SandboxRef:
     namespace: str
     name: str
     uid: str
+    # spec.snapshotEveryNCalls when the call was sent (not part of the identity: one turn per Sandbox whatever it is)
+    snapshot_every: int = field(default=0, compare=False)
 
     @property
     def where(self) -> str:
@@ -75,24 +94,28 @@ class SessionJournal:
     """The call journals of one namespace's Sandboxes, over that namespace's store (API server or PostgreSQL)."""
 
     def __init__(self, store: Any, *, worker_id: str, lease_ttl: float, owned: bool = True,
-                 hold: HoldSettings | None = None) -> None:
+                 hold: HoldSettings | None = None, extensions: Iterable[object] = ()) -> None:
         self.store = store
         self.owned = owned  # the run is owned by the Sandbox (its store takes an owner: the operator's stores do)
         self.hold = hold or HoldSettings()
         self._handles: dict[str, SandboxHandle] = {}  # run id -> the live sandbox taken for the call in flight
         self._open: dict[SandboxRef, OpenSession] = {}  # the Sandboxes whose session is open in this process
         self._opening = asyncio.Lock()
+        given = list(extensions)
+        # Tracing, unless given, as OpenTelemetry's environment configures it (docs/operations.md, "Traces").
+        traced = Tracing.from_env() if not any(isinstance(e, Tracing) for e in given) else None
         self.executor = RunExecutor(store, worker_id=worker_id, lease_ttl=lease_ttl,
-                                    extensions=[SandboxServices(attached=self._attached)])
+                                    extensions=[SandboxServices(attached=self._attached), *given, *([traced] if traced else [])])
 
     async def _attached(self, run_id: str, _name: str) -> SandboxHandle:
         return self._handles[run_id]
 
-    async def call(self, ref: SandboxRef, live: Callable[[], AbstractAsyncContextManager[tuple[SandboxHandle, SandboxProvider]]],
-                   call: ToolCall) -> Answered:
-        """Run ``call`` in the Sandbox's live sandbox, journaled (see the module's docstring). ``live`` takes the
-        Sandbox (its holder) and gives its sandbox and provider: entered under the journal's lease, so two
-        replicas never both hold it for calls, and kept with the session while calls keep coming (``hold.py``)."""
+    async def call(self, ref: SandboxRef, gate: SandboxAccess, call: ToolCall, *,
+                   on_replay: str = journal.ON_REPLAY_RERUN, traceparent: str | None = None) -> Answered:
+        """Run ``call`` in the Sandbox's live sandbox, journaled (see the module's docstring). ``gate.live`` takes
+        the Sandbox (its holder) and gives its sandbox and provider: entered under the journal's lease, so two
+        replicas never both hold it for calls, and kept with the session while calls keep coming (``hold.py``).
+        ``traceparent``: the caller's trace, the parent of the request's span."""
         while True:
             session = await self._session(ref)
             async with session.lock:
@@ -106,20 +129,60 @@ class SessionJournal:
                     done = _completed(ref, session.rt.rows, call)
                     if done is not None:
                         return done
-                    handle, provider = await session.live(live)
-                    return await self._execute(ref, session.rt, handle, provider, call)
+                    await session.live(lambda: gate.live(ref))
+                    return await self._rebuilt_and_run(ref, session, gate, call, on_replay, traceparent)
                 except CallRefused:
                     if session.handle is None:  # refused before or while taking the Sandbox: hold nothing
                         await self._close(session)
                     raise
                 except BaseException:
-                    await self._close(session)  # the next call starts afresh
+                    await self._close(session)  # the next call starts afresh (the journal read again)
                     raise
                 finally:
                     session.in_flight = None
                     session.last_used = time.monotonic()
                     if self.hold.idle_seconds <= 0:
                         await self._close(session)
+
+    async def _rebuilt_and_run(self, ref: SandboxRef, session: OpenSession, gate: SandboxAccess, call: ToolCall,
+                               on_replay: str, traceparent: str | None) -> Answered:
+        """The call in the hold's live sandbox once it holds every earlier completed call; a sandbox lost or
+        unknown is replaced (the controller's replacement becomes the hold's) and rebuilt first."""
+        handle, provider = session.handle, session.provider
+        assert handle is not None and provider is not None
+        if ref.snapshot_every and not provider.capabilities().supports(Capability.SNAPSHOT):
+            raise CallRefused(409, f"spec.snapshotEveryNCalls is {ref.snapshot_every}, but provider "
+                              f"{provider.name} cannot snapshot", where=f"{ref.where}, spec.snapshotEveryNCalls",
+                              do="set spec.snapshotEveryNCalls to 0, or use a provider with snapshots")
+        # Started before and never answered: the operator stopped while it ran, in the sandbox it may have
+        # changed (if that one is still live, its state is unknown).
+        interrupted = session.rt.lookup(journal.call_id(SESSION, call.operation_id)) is not None
+        for _ in range(MAX_REPLACEMENTS):
+            try:
+                await rebuild(session.rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
+                              before=_index_of(session.rt, call.operation_id), where=ref.where)
+                return await self._traced(ref, session.rt, handle, provider, call, on_replay, traceparent)
+            except SandboxUnknown as unknown:
+                lost = unknown.sandbox_id
+            except AttachedSandboxLost as gone:
+                lost = gone.sandbox_id or handle.id
+            log.warning("%s: sandbox %s is lost or unknown; call %s waits for its replacement", ref.where,
+                        lost, call.operation_id)
+            interrupted = False  # a replacement is newer than the interruption
+            handle = session.handle = await gate.replaced(ref, lost)  # the hold keeps the replacement
+            session.rt = await self.executor.open_runtime(session.run, session.lease)  # the journal as it is now
+        raise CallRefused(503, f"the Sandbox's sandbox was lost {MAX_REPLACEMENTS} times under this call",
+                          where=ref.where, do="retry with the same operationId; `kubectl describe dsbx` says "
+                          "why its sandboxes do not last")
+
+    async def _traced(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
+                      call: ToolCall, on_replay: str, traceparent: str | None) -> Answered:
+        """:meth:`_execute` in the request's span, the child of the caller's ``traceparent`` header (the call's
+        own span inside)."""
+        return await under_caller(rt, traceparent, f"sandbox.session_call {call.type}",
+                                  {"durable_sandbox.sandbox": ref.where, "durable_sandbox.operation.id":
+                                   call.operation_id},
+                                  lambda: self._execute(ref, rt, handle, provider, call, on_replay))
 
     async def aclose(self) -> None:
         """Let go of every open session (the operator stopping): holders and leases released."""
@@ -148,7 +211,7 @@ class SessionJournal:
                 with contextlib.suppress(Exception):
                     await self.store.release(lease)
                 raise
-            session = self._open[ref] = OpenSession(lease, rt)
+            session = self._open[ref] = OpenSession(lease, rt, run)
             session.start(self._renew, max(self.executor.lease_ttl / 3, 0.05), self.hold, self._close)
             return session
 
@@ -162,18 +225,18 @@ class SessionJournal:
         await session.shut(self.store.release)
 
     async def _execute(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
-                       call: ToolCall) -> Answered:
+                       call: ToolCall, on_replay: str) -> Answered:
         self._handles[rt.run_id] = handle
         try:
-            session = SandboxSession(rt, SESSION, provider, attach=ref.name, owner=f"{ref.namespace}/{ref.uid}",
-                                     next_index=_index_of(rt, call.operation_id))
+            session = SandboxSession(rt, SESSION, traced_provider(rt, SESSION, provider), attach=ref.name,
+                                     owner=f"{ref.namespace}/{ref.uid}", next_index=_index_of(rt, call.operation_id),
+                                     snapshot_every=ref.snapshot_every)
             await session.__aenter__()  # journals the attach once (``calls/provision``)
             # The live sandbox is the Sandbox's, read from its record when the session took it: it may have been
             # recovered or resumed since the session's first call recorded one.
             session.state.handle = handle
-            # One record per call, committed before the call is answered (SandboxSession.call's journal_start).
-            result = await session.call(call, journal_start=False)
-            await rt.write()
+            result = await session.call(call, on_replay=on_replay)  # started committed before it runs
+            await rt.write()  # the completion, committed before the call is answered
         except NonDeterminismError as exc:
             raise _reused(ref, call.operation_id) from exc
         finally:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from durable_sandbox.kube.api.resources import SANDBOXES, CustomObjects
 from durable_sandbox.kube.holders.holding import SESSION_CLAIM, Holding, SandboxHeld
-from durable_sandbox.kube.journal.sandbox_records import SandboxRecords
+from durable_sandbox.kube.journal.sandbox_records import LINEAGE, SandboxRecords
+from durable_sandbox.kube.sandbox.view import LOSS_REPORTED
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.hold import LeftToAnotherReplica
@@ -50,7 +51,32 @@ class KubeSandboxGate:
             raise CallRefused(404, "no such Sandbox" if body is None else "the Sandbox is being deleted",
                               where=f"Sandbox {namespace}/{name}",
                               do="create the Sandbox (kubectl apply) and wait for it to be Ready, or name another one")
-        return SandboxRef(namespace, name, str(body["metadata"]["uid"]))
+        every = (body.get("spec") or {}).get("snapshotEveryNCalls")
+        return SandboxRef(namespace, name, str(body["metadata"]["uid"]), snapshot_every=every if isinstance(every, int) else 0)
+
+    async def replaced(self, ref: SandboxRef, lost: str) -> SandboxHandle:
+        """The live sandbox once the controller has replaced ``lost``; the call keeps holding the Sandbox meanwhile.
+        ``status.lossReported`` wakes the controller to check it at once (else it would at its next renewal)."""
+        await self.objects.patch_status(SANDBOXES, ref.namespace, ref.name, {LOSS_REPORTED: lost})
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            try:
+                handle = await self.holding.live_handle(ref.namespace, ref.name, SESSION_CLAIM)
+                if handle.id != lost:
+                    return handle
+                why = f"sandbox {lost} is lost and not replaced yet"
+            except SandboxHeld as waits:
+                why = str(waits)
+            await self._refuse_if_held(ref)
+            if time.monotonic() > deadline:
+                raise CallRefused(503, f"the Sandbox's lost sandbox was not replaced in time: {why}", where=ref.where,
+                                  do="retry the call with the same operationId; `kubectl describe dsbx` says what it "
+                                  "waits for")
+            await asyncio.sleep(POLL)
+
+    async def lineage(self, ref: SandboxRef) -> Mapping[str, str]:
+        found = (await self.records.read(ref.namespace, ref.uid)).get(LINEAGE)
+        return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
     @contextlib.asynccontextmanager
     async def live(self, ref: SandboxRef) -> AsyncIterator[tuple[SandboxHandle, SandboxProvider]]:

@@ -7,7 +7,8 @@ sent again (a dropped connection, a restarted client) returns the journaled resu
 from __future__ import annotations
 
 import shlex
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +37,9 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     operationId: str = Field(pattern=OPERATION_ID_PATTERN)
+    # What rebuilding the sandbox after a loss does with this call once it completed: run it again (its outcome
+    # checked) or skip it (its result stands; for a call whose effect is outside the sandbox). Journaled with it.
+    onReplay: Literal["rerun", "skip"] = "rerun"
 
     def tool_call(self) -> ToolCall:
         raise NotImplementedError
@@ -84,7 +88,7 @@ class ListRequest(_Request):
 
 
 CallRequest = ShellRequest | WriteFileRequest | ReadFileRequest | ListRequest
-CALL_KINDS: dict[str, type[_Request]] = {
+CALL_KINDS: Final[Mapping[str, type[_Request]]] = {
     "shell": ShellRequest, "write_file": WriteFileRequest, "read_file": ReadFileRequest, "list": ListRequest,
 }
 

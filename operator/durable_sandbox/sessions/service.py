@@ -12,14 +12,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.journal import SandboxRef, SessionJournal
 from durable_sandbox.sessions.models import CallAnswer, CallRequest, Limits, ShellRequest
 from durable_sandbox.sessions.rates import CallerRates
+from durable_sandbox.sessions.rebuild import SandboxAccess
 
 __all__ = ["Authorizer", "SandboxGate", "SessionService"]
 
@@ -33,12 +32,11 @@ class Authorizer(Protocol):
     async def check(self, token: str | None, namespace: str, name: str) -> str: ...
 
 
-class SandboxGate(Protocol):
-    """The Sandbox resources: found by name, and their live sandbox taken for one call (the holder rule)."""
+class SandboxGate(SandboxAccess, Protocol):
+    """The Sandbox resources: found by name, and their live sandbox taken for one call (the holder rule),
+    waited for when it is replaced after a loss."""
 
     async def find(self, namespace: str, name: str) -> SandboxRef: ...
-
-    def live(self, ref: SandboxRef) -> AbstractAsyncContextManager[tuple[SandboxHandle, SandboxProvider]]: ...
 
 
 class SessionService:
@@ -52,7 +50,8 @@ class SessionService:
         self._admitted: dict[SandboxRef, int] = {}  # calls in flight or waiting, per Sandbox
         self._turns: dict[SandboxRef, asyncio.Lock] = {}
 
-    async def call(self, token: str | None, namespace: str, name: str, request: CallRequest) -> CallAnswer:
+    async def call(self, token: str | None, namespace: str, name: str, request: CallRequest, *,
+                   traceparent: str | None = None) -> CallAnswer:
         caller = await self.auth.check(token, namespace, name)
         wait = self.rates.take(caller)
         if wait is not None:
@@ -66,7 +65,8 @@ class SessionService:
             raise CallRefused(400, f"timeout {timeout:g}s is over this operator's limit of {self.limits.max_timeout:g}s", where=f"{ref.where}, timeout",
                               do="ask for a shorter timeout, or split the work into several calls")
         async with self._admission(ref), self._turn(ref):
-            answered = await self.journal_for(namespace).call(ref, lambda: self.gate.live(ref), request.tool_call())
+            answered = await self.journal_for(namespace).call(ref, self.gate, request.tool_call(),
+                                                              on_replay=request.onReplay, traceparent=traceparent)
         log.info("%s: call %s (%s) by %s %s", ref.where, request.operationId, request.tool_call().type, caller,
                  "answered from the journal" if answered.replayed else f"exited {answered.result.exit_code}")
         return CallAnswer.of(request.operationId, answered.result, replayed=answered.replayed)

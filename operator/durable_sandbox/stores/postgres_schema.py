@@ -17,7 +17,8 @@ Versions (append only: a released migration never changes):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Final
 
 SCHEMA_VERSION = 2
 DEFAULT_SCHEMA = "durable_sandbox"
@@ -109,7 +110,7 @@ def _v2(s: str) -> list[str]:
     return [f"ALTER TABLE {s}.runs ADD COLUMN last_token bigint"]
 
 
-MIGRATIONS: dict[int, Callable[[str], list[str]]] = {1: _v1, 2: _v2}
+MIGRATIONS: Final[Mapping[int, Callable[[str], list[str]]]] = {1: _v1, 2: _v2}
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 
 

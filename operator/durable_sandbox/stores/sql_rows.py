@@ -1,7 +1,8 @@
 """The SQL stores' row codec: a run and a journal record to and from a row, the same for SQLite and PostgreSQL.
 
-Both stores keep a run in one row of 18 columns and a journal record in one row of 12, JSON in text cells.
-One codec, so the two stores cannot disagree about a value, nor about a damaged cell:
+Both stores keep a run in one row of 18 columns and a journal record in one row of 12, JSON in text cells (and a
+signal, an event, a thread's state and a cache entry in rows of their own). One codec, so the two stores cannot
+disagree about a value, nor about a damaged cell:
 
 - a damaged cell of a run's row (JSON that does not parse, an error that is not one, an unknown status) reads as
   empty, and the run's error says which columns are damaged, where, and what to do: one bad row never makes
@@ -18,10 +19,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from durable_sandbox.engine.errors import StoreError
-from durable_sandbox.engine.records import ErrorInfo, OperationRecord, RunRecord, RunStatus
+from durable_sandbox.engine.records import ErrorInfo, Event, OperationRecord, RunRecord, RunStatus
 
-__all__ = ["JSON_RUN_FIELDS", "OP_COLUMNS", "RUN_COLUMNS", "STORE_DAMAGED", "canonical", "change_value", "dumps",
-           "loads", "op_cells", "op_from_row", "run_from_row", "run_values"]
+__all__ = ["JSON_RUN_FIELDS", "OP_COLUMNS", "RUN_COLUMNS", "STORE_DAMAGED", "cache_row", "canonical", "change_value",
+           "dumps", "event_from_row", "event_row", "loads", "op_cells", "op_from_row", "op_row", "run_from_row",
+           "run_values", "signals_from_rows", "thread_row"]
 
 RUN_COLUMNS = (
     "run_id", "workflow", "status", "input", "result", "error", "thread_id", "created_at", "updated_at", "wake_at",
@@ -134,6 +136,12 @@ def op_cells(record: OperationRecord) -> tuple[str | None, str | None, str | Non
     )
 
 
+def op_row(record: OperationRecord) -> tuple[Any, ...]:
+    """A journal record's cells without its run id and seq (the store sets those): OP_COLUMNS' order from op_id."""
+    r = record
+    return (r.op_id, r.kind, r.name, r.status, r.attempt, r.input_digest, *op_cells(r), float(r.ts), r.epoch)
+
+
 def op_from_row(row: Sequence[Any], run_id: str, where: str) -> OperationRecord:
     """A journal record from its row (OP_COLUMNS' order); a damaged row is a StoreError saying where it is."""
     seq, op_id, kind, name, status, attempt, digest, result, error, meta, ts, epoch = row
@@ -148,3 +156,31 @@ def op_from_row(row: Sequence[Any], run_id: str, where: str) -> OperationRecord:
             f"{where}: journal row {seq} ({op_id!r}) of run {run_id!r} is damaged ({exc}); the run cannot be "
             f"replayed or shown. Restore the store from a backup (docs/reliability.md)."
         ) from None
+
+
+def event_row(event: Event) -> tuple[str, str, str, float]:
+    """An event's cells: (run_id, type, data, ts); the store numbers it (seq)."""
+    return event.run_id, event.type, dumps(event.data), float(event.ts)
+
+
+def event_from_row(run_id: str, row: Sequence[Any]) -> Event:
+    """An event of ``run_id`` from its row (seq, type, data, ts)."""
+    seq, type_, data, ts = row
+    return Event(run_id, type_, json.loads(data), ts, seq)
+
+
+def signals_from_rows(rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """A run's signals from their rows (callback_id, value)."""
+    return {row[0]: json.loads(row[1]) for row in rows}
+
+
+def thread_row(thread_state: tuple[str, Any], now: float) -> tuple[str, str, float]:
+    """A commit's thread state as its row: (thread_id, state, updated_at)."""
+    thread_id, state = thread_state
+    return thread_id, dumps(state), now
+
+
+def cache_row(cache: tuple[str, Any, float | None], now: float) -> tuple[str, str, float, float | None]:
+    """A commit's cache entry as its row: (key, value, created_at, expires_at)."""
+    key, value, expires = cache
+    return key, dumps(value), now, expires

@@ -11,7 +11,8 @@ The kits need pytest (and pytest-asyncio). The old paths (``durable_sandbox.stor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
 
 from durable_sandbox.lazy_names import lazy_names
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from durable_sandbox.stores.testing import DamagedRowCases, StoreContractSuite
     from durable_sandbox.testing.clock import FakeClock
 
-_ORIGIN: dict[str, str] = {
+_ORIGIN: Final[Mapping[str, str]] = {
     "ContractResources": "durable_sandbox.providers.testing",
     "DamagedRowCases": "durable_sandbox.stores.testing",
     "FakeClock": "durable_sandbox.testing.clock",

@@ -17,7 +17,7 @@ CLOCKED_MODULES = (
     "durable_sandbox.engine.context",
     "durable_sandbox.engine.driver",
     "durable_sandbox.engine.executor",
-    "durable_sandbox.stores.sqlite",
+    "durable_sandbox.stores.sqlite_file",
 )
 
 
@@ -28,17 +28,32 @@ class Patcher(Protocol):
 
 
 class FakeClock:
-    """The engine's wall clock as real time plus an offset that the test moves (``advance``).
+    """The engine's wall clock as real time plus an offset that the test moves (``advance``), or, given ``start``,
+    a clock that stands still at ``start`` until the test moves it.
 
     ``install(monkeypatch)`` makes it the clock of the engine and of SqliteStore for one test; monotonic time,
-    ``sleep`` and ``perf_counter`` stay real, so nothing waits on a clock that does not move by itself.
+    ``sleep`` and ``perf_counter`` stay real, so nothing waits on a clock that does not move by itself. Where a
+    component takes its clock as a callable (providers, the session API's authorizer), pass the clock itself.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, start: float | None = None) -> None:
+        self.start = start
         self.offset = 0.0
 
     def time(self) -> float:
-        return _real_time() + self.offset
+        return (_real_time() if self.start is None else self.start) + self.offset
+
+    def __call__(self) -> float:
+        return self.time()
+
+    @property
+    def now(self) -> float:
+        return self.time()
+
+    @now.setter
+    def now(self, value: float) -> None:
+        """``clock.now += 60`` moves the clock (``advance(60)``)."""
+        self.offset += value - self.time()
 
     def advance(self, seconds: float) -> None:
         self.offset += seconds

@@ -14,8 +14,8 @@ import contextlib
 import datetime as dt
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Final, Literal
 
 from durable_sandbox.engine import Event, OperationRecord, RunStatus, Store
 from durable_sandbox.kube.api.client import ApiException, json_body
@@ -36,7 +36,7 @@ from durable_sandbox.ui.source import (
 
 __all__ = ["ClusterSource"]
 
-PHASE_STATUS = {
+PHASE_STATUS: Final[Mapping[str, RunStatus]] = {
     "Pending": RunStatus.PENDING, "Running": RunStatus.RUNNING, "Waiting": RunStatus.WAITING,
     "Suspended": RunStatus.SUSPENDED, "Succeeded": RunStatus.SUCCEEDED, "Failed": RunStatus.FAILED,
     "Cancelled": RunStatus.CANCELLED,

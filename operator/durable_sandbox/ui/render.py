@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 import jinja2
 
+from durable_sandbox.tracing.traceparent import TRACE_UI_ENV, trace_link
 from durable_sandbox.ui.redact import redact
 
 __all__ = ["BOUND", "bounded_json", "bounded_text", "environment", "fmt_duration", "fmt_when"]
@@ -73,4 +75,6 @@ def environment() -> jinja2.Environment:
     env.filters["iso"] = iso
     env.filters["pretty"] = _pretty
     env.globals["duration"] = fmt_duration
+    # The run's trace in a trace UI, when one is configured (docs/operations.md, "Traces").
+    env.globals["trace_url"] = lambda labels: trace_link(labels, os.environ.get(TRACE_UI_ENV))
     return env

@@ -4,6 +4,7 @@ timeline that places the rows (ui/timeline.py)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.engine.wording import counted
@@ -25,7 +26,7 @@ STEP = OpKind.STEP.value
 
 __all__ = ["row_kind", "row_label"]
 
-_KINDS = {
+_KINDS: Final[Mapping[str, str]] = {
     STEP: "step",
     PARALLEL: "parallel",
     CALLBACK: "callback",

@@ -7,9 +7,9 @@ provider is asked anything: what the page shows is what the run recorded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from durable_sandbox.engine.records import OperationRecord
 from durable_sandbox.sandboxes import journal
@@ -18,7 +18,7 @@ __all__ = ["Session", "SessionFold"]
 
 # What a destroy's reason makes of the session (sandboxes/journal.py names these reasons).
 # (A rejected or abandoned replacement was never the session's live sandbox: it changes nothing.)
-_AFTER_DESTROY = {journal.REASON_HIBERNATE: "hibernated", journal.REASON_LOST: "lost", journal.REASON_FINALIZE: "destroyed"}
+_AFTER_DESTROY: Final[Mapping[str, str]] = {journal.REASON_HIBERNATE: "hibernated", journal.REASON_LOST: "lost", journal.REASON_FINALIZE: "destroyed"}
 
 
 @dataclass

@@ -20,9 +20,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
-from typing import Any
+from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -30,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 __all__ = ["Guard", "GuardMiddleware", "is_loopback"]
 
 OPEN_PATHS = frozenset({"/healthz"})
-HEADERS = [
+HEADERS: Final[Sequence[tuple[bytes, bytes]]] = [
     (b"content-security-policy", b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                  b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
     (b"x-content-type-options", b"nosniff"),
@@ -96,7 +97,7 @@ class GuardMiddleware:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = list(message.get("headers", [])) + HEADERS
+                message["headers"] = [*message.get("headers", []), *HEADERS]
             await send(message)
 
         if is_loopback(g.host) and headers.get("host") not in g.origin_hosts:

@@ -15,9 +15,9 @@ items it created or changed, which is what the page's live updates send.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from durable_sandbox.engine.records import Event, OperationRecord
 from durable_sandbox.engine.wording import counted
@@ -39,7 +39,7 @@ from durable_sandbox.ui.row_labels import (
 __all__ = ["Item", "Lane", "Timeline", "session_of"]
 
 # Kubernetes Event reasons that are a suspend or a resume (kube/workflow/controller.py emits them).
-_K8S_KINDS = {"Suspended": "suspend", "Resumed": "resume", "SandboxLost": "lost", "Recovered": "restore"}
+_K8S_KINDS: Final[Mapping[str, str]] = {"Suspended": "suspend", "Resumed": "resume", "SandboxLost": "lost", "Recovered": "restore"}
 
 
 @dataclass(slots=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -24,7 +24,7 @@ from durable_sandbox.ui.source import RunQuery, RunSource, label_filters
 __all__ = ["PER_PAGE", "STATUSES", "View", "found", "query_of", "ref_of"]
 
 PER_PAGE = (20, 50, 100, 200)
-STATUSES = [s.value for s in RunStatus]
+STATUSES: Final[Sequence[str]] = [s.value for s in RunStatus]
 T = TypeVar("T")
 
 

@@ -19,15 +19,16 @@ from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.workflow.controller import Operator, OperatorSettings
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.turn import acted_generation
+from tests import builders
 from tests.fakes.custom_objects import FakeCustomObjects
 
 NS, NAME, UID = "team", "nightly", "0b5e1f2a-0000-4000-8000-000000000002"
 
 
 def workflow(generation: int, **spec: Any) -> dict[str, Any]:
-    return {"metadata": {"namespace": NS, "name": NAME, "uid": UID, "generation": generation},
-            "spec": {"toolCalls": [{"type": "shell", "command": "true"}], **spec},
-            "status": {"phase": "Running", "observedGeneration": 1}}
+    return builders.workflow(NAME, namespace=NS, uid=UID, generation=generation,
+                             status={"phase": "Running", "observedGeneration": 1},
+                             **{"toolCalls": [{"type": "shell", "command": "true"}], **spec})
 
 
 def api_server(current: dict[str, Any] | None) -> FakeCustomObjects:

@@ -135,6 +135,15 @@ def test_live_owners_from_what_the_operator_records_never_from_status() -> None:
     assert protected == {"user-snap"} and set(bodies) == set(live)
 
 
+def test_a_sandboxs_session_snapshots_are_referenced_by_it() -> None:
+    """The snapshots a Sandbox's session calls took (spec.snapshotEveryNCalls) are in their journal, not in its
+    record: a live Sandbox references them too, so the sweep never takes the one a loss would restore."""
+    sandboxes = [{"metadata": {"namespace": "ns", "name": "a", "uid": "sb-a"}}]
+    live, _, _ = live_owners([], sandboxes, finished_runs=frozenset(), records={"sb-a": {"snapshots": ["s1"]}},
+                             session_snapshots={"sb-a": frozenset({"calls-6"})})
+    assert live["ns/sb-a"] == LiveOwner("ns/sb-a", frozenset(), frozenset({"s1", "calls-6"}))
+
+
 def _spec(owner: str | None, installation: str | None = OURS, **labels: str) -> SandboxSpec:
     return SandboxSpec(owner=owner, labels={**({INSTALLATION_LABEL: installation} if installation else {}), **labels})
 

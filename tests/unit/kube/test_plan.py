@@ -14,13 +14,11 @@ from durable_sandbox.kube.spec.plan import (
     entrypoint_allowed,
     plan_workflow,
 )
+from tests.builders import workflow_resource
 
 
 def workflow(spec: dict[str, Any], uid: str | None = "0123456789abcdef") -> WorkflowResource:
-    meta: dict[str, Any] = {"name": "demo", "namespace": "team"}
-    if uid:
-        meta["uid"] = uid
-    return WorkflowResource.model_validate({"metadata": meta, "spec": spec})
+    return workflow_resource(uid=uid or None, **spec)
 
 
 TOOL_CALLS = [{"type": "shell", "command": "echo hi"}]

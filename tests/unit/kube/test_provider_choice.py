@@ -20,6 +20,7 @@ from durable_sandbox.kube.spec.provider_choice import (
     refusal,
     sandbox_choice,
 )
+from tests.builders import workflow_resource
 
 UID = "0b5e1f2a-0000-4000-8000-000000000001"
 CALLS = [{"type": "shell", "command": "true"}]
@@ -75,9 +76,7 @@ def test_a_default_the_operator_cannot_build_is_refused_saying_what_to_set() -> 
 
 
 def workflow(**spec: Any) -> WorkflowResource:
-    return WorkflowResource.model_validate({
-        "apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow",
-        "metadata": {"name": "wf", "namespace": "team", "uid": UID}, "spec": {"toolCalls": CALLS, **spec}})
+    return workflow_resource("wf", uid=UID, **{"toolCalls": CALLS, **spec})
 
 
 def stored_provider(wf: WorkflowResource, **kwargs: Any) -> str:

@@ -20,11 +20,11 @@ from durable_sandbox.kube.spec.models import (
     without_refused_signals,
 )
 from durable_sandbox.kube.spec.plan import PlanError, WorkflowNotAllowed, WorkflowUnavailable, plan_workflow
+from tests.builders import workflow_resource
 
 
 def workflow(spec: dict[str, Any]) -> WorkflowResource:
-    return WorkflowResource.model_validate({"metadata": {"name": "demo", "namespace": "team", "uid": "0123456789ab"},
-                                            "spec": spec})
+    return workflow_resource(uid="0123456789ab", **spec)
 
 
 def errors_of(spec: dict[str, Any]) -> list[tuple[tuple[Any, ...], str]]:

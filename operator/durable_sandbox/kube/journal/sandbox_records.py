@@ -28,7 +28,8 @@ from durable_sandbox.kube.api.resources import API_VERSION
 from durable_sandbox.kube.journal.journal_objects import LABEL_PART, MANAGED_BY, JournalObjects
 from durable_sandbox.kube.journal.sealing import Sealer
 
-__all__ = ["ACTIVE_AT", "HOLDER", "IDLE_CLAIM", "IDLE_SUSPENDED", "RECORDED", "SUSPENDED_AT", "SandboxRecords"]
+__all__ = ["ACTIVE_AT", "HOLDER", "IDLE_CLAIM", "IDLE_SUSPENDED", "LINEAGE", "RECORDED", "SNAPSHOT_AT", "SUSPENDED_AT",
+           "SandboxRecords"]
 
 SANDBOX_LABEL = "durable-sandbox.dev/sandbox"
 HOLDER = "holder"
@@ -41,10 +42,15 @@ IDLE_CLAIM = "(idle-suspend)"
 ACTIVE_AT = "lastActiveAt"
 IDLE_SUSPENDED = "idleSuspended"  # suspended by the idle timer (not spec.suspend): the next Workflow resumes it
 SUSPENDED_AT = "suspendedAt"  # when the live sandbox was last suspended (epoch seconds; shown as status.stateSince)
+# Where each recent sandbox and snapshot of the Sandbox came from: a sandbox id -> the snapshot it was restored
+# from ("" when provisioned fresh), a snapshot id -> the sandbox it was taken of. The session calls
+# (sessions/rebuild.py) read it to know which of their calls a replacement sandbox already holds.
+LINEAGE = "lineage"
+SNAPSHOT_AT = "snapshotAt"  # when the newest snapshot in "snapshots" was taken (epoch seconds)
 # The fields of a Sandbox's status that the operator acts on: kept here, shown in status.
 # "provider" pins the Sandbox's provider (kube/spec/provider_choice.py) before anything is provisioned.
 RECORDED = ("provider", "providerId", "handle", "leaseExpiresAt", "snapshots", "operation", "operationCount", "phase",
-            "capabilities", ACTIVE_AT, IDLE_SUSPENDED, SUSPENDED_AT)
+            "capabilities", ACTIVE_AT, IDLE_SUSPENDED, SUSPENDED_AT, LINEAGE, SNAPSHOT_AT)
 
 
 def _dumps(value: Any) -> str:

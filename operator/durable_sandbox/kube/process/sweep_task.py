@@ -8,6 +8,7 @@ import contextlib
 import logging
 
 from durable_sandbox.kube.api.client import KubeClient
+from durable_sandbox.kube.sandbox.checkpoints import session_snapshots
 from durable_sandbox.kube.sweep.sweeper import OrphanSweeper
 from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 from durable_sandbox.kube.workflow.controller import Operator
@@ -35,7 +36,8 @@ class SweepTask:
         sweeper = OrphanSweeper(api, installation=settings.installation_id, namespaces=list(namespaces),
                                 providers=lambda: _sweep_providers(op, cache), grace=settings.sweep_grace,
                                 events=op.events, metrics=metrics, records=op.records,
-                                finished_runs=op.engines.journals.finished_run_keys)
+                                finished_runs=op.engines.journals.finished_run_keys,
+                                session_snapshots=lambda ns, uid: _session_snapshot_ids(op, ns, uid))
         stop = asyncio.Event()
         log.info("orphan sweep every %gs (grace %gs) for installation %s", settings.sweep_interval,
                  settings.sweep_grace, settings.installation_id)
@@ -48,6 +50,10 @@ class SweepTask:
         for provider in self.providers.values():
             with contextlib.suppress(Exception):
                 await provider.aclose()
+
+
+async def _session_snapshot_ids(op: Operator, namespace: str, uid: str) -> frozenset[str]:
+    return frozenset(s.snapshot_id for s in await session_snapshots(op.engines.journals, namespace, uid))
 
 
 def _sweep_providers(op: Operator, cache: dict[str, SandboxProvider]) -> dict[str, SandboxProvider]:

@@ -39,7 +39,8 @@ class SandboxLive(SandboxOperations):
         lease = res.spec.lease_seconds
         expires = handle.lease_expires_at or parse_time(view.status.get("leaseExpiresAt"))
         now = time.time()
-        if expires is None or expires - now <= lease / 2:
+        check, view.check_live = view.check_live, False
+        if expires is None or expires - now <= lease / 2 or check:  # renewal is the liveness check
             try:
                 handle = await provider.renew_lease(handle, lease)
             except SandboxGone as exc:
@@ -56,15 +57,16 @@ class SandboxLive(SandboxOperations):
 
     async def _lost(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider, detail: str) -> float:
         lost = view.status.get("providerId")
+        newest = await self._newest_snapshot(view)  # its own (a suspend's) or its session calls', taken last
         message = f"sandbox {lost} is gone ({detail}); re-creating it" + (
-            f" from snapshot {view.snapshots[-1]}" if view.snapshots else " fresh (no snapshot to restore)")
+            f" from snapshot {newest}" if newest else " fresh (no snapshot to restore)")
         await self._transition(view, "Recovering", {"providerId": None, "handle": None, "leaseExpiresAt": None},
                                Ready=(False, "SandboxLost", message))
         await self._emit(view, "SandboxLost", message, "Warning")
         await self._bring_up(view, res, provider, reason="recover")
         handle = view.handle()
         assert handle is not None
-        source = f"snapshot {view.snapshots[-1]}" if view.snapshots else "a fresh sandbox"
+        source = f"snapshot {newest}" if newest else "a fresh sandbox"
         await self._emit(view, "Recovered", f"sandbox {lost} recovered into {handle.id} from {source}")
         await self._transition(view, "Ready", Ready=(True, "Recovered", f"sandbox {handle.id} is live (recovered)"))
         return 1.0

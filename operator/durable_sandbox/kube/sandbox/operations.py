@@ -12,8 +12,9 @@ from durable_sandbox.engine import faults
 from durable_sandbox.kube.api.labels import label_value
 from durable_sandbox.kube.api.objects import owner_tag
 from durable_sandbox.kube.api.resources import SANDBOXES, WORKFLOWS
-from durable_sandbox.kube.journal.sandbox_records import ACTIVE_AT
+from durable_sandbox.kube.journal.sandbox_records import ACTIVE_AT, LINEAGE, SNAPSHOT_AT
 from durable_sandbox.kube.sandbox.base import handle_metadata
+from durable_sandbox.kube.sandbox.checkpoints import session_snapshots, with_lineage
 from durable_sandbox.kube.sandbox.lease import SandboxLease
 from durable_sandbox.kube.sandbox.view import (
     OPERATION_LABEL,
@@ -70,6 +71,10 @@ class SandboxOperations(SandboxLease):
             assert handle is not None
             snapshot_id = await provider.snapshot(handle, operation_id=op["id"])
             faults.reach("inside:sandbox.suspend")  # taken, not yet recorded: the crash window
+            # What it was taken of (the session calls it holds are those that sandbox held) and when (a loss
+            # restores the newest snapshot, this or one the session calls took), before it is listed.
+            await self._record(view, {LINEAGE: with_lineage(view.status.get(LINEAGE), snapshot_id, handle.id),
+                                      SNAPSHOT_AT: time.time()})
             # Record the new snapshot (the old ones stay listed until the new one is recorded).
             snapshots = [s for s in view.snapshots if s != snapshot_id] + [snapshot_id]
             await self._patch(view, {"snapshots": snapshots,
@@ -95,7 +100,7 @@ class SandboxOperations(SandboxLease):
 
     async def _bring_up(self, view: SandboxView, res: SandboxResource, provider: SandboxProvider, *, reason: str) -> None:
         """Provision, or restore the newest owned snapshot (else ``spec.fromSnapshot`` on first creation)."""
-        source = view.snapshots[-1] if view.snapshots else None
+        source = await self._newest_snapshot(view)
         if source is None and reason == "create" and not view.status.get("operationCount") and res.spec.from_snapshot:
             source = res.spec.from_snapshot
             await self._check_from_snapshot(view, provider, source)
@@ -104,6 +109,15 @@ class SandboxOperations(SandboxLease):
         await self._begin(view, kind, phase, snapshot_id=source,
                           Ready=(False, phase, f"{kind} of a sandbox" + (f" from snapshot {source}" if source else "")))
         await self._run_provision(view, res, provider)
+
+    async def _newest_snapshot(self, view: SandboxView) -> str | None:
+        """The newest snapshot holding this Sandbox's workspace: its own newest (a suspend's) or the newest its
+        session calls took (``spec.snapshotEveryNCalls``), whichever was taken last."""
+        own = view.snapshots[-1] if view.snapshots else None
+        session = await session_snapshots(self.journals, view.namespace, view.uid)
+        if session and (own is None or session[-1].taken_at > float(view.status.get(SNAPSHOT_AT) or 0)):
+            return session[-1].snapshot_id
+        return own
 
     async def _check_from_snapshot(self, view: SandboxView, provider: SandboxProvider, snapshot_id: str) -> None:
         """``spec.fromSnapshot`` names a snapshot this namespace owns: one the provider took of a sandbox of this
@@ -142,6 +156,10 @@ class SandboxOperations(SandboxLease):
         else:
             handle = await provider.provision(spec, lease_seconds=res.spec.lease_seconds)
         faults.reach(f"inside:sandbox.{op['kind']}")  # made, not yet recorded: the crash window
+        # Where it came from, before it is recorded live: a session call meeting it first knows which of its calls
+        # it holds (the snapshot's, or none when made fresh). A restart adopts the same sandbox and writes it again.
+        await self._record(view, {LINEAGE: with_lineage(view.status.get(LINEAGE), handle.id,
+                                                        op.get("snapshotId") or "")})
         await self._patch(view, {"providerId": handle.id, "handle": handle_metadata(handle),
                                  "leaseExpiresAt": rfc3339(handle.lease_expires_at), "operation": None})
         # A sandbox made live starts its idle time now (kept out of view.status: Holding writes it too).

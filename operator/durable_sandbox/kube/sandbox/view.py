@@ -18,8 +18,12 @@ def calls_run_id(uid: str) -> str:
     id (those end ``-<8 hex>``). Named here, beside the Sandbox, because its deletion goes with the Sandbox's."""
     return f"dsbx.{uid}.calls"
 
-__all__ = ["OPERATION_LABEL", "SANDBOX_LABEL", "SandboxControllerSettings", "SandboxView"]
 
+CALLS_SESSION = "calls"  # the session id of a Sandbox's own calls in that run (op ids ``calls/<operationId>``)
+
+__all__ = ["CALLS_SESSION", "LOSS_REPORTED", "OPERATION_LABEL", "SANDBOX_LABEL", "SandboxControllerSettings", "SandboxView"]
+
+LOSS_REPORTED = "lossReported"  # status: a session call's hint that the live sandbox is gone (kube_gate.py)
 SANDBOX_LABEL = "durable-sandbox.dev/sandbox"  # on the provider's sandbox: the Sandbox resource it is
 OPERATION_LABEL = "durable-sandbox.dev/operation"  # ... and the operation that made it (to adopt it after a crash)
 
@@ -47,6 +51,8 @@ class SandboxView(ObjectView):
     turn: asyncio.Task[float | None] | None = None  # the reconciliation in progress (stopped if the lease is lost)
     waiting_on: str | None = None  # the replica holding the lease while this one waits
     seen_holder: str | None = None  # status.holder in the newest body seen (a wake-up hint only)
+    seen_loss: str | None = None  # status.lossReported in the newest body seen (a hint only)
+    check_live: bool = False  # check the live sandbox with the provider on the next turn, renewal due or not
 
     def notice(self, body: Mapping[str, Any]) -> None:
         """As every object's (a spec change or deletion wakes the daemon), and also a change of ``status.holder``:
@@ -58,6 +64,13 @@ class SandboxView(ObjectView):
         holder = shown if isinstance(shown, str) else None
         if holder != self.seen_holder:
             self.seen_holder = holder
+            self.wake.set()
+        # A session call met a lost (or unusable) sandbox: check it now. Only a hint (anyone granted
+        # sandboxes/status can write it): the check asks the provider, the turn acts on its answer alone.
+        loss = (body.get("status") or {}).get(LOSS_REPORTED)
+        if isinstance(loss, str) and loss != self.seen_loss:
+            self.seen_loss = loss
+            self.check_live = True
             self.wake.set()
 
     @property

@@ -398,6 +398,12 @@ class SandboxResourceSpec(ResourceSandboxSettings):
         "seconds; the next Workflow that uses it (spec.sandboxRef) resumes it from the snapshot. Unset: never on "
         "idleness. spec.suspend wins over it.",
     )] | None = None
+    snapshot_every_n_calls: Annotated[int, Field(
+        ge=0, le=10_000, strict=True,
+        description="Snapshot the sandbox after every N completed session calls (calls made to this Sandbox "
+        "through the call API); a lost sandbox is restored from the newest snapshot and only the session calls "
+        "after it are replayed. 0: no session snapshots (a loss replays every session call).",
+    )] = 0
 
     @field_validator("provider")
     @classmethod
@@ -600,6 +606,10 @@ class SandboxResourceStatus(_Status):
     )
     operation_count: int = Field(default=0, description="How many provider operations were started (numbers their ids).")
     holder: str | None = Field(default=None, description="The Workflow whose calls run in this sandbox now.")
+    loss_reported: str | None = Field(
+        default=None, description="The live sandbox a session call found gone or unusable: a hint that makes the "
+        "controller check it now (with the provider) instead of at its next lease renewal.",
+    )
     state: str | None = Field(
         default=None, description="Ready: live and held by a Workflow; Idle: live, no Workflow holds it (so no call "
         "runs); Suspended: no live sandbox (spec.suspend, or spec.idleSuspendAfterSeconds).",

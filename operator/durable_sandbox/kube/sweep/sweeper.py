@@ -14,9 +14,9 @@ What a live resource references, from what only the operator writes (never statu
   deleted: unknown, so everything tagged with it is kept (its run reaps what it made but did not record; its
   finalizer cleans up);
 * a Workflow whose run finished: nothing (its sessions were finalized; a retained snapshot is marked as such);
-* a Sandbox resource: ``providerId`` and ``snapshots`` of its record (``kube/journal/sandbox_records.py``), unless an
-  operation is in flight there or it has no readable record: then unknown. Any ``spec.fromSnapshot`` is
-  protected whoever made it.
+* a Sandbox resource: ``providerId`` and ``snapshots`` of its record (``kube/journal/sandbox_records.py``), and the
+  snapshots its session calls took (their journal, ``spec.snapshotEveryNCalls``), unless an operation is in flight
+  there or it has no readable record: then unknown. Any ``spec.fromSnapshot`` is protected whoever made it.
 
 Several replicas each run the timer; their sweeps may overlap, which is harmless (removals are idempotent).
 """
@@ -73,12 +73,14 @@ def default_installation_id(namespaces: Sequence[str] = (), environ: Mapping[str
 
 
 def live_owners(workflows: Sequence[Mapping[str, Any]], sandboxes: Sequence[Mapping[str, Any]], *,
-                finished_runs: frozenset[str], records: Mapping[str, Mapping[str, Any] | None]) -> tuple[
+                finished_runs: frozenset[str], records: Mapping[str, Mapping[str, Any] | None],
+                session_snapshots: Mapping[str, frozenset[str]] | None = None) -> tuple[
         dict[str, LiveOwner], frozenset[str], dict[str, Mapping[str, Any]]]:
     """(live owners by owner tag, snapshot ids some spec names, the resource body of each owner).
 
     ``finished_runs``: ``<namespace>/<run key>`` of every run whose journal says it finished; ``records``: each
-    Sandbox's record by uid (None: it cannot be read)."""
+    Sandbox's record by uid (None: it cannot be read); ``session_snapshots``: each Sandbox's session calls'
+    snapshots by uid (from their journal)."""
     live: dict[str, LiveOwner] = {}
     protected: set[str] = set()
     bodies: dict[str, Mapping[str, Any]] = {}
@@ -106,7 +108,8 @@ def live_owners(workflows: Sequence[Mapping[str, Any]], sandboxes: Sequence[Mapp
         live[owner] = LiveOwner(
             owner,
             frozenset({provider_id}) if isinstance(provider_id, str) and provider_id else frozenset(),
-            frozenset(s for s in record.get("snapshots") or [] if isinstance(s, str)),
+            frozenset(s for s in record.get("snapshots") or [] if isinstance(s, str))
+            | (session_snapshots or {}).get(str(meta.get("uid")), frozenset()),
         )
     return live, frozenset(protected), bodies
 
@@ -125,11 +128,15 @@ class OrphanSweeper:
         records: SandboxRecords,
         clock: Callable[[], float] = time.monotonic,
         finished_runs: Callable[[str], Awaitable[set[str] | None]] | None = None,
+        session_snapshots: Callable[[str, str], Awaitable[frozenset[str]]] | None = None,
     ) -> None:
         self.api = api
         # A namespace's finished run keys from a journal kept outside the API server (kube/store/journals.py); None
         # (or its answer None): the Journal objects' status labels say.
         self.finished_runs = finished_runs
+        # (namespace, Sandbox uid) -> the snapshots its session calls took (kube/sandbox/checkpoints.py), which its
+        # record does not list; None: none are taken here.
+        self.session_snapshots = session_snapshots
         self.records = records
         self.objects = CustomObjects(api)
         self.installation = installation
@@ -191,6 +198,15 @@ class OrphanSweeper:
             records.update(await self.records.all(namespace))
         return frozenset(finished), records
 
+    async def _session_snapshots(self, sandboxes: Sequence[Mapping[str, Any]]) -> dict[str, frozenset[str]]:
+        if self.session_snapshots is None:
+            return {}
+        out: dict[str, frozenset[str]] = {}
+        for sb in sandboxes:
+            meta = sb.get("metadata") or {}
+            out[str(meta.get("uid"))] = await self.session_snapshots(str(meta.get("namespace")), str(meta.get("uid")))
+        return out
+
     async def sweep(self) -> dict[str, SweepResult]:
         inventories: dict[str, tuple[SandboxProvider, Inventory]] = {}
         for name, provider in self._providers().items():
@@ -208,7 +224,9 @@ class OrphanSweeper:
                 log.info("orphan sweep: provider %s lists its inventory again", name)
         workflows, sandboxes = await self._list(WORKFLOWS), await self._list(SANDBOXES)
         finished, records = await self._operator_state(workflows, sandboxes)
-        live, protected, bodies = live_owners(workflows, sandboxes, finished_runs=finished, records=records)
+        taken = await self._session_snapshots(sandboxes)
+        live, protected, bodies = live_owners(workflows, sandboxes, finished_runs=finished, records=records,
+                                              session_snapshots=taken)
         now = self._clock()
         results: dict[str, SweepResult] = {}
         for name, (provider, inventory) in inventories.items():

@@ -36,6 +36,7 @@ from durable_sandbox.kube.store import OwnerRef
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.settings import OperatorPolicy
 from durable_sandbox.kube.workflow.wing import Wing
+from durable_sandbox.tracing import annotated_caller
 from durable_sandbox.workflows import sandbox_agent
 
 __all__ = ["Admission"]
@@ -131,7 +132,9 @@ class Admission:
         store: Any = engine.store  # a KubernetesStore: the run's objects are owned by the Workflow
         run = stored
         if run is None:
-            record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=plan.labels)
+            # A traceparent annotation parents the run's spans (docs/operations.md, "Traces").
+            labels = {**plan.labels, **annotated_caller((view.body.get("metadata") or {}).get("annotations"))}
+            record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=labels)
             run, created = await store.create_run(record, owner=OwnerRef(name=view.name, uid=view.uid))
             if created:
                 self.publisher.admitted(view, _admitted(plan))

@@ -1,0 +1,44 @@
+"""The snapshots a Sandbox's session calls take (``spec.snapshotEveryNCalls``), as the Sandbox controller needs
+them: to restore the newest snapshot after a loss, whichever took it (a suspend here, or the session every N
+calls), and to delete them all with the Sandbox. The session journals its own snapshots (``dsbx.<uid>.calls``,
+``sessions/journal.py``) and deletes the one a new one supersedes once the new one is recorded; this module only
+reads them. And the record's lineage: which snapshot each sandbox came from, which sandbox each snapshot was
+taken of, so that the session knows which of its calls a replacement sandbox already holds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from durable_sandbox.kube.sandbox.view import CALLS_SESSION, calls_run_id
+from durable_sandbox.kube.store.journals import JournalStores
+from durable_sandbox.sandboxes.session import SessionState
+
+__all__ = ["LINEAGE_KEPT", "SessionSnapshot", "session_snapshots", "with_lineage"]
+
+LINEAGE_KEPT = 32  # lineage entries kept in the record (the newest): a few recoveries and suspends back
+
+
+@dataclass(frozen=True)
+class SessionSnapshot:
+    snapshot_id: str
+    count: int  # the session calls it holds
+    taken_at: float  # when its record was committed (epoch seconds)
+
+
+async def session_snapshots(journals: JournalStores | None, namespace: str, uid: str) -> list[SessionSnapshot]:
+    """The snapshots the Sandbox's session has recorded and not deleted, oldest first (none without a journal)."""
+    if journals is None:
+        return []
+    rows = await journals.store_for(namespace).load_journal(calls_run_id(uid))
+    state = SessionState.derive(CALLS_SESSION, rows)
+    taken = {r.op_id: r.ts for r in rows if r.status == "completed"}
+    return [SessionSnapshot(c.snapshot_id, c.count, taken.get(c.op_id, 0.0)) for c in state.checkpoints]
+
+
+def with_lineage(lineage: Mapping[str, Any] | None, child: str, parent: str) -> dict[str, str]:
+    """``lineage`` with ``child`` -> ``parent`` added (the newest ``LINEAGE_KEPT`` entries)."""
+    entries = {str(k): str(v) for k, v in (lineage or {}).items() if k != child}
+    entries[child] = parent
+    return dict(list(entries.items())[-LINEAGE_KEPT:])
