@@ -73,7 +73,7 @@ def test_an_agent_calls_a_sandbox_once_per_operation_id(control_plane: ControlPl
         failed = box.run("echo to-stderr >&2; exit 3", cwd="notes", env={"TOKENISH": "s3cr3t-value"})
         assert (failed.exit_code, failed.stderr) == (3, "to-stderr\n")
     assert effects(log) == ["c1"]
-    assert call_rows(cp, ns, uid, "c1") == ["completed"]  # one record per call (sessions/journal.py)
+    assert call_rows(cp, ns, uid, "c1") == ["started", "completed"]  # started before it runs (sessions/journal.py)
     # The journal keeps env names, never their values; the caller's token is nowhere the operator writes.
     written = json.dumps([cp.kubectl_json("get", kind, "-n", ns) for kind in ("journals", "events", "dsbx")])
     assert "s3cr3t-value" not in written and token not in written
@@ -91,9 +91,8 @@ def journal_objects(cp: ControlPlane, ns: str, uid: str) -> list[str]:
 @pytest.mark.parametrize("point", ["before", "after"])
 def test_a_call_interrupted_by_an_operator_kill_runs_once(control_plane: ControlPlane, namespace: str, operators: Any,
                                                           tmp_path: Path, point: str) -> None:
-    """``before``: killed just before the call runs (nothing of it is journaled yet); ``after``: killed once it ran
-    and its one record is committed, before the answer. Either way the client's retry (same operation id) makes it
-    run once."""
+    """``before``: killed once the call's start is committed, before it runs; ``after``: killed once it ran and its
+    result is committed, before the answer. Either way the client's retry (same operation id) makes it run once."""
     cp, ns, port = control_plane, namespace, free_port()
     first = start(operators, port, fault=f"{point}:{SESSION}/k1")
     cp.apply(sandbox("box"), "-n", ns)
@@ -105,7 +104,7 @@ def test_a_call_interrupted_by_an_operator_kill_runs_once(control_plane: Control
             concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(box.run, f"echo k1 >> {log}; echo done", operation_id="k1")
         assert first.wait_exit(timeout=90) != 0  # the fault point killed it mid-call
-        assert call_rows(cp, ns, uid, "k1") == ([] if point == "before" else ["completed"])
+        assert call_rows(cp, ns, uid, "k1") == (["started"] if point == "before" else ["started", "completed"])
         start(operators, port, home=first.home, name="operator-2")
         answer = pending.result(timeout=120)
         assert (answer.stdout, answer.replayed) == ("done\n", point == "after")
