@@ -31,9 +31,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.ports import free_port
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.ports
+
+from tests.ports import free_port
 
 from _common import RESULTS_DIR, fmt, machine_info, print_table, ratio, run_in_workdir, stop_process
 from operator_throughput import (
