@@ -1,4 +1,4 @@
-"""The Sandbox resources of a cluster, for session calls: found by name, their live sandbox taken for one call.
+"""The Sandbox resources of a cluster, for session calls: found by name, their live sandbox taken by a session (hold.py).
 
 A call takes the Sandbox's holder (``kube/holders/holding.py``, ``SESSION_CLAIM``) with the same compare-and-swap a Workflow
 takes it with, so a call never shares the sandbox with a Workflow's calls or a suspend: a Sandbox held by a running

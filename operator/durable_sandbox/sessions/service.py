@@ -33,8 +33,8 @@ class Authorizer(Protocol):
 
 
 class SandboxGate(SandboxAccess, Protocol):
-    """The Sandbox resources: found by name, and their live sandbox taken for one call (the holder rule),
-    waited for when it is replaced after a loss."""
+    """The Sandbox resources: found by name, and their live sandbox taken by a session (the holder rule; kept while
+    calls keep coming, hold.py), waited for when it is replaced after a loss."""
 
     async def find(self, namespace: str, name: str) -> SandboxRef: ...
 
