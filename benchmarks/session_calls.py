@@ -5,19 +5,23 @@ and Kubernetes API writes per session call.
     python benchmarks/session_calls.py --calls 50
 
 What runs: the e2e tier's control plane (scripts/controlplane-build), the CRDs, and `dsb operator
---allow-local-provider --session-port` as a separate process serving one fresh namespace with one local Sandbox. A
-ServiceAccount granted `create sandboxes/calls` calls it with durable_sandbox.client, one no-op call at a time
-(`write_file` of one byte: the local provider's cheapest call), each journaled in the Sandbox's call journal in
-the API server; then the same number of the same calls go to the local provider's `execute` on the Sandbox's live
-sandbox from this process, with nothing journaled: the ratio of the two per-call times is what the session (auth,
-holder, lease, journal) costs. API writes per call are the API server's own counter (``apiserver_request_total``),
-the delta over the session phase minus the cluster's idle writes (see operator_throughput.py).
+--allow-local-provider --session-port` as a separate process serving one fresh namespace with ``--sessions`` local
+Sandboxes. A ServiceAccount granted `create sandboxes/calls` calls the first with durable_sandbox.client, one no-op
+call at a time (`write_file` of one byte: the local provider's cheapest call), each journaled in the Sandbox's call
+journal; then the same number of the same calls go to the local provider's `execute` on the Sandbox's live sandbox
+from this process, with nothing journaled: the ratio of the two per-call times is what the session (auth, holder,
+lease, journal) costs. Then ``--sessions`` clients at once, each ``--calls-each`` calls to a Sandbox of its own.
+All of it twice: the operator with the API-server journal, then one with a PostgreSQL journal of the run's own
+(``--no-postgres``: the first only). API writes per call are the API server's own counter
+(``apiserver_request_total``), the delta over the phase minus the cluster's idle writes (see operator_throughput.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import json
 import os
 import statistics
 import subprocess
@@ -27,16 +31,28 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.ports
+
 from tests.ports import free_port
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from _common import RESULTS_DIR, fmt, machine_info, print_table, ratio, run_in_workdir, stop_process
-from operator_throughput import BIN, ROOT, control_plane, kubectl, minus_f, split_seconds, write_counts
+from operator_throughput import (
+    BIN,
+    ROOT,
+    control_plane,
+    kubectl,
+    minus_f,
+    postgres_journal,
+    split_seconds,
+    write_counts,
+)
 
 IDLE_S = 10.0
 TARGET_RATIO = 1.3  # issue 35's goal for a no-op call through the API against the provider directly (on the node)
 TARGET_WRITES_PER_CALL = 1.2  # issue 35's goal with the API-server journal
+PG_TARGET_WRITES_PER_CALL = 0.1  # and with the PostgreSQL journal
+HOLD_S = 5.0  # the operator's --session-hold-seconds (its default)
 CALLER_ROLE = """{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "calls"},
  "rules": [{"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxes/calls"], "verbs": ["create"]}]}"""
 
@@ -53,12 +69,15 @@ def wait_http(url: str, timeout: float) -> None:
             time.sleep(0.2)
 
 
-def ready_sandbox(kubeconfig: str, namespace: str) -> str:
-    sandbox = ('{"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": "bench"}, '
-               '"spec": {"provider": "local"}}')
-    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", input=sandbox)
-    kubectl(kubeconfig, "wait", "--for=condition=Ready", "dsbx/bench", "-n", namespace, "--timeout=120s")
-    return kubectl(kubeconfig, "get", "dsbx", "bench", "-n", namespace, "-o", "jsonpath={.status.providerId}")
+def ready_sandboxes(kubeconfig: str, namespace: str, count: int) -> list[str]:
+    """Sandboxes bench-0 .. bench-<count-1> (local), Ready; their live sandboxes' ids."""
+    names = [f"bench-{i}" for i in range(count)]
+    docs = "\n---\n".join(json.dumps({"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Sandbox",
+                                        "metadata": {"name": name}, "spec": {"provider": "local"}}) for name in names)
+    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", input=docs)
+    kubectl(kubeconfig, "wait", "--for=condition=Ready", *[f"dsbx/{n}" for n in names], "-n", namespace,
+            "--timeout=300s")
+    return [kubectl(kubeconfig, "get", "dsbx", n, "-n", namespace, "-o", "jsonpath={.status.providerId}") for n in names]
 
 
 def caller_token(kubeconfig: str, namespace: str) -> str:
@@ -69,16 +88,24 @@ def caller_token(kubeconfig: str, namespace: str) -> str:
     return kubectl(kubeconfig, "create", "token", "agent", "-n", namespace, "--duration=1h").strip()
 
 
-def through_api(url: str, namespace: str, token: str, calls: int, prefix: str) -> list[float]:
+def through_api(url: str, namespace: str, token: str, calls: int, prefix: str, name: str = "bench-0") -> list[float]:
     from durable_sandbox.client import SandboxClient
 
     seconds = []
-    with SandboxClient.attach("bench", namespace=namespace, url=url, token=token) as box:
+    with SandboxClient.attach(name, namespace=namespace, url=url, token=token) as box:
         for i in range(calls):
             started = time.perf_counter()
             box.write_file(f"{prefix}/{i}.txt", "x", operation_id=f"{prefix}-{i}")
             seconds.append(time.perf_counter() - started)
     return seconds
+
+
+def many_sessions(url: str, namespace: str, token: str, sessions: int, calls_each: int) -> list[float]:
+    """``sessions`` clients at once, each ``calls_each`` calls one at a time to a Sandbox of its own."""
+    with concurrent.futures.ThreadPoolExecutor(sessions) as pool:
+        futures = [pool.submit(through_api, url, namespace, token, calls_each, "many", f"bench-{i}")
+                   for i in range(sessions)]
+        return [t for f in futures for t in f.result()]
 
 
 def through_provider(home: Path, sandbox_id: str, calls: int) -> list[float]:
@@ -105,62 +132,114 @@ def timing(seconds: list[float]) -> dict[str, float]:
             "p95": ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]}
 
 
-def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    res: dict[str, Any] = {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()}}
-    with control_plane(args.kubeconfig, workdir) as kubeconfig:
-        kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-        kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/sandboxes.durable-sandbox.dev", "--timeout=60s")
-        namespace, port, home = f"bench-sessions-{os.getpid()}", free_port(), workdir / "operator-home"
-        home.mkdir()
-        kubectl(kubeconfig, "create", "namespace", namespace)
-        env = {**os.environ, "KUBECONFIG": kubeconfig, "DURABLE_SANDBOX_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-        log = (workdir / "operator.log").open("wb")
-        operator = subprocess.Popen([args.dsb, "operator", "--allow-local-provider", "-n", namespace, "--session-port",
-                                     str(port), "--session-host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_http(f"{url}/healthz", 120)
-            sandbox_id = ready_sandbox(kubeconfig, namespace)
-            token = caller_token(kubeconfig, namespace)
-            through_api(url, namespace, token, 5, "warmup")  # not measured: first connections, the journal made
-            before = write_counts(kubeconfig)
-            time.sleep(IDLE_S)
-            idle, _ = split_seconds(minus_f(write_counts(kubeconfig), before))
-            before = write_counts(kubeconfig)
-            started = time.perf_counter()
+class Writes:
+    """API writes over a phase, less the cluster's own idle writes over the same time."""
+
+    def __init__(self, kubeconfig: str, idle: dict[str, float]) -> None:
+        self.kubeconfig, self.idle = kubeconfig, idle
+
+    def __enter__(self) -> Writes:
+        self.before, self.started = write_counts(self.kubeconfig), time.perf_counter()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.elapsed = time.perf_counter() - self.started
+        writes, self.ms = split_seconds(minus_f(write_counts(self.kubeconfig), self.before))
+        own = {k: v - self.idle.get(k, 0) / IDLE_S * self.elapsed for k, v in writes.items()}
+        self.own = {k: round(v, 1) for k, v in sorted(own.items()) if round(v, 1) > 0}
+
+
+def journal_phases(args: argparse.Namespace, kubeconfig: str, workdir: Path, label: str,
+                   extra_env: dict[str, str]) -> dict[str, Any]:
+    """One operator (with this journal) in a fresh namespace: one session's calls one at a time beside the same
+    calls through the provider, then ``--sessions`` sessions at once."""
+    namespace, port, home = f"bench-sessions-{label}-{os.getpid()}", free_port(), workdir / f"operator-home-{label}"
+    home.mkdir()
+    kubectl(kubeconfig, "create", "namespace", namespace)
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "DURABLE_SANDBOX_HOME": str(home), "PYTHONUNBUFFERED": "1",
+           **extra_env}
+    log = (workdir / f"operator-{label}.log").open("wb")
+    operator = subprocess.Popen([args.dsb, "operator", "--allow-local-provider", "-n", namespace, "--session-port",
+                                 str(port), "--session-host", "127.0.0.1", "--session-hold-seconds", str(HOLD_S),
+                                 "--session-max-calls-per-second", "100000"],  # one caller for every session here
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    res: dict[str, Any] = {}
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/healthz", 120)
+        sandbox_ids = ready_sandboxes(kubeconfig, namespace, args.sessions)
+        token = caller_token(kubeconfig, namespace)
+        # Not measured: first connections, each Sandbox's call journal made (once in its life) and its attach record.
+        many_sessions(url, namespace, token, args.sessions, 1)
+        time.sleep(HOLD_S + 2)  # the warm-up's sessions let go (their releases are not the idle window's writes)
+        before = write_counts(kubeconfig)
+        time.sleep(IDLE_S)
+        idle, _ = split_seconds(minus_f(write_counts(kubeconfig), before))
+        with Writes(kubeconfig, idle) as one:
             api = through_api(url, namespace, token, args.calls, "api")
-            elapsed = time.perf_counter() - started
-            writes, ms = split_seconds(minus_f(write_counts(kubeconfig), before))
-            own = {k: v - idle.get(k, 0) / IDLE_S * elapsed for k, v in writes.items()}
-            direct = through_provider(home, sandbox_id, args.calls)
-        finally:
-            stop_process(operator)
-            log.close()
-    res["api"] = {**timing(api), "calls_per_s": args.calls / elapsed}
+        direct = through_provider(home, sandbox_ids[0], args.calls)
+        time.sleep(HOLD_S + 2)
+        with Writes(kubeconfig, idle) as many:
+            spread = many_sessions(url, namespace, token, args.sessions, args.calls_each)
+    finally:
+        stop_process(operator)
+        log.close()
+    total = args.sessions * args.calls_each
+    res["api"] = {**timing(api), "calls_per_s": args.calls / one.elapsed}
     res["direct"] = timing(direct)
     res["ratio_mean"] = ratio(res["api"]["mean"], res["direct"]["mean"])
-    res["writes"] = {k: round(v, 1) for k, v in sorted(own.items()) if round(v, 1) > 0}
-    res["write_ms"] = {k: round(v, 2) for k, v in sorted(ms.items())}
-    res["writes_per_call"] = sum(res["writes"].values()) / args.calls
-    res["targets"] = {"ratio": TARGET_RATIO, "met_ratio": (res["ratio_mean"] or 1e9) <= TARGET_RATIO,
+    res["ratio_p50"] = ratio(res["api"]["p50"], res["direct"]["p50"])
+    res["writes"], res["write_ms"] = one.own, {k: round(v, 2) for k, v in sorted(one.ms.items())}
+    res["writes_per_call"] = sum(one.own.values()) / args.calls
+    res["many"] = {**timing(spread), "calls": total, "calls_per_s": total / many.elapsed, "writes": many.own,
+                   "writes_per_call": sum(many.own.values()) / total}
+    return res
+
+
+def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    res: dict[str, Any] = {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()}}
+    with control_plane(args.kubeconfig, workdir) as kubeconfig, postgres_journal(workdir, args.postgres) as dsn:
+        kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+        kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/sandboxes.durable-sandbox.dev", "--timeout=60s")
+        res.update(journal_phases(args, kubeconfig, workdir, "apiserver", {}))
+        if dsn is not None:
+            res["postgres"] = journal_phases(args, kubeconfig, workdir, "postgres",
+                                             {"DSB_OPERATOR_JOURNAL": f"{dsn}?schema=bench"})
+    met = [res, *([res["postgres"]] if "postgres" in res else [])]
+    res["targets"] = {"ratio": TARGET_RATIO, "met_ratio": all((r["ratio_mean"] or 1e9) <= TARGET_RATIO for r in met),
                       "writes_per_call": TARGET_WRITES_PER_CALL,
-                      "met_writes": res["writes_per_call"] <= TARGET_WRITES_PER_CALL}
+                      "met_writes": max(res["writes_per_call"], res["many"]["writes_per_call"]) <= TARGET_WRITES_PER_CALL}
+    if "postgres" in res:
+        pg = res["postgres"]
+        res["targets"].update(pg_writes_per_call=PG_TARGET_WRITES_PER_CALL, met_pg_writes=max(
+            pg["writes_per_call"], pg["many"]["writes_per_call"]) <= PG_TARGET_WRITES_PER_CALL)
     return res
 
 
 def report(res: dict[str, Any]) -> None:
-    print_table("a no-op session call (write_file of 1 byte), one at a time", ["path", "mean ms", "p50 ms", "p95 ms"], [
-        [name, fmt(res[name]["mean"] * 1000, digits=2), fmt(res[name]["p50"] * 1000, digits=2),
-         fmt(res[name]["p95"] * 1000, digits=2)] for name in ("api", "direct")])
-    print(f"through the API / the provider directly: {fmt(res['ratio_mean'], 'x', 2)} (goal <= {TARGET_RATIO}x); "
-          f"{fmt(res['api']['calls_per_s'])} calls/s; API writes per call {fmt(res['writes_per_call'], '', 2)} "
-          f"(goal <= {TARGET_WRITES_PER_CALL}): {res['writes']}")
+    journals = [("API server", res), *([("PostgreSQL", res["postgres"])] if "postgres" in res else [])]
+    print_table("a no-op session call (write_file of 1 byte), one at a time", ["journal", "path", "mean ms", "p50 ms",
+                                                                               "p95 ms"], [
+        [label, name, fmt(r[name]["mean"] * 1000, digits=2), fmt(r[name]["p50"] * 1000, digits=2),
+         fmt(r[name]["p95"] * 1000, digits=2)] for label, r in journals for name in ("api", "direct")])
+    for label, r in journals:
+        print(f"{label}: through the API / the provider directly: {fmt(r['ratio_mean'], 'x', 2)} (goal <= "
+              f"{TARGET_RATIO}x); one session {fmt(r['api']['calls_per_s'])} calls/s, API writes per call "
+              f"{fmt(r['writes_per_call'], '', 2)}: {r['writes']}")
+        m = r["many"]
+        print(f"{label}: {res['args']['sessions']} sessions at once: {fmt(m['calls_per_s'])} calls/s, p50 "
+              f"{fmt(m['p50'] * 1000, digits=1)} ms, API writes per call {fmt(m['writes_per_call'], '', 2)}: {m['writes']}")
+    print(f"goals: API writes per call <= {TARGET_WRITES_PER_CALL} (API server), <= {PG_TARGET_WRITES_PER_CALL} "
+          f"(PostgreSQL); {res['targets']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calls", type=int, default=200, help="session calls (and direct calls) measured")
+    parser.add_argument("--calls", type=int, default=200, help="one session's calls (and direct calls) measured")
+    parser.add_argument("--sessions", type=int, default=20, help="sessions at once (a Sandbox each)")
+    parser.add_argument("--calls-each", type=int, default=50, help="calls of each of --sessions")
+    parser.add_argument("--no-postgres", dest="postgres", action="store_false",
+                        help="measure the API-server journal only (not also the operator with a PostgreSQL journal)")
     parser.add_argument("--kubeconfig", help="use this running cluster (cluster-admin) instead of starting one")
     parser.add_argument("--dsb", default=str(BIN / "dsb"), help="the dsb executable")
     parser.add_argument("--tmp", help="where the temp files go")

@@ -223,7 +223,7 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "python benchmarks/kubernetes_provider.py --image docker.io/library/busybox:1.36 --namespace default --profile":
             BENCHMARK,
         "python benchmarks/warm_pool.py --image docker.io/library/busybox:1.36 --namespace default": BENCHMARK,
-        "python benchmarks/session_calls.py --calls 200": BENCHMARK,
+        "python benchmarks/session_calls.py --calls 100": BENCHMARK,
     },
     "docs/cli.md": {
         **{text: Run(CLI) for text in (

@@ -658,6 +658,7 @@ def test_the_session_api_values_render_its_port_service_tls_and_rbac(helm: Path,
                   "--set", "watchNamespaces={team-a}")
     [container] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert {"--session-port=8443", "--session-max-concurrent-calls=4", "--session-max-request-bytes=1048576",
+            "--session-max-calls-per-second=20", "--session-hold-seconds=5",
             "--session-tls-cert=/etc/durable-sandbox/session-tls/tls.crt",
             "--session-tls-key=/etc/durable-sandbox/session-tls/tls.key"} <= set(container["args"])
     assert {"name": "sessions", "containerPort": 8443, "protocol": "TCP"} in container["ports"]
@@ -667,6 +668,9 @@ def test_the_session_api_values_render_its_port_service_tls_and_rbac(helm: Path,
     assert [p["targetPort"] for p in sessions[0]["spec"]["ports"]] == ["sessions"]
     roles = {r["metadata"]["name"]: rules_by_resource(r) for r in by_kind(docs, "ClusterRole")}
     assert roles == {"durable-sandbox-sandbox-caller": {"sandboxes/calls.durable-sandbox.dev": {"create"}},
+                     "durable-sandbox-sandbox-owner": {"sandboxes/calls.durable-sandbox.dev": {"create"},
+                                                       "sandboxes.durable-sandbox.dev": {"get", "create", "patch",
+                                                                                          "delete"}},
                      f"{SA_NAME}-session-auth": {"tokenreviews.authentication.k8s.io": {"create"},
                                                  "subjectaccessreviews.authorization.k8s.io": {"create"}}}
     [binding] = by_kind(docs, "ClusterRoleBinding")

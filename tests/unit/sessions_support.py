@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -12,10 +13,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import uvicorn
+
 from durable_sandbox.kube.sandbox.checkpoints import session_snapshots
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider, SandboxSpec
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.hold import HoldSettings, LeftToAnotherReplica
+from durable_sandbox.sessions.http import create_app
 from durable_sandbox.sessions.journal import SandboxRef, SessionJournal
 from durable_sandbox.sessions.models import Limits
 from durable_sandbox.sessions.service import SessionService
@@ -53,6 +58,8 @@ class FakeGate:
     handle: SandboxHandle
     held_by: str | None = None  # a Workflow holding the Sandbox
     taken: int = 0  # session calls that took the holder
+    released: int = 0  # times the holder was let go
+    left: int = 0  # times a hold whose lease was lost let go without releasing the holder
     in_live: asyncio.Event = field(default_factory=asyncio.Event)  # set while a call is inside live()
     let_go: asyncio.Event | None = None  # when set to an Event, live() waits on it (a call held in flight)
     snapshot_every: int = 0  # spec.snapshotEveryNCalls
@@ -86,9 +93,15 @@ class FakeGate:
             raise CallRefused(409, f"the Sandbox is held by Workflow {self.held_by!r}", where=ref.where, do="wait")
         self.taken += 1
         self.in_live.set()
-        if self.let_go is not None:
-            await self.let_go.wait()
-        yield self.handle, self.provider
+        try:
+            if self.let_go is not None:
+                await self.let_go.wait()
+            yield self.handle, self.provider
+        except LeftToAnotherReplica:
+            self.left += 1  # not released: another replica holds the session now
+            raise
+        else:
+            self.released += 1
 
 
 async def local_gate(home: Path, provider: LocalProvider | None = None) -> FakeGate:
@@ -98,9 +111,17 @@ async def local_gate(home: Path, provider: LocalProvider | None = None) -> FakeG
 
 
 def service(store: SqliteStore, gate: FakeGate, auth: FakeAuth | None = None, *, worker: str = "w1",
-            limits: Limits | None = None, extensions: Sequence[object] = ()) -> SessionService:
-    journal = SessionJournal(store, worker_id=worker, lease_ttl=10.0, owned=False, extensions=extensions)
-    return SessionService(auth or FakeAuth(), gate, lambda _ns: journal, limits)
+            limits: Limits | None = None, hold: HoldSettings | None = None,
+            extensions: Sequence[object] = ()) -> SessionService:
+    return service_and_journal(store, gate, auth, worker=worker, limits=limits, hold=hold, extensions=extensions)[0]
+
+
+def service_and_journal(store: SqliteStore, gate: FakeGate, auth: FakeAuth | None = None, *, worker: str = "w1",
+                        limits: Limits | None = None, hold: HoldSettings | None = None,
+                        lease_ttl: float = 10.0, extensions: Sequence[object] = ()) -> tuple[SessionService, SessionJournal]:
+    journal = SessionJournal(store, worker_id=worker, lease_ttl=lease_ttl, owned=False, hold=hold,
+                             extensions=extensions)
+    return SessionService(auth or FakeAuth(), gate, lambda _ns: journal, limits), journal
 
 
 def effects(path: Path) -> list[str]:
@@ -113,3 +134,42 @@ async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def serving_call_api(tmp_path: Path) -> AsyncIterator[tuple[int, FakeGate]]:
+    """The call API served by uvicorn on a free local port, over a local sandbox: (port, gate)."""
+    gate = await local_gate(tmp_path / "home")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(service(SqliteStore(tmp_path / "runs.db"), gate)),
+                                           lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    await until(lambda: server.started)
+    try:
+        yield int(sock.getsockname()[1]), gate
+    finally:
+        server.should_exit = True
+        await task
+
+
+@contextlib.asynccontextmanager
+async def serving_mcp(tmp_path: Path) -> AsyncIterator[tuple[str, FakeGate, SqliteStore]]:
+    """The call API with MCP over HTTP, served on a free local port: (the Sandbox box's MCP URL, gate, store)."""
+    from durable_sandbox.sessions.mcp_http import McpEndpoint
+
+    gate = await local_gate(tmp_path / "home")
+    store = SqliteStore(tmp_path / "runs.db")
+    svc = service(store, gate)
+    mcp = McpEndpoint(svc)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(svc, mcp=mcp), lifespan="off", log_level="warning"))
+    async with mcp.lifespan():
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        await until(lambda: server.started)
+        try:
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1/namespaces/demo/sandboxes/box/mcp", gate, store
+        finally:
+            server.should_exit = True
+            await task

@@ -4,36 +4,13 @@ local sandbox, with the fake authorizer of the service tests)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from durable_sandbox.sessions.http import create_app
-from durable_sandbox.stores.sqlite import SqliteStore
 from tests.dsb import DSB
-from tests.unit.sessions_support import FakeGate, local_gate, service, until
-
-
-@contextlib.asynccontextmanager
-async def call_api(tmp_path: Path) -> AsyncIterator[tuple[int, FakeGate]]:
-    gate = await local_gate(tmp_path / "home")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(service(SqliteStore(tmp_path / "runs.db"), gate)),
-                                           lifespan="off", log_level="warning"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    await until(lambda: server.started)
-    try:
-        yield int(sock.getsockname()[1]), gate
-    finally:
-        server.should_exit = True
-        await task
+from tests.unit.sessions_support import serving_call_api as call_api
 
 
 def text(result: object) -> str:

@@ -21,12 +21,13 @@ from durable_sandbox.providers.contract import (
 )
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.hold import HoldSettings
 from durable_sandbox.sessions.journal import calls_run_id
 from durable_sandbox.sessions.models import CallRequest, ShellRequest
 from durable_sandbox.sessions.rebuild import REBUILD, held_by
 from durable_sandbox.sessions.service import SessionService
 from durable_sandbox.stores.sqlite import SqliteStore
-from tests.unit.sessions_support import NAMESPACE, FakeGate, effects, local_gate, service
+from tests.unit.sessions_support import NAMESPACE, FakeGate, effects, local_gate, service, service_and_journal
 
 
 class Died(BaseException):
@@ -112,6 +113,23 @@ async def test_a_loss_restores_the_newest_snapshot_and_replays_the_later_calls_u
     [rebuilt] = [r for r in await rows(store) if r.op_id.startswith(REBUILD + "/") and r.status == "completed" and r.meta["from"] == 6]
     assert rebuilt.result == {"replayed": ["c7"]}  # c6 skipped (onReplay: skip)
     assert effects(outside) == ["side"]
+
+
+async def test_a_loss_noticed_under_a_hold_gives_the_hold_the_replacement(tmp_path: Path) -> None:
+    """A session kept open (sessions/hold.py) meets a lost sandbox: the call waits for the controller's
+    replacement, the calls after its snapshot are replayed, and the hold keeps the replacement: the next calls run
+    there without taking the Sandbox again or replacing it again."""
+    gate, store, _ = await setup(tmp_path, every=2)
+    svc, journal = service_and_journal(store, gate, hold=HoldSettings(idle_seconds=60, max_seconds=600))
+    await send(svc, *(shell(f"c{i}", f"echo {i} >> f") for i in range(3)))
+    lost = gate.handle
+    await gate.provider.inject_loss(lost)
+    answers = await send(svc, shell("c3", "echo 3 >> f"), shell("c4", "echo 4 >> f; cat f"))
+    assert answers[-1].stdout == "0\n1\n2\n3\n4\n"
+    assert [gone for gone, _ in gate.replacements] == [lost.id] and gate.handle.id != lost.id
+    assert (gate.taken, gate.released, journal.open_sessions()) == (1, 0, 1)  # one hold throughout
+    await journal.aclose()
+    assert gate.released == 1
 
 
 async def test_without_snapshots_a_loss_replays_every_call_in_order(tmp_path: Path) -> None:

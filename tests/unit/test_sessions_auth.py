@@ -74,3 +74,15 @@ async def test_an_allowed_caller_is_remembered_for_seconds_and_a_refusal_never()
     with pytest.raises(CallRefused):
         await auth.check("t-agent", "demo", "box")
     assert not any("t-agent" in str(k) for k in auth._allowed)
+
+
+async def test_one_token_review_for_a_token_calling_several_sandboxes() -> None:
+    server, clock = FakeApiServer(allowed={("system:serviceaccount:demo:agent", "demo", f"box-{i}") for i in range(5)}), FakeClock(start=100.0)
+    auth = authorizer(server, clock)
+    for i in range(5):
+        await auth.check("t-agent", "demo", f"box-{i}")
+    assert (len(server.reviews), len(server.asked)) == (1, 5)
+    clock.now += 11  # remembered for the same seconds as an allow
+    await auth.check("t-agent", "demo", "box-0")
+    assert (len(server.reviews), len(server.asked)) == (2, 6)
+    assert not any("t-agent" in str(k) for k in auth._users)

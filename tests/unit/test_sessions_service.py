@@ -13,7 +13,7 @@ from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.journal import SESSION, calls_run_id
 from durable_sandbox.sessions.models import Limits, ShellRequest, WriteFileRequest
 from durable_sandbox.stores.sqlite import SqliteStore
-from tests.unit.sessions_support import NAMESPACE, effects, local_gate, service, until
+from tests.unit.sessions_support import NAMESPACE, effects, local_gate, service, service_and_journal, until
 
 
 def shell(op: str, command: str) -> ShellRequest:
@@ -31,6 +31,7 @@ async def test_a_retried_call_is_answered_from_the_journal_and_runs_once(tmp_pat
     assert (again.exitCode, again.stdout, again.replayed) == (0, "out\n", True)
     assert effects(log) == ["ran"]
     rows = await store.load_journal(calls_run_id("uid-1"))
+    # Started before it runs, completed before it is answered (sessions/journal.py).
     assert [(r.op_id, r.status) for r in rows if r.op_id == f"{SESSION}/c1"] == [
         (f"{SESSION}/c1", "started"), (f"{SESSION}/c1", "completed")]
 
@@ -39,8 +40,10 @@ async def test_a_new_process_answers_a_completed_call_from_the_journal(tmp_path:
     log = tmp_path / "effects.log"
     gate = await local_gate(tmp_path / "home")
     store = SqliteStore(tmp_path / "runs.db")
-    await service(store, gate, worker="w1").call("good-token", NAMESPACE, "box", shell("c1", f"echo ran >> {log}"))
-    await service(store, gate, worker="w1").call("good-token", NAMESPACE, "box", shell("c2", "echo two"))
+    first, journal = service_and_journal(store, gate, worker="w1")
+    await first.call("good-token", NAMESPACE, "box", shell("c1", f"echo ran >> {log}"))
+    await first.call("good-token", NAMESPACE, "box", shell("c2", "echo two"))
+    await journal.aclose()  # the process stops: its open session lets go of the lease
     restarted = service(SqliteStore(tmp_path / "runs.db"), gate, worker="w2")
     answer = await restarted.call("good-token", NAMESPACE, "box", shell("c1", f"echo ran >> {log}"))
     assert answer.replayed and effects(log) == ["ran"]

@@ -22,6 +22,7 @@ URL_ENV = "DSB_SESSION_URL"  # the call API's address when none is given
 CA_ENV = "DSB_SESSION_CA"  # a CA bundle to verify it with (HTTPS)
 RETRY_FOR = 120.0  # seconds a call is retried (same operation id) across disconnects and retryable refusals
 FIRST_DELAY, MAX_DELAY = 0.2, 5.0
+MAX_WAIT_ASKED = 30.0  # the longest wait a server's Retry-After is followed for at once
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,26 @@ def _retry_after(outcome: httpx.Response | Exception, attempt: int, started: flo
             retry = outcome.status_code in (502, 503, 504)  # a proxy's answer, not the API's
         if not retry:
             return None
+        asked = _retry_after_header(outcome)
+        if asked is not None:  # the server says when (429 over the caller's rate): not sooner, and not for ever
+            return min(asked, MAX_WAIT_ASKED)
     elif not isinstance(outcome, httpx.TransportError):
         return None
     return min(FIRST_DELAY * 2 ** attempt, MAX_DELAY)
+
+
+def _retry_after_header(response: httpx.Response) -> float | None:
+    """The answer's wait in seconds: the error's ``retryAfter`` (fractions), else the Retry-After header."""
+    try:
+        given = (response.json().get("error") or {}).get("retryAfter")
+    except ValueError:
+        given = None
+    if given is None:
+        given = response.headers.get("retry-after")
+    try:
+        return max(float(given), 0.0) if given is not None else None
+    except ValueError:
+        return None  # an HTTP date: the backoff decides
 
 
 def _operation_id(given: str | None) -> str:
@@ -89,8 +107,9 @@ class _Target:
     name: str
     token: Callable[[], str]
 
-    def path(self, kind: str) -> str:
-        return f"{self.url.rstrip('/')}/v1/namespaces/{self.namespace}/sandboxes/{self.name}/{kind}"
+    def path(self, kind: str = "") -> str:
+        base = f"{self.url.rstrip('/')}/v1/namespaces/{self.namespace}/sandboxes/{self.name}"
+        return f"{base}/{kind}" if kind else base
 
     def headers(self) -> dict[str, str]:
         # The caller's trace context, so the call's spans join its trace (docs/operations.md, "Traces").
@@ -140,6 +159,23 @@ class SandboxClient:
                kubeconfig: str | None = None, context: str | None = None, **options: Any) -> SandboxClient:
         return cls(_target(name, namespace, url, token, kubeconfig, context), **options)
 
+    @classmethod
+    def create_or_attach(cls, name: str, *, spec: dict[str, Any] | None = None, wait: float = 300.0,
+                         namespace: str | None = None, url: str | None = None, token: str | None = None,
+                         kubeconfig: str | None = None, context: str | None = None, **options: Any) -> SandboxClient:
+        """Sandbox ``name``: created with ``spec`` (e.g. ``{"provider": "kubernetes"}``; needs create on sandboxes)
+        unless it exists (then attached as it is), and waited for until Ready (``wait`` seconds; 0: not waited)."""
+        box = cls.attach(name, namespace=namespace, url=url, token=token, kubeconfig=kubeconfig, context=context,
+                         **options)
+        try:
+            _lifecycle_answer(box._http.put(box.target.path(), json={"spec": spec or {}}, headers=box.target.headers()))
+            if wait:
+                box.wait_ready(timeout=wait)
+        except BaseException:
+            box.close()
+            raise
+        return box
+
     def call(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> CallResult:
         """Send one call (``kind`` and its fields), retried with the same operation id until it is answered."""
         body = {**body, "operationId": _operation_id(operation_id)}
@@ -175,6 +211,34 @@ class SandboxClient:
     def close(self) -> None:
         self._http.close()
 
+    # The Sandbox's lifecycle, done by the call API with this client's token (the caller's own rights: patch or
+    # delete on sandboxes, docs/agents.md); a refusal raises SandboxCallError.
+
+    def state(self) -> dict[str, Any]:
+        """The Sandbox's state: ``{name, uid, phase, ready, suspended}`` (needs get on sandboxes)."""
+        return _lifecycle_answer(self._http.get(self.target.path(), headers=self.target.headers()))
+
+    def suspend(self) -> dict[str, Any]:
+        """Set spec.suspend: the Sandbox is snapshotted and its sandbox let go (needs patch on sandboxes)."""
+        return _lifecycle_answer(self._http.post(self.target.path("suspend"), headers=self.target.headers()))
+
+    def resume(self) -> dict[str, Any]:
+        """Clear spec.suspend: the Sandbox is restored from its snapshot (wait for it with :meth:`wait_ready`)."""
+        return _lifecycle_answer(self._http.post(self.target.path("resume"), headers=self.target.headers()))
+
+    def delete(self) -> None:
+        """Delete the Sandbox (its sandbox, snapshots and call journal go with it; needs delete on sandboxes)."""
+        _lifecycle_answer(self._http.delete(self.target.path(), headers=self.target.headers()))
+
+    def wait_ready(self, timeout: float = 300.0, poll: float = 1.0) -> dict[str, Any]:
+        """The Sandbox's state once it is Ready; TimeoutError (with its last phase) after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not (state := self.state())["ready"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(_not_ready(self.target, state, timeout))
+            time.sleep(poll)
+        return state
+
     def __enter__(self) -> SandboxClient:
         return self
 
@@ -195,6 +259,23 @@ class AsyncSandboxClient:
     def attach(cls, name: str, *, namespace: str | None = None, url: str | None = None, token: str | None = None,
                kubeconfig: str | None = None, context: str | None = None, **options: Any) -> AsyncSandboxClient:
         return cls(_target(name, namespace, url, token, kubeconfig, context), **options)
+
+    @classmethod
+    async def create_or_attach(cls, name: str, *, spec: dict[str, Any] | None = None, wait: float = 300.0,
+                               namespace: str | None = None, url: str | None = None, token: str | None = None,
+                               kubeconfig: str | None = None, context: str | None = None,
+                               **options: Any) -> AsyncSandboxClient:
+        box = cls.attach(name, namespace=namespace, url=url, token=token, kubeconfig=kubeconfig, context=context,
+                         **options)
+        try:
+            _lifecycle_answer(await box._http.put(box.target.path(), json={"spec": spec or {}},
+                                                  headers=box.target.headers()))
+            if wait:
+                await box.wait_ready(timeout=wait)
+        except BaseException:
+            await box.aclose()
+            raise
+        return box
 
     async def call(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> CallResult:
         body = {**body, "operationId": _operation_id(operation_id)}
@@ -230,6 +311,26 @@ class AsyncSandboxClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    async def state(self) -> dict[str, Any]:
+        return _lifecycle_answer(await self._http.get(self.target.path(), headers=self.target.headers()))
+
+    async def suspend(self) -> dict[str, Any]:
+        return _lifecycle_answer(await self._http.post(self.target.path("suspend"), headers=self.target.headers()))
+
+    async def resume(self) -> dict[str, Any]:
+        return _lifecycle_answer(await self._http.post(self.target.path("resume"), headers=self.target.headers()))
+
+    async def delete(self) -> None:
+        _lifecycle_answer(await self._http.delete(self.target.path(), headers=self.target.headers()))
+
+    async def wait_ready(self, timeout: float = 300.0, poll: float = 1.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while not (state := await self.state())["ready"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(_not_ready(self.target, state, timeout))
+            await asyncio.sleep(poll)
+        return state
+
     async def __aenter__(self) -> AsyncSandboxClient:
         return self
 
@@ -249,3 +350,15 @@ def _entries(result: CallResult, path: str) -> list[str]:
     if result.exit_code != 0:
         raise FileNotFoundError(result.stderr.strip() or path)
     return [line for line in result.stdout.splitlines() if line]
+
+
+def _lifecycle_answer(response: httpx.Response) -> dict[str, Any]:
+    if response.status_code >= 400:
+        raise _error_of(response)
+    return dict(response.json())
+
+
+def _not_ready(target: _Target, state: dict[str, Any], timeout: float) -> str:
+    return (f"Sandbox {target.namespace}/{target.name} was not Ready after {timeout:g}s (phase "
+            f"{state.get('phase') or 'Pending'}{', suspended' if state.get('suspended') else ''}); `kubectl describe "
+            f"dsbx {target.name} -n {target.namespace}` says what it waits for")

@@ -14,10 +14,11 @@ _REASONS: Final[Mapping[int, str]] = {400: "BadRequest", 401: "Unauthorized", 40
 
 
 class CallRefused(Exception):
-    def __init__(self, status: int, what: str, *, where: str, do: str, retry: bool | None = None) -> None:
+    def __init__(self, status: int, what: str, *, where: str, do: str, retry: bool | None = None,
+                 retry_after: float | None = None) -> None:
         super().__init__(f"{what} ({where}); {do}")
         self.body = ErrorBody(status=status, reason=_REASONS[status], what=what, where=where, do=do,  # type: ignore[arg-type]
-                              retry=status in (429, 503) if retry is None else retry)
+                              retry=status in (429, 503) if retry is None else retry, retryAfter=retry_after)
 
     @property
     def status(self) -> int:

@@ -3,19 +3,24 @@
 ``POST /v1/namespaces/<namespace>/sandboxes/<name>/<kind>`` with ``kind`` one of ``shell``, ``write_file``,
 ``read_file``, ``list``; a JSON body (``models.py``) with the caller's ``operationId``; ``Authorization: Bearer
 <Kubernetes token>``. The answer is the call's result (``CallAnswer``); every refusal a JSON ``{"error": {status,
-reason, what, where, do}}``. Why in the operator: it holds each Sandbox's record, holder and call journal, so the
-call API is the same process that decides the Sandbox's lifecycle, with nothing between them to fail apart.
+reason, what, where, do}}``. ``GET`` and ``DELETE`` on the Sandbox's path, ``POST .../suspend`` and
+``.../resume``, ``PUT`` (create or attach): its lifecycle, done with the caller's own credentials
+(``lifecycle.py``); ``.../mcp``: MCP over HTTP whose tools are its calls (``mcp_http.py``). Why in the operator:
+it holds each Sandbox's record, holder and call journal, so the call API is the same process that decides the
+Sandbox's lifecycle, with nothing between them to fail apart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from pydantic import ValidationError
@@ -23,20 +28,25 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from durable_sandbox.engine.errors import DurableError
 from durable_sandbox.kube.api.client import brief, is_transient
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.lifecycle import Lifecycle
 from durable_sandbox.sessions.models import CALL_KINDS, request_model
 from durable_sandbox.sessions.service import SessionService
+
+if TYPE_CHECKING:  # the mcp extra may be missing: then no MCP endpoint is given (sessions/startup.py)
+    from durable_sandbox.sessions.mcp_http import McpEndpoint
 
 __all__ = ["SessionApi", "create_app", "start_session_api"]
 
 log = logging.getLogger("durable_sandbox.sessions")
 
 
-def create_app(service: SessionService) -> Starlette:
+def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp: McpEndpoint | None = None) -> Starlette:
     async def call(request: Request) -> Response:
         namespace, name, kind = (request.path_params[k] for k in ("namespace", "name", "kind"))
         where = f"Sandbox {namespace}/{name}"
@@ -71,10 +81,69 @@ def create_app(service: SessionService) -> Starlette:
     async def healthz(_: Request) -> Response:
         return Response("ok\n")
 
+    async def lifecycle_call(request: Request) -> Response:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        token = _bearer(request)
+        try:
+            if lifecycle is None:
+                raise CallRefused(404, "this call API does not serve Sandbox lifecycle requests",
+                                  where=f"Sandbox {namespace}/{name}", do="use kubectl (patch spec.suspend, delete)")
+            action = request.url.path.rstrip("/").rsplit("/", 1)[-1]
+            if request.method == "PUT":  # create, or attach to the one that exists (its spec as it is)
+                spec = await _spec(request, service.limits.max_request_bytes, f"Sandbox {namespace}/{name}")
+                return JSONResponse(await lifecycle.create_or_get(token, namespace, name, spec))
+            if request.method == "DELETE":
+                await lifecycle.delete(token, namespace, name)
+                return JSONResponse({"deleted": True})
+            if action in ("suspend", "resume"):
+                return JSONResponse(await lifecycle.set_suspend(token, namespace, name, action == "suspend"))
+            return JSONResponse(await lifecycle.state(token, namespace, name))
+        except CallRefused as refused:
+            return _refusal(refused)
+
+    async def mcp_route(scope: Scope, receive: Receive, send: Send) -> None:
+        params = scope.get("path_params") or {}
+        token = _bearer(Request(scope))
+        if mcp is None:
+            refused = CallRefused(404, "this call API does not serve MCP", where="the /mcp path",
+                                  do="use `dsb mcp --sandbox NAME` (stdio)")
+            await _refusal(refused)(scope, receive, send)
+            return
+        await mcp.handle(scope, receive, send, token=token, namespace=params["namespace"], name=params["name"],
+                         refuse=_refusal)
+
+    prefix = "/v1/namespaces/{namespace}/sandboxes/{name}"
     return Starlette(routes=[
-        Route("/v1/namespaces/{namespace}/sandboxes/{name}/{kind}", call, methods=["POST"]),
+        Route(prefix + "/mcp", _Asgi(mcp_route), methods=["GET", "POST", "DELETE"]),
+        Route(prefix, lifecycle_call, methods=["GET", "PUT", "DELETE"]),
+        Route(prefix + "/suspend", lifecycle_call, methods=["POST"]),
+        Route(prefix + "/resume", lifecycle_call, methods=["POST"]),
+        Route(prefix + "/{kind}", call, methods=["POST"]),
         Route("/healthz", healthz),
     ])
+
+
+async def _spec(request: Request, limit: int, where: str) -> dict[str, Any]:
+    """A create-or-attach body: ``{"spec": {...}}`` (the Sandbox's spec; the API server validates it)."""
+    body = await _bounded_body(request, limit, where)
+    try:
+        parsed = json.loads(body or b"{}")
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("spec", {}), dict):
+        raise CallRefused(400, "the body is not {\"spec\": {...}}", where=f"{where}, request body",
+                          do="send the Sandbox's spec as {\"spec\": {...}} (docs/kubernetes.md#sandbox-resources)")
+    return dict(parsed.get("spec") or {})
+
+
+@dataclass(frozen=True)
+class _Asgi:
+    """A raw ASGI endpoint (Starlette takes a plain function for a request handler)."""
+
+    app: Any
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
 
 
 def _bearer(request: Request) -> str | None:
@@ -103,7 +172,10 @@ def _fields(exc: ValidationError) -> str:
 
 
 def _refusal(refused: CallRefused) -> JSONResponse:
-    return JSONResponse({"error": refused.body.model_dump()}, status_code=refused.status)
+    wait = refused.body.retryAfter
+    headers = {"Retry-After": str(max(1, math.ceil(wait)))} if wait is not None else None
+    return JSONResponse({"error": refused.body.model_dump(exclude_none=True)}, status_code=refused.status,
+                        headers=headers)
 
 
 class _QuietServer(uvicorn.Server):
@@ -128,7 +200,8 @@ class SessionApi:
 
 
 async def start_session_api(service: SessionService, *, host: str, port: int, certfile: str | None = None,
-                            keyfile: str | None = None) -> SessionApi:
+                            keyfile: str | None = None, lifecycle: Lifecycle | None = None,
+                            mcp: McpEndpoint | None = None) -> SessionApi:
     """Serve the call API on ``host:port`` (0: any free port), over TLS when ``certfile`` is given."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -140,11 +213,15 @@ async def start_session_api(service: SessionService, *, host: str, port: int, ce
         raise RuntimeError(f"cannot serve the session API on {host}:{port}: {exc.strerror}; choose another "
                            f"--session-port") from exc
     sock.listen(128)
-    config = uvicorn.Config(create_app(service), lifespan="off", log_level="warning", access_log=False,
+    config = uvicorn.Config(create_app(service, lifecycle, mcp), lifespan="off", log_level="warning", access_log=False,
                             server_header=False, proxy_headers=False, timeout_graceful_shutdown=5,
                             ssl_certfile=certfile, ssl_keyfile=keyfile, ssl_version=ssl.PROTOCOL_TLS_SERVER)
     server = _QuietServer(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    async def serve() -> None:
+        async with mcp.lifespan() if mcp is not None else contextlib.nullcontext():  # the MCP SDK's session manager
+            await server.serve(sockets=[sock])
+
+    task = asyncio.create_task(serve())
     bound = int(sock.getsockname()[1])
     log.info("serving the session API on %s://%s:%d", "https" if certfile else "http", host, bound)
     return SessionApi(server, task, bound)

@@ -4,22 +4,27 @@ A Sandbox's session calls live in one run of its namespace's store (``dsbx.<uid>
 it goes with it), under the session ``calls``: the same records, sealing and machinery as a Workflow's sandbox calls
 (``sandboxes/session.py`` attached to the Sandbox's live sandbox, as ``spec.sandboxRef`` does). Each call:
 
-1. takes the run's lease (the fence: a replica that lost it can never write), and reads the journal afresh, so a
-   call answered by another replica, or before a restart, is known here;
+1. runs under the run's lease (the fence: a replica that lost it can never write) and the journal as read when the
+   lease was taken; both are kept while calls keep coming and let go after an idle gap (``hold.py``), so a call
+   answered by another replica, or before a restart, is known here (no other replica writes while this one holds);
 2. a call whose ``operationId`` the journal has completed is answered from the journal and never runs again (the
    same arguments required: an id reused for another call is refused);
 3. otherwise the live sandbox is brought to hold every earlier completed call (``rebuild.py``: after a loss, the
    controller's replacement gets the calls after its snapshot replayed), its ``started`` record is committed
    before the provider runs it, and its ``completed`` record (the result, capped as the journal keeps it) is
-   committed before it is answered; every ``spec.snapshotEveryNCalls`` completed calls the sandbox is snapshot
-   (the superseded snapshot deleted once the new one is recorded). A call whose ``started`` record has no
-   completion (the operator died while it ran) runs again, as the same attempt, when it is retried, but never in
-   the sandbox it may have run in: that one's state is unknown, so it is replaced and rebuilt first.
+   committed before it is answered: two journal writes per call. Every ``spec.snapshotEveryNCalls`` completed
+   calls the sandbox is snapshot (the superseded snapshot deleted once the new one is recorded). A call whose
+   ``started`` record has no completion (the operator died while it ran) runs again, as the same attempt, when it
+   is retried, but never in the sandbox it may have run in: that one's state is unknown, so it is replaced and
+   rebuilt first. Why keep the ``started`` record although it doubles the writes: it is what tells an
+   interrupted call from one never run, and without it the workspace could hold an interrupted call twice.
 4. a sandbox lost under a call (or its rebuild) is waited for: the controller re-creates it from the newest
-   snapshot, the calls after it are replayed, and the call runs there; the caller sees only the latency.
+   snapshot, the calls after it are replayed, and the call runs there; the caller sees only the latency. Under a
+   hold the hold's live sandbox becomes the replacement.
 
-Why one lease per call rather than per session: a session may sit idle for hours between calls; holding a run's
-lease that long would keep every other replica from answering it after a failover until the lease ran out.
+Why the lease is let go after an idle gap rather than kept for the session: a session may sit idle for hours
+between calls; holding a run's lease that long would keep every other replica from answering it after a failover
+until the lease ran out.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_sandbox.engine.errors import LeaseHeld, LeaseLost, NonDeterminismError
+from durable_sandbox.engine.errors import LeaseHeld, NonDeterminismError
 from durable_sandbox.engine.executor import RunExecutor
 from durable_sandbox.engine.records import Lease, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
@@ -50,6 +56,7 @@ from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.session import AttachedSandboxLost, SandboxServices, SandboxSession
 from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.hold import HoldSettings, OpenSession
 from durable_sandbox.sessions.rebuild import SandboxAccess, SandboxUnknown, rebuild
 from durable_sandbox.tracing import Tracing
 
@@ -87,10 +94,13 @@ class SessionJournal:
     """The call journals of one namespace's Sandboxes, over that namespace's store (API server or PostgreSQL)."""
 
     def __init__(self, store: Any, *, worker_id: str, lease_ttl: float, owned: bool = True,
-                 extensions: Iterable[object] = ()) -> None:
+                 hold: HoldSettings | None = None, extensions: Iterable[object] = ()) -> None:
         self.store = store
         self.owned = owned  # the run is owned by the Sandbox (its store takes an owner: the operator's stores do)
+        self.hold = hold or HoldSettings()
         self._handles: dict[str, SandboxHandle] = {}  # run id -> the live sandbox taken for the call in flight
+        self._open: dict[SandboxRef, OpenSession] = {}  # the Sandboxes whose session is open in this process
+        self._opening = asyncio.Lock()
         given = list(extensions)
         # Tracing, unless given, as OpenTelemetry's environment configures it (docs/operations.md, "Traces").
         traced = Tracing.from_env() if not any(isinstance(e, Tracing) for e in given) else None
@@ -103,39 +113,67 @@ class SessionJournal:
     async def call(self, ref: SandboxRef, gate: SandboxAccess, call: ToolCall, *,
                    on_replay: str = journal.ON_REPLAY_RERUN, traceparent: str | None = None) -> Answered:
         """Run ``call`` in the Sandbox's live sandbox, journaled (see the module's docstring). ``gate.live`` takes
-        the Sandbox for the call (its holder) and gives its sandbox and provider: entered under the journal's lease,
-        so two replicas never both hold it for calls, and left once the call is committed. ``traceparent``: the
-        caller's trace, the parent of the request's span."""
-        run = await self._run(ref)
-        async with self._leased(ref, run) as (lease, rt):
-            done = _completed(ref, rt.rows, call)
-            if done is not None:
-                return done
-            async with gate.live(ref) as (handle, provider):
-                if ref.snapshot_every and not provider.capabilities().supports(Capability.SNAPSHOT):
-                    raise CallRefused(409, f"spec.snapshotEveryNCalls is {ref.snapshot_every}, but provider "
-                                      f"{provider.name} cannot snapshot", where=f"{ref.where}, spec.snapshotEveryNCalls",
-                                      do="set spec.snapshotEveryNCalls to 0, or use a provider with snapshots")
-                # Started before and never answered: the operator stopped while it ran, in the sandbox it may have
-                # changed (if that one is still live, its state is unknown).
-                interrupted = rt.lookup(journal.call_id(SESSION, call.operation_id)) is not None
-                for _ in range(MAX_REPLACEMENTS):
-                    try:
-                        await rebuild(rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
-                                      before=_index_of(rt, call.operation_id), where=ref.where)
-                        return await self._traced(ref, rt, handle, provider, call, on_replay, traceparent)
-                    except SandboxUnknown as unknown:
-                        lost = unknown.sandbox_id
-                    except AttachedSandboxLost as gone:
-                        lost = gone.sandbox_id or handle.id
-                    log.warning("%s: sandbox %s is lost or unknown; call %s waits for its replacement", ref.where,
-                                lost, call.operation_id)
-                    interrupted = False  # a replacement is newer than the interruption
-                    handle = await gate.replaced(ref, lost)
-                    rt = await self.executor.open_runtime(run, lease)  # the journal as it is now, the call anew
-                raise CallRefused(503, f"the Sandbox's sandbox was lost {MAX_REPLACEMENTS} times under this call",
-                                  where=ref.where, do="retry with the same operationId; `kubectl describe dsbx` says "
-                                  "why its sandboxes do not last")
+        the Sandbox (its holder) and gives its sandbox and provider: entered under the journal's lease, so two
+        replicas never both hold it for calls, and kept with the session while calls keep coming (``hold.py``).
+        ``traceparent``: the caller's trace, the parent of the request's span."""
+        while True:
+            session = await self._session(ref)
+            async with session.lock:
+                if session.closed:
+                    continue  # let go meanwhile (idle, lease lost): open it again
+                if not session.fresh(self.executor.lease_ttl) and not await session.refresh(self._renew):
+                    await self._close(session)  # the lease lost, or not known to be ours: claim it again first
+                    continue
+                session.in_flight = asyncio.current_task()
+                try:
+                    done = _completed(ref, session.rt.rows, call)
+                    if done is not None:
+                        return done
+                    await session.live(lambda: gate.live(ref))
+                    return await self._rebuilt_and_run(ref, session, gate, call, on_replay, traceparent)
+                except CallRefused:
+                    if session.handle is None:  # refused before or while taking the Sandbox: hold nothing
+                        await self._close(session)
+                    raise
+                except BaseException:
+                    await self._close(session)  # the next call starts afresh (the journal read again)
+                    raise
+                finally:
+                    session.in_flight = None
+                    session.last_used = time.monotonic()
+                    if self.hold.idle_seconds <= 0:
+                        await self._close(session)
+
+    async def _rebuilt_and_run(self, ref: SandboxRef, session: OpenSession, gate: SandboxAccess, call: ToolCall,
+                               on_replay: str, traceparent: str | None) -> Answered:
+        """The call in the hold's live sandbox once it holds every earlier completed call; a sandbox lost or
+        unknown is replaced (the controller's replacement becomes the hold's) and rebuilt first."""
+        handle, provider = session.handle, session.provider
+        assert handle is not None and provider is not None
+        if ref.snapshot_every and not provider.capabilities().supports(Capability.SNAPSHOT):
+            raise CallRefused(409, f"spec.snapshotEveryNCalls is {ref.snapshot_every}, but provider "
+                              f"{provider.name} cannot snapshot", where=f"{ref.where}, spec.snapshotEveryNCalls",
+                              do="set spec.snapshotEveryNCalls to 0, or use a provider with snapshots")
+        # Started before and never answered: the operator stopped while it ran, in the sandbox it may have
+        # changed (if that one is still live, its state is unknown).
+        interrupted = session.rt.lookup(journal.call_id(SESSION, call.operation_id)) is not None
+        for _ in range(MAX_REPLACEMENTS):
+            try:
+                await rebuild(session.rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
+                              before=_index_of(session.rt, call.operation_id), where=ref.where)
+                return await self._traced(ref, session.rt, handle, provider, call, on_replay, traceparent)
+            except SandboxUnknown as unknown:
+                lost = unknown.sandbox_id
+            except AttachedSandboxLost as gone:
+                lost = gone.sandbox_id or handle.id
+            log.warning("%s: sandbox %s is lost or unknown; call %s waits for its replacement", ref.where,
+                        lost, call.operation_id)
+            interrupted = False  # a replacement is newer than the interruption
+            handle = session.handle = await gate.replaced(ref, lost)  # the hold keeps the replacement
+            session.rt = await self.executor.open_runtime(session.run, session.lease)  # the journal as it is now
+        raise CallRefused(503, f"the Sandbox's sandbox was lost {MAX_REPLACEMENTS} times under this call",
+                          where=ref.where, do="retry with the same operationId; `kubectl describe dsbx` says "
+                          "why its sandboxes do not last")
 
     async def _traced(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
                       call: ToolCall, on_replay: str, traceparent: str | None) -> Answered:
@@ -146,6 +184,46 @@ class SessionJournal:
                                    call.operation_id},
                                   lambda: self._execute(ref, rt, handle, provider, call, on_replay))
 
+    async def aclose(self) -> None:
+        """Let go of every open session (the operator stopping): holders and leases released."""
+        for session in list(self._open.values()):
+            async with session.lock:
+                await self._close(session)
+
+    def open_sessions(self) -> int:
+        return len(self._open)
+
+    async def _session(self, ref: SandboxRef) -> OpenSession:
+        async with self._opening:
+            found = self._open.get(ref)
+            if found is not None and not found.closed:
+                return found
+            run = await self._run(ref)
+            try:
+                lease = await self.executor.claim(run.run_id)
+            except LeaseHeld as held:
+                raise CallRefused(409, "another operator replica is answering a call of this Sandbox",
+                                  where=ref.where, do=f"retry with the same operationId in {held.remaining:.0f}s",
+                                  retry=True) from held
+            try:
+                rt = await self.executor.open_runtime(run, lease)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.store.release(lease)
+                raise
+            session = self._open[ref] = OpenSession(lease, rt, run)
+            session.start(self._renew, max(self.executor.lease_ttl / 3, 0.05), self.hold, self._close)
+            return session
+
+    async def _renew(self, lease: Lease) -> Lease:
+        return await self.store.renew(lease, self.executor.lease_ttl)
+
+    async def _close(self, session: OpenSession) -> None:
+        for ref, found in list(self._open.items()):
+            if found is session:
+                del self._open[ref]
+        await session.shut(self.store.release)
+
     async def _execute(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
                        call: ToolCall, on_replay: str) -> Answered:
         self._handles[rt.run_id] = handle
@@ -154,10 +232,10 @@ class SessionJournal:
                                      owner=f"{ref.namespace}/{ref.uid}", next_index=_index_of(rt, call.operation_id),
                                      snapshot_every=ref.snapshot_every)
             await session.__aenter__()  # journals the attach once (``calls/provision``)
-            # The live sandbox is the Sandbox's, read from its record for this call: it may have been
+            # The live sandbox is the Sandbox's, read from its record when the session took it: it may have been
             # recovered or resumed since the session's first call recorded one.
             session.state.handle = handle
-            result = await session.call(call, on_replay=on_replay)
+            result = await session.call(call, on_replay=on_replay)  # started committed before it runs
             await rt.write()  # the completion, committed before the call is answered
         except NonDeterminismError as exc:
             raise _reused(ref, call.operation_id) from exc
@@ -175,40 +253,6 @@ class SessionJournal:
         owner = {"owner": OwnerRef(name=ref.name, uid=ref.uid, kind="Sandbox")} if self.owned else {}
         created, _ = await self.store.create_run(record, **owner)
         return created
-
-    @contextlib.asynccontextmanager
-    async def _leased(self, ref: SandboxRef, run: RunRecord) -> AsyncIterator[tuple[Lease, RunRuntime]]:
-        """The run's lease for one call, renewed while it runs; the journal read under it."""
-        try:
-            lease = await self.executor.claim(run.run_id)
-        except LeaseHeld as held:
-            raise CallRefused(409, "another operator replica is answering a call of this Sandbox",
-                              where=ref.where, do=f"retry with the same operationId in {held.remaining:.0f}s",
-                              retry=True) from held
-        task = asyncio.current_task()
-        assert task is not None
-        keeper = asyncio.create_task(self._keep(lease, task))
-        try:
-            yield lease, await self.executor.open_runtime(run, lease)
-        finally:
-            keeper.cancel()
-            with contextlib.suppress(BaseException):
-                await keeper
-            with contextlib.suppress(Exception):
-                await self.store.release(lease)
-
-    async def _keep(self, lease: Lease, call: asyncio.Task[Any]) -> None:
-        interval = max(self.executor.lease_ttl / 3, 0.05)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                lease = await self.store.renew(lease, self.executor.lease_ttl)
-            except LeaseLost:
-                log.error("the call journal %s: lease lost; abandoning the call in flight here", lease.run_id)
-                call.cancel()
-                return
-            except Exception as exc:  # the store away for a moment: the next renewal tries again
-                log.warning("the call journal %s: could not renew its lease (%s)", lease.run_id, exc)
 
 
 def _completed(ref: SandboxRef, rows: list[Any], call: ToolCall) -> Answered | None:

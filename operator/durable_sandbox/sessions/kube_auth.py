@@ -6,7 +6,9 @@ its namespace: a Role grants it like any other right (the chart ships the Cluste
 ``durable-sandbox-sandbox-caller`` to bind). The token itself is never logged, stored or put in an error.
 
 An allowed caller is remembered for ``CACHE_SECONDS`` (by a digest of its token, never the token, and the Sandbox),
-so an agent's run of calls costs the API server two reviews every few seconds, not two per call; a refusal is never
+so an agent's run of calls costs the API server two reviews every few seconds, not two per call (the token's user
+is remembered alone too, so an agent calling many Sandboxes costs one TokenReview, and a SubjectAccessReview per
+Sandbox); a refusal is never
 remembered (a right just granted works at once), and a right taken away stops working within those seconds (the
 API server's own webhook authorizer caches an allow for minutes).
 """
@@ -40,6 +42,7 @@ class KubeAuthorizer:
         self.cache_seconds = cache_seconds
         self.clock = clock
         self._allowed: OrderedDict[tuple[str, str, str], tuple[str, float]] = OrderedDict()  # -> (user, until)
+        self._users: OrderedDict[str, tuple[Any, float]] = OrderedDict()  # token digest -> (TokenReview user, until)
 
     async def check(self, token: str | None, namespace: str, name: str) -> str:
         where = f"Sandbox {namespace}/{name}"
@@ -47,25 +50,32 @@ class KubeAuthorizer:
             raise CallRefused(401, "no bearer token in the request", where=f"{where}, Authorization header",
                               do="send 'Authorization: Bearer <token>' with a Kubernetes token (a ServiceAccount's, "
                               "or your kubeconfig's); durable_sandbox.client does it for you")
-        key = (hashlib.sha256(token.encode()).hexdigest(), namespace, name)
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        key = (digest, namespace, name)
         known = self._allowed.get(key)
         if known is not None and known[1] > self.clock():
             return known[0]
-        user = await self._review(token, namespace, name, where)
-        self._allowed[key] = (user, self.clock() + self.cache_seconds)
-        self._allowed.move_to_end(key)
-        while len(self._allowed) > CACHE_ENTRIES:
-            self._allowed.popitem(last=False)
-        return user
+        user = await self._user(token, digest, where)
+        username = await self._access(user, namespace, name, where)
+        _remember(self._allowed, key, (username, self.clock() + self.cache_seconds))
+        return username
 
-    async def _review(self, token: str, namespace: str, name: str, where: str) -> str:
+    async def _user(self, token: str, digest: str, where: str) -> Any:
+        """Who the token names: a TokenReview, remembered (by the token's digest) as an allow is, so one agent
+        calling several Sandboxes costs one review per token, not one per Sandbox."""
+        known = self._users.get(digest)
+        if known is not None and known[1] > self.clock():
+            return known[0]
         review = await self.authn.create_token_review(k8s.V1TokenReview(spec=k8s.V1TokenReviewSpec(token=token)))
         status = review.status
         if status is None or not status.authenticated or status.user is None:
             raise CallRefused(401, "the bearer token was not accepted by the API server (TokenReview)",
                               where=f"{where}, Authorization header",
                               do="send a current token (kubectl create token <serviceaccount> makes one)")
-        user = status.user
+        _remember(self._users, digest, (status.user, self.clock() + self.cache_seconds))
+        return status.user
+
+    async def _access(self, user: Any, namespace: str, name: str, where: str) -> str:
         spec = k8s.V1SubjectAccessReviewSpec(
             user=user.username, groups=user.groups or [], uid=user.uid,
             extra={k: list(v) for k, v in (user.extra or {}).items()},
@@ -77,3 +87,10 @@ class KubeAuthorizer:
                               do=f"bind the ClusterRole durable-sandbox-sandbox-caller (or a Role granting create on "
                               f"sandboxes/calls) to {user.username} in namespace {namespace}")
         return str(user.username)
+
+
+def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > CACHE_ENTRIES:
+        cache.popitem(last=False)

@@ -1,4 +1,4 @@
-"""The Sandbox resources of a cluster, for session calls: found by name, their live sandbox taken for one call.
+"""The Sandbox resources of a cluster, for session calls: found by name, their live sandbox taken by a session (hold.py).
 
 A call takes the Sandbox's holder (``kube/holders/holding.py``, ``SESSION_CLAIM``) with the same compare-and-swap a Workflow
 takes it with, so a call never shares the sandbox with a Workflow's calls or a suspend: a Sandbox held by a running
@@ -21,6 +21,7 @@ from durable_sandbox.kube.journal.sandbox_records import LINEAGE, SandboxRecords
 from durable_sandbox.kube.sandbox.view import LOSS_REPORTED
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.hold import LeftToAnotherReplica
 from durable_sandbox.sessions.journal import SandboxRef
 
 __all__ = ["KubeSandboxGate"]
@@ -68,11 +69,16 @@ class KubeSandboxGate:
     @contextlib.asynccontextmanager
     async def live(self, ref: SandboxRef) -> AsyncIterator[tuple[SandboxHandle, SandboxProvider]]:
         handle = await self._take(ref)
+        release = True
         try:
             async with self.provider_for_once(handle.provider) as provider:
                 yield handle, provider
+        except LeftToAnotherReplica:
+            release = False  # the replica holding the lease now holds the session's claim, and releases it
+            raise
         finally:
-            await self.holding.release(ref.namespace, ref.name, SESSION_CLAIM)
+            if release:
+                await self.holding.release(ref.namespace, ref.name, SESSION_CLAIM)
 
     async def _take(self, ref: SandboxRef) -> SandboxHandle:
         await self._refuse_if_held(ref)

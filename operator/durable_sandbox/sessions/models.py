@@ -30,6 +30,7 @@ class Limits(BaseModel):
     max_request_bytes: int = 1 << 20  # a request body (write_file's contents included)
     max_concurrent_calls: int = 4  # per Sandbox, in flight or waiting their turn, in this process
     max_timeout: float = MAX_CALL_TIMEOUT
+    max_calls_per_second: float = Field(default=20.0, gt=0)  # per caller (Kubernetes user), in this process
 
 
 class _Request(BaseModel):
@@ -124,3 +125,4 @@ class ErrorBody(BaseModel):
     where: str
     do: str
     retry: bool = False  # the same request (same operationId) may succeed later: clients retry it themselves
+    retryAfter: float | None = None  # seconds to wait first (also the Retry-After header, whole seconds)

@@ -43,7 +43,7 @@ REBUILD = journal.REBUILD  # op ids ``rebuild/<sandbox id>``: outside the calls 
 
 
 class SandboxAccess(Protocol):
-    """A Sandbox's live sandbox for session calls (``kube_gate.py``): taken for one call, waited for after a loss."""
+    """A Sandbox's live sandbox for session calls (``kube_gate.py``): taken by a session (hold.py), waited for after a loss."""
 
     def live(self, ref: Any) -> AbstractAsyncContextManager[tuple[SandboxHandle, SandboxProvider]]: ...
 

@@ -1,7 +1,7 @@
 """The call service: who may call a Sandbox, how much, and in what order; the journal does the rest.
 
 Order of a request: the caller is authenticated and authorized first (nothing is read or run for a refused one),
-then the Sandbox is found by name (its uid from the API server), admitted under the per-Sandbox bound (calls in
+held to its calls per second (``rates.py``), then the Sandbox is found by name (its uid from the API server), admitted under the per-Sandbox bound (calls in
 flight or waiting, in this process), and takes its turn: one call at a time per Sandbox, as an agent makes them.
 The journal (``journal.py``) answers a retried call from its record, or runs a new one in the live sandbox.
 """
@@ -17,6 +17,7 @@ from typing import Protocol
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.journal import SandboxRef, SessionJournal
 from durable_sandbox.sessions.models import CallAnswer, CallRequest, Limits, ShellRequest
+from durable_sandbox.sessions.rates import CallerRates
 from durable_sandbox.sessions.rebuild import SandboxAccess
 
 __all__ = ["Authorizer", "SandboxGate", "SessionService"]
@@ -32,8 +33,8 @@ class Authorizer(Protocol):
 
 
 class SandboxGate(SandboxAccess, Protocol):
-    """The Sandbox resources: found by name, and their live sandbox taken for one call (the holder rule),
-    waited for when it is replaced after a loss."""
+    """The Sandbox resources: found by name, and their live sandbox taken by a session (the holder rule; kept while
+    calls keep coming, hold.py), waited for when it is replaced after a loss."""
 
     async def find(self, namespace: str, name: str) -> SandboxRef: ...
 
@@ -45,12 +46,19 @@ class SessionService:
         self.gate = gate
         self.journal_for = journal_for
         self.limits = limits or Limits()
+        self.rates = CallerRates(self.limits.max_calls_per_second)
         self._admitted: dict[SandboxRef, int] = {}  # calls in flight or waiting, per Sandbox
         self._turns: dict[SandboxRef, asyncio.Lock] = {}
 
     async def call(self, token: str | None, namespace: str, name: str, request: CallRequest, *,
                    traceparent: str | None = None) -> CallAnswer:
         caller = await self.auth.check(token, namespace, name)
+        wait = self.rates.take(caller)
+        if wait is not None:
+            raise CallRefused(429, f"{caller} made more than {self.limits.max_calls_per_second:g} calls per second",
+                              where=f"Sandbox {namespace}/{name}", retry_after=wait,
+                              do=f"slow down: retry with the same operationId in {wait:.2f}s (Retry-After); the "
+                              "operator's --session-max-calls-per-second sets the rate")
         ref = await self.gate.find(namespace, name)
         timeout = request.timeout if isinstance(request, ShellRequest) else None
         if timeout is not None and timeout > self.limits.max_timeout:

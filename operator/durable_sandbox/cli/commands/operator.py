@@ -88,6 +88,12 @@ def _modules(value: str) -> tuple[str, ...]:
               help="Calls of one Sandbox in flight or waiting their turn in this replica; more are refused (429).")
 @click.option("--session-max-request-bytes", type=click.IntRange(1024), default=1 << 20, show_default=True,
               help="The largest call request body (write_file contents included); larger is refused (413).")
+@click.option("--session-max-calls-per-second", type=click.FloatRange(0, min_open=True), default=20.0,
+              show_default=True, help="Calls per second one caller (Kubernetes user) may make in this replica; more "
+                                      "are refused (429 with Retry-After).")
+@click.option("--session-hold-seconds", type=click.FloatRange(0), default=5.0, show_default=True,
+              help="How long a Sandbox's session keeps its holder and journal lease after a call, for the next one "
+                   "(0: let go after every call); a Workflow with spec.sandboxRef waits that long at most.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               envvar="DSB_LOG_FORMAT", show_envvar=True,
               help="text: one line per record; json: one JSON object per line (time, level, logger, message, and "
@@ -116,6 +122,8 @@ def operator(
     session_tls_key: str | None,
     session_max_concurrent_calls: int,
     session_max_request_bytes: int,
+    session_max_calls_per_second: float,
+    session_hold_seconds: float,
     log_format: LogFormat,
     verbose: bool,
 ) -> None:
@@ -150,7 +158,8 @@ def operator(
     key = _journal_key(journal_key_secret, namespaces)
     services = () if session_port is None else (_session_api(
         namespaces, port=session_port, host=session_host, cert=session_tls_cert, key=session_tls_key,
-        concurrent=session_max_concurrent_calls, request_bytes=session_max_request_bytes),)
+        concurrent=session_max_concurrent_calls, request_bytes=session_max_request_bytes, hold=session_hold_seconds,
+        per_second=session_max_calls_per_second),)
     config = OperatorConfig(
         policy=policy, settings=settings, namespaces=tuple(namespaces), journal_key=key,
         journal=_journal_choice(journal_dsn), providers=_provider_factory(key), pool_provider=_pool_provider(key),
@@ -174,16 +183,18 @@ def _provider_factory(key: bytes | None) -> ProviderFactory:
 
 
 def _session_api(namespaces: tuple[str, ...], *, port: int, host: str, cert: str | None, key: str | None,
-                 concurrent: int, request_bytes: int) -> Service:
+                 concurrent: int, request_bytes: int, hold: float, per_second: float) -> Service:
     """The Sandboxes' call API (sessions/), served by the operator process beside its controllers."""
     if (cert is None) != (key is None):
         raise CliError("--session-tls-cert and --session-tls-key go together: give both (HTTPS) or neither (HTTP)")
+    from durable_sandbox.sessions.hold import HoldSettings
     from durable_sandbox.sessions.models import Limits
     from durable_sandbox.sessions.startup import SessionApiService, SessionApiSettings
 
     return SessionApiService(SessionApiSettings(
-        port=port, host=host, certfile=cert, keyfile=key,
-        limits=Limits(max_concurrent_calls=concurrent, max_request_bytes=request_bytes)), tuple(namespaces))
+        port=port, host=host, certfile=cert, keyfile=key, hold=HoldSettings(idle_seconds=hold),
+        limits=Limits(max_concurrent_calls=concurrent, max_request_bytes=request_bytes,
+                      max_calls_per_second=per_second)), tuple(namespaces))
 
 
 def _journal_key(location: str | None, served: tuple[str, ...]) -> bytes:

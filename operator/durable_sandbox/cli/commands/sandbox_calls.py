@@ -1,9 +1,12 @@
-"""`dsb sandbox exec NAME -- COMMAND...`: one call into a Sandbox through its call API (durable_sandbox.client)."""
+"""`dsb sandbox exec NAME -- COMMAND...` and `dsb sandbox cp SRC DST`: one call into a Sandbox through its call API
+(durable_sandbox.client)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
+from pathlib import Path
 
 import click
 
@@ -45,3 +48,63 @@ def exec_cmd(settings: Settings, name: str, command: tuple[str, ...], url: str, 
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     sys.exit(result.exit_code)
+
+
+_REMOTE = re.compile(r"^(?P<name>[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?):(?P<path>.+)$")
+
+
+def _remote(spec: str) -> tuple[str, str] | None:
+    """``NAME:PATH`` (a Sandbox's file) as (name, path); None for a local file (write ``./a:b`` for a local name with a
+    colon in it)."""
+    found = _REMOTE.match(spec)
+    return (found["name"], found["path"]) if found else None
+
+
+@sandbox.command("cp")
+@click.argument("source")
+@click.argument("destination")
+@click.option("--url", envvar="DSB_SESSION_URL", metavar="URL", required=True,
+              help="The call API (the operator's --session-port); default $DSB_SESSION_URL.")
+@click.option("--operation-id", metavar="ID", default=None,
+              help="The call's operation id: the same id again returns the journaled result instead of running it twice.")
+@click.option("--token", envvar="DSB_SESSION_TOKEN", default=None,
+              help="A Kubernetes bearer token; default the kubeconfig's, or the in-cluster ServiceAccount's.")
+@pass_settings
+def cp_cmd(settings: Settings, source: str, destination: str, url: str, operation_id: str | None,
+           token: str | None) -> None:
+    """Copy a text file into or out of a Sandbox: dsb sandbox cp notes.txt dev-box:notes.txt, or dsb sandbox cp
+    dev-box:out/report.txt report.txt ('-' is stdin or stdout). One journaled call (write_file or read_file)."""
+    from durable_sandbox.client import SandboxCallError, SandboxClient
+    from durable_sandbox.client.credentials import CredentialsError
+
+    into, out_of = _remote(destination), _remote(source)
+    if (into is None) == (out_of is None):
+        raise CliError(f"dsb sandbox cp {source} {destination}: exactly one of the two is a Sandbox's file, written "
+                       f"NAME:PATH (e.g. dev-box:notes.txt); the other is a local file, or '-' for stdin/stdout")
+    name, path = into or out_of  # type: ignore[misc]
+    try:
+        with SandboxClient.attach(name, namespace=settings.namespace, url=url, token=token) as box:
+            if into is not None:
+                box.write_file(path, _read_local(source), operation_id=operation_id)
+                return
+            text = box.read_file(path, operation_id=operation_id)
+    except (SandboxCallError, CredentialsError) as exc:
+        raise CliError(str(exc), code=EXIT_FAILED) from None
+    except FileNotFoundError as exc:
+        raise CliError(f"{name}:{path}: no such file in the Sandbox ({exc})", code=EXIT_FAILED) from None
+    if destination == "-":
+        sys.stdout.write(text)
+    else:
+        Path(destination).write_text(text)
+
+
+def _read_local(source: str) -> str:
+    try:
+        data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read {source}: {exc.strerror}") from None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise CliError(f"{source} is not UTF-8 text: the call API's write_file carries text (send binary files "
+                       f"base64-encoded and decode them in the sandbox with dsb sandbox exec)") from None
