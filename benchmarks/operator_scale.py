@@ -49,9 +49,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tests.ports import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.ports
+
+from tests.ports import free_port
 
 from _common import fmt, machine_info, print_table, ratio, run_in_workdir
 from operator_throughput import RESULTS_DIR, control_plane, kubectl

@@ -177,6 +177,25 @@ async def test_a_call_started_and_never_answered_is_not_run_again_in_the_sandbox
     assert again.replayed and effects(outside) == (["ran"] if when == "before" else ["ran", "ran"])
 
 
+async def test_a_call_given_up_on_after_the_operator_died_leaves_no_trace_in_the_next_calls_sandbox(
+        tmp_path: Path) -> None:
+    """The operator dies after a call ran but before its answer, and the caller never retries it: the next,
+    different call does not run in the sandbox the abandoned one changed; that sandbox is replaced and rebuilt
+    from the completed calls first, so the workspace holds only answered calls."""
+    provider = CrashingProvider(tmp_path / "home")
+    gate, _, svc = await setup(tmp_path, every=2, provider=provider)
+    await send(svc, *(shell(f"c{i}", f"echo {i} >> f") for i in range(3)))
+    provider.die = ("lost", "after")
+    with pytest.raises(Died):
+        await send(svc, shell("lost", "echo lost >> f"))
+    first = gate.handle
+    restarted = service(SqliteStore(tmp_path / "runs.db"), gate, worker="w2")
+    [answer] = await send(restarted, shell("next", "echo next >> f"))
+    assert answer.exitCode == 0 and not answer.replayed
+    assert gate.handle.id != first.id and [lost for lost, _ in gate.replacements] == [first.id]
+    assert (workspace(gate) / "f").read_text() == "0\n1\n2\nnext\n"
+
+
 async def test_an_idle_resumed_sandbox_holds_every_call_and_nothing_is_replayed(tmp_path: Path) -> None:
     """A suspend's snapshot holds every call the suspended sandbox held (lineage: the resumed sandbox -> the
     snapshot -> the sandbox it was taken of)."""

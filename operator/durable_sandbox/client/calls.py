@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from durable_sandbox.client.credentials import default_namespace, token_source
+from durable_sandbox.shell_args import shell_args
 from durable_sandbox.tracing.traceparent import outgoing_traceparent
 
 __all__ = ["AsyncSandboxClient", "CallResult", "SandboxCallError", "SandboxClient"]
@@ -134,17 +135,6 @@ def _verify(verify: bool | str | None) -> bool | ssl.SSLContext:
     return ssl.create_default_context(cafile=chosen) if isinstance(chosen, str) else chosen
 
 
-def _shell(command: str, timeout: float | None, cwd: str | None, env: dict[str, str] | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"command": command}
-    if timeout is not None:
-        body["timeout"] = timeout
-    if cwd is not None:
-        body["cwd"] = cwd
-    if env:
-        body["env"] = dict(env)
-    return body
-
-
 class SandboxClient:
     """A Sandbox's calls, one at a time (blocking). ``attach`` names it; close it (or use ``with``)."""
 
@@ -194,7 +184,7 @@ class SandboxClient:
 
     def run(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
             env: dict[str, str] | None = None, operation_id: str | None = None) -> CallResult:
-        return self.call("shell", _shell(command, timeout, cwd, env), operation_id)
+        return self.call("shell", shell_args(command, timeout, cwd, env), operation_id)
 
     def write_file(self, path: str, contents: str, *, operation_id: str | None = None) -> CallResult:
         return self.call("write_file", {"path": path, "contents": contents}, operation_id)
@@ -294,7 +284,7 @@ class AsyncSandboxClient:
 
     async def run(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
                   env: dict[str, str] | None = None, operation_id: str | None = None) -> CallResult:
-        return await self.call("shell", _shell(command, timeout, cwd, env), operation_id)
+        return await self.call("shell", shell_args(command, timeout, cwd, env), operation_id)
 
     async def write_file(self, path: str, contents: str, *, operation_id: str | None = None) -> CallResult:
         return await self.call("write_file", {"path": path, "contents": contents}, operation_id)

@@ -39,7 +39,7 @@ from typing import Any
 
 from durable_sandbox.engine.errors import LeaseHeld, NonDeterminismError
 from durable_sandbox.engine.executor import RunExecutor
-from durable_sandbox.engine.records import Lease, RunRecord, RunStatus
+from durable_sandbox.engine.records import Lease, OpKind, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
 from durable_sandbox.engine.traced import under_caller
@@ -154,9 +154,11 @@ class SessionJournal:
             raise CallRefused(409, f"spec.snapshotEveryNCalls is {ref.snapshot_every}, but provider "
                               f"{provider.name} cannot snapshot", where=f"{ref.where}, spec.snapshotEveryNCalls",
                               do="set spec.snapshotEveryNCalls to 0, or use a provider with snapshots")
-        # Started before and never answered: the operator stopped while it ran, in the sandbox it may have
-        # changed (if that one is still live, its state is unknown).
-        interrupted = session.rt.lookup(journal.call_id(SESSION, call.operation_id)) is not None
+        # A call started before and never answered (this one retried, or another one its caller gave up on): the
+        # operator stopped while it ran, in the sandbox it may have changed (if that one is still live, its
+        # state is unknown), so no call runs there before it is rebuilt.
+        interrupted = any(r.kind == OpKind.SANDBOX_CALL.value and r.status == "started"
+                          for r in session.rt.latest.values())
         for _ in range(MAX_REPLACEMENTS):
             try:
                 await rebuild(session.rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
