@@ -728,6 +728,9 @@ async def _run(sandbox: Sandbox, proc: dict[str, Any], timeout_ms: int | None) -
         start_new_session=True,
     )
     sandbox.processes.add(child.pid)
+    if sandbox.gone:  # the sandbox went while the process was being started: it goes with it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
     try:
         async for item in _events(child, timeout_ms):
             yield item

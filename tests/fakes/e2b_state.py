@@ -43,6 +43,9 @@ class Sandbox:
     seq: int = 0  # creation order: the listing order and what page tokens point at
     state: Literal["running", "paused"] = "running"
     processes: set[int] = field(default_factory=set)  # process groups of commands running in it
+    # Gone (killed or deleted): a command whose spawn was under way when it went dies as soon as it is known
+    # (its pid joins ``processes`` a few loop turns after the process started: kill() may fall in between).
+    gone: bool = False
 
 
 @dataclass
@@ -288,6 +291,7 @@ class FakeState:
     def _remove(self, sandbox_id: str) -> None:
         sandbox = self.sandboxes.pop(sandbox_id, None)
         if sandbox is not None:
+            sandbox.gone = True
             # The VM goes with everything running in it: its commands die (their streams are cut, see
             # start_process) before its files go, so none of them ends normally in a workspace being removed.
             _kill_commands(sandbox)
