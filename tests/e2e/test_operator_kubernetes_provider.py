@@ -180,10 +180,16 @@ def test_a_shared_sandbox_changing_hands_ends_what_the_last_holder_left_running(
     wait_until(lambda: cluster.pods() == [], 90, "the Sandbox's Pod to go")
 
 def _call(cluster: Cluster, provider_id: str, call_type: str, **args: Any) -> tuple[int, str]:
+    """One call straight into the Sandbox's Pod, as the operator makes it: the handle carries the Pod's uid (read
+    here as the operator records it), since a call reaches only the Pod the handle names by uid (or the
+    operator's seal, whose key this test's provider does not hold)."""
+    pod_ns, _, pod_name = provider_id.partition("/")
+    uid = cluster.cp.kubectl_json("get", "pod", pod_name, "-n", pod_ns)["metadata"]["uid"]
+
     async def go() -> tuple[int, str]:
         provider = KubernetesProvider(kubeconfig=str(cluster.cp.kubeconfig), environ={})
         try:
-            result = await provider.execute(SandboxHandle(id=provider_id, provider="kubernetes"),
+            result = await provider.execute(SandboxHandle(id=provider_id, provider="kubernetes", metadata={"uid": uid}),
                                             ToolCall(operation_id=f"test-{call_type}", type=call_type, args=args))
         finally:
             await provider.aclose()
