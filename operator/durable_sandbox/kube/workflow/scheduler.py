@@ -88,7 +88,7 @@ class Scheduler:
         parked = self.runs.parked.get(run_id)
         if parked is not None and meta.get("generation") == parked.generation:
             phase = (body.get("status") or {}).get("phase")
-            if parked.reason != "held" or phase == parked.phase:
+            if parked.reason != "held" or not held_run_may_be_free(parked.phase, phase):
                 return
         self.activate(run_id, body, meta.get("namespace", ""), name, uid)
 
@@ -197,3 +197,12 @@ class Scheduler:
         if body is None or body.get("metadata", {}).get("uid") != uid or body["metadata"].get("deletionTimestamp"):
             return None  # gone, replaced, or being deleted (the delete handler finalizes it)
         return body
+
+
+def held_run_may_be_free(parked_phase: str | None, phase: str | None) -> bool:
+    """Whether a status event may mean that the replica executing a run (whose Lease parked it here) let it go:
+    a phase other than the one it was parked in, or any phase but Running. Not only a change: a run handed over
+    within the second it started goes Pending -> (Running, never published: status writes are coalesced) ->
+    Pending, and the replica that parked it in Pending must wake then, not when the Lease runs out. A wake that
+    finds the Lease still held parks again."""
+    return phase != parked_phase or phase != "Running"
