@@ -24,9 +24,9 @@ EXCEPTED = {
     "kube/spec/crds.py::generate_crds": "the four CRDs' printer columns and rules declared side by side (data, not logic)",
 }
 
-# Today's offenders: where (package-relative path::qualified name) and how many lines each may have at most.
-ALLOWED = {
-}
+# Offenders allowed for now: where (package-relative path::qualified name) and how many lines each may have at
+# most. None are left (issue 34); a new one is carved, never listed here.
+ALLOWED: dict[str, int] = {}
 
 
 class Oversized(BaseModel):

@@ -14,21 +14,15 @@ import httpx
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from durable_sandbox.call_text import outcome_text
 from durable_sandbox.client import AsyncSandboxClient, CallResult, SandboxCallError
 
 __all__ = ["sandbox_server"]
 
 
 def _text(result: CallResult) -> str:
-    """A call's outcome as a model reads it: the exit code, then each stream that has something."""
-    parts = [f"exit code {result.exit_code}"]
-    if result.stdout:
-        parts.append(f"stdout:\n{result.stdout}")
-    if result.stderr:
-        parts.append(f"stderr:\n{result.stderr}")
-    if result.stdout_bytes is not None or result.stderr_bytes is not None:
-        parts.append("(output cut to its first and last 64 KiB per stream)")
-    return "\n".join(parts)
+    return outcome_text(result.exit_code, result.stdout, result.stderr,
+                        cut=result.stdout_bytes is not None or result.stderr_bytes is not None)
 
 
 async def _answer(call: Awaitable[CallResult]) -> str:

@@ -24,6 +24,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from durable_sandbox.call_text import outcome_text
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.models import (
@@ -49,14 +50,8 @@ _CALLER: contextvars.ContextVar[_Caller] = contextvars.ContextVar("durable_sandb
 
 
 def _text(answer: CallAnswer) -> str:
-    parts = [f"exit code {answer.exitCode}"]
-    if answer.stdout:
-        parts.append(f"stdout:\n{answer.stdout}")
-    if answer.stderr:
-        parts.append(f"stderr:\n{answer.stderr}")
-    if answer.stdoutBytes is not None or answer.stderrBytes is not None:
-        parts.append("(output cut to its first and last 64 KiB per stream)")
-    return "\n".join(parts)
+    return outcome_text(answer.exitCode, answer.stdout, answer.stderr,
+                        cut=answer.stdoutBytes is not None or answer.stderrBytes is not None)
 
 
 class McpEndpoint:
