@@ -164,17 +164,42 @@ class Soak:
             return True
         return any(self.remaining(k) for k in FAULT_KINDS) and not active
 
+    def paced_limit(self) -> int:
+        """How many of the plan's Workflows may have been applied by now: ``max_active`` at the start, and the
+        rest in step with the faults injected, so the Workflows are spread over the whole fault schedule. Applied
+        as fast as they can run, they all ended while the slowest fault kind (an API server restart waits for
+        /readyz) still had faults left, which then had no work to hit (CI, seed 1749772400)."""
+        total_faults = len(self.plan.faults)
+        rest = len(self.plan.workflows) - self.max_active
+        if total_faults == 0 or rest <= 0:
+            return len(self.plan.workflows)
+        injected = sum(self.injected.values())
+        return self.max_active + -(-rest * injected // total_faults)  # ceiling
+
+    def needs_work(self, active: list[Tracked]) -> bool:
+        """Whether the faults left need a Workflow the pacing would hold back: none is running (every fault
+        waits on side effects), or an e2b fault is left and none running is on e2b."""
+        if not active:
+            return True
+        e2b_left = any(self.remaining(k) for k in FAULT_KINDS if k.startswith("e2b-"))
+        return e2b_left and not any(t.script.provider == "e2b" for t in active)
+
     def apply_more(self) -> None:
-        """Keep ``max_active`` Workflows applied and not yet ended, in the plan's order."""
-        active = sum(t.applied and not t.done for t in self.tracked.values())
+        """Keep up to ``max_active`` Workflows applied and not yet ended, in the plan's order, paced by the
+        faults (``paced_limit``) unless the faults left would starve (``needs_work``)."""
+        active = [t for t in self.tracked.values() if t.applied and not t.done]
+        applied = sum(t.applied for t in self.tracked.values())
         for t in self.tracked.values():
-            if active >= self.max_active:
+            if len(active) >= self.max_active:
                 return
             if t.applied:
                 continue
+            if applied >= self.paced_limit() and not self.needs_work(active):
+                return
             self.cp.apply(workflow_manifest(t.script, self.effects_dir, self.gates_dir), "-n", self.namespace)
             t.applied = True
-            active += 1
+            active.append(t)
+            applied += 1
 
     def supervise(self) -> None:
         """An operator that exited without being killed is restarted, as a Pod's container would be. It is
