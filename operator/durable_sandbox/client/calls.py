@@ -7,9 +7,9 @@ import os
 import ssl
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -17,7 +17,10 @@ from durable_sandbox.client.credentials import default_namespace, token_source
 from durable_sandbox.shell_args import shell_args
 from durable_sandbox.tracing.traceparent import outgoing_traceparent
 
-__all__ = ["AsyncSandboxClient", "CallResult", "SandboxCallError", "SandboxClient"]
+if TYPE_CHECKING:  # streaming.py builds on this module
+    from durable_sandbox.client.streaming import Output
+
+__all__ = ["AsyncSandboxClient", "CallResult", "SandboxCallError", "SandboxClient", "SnapshotResult"]
 
 URL_ENV = "DSB_SESSION_URL"  # the call API's address when none is given
 CA_ENV = "DSB_SESSION_CA"  # a CA bundle to verify it with (HTTPS)
@@ -41,6 +44,19 @@ class CallResult:
         return cls(operation_id=data["operationId"], exit_code=int(data["exitCode"]), stdout=data.get("stdout", ""),
                    stderr=data.get("stderr", ""), stdout_bytes=data.get("stdoutBytes"),
                    stderr_bytes=data.get("stderrBytes"), replayed=bool(data.get("replayed")))
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    operation_id: str
+    snapshot_id: str
+    calls: int  # the session calls it holds
+    replayed: bool = False  # the snapshot an earlier request with this operation id took
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> SnapshotResult:
+        return cls(operation_id=data["operationId"], snapshot_id=data["snapshotId"], calls=int(data["calls"]),
+                   replayed=bool(data.get("replayed")))
 
 
 class SandboxCallError(RuntimeError):
@@ -168,6 +184,9 @@ class SandboxClient:
 
     def call(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> CallResult:
         """Send one call (``kind`` and its fields), retried with the same operation id until it is answered."""
+        return CallResult.of(self.call_json(kind, body, operation_id))
+
+    def call_json(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> dict[str, Any]:
         body = {**body, "operationId": _operation_id(operation_id)}
         started, attempt = time.monotonic(), 0
         while True:
@@ -185,6 +204,18 @@ class SandboxClient:
     def run(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
             env: dict[str, str] | None = None, operation_id: str | None = None) -> CallResult:
         return self.call("shell", shell_args(command, timeout, cwd, env), operation_id)
+
+    def stream(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
+               env: dict[str, str] | None = None, operation_id: str | None = None) -> Iterator[Output | CallResult]:
+        """:meth:`run`, its output yielded while it runs (``Output`` pieces), then its ``CallResult``."""
+        from durable_sandbox.client.streaming import sync_events
+
+        body = {**shell_args(command, timeout, cwd, env), "operationId": _operation_id(operation_id)}
+        return sync_events(self._http, self.target, body, self.retry_for)
+
+    def snapshot(self, *, operation_id: str | None = None) -> SnapshotResult:
+        """A snapshot of the Sandbox now, journaled (a loss restores it); the same id again: the same snapshot."""
+        return SnapshotResult.of(self.call_json("snapshot", {}, operation_id))
 
     def write_file(self, path: str, contents: str, *, operation_id: str | None = None) -> CallResult:
         return self.call("write_file", {"path": path, "contents": contents}, operation_id)
@@ -268,6 +299,9 @@ class AsyncSandboxClient:
         return box
 
     async def call(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> CallResult:
+        return CallResult.of(await self.call_json(kind, body, operation_id))
+
+    async def call_json(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> dict[str, Any]:
         body = {**body, "operationId": _operation_id(operation_id)}
         started, attempt = time.monotonic(), 0
         while True:
@@ -285,6 +319,17 @@ class AsyncSandboxClient:
     async def run(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
                   env: dict[str, str] | None = None, operation_id: str | None = None) -> CallResult:
         return await self.call("shell", shell_args(command, timeout, cwd, env), operation_id)
+
+    def stream(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
+               env: dict[str, str] | None = None, operation_id: str | None = None) -> AsyncIterator[Output | CallResult]:
+        """``async for piece in box.stream(...)``: its output while it runs (``Output``), then its ``CallResult``."""
+        from durable_sandbox.client.streaming import async_events
+
+        body = {**shell_args(command, timeout, cwd, env), "operationId": _operation_id(operation_id)}
+        return async_events(self._http, self.target, body, self.retry_for)
+
+    async def snapshot(self, *, operation_id: str | None = None) -> SnapshotResult:
+        return SnapshotResult.of(await self.call_json("snapshot", {}, operation_id))
 
     async def write_file(self, path: str, contents: str, *, operation_id: str | None = None) -> CallResult:
         return await self.call("write_file", {"path": path, "contents": contents}, operation_id)
@@ -328,12 +373,12 @@ class AsyncSandboxClient:
         await self.aclose()
 
 
-def _answer(outcome: httpx.Response | Exception) -> CallResult:
+def _answer(outcome: httpx.Response | Exception) -> dict[str, Any]:
     if isinstance(outcome, Exception):
         raise outcome
     if outcome.status_code >= 400:
         raise _error_of(outcome)
-    return CallResult.of(outcome.json())
+    return dict(outcome.json())
 
 
 def _entries(result: CallResult, path: str) -> list[str]:

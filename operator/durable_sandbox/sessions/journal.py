@@ -33,9 +33,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from durable_sandbox.engine.errors import LeaseHeld, NonDeterminismError
 from durable_sandbox.engine.executor import RunExecutor
@@ -52,12 +52,14 @@ from durable_sandbox.providers.contract import (
     ToolCall,
     ToolResult,
 )
+from durable_sandbox.providers.streaming import OutputSink, streaming_to
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.session import AttachedSandboxLost, SandboxServices, SandboxSession
 from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.hold import HoldSettings, OpenSession
 from durable_sandbox.sessions.rebuild import SandboxAccess, SandboxUnknown, rebuild
+from durable_sandbox.sessions.snapshots import Snapshot, snapshot_taken, take_snapshot
 from durable_sandbox.tracing import Tracing
 
 __all__ = ["SESSION", "SESSION_WORKFLOW", "SandboxRef", "SessionJournal", "calls_run_id"]
@@ -66,6 +68,7 @@ log = logging.getLogger("durable_sandbox.sessions")
 
 SESSION = CALLS_SESSION  # the session id of a Sandbox's own calls in its journal (op ids ``calls/<operationId>``)
 SESSION_WORKFLOW = "sandbox-session"  # the run's workflow name: never executed, it names what the run is
+_T = TypeVar("_T")
 MAX_REPLACEMENTS = 3  # sandboxes lost (or found unknown) under one call before it is refused (503: retry)
 
 
@@ -111,11 +114,47 @@ class SessionJournal:
         return self._handles[run_id]
 
     async def call(self, ref: SandboxRef, gate: SandboxAccess, call: ToolCall, *,
-                   on_replay: str = journal.ON_REPLAY_RERUN, traceparent: str | None = None) -> Answered:
+                   on_replay: str = journal.ON_REPLAY_RERUN, traceparent: str | None = None,
+                   sink: OutputSink | None = None) -> Answered:
         """Run ``call`` in the Sandbox's live sandbox, journaled (see the module's docstring). ``gate.live`` takes
         the Sandbox (its holder) and gives its sandbox and provider: entered under the journal's lease, so two
         replicas never both hold it for calls, and kept with the session while calls keep coming (``hold.py``).
-        ``traceparent``: the caller's trace, the parent of the request's span."""
+        ``traceparent``: the caller's trace, the parent of the request's span. ``sink``: given the call's output
+        while it runs, when the provider streams (``Capability.OUTPUT_STREAMING``); a call answered from the
+        journal gives it nothing (its caller has the journaled output at once)."""
+
+        async def answer(session: OpenSession) -> Answered:
+            done = _completed(ref, session.rt.rows, call)
+            if done is not None:
+                return done
+            await session.live(lambda: gate.live(ref))
+            return await self._rebuilt(ref, session, gate, call.operation_id, lambda rt, handle, provider: self._traced(
+                ref, rt, handle, provider, call, on_replay, traceparent, sink))
+
+        return await self._in_session(ref, answer)
+
+    async def snapshot(self, ref: SandboxRef, gate: SandboxAccess, operation_id: str) -> Snapshot:
+        """A snapshot of the live sandbox now, once it holds every completed session call: recorded in the call
+        journal like the ones every ``spec.snapshotEveryNCalls`` calls (the one it supersedes deleted after), so a
+        loss restores it. The same ``operation_id`` again answers with the snapshot it took (``replayed``)."""
+
+        async def take(session: OpenSession) -> Snapshot:
+            done = snapshot_taken(session.rt.rows, operation_id)
+            if done is not None:
+                return done
+            await session.live(lambda: gate.live(ref))
+            assert session.provider is not None
+            if not session.provider.capabilities().supports(Capability.SNAPSHOT):
+                raise CallRefused(409, f"provider {session.provider.name} cannot snapshot", where=ref.where,
+                                  do="use a provider with snapshots (docs/providers.md lists them)")
+            return await self._rebuilt(ref, session, gate, None, lambda rt, handle, provider: take_snapshot(
+                ref, rt, handle, provider, operation_id, self._handles, count=_index_of(rt, None)))
+
+        return await self._in_session(ref, take)
+
+    async def _in_session(self, ref: SandboxRef, action: Callable[[OpenSession], Awaitable[_T]]) -> _T:
+        """``action`` under the Sandbox's open session (its lease fresh, one at a time): the session kept after it
+        while calls keep coming, let go after a failure (the next call reads the journal again)."""
         while True:
             session = await self._session(ref)
             async with session.lock:
@@ -126,11 +165,7 @@ class SessionJournal:
                     continue
                 session.in_flight = asyncio.current_task()
                 try:
-                    done = _completed(ref, session.rt.rows, call)
-                    if done is not None:
-                        return done
-                    await session.live(lambda: gate.live(ref))
-                    return await self._rebuilt_and_run(ref, session, gate, call, on_replay, traceparent)
+                    return await action(session)
                 except CallRefused:
                     if session.handle is None:  # refused before or while taking the Sandbox: hold nothing
                         await self._close(session)
@@ -144,10 +179,11 @@ class SessionJournal:
                     if self.hold.idle_seconds <= 0:
                         await self._close(session)
 
-    async def _rebuilt_and_run(self, ref: SandboxRef, session: OpenSession, gate: SandboxAccess, call: ToolCall,
-                               on_replay: str, traceparent: str | None) -> Answered:
-        """The call in the hold's live sandbox once it holds every earlier completed call; a sandbox lost or
-        unknown is replaced (the controller's replacement becomes the hold's) and rebuilt first."""
+    async def _rebuilt(self, ref: SandboxRef, session: OpenSession, gate: SandboxAccess, operation_id: str | None,
+                       then: Callable[[RunRuntime, SandboxHandle, SandboxProvider], Awaitable[_T]]) -> _T:
+        """``then`` in the hold's live sandbox once it holds every earlier completed call (before call
+        ``operation_id``'s place; None: every one); a sandbox lost or unknown is replaced (the controller's
+        replacement becomes the hold's) and rebuilt first."""
         handle, provider = session.handle, session.provider
         assert handle is not None and provider is not None
         if ref.snapshot_every and not provider.capabilities().supports(Capability.SNAPSHOT):
@@ -162,14 +198,14 @@ class SessionJournal:
         for _ in range(MAX_REPLACEMENTS):
             try:
                 await rebuild(session.rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
-                              before=_index_of(session.rt, call.operation_id), where=ref.where)
-                return await self._traced(ref, session.rt, handle, provider, call, on_replay, traceparent)
+                              before=_index_of(session.rt, operation_id), where=ref.where)
+                return await then(session.rt, handle, provider)
             except SandboxUnknown as unknown:
                 lost = unknown.sandbox_id
             except AttachedSandboxLost as gone:
                 lost = gone.sandbox_id or handle.id
             log.warning("%s: sandbox %s is lost or unknown; call %s waits for its replacement", ref.where,
-                        lost, call.operation_id)
+                        lost, operation_id or "snapshot")
             interrupted = False  # a replacement is newer than the interruption
             handle = session.handle = await gate.replaced(ref, lost)  # the hold keeps the replacement
             session.rt = await self.executor.open_runtime(session.run, session.lease)  # the journal as it is now
@@ -178,13 +214,13 @@ class SessionJournal:
                           "why its sandboxes do not last")
 
     async def _traced(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
-                      call: ToolCall, on_replay: str, traceparent: str | None) -> Answered:
+                      call: ToolCall, on_replay: str, traceparent: str | None, sink: OutputSink | None) -> Answered:
         """:meth:`_execute` in the request's span, the child of the caller's ``traceparent`` header (the call's
         own span inside)."""
         return await under_caller(rt, traceparent, f"sandbox.session_call {call.type}",
                                   {"durable_sandbox.sandbox": ref.where, "durable_sandbox.operation.id":
                                    call.operation_id},
-                                  lambda: self._execute(ref, rt, handle, provider, call, on_replay))
+                                  lambda: self._execute(ref, rt, handle, provider, call, on_replay, sink))
 
     async def aclose(self) -> None:
         """Let go of every open session (the operator stopping): holders and leases released."""
@@ -227,7 +263,7 @@ class SessionJournal:
         await session.shut(self.store.release)
 
     async def _execute(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
-                       call: ToolCall, on_replay: str) -> Answered:
+                       call: ToolCall, on_replay: str, sink: OutputSink | None) -> Answered:
         self._handles[rt.run_id] = handle
         try:
             session = SandboxSession(rt, SESSION, traced_provider(rt, SESSION, provider), attach=ref.name,
@@ -237,7 +273,8 @@ class SessionJournal:
             # The live sandbox is the Sandbox's, read from its record when the session took it: it may have been
             # recovered or resumed since the session's first call recorded one.
             session.state.handle = handle
-            result = await session.call(call, on_replay=on_replay)  # started committed before it runs
+            with streaming_to(sink):  # the output while it runs, when the provider streams (and only this call's)
+                result = await session.call(call, on_replay=on_replay)  # started committed before it runs
             await rt.write()  # the completion, committed before the call is answered
         except NonDeterminismError as exc:
             raise _reused(ref, call.operation_id) from exc
@@ -277,10 +314,10 @@ def _completed(ref: SandboxRef, rows: list[Any], call: ToolCall) -> Answered | N
                                stdout_size=r.get("stdoutBytes"), stderr_size=r.get("stderrBytes")), replayed=True)
 
 
-def _index_of(rt: RunRuntime, operation_id: str) -> int:
+def _index_of(rt: RunRuntime, operation_id: str | None) -> int:
     """The call's place in the session: the one its ``started`` record took (a retried call interrupted by a
-    crash), else after every call journaled so far."""
-    started = rt.lookup(journal.call_id(SESSION, operation_id))
+    crash), else after every call journaled so far (also for ``None``: a snapshot of them all)."""
+    started = rt.lookup(journal.call_id(SESSION, operation_id)) if operation_id is not None else None
     index = journal.call_index(started) if started is not None else None
     if index is not None:
         return index

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from durable_sandbox.providers.contract import ToolCall, ToolResult
 
 __all__ = ["CALL_KINDS", "CallAnswer", "CallRequest", "ErrorBody", "Limits", "ListRequest", "ReadFileRequest",
-           "ShellRequest", "WriteFileRequest", "request_model"]
+           "ShellRequest", "SnapshotAnswer", "SnapshotRequest", "WriteFileRequest", "request_model"]
 
 # Letters, digits and ``._:-``, up to 128: it becomes part of a journal operation id (``calls/<id>``).
 OPERATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -31,6 +31,7 @@ class Limits(BaseModel):
     max_concurrent_calls: int = 4  # per Sandbox, in flight or waiting their turn, in this process
     max_timeout: float = MAX_CALL_TIMEOUT
     max_calls_per_second: float = Field(default=20.0, gt=0)  # per caller (Kubernetes user), in this process
+    max_streamed_bytes: int = 16 << 20  # a call's output streamed while it runs (the journal keeps 2 x 64 KiB)
 
 
 class _Request(BaseModel):
@@ -113,6 +114,24 @@ class CallAnswer(BaseModel):
     def of(cls, operation_id: str, result: ToolResult, *, replayed: bool) -> CallAnswer:
         return cls(operationId=operation_id, exitCode=result.exit_code, stdout=result.stdout, stderr=result.stderr,
                    stdoutBytes=result.stdout_size, stderrBytes=result.stderr_size, replayed=replayed)
+
+
+class SnapshotRequest(BaseModel):
+    """``POST .../snapshot``: a snapshot now, in the Sandbox's order of calls (its id names the request)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    operationId: str = Field(pattern=OPERATION_ID_PATTERN)
+
+
+class SnapshotAnswer(BaseModel):
+    """The snapshot taken (``calls``: the session calls it holds); ``replayed``: taken for an earlier request with
+    this operationId, answered from the journal."""
+
+    operationId: str
+    snapshotId: str
+    calls: int
+    replayed: bool = False
 
 
 class ErrorBody(BaseModel):

@@ -1,0 +1,65 @@
+"""A snapshot a caller asks for (``POST .../snapshot``): taken now, journaled like the every-N-calls ones.
+
+The live sandbox is first brought to hold every completed session call (``rebuild.py``), then snapshot under the
+Sandbox's call journal as a checkpoint at that count (``sandboxes/checkpoints.py``: ``started``, taken,
+``completed`` with its id, then the checkpoint it supersedes deleted), with the request's operation id in its
+record: a loss afterwards restores it, and the same request again finds it instead of taking another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from durable_sandbox.engine.records import OperationRecord, OpKind
+from durable_sandbox.engine.runtime import RunRuntime
+from durable_sandbox.kube.sandbox.view import CALLS_SESSION
+from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
+from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes.session import SandboxSession
+from durable_sandbox.sandboxes.traced import traced_provider
+
+if TYPE_CHECKING:
+    from durable_sandbox.sessions.journal import SandboxRef
+
+__all__ = ["Snapshot", "snapshot_taken", "take_snapshot"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    operation_id: str
+    snapshot_id: str
+    calls: int  # the session calls it holds
+    replayed: bool = False  # answered from the journal: taken for an earlier request with this operation id
+
+
+def snapshot_taken(rows: Sequence[OperationRecord], operation_id: str) -> Snapshot | None:
+    """The snapshot the journal recorded for request ``operation_id``, if any."""
+    for r in rows:
+        meta = r.meta or {}
+        if (r.kind == OpKind.SANDBOX_SNAPSHOT.value and r.status == "completed" and r.op_id.startswith(CALLS_SESSION + "/")
+                and meta.get(journal.META_REQUEST) == operation_id):
+            return Snapshot(operation_id, str(r.result["snapshotId"]), int(meta["count"]), replayed=True)
+    return None
+
+
+async def take_snapshot(ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
+                        operation_id: str, handles: dict[str, SandboxHandle], *, count: int) -> Snapshot:
+    """Snapshot ``handle`` (holding the ``count`` completed session calls) as the session's newest checkpoint."""
+    handles[rt.run_id] = handle  # what the session attaches to (SandboxServices.attached)
+    try:
+        session = SandboxSession(rt, CALLS_SESSION, traced_provider(rt, CALLS_SESSION, provider), attach=ref.name,
+                                 owner=f"{ref.namespace}/{ref.uid}", next_index=count,
+                                 snapshot_every=ref.snapshot_every)
+        await session.__aenter__()  # journals the attach once (``calls/provision``)
+        session.state.handle = handle
+        await session.checkpointer.checkpoint(count, request=operation_id)
+    finally:
+        handles.pop(rt.run_id, None)
+    taken = snapshot_taken(rt.rows, operation_id)
+    if taken is not None:
+        return Snapshot(operation_id, taken.snapshot_id, taken.calls)
+    # A checkpoint at this count was recorded already (every N calls, or asked for before): that one holds them.
+    newest = session.state.checkpoints[-1]
+    return Snapshot(operation_id, newest.snapshot_id, newest.count)
