@@ -75,7 +75,7 @@ async def test_a_snapshot_asked_for_supersedes_the_every_n_one_deleted_after_it_
 
 
 async def test_the_snapshot_endpoint_authorizes_first_and_answers_json(tmp_path: Path) -> None:
-    gate, store, svc = await setup(tmp_path)
+    _, store, svc = await setup(tmp_path)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(svc)), base_url="http://sessions") as http:
         refused = await http.post(f"{URL}/snapshot", json={"operationId": "s1"})
         forbidden = await http.post(f"{URL}/snapshot", json={"operationId": "s1"},

@@ -12,17 +12,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import httpx
 
-from durable_sandbox.client.calls import CallResult, SandboxCallError, _error_of, _retry_after, _Target
+from durable_sandbox.client.wire import CallResult, SandboxCallError, _error_of, _retry_after, _Target
 
 __all__ = ["Output", "async_events", "sync_events"]
 
-ACCEPT = {"Accept": "text/event-stream"}
+ACCEPT: Final[Mapping[str, str]] = {"Accept": "text/event-stream"}
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,8 @@ class SessionJournal:
                 raise CallRefused(409, f"provider {session.provider.name} cannot snapshot", where=ref.where,
                                   do="use a provider with snapshots (docs/providers.md lists them)")
             return await self._rebuilt(ref, session, gate, None, lambda rt, handle, provider: take_snapshot(
-                ref, rt, handle, provider, operation_id, self._handles, count=_index_of(rt, None)))
+                rt, handle, provider, operation_id, self._handles, sandbox=ref.name, owner=f"{ref.namespace}/{ref.uid}",
+                snapshot_every=ref.snapshot_every, count=_index_of(rt, None)))
 
         return await self._in_session(ref, take)
 
@@ -273,7 +274,8 @@ class SessionJournal:
             # The live sandbox is the Sandbox's, read from its record when the session took it: it may have been
             # recovered or resumed since the session's first call recorded one.
             session.state.handle = handle
-            with streaming_to(sink):  # the output while it runs, when the provider streams (and only this call's)
+            streams = sink is not None and provider.capabilities().supports(Capability.OUTPUT_STREAMING)
+            with streaming_to(sink if streams else None):  # the output while it runs (only this call's)
                 result = await session.call(call, on_replay=on_replay)  # started committed before it runs
             await rt.write()  # the completion, committed before the call is answered
         except NonDeterminismError as exc:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.engine.runtime import RunRuntime
@@ -19,9 +18,6 @@ from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.session import SandboxSession
 from durable_sandbox.sandboxes.traced import traced_provider
-
-if TYPE_CHECKING:
-    from durable_sandbox.sessions.journal import SandboxRef
 
 __all__ = ["Snapshot", "snapshot_taken", "take_snapshot"]
 
@@ -44,14 +40,15 @@ def snapshot_taken(rows: Sequence[OperationRecord], operation_id: str) -> Snapsh
     return None
 
 
-async def take_snapshot(ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
-                        operation_id: str, handles: dict[str, SandboxHandle], *, count: int) -> Snapshot:
-    """Snapshot ``handle`` (holding the ``count`` completed session calls) as the session's newest checkpoint."""
+async def take_snapshot(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider, operation_id: str,
+                        handles: dict[str, SandboxHandle], *, sandbox: str, owner: str, snapshot_every: int,
+                        count: int) -> Snapshot:
+    """Snapshot ``handle`` (holding the ``count`` completed session calls of Sandbox ``sandbox``, whose owner tag is
+    ``owner``) as the session's newest checkpoint."""
     handles[rt.run_id] = handle  # what the session attaches to (SandboxServices.attached)
     try:
-        session = SandboxSession(rt, CALLS_SESSION, traced_provider(rt, CALLS_SESSION, provider), attach=ref.name,
-                                 owner=f"{ref.namespace}/{ref.uid}", next_index=count,
-                                 snapshot_every=ref.snapshot_every)
+        session = SandboxSession(rt, CALLS_SESSION, traced_provider(rt, CALLS_SESSION, provider), attach=sandbox,
+                                 owner=owner, next_index=count, snapshot_every=snapshot_every)
         await session.__aenter__()  # journals the attach once (``calls/provision``)
         session.state.handle = handle
         await session.checkpointer.checkpoint(count, request=operation_id)
