@@ -44,7 +44,7 @@ async def test_a_snapshot_asked_for_is_journaled_and_a_loss_restores_it_with_not
     assert (taken.calls, taken.replayed) == (3, False)
     assert gate.provider._snapshot_path(taken.snapshotId).exists()
     [recorded] = [r for r in await snapshot_rows(store) if r.status == "completed"]
-    assert recorded.result["snapshotId"] == taken.snapshotId and recorded.meta["request"] == "snap-1"
+    assert recorded.result["snapshotId"] == taken.snapshotId and (recorded.meta or {})["request"] == "snap-1"
 
     again = await svc.snapshot("good-token", NAMESPACE, "box", SnapshotRequest(operationId="snap-1"))
     assert (again.snapshotId, again.calls, again.replayed) == (taken.snapshotId, 3, True)
@@ -56,7 +56,7 @@ async def test_a_snapshot_asked_for_is_journaled_and_a_loss_restores_it_with_not
     assert gate.replacements == [(lost.id, taken.snapshotId)]
     rebuilt = [r for r in await store.load_journal(calls_run_id("uid-1"))
                if r.op_id == f"{REBUILD}/{gate.handle.id}" and r.status == "completed"]
-    assert [(r.meta["from"], r.result["replayed"]) for r in rebuilt] == [(3, [])]  # the snapshot held every call
+    assert [((r.meta or {})["from"], r.result["replayed"]) for r in rebuilt] == [(3, [])]  # the snapshot held every call
 
 
 async def test_a_snapshot_asked_for_supersedes_the_every_n_one_deleted_after_it_is_recorded(tmp_path: Path) -> None:
@@ -66,7 +66,7 @@ async def test_a_snapshot_asked_for_supersedes_the_every_n_one_deleted_after_it_
     taken = await svc.snapshot("good-token", NAMESPACE, "box", SnapshotRequest(operationId="snap-1"))
     rows = [(r.op_id, r.status, (r.result or {}).get("snapshotId"))
             for r in await store.load_journal(calls_run_id("uid-1")) if "snapshot" in r.kind]
-    every_two = next(sid for op, status, sid in rows if status == "completed" and sid != taken.snapshotId)
+    every_two = next(str(sid) for op, status, sid in rows if status == "completed" and sid != taken.snapshotId)
     asked_recorded = rows.index(next(row for row in rows if row[2] == taken.snapshotId))
     first_deleted = next(i for i, (op, status, _) in enumerate(rows) if "delete" in op)
     assert taken.calls == 3 and asked_recorded < first_deleted
