@@ -132,6 +132,33 @@ class Context(ChildWorkflows, ContinuesAsNew):
         """Thread state shared by runs with the same ``thread_id``; persisted at step boundaries."""
         return self._rt.touch_state()
 
+    # ------------------------------------------------------------------ queries and updates
+
+    def query_handler(self, name: str, fn: Callable[..., Any] | None = None) -> Any:
+        """Answer ``Engine.query(run_id, name, arg)`` (``dsb query``) with ``fn()`` or ``fn(arg)``: a plain
+        function reading the workflow's state, never journaled (engine/updates.py). Also a decorator:
+        ``@ctx.query_handler("total")``."""
+
+        def register(f: Callable[..., Any]) -> Callable[..., Any]:
+            self._rt.handlers.register_query(name, f)
+            return f
+
+        return register(fn) if fn is not None else register
+
+    def update_handler(
+        self, name: str, fn: Callable[..., Any] | None = None, *, validator: Callable[[Any], Any] | None = None
+    ) -> Any:
+        """Apply ``Engine.update(run_id, name, input)`` (``dsb update``) with ``fn(input)``: a plain function
+        that changes the workflow's state and returns the caller's answer. The input is validated by ``fn``'s
+        parameter annotation (a pydantic model, any type) and by ``validator`` (raise, or return False, to
+        refuse); the update is journaled and applied exactly once. Also a decorator."""
+
+        def register(f: Callable[..., Any]) -> Callable[..., Any]:
+            self._rt.handlers.register_update(name, f, validator)
+            return f
+
+        return register(fn) if fn is not None else register
+
     # ------------------------------------------------------------------ sandbox extension point
 
     def sandbox(self, id: str, provider: str = "local", **options: Any) -> AbstractAsyncContextManager[Any]:

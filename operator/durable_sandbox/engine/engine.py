@@ -32,6 +32,7 @@ from durable_sandbox.engine.sources import poll_store
 from durable_sandbox.engine.state import RunState
 from durable_sandbox.engine.store import Store
 from durable_sandbox.engine.traced import caller_labels
+from durable_sandbox.engine.updates import UPDATE_WAIT_SECONDS, RunHandlerAccess, UpdateOutcome
 from durable_sandbox.engine.workflow import definition_of
 
 log = logging.getLogger("durable_sandbox.engine")
@@ -216,6 +217,25 @@ class Engine:
     async def hibernate_idle(self, older_than: float) -> list[str]:
         """Hibernate the sandboxes of runs that have been waiting longer than ``older_than`` seconds."""
         return await self.executor.hibernate_idle(older_than)
+
+    # ------------------------------------------------------------------ queries and updates (engine/updates.py)
+
+    @property
+    def handler_access(self) -> RunHandlerAccess:
+        ex = self.executor
+        return RunHandlerAccess(self.store, ex.worker_id, ex.lease_ttl, ex.here)
+
+    async def query(self, run_id: str, name: str, arg: Any = None) -> Any:
+        """The answer of the run's query handler ``name``: from its live state if it executes here, else from a
+        read-only replay of its journal. No lease, nothing written, never blocks the run."""
+        return await self.handler_access.query(run_id, name, arg)
+
+    async def update(self, run_id: str, name: str, input: Any = None, *, update_id: str | None = None,
+                     wait: float = UPDATE_WAIT_SECONDS) -> UpdateOutcome:
+        """Apply the run's update handler ``name`` to ``input``: validated, journaled before its result is
+        returned, applied exactly once per ``update_id`` (a retry returns the recorded result). A refused update
+        (``UpdateRefused``) journals nothing."""
+        return await self.handler_access.update(run_id, name, input, update_id=update_id, wait=wait)
 
     # ------------------------------------------------------------------ reading
 

@@ -211,6 +211,25 @@ class RunNotFinished(DurableError):
         )
 
 
+class UpdateRefused(DurableError, ValueError):
+    """An update that was not applied (its input did not validate, no such handler, the run finished, the
+    handler raised): nothing was journaled; the message says why and what to send instead."""
+
+
+class UpdateConflict(DurableError):
+    def __init__(self, run_id: str, update_id: str) -> None:
+        self.run_id = run_id
+        self.update_id = update_id
+        super().__init__(
+            f"Update id {update_id!r} of run {run_id!r} was already applied with another name or input; an update "
+            f"id names one update: send the same input to read its result again, or use a new id."
+        )
+
+
+class QueryRefused(DurableError, ValueError):
+    """A query that could not be answered (no such handler, its argument did not validate, it raised)."""
+
+
 class InvalidInput(DurableError, ValueError):
     """The input does not match the workflow's declared input type."""
 

@@ -43,6 +43,7 @@ class OpKind(enum.StrEnum):
     SLEEP = "sleep"
     PATCH = "patch"
     CHILD = "child"  # a child workflow started by the run (engine/children.py)
+    UPDATE = "update"  # an update applied to the run (engine/updates.py), never entered by workflow code
     SANDBOX_PROVISION = "sandbox.provision"
     SANDBOX_CALL = "sandbox.call"
     SANDBOX_SNAPSHOT = "sandbox.snapshot"

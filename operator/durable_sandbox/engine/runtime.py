@@ -21,13 +21,20 @@ from durable_sandbox.engine.records import Commit, ErrorInfo, OperationRecord, O
 from durable_sandbox.engine.refusals import RefusalHold, commit_holding
 from durable_sandbox.engine.replay import ReplayLedger
 from durable_sandbox.engine.run_events import RunEvents
+from durable_sandbox.engine.run_handlers import RunHandlers
 from durable_sandbox.engine.serialization import dumps, to_jsonable
 
 if TYPE_CHECKING:
     from durable_sandbox.engine.store import Store
 
 COMPLETED = OpStatus.COMPLETED.value
+FAILED = OpStatus.FAILED.value
 STARTED = OpStatus.STARTED.value
+
+
+class ReplayFrontier(BaseException):
+    """Raised in a read-only replay (engine/readonly.py) where the run would do something not yet recorded: the
+    replay stops there. A BaseException so that ``except Exception`` in user code cannot swallow it."""
 
 
 class RunRuntime:
@@ -47,8 +54,11 @@ class RunRuntime:
         inline_sleep_limit: float,
         extensions: Extensions | None = None,
         hibernate_after: float | None = None,
+        read_only: bool = False,
     ) -> None:
         self.store = store
+        # A query's replay (engine/readonly.py): new work and every write stop it (ReplayFrontier).
+        self.read_only = read_only
         self.run_id = run_id
         self.workflow = workflow
         self.fence = fence
@@ -63,6 +73,7 @@ class RunRuntime:
         self.rows = self.ledger.rows
         self.latest = self.ledger.latest
         self.first = self.ledger.first
+        self.handlers = RunHandlers(rows)  # ctx.query_handler / ctx.update_handler (engine/run_handlers.py)
         self.deferred = Deferred(lambda: self.write(hold=False))
         self._patches: dict[str, bool] = {}
         self.thread_id = thread_id
@@ -91,13 +102,25 @@ class RunRuntime:
         after the run decided to wait (a raw ``asyncio.gather`` whose sibling hit a callback).
         """
         latest = self.ledger.enter(op_id, kind, name, digest)
+        # Updates committed before this operation ended are applied before it returns (engine/run_handlers.py).
+        self.handlers.catch_up(self._ended_at(latest))
         if latest is not None and latest.status == COMPLETED:
             return latest
+        if self.read_only:
+            raise ReplayFrontier(op_id)
         if self.handover is not None:
             raise Handover(self.run_id, self.handover)
         if self.draining and not while_draining:
             raise Suspend([])
         return latest
+
+    def _ended_at(self, latest: OperationRecord | None) -> int | None:
+        """The seq of the row that ended the operation (completed, or failed for good); None if it goes on."""
+        if latest is None or latest.status == STARTED:
+            return None
+        if latest.status == COMPLETED or self.next_attempt(latest)[1] is None:
+            return latest.seq
+        return None
 
     def reached(self, op_id: str) -> None:
         """Count a recorded operation as reached without entering it: an extension's own record of a
@@ -168,6 +191,8 @@ class RunRuntime:
         """Commit records (and anything deferred) before the run moves on: durability first. A commit the
         store refuses is held here and offered again while the engine has a ``RefusalHold`` (engine/refusals.py):
         what completed is kept, never executed again; ``hold=False`` raises the refusal at once."""
+        if self.read_only:
+            raise ReplayFrontier(records[0].op_id if records else "(commit)")
         await self.deferred.settle()
         recs = list(records)
         carried = self.deferred.take()
