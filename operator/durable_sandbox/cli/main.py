@@ -30,7 +30,7 @@ from durable_sandbox.engine import (
     StoreError,
     WorkflowNotFound,
 )
-from durable_sandbox.engine.errors import StoreUnavailable
+from durable_sandbox.engine.errors import QueryRefused, StoreUnavailable, UpdateConflict, UpdateRefused
 from durable_sandbox.kube.spec.manifests import ManifestError
 from durable_sandbox.runs.errors import EXIT_FAILED, EXIT_LEASE_HELD, EXIT_USAGE, CliError, Interrupted
 from durable_sandbox.runs.settings import Settings
@@ -38,7 +38,8 @@ from durable_sandbox.runs.settings import Settings
 OUTPUTS: Final[Sequence[str]] = ["table", "wide", "json", "yaml"]
 
 # Errors that mean "what you asked for is wrong", as opposed to "the run went wrong".
-_USAGE_ERRORS = (ManifestError, RunNotFound, RunNotFinished, WorkflowNotFound, RunConflict, SignalConflict, SerializationError)
+_USAGE_ERRORS = (ManifestError, RunNotFound, RunNotFinished, WorkflowNotFound, RunConflict, SignalConflict, SerializationError,
+                 UpdateRefused, UpdateConflict, QueryRefused)
 
 
 def _fail(ctx: click.Context, message: str, code: int) -> None:
@@ -188,6 +189,7 @@ def _register() -> None:
         logs,
         mcp,
         operator,
+        queries,
         run,
         runs,
         sandbox_calls,
@@ -204,6 +206,8 @@ def _register() -> None:
         control.cancel,
         control.signal,
         control.resume,
+        queries.query,
+        queries.update,
         fork.fork,
         runs.runs,
         sandboxes.sandboxes,

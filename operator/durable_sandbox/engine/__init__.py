@@ -15,6 +15,7 @@ from durable_sandbox.engine.errors import (
     NonDeterminismError,
     NotRunnableHere,
     ParallelError,
+    QueryRefused,
     RunConflict,
     RunNotFinished,
     RunNotFound,
@@ -24,6 +25,8 @@ from durable_sandbox.engine.errors import (
     StepTimeout,
     StoreError,
     StoreRefused,
+    UpdateConflict,
+    UpdateRefused,
     WorkflowNotFound,
 )
 from durable_sandbox.engine.executor import RunExecutor
@@ -31,6 +34,7 @@ from durable_sandbox.engine.policies import RetryPolicy
 from durable_sandbox.engine.records import Event, OperationRecord, OpKind, OpStatus, RunRecord, RunStatus
 from durable_sandbox.engine.state import RunState
 from durable_sandbox.engine.store import Store
+from durable_sandbox.engine.updates import RunHandlerAccess, UpdateOutcome
 from durable_sandbox.engine.workflow import WorkflowDefinition, resolve, workflow
 
 __all__ = [
@@ -53,10 +57,12 @@ __all__ = [
     "OpStatus",
     "OperationRecord",
     "ParallelError",
+    "QueryRefused",
     "RetryPolicy",
     "RunClient",
     "RunConflict",
     "RunExecutor",
+    "RunHandlerAccess",
     "RunNotFinished",
     "RunNotFound",
     "RunRecord",
@@ -69,6 +75,9 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreRefused",
+    "UpdateConflict",
+    "UpdateOutcome",
+    "UpdateRefused",
     "WorkflowDefinition",
     "WorkflowNotFound",
     "new_run_id",

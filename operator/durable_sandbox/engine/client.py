@@ -1,8 +1,10 @@
 """The client side of the engine: create runs and talk to them through the store, from any process.
 
-Nothing here executes workflow code (but ``query`` and ``update``, which replay it read-only: engine/updates.py): creating, signalling, requesting cancellation, inspecting, reading
+Nothing here executes workflow code: creating, signalling, requesting cancellation, inspecting, reading
 history and streaming only read and write the store, so the same client serves `dsb`, the operator's
-spec-to-store mapping and code that drives runs elsewhere. Execution is :mod:`engine.executor`.
+spec-to-store mapping and code that drives runs elsewhere. Execution is :mod:`engine.executor`; queries and
+updates, which replay workflow code, are :mod:`engine.updates` (``Engine.query``/``update``, or
+``RunHandlerAccess(store, owner)`` without an engine).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from typing import Any, TypedDict, Unpack
 from durable_sandbox.engine.errors import InvalidInput, RunConflict, RunNotFound
 from durable_sandbox.engine.events import tail
 from durable_sandbox.engine.extensions import GENERIC_JOURNAL, JournalReader
-from durable_sandbox.engine.owner import new_worker_id
 from durable_sandbox.engine.records import Event, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.serialization import to_jsonable
 from durable_sandbox.engine.state import RunState, build_state
@@ -95,26 +96,6 @@ class RunClient:
             await self.store.update_run(run_id, {"status": RunStatus.PENDING})
         await self.store.append_events([Event(run_id, "signal.received", {"callbackId": callback_id})])
         return new
-
-    async def query(self, run_id: str, name: str, arg: Any = None) -> Any:
-        """The answer of the run's query handler ``name`` (``ctx.query_handler``), from a read-only replay of its
-        journal in this process (the workflow must be importable here): no lease, nothing written (engine/updates.py)."""
-        from durable_sandbox.engine.updates import (
-            RunHandlerAccess,  # it replays workflow code: imported on use
-        )
-
-        return await RunHandlerAccess(self.store, new_worker_id()).query(run_id, name, arg)
-
-    async def update(self, run_id: str, name: str, input: Any = None, *, update_id: str | None = None,
-                     wait: float = 60.0) -> Any:
-        """Apply the run's update handler ``name`` (``ctx.update_handler``) to ``input``, journaled exactly once
-        (the same ``update_id`` again returns the recorded result); an ``UpdateOutcome`` (engine/updates.py)."""
-        from durable_sandbox.engine.updates import (
-            RunHandlerAccess,  # it replays workflow code: imported on use
-        )
-
-        return await RunHandlerAccess(self.store, new_worker_id()).update(
-            run_id, name, input, update_id=update_id, wait=wait)
 
     async def request_cancel(self, run_id: str, reason: str) -> RunRecord:
         """Record that the run must be cancelled; whoever executes it (or cleans it up) acts on it.

@@ -82,7 +82,7 @@ class RunHandlerAccess:
         handler = handlers.queries.get(name)
         what = f"Query {name!r} of run {run_id!r}"
         if handler is None:
-            raise QueryRefused(f"{what}: the workflow {run.workflow!r} registers no such query handler "
+            raise QueryRefused(f"{what}: the workflow {run.workflow!r} registers no query handler {name!r} "
                                f"{_known(handlers.queries)}; register it with ctx.query_handler({name!r}, fn).")
         try:
             value = handler.prepare(arg, what)
@@ -179,7 +179,7 @@ def _apply(handlers: RunHandlers, run: RunRecord, name: str, data: Any) -> Any:
     what = f"Update {name!r} of run {run.run_id!r}"
     handler = handlers.updates.get(name)
     if handler is None:
-        raise UpdateRefused(f"{what} refused: the workflow {run.workflow!r} registers no such update handler "
+        raise UpdateRefused(f"{what} refused: the workflow {run.workflow!r} registers no update handler {name!r} "
                             f"{_known(handlers.updates)}; register it with ctx.update_handler({name!r}, fn).")
     waiting = handlers.unapplied()
     if waiting:

@@ -1,0 +1,97 @@
+"""Queries and updates on SQLite (the cases: tests/unit/query_update_cases.py), and what only SQLite or one
+process shows: the database file's bytes, a run's live state."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_sandbox.engine import Engine, workflow
+from durable_sandbox.engine.store import Store
+from durable_sandbox.stores import SqliteStore
+from tests.dsb import dsb
+from tests.unit.query_update_cases import QueryUpdateCases
+from tests.unit.query_update_flows import counter
+
+
+class TestQueriesUpdatesSqlite(QueryUpdateCases):
+    @pytest.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[Store]:
+        self.location = str(tmp_path / "runs.db")
+        s = SqliteStore(self.location)
+        yield s
+        await s.close()
+
+
+def database_bytes(path: Path) -> str:
+    """The whole database as SQL text (every table, every row), read by a connection of its own."""
+    db = sqlite3.connect(path)
+    try:
+        return "\n".join(db.iterdump())
+    finally:
+        db.close()
+
+
+async def test_a_query_leaves_the_database_byte_for_byte_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    store = SqliteStore(str(path))
+    engine = Engine(store, worker_id="test-worker")
+    try:
+        st = await engine.run(counter, {"log": str(tmp_path / "log"), "start": 1}, run_id="c")
+        assert st.status == "waiting"
+        await engine.update("c", "add", {"amount": 2}, update_id="u1")
+    finally:
+        await engine.aclose()
+        await store.close()
+    before = database_bytes(path)
+    # A process of its own, as a user asks: `dsb query`.
+    q = dsb("--store", str(path), "query", "c", "total", home=tmp_path / "home", process=True)
+    assert q.exit_code == 0, q.output
+    assert q.stdout.strip() == "3"
+    assert database_bytes(path) == before
+
+
+async def test_a_query_of_a_run_executing_here_reads_its_live_state_and_never_blocks_it(tmp_path: Path) -> None:
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow() -> str:
+        entered.set()
+        await release.wait()
+        return "done"
+
+    @workflow(name="qu-live")
+    async def live(ctx: Any) -> int:
+        state = {"n": 0}
+        ctx.query_handler("n", lambda: state["n"])
+        state["n"] = await ctx.step("one", lambda: 1)
+        await ctx.step("slow", slow)  # the run is in this step while the query is asked
+        state["n"] = 2
+        return state["n"]
+
+    store = SqliteStore(str(tmp_path / "runs.db"))
+    engine = Engine(store, worker_id="test-worker")
+    try:
+        run_id = await engine.start(live, run_id="l")
+        await asyncio.wait_for(entered.wait(), 30)
+        # Answered from the runtime executing the run here (the live state), not by waiting for it.
+        assert await asyncio.wait_for(engine.query(run_id, "n"), 5) == 1
+        assert not release.is_set() and engine.executor.is_executing(run_id)
+        release.set()
+        st = await engine.wait(run_id, timeout=30)
+        assert st.status == "succeeded" and st.result == 2
+    finally:
+        await engine.aclose()
+        await store.close()
+
+
+def test_dsb_query_and_update_refuse_a_cluster_saying_so(tmp_path: Path) -> None:
+    for args in (["query", "r", "total"], ["update", "r", "add", "--input", "{}"]):
+        ran = dsb("--kube", *args, home=tmp_path / "home")
+        assert ran.exit_code == 2
+        assert "works on the local store (SQLite or PostgreSQL, --store)" in ran.stderr
