@@ -134,7 +134,7 @@ class QueryUpdateCases:
     async def test_the_same_update_id_with_another_input_is_a_conflict(self, engine: Engine, tmp_path: Path) -> None:
         await self.waiting(engine, tmp_path)
         await engine.update("c", "add", {"amount": 4}, update_id="u1")
-        with pytest.raises(UpdateConflict, match="'u1'.*another name or input"):
+        with pytest.raises(UpdateConflict, match=r"'u1'.*another name or input"):
             await engine.update("c", "add", {"amount": 5}, update_id="u1")
         assert await engine.query("c", "total") == 9
 
