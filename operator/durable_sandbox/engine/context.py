@@ -150,8 +150,8 @@ class Context(ChildWorkflows, ContinuesAsNew):
     ) -> Any:
         """Apply ``Engine.update(run_id, name, input)`` (``dsb update``) with ``fn(input)``: a plain function
         that changes the workflow's state and returns the caller's answer. The input is validated by ``fn``'s
-        parameter annotation (a pydantic model, any type) and by ``validator`` (raise, or return False, to
-        refuse); the update is journaled and applied exactly once. Also a decorator."""
+        parameter annotation (a pydantic model, any type) and by ``validator`` (raise, return False or return the
+        reason as a string, to refuse); the update is journaled and applied exactly once. Also a decorator."""
 
         def register(f: Callable[..., Any]) -> Callable[..., Any]:
             self._rt.handlers.register_update(name, f, validator)

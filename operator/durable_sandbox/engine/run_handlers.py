@@ -39,8 +39,8 @@ def update_op_id(update_id: str) -> str:
 
 @dataclass(frozen=True)
 class Handler:
-    """One registered handler: its function, how its argument is checked, and an optional validator (raises,
-    or returns False, to refuse)."""
+    """One registered handler: its function, how its argument is checked, and an optional validator (it raises,
+    returns False, or returns the reason as a string, to refuse)."""
 
     name: str
     fn: Callable[..., Any]
@@ -75,6 +75,8 @@ class Handler:
                 raise UpdateRefused(f"{what} was refused by its validator: {exc}") from None
             if verdict is False:
                 raise UpdateRefused(f"{what} was refused by its validator (it returned False).")
+            if isinstance(verdict, str):  # the reason, as a validator may say it
+                raise UpdateRefused(f"{what} was refused by its validator: {verdict}")
         return value
 
     def call(self, value: Any) -> Any:
