@@ -264,6 +264,12 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
             "dsb run examples.flows.hello_flow:hello --input '\"Ada\"'",
             "dsb run examples.flows.hello_flow:hello --input Ada",
         )},
+        **{text: Run("tests/unit/test_queries_updates.py::test_the_query_and_update_commands_of_the_docs") for text in (
+            "dsb run examples.flows.budget:budget --input '{\"limit\": 10}' --run-id budget-1",
+            "dsb query budget-1 remaining",
+            "dsb update budget-1 raise --input '{\"amount\": 5, \"reason\": \"incident grew\"}' --id raise-1",
+            "dsb update budget-1 raise --input '{\"amount\": 5000}'",
+        )},
         "cd /tmp && dsb resume r1": Run(
             "tests/unit/test_cli_wrong_directory.py::test_resume_from_another_directory_leaves_the_run_as_it_was_and_says_how"),
     },

@@ -4,6 +4,7 @@ process shows: the database file's bytes, a run's live state."""
 from __future__ import annotations
 
 import asyncio
+import shlex
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -95,3 +96,21 @@ def test_dsb_query_and_update_refuse_a_cluster_saying_so(tmp_path: Path) -> None
         ran = dsb("--kube", *args, home=tmp_path / "home")
         assert ran.exit_code == 2
         assert "works on the local store (SQLite or PostgreSQL, --store)" in ran.stderr
+
+
+def test_the_query_and_update_commands_of_the_docs(tmp_path: Path) -> None:
+    """docs/cli.md's transcript of `dsb query`/`dsb update`, run as written: each command's documented lines are
+    what it prints (the run waits: exit 3; the refused update: exit 2)."""
+    from tests.docs_commands import ROOT as REPO
+    from tests.docs_commands import block_commands, blocks
+
+    [block] = [b for b in blocks(REPO / "docs" / "cli.md") if b.lang == "console" and "dsb query budget-1" in b.body]
+    commands = block_commands(block)
+    assert [c.text.split()[1] for c in commands] == ["run", "query", "update", "update"]
+    codes = []
+    for command in commands:
+        ran = dsb(*shlex.split(command.text)[1:], home=tmp_path / "home", store=tmp_path / "runs.db")
+        codes.append(ran.exit_code)
+        for line in command.output:
+            assert line in ran.output.splitlines(), (command.text, ran.output)
+    assert codes == [3, 0, 0, 2]
