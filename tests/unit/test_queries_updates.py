@@ -13,9 +13,12 @@ from typing import Any
 import pytest
 
 from durable_sandbox.engine import Engine, workflow
+from durable_sandbox.engine.records import Commit, OperationRecord
 from durable_sandbox.engine.store import Store
 from durable_sandbox.stores import SqliteStore
 from tests.dsb import dsb
+from tests.unit.child_workflow_cases import lines
+from tests.unit.composition_flows import effect
 from tests.unit.query_update_cases import QueryUpdateCases
 from tests.unit.query_update_flows import counter
 
@@ -114,3 +117,64 @@ def test_the_query_and_update_commands_of_the_docs(tmp_path: Path) -> None:
         for line in command.output:
             assert line in ran.output.splitlines(), (command.text, ran.output)
     assert codes == [3, 0, 0, 2]
+
+
+async def test_a_query_stops_at_a_started_step_and_at_a_sandbox_without_touching_either(tmp_path: Path) -> None:
+    """What the journal does not record as completed is where a read-only replay stops: a step that started (its
+    worker died) is not executed again, a sandbox block is not entered (no provider is asked to re-attach)."""
+    entered: list[str] = []
+
+    class Sandbox:
+        def __init__(self, id: str) -> None:
+            self.id = id
+
+        async def __aenter__(self) -> Sandbox:
+            entered.append(self.id)
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    @workflow(name="qu-frontier")
+    async def frontier(ctx: Any, log: str) -> int:
+        state = {"at": "start"}
+        ctx.query_handler("at", lambda: state["at"])
+        await ctx.step("one", lambda: 1)
+        state["at"] = "one"
+        await ctx.callback("go")
+        state["at"] = "go"
+        await ctx.step("two", effect, log, "two")
+        state["at"] = "two"
+        async with ctx.sandbox("ws"):
+            state["at"] = "sandbox"
+            await ctx.callback("end")
+        return 2
+
+    log = tmp_path / "log"
+    db = tmp_path / "runs.db"
+    store = SqliteStore(str(db))
+    engine = Engine(store, worker_id="test-worker", sandbox_factory=lambda ctx, id, **_: Sandbox(id))
+
+    async def journal(*records: OperationRecord) -> None:  # what a worker of the run (elsewhere) commits
+        lease = await store.claim("f", "test-worker", 30.0)
+        await store.commit("f", lease.fence, Commit(list(records)))
+        await store.release(lease)
+
+    try:
+        st = await engine.run(frontier, str(log), run_id="f")
+        assert st.status == "waiting" and await engine.query("f", "at") == "one"
+        # The run goes on elsewhere and its worker dies inside step "two" (its started record is the journal's last).
+        await journal(OperationRecord("go", "callback", "go", "completed", 1, None, True),
+                      OperationRecord("two", "step", "effect", "started", 1, None))
+        before = database_bytes(db)
+        assert await engine.query("f", "at") == "go"
+        assert lines(log) == []  # the started step was not executed again
+        assert database_bytes(db) == before
+        await journal(OperationRecord("two", "step", "effect", "completed", 1, None, "TWO"))
+        before = database_bytes(db)
+        assert await engine.query("f", "at") == "two"  # the state before the sandbox block
+        assert entered == [] and lines(log) == []  # no sandbox entered (no provider asked to re-attach)
+        assert database_bytes(db) == before
+    finally:
+        await engine.aclose()
+        await store.close()
