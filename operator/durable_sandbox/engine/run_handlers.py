@@ -99,6 +99,11 @@ class RunHandlers:
     def register_update(self, name: str, fn: Callable[..., Any], validator: Validator | None) -> None:
         self.updates[name] = Handler.of(name, fn, validator)
 
+    @property
+    def behind(self) -> bool:
+        """True while recorded updates wait to be applied (the step path checks this first: most runs have none)."""
+        return self._applied < len(self._recorded)
+
     def catch_up(self, before_seq: int | None) -> None:
         """Apply the recorded updates committed before ``before_seq`` (None: all of them), in commit order;
         stops at one whose handler is not registered yet (a later operation applies it once it is)."""

@@ -103,7 +103,8 @@ class RunRuntime:
         """
         latest = self.ledger.enter(op_id, kind, name, digest)
         # Updates committed before this operation ended are applied before it returns (engine/run_handlers.py).
-        self.handlers.catch_up(self._ended_at(latest))
+        if self.handlers.behind:
+            self.handlers.catch_up(self._ended_at(latest))
         if latest is not None and latest.status == COMPLETED:
             return latest
         if self.read_only:
