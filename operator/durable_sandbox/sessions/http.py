@@ -6,7 +6,9 @@
 output while it runs and then its result (``streaming.py``); every refusal a JSON ``{"error": {status, reason,
 what, where, do}}``. ``POST .../snapshot``: a snapshot now, journaled (``snapshots.py``). ``GET`` and ``DELETE`` on the Sandbox's path, ``POST .../suspend`` and
 ``.../resume``, ``PUT`` (create or attach): its lifecycle, done with the caller's own credentials
-(``lifecycle.py``); ``.../mcp``: MCP over HTTP whose tools are its calls (``mcp_http.py``). Why in the operator:
+(``lifecycle.py``); ``.../mcp``: MCP over HTTP whose tools are its calls (``mcp_http.py``). ``POST
+/v1/namespaces/<namespace>/workflows/<name>/queries/<query>`` and ``.../updates/<update>``: a Workflow run's query
+and update handlers (``workflow_calls.py``). Why in the operator:
 it holds each Sandbox's record, holder and call journal, so the call API is the same process that decides the
 Sandbox's lifecycle, with nothing between them to fail apart.
 """
@@ -39,6 +41,7 @@ from durable_sandbox.sessions.lifecycle import Lifecycle
 from durable_sandbox.sessions.models import CALL_KINDS, SnapshotRequest, request_model
 from durable_sandbox.sessions.service import SessionService
 from durable_sandbox.sessions.streaming import stream_answer, wants_events
+from durable_sandbox.sessions.workflow_calls import QueryRequest, UpdateRequest, WorkflowCalls
 
 if TYPE_CHECKING:  # the mcp extra may be missing: then no MCP endpoint is given (sessions/startup.py)
     from durable_sandbox.sessions.mcp_http import McpEndpoint
@@ -48,7 +51,8 @@ __all__ = ["SessionApi", "create_app", "start_session_api"]
 log = logging.getLogger("durable_sandbox.sessions")
 
 
-def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp: McpEndpoint | None = None) -> Starlette:
+def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp: McpEndpoint | None = None,
+               workflows: WorkflowCalls | None = None) -> Starlette:
     async def call(request: Request) -> Response:
         namespace, name, kind = (request.path_params[k] for k in ("namespace", "name", "kind"))
         where = f"Sandbox {namespace}/{name}"
@@ -113,8 +117,12 @@ def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp:
         await mcp.handle(scope, receive, send, token=token, namespace=params["namespace"], name=params["name"],
                          refuse=_refusal)
 
+    workflow_call = _workflow_route(service, workflows)
     prefix = "/v1/namespaces/{namespace}/sandboxes/{name}"
+    workflow_prefix = "/v1/namespaces/{namespace}/workflows/{name}"
     return Starlette(routes=[
+        Route(workflow_prefix + "/queries/{handler}", workflow_call, methods=["POST"]),
+        Route(workflow_prefix + "/updates/{handler}", workflow_call, methods=["POST"]),
         Route(prefix + "/mcp", _Asgi(mcp_route), methods=["GET", "POST", "DELETE"]),
         Route(prefix, lifecycle_call, methods=["GET", "PUT", "DELETE"]),
         Route(prefix + "/suspend", lifecycle_call, methods=["POST"]),
@@ -150,6 +158,40 @@ def _failure(where: str, exc: Exception) -> JSONResponse:
     return _refusal(CallRefused(503 if is_transient(exc) else 500, f"the call failed: {brief(exc)}",
                                 where=where, do="retry with the same operationId (a call that completed is "
                                 "not run again); the operator's log has the details"))
+
+
+def _workflow_route(service: SessionService, workflows: WorkflowCalls | None) -> Any:
+    """``POST .../workflows/<name>/queries/<q>`` and ``.../updates/<u>`` (sessions/workflow_calls.py)."""
+
+    async def workflow_call(request: Request) -> Response:
+        namespace, name, handler = (request.path_params[k] for k in ("namespace", "name", "handler"))
+        is_update = "/updates/" in request.url.path
+        where = f"Workflow {namespace}/{name}, {'update' if is_update else 'query'} {handler}"
+        try:
+            if workflows is None:
+                raise CallRefused(404, "this call API does not serve Workflow queries and updates", where=where,
+                                  do="use `dsb query`/`dsb update` against the run's store")
+            body = await _bounded_body(request, service.limits.max_request_bytes, where) or b"{}"
+            token = _bearer(request)
+            try:
+                if is_update:
+                    return JSONResponse(await workflows.update(token, namespace, name, handler,
+                                                               UpdateRequest.model_validate_json(body)))
+                return JSONResponse(await workflows.query(token, namespace, name, handler,
+                                                          QueryRequest.model_validate_json(body)))
+            except ValidationError as exc:
+                raise CallRefused(400, "the request body is not valid: " + _fields(exc), where=where,
+                                  do='send {"arg": ...} to a query, {"input": ..., "updateId": "..."} to an update') from None
+        except CallRefused as refused:
+            return _refusal(refused)
+        except DurableError as exc:
+            return _refusal(CallRefused(500, str(exc), where=where, do="see the operator's log for this Workflow"))
+        except Exception as exc:  # the API server away, a bug: the caller is told, the log has it
+            log.exception("%s failed", where)
+            return _refusal(CallRefused(503 if is_transient(exc) else 500, f"the request failed: {brief(exc)}",
+                                        where=where, do="retry (an update with the same updateId is applied once)"))
+
+    return workflow_call
 
 
 async def _spec(request: Request, limit: int, where: str) -> dict[str, Any]:
@@ -230,7 +272,7 @@ class SessionApi:
 
 async def start_session_api(service: SessionService, *, host: str, port: int, certfile: str | None = None,
                             keyfile: str | None = None, lifecycle: Lifecycle | None = None,
-                            mcp: McpEndpoint | None = None) -> SessionApi:
+                            mcp: McpEndpoint | None = None, workflows: WorkflowCalls | None = None) -> SessionApi:
     """Serve the call API on ``host:port`` (0: any free port), over TLS when ``certfile`` is given."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -242,7 +284,7 @@ async def start_session_api(service: SessionService, *, host: str, port: int, ce
         raise RuntimeError(f"cannot serve the session API on {host}:{port}: {exc.strerror}; choose another "
                            f"--session-port") from exc
     sock.listen(128)
-    config = uvicorn.Config(create_app(service, lifecycle, mcp), lifespan="off", log_level="warning", access_log=False,
+    config = uvicorn.Config(create_app(service, lifecycle, mcp, workflows), lifespan="off", log_level="warning", access_log=False,
                             server_header=False, proxy_headers=False, timeout_graceful_shutdown=5,
                             ssl_certfile=certfile, ssl_keyfile=keyfile, ssl_version=ssl.PROTOCOL_TLS_SERVER)
     server = _QuietServer(config)

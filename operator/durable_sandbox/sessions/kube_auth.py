@@ -60,6 +60,36 @@ class KubeAuthorizer:
         _remember(self._allowed, key, (username, self.clock() + self.cache_seconds))
         return username
 
+    async def check_workflow(self, token: str | None, namespace: str, name: str, verb: str) -> str:
+        """The caller's user name if it may ``verb`` (``get`` for a query, ``update`` for an update) the Workflow
+        ``name`` in ``namespace`` (engine/updates.py through sessions/workflow_calls.py); CallRefused otherwise."""
+        where = f"Workflow {namespace}/{name}"
+        if not token:
+            raise CallRefused(401, "no bearer token in the request", where=f"{where}, Authorization header",
+                              do="send 'Authorization: Bearer <token>' with a Kubernetes token (a ServiceAccount's, "
+                              "or your kubeconfig's)")
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        key = (digest, namespace, f"workflows/{verb}/{name}")  # never a Sandbox's key: names have no '/'
+        known = self._allowed.get(key)
+        if known is not None and known[1] > self.clock():
+            return known[0]
+        user = await self._user(token, digest, where)
+        attributes = k8s.V1ResourceAttributes(namespace=namespace, verb=verb, group=GROUP, resource="workflows",
+                                              name=name)
+        if not await self._allowed_by_review(user, attributes):
+            raise CallRefused(403, f"{user.username} may not {verb} this Workflow ({verb} workflows)", where=where,
+                              do=f"grant {verb} on workflows.{GROUP} in namespace {namespace} to {user.username} "
+                              f"(a Role and RoleBinding)")
+        _remember(self._allowed, key, (str(user.username), self.clock() + self.cache_seconds))
+        return str(user.username)
+
+    async def _allowed_by_review(self, user: Any, attributes: Any) -> bool:
+        spec = k8s.V1SubjectAccessReviewSpec(
+            user=user.username, groups=user.groups or [], uid=user.uid,
+            extra={k: list(v) for k, v in (user.extra or {}).items()}, resource_attributes=attributes)
+        access = await self.authz.create_subject_access_review(k8s.V1SubjectAccessReview(spec=spec))
+        return access.status is not None and bool(access.status.allowed)
+
     async def _user(self, token: str, digest: str, where: str) -> Any:
         """Who the token names: a TokenReview, remembered (by the token's digest) as an allow is, so one agent
         calling several Sandboxes costs one review per token, not one per Sandbox."""
@@ -76,13 +106,9 @@ class KubeAuthorizer:
         return status.user
 
     async def _access(self, user: Any, namespace: str, name: str, where: str) -> str:
-        spec = k8s.V1SubjectAccessReviewSpec(
-            user=user.username, groups=user.groups or [], uid=user.uid,
-            extra={k: list(v) for k, v in (user.extra or {}).items()},
-            resource_attributes=k8s.V1ResourceAttributes(namespace=namespace, verb="create", group=GROUP,
-                                                         resource="sandboxes", subresource=CALLS_SUBRESOURCE, name=name))
-        access = await self.authz.create_subject_access_review(k8s.V1SubjectAccessReview(spec=spec))
-        if access.status is None or not access.status.allowed:
+        attributes = k8s.V1ResourceAttributes(namespace=namespace, verb="create", group=GROUP, resource="sandboxes",
+                                              subresource=CALLS_SUBRESOURCE, name=name)
+        if not await self._allowed_by_review(user, attributes):
             raise CallRefused(403, f"{user.username} may not call this Sandbox (create sandboxes/calls)", where=where,
                               do=f"bind the ClusterRole durable-sandbox-sandbox-caller (or a Role granting create on "
                               f"sandboxes/calls) to {user.username} in namespace {namespace}")

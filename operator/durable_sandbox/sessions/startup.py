@@ -17,6 +17,7 @@ from durable_sandbox.sessions.kube_gate import KubeSandboxGate
 from durable_sandbox.sessions.lifecycle import KubeLifecycle
 from durable_sandbox.sessions.models import Limits
 from durable_sandbox.sessions.service import SessionService
+from durable_sandbox.sessions.workflow_calls import WorkflowCalls
 
 __all__ = ["SessionApiService", "SessionApiSettings"]
 
@@ -64,7 +65,9 @@ class SessionApiService:
         self._lifecycle = KubeLifecycle.of(workflows.api.api_client.configuration)
         self._server = await start_session_api(service, host=self.settings.host, port=self.settings.port,
                                                certfile=self.settings.certfile, keyfile=self.settings.keyfile,
-                                               lifecycle=self._lifecycle, mcp=_mcp(service))
+                                               lifecycle=self._lifecycle, mcp=_mcp(service),
+                                               workflows=WorkflowCalls(KubeAuthorizer(workflows.api), workflows.objects.get,
+                                                                       workflows.engines.engine_for, self.namespaces))
 
     async def stop(self) -> None:
         server, self._server = self._server, None
