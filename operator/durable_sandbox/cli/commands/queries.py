@@ -16,14 +16,14 @@ from durable_sandbox.runs.session import open_engine
 from durable_sandbox.runs.settings import Settings
 
 _NOT_IN_CLUSTER = (
-    "dsb {command} works on the local store (SQLite or PostgreSQL, --store); queries and updates of a "
-    "cluster's Workflows are not available yet: run it against the store the runs live in"
+    "dsb {command} works on the local store (SQLite or PostgreSQL, --store); in a cluster, ask the operator's "
+    "call API: POST /v1/namespaces/<ns>/workflows/<name>/{path}/<name> (docs/kubernetes.md)"
 )
 
 
 def _local_only(settings: Settings, command: str) -> None:
     if settings.kube:
-        raise CliError(_NOT_IN_CLUSTER.format(command=command))
+        raise CliError(_NOT_IN_CLUSTER.format(command=command, path="queries" if command == "query" else "updates"))
 
 
 @click.command()
