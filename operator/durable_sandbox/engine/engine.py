@@ -27,6 +27,7 @@ from durable_sandbox.engine.executor import (
     resolve_run_workflow,
 )
 from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader
+from durable_sandbox.engine.owner import new_worker_id
 from durable_sandbox.engine.records import OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.sources import poll_store
 from durable_sandbox.engine.state import RunState
@@ -222,8 +223,11 @@ class Engine:
 
     @property
     def handler_access(self) -> RunHandlerAccess:
+        """Queries and updates of this engine's runs. An update's lease is held under an owner id of its own (this
+        process, a fresh nonce): never the executor's, so no other claim of this process (a suspend, a cleanup) is
+        mistaken for the update's and takes its fence; runs executing here are waited for through ``here``."""
         ex = self.executor
-        return RunHandlerAccess(self.store, ex.worker_id, ex.lease_ttl, ex.here)
+        return RunHandlerAccess(self.store, new_worker_id(), ex.lease_ttl, ex.here)
 
     async def query(self, run_id: str, name: str, arg: Any = None) -> Any:
         """The answer of the run's query handler ``name``: from its live state if it executes here, else from a
