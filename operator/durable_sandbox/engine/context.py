@@ -1,5 +1,6 @@
 """The workflow context: ``ctx.step``, ``ctx.parallel``, ``ctx.callback``, ``ctx.sleep``, ``ctx.patched``,
-``ctx.progress``, ``ctx.state`` and the ``ctx.sandbox`` extension point.
+``ctx.progress``, ``ctx.state``, ``ctx.query_handler``/``update_handler`` (engine/run_handlers.py, engine/updates.py)
+and the ``ctx.sandbox`` extension point.
 
 Operations are matched to the journal by explicit id, never by call order, so concurrent branches
 replay correctly whatever order they finish in. A completed operation returns its recorded result
