@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
@@ -38,6 +39,15 @@ def token_with(cp: ControlPlane, ns: str, sa: str, verbs: list[str]) -> str:
     return cp.kubectl("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
 
 
+def serving(operators: Any, port: int, **kwargs: Any) -> Any:
+    """A replica that imports examples.flows and serves the call API on ``port``."""
+    op = operators("--allow-local-provider", "--workflows", "examples.flows", "--session-port", str(port),
+                   "--session-host", "127.0.0.1", **kwargs)
+    wait_until(lambda: not op.alive() or http_get(port, "/healthz")[0] == 200, 60, "the session API to answer")
+    assert op.alive(), op.logs()[-3000:]
+    return op
+
+
 def post(port: int, path: str, token: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(f"http://127.0.0.1:{port}{path}", json=body, headers={"Authorization": f"Bearer {token}"},
                       timeout=60)
@@ -47,10 +57,7 @@ def test_a_viewer_queries_an_editor_updates_once_and_the_run_goes_on_with_it(
     control_plane: ControlPlane, namespace: str, operators: Any,
 ) -> None:
     cp, ns, port = control_plane, namespace, free_port()
-    op = operators("--allow-local-provider", "--workflows", "examples.flows", "--session-port", str(port),
-                   "--session-host", "127.0.0.1")
-    wait_until(lambda: not op.alive() or http_get(port, "/healthz")[0] == 200, 60, "the session API to answer")
-    assert op.alive(), op.logs()[-3000:]
+    serving(operators, port)
     doc = manifest("budget", entrypoint="examples.flows.budget:budget", input={"limit": 10}, toolCalls=None,
                    sandbox=None, snapshotEveryNCalls=None)
     cp.apply(doc, "-n", ns)
@@ -80,3 +87,30 @@ def test_a_viewer_queries_an_editor_updates_once_and_the_run_goes_on_with_it(
     wait_condition(cp, ns, "budget", "Succeeded")
     assert status(cp, ns, "budget")["result"] == {"limit": 15, "spent": 11,
                                                   "raises": [{"amount": 5, "reason": "grew"}]}
+
+
+@pytest.mark.parametrize("point", ["before", "after"])
+def test_an_update_whose_operator_is_killed_at_its_commit_is_applied_once_by_the_next_replica(
+    control_plane: ControlPlane, namespace: str, operators: Any, point: str,
+) -> None:
+    cp, ns = control_plane, namespace
+    first_port, second_port = free_port(), free_port()
+    first = serving(operators, first_port, fault=f"{point}:update:k1", name="operator-1")
+    cp.apply(manifest("budget", entrypoint="examples.flows.budget:budget", input={"limit": 10}, toolCalls=None,
+                      sandbox=None, snapshotEveryNCalls=None), "-n", ns)
+    wait_condition(cp, ns, "budget", "WaitingForSignal")
+    editor = token_with(cp, ns, "editor", ["get", "update"])
+    path = f"/v1/namespaces/{ns}/workflows/budget/updates/raise"
+    with pytest.raises(httpx.HTTPError):  # the replica dies at the fault point: no answer
+        post(first_port, path, editor, {"input": {"amount": 5}, "updateId": "k1"})
+    wait_until(lambda: not first.alive(), 30, "the first replica to die")
+    serving(operators, second_port, name="operator-2")
+    retry = post(second_port, path, editor, {"input": {"amount": 5}, "updateId": "k1"})
+    assert retry.status_code == 200, retry.text
+    assert (retry.json()["result"], retry.json()["new"]) == (12, point == "before")  # committed only "after"
+    updates = [r for r in journal(cp, ns, retry.json()["runId"]) if r.kind == "update"]
+    assert [r.op_id for r in updates] == ["update:k1"]
+    cp.kubectl("patch", "workflow", "budget", "-n", ns, "--type", "merge",
+               "-p", json.dumps({"spec": {"signals": {"finish": True}}}))
+    wait_condition(cp, ns, "budget", "Succeeded")
+    assert status(cp, ns, "budget")["result"]["limit"] == 15  # raised once
