@@ -5,6 +5,7 @@ operator's kind over a SQLite store here; the cluster's own store is the e2e tie
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,9 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from durable_sandbox.client import SandboxCallError, WorkflowClient
 from durable_sandbox.engine import Engine
 from durable_sandbox.kube.spec.plan import cluster_run_id
-from durable_sandbox.sessions.http import create_app
+from durable_sandbox.sessions.http import create_app, start_session_api
 from durable_sandbox.sessions.kube_auth import KubeAuthorizer
 from durable_sandbox.sessions.workflow_calls import WorkflowCalls
 from durable_sandbox.stores.sqlite import SqliteStore
@@ -45,10 +47,7 @@ class Rbac(FakeApiServer):
         return SimpleNamespace(status=SimpleNamespace(allowed=ok))
 
 
-@pytest.fixture
-async def setup(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Engine, Rbac]]:
-    store = SqliteStore(tmp_path / "runs.db")
-    engine = Engine(store, worker_id="operator-1")
+def calls_of(engine: Engine, rbac: Rbac) -> WorkflowCalls:
     objects = {("workflows", "demo", "wf"): {"metadata": {"name": "wf", "namespace": "demo", "uid": UID,
                                                            "labels": {"durable-sandbox.dev/run-id": "elsewhere"}},
                                               "status": {"runId": "elsewhere"}}}
@@ -56,9 +55,16 @@ async def setup(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Engine
     async def read(plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         return objects.get((plural, namespace, name))
 
+    return WorkflowCalls(KubeAuthorizer(None, authn=rbac, authz=rbac, clock=FakeClock(start=1.0)), read,
+                         lambda _ns: engine, frozenset({"demo"}))
+
+
+@pytest.fixture
+async def setup(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Engine, Rbac]]:
+    store = SqliteStore(tmp_path / "runs.db")
+    engine = Engine(store, worker_id="operator-1")
     rbac = Rbac()
-    calls = WorkflowCalls(KubeAuthorizer(None, authn=rbac, authz=rbac, clock=FakeClock(start=1.0)), read,
-                          lambda _ns: engine, frozenset({"demo"}))
+    calls = calls_of(engine, rbac)
     svc = service(store, await local_gate(tmp_path / "home"))
     st = await engine.run(counter, {"log": str(tmp_path / "log"), "start": 5}, run_id=cluster_run_id("wf", UID))
     assert st.status == "waiting"
@@ -126,3 +132,34 @@ async def test_a_workflow_the_caller_may_not_read_is_refused_before_it_is_looked
     answer = await client.post("http://sessions/v1/namespaces/demo/workflows/other/queries/total", json={},
                                headers={"Authorization": "Bearer t-editor"})
     assert answer.status_code == 403  # asked about first: the caller learns nothing of objects it may not read
+
+
+async def test_the_python_client_queries_and_updates_once_per_update_id(tmp_path: Path) -> None:
+    """durable_sandbox.client.WorkflowClient against the call API served on a port (start_session_api)."""
+    store = SqliteStore(tmp_path / "runs.db")
+    engine = Engine(store, worker_id="operator-1")
+    st = await engine.run(counter, {"log": str(tmp_path / "log"), "start": 5}, run_id=cluster_run_id("wf", UID))
+    assert st.status == "waiting"
+    api = await start_session_api(service(store, await local_gate(tmp_path / "home")), host="127.0.0.1", port=0,
+                                  workflows=calls_of(engine, Rbac()))
+    url = f"http://127.0.0.1:{api.port}"
+
+    def use() -> tuple[Any, ...]:
+        with WorkflowClient.attach("wf", namespace="demo", url=url, token="t-editor") as wf:
+            refused: Any = None
+            first = wf.update("add", {"amount": 2}, update_id="u1")
+            again = wf.update("add", {"amount": 2}, update_id="u1")
+            try:
+                wf.update("add", {"amount": 0})
+            except SandboxCallError as exc:
+                refused = (exc.status, exc.error["what"])
+            return first, again, wf.query("added", 5), refused
+
+    try:
+        first, again, added, refused = await asyncio.to_thread(use)
+    finally:
+        await api.stop()
+        await engine.aclose()
+        await store.close()
+    assert (first, again, added) == (7, 7, [2])
+    assert refused[0] == 400 and "Input should be greater than 0" in refused[1]

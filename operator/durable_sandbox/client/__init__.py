@@ -9,7 +9,8 @@
 Every call carries an operation id (made for it unless given): a call whose request or answer was lost is sent
 again with the same id until it is answered, and the Sandbox's journal makes sure it runs once.
 ``AsyncSandboxClient`` is the same on asyncio. ``stream`` runs a command and yields its output while it runs
-(``Output``), then its ``CallResult``; ``snapshot`` takes a journaled snapshot now.
+(``Output``), then its ``CallResult``; ``snapshot`` takes a journaled snapshot now. ``WorkflowClient`` asks a
+Workflow's run its queries and hands it updates (client/workflows.py).
 """
 
 from durable_sandbox.client.calls import (
@@ -20,5 +21,7 @@ from durable_sandbox.client.calls import (
     SnapshotResult,
 )
 from durable_sandbox.client.streaming import Output
+from durable_sandbox.client.workflows import WorkflowClient
 
-__all__ = ["AsyncSandboxClient", "CallResult", "Output", "SandboxCallError", "SandboxClient", "SnapshotResult"]
+__all__ = ["AsyncSandboxClient", "CallResult", "Output", "SandboxCallError", "SandboxClient", "SnapshotResult",
+           "WorkflowClient"]
