@@ -94,11 +94,12 @@ async def test_a_query_of_a_run_executing_here_reads_its_live_state_and_never_bl
         await store.close()
 
 
-def test_dsb_query_and_update_refuse_a_cluster_saying_so(tmp_path: Path) -> None:
+def test_dsb_kube_query_and_update_need_the_call_apis_address(tmp_path: Path) -> None:
     for args in (["query", "r", "total"], ["update", "r", "add", "--input", "{}"]):
-        ran = dsb("--kube", *args, home=tmp_path / "home")
+        ran = dsb("--kube", *args, home=tmp_path / "home", env={"DSB_SESSION_URL": ""})
         assert ran.exit_code == 2
-        assert "works on the local store (SQLite or PostgreSQL, --store)" in ran.stderr
+        assert "with --kube, queries and updates go through the operator's call API" in ran.stderr
+        assert "--url or $DSB_SESSION_URL" in ran.stderr
 
 
 def test_the_query_and_update_commands_of_the_docs(tmp_path: Path) -> None:

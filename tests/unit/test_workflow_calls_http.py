@@ -6,6 +6,7 @@ operator's kind over a SQLite store here; the cluster's own store is the e2e tie
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ from durable_sandbox.sessions.kube_auth import KubeAuthorizer
 from durable_sandbox.sessions.workflow_calls import WorkflowCalls
 from durable_sandbox.stores.sqlite import SqliteStore
 from durable_sandbox.testing import FakeClock
+from tests.dsb import dsb
 from tests.unit.query_update_flows import counter
 from tests.unit.sessions_support import local_gate, service
 from tests.unit.test_sessions_auth import FakeApiServer
@@ -144,6 +146,16 @@ async def test_the_python_client_queries_and_updates_once_per_update_id(tmp_path
                                   workflows=calls_of(engine, Rbac()))
     url = f"http://127.0.0.1:{api.port}"
 
+    def cli() -> list[Any]:  # `dsb --kube`: the same API, the Workflow named
+        base = ["--kube", "-n", "demo", "-o", "json"]
+        up = dsb(*base, "update", "wf", "add", "--input", '{"amount": 1}', "--id", "cli-1", "--url", url,
+                 "--token", "t-editor")
+        q = dsb(*base, "query", "wf", "total", "--url", url, "--token", "t-viewer")
+        denied = dsb("--kube", "-n", "demo", "update", "wf", "add", "--input", '{"amount": 1}', "--url", url,
+                     "--token", "t-viewer")
+        return [up.exit_code, json.loads(up.stdout or "null"), q.exit_code, json.loads(q.stdout or "null"),
+                denied.exit_code, denied.stderr]
+
     def use() -> tuple[Any, ...]:
         with WorkflowClient.attach("wf", namespace="demo", url=url, token="t-editor") as wf:
             refused: Any = None
@@ -157,9 +169,14 @@ async def test_the_python_client_queries_and_updates_once_per_update_id(tmp_path
 
     try:
         first, again, added, refused = await asyncio.to_thread(use)
+        ran = await asyncio.to_thread(cli)
     finally:
         await api.stop()
         await engine.aclose()
         await store.close()
     assert (first, again, added) == (7, 7, [2])
     assert refused[0] == 400 and "Input should be greater than 0" in refused[1]
+    run_id = cluster_run_id("wf", UID)
+    assert ran[:4] == [0, {"runId": run_id, "update": "add", "updateId": "cli-1", "result": 8, "new": True},
+                       0, {"runId": run_id, "query": "total", "answer": 8}]
+    assert ran[4] == 1 and "may not update this Workflow" in ran[5]

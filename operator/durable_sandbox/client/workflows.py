@@ -45,14 +45,20 @@ class WorkflowClient:
 
     def query(self, name: str, arg: Any = None) -> Any:
         """The answer of the run's query handler ``name`` (answered from its journal; nothing is written)."""
-        return self._send(self._path("queries", name), {"arg": arg})["answer"]
+        return self.ask("queries", name, {"arg": arg})["answer"]
 
     def update(self, name: str, input: Any = None, *, update_id: str | None = None) -> Any:
         """The result of the run's update handler ``name`` on ``input``, applied once per ``update_id``."""
-        body = {"input": input, "updateId": update_id or f"u-{uuid.uuid4().hex}"}
-        return self._send(self._path("updates", name), body)["result"]
+        return self.ask("updates", name, {"input": input, "updateId": update_id or self.new_id()})["result"]
 
-    def _send(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def new_id() -> str:
+        return f"u-{uuid.uuid4().hex}"
+
+    def ask(self, what: str, handler: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The whole answer (``runId`` and the rest) of ``queries``/``updates`` ``handler``, sent again (the same
+        body, so the same update id) after a lost connection or a retryable refusal until it is answered."""
+        url = self._path(what, handler)
         started, attempt = time.monotonic(), 0
         while True:
             outcome: httpx.Response | Exception

@@ -71,7 +71,7 @@ async def open_engine(settings: Settings, *, create: bool = False) -> AsyncItera
     if settings.kube:
         raise CliError(
             "this command works on the local store; in a cluster the operator executes runs (with --kube: run, "
-            "inspect, history, logs, signal, cancel, runs, sandboxes, ui)"
+            "inspect, history, logs, signal, cancel, runs, sandboxes, ui, query, update)"
         )
     check_store(settings, create=create)
     store = await open_local_store(settings)
