@@ -17,11 +17,8 @@ from durable_sandbox.runs.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliErr
 from durable_sandbox.runs.session import open_engine
 from durable_sandbox.runs.settings import Settings
 
-_URL = click.option("--url", envvar="DSB_SESSION_URL", metavar="URL", default=None,
-                    help="With --kube: the operator's call API (its --session-port); default $DSB_SESSION_URL.")
-_TOKEN = click.option("--token", envvar="DSB_SESSION_TOKEN", default=None,
-                      help="With --kube: a Kubernetes bearer token; default the kubeconfig's, or the in-cluster "
-                           "ServiceAccount's.")
+URL_HELP = "With --kube: the operator's call API (its --session-port); default $DSB_SESSION_URL."
+TOKEN_HELP = "With --kube: a Kubernetes bearer token; default the kubeconfig's, or the in-cluster ServiceAccount's."
 
 
 def _in_cluster(settings: Settings, workflow: str, url: str | None, token: str | None,
@@ -46,8 +43,8 @@ def _in_cluster(settings: Settings, workflow: str, url: str | None, token: str |
 @click.argument("run_id", metavar="RUN")
 @click.argument("name")
 @click.option("--arg", "arg_json", metavar="JSON", default=None, help="The query's argument (JSON).")
-@_URL
-@_TOKEN
+@click.option("--url", envvar="DSB_SESSION_URL", metavar="URL", default=None, help=URL_HELP)
+@click.option("--token", envvar="DSB_SESSION_TOKEN", default=None, help=TOKEN_HELP)
 @pass_settings
 def query(settings: Settings, run_id: str, name: str, arg_json: str | None, url: str | None, token: str | None) -> None:
     """Ask a run's query handler NAME (registered with ctx.query_handler) and print its answer (JSON).
@@ -82,8 +79,8 @@ def query(settings: Settings, run_id: str, name: str, arg_json: str | None, url:
                    "(default: a new id, printed).")
 @click.option("--wait", "wait", type=float, default=UPDATE_WAIT_SECONDS, show_default=True, metavar="SECONDS",
               help="How long to wait for a live worker executing the run to let go of it (then exit 4).")
-@_URL
-@_TOKEN
+@click.option("--url", envvar="DSB_SESSION_URL", metavar="URL", default=None, help=URL_HELP)
+@click.option("--token", envvar="DSB_SESSION_TOKEN", default=None, help=TOKEN_HELP)
 @pass_settings
 def update(settings: Settings, run_id: str, name: str, input_json: str | None, update_id: str | None,
            wait: float, url: str | None, token: str | None) -> None:
