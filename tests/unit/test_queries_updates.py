@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from durable_sandbox.engine import Engine, workflow
+from durable_sandbox.engine import Engine, LeaseHeld, workflow
 from durable_sandbox.engine.records import Commit, OperationRecord
 from durable_sandbox.engine.store import Store
 from durable_sandbox.stores import SqliteStore
@@ -86,6 +86,8 @@ async def test_a_query_of_a_run_executing_here_reads_its_live_state_and_never_bl
         # Answered from the runtime executing the run here (the live state), not by waiting for it.
         assert await asyncio.wait_for(engine.query(run_id, "n"), 5) == 1
         assert not release.is_set() and engine.executor.is_executing(run_id)
+        with pytest.raises(LeaseHeld, match="is being executed by"):  # an update waits for the execution, bounded
+            await engine.update(run_id, "any", None, update_id="u1", wait=0.2)
         release.set()
         st = await engine.wait(run_id, timeout=30)
         assert st.status == "succeeded" and st.result == 2

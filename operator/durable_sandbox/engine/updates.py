@@ -126,10 +126,15 @@ class RunHandlerAccess:
 
     @contextlib.asynccontextmanager
     async def _leased(self, run_id: str, wait: float) -> AsyncIterator[Lease]:
-        """The run's lease while the block runs; an execution in this process is waited for first."""
+        """The run's lease while the block runs; an execution in this process is waited for first (``wait`` seconds,
+        then ``LeaseHeld``)."""
         async with contextlib.AsyncExitStack() as stack:
             if self.here is not None:
-                await stack.enter_async_context(self.here.exclusive(run_id, wait=True))
+                try:
+                    await asyncio.wait_for(stack.enter_async_context(self.here.exclusive(run_id, wait=True)), wait)
+                except TimeoutError:  # it executes here all that time: said as for a worker elsewhere
+                    run = await require_run(self.store, run_id)
+                    raise LeaseHeld(run_id, run.lease_owner or self.owner, run.lease_expires_at or time.time()) from None
             lease = await self._claim(run_id, wait)
             try:
                 yield lease
