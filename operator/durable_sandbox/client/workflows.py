@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from durable_sandbox.client.calls import RETRY_FOR, _error_of, _retry_after, _Target, _target, _verify
+from durable_sandbox.client.wire import RETRY_FOR, _error_of, _retry_after, _Target, _target, _verify
 
 __all__ = ["WorkflowClient"]
 
