@@ -24,9 +24,9 @@ from durable_sandbox.sessions.workflow_calls import WorkflowCalls
 from durable_sandbox.stores.sqlite import SqliteStore
 from durable_sandbox.testing import FakeClock
 from tests.dsb import dsb
+from tests.unit.auth_support import FakeApiServer
 from tests.unit.query_update_flows import counter
 from tests.unit.sessions_support import local_gate, service
-from tests.unit.test_sessions_auth import FakeApiServer
 
 EDITOR = "system:serviceaccount:demo:editor"
 VIEWER = "system:serviceaccount:demo:viewer"
