@@ -5,8 +5,10 @@ ticks said, Forbid waiting for a running run, the worker executing what a schedu
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
+from tests.docs_commands import DOCS_SCHEDULE_COMMANDS
 from tests.dsb import ROOT, dsb
 
 FLOW = "tests.unit.cli_flows:doubler"
@@ -82,3 +84,18 @@ def test_refusals_say_what_is_wrong(tmp_path: Path) -> None:
     assert dup.exit_code == 2 and "exists already" in dup.output
     assert dsb("schedule", "remove", "s", store=store, home=home).exit_code == 0
     assert dsb("schedule", "remove", "s", store=store, home=home).exit_code == 2
+
+
+def test_the_docs_schedule_commands_work(tmp_path: Path) -> None:
+    """docs/workflows.md, "Schedules": the commands as written, then the turn a `dsb worker --schedules` poll takes."""
+    store, home = tmp_path / "runs.db", tmp_path / "home"
+    for text in DOCS_SCHEDULE_COMMANDS:
+        argv = shlex.split(text)
+        assert argv[0] == "dsb"
+        ran = dsb(*argv[1:], store=store, home=home, cwd=ROOT)
+        assert ran.exit_code == 0, f"{text}: {ran.output}"
+    listed = dsb("schedule", "list", store=store, home=home).stdout
+    assert "nightly" in listed and "30 2 * * * (Europe/Berlin)" in listed and "every 60s" in listed
+    ticked = {t["schedule"]: t for t in due(store, home, "2099-07-01T00:35:00Z", cwd=ROOT)}
+    assert ticked["nightly"]["created"] == "nightly-4086549000", "02:30 in Berlin (summer) is 00:30 UTC"
+    assert ticked["every-minute"]["created"] == "every-minute-4086549300"
