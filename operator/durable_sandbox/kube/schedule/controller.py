@@ -119,7 +119,7 @@ class ScheduleController:
             if len(view.name) > NAME_MAX:
                 raise ValueError(f"the name is longer than {NAME_MAX} characters")
         except (ValidationError, ValueError) as exc:
-            await self._status(view, generation, {"Ready": (False, "InvalidSpec", str(exc).splitlines()[0])})
+            await self._status(view, generation, {"Ready": (False, "InvalidSpec", spec_problem(exc))})
             return self.settings.retry
         try:
             record = await self.records.read(view.namespace, view.uid)
@@ -168,6 +168,17 @@ class ScheduleController:
         with contextlib.suppress(Exception):  # a status that could not be written is written next turn
             await self.objects.patch_status(SCHEDULES, view.namespace, view.name, changes)
             view.status.update(changes)
+
+
+def spec_problem(exc: Exception) -> str:
+    """What is wrong with a schedule's spec, where: ``spec.<field>: <why>`` for each problem."""
+    if not isinstance(exc, ValidationError):
+        return f"metadata.name: {exc}"
+    out = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in ("spec", *error["loc"]))
+        out.append(f"{where}: {str(error['msg']).removeprefix('Value error, ')}")
+    return "; ".join(out)
 
 
 def _conditions(spec: WorkflowScheduleSpec, plan: TurnPlan) -> dict[str, State]:
