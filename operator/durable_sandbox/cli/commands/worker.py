@@ -40,7 +40,7 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
     """
 
     async def go() -> list[RunRecord]:
-        async with open_engine(settings) as engine:
+        async with open_engine(settings, create=schedules) as engine:  # schedules make runs, and the store
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
