@@ -37,24 +37,30 @@ def owned_by(body: Mapping[str, Any], uid: str) -> bool:
 class ChildReader:
     api: KubeClient
     run_of: RunLookup
-    finished: dict[str, Child] = field(default_factory=dict)  # by Workflow uid: a finished run stays finished
+    # schedule uid -> Workflow uid -> its child, once finished (a finished run stays finished: read once)
+    finished: dict[str, dict[str, Child]] = field(default_factory=dict)
 
     async def children(self, namespace: str, schedule: str, uid: str) -> list[Child]:
         listed = await json_body(self.api.custom.list_namespaced_custom_object_without_preload_content(
             GROUP, VERSION, namespace, WORKFLOWS, label_selector=f"{SCHEDULE_LABEL}={label_value(schedule)}"))
         out = []
+        known = self.finished.setdefault(uid, {})
         for body in listed.get("items") or []:
             if not owned_by(body, uid) or body.get("metadata", {}).get("deletionTimestamp"):
                 continue
-            out.append(await self._child(namespace, body))
+            out.append(await self._child(namespace, body, known))
         alive = {c.uid for c in out}
-        for gone in set(self.finished) - alive:
-            del self.finished[gone]
+        for gone in set(known) - alive:
+            del known[gone]
         return out
 
-    async def _child(self, namespace: str, body: Mapping[str, Any]) -> Child:
+    def forget(self, uid: str) -> None:
+        """The schedule ``uid`` is no longer served here."""
+        self.finished.pop(uid, None)
+
+    async def _child(self, namespace: str, body: Mapping[str, Any], finished: dict[str, Child]) -> Child:
         meta = body["metadata"]
-        known = self.finished.get(meta["uid"])
+        known = finished.get(meta["uid"])
         if known is not None:
             return known
         run = await self.run_of(namespace, cluster_run_id(meta["name"], meta["uid"]))  # not status.runId: forgeable
@@ -63,5 +69,5 @@ class ChildReader:
         state = ChildState.SUCCEEDED if run.status == RunStatus.SUCCEEDED else ChildState.FAILED
         child = Child(name=meta["name"], uid=meta["uid"], state=state,
                       finished_at=dt.datetime.fromtimestamp(run.updated_at, dt.UTC))
-        self.finished[meta["uid"]] = child
+        finished[meta["uid"]] = child
         return child

@@ -90,6 +90,7 @@ class ScheduleController:
                 await view.wait(stopped, delay)
         finally:
             self._views.pop(view.uid, None)
+            self.children.forget(view.uid)
             if view.lease is not None and view.lease.held and not view.deleting:
                 with contextlib.suppress(Exception):
                     await view.lease.release()  # hand it over at once (SIGTERM, rolling update)

@@ -41,7 +41,8 @@ class WorkflowScheduleSpec(_Model):
     time_zone: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
         default=None, description="The IANA time zone schedule is read in (e.g. Europe/Berlin). Default: UTC. A wall "
         "time the zone skips fires when the clock jumps; one it repeats fires once.")
-    every: Annotated[str, Field(pattern=r"^\s*(\d+|(\d+d)?\s*(\d+h)?\s*(\d+m)?\s*(\d+s)?)\s*$", max_length=32)] | None = (
+    every: Annotated[str, Field(pattern=r"^\s*(\d+|(\d+d)?\s*(\d+h)?\s*(\d+m)?\s*(\d+s)?)\s*$", min_length=1,
+                                max_length=32)] | None = (
         Field(default=None, description="A period (30s, 5m, 1h30m, 2d): ticks at multiples of it since the Unix "
               "epoch. Set exactly one of schedule or every."))
     concurrency_policy: Literal["Allow", "Forbid", "Replace"] = Field(
