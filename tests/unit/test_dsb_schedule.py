@@ -99,3 +99,9 @@ def test_the_docs_schedule_commands_work(tmp_path: Path) -> None:
     ticked = {t["schedule"]: t for t in due(store, home, "2099-07-01T00:35:00Z", cwd=ROOT)}
     assert ticked["nightly"]["created"] == "nightly-4086549000", "02:30 in Berlin (summer) is 00:30 UTC"
     assert ticked["every-minute"]["created"] == "every-minute-4086549300"
+
+
+def test_with_kube_it_says_where_schedules_live_in_a_cluster(tmp_path: Path) -> None:
+    for args in (("schedule", "list"), ("schedule", "run-due"), ("schedule", "add", "s", FLOW, "--every", "5m")):
+        ran = dsb("--kube", *args, home=tmp_path)
+        assert ran.exit_code == 2 and "apply a WorkflowSchedule" in ran.output, ran.output

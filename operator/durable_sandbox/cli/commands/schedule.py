@@ -27,6 +27,10 @@ __all__ = ["book_of", "schedule"]
 
 
 def book_of(settings: Settings) -> ScheduleBook:
+    """The local store's schedules (``<store>.schedules.json``); with --kube a usage error saying what to do."""
+    if settings.kube:
+        raise CliError("dsb schedule works on the local store; in a cluster, apply a WorkflowSchedule "
+                       "(docs/kubernetes.md, 'WorkflowSchedule resources') and see it with `kubectl get dwfsched`")
     return ScheduleBook(Path(f"{settings.store_path}.schedules.json"))
 
 
@@ -76,6 +80,7 @@ def schedule() -> None:
 def add(settings: Settings, name: str, target: str, every: str | None, cron: str | None, time_zone: str | None,
         concurrency_policy: str, starting_deadline: int | None, input_json: str | None, input_file: str | None) -> None:
     """Add schedule NAME running TARGET (what `dsb run` takes: a manifest of one Workflow, or module:function)."""
+    book = book_of(settings)
     given, value = read_input(input_json, input_file)
     if is_manifest(target):
         if given:
@@ -92,10 +97,10 @@ def add(settings: Settings, name: str, target: str, every: str | None, cron: str
         first = entry.timing().next_after(_now(None))
     except ValueError as exc:
         raise CliError(f"schedule {name}: {str(exc).splitlines()[-1] if 'validation error' in str(exc) else exc}") from None
-    with book_of(settings).locked() as book:
-        if name in book:
+    with book.locked() as entries:
+        if name in entries:
             raise CliError(f"schedule {name} exists already (`{settings.dsb()} schedule remove {name}` first)")
-        book[name] = entry
+        entries[name] = entry
     click.echo(f"schedule {name} added ({entry.describe()}); first tick at {first.strftime('%Y-%m-%dT%H:%M:%SZ')}")
     click.get_current_context().exit(EXIT_OK)
 
@@ -155,9 +160,11 @@ def report(settings: Settings, ticked: list[Ticked]) -> None:
 @pass_settings
 def run_due_cmd(settings: Settings, at: str | None) -> None:
     """Create the runs that are due now (pending: `dsb worker` executes them)."""
+    book = book_of(settings)
+
     async def go() -> list[Ticked]:
         async with open_engine(settings, create=True) as engine:
-            return await run_due(engine, book_of(settings), _now(at), submit_tick)
+            return await run_due(engine, book, _now(at), submit_tick)
 
     ticked = run_async(go())
     if settings.output != "table":
