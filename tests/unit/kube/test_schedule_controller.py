@@ -10,6 +10,7 @@ from typing import Any
 
 from durable_sandbox.engine import RunRecord, RunStatus
 from durable_sandbox.kube.reporting.events import EventRecorder
+from durable_sandbox.kube.schedule.children import SEAL_ANNOTATION, schedule_seal
 from durable_sandbox.kube.schedule.controller import ScheduleController, ScheduleSettings, ScheduleView
 from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.schedules import tick_name
@@ -40,6 +41,14 @@ def setup(**spec: Any) -> tuple[FakeScheduleClient, ScheduleController, Schedule
     view = ScheduleView(namespace=NS, name=NAME, uid=meta["uid"], body=body,
                         body_of=lambda: api.custom.objects[("workflowschedules", NS, NAME)])
     return api, controller, view, runs
+
+
+def plant_child(api: FakeScheduleClient, uid: str, name: str, *, sealed: bool = True, **extra: Any) -> dict[str, Any]:
+    """A Workflow owned by the schedule (ownerReferences), as the operator makes it when ``sealed``."""
+    annotations = {SEAL_ANNOTATION: schedule_seal(KEY, NS, uid, name)} if sealed else {}
+    return api.custom.plant("workflows", NS, {
+        "metadata": {"name": name, "labels": {"durable-sandbox.dev/schedule": NAME}, "annotations": annotations,
+                     "ownerReferences": [{"kind": "WorkflowSchedule", "uid": uid}]}, **extra})
 
 
 def workflows(api: FakeScheduleClient) -> dict[str, dict[str, Any]]:
@@ -77,11 +86,24 @@ def test_a_due_tick_makes_one_owned_workflow_and_records_it() -> None:
 def test_a_workflow_made_before_a_crash_is_recorded_not_made_again() -> None:
     api, controller, view, _ = setup()
     name = tick_name(NAME, TICK)
-    api.custom.plant("workflows", NS, {"metadata": {"name": name, "labels": {"durable-sandbox.dev/schedule": NAME},
-                                                    "ownerReferences": [{"kind": "WorkflowSchedule", "uid": view.uid}]}})
+    plant_child(api, view.uid, name)  # made, sealed, and the operator killed before it recorded it
     asyncio.run(controller.turn(view))
     assert api.custom.created == [("journals", NS, f"dsbsched.{view.uid}.state")], "no Workflow made"
     assert status(api)["lastScheduleTime"] == "2026-05-01T10:01:00Z" and status(api)["missedTicks"] == 0
+
+
+def test_an_ownerreference_and_a_label_do_not_make_a_workflow_the_schedules() -> None:
+    api, controller, view, runs = setup(failedRunsHistoryLimit=0)
+    name = tick_name(NAME, TICK)
+    plant_child(api, view.uid, name, sealed=False)  # a namespace user's, claiming the schedule as its owner
+    asyncio.run(controller.turn(view))
+    assert "TickNameTaken" in reasons(api) and status(api)["missedTicks"] == 1
+    assert status(api)["active"] == [] and api.custom.deleted == []
+    copied = plant_child(api, view.uid, tick_name(NAME, TICK - dt.timedelta(minutes=5)))
+    run_id = cluster_run_id(copied["metadata"]["name"], copied["metadata"]["uid"])
+    runs[run_id] = RunRecord(run_id=run_id, workflow="sandbox-agent", status=RunStatus.FAILED)
+    asyncio.run(controller.turn(view))  # a seal copied onto a Workflow of a tick already recorded: never the schedule's
+    assert api.custom.deleted == [], "a failed Workflow of its own would have gone (failedRunsHistoryLimit: 0)"
 
 
 def test_a_forged_status_neither_skips_nor_repeats_a_tick() -> None:
@@ -104,10 +126,7 @@ def test_a_workflow_under_the_ticks_name_that_is_not_the_schedules_is_never_adop
 def test_history_goes_by_the_runs_journal_record_not_the_workflows_status() -> None:
     api, controller, view, runs = setup(successfulRunsHistoryLimit=0, concurrencyPolicy="Forbid")
     old = tick_name(NAME, TICK - dt.timedelta(minutes=1))
-    body = api.custom.plant("workflows", NS, {
-        "metadata": {"name": old, "labels": {"durable-sandbox.dev/schedule": NAME},
-                     "ownerReferences": [{"kind": "WorkflowSchedule", "uid": view.uid}]},
-        "status": {"phase": "Succeeded", "runId": "elsewhere"}})  # forged: its run still runs
+    body = plant_child(api, view.uid, old, status={"phase": "Succeeded", "runId": "elsewhere"})  # forged: it runs
     run_id = cluster_run_id(old, body["metadata"]["uid"])
     runs[run_id] = RunRecord(run_id=run_id, workflow="sandbox-agent", status=RunStatus.RUNNING)
     asyncio.run(controller.turn(view))

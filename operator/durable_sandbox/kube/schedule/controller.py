@@ -64,8 +64,8 @@ class ScheduleController:
         self.objects = CustomObjects(api, field_manager=OPERATOR_FIELD_MANAGER)
         self.settings = settings or ScheduleSettings()
         self.records = ScheduleRecords(api, journal_key)
-        self.children = ChildReader(api, run_of)
-        self.effects = TurnEffects(api, events)
+        self.children = ChildReader(api, run_of, journal_key)
+        self.effects = TurnEffects(api, events, journal_key)
         self._views: dict[str, ScheduleView] = {}
         self._leases = ObjectLeases(api, field_manager=OPERATOR_FIELD_MANAGER, api_version=API_VERSION,
                                     kind="WorkflowSchedule", prefix="dsbsched", name_label=SCHEDULE_LABEL)
@@ -124,9 +124,11 @@ class ScheduleController:
             return self.settings.retry
         try:
             record = await self.records.read(view.namespace, view.uid)
-            children = await self.children.children(view.namespace, view.name, view.uid)
+            last = parse_time(record.last_schedule_time)
+            children = await self.children.children(view.namespace, view.name, view.uid, record, last)
+            record.made = {c.name: c.uid for c in children}  # the made ones still there (and one sealed in a crash)
             now = self.settings.clock()
-            since = parse_time(record.last_schedule_time) or parse_time(body["metadata"].get("creationTimestamp"))
+            since = last or parse_time(body["metadata"].get("creationTimestamp"))
             plan = plan_turn(view.name, spec.timing(), spec.policy(), now=now, since=since or now, children=children)
             written, made = await self.effects.apply(body, plan, record)
             if written is not None:

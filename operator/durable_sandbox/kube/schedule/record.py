@@ -2,7 +2,9 @@
 count. Status shows them, but anyone granted ``workflowschedules/status`` could write status: a forged
 ``lastScheduleTime`` must not skip or repeat a tick. So, as for Sandboxes (``kube/journal/sandbox_records.py``),
 what a turn acts on is kept in a ``Journal`` object of its own, ``dsbsched.<uid>.state`` (part ``schedule``,
-owned by the schedule), which no namespace role grants, every value sealed under the journal key."""
+owned by the schedule), which no namespace role grants, every value sealed under the journal key: the last tick,
+the missed count, and the name and uid of every Workflow the schedule made that still exists (the only ones it
+ever deletes: history limits, Replace)."""
 
 from __future__ import annotations
 
@@ -29,10 +31,15 @@ class ScheduleRecord:
     last_scheduled_workflow: str | None = None
     missed_ticks: int = 0
     recent_missed_ticks: list[str] = field(default_factory=list)
+    made: dict[str, str] = field(default_factory=dict)  # Workflow name -> uid: what the operator made, still there
 
     def data(self) -> dict[str, Any]:
+        """What status shows (``made`` is the operator's alone: see :meth:`stored`)."""
         return {"lastScheduleTime": self.last_schedule_time, "lastScheduledWorkflow": self.last_scheduled_workflow,
                 "missedTicks": self.missed_ticks, "recentMissedTicks": self.recent_missed_ticks}
+
+    def stored(self) -> dict[str, Any]:
+        return {**self.data(), "made": self.made}
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> ScheduleRecord:
@@ -40,7 +47,8 @@ class ScheduleRecord:
         return cls(last_schedule_time=data.get("lastScheduleTime"),
                    last_scheduled_workflow=data.get("lastScheduledWorkflow"),
                    missed_ticks=int(data.get("missedTicks") or 0),
-                   recent_missed_ticks=[str(t) for t in recent] if isinstance(recent, list) else [])
+                   recent_missed_ticks=[str(t) for t in recent] if isinstance(recent, list) else [],
+                   made={str(k): str(v) for k, v in made.items()} if isinstance(made := data.get("made"), dict) else {})
 
 
 class ScheduleRecords:
@@ -81,7 +89,7 @@ class ScheduleRecords:
         objects, sealer = self._of(namespace)
         name = self.name(uid)
         sealed = {key: sealer.seal(name, key, json.dumps(value, separators=(",", ":"), sort_keys=True))
-                  for key, value in record.data().items()}
+                  for key, value in record.stored().items()}
         ops = [{"op": "add", "path": f"/data/{key}", "value": value} for key, value in sealed.items()]
         try:
             await objects.patch(name, ops)

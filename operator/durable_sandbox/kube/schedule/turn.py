@@ -24,7 +24,7 @@ from durable_sandbox.kube.api.resources import (
     CustomObjects,
 )
 from durable_sandbox.kube.reporting.events import EventRecorder, LifecycleEvent
-from durable_sandbox.kube.schedule.children import owned_by, owner_reference
+from durable_sandbox.kube.schedule.children import SEAL_ANNOTATION, owned_by, owner_reference, schedule_seal
 from durable_sandbox.kube.schedule.record import SCHEDULE_LABEL, ScheduleRecord
 from durable_sandbox.kube.spec.schedule_models import RECENT_MISSED
 from durable_sandbox.schedules import ChildState, TurnPlan, tick_name
@@ -61,6 +61,7 @@ class Made:
 class TurnEffects:
     api: KubeClient
     events: EventRecorder
+    journal_key: bytes | None = None
 
     @property
     def objects(self) -> CustomObjects:
@@ -69,9 +70,11 @@ class TurnEffects:
     async def apply(self, body: Mapping[str, Any], plan: TurnPlan, record: ScheduleRecord) -> tuple[ScheduleRecord | None, Made]:
         """Carry ``plan`` out for the schedule ``body``: the record to write (None: unchanged), and what was made."""
         meta = body["metadata"]
-        for child in plan.delete:
+        made_before = dict(record.made)
+        for child in plan.delete:  # children are only ever what the record (or the seal) says the schedule made
             replaced = child.state == ChildState.ACTIVE
             await self.objects.delete(WORKFLOWS, meta["namespace"], child.name, uid=child.uid)
+            made_before.pop(child.name, None)
             if replaced:
                 await self._event(body, "Replaced", f"deleted Workflow {child.name}, still running, for a new tick "
                                   "(concurrencyPolicy Replace)")
@@ -84,13 +87,16 @@ class TurnEffects:
                 faults.reach(CREATED_FAULT)
         elif plan.already_made is not None:
             made.name = tick_name(meta["name"], plan.already_made)
-        if plan.record is None and not made.missed:
+        if made.name is not None and made.uid:
+            made_before[made.name] = made.uid
+        if plan.record is None and not made.missed and made_before == record.made:
             return None, made
         new = ScheduleRecord(last_schedule_time=iso(plan.record) or record.last_schedule_time,
                              last_scheduled_workflow=made.name or record.last_scheduled_workflow,
                              missed_ticks=record.missed_ticks + len(made.missed),
                              recent_missed_ticks=[*record.recent_missed_ticks,
-                                                  *(iso(t) or "" for t in made.missed)][-RECENT_MISSED:])
+                                                  *(iso(t) or "" for t in made.missed)][-RECENT_MISSED:],
+                             made=made_before)
         if made.missed:
             shown = ", ".join(iso(t) or "" for t in made.missed[-5:])
             more = " and more" if plan.more_missed else ""
@@ -111,7 +117,8 @@ class TurnEffects:
             "apiVersion": API_VERSION, "kind": "Workflow",
             "metadata": {"name": name, "namespace": namespace,
                          "labels": {**(extra.get("labels") or {}), SCHEDULE_LABEL: label_value(schedule)},
-                         "annotations": {**(extra.get("annotations") or {}), SCHEDULED_AT: iso(tick)},
+                         "annotations": {**(extra.get("annotations") or {}), SCHEDULED_AT: iso(tick),
+                                         SEAL_ANNOTATION: schedule_seal(self.journal_key, namespace, uid, name)},
                          "ownerReferences": [owner_reference(schedule, uid)]},
             "spec": template.get("spec") or {},
         }
@@ -122,10 +129,12 @@ class TurnEffects:
             if not is_conflict(exc):
                 raise
             existing = await self.objects.get(WORKFLOWS, namespace, name)
-            if existing is not None and owned_by(existing, uid):
+            seal = schedule_seal(self.journal_key, namespace, uid, name)
+            if existing is not None and owned_by(existing, uid) and (
+                    existing["metadata"].get("annotations") or {}).get(SEAL_ANNOTATION) == seal:
                 return name, existing["metadata"]["uid"]  # made before (another replica, or this one before a crash)
-            await self._event(body, "TickNameTaken", f"Workflow {name} exists and is not this schedule's (its "
-                              f"ownerReferences do not name uid {uid}): the tick at {iso(tick)} was not run; delete "
+            await self._event(body, "TickNameTaken", f"Workflow {name} exists and is not this schedule's (not made "
+                              f"by the operator for schedule uid {uid}): the tick at {iso(tick)} was not run; delete "
                               "or rename that Workflow", warning=True)
             return None, None
         log.info("%s/%s: made Workflow %s for the tick at %s", namespace, schedule, name, iso(tick))
