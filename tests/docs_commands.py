@@ -121,7 +121,14 @@ def commands_run_by(test: str, doc: str | None = None) -> list[Command]:
 
 # -- what proves each command ---------------------------------------------------------------------------------
 
-CLI = "tests/unit/test_cli.py::test_docs_cli_examples_work"  # dsb, in order, in one DURABLE_SANDBOX_HOME
+CLI = "tests/unit/test_cli.py::test_docs_cli_examples_work"
+SCHEDULE_DOCS = "tests/unit/test_dsb_schedule.py::test_the_docs_schedule_commands_work"
+DOCS_SCHEDULE_COMMANDS = (
+    "dsb schedule add nightly examples.flows.hello_flow:hello --input '{\"name\": \"Ada\"}' --cron \"30 2 * * *\" "
+    "--time-zone Europe/Berlin",
+    "dsb schedule add every-minute examples/hello-workflow.yaml --every 60s --concurrency-policy Forbid",
+    "dsb schedule list",
+)  # dsb, in order, in one DURABLE_SANDBOX_HOME
 REGEN = "tests/unit/kube/test_crds.py::test_docs_regenerating_commands_write_the_committed_crds"
 CLUSTER = "tests/e2e/test_docs_commands.py::test_cluster_commands_of_the_docs_work"  # a fresh control plane per doc
 README = "tests/unit/test_readme.py::test_readme_first_command_runs_the_hello_workflow"
@@ -232,6 +239,11 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
             BENCHMARK,
         "python benchmarks/warm_pool.py --image docker.io/library/busybox:1.36 --namespace default": BENCHMARK,
         "python benchmarks/session_calls.py --calls 100": BENCHMARK,
+    },
+    "docs/workflows.md": {
+        **{text: Run(SCHEDULE_DOCS) for text in DOCS_SCHEDULE_COMMANDS},
+        "dsb worker --schedules": NotRun(
+            "it serves until stopped; tests/unit/test_dsb_schedule.py runs the turn it takes at every poll (run-due)"),
     },
     "docs/cli.md": {
         **{text: Run(CLI) for text in (

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"
 HELLO = ROOT / "examples" / "hello-workflow.yaml"
 CRD_NAMES = ["workflows.durable-sandbox.dev", "sandboxes.durable-sandbox.dev", "journals.durable-sandbox.dev",
-             "sandboxpools.durable-sandbox.dev"]
+             "sandboxpools.durable-sandbox.dev", "workflowschedules.durable-sandbox.dev"]
 
 
 def replica_of(holder: str | None) -> str | None:

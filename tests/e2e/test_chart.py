@@ -106,7 +106,7 @@ SANDBOX_POD_RULES = {
 
 # What the operator uses, and nothing else (docs/operations.md explains each line).
 EXPECTED_RULES = {
-    "workflows.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete"},
+    "workflows.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete", "create"},  # create: schedules' ticks
     "sandboxes.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete"},
     "workflows/status.durable-sandbox.dev": {"get", "patch", "update"},
     "sandboxes/status.durable-sandbox.dev": {"get", "patch", "update"},
@@ -115,6 +115,9 @@ EXPECTED_RULES = {
     "journals.durable-sandbox.dev": {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"},
     "sandboxpools.durable-sandbox.dev": {"get", "list", "watch", "patch"},
     "sandboxpools/status.durable-sandbox.dev": {"get", "patch"},
+    "workflowschedules.durable-sandbox.dev": {"get", "list", "watch", "patch"},
+    "workflowschedules/status.durable-sandbox.dev": {"get", "patch"},
+    "workflowschedules/finalizers.durable-sandbox.dev": {"update"},
     "events": {"create", "patch"},
     "events.events.k8s.io": {"create", "patch"},
 }
@@ -458,6 +461,7 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home:
         "customresourcedefinition.apiextensions.k8s.io/sandboxes.durable-sandbox.dev",
         "customresourcedefinition.apiextensions.k8s.io/journals.durable-sandbox.dev",
         "customresourcedefinition.apiextensions.k8s.io/sandboxpools.durable-sandbox.dev",
+        "customresourcedefinition.apiextensions.k8s.io/workflowschedules.durable-sandbox.dev",
     }
     installed = chart_objects(cluster)
     assert installed == {
@@ -552,6 +556,8 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("delete", "workflows.durable-sandbox.dev", "-n", "team-a"),
         ("patch", "workflows.durable-sandbox.dev", "--subresource=status", "-n", "team-a"),
         ("update", "workflows.durable-sandbox.dev", "--subresource=finalizers", "-n", "team-a"),
+        ("create", "workflows.durable-sandbox.dev", "-n", "team-a"),  # a WorkflowSchedule's ticks
+        ("patch", "workflowschedules.durable-sandbox.dev", "--subresource=status", "-n", "team-a"),
         ("create", "journals.durable-sandbox.dev", "-n", "team-a"),
         ("update", "journals.durable-sandbox.dev", "-n", "team-b"),
         ("create", "events", "-n", "team-a"),
@@ -585,7 +591,6 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("list", "podtemplates", "-n", "team-a"),
         ("list", "workflows.durable-sandbox.dev", "-n", "team-c"),
         ("list", "workflows.durable-sandbox.dev", "--all-namespaces"),
-        ("create", "workflows.durable-sandbox.dev", "-n", "team-a"),
         ("update", "workflows.durable-sandbox.dev", "-n", "team-a"),
         ("create", "journals.durable-sandbox.dev", "-n", "team-c"),
         ("create", "configmaps", "-n", "team-a"),

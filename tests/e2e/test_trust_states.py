@@ -202,7 +202,11 @@ def restricted_operator(cp: ControlPlane, namespace: str, operators: Any, tmp_pa
     if pools:
         rules += [{"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxpools"],
                    "verbs": ["get", "list", "watch", "patch"]},
-                  {"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxpools/status"], "verbs": ["get", "patch"]}]
+                  {"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxpools/status"], "verbs": ["get", "patch"]},
+                  {"apiGroups": ["durable-sandbox.dev"], "resources": ["workflowschedules"],
+                   "verbs": ["get", "list", "watch", "patch"]},
+                  {"apiGroups": ["durable-sandbox.dev"], "resources": ["workflowschedules/status"],
+                   "verbs": ["get", "patch"]}]
     cp.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
               "metadata": {"name": sa, "namespace": namespace}, "rules": rules})
     cp.kubectl("create", "rolebinding", sa, "-n", namespace, f"--role={sa}", f"--serviceaccount={namespace}:{sa}")

@@ -195,6 +195,7 @@ def _register() -> None:
         sandbox_calls,
         sandbox_shell,  # noqa: F401 - adds `shell` and `snapshot` to the sandbox group
         sandboxes,
+        schedule,
         ui,
         worker,
     )
@@ -225,6 +226,9 @@ def _register() -> None:
     for sub in sandbox_calls.sandbox.commands.values():
         _accept_global_options(sub)
     cli.add_command(sandbox_calls.sandbox)
+    for sub in schedule.schedule.commands.values():
+        _accept_global_options(sub)
+    cli.add_command(schedule.schedule)
 
 
 _register()

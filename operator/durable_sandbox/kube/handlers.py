@@ -42,7 +42,15 @@ from typing import Any, cast
 import kopf
 
 from durable_sandbox.kube.api.errors import CleanupPending
-from durable_sandbox.kube.api.resources import FINALIZER, GROUP, POOLS, SANDBOXES, VERSION, WORKFLOWS
+from durable_sandbox.kube.api.resources import (
+    FINALIZER,
+    GROUP,
+    POOLS,
+    SANDBOXES,
+    SCHEDULES,
+    VERSION,
+    WORKFLOWS,
+)
 from durable_sandbox.kube.process.application import OperatorApplication
 from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 
@@ -279,6 +287,21 @@ async def pool_watched(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 async def delete_pool(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
     app = application(memo)
     await _finalize(app, "SandboxPool", app.pools.cleanup(body))
+
+
+@kopf.daemon(GROUP, VERSION, SCHEDULES, cancellation_backoff=DAEMON_GRACEFUL_EXIT,
+             cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT)
+async def keep_schedule(body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
+    # One daemon per WorkflowSchedule: makes its ticks' Workflows (in the replica holding the schedule's lease).
+    app = application(memo)
+    controller = app.schedules
+    await _daemon(app, stopped, lambda stop: controller.daemon(lambda: body, stop), "WorkflowSchedule", SCHEDULES,
+                  body)
+
+
+@kopf.on.event(GROUP, VERSION, SCHEDULES)
+async def schedule_watched(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    application(memo).schedule_event(body)
 
 
 # kopf (1.45) logs these, from this logger, when reading discovery leaves a resource of a handler unserved;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import signal
 from collections.abc import Iterator
@@ -12,7 +13,10 @@ import click
 
 from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
-from durable_sandbox.engine import RunRecord
+from durable_sandbox.cli.commands.schedule import book_of, submit_tick
+from durable_sandbox.cli.commands.schedule import report as schedule_report
+from durable_sandbox.cli.schedule_book import run_due
+from durable_sandbox.engine import Engine, RunRecord
 from durable_sandbox.runs.errors import EXIT_OK
 from durable_sandbox.runs.session import open_engine
 from durable_sandbox.runs.settings import Settings
@@ -24,8 +28,10 @@ from durable_sandbox.runs.settings import Settings
               help="Seconds between looks for runnable runs.")
 @click.option("--workflow", "workflows", multiple=True, help="Only runs of this workflow (repeatable).")
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is runnable (instead of serving until Ctrl-C).")
+@click.option("--schedules", is_flag=True, help="Also create the runs of `dsb schedule` that fall due (every poll).")
 @pass_settings
-def worker(settings: Settings, concurrency: int, poll_interval: float, workflows: tuple[str, ...], until_idle: bool) -> None:
+def worker(settings: Settings, concurrency: int, poll_interval: float, workflows: tuple[str, ...], until_idle: bool,
+           schedules: bool) -> None:
     """Execute runnable runs: pending ones, runs whose durable timer is due, runs a dead process left behind.
 
     Workflows are imported by the path their runs recorded (run it from the directory your code imports
@@ -34,20 +40,25 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
     """
 
     async def go() -> list[RunRecord]:
-        async with open_engine(settings) as engine:
+        async with open_engine(settings, create=schedules) as engine:  # schedules make runs, and the store
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.add_signal_handler(sig, stop.set)
             click.echo(f"worker {engine.worker_id} serving {settings.store_label}", err=True)
+            ticking = asyncio.create_task(_tick(settings, engine, stop, poll_interval)) if schedules else None
             executed = await engine.worker(
                 concurrency=concurrency,
                 poll_interval=poll_interval,
                 workflows=list(workflows) or None,
                 stop=stop,
-                idle_exit=until_idle,
+                idle_exit=until_idle and not schedules,
             )
+            if ticking is not None:
+                ticking.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ticking
             # Each run once, as it stands now (a run woken twice was executed twice).
             return [await engine.client.get(run_id) for run_id in dict.fromkeys(executed)]
 
@@ -58,6 +69,19 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
         click.echo(f"worker executed {len(ran)} run(s)")
     render.render_runs(settings, ran, empty="")
     click.get_current_context().exit(EXIT_OK)
+
+
+async def _tick(settings: Settings, engine: Engine, stop: asyncio.Event, poll_interval: float) -> None:
+    """`--schedules`: the due runs of the schedules, made every poll until the worker stops (a failing turn is
+    said, and tried again at the next poll)."""
+    book = book_of(settings)
+    while not stop.is_set():
+        try:
+            schedule_report(settings, await run_due(engine, book, dt.datetime.now(dt.UTC), submit_tick))
+        except Exception as exc:
+            click.echo(f"warning: schedules: {type(exc).__name__}: {exc}", err=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(poll_interval, 1.0))
 
 
 class _Echo(logging.Handler):

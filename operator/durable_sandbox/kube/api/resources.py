@@ -28,11 +28,13 @@ WORKFLOWS = "workflows"
 SANDBOXES = "sandboxes"
 JOURNALS = "journals"  # the run journal's objects (issue 20)
 POOLS = "sandboxpools"  # warm Pods of the kubernetes provider (kube/pool/)
-PLURALS: Final[Mapping[str, str]] = {"Workflow": WORKFLOWS, "Sandbox": SANDBOXES, "Journal": JOURNALS, "SandboxPool": POOLS}
+SCHEDULES = "workflowschedules"  # Workflows made on a schedule (kube/schedule/)
+PLURALS: Final[Mapping[str, str]] = {"Workflow": WORKFLOWS, "Sandbox": SANDBOXES, "Journal": JOURNALS, "SandboxPool": POOLS,
+                                     "WorkflowSchedule": SCHEDULES}
 # The finalizer that keeps a Workflow (or a Sandbox) until its sandboxes and snapshots are deleted.
 FINALIZER = "durable-sandbox.dev/cleanup"
 # The resources kopf serves (their handlers are in kube/handlers.py); discovery must list them first.
-SERVED = (WORKFLOWS, SANDBOXES, POOLS)
+SERVED = (WORKFLOWS, SANDBOXES, POOLS, SCHEDULES)
 
 # Patch content types. A JSON Patch whose `test` op fails is answered 422; a stale resourceVersion 409.
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -146,6 +148,7 @@ __all__ = [
     "PLURALS",
     "POOLS",
     "SANDBOXES",
+    "SCHEDULES",
     "SERVED",
     "VERSION",
     "WORKFLOWS",

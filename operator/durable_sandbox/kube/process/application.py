@@ -5,8 +5,8 @@ application to kopf (``kube/handlers.py``, which keeps kopf's registrations only
 kopf's memo). The application owns everything the process runs:
 
 - the API client, and the API server's away-reporter (said once, probed while it is away);
-- the Workflow controller (:class:`~durable_sandbox.kube.workflow.controller.Operator`), the Sandbox and SandboxPool
-  controllers, the orphan sweep;
+- the Workflow controller (:class:`~durable_sandbox.kube.workflow.controller.Operator`), the Sandbox, SandboxPool
+  and WorkflowSchedule controllers, the orphan sweep;
 - the metrics, and the server of ``/metrics``, ``/healthz`` and ``/readyz`` (with this replica's readiness);
 - the stop path: SIGTERM or SIGINT hands the runs executing here over to other replicas, then stops kopf
   (``stop_flag``); kopf's cleanup handler then closes everything, in the order :meth:`close` says.
@@ -32,6 +32,7 @@ from durable_sandbox.kube.pool import PoolController, PoolSettings
 from durable_sandbox.kube.process.process_config import OperatorConfig, Service
 from durable_sandbox.kube.process.sweep_task import SweepTask
 from durable_sandbox.kube.sandbox import SandboxController, SandboxControllerSettings
+from durable_sandbox.kube.schedule import ScheduleController, ScheduleSettings
 from durable_sandbox.kube.store.journals import open_journal
 from durable_sandbox.kube.telemetry.metrics import OperatorMetrics, process_metrics
 from durable_sandbox.kube.telemetry.metrics_server import MetricsServer, Readiness, start_metrics_server
@@ -56,6 +57,7 @@ class Serving:
     workflows: Operator
     sandboxes: SandboxController
     pools: PoolController
+    schedules: ScheduleController
 
 
 class OperatorApplication:
@@ -104,6 +106,10 @@ class OperatorApplication:
     def pools(self) -> PoolController:
         return self.serving.pools
 
+    @property
+    def schedules(self) -> ScheduleController:
+        return self.serving.schedules
+
     # ------------------------------------------------------------------ start
 
     async def start(self, api: KubeClient | None = None, *, objects: CustomObjects | None = None) -> None:
@@ -150,7 +156,10 @@ class OperatorApplication:
         pool_provider = config.pool_provider
         pools = PoolController(api, (lambda: pool_provider(self.metrics)) if pool_provider is not None else None,
                                self.metrics, PoolSettings(worker_id=settings.worker_id, lease_ttl=settings.lease_ttl))
-        return Serving(api, op, sandboxes, pools)
+        schedules = ScheduleController(
+            api, op.events, lambda namespace, run_id: op.engines.engine_for(namespace).store.get_run(run_id),
+            config.journal_key, ScheduleSettings(worker_id=settings.worker_id, lease_ttl=settings.lease_ttl))
+        return Serving(api, op, sandboxes, pools, schedules)
 
     # ------------------------------------------------------------------ what the watches see
 
@@ -177,6 +186,10 @@ class OperatorApplication:
     def pool_event(self, body: Mapping[str, Any]) -> None:
         if self._serving is not None:
             self._serving.pools.notice(body)
+
+    def schedule_event(self, body: Mapping[str, Any]) -> None:
+        if self._serving is not None:
+            self._serving.schedules.notice(body)
 
     # ------------------------------------------------------------------ the stop path
 

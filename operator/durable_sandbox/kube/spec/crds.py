@@ -39,14 +39,16 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel
 
-from durable_sandbox.kube.api.resources import GROUP, POOLS, SANDBOXES, VERSION, WORKFLOWS
+from durable_sandbox.kube.api.resources import GROUP, POOLS, SANDBOXES, SCHEDULES, VERSION, WORKFLOWS
 from durable_sandbox.kube.spec.models import (
     _ENTRYPOINT,
     SandboxPoolResource,
     SandboxResource,
     WorkflowResource,
 )
+from durable_sandbox.kube.spec.schedule_models import WorkflowScheduleResource
 from durable_sandbox.sandboxes.journal import RESERVED_HEADS
+from durable_sandbox.schedules import NAME_MAX
 from durable_sandbox.workflows.sandbox_agent import PATH_MAX_LENGTH
 
 Schema = dict[str, Any]
@@ -650,7 +652,57 @@ def generate_crds() -> list[Schema]:
         ],
         ["durable-sandbox"],
     )
-    return [workflow, sandbox, journal, pool]
+    return [workflow, sandbox, journal, pool, schedule_crd()]
+
+
+SCHEDULE_NAME_TOO_LONG = (f"a WorkflowSchedule's name is at most {NAME_MAX} characters: the Workflows it makes are named "
+                          "<schedule>-<Unix time of the tick> and must fit a label value (63)")
+ONE_TIMING = "set exactly one of schedule (cron) or every"
+ZONE_NEEDS_CRON = "timeZone applies to a cron schedule, not to every"
+
+
+def _template_rules(node: Any) -> Any:
+    """The embedded Workflow spec's rules, made fit for a template: no transition rules (a template may change;
+    the Workflows made from it are judged by their own CRD when they are made). The create-time item rules of
+    hoist_item_rules stay: a template's calls are checked when the schedule is made, and by the operator (which
+    loads every template through the models) at every tick."""
+    if isinstance(node, list):
+        return [_template_rules(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _template_rules(v) for k, v in node.items()}
+    if VALIDATIONS in out:
+        out[VALIDATIONS] = [r for r in out[VALIDATIONS] if r.get("optionalOldSelf") or "oldSelf" not in r["rule"]]
+    return out
+
+
+def schedule_crd() -> Schema:
+    """The WorkflowSchedule CRD (kube/spec/schedule_models.py)."""
+    schema = structural_schema(WorkflowScheduleResource, "Workflows made from a template on a cron schedule (in a "
+                               "time zone) or every N, never twice for one tick (kube/schedule/).")
+    spec = schema["properties"]["spec"]
+    template = spec["properties"]["workflowTemplate"]
+    template["properties"]["spec"] = _template_rules(template["properties"]["spec"])
+    spec[VALIDATIONS] = [rule("has(self.schedule) != has(self.every)", ONE_TIMING),
+                         rule("!has(self.timeZone) || has(self.schedule)", ZONE_NEEDS_CRON, fieldPath=".timeZone")]
+    schema[VALIDATIONS] = [rule(f"size(self.metadata.name) <= {NAME_MAX}", SCHEDULE_NAME_TOO_LONG)]
+    return _crd(
+        "WorkflowSchedule",
+        SCHEDULES,
+        "dwfsched",
+        schema,
+        [
+            {"name": "Schedule", "type": "string", "jsonPath": ".spec.schedule", "description": "The cron schedule."},
+            {"name": "Every", "type": "string", "jsonPath": ".spec.every", "description": "Or the period."},
+            {"name": "Suspend", "type": "boolean", "jsonPath": ".spec.suspend", "description": "Ticks passed over."},
+            {"name": "Active", "type": "string", "jsonPath": ".status.active[*].name",
+             "description": "Workflows it made that still run."},
+            {"name": "Last", "type": "date", "jsonPath": ".status.lastScheduleTime", "description": "The last tick."},
+            {"name": "Next", "type": "date", "jsonPath": ".status.nextScheduleTime", "description": "The next tick."},
+            dict(_AGE),
+        ],
+        ["durable-sandbox"],
+    )
 
 
 # ------------------------------------------------------------------------------------------- admission policy

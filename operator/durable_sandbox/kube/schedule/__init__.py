@@ -1,0 +1,5 @@
+"""WorkflowSchedule resources: Workflows made from a template on a schedule (kube/schedule/controller.py)."""
+
+from durable_sandbox.kube.schedule.controller import ScheduleController, ScheduleSettings
+
+__all__ = ["ScheduleController", "ScheduleSettings"]
