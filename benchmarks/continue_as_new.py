@@ -19,8 +19,8 @@ Three ways each round, in turn on fresh stores:
 
 - ``now``: the engine as it is (the ending run's state folds nothing; the next run created by the final commit);
 - ``kept``: the same, with the ending session's object kept referenced by the benchmark until the round is over:
-  what ``now`` costs more is Python freeing that session's in-memory record of its calls (a result and a call
-  object per call, for replays and recoveries) as the old run's workflow frames end;
+  what ``now`` costs more is Python freeing what that session holds in memory of its calls as the old run's
+  workflow frames end (once a result and a call object per call; now the journal's own dicts);
 - ``before``: the hand-over as it was: the ending run's snapshots and recoveries folded from its whole journal when
   its state is built, and the next run created by a statement of its own before the final commit (the store's
   ``commit_with_new_run`` hidden, so the engine falls back to ``create_run`` then ``commit``).
