@@ -142,6 +142,12 @@ class ContinueAsNewCases:
         code, out, err = await worker(self.location, "run", "ck", "compose-session-agent", str(log), extra,
                                       fault=point)
         assert code == -signal.SIGKILL, (code, out, err)
+        # The old run's final commit creates the next run: before it, no next run; after it, both at once.
+        runs = {r.run_id: r.status.value for r in await engine.runs()}
+        if point == "continued-as-new:ck":
+            assert runs == {"ck": "succeeded", "ck~1": "pending"}, runs
+        else:
+            assert runs == {"ck": "running"}, runs
         code, out, err = await worker(self.location, "resume", "ck")
         assert code == 0, (out, err)
         st = await engine.inspect("ck~1")

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -18,6 +20,7 @@ from examples.flows.planner import planner
 import durable_sandbox
 from durable_sandbox.engine import RunStatus
 from durable_sandbox.stores import SqliteStore
+from tests.dsb import dsb
 from tests.unit.lease_support import wait_for_lease_expiry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,25 +96,102 @@ async def test_cicd_resumes_on_a_second_worker_process_after_sigkill(tmp_path: P
 # ---------------------------------------------------------------------- planner
 
 
-async def test_planner_fills_gaps_and_repeats_only_the_failed_branch(eng: durable_sandbox.Engine, tmp_path: Path) -> None:
+def _planner_children(stage: str, ids: list[str]) -> list[str]:
+    return [f"{stage}-{i}" for i in ids]
+
+
+async def _each_child_had_its_own_sandbox(engine: durable_sandbox.Engine, parent: str, children: list[str]) -> None:
+    sandboxes = set()
+    for child_op in children:
+        rows = await engine.history(f"{parent}.{child_op}")
+        provisions = [r.result["id"] for r in rows if r.kind == "sandbox.provision" and r.status == "completed"]
+        saves = [r.op_id for r in rows if r.kind == "sandbox.call" and r.status == "completed"]
+        assert len(provisions) >= 1 and saves == ["workspace/save-draft", "workspace/save-final"], (child_op, rows)
+        sandboxes.update(provisions)
+    assert len(sandboxes) >= len(children)  # no two children shared one
+
+
+async def test_planner_delegates_each_package_to_a_child_and_repeats_only_the_failed_one(
+    eng: durable_sandbox.Engine, tmp_path: Path
+) -> None:
     log = str(tmp_path / "planner.log")
     params = {"goal": "billing page", "areas": ["api", "ui", "data"], "log": log,
               "fail_once": ["ui"], "marker_dir": str(tmp_path)}
     st = await eng.run(planner, params, run_id="p1")
     assert st.status == RunStatus.FAILED
-    assert st.error is not None and "ui" in st.error["message"]
-    first = _effects.stages(log)
-    assert first.count("plan") == 1 and "polish:api" in first and "polish:data" in first and "polish:ui" not in first
+    assert st.error is not None and "p1.specialists-ui" in st.error["message"]
 
-    st = await eng.resume("p1")  # retry the failed run
+    st = await eng.resume("p1")  # retry the failed run: the failed child is retried as the same run
     assert st.status == RunStatus.SUCCEEDED, st.error
     assert st.result == {"goal": "billing page", "packages": ["api", "data", "docs", "security", "ui"],
                          "gapsFilled": ["docs", "security"]}
-    again = _effects.stages(log)[len(first):]
-    # only the failed specialist re-ran, then the critic and the gap fill; the planner and finished branches did not
-    assert again[:2] == ["draft:ui", "polish:ui"]
-    assert again[2] == "critic"
-    assert sorted(again[3:]) == ["draft:docs", "draft:security", "polish:docs", "polish:security"]
+    ran = Counter(_effects.stages(log))
+    # Every stage ran once, but the draft of the specialist that failed (its failed attempt, then its retry).
+    assert ran == Counter({"plan": 1, "critic": 1, "draft:ui": 2, **{f"{s}:{p}": 1 for s in ("draft", "polish")
+                                                                     for p in ("api", "data", "docs", "security")},
+                           "polish:ui": 1}), ran
+    runs = {r.run_id: r.status for r in await eng.runs()}
+    children = _planner_children("specialists", ["api", "ui", "data"]) + _planner_children("gap-fill",
+                                                                                           ["docs", "security"])
+    assert runs == {"p1": RunStatus.SUCCEEDED, **{f"p1.{c}": RunStatus.SUCCEEDED for c in children}}
+    await _each_child_had_its_own_sandbox(eng, "p1", children)
+
+
+@pytest.mark.parametrize("fault", ["after:critic", "after:polish@2"])
+async def test_planner_resumed_after_sigkill_runs_no_completed_child_again(tmp_path: Path, fault: str) -> None:
+    """SIGKILLed once the first children and the critic are done (``after:critic``), or in the middle of the
+    fan-out, right after the second specialist's polish landed (``after:polish@2``): resumed by ``dsb resume``,
+    the run does only the missing work: no completed step of any child runs again, nor the plan or the critic."""
+    db, log = tmp_path / "runs.db", str(tmp_path / "planner.log")
+    data = json.dumps({"goal": "billing page", "log": log})
+    killed = dsb("--store", str(db), "run", "examples.flows.planner:planner", "--input", data, "--run-id", "k1",
+                 fault=fault)
+    assert killed.exit_code == -9, killed.output[-3000:]
+    before = _effects.stages(log)
+    polished = await _landed(db, "k1", ["api", "ui", "data"])  # a step whose effect ran but did not land may run again
+    assert before.count("plan") == 1 and len(polished) in ((3,) if fault == "after:critic" else (2, 3)), before
+
+    resumed = dsb("--store", str(db), "resume", "k1", process=True)
+    assert resumed.exit_code == 0, resumed.output[-3000:]
+    after = _effects.stages(log)[len(before):]
+    assert "plan" not in after and after.count("critic") == (0 if "critic" in before else 1), after
+    for package in polished:  # a child whose work had landed: nothing of it ran again
+        assert f"draft:{package}" not in after and f"polish:{package}" not in after, (package, before, after)
+    ran = Counter(before + after)
+    assert all(ran[f"polish:{p}"] == 1 for p in polished | {"docs", "security"}), ran
+    store = SqliteStore(db)
+    engine = durable_sandbox.Engine(store, worker_id="test")
+    try:
+        st = await engine.inspect("k1")
+        assert st.status == RunStatus.SUCCEEDED, st.error
+        assert st.result == {"goal": "billing page", "packages": ["api", "data", "docs", "security", "ui"],
+                             "gapsFilled": ["docs", "security"]}
+        await _each_child_had_its_own_sandbox(engine, "k1", _planner_children("specialists", ["api", "ui", "data"]))
+    finally:
+        await engine.aclose()
+        await store.close()
+
+
+async def _landed(db: Path, parent: str, packages: list[str]) -> set[str]:
+    """The packages whose specialist's ``polish`` step is journaled completed (its work landed)."""
+    store = SqliteStore(db)
+    try:
+        return {p for p in packages
+                if any(r.op_id == "polish" and r.status == "completed"
+                       for r in await store.load_journal(f"{parent}.specialists-{p}"))}
+    finally:
+        await store.close()
+
+
+def test_planner_docstring_command_runs(tmp_path: Path) -> None:
+    import examples.flows.planner as module
+
+    command = next(line.strip() for line in (module.__doc__ or "").splitlines() if line.strip().startswith("dsb run"))
+    args = shlex.split(command)[1:]
+    ran = dsb("--store", str(tmp_path / "runs.db"), "-o", "json", *args, process=True)
+    assert ran.exit_code == 0, ran.output[-3000:]
+    state = json.loads(ran.stdout)
+    assert state["status"] == "succeeded" and state["result"]["packages"] == ["api", "data", "docs", "security", "ui"]
 
 
 # ---------------------------------------------------------------------- security finding

@@ -165,7 +165,5 @@ async def require_run(store: Store, run_id: str) -> RunRecord:
 
 def state_of(run: RunRecord, rows: list[OperationRecord], reader: JournalReader = GENERIC_JOURNAL) -> RunState:
     """The run's state; callbacks are pending only while the run can still take signals."""
-    state = build_state(run, rows, reader)
-    if run.status not in (RunStatus.WAITING, RunStatus.PENDING, RunStatus.RUNNING):
-        state.pending_callbacks = []
-    return state
+    return build_state(run, rows, reader,
+                       callbacks=run.status in (RunStatus.WAITING, RunStatus.PENDING, RunStatus.RUNNING))

@@ -8,9 +8,13 @@ the same for the same run, so a replay after a crash creates nothing twice.
 
 Order, for the sandbox passed over (sandboxes/passover.py): ``continue_as_new`` raises :class:`ContinueAsNew`
 through the workflow code; each open ``ctx.sandbox`` block it leaves records its sandbox as passed to the next
-run (the old run will never destroy it); only then, after the workflow function has returned, is the next run
-created (fault point ``continued-as-new:<run>`` right after), and the old run's final commit follows. So the next
-run can only start once every sandbox is recorded as passed, and finds each in the old run's journal.
+run (the old run will never destroy it); only then, after the workflow function has returned, does the old run's
+final commit (succeeded, its result naming the next run) create the next run in the same store transaction
+(:class:`NextRun`, ``engine.store.commit_ending``; fault point ``continued-as-new:<run>`` right after it). So the
+next run can only start once every sandbox is recorded as passed, and finds each in the old run's journal; and
+there is never a next run beside an old run still running, nor an old run ended without its next run. (A store
+without ``CommitsWithNewRun`` creates the next run just before the final commit: a crash between the two leaves
+a next run a replay of the old run finds and keeps.)
 
 Both sides are checked: the next run adopts a sandbox only from the run its label names *and* whose journal says
 it passed that sandbox to this very run; a chain is followed (:func:`follow`) only where the next run's label
@@ -39,7 +43,7 @@ RESULT_KEY = "continuedAsNew"
 
 class ContinueAsNew(BaseException):  # a control-flow signal, like Suspend: not an error
     """Raised by ``ctx.continue_as_new`` through the workflow code (a BaseException: ``except Exception`` in the
-    workflow does not stop it); the engine ends the run and starts the next (:func:`start_next`)."""
+    workflow does not stop it); the engine ends the run and starts the next (:class:`NextRun`)."""
 
     def __init__(self, run: RunRecord, next_run_id: str, input: Any, after_seq: int = 0) -> None:
         super().__init__(f"run {run.run_id!r} continues as new run {next_run_id!r}")
@@ -92,22 +96,38 @@ class ContinuesAsNew:
         raise ContinueAsNew(run, next_run_id(run), data, committed)
 
 
-async def start_next(store: Store, c: ContinueAsNew) -> dict[str, str]:
-    """Create the next run of the chain (once: its id is fixed) and return the old run's result."""
-    old = c.run
-    labels = {k: v for k, v in old.labels.items() if k not in (CONTINUED_FROM, CHAIN, GENERATION, HANDED_OVER_AFTER)}
-    labels |= {CONTINUED_FROM: old.run_id, CHAIN: old.labels.get(CHAIN, old.run_id),
-               GENERATION: str(int(old.labels.get(GENERATION, "0")) + 1), HANDED_OVER_AFTER: str(c.after_seq)}
-    record = RunRecord(run_id=c.next_run_id, workflow=old.workflow, input=c.input, thread_id=old.thread_id,
-                       labels=labels, workflow_ref=old.workflow_ref)
-    stored, created = await store.create_run(record)
-    if not created and (stored.labels.get(CONTINUED_FROM) != old.run_id or stored.input != c.input):
-        raise RunConflict(
-            f"Run {old.run_id!r} continues as {c.next_run_id!r}, but a run of that id exists that is not its "
-            f"continuation (continued from {stored.labels.get(CONTINUED_FROM)!r}); delete it or start a new chain."
-        )
-    faults.reach(f"continued-as-new:{old.run_id}")
-    return {RESULT_KEY: c.next_run_id}
+class NextRun:
+    """The run a run continues as, handed from its workflow task (:meth:`prepare`) to its final commit, which
+    creates it in the same transaction (``engine.store.commit_ending``; engine/endings.py)."""
+
+    __slots__ = ("record",)
+
+    def __init__(self) -> None:
+        self.record: RunRecord | None = None
+
+    async def prepare(self, store: Store, c: ContinueAsNew) -> dict[str, str]:
+        """The next run's record (created by the final commit) and the old run's result; ``RunConflict`` (the
+        old run fails, nothing is created) if a run of the next run's id exists that is not its continuation."""
+        old = c.run
+        labels = {k: v for k, v in old.labels.items()
+                  if k not in (CONTINUED_FROM, CHAIN, GENERATION, HANDED_OVER_AFTER)}
+        labels |= {CONTINUED_FROM: old.run_id, CHAIN: old.labels.get(CHAIN, old.run_id),
+                   GENERATION: str(int(old.labels.get(GENERATION, "0")) + 1), HANDED_OVER_AFTER: str(c.after_seq)}
+        stored = await store.get_run(c.next_run_id)
+        if stored is not None and (stored.labels.get(CONTINUED_FROM) != old.run_id or stored.input != c.input):
+            raise RunConflict(
+                f"Run {old.run_id!r} continues as {c.next_run_id!r}, but a run of that id exists that is not its "
+                f"continuation (continued from {stored.labels.get(CONTINUED_FROM)!r}); delete it or start a new "
+                f"chain."
+            )
+        self.record = stored or RunRecord(run_id=c.next_run_id, workflow=old.workflow, input=c.input,
+                                          thread_id=old.thread_id, labels=labels, workflow_ref=old.workflow_ref)
+        return {RESULT_KEY: c.next_run_id}
+
+    def created(self, run_id: str) -> None:
+        """The final commit that ended ``run_id`` created the next run (fault point ``continued-as-new:<run>``)."""
+        if self.record is not None:
+            faults.reach(f"continued-as-new:{run_id}")
 
 
 def continued_to(run: RunRecord) -> str | None:

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from durable_sandbox.engine.continue_as_new import NextRun
 from durable_sandbox.engine.errors import Handover, LeaseLost, StoreError, Suspend
 from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.refusals import commit_holding
@@ -32,13 +33,14 @@ class Ending:
     """The end of one execution of ``run`` under ``lease``, by ``worker_id``."""
 
     def __init__(self, store: Store, run: RunRecord, lease: Lease, rt: RunRuntime, *, worker_id: str,
-                 after_run: AfterRun | None) -> None:
+                 after_run: AfterRun | None, next_run: NextRun | None = None) -> None:
         self.store = store
         self.run = run
         self.lease = lease
         self.rt = rt
         self.worker_id = worker_id
         self.after_run = after_run
+        self.next_run = next_run  # the run it continues as, if it does: created by the final commit
 
     async def settle(self, wf: asyncio.Task[Any]) -> list[OperationRecord] | None:
         """Await the workflow task and record how it ended: the journal's rows, None if nothing was written."""
@@ -99,9 +101,13 @@ class Ending:
         if self.after_run is not None and changes["status"] in _ENDED:
             await self.after_run(rt, changes["status"])
         final = await rt.pending_records()
+        nxt = self.next_run if changes["status"] == RunStatus.SUCCEEDED else None
         # Held like any write of the run: the last call's result rides on this commit.
         await commit_holding(self.store, run_id, fence, Commit(final, run=changes, thread_state=rt.state_change()),
-                             rt.refusal_hold, released=lambda: rt.handover is not None)
+                             rt.refusal_hold, released=lambda: rt.handover is not None,
+                             new_run=nxt.record if nxt is not None else None)
+        if nxt is not None:
+            nxt.created(run_id)
         rt.rows.extend(final)
         rt.committed(final)
         if changes["status"] == RunStatus.WAITING and changes["pending_callbacks"]:

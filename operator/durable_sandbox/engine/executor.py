@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol
 from durable_sandbox.engine.children import ChildRuns, after_run
 from durable_sandbox.engine.client import require_run, state_of
 from durable_sandbox.engine.context import Context
-from durable_sandbox.engine.continue_as_new import ContinueAsNew, start_next
+from durable_sandbox.engine.continue_as_new import ContinueAsNew, NextRun
 from durable_sandbox.engine.endings import Ending
 from durable_sandbox.engine.errors import (
     AlreadyExecuting,
@@ -216,9 +216,10 @@ class RunExecutor:
             fence=lease.fence,
         )
         rt.emit("run.resumed" if rt.rows else "run.started", workflow=run.workflow, worker=self.worker_id)
-        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, Context(rt), run), name=run.run_id)
+        nxt = NextRun()  # the run this one continues as, if it does (ctx.continue_as_new)
+        wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, Context(rt), run, nxt), name=run.run_id)
         ending = Ending(self.store, run, lease, rt, worker_id=self.worker_id,
-                        after_run=functools.partial(after_run, self.children, self.hooks))
+                        after_run=functools.partial(after_run, self.children, self.hooks), next_run=nxt)
         keeper = asyncio.create_task(keep_lease(self.store, lease, self.lease_ttl, rt, wf,
                                                 lambda: self.here.cancel_once(run.run_id, wf)))
         try:
@@ -387,7 +388,8 @@ def workflow_module(run: RunRecord) -> str | None:
     return None
 
 
-def _call_workflow(definition: WorkflowDefinition, ctx: Context, run: RunRecord) -> Coroutine[Any, Any, Any]:
+def _call_workflow(definition: WorkflowDefinition, ctx: Context, run: RunRecord,
+                   nxt: NextRun) -> Coroutine[Any, Any, Any]:
     """The workflow's coroutine for one execution of ``run``, in its attempt's span when tracing is on."""
 
     async def call() -> Any:
@@ -395,6 +397,6 @@ def _call_workflow(definition: WorkflowDefinition, ctx: Context, run: RunRecord)
         try:
             return await definition.fn(ctx, *definition.prepare_input(run.input))
         except ContinueAsNew as c:  # the run ends here, its result naming the next run (engine/continue_as_new.py)
-            return await start_next(ctx.operations.store, c)
+            return await nxt.prepare(ctx.operations.store, c)
 
     return traced_attempt(ctx.operations, run, call())

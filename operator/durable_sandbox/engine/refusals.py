@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from durable_sandbox.engine import faults
 from durable_sandbox.engine.errors import StoreRefused
+from durable_sandbox.engine.store import commit_ending
 
 if TYPE_CHECKING:
-    from durable_sandbox.engine.records import Commit
+    from durable_sandbox.engine.records import Commit, RunRecord
     from durable_sandbox.engine.store import Store
 
 __all__ = ["RefusalHold", "RefusalWatcher", "commit_holding"]
@@ -54,16 +55,16 @@ class RefusalHold:
 
 
 async def commit_holding(store: Store, run_id: str, fence: int, commit: Commit, hold: RefusalHold | None,
-                         *, released: Callable[[], bool] = lambda: False) -> None:
+                         *, released: Callable[[], bool] = lambda: False, new_run: RunRecord | None = None) -> None:
     """``store.commit`` that, with a ``hold``, waits out a refusal instead of raising it. A commit that was
     refused wrote nothing (every store's commit is atomic, or idempotent when offered again), so the same
     commit is offered again. ``released()`` true (the run is handed over: a replica stopping, a suspend) ends
     the hold with the refusal; a cancellation of the task ends it at once (the refused records are then what
-    a crash would have lost)."""
+    a crash would have lost). ``new_run``: created with the commit (``engine.store.commit_ending``)."""
     attempt = 0
     while True:
         try:
-            await store.commit(run_id, fence, commit)
+            await commit_ending(store, run_id, fence, commit, new_run)
         except StoreRefused as refusal:
             if hold is None or released():
                 raise

@@ -50,8 +50,6 @@ class RunState(_Camel):
     result: Any = None
     error: dict[str, Any] | None = None
     pending_callbacks: list[PendingCallback] = Field(default_factory=list)
-    snapshots: list[str] = Field(default_factory=list)
-    recovery_count: int = 0
     thread_id: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     wake_at: float | None = None
@@ -62,7 +60,19 @@ class RunState(_Camel):
     _reader: JournalReader = PrivateAttr(default=GENERIC_JOURNAL)
 
     # Built on first use: `run`/`resume` of a long run return at once, and the per-operation view
-    # (thousands of objects) is made only for whoever reads it (inspect, serialization).
+    # (thousands of objects) is made only for whoever reads it (inspect, serialization). So are the snapshots
+    # and recoveries: each folds the whole journal (about 17 µs a call), which a run a chain leaves
+    # (ctx.continue_as_new) would otherwise pay at its hand-over for a state nobody reads.
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def snapshots(self) -> list[str]:
+        return self._reader.snapshots(self._rows)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def recovery_count(self) -> int:
+        return self._reader.recoveries(self._rows)
+
     @computed_field  # type: ignore[prop-decorator]
     @cached_property
     def operations(self) -> list[OperationState]:
@@ -107,10 +117,11 @@ def operation_states(rows: list[OperationRecord], reader: JournalReader = GENERI
     ]
 
 
-def build_state(run: RunRecord, rows: list[OperationRecord], reader: JournalReader = GENERIC_JOURNAL) -> RunState:
+def build_state(run: RunRecord, rows: list[OperationRecord], reader: JournalReader = GENERIC_JOURNAL, *,
+                callbacks: bool = True) -> RunState:
     """The state of ``run`` from its journal; ``reader`` says what the extensions' records mean (snapshots,
-    recoveries, what a call works on)."""
-    _, latest = fold(rows)
+    recoveries, what a call works on). ``callbacks=False``: no pending callbacks (a run that can take no signal
+    any more), and the journal is not folded for them."""
     state = RunState(
         run_id=run.run_id,
         workflow=run.workflow,
@@ -119,9 +130,7 @@ def build_state(run: RunRecord, rows: list[OperationRecord], reader: JournalRead
         input=run.input,
         result=run.result,
         error=run.error.to_json() if run.error else None,
-        pending_callbacks=[PendingCallback(**p) for p in pending_callbacks(latest.values())],
-        snapshots=reader.snapshots(rows),
-        recovery_count=reader.recoveries(rows),
+        pending_callbacks=[PendingCallback(**p) for p in pending_callbacks(fold(rows)[1].values())] if callbacks else [],
         thread_id=run.thread_id,
         labels=dict(run.labels),
         wake_at=run.wake_at,

@@ -83,3 +83,28 @@ class Store(Protocol):
     async def journal_since(self, run_id: str, after_seq: int) -> list[OperationRecord]: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class CommitsWithNewRun(Protocol):
+    """A store that can end one run and create the next in one transaction (``ctx.continue_as_new``: the old
+    run's final commit and the next run's creation land together or not at all). Optional: the engine falls back
+    to ``create_run`` then ``commit`` for a store without it (``engine.continue_as_new.commit_ending``)."""
+
+    async def commit_with_new_run(self, run_id: str, fence: int, commit: Commit, new_run: RunRecord) -> None:
+        """``commit`` (atomic and fenced as ``Store.commit``) and, in the same transaction, insert ``new_run``.
+        If a run of its id exists already it is kept when it is the same run (same workflow, input and labels:
+        a commit offered again) and the whole commit is refused with ``RunConflict`` otherwise."""
+        ...
+
+
+async def commit_ending(store: Store, run_id: str, fence: int, commit: Commit, new_run: RunRecord | None) -> None:
+    """``commit``, and with ``new_run`` that run created in the same transaction where the store can
+    (``CommitsWithNewRun``); elsewhere created first (``create_run``, idempotent), then the commit."""
+    if new_run is None:
+        await store.commit(run_id, fence, commit)
+    elif isinstance(store, CommitsWithNewRun):
+        await store.commit_with_new_run(run_id, fence, commit, new_run)
+    else:
+        await store.create_run(new_run)
+        await store.commit(run_id, fence, commit)

@@ -15,6 +15,7 @@ from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.engine.serialization import value_digest
 from durable_sandbox.providers.contract import ToolCall, ToolResult
 from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes.call_records import result_from
 from durable_sandbox.sandboxes.errors import ReplayAnswerInvalid
 from durable_sandbox.sandboxes.scope import SessionScope
 
@@ -48,7 +49,7 @@ class ReplayPlanner:
         asked: dict[str, str] = {}
         waiting: list[str] = []
         for index in range(first, state.completed):
-            op, recorded = state.calls[index]
+            op, journaled = state.calls[index]
             policy = state.policies.get(op, journal.ON_REPLAY_RERUN)
             if policy == journal.ON_REPLAY_ASK:
                 answer = await self._answer(op, index)
@@ -57,7 +58,7 @@ class ReplayPlanner:
                     continue
                 asked[op] = answer
                 policy = answer
-            plan.append(Replay(index, op, recorded, policy == journal.ON_REPLAY_RERUN))
+            plan.append(Replay(index, op, result_from(journaled), policy == journal.ON_REPLAY_RERUN))
         if waiting:
             log.info("sandbox %s: replay waits for %s (answer rerun or skip)", self.scope.sid, ", ".join(waiting))
             raise Suspend(waiting)

@@ -210,14 +210,15 @@ class SandboxSession:
                     on_replay: str) -> ToolResult:
         op_id = journal.call_id(self.sid, call.operation_id)
         index = self._index_of(op_id)
-        self.replays.calls[op_id] = call  # with its env values, which the journal does not keep (for replay)
+        if call.args.get("env"):  # env values the journal does not keep: the call itself, for a replay; any other
+            self.replays.calls[op_id] = call  # the journal holds as issued (a long session keeps no copy of each)
         digest = value_digest([call.type, call.args])
         prev = self.rt.enter(op_id, OpKind.SANDBOX_CALL.value, call.type, digest)
         if prev is not None and prev.status == "failed" and prev.epoch >= self.rt.epoch:
             raise ToolCallFailed(prev.error.message if prev.error else f"call {op_id} failed")
         if prev is not None and prev.status == "completed":
             result = result_from(prev.result)
-            self.state.calls[index] = (op_id, result)
+            self.state.calls[index] = (op_id, prev.result)
             if self.state.finalized:
                 return result  # replaying a session whose block already ended: nothing more to do
         elif self.state.finalized:
@@ -254,9 +255,10 @@ class SandboxSession:
             raise failure
         # Deferred: committed with the run's next write (the next call's start, a snapshot, the final
         # commit), so a call costs one commit; ``after:<op>`` is reached once it has landed.
+        journaled = result_json(result)
         await self.scope.write(op_id, OpKind.SANDBOX_CALL, call.type, "completed", digest=digest,
-                               result=result_json(result), meta=done, defer=True)
-        self.state.calls[index] = (op_id, result)
+                               result=journaled, meta=done, defer=True)
+        self.state.calls[index] = (op_id, journaled)
         return result
 
     async def shell(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
@@ -287,7 +289,7 @@ class SandboxSession:
         return {
             "sandboxId": self.state.newest,
             "provider": self.provider.name,
-            "toolResults": [{"operationId": self.scope.local(op), **result_json(res)} for op, res in calls],
+            "toolResults": [{"operationId": self.scope.local(op), **result_json(result_from(res))} for op, res in calls],
             "latestSnapshot": self.state.retained,
             "recoveryCount": self.state.recoveries,
         }

@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
-from durable_sandbox.providers.contract import SandboxHandle, ToolResult
+from durable_sandbox.providers.contract import SandboxHandle
 from durable_sandbox.sandboxes import fork_journal, journal
-from durable_sandbox.sandboxes.call_records import result_from
 
 
 @dataclass
@@ -33,7 +32,8 @@ class SessionState:
     newest: str | None = None  # the newest sandbox the session made (a recovery's replacement): its result names it
     pending_handles: list[SandboxHandle] = field(default_factory=list)  # made but not yet adopted
     checkpoints: list[Checkpoint] = field(default_factory=list)
-    calls: dict[int, tuple[str, ToolResult]] = field(default_factory=dict)  # index -> (op id, result)
+    # index -> (op id, its result as journaled: the record's own dict, so a long session holds no copy of each)
+    calls: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     next_index: int = 0  # after every call journaled (started included): where a new call goes
     # call op id -> what a replay does with it (journal.ON_REPLAY_*), as its started record said
     policies: dict[str, str] = field(default_factory=dict)
@@ -116,7 +116,7 @@ class SessionState:
         elif r.kind == OpKind.SANDBOX_SNAPSHOT_DELETE.value:
             self.checkpoints = [c for c in self.checkpoints if c.snapshot_id != journal.deletion_of(r)]
         elif r.kind == OpKind.SANDBOX_CALL.value:
-            self.calls[int(meta["index"])] = (r.op_id, result_from(r.result))
+            self.calls[int(meta["index"])] = (r.op_id, r.result)
         if journal.finalized(r):
             self.finalized = True
             kept = journal.retained(r)

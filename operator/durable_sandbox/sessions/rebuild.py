@@ -33,6 +33,7 @@ from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.kube.sandbox.view import CALLS_SESSION
 from durable_sandbox.providers.contract import SandboxGone, SandboxHandle, SandboxProvider, ToolCall
 from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes.call_records import result_from
 from durable_sandbox.sandboxes.session import ReconstructionError, SessionState
 
 __all__ = ["REBUILD", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "rebuild"]
@@ -141,7 +142,8 @@ async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvid
                                        epoch=rt.epoch))
     replayed: list[str] = []
     for index in plan:
-        op, recorded = state.calls[index]
+        op, journaled = state.calls[index]
+        recorded = result_from(journaled)
         if state.policies.get(op, journal.ON_REPLAY_RERUN) != journal.ON_REPLAY_RERUN:
             continue  # onReplay: skip: its journaled result stands
         try:

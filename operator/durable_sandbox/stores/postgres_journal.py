@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from durable_sandbox.engine.errors import StoreError
-from durable_sandbox.engine.records import Commit, OperationRecord
+from durable_sandbox.engine.records import Commit, OperationRecord, RunRecord
 from durable_sandbox.stores.postgres_runs import PostgresRuns
 from durable_sandbox.stores.sql_rows import OP_COLUMNS, cache_row, op_from_row, op_row, thread_row
 from durable_sandbox.stores.sql_rules import refuse_unfenced, set_values
@@ -74,6 +74,13 @@ def _commit_args(run_id: str, fence: int, token: int, commit: Commit) -> list[An
     return args
 
 
+def _number(commit: Commit, last: int) -> None:
+    """The committed records' seqs, from the run's last seq after the commit."""
+    n = len(commit.records)
+    for i, rec in enumerate(commit.records):
+        rec.seq = last - n + 1 + i
+
+
 class PostgresJournal(PostgresRuns):
     def __init__(self, pool: Any, dsn: str, schema: str, *, outage_timeout: float | None = None) -> None:
         super().__init__(pool, dsn, schema, outage_timeout=outage_timeout)
@@ -106,29 +113,40 @@ class PostgresJournal(PostgresRuns):
         return sql
 
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
-        sql = self._commit_statement(commit)
-        token = random.getrandbits(63)
+        sql, token = self._commit_statement(commit), random.getrandbits(63)
         args = _commit_args(run_id, fence, token, commit)
-        n = len(commit.records)
-        s = self.schema
+        last = await self._call("committing to the journal",
+                                lambda conn: self._commit_on(conn, sql, args, run_id, fence, token, commit), run_id)
+        _number(commit, last)
+
+    async def commit_with_new_run(self, run_id: str, fence: int, commit: Commit, new_run: RunRecord) -> None:
+        """``commit`` and the creation of ``new_run`` in one transaction (engine/store.py ``CommitsWithNewRun``).
+        Offered again after a lost answer, the commit finds its token and the run it created: it writes nothing."""
+        sql, token = self._commit_statement(commit), random.getrandbits(63)
+        args = _commit_args(run_id, fence, token, commit)
 
         async def run_it(conn: Any) -> int:
-            last = await conn.fetchval(sql, *args)
-            if last is not None:
-                return int(last)
-            # Nothing written: a stale fence, a cancel request, or (this being a retry) it landed already.
-            row = await conn.fetchrow(
-                f"SELECT fence, cancel_requested, last_token, last_seq FROM {s}.runs WHERE run_id=$1", run_id)
-            if row is not None and row["last_token"] == token:
-                return int(row["last_seq"])
-            refuse_unfenced(run_id, fence, (row["fence"], row["cancel_requested"]) if row else None,
-                            commit.check_cancel)
-            raise StoreError(f"PostgreSQL store {self.where}: a commit to run {run_id!r} wrote nothing for no "
-                             f"reason the store knows")  # pragma: no cover - every case is above
+            async with conn.transaction():
+                last = await self._commit_on(conn, sql, args, run_id, fence, token, commit)
+                await self._create_run_on(conn, new_run)
+                return last
 
-        last = await self._call("committing to the journal", run_it, run_id)
-        for i, rec in enumerate(commit.records):
-            rec.seq = last - n + 1 + i
+        _number(commit, await self._call("ending a run and creating the next", run_it, run_id))
+
+    async def _commit_on(self, conn: Any, sql: str, args: list[Any], run_id: str, fence: int, token: int,
+                         commit: Commit) -> int:
+        """The commit statement on ``conn``: the run's last seq after it (its own, or a first attempt's)."""
+        last = await conn.fetchval(sql, *args)
+        if last is not None:
+            return int(last)
+        # Nothing written: a stale fence, a cancel request, or (this being a retry) it landed already.
+        row = await conn.fetchrow(
+            f"SELECT fence, cancel_requested, last_token, last_seq FROM {self.schema}.runs WHERE run_id=$1", run_id)
+        if row is not None and row["last_token"] == token:
+            return int(row["last_seq"])
+        refuse_unfenced(run_id, fence, (row["fence"], row["cancel_requested"]) if row else None, commit.check_cancel)
+        raise StoreError(f"PostgreSQL store {self.where}: a commit to run {run_id!r} wrote nothing for no "
+                         f"reason the store knows")  # pragma: no cover - every case is above
 
     async def load_journal(self, run_id: str) -> list[OperationRecord]:
         return await self.journal_since(run_id, 0)

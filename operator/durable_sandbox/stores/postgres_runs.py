@@ -11,7 +11,13 @@ from durable_sandbox.engine.errors import JournalDamaged, LeaseLost, StoreError
 from durable_sandbox.engine.records import RunRecord, RunStatus
 from durable_sandbox.stores.postgres_connection import PostgresConnection
 from durable_sandbox.stores.sql_rows import RUN_COLUMNS, run_from_row, run_values
-from durable_sandbox.stores.sql_rules import NumberedParams, list_runs_sql, set_columns, set_values
+from durable_sandbox.stores.sql_rules import (
+    NumberedParams,
+    list_runs_sql,
+    refuse_other_run,
+    set_columns,
+    set_values,
+)
 
 __all__ = ["PostgresRuns"]
 
@@ -48,6 +54,16 @@ class PostgresRuns(PostgresConnection):
             return self._run_from_row(row), False
 
         return await self._call("creating a run", run_it, run.run_id)
+
+    async def _create_run_on(self, conn: Any, run: RunRecord) -> None:
+        """Insert ``run`` on ``conn`` (in the caller's transaction); an existing run of its id must be that run."""
+        values = run_values(run)
+        params = ", ".join(f"${i}" for i in range(1, len(values) + 1))
+        if not await conn.fetchval(f"INSERT INTO {self.schema}.runs ({_RUN_SELECT}) VALUES ({params}) "
+                                   f"ON CONFLICT (run_id) DO NOTHING RETURNING true", *values):
+            row = await conn.fetchrow(f"SELECT {_RUN_SELECT} FROM {self.schema}.runs WHERE run_id=$1", run.run_id)
+            if row is not None:
+                refuse_other_run(self._run_from_row(row), run)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         row = await self._call("reading a run", lambda c: c.fetchrow(

@@ -12,12 +12,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from durable_sandbox.engine.errors import LeaseLost, RunCancelledError, SignalConflict
-from durable_sandbox.engine.records import RunStatus
+from durable_sandbox.engine.errors import LeaseLost, RunCancelledError, RunConflict, SignalConflict
+from durable_sandbox.engine.records import RunRecord, RunStatus
 from durable_sandbox.stores.sql_rows import canonical, change_value
 
-__all__ = ["SETTABLE", "NumberedParams", "Params", "QmarkParams", "list_runs_sql", "refuse_unfenced",
-           "repeated_signal", "runnable_sql", "set_columns", "set_values"]
+__all__ = ["SETTABLE", "NumberedParams", "Params", "QmarkParams", "list_runs_sql", "refuse_other_run",
+           "refuse_unfenced", "repeated_signal", "runnable_sql", "set_columns", "set_values"]
 
 # What update_run and a commit's run changes may set (never the run id, the fence or the journal's counter):
 # the keys are spliced into the statement, so nothing else may pass.
@@ -128,3 +128,13 @@ def repeated_signal(run_id: str, callback_id: str, stored: str | None, value: An
     if stored is not None and canonical(json.loads(stored)) == canonical(value):
         return False
     raise SignalConflict(run_id, callback_id)
+
+
+def refuse_other_run(stored: RunRecord, new: RunRecord) -> None:
+    """``commit_with_new_run`` found a run of the new run's id: it is kept if it is that run (a commit offered
+    again), else the commit is refused (``RunConflict``), writing nothing."""
+    if (stored.workflow, stored.input, stored.labels) != (new.workflow, new.input, new.labels):
+        raise RunConflict(
+            f"Run {new.run_id!r} exists already (workflow {stored.workflow!r}) and is not the run this commit "
+            f"creates (workflow {new.workflow!r}); nothing was written: delete that run or start a new chain"
+        )

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from durable_sandbox.engine.errors import LeaseLost, StoreError
-from durable_sandbox.engine.records import Commit, OperationRecord
+from durable_sandbox.engine.records import Commit, OperationRecord, RunRecord
 from durable_sandbox.stores.sql_rows import OP_COLUMNS, cache_row, op_from_row, op_row, thread_row
 from durable_sandbox.stores.sqlite_file import explain, wall_clock
 from durable_sandbox.stores.sqlite_runs import SqliteRuns
@@ -51,19 +51,29 @@ class SqliteJournal(SqliteRuns):
             self._commit_records(run_id, fence, records, commit.check_cancel)
             return
         with self._tx() as tx:
-            self._check_fence(tx, run_id, fence, commit.check_cancel)
-            for r in commit.records:
-                r.seq = tx.execute(_OP_INSERT, (run_id, *op_row(r))).lastrowid or 0
-            if commit.run:
-                self._set_run(tx, run_id, commit.run)
-            if commit.thread_state is not None:
-                tx.execute(
-                    "INSERT INTO threads VALUES (?,?,?) ON CONFLICT(thread_id) DO UPDATE SET state=excluded.state, "
-                    "updated_at=excluded.updated_at",
-                    thread_row(commit.thread_state, wall_clock()),
-                )
-            if commit.cache is not None:
-                tx.execute("INSERT OR REPLACE INTO cache VALUES (?,?,?,?)", cache_row(commit.cache, wall_clock()))
+            self._write(tx, run_id, fence, commit)
+
+    async def commit_with_new_run(self, run_id: str, fence: int, commit: Commit, new_run: RunRecord) -> None:
+        """``commit`` and the creation of ``new_run`` in one transaction (engine/store.py ``CommitsWithNewRun``)."""
+        with self._tx() as tx:
+            self._write(tx, run_id, fence, commit)
+            self._create_run_in(tx, new_run)
+
+    def _write(self, tx: sqlite3.Connection, run_id: str, fence: int, commit: Commit) -> None:
+        """A commit inside the caller's transaction: fence checked, then everything it carries written."""
+        self._check_fence(tx, run_id, fence, commit.check_cancel)
+        for r in commit.records:
+            r.seq = tx.execute(_OP_INSERT, (run_id, *op_row(r))).lastrowid or 0
+        if commit.run:
+            self._set_run(tx, run_id, commit.run)
+        if commit.thread_state is not None:
+            tx.execute(
+                "INSERT INTO threads VALUES (?,?,?) ON CONFLICT(thread_id) DO UPDATE SET state=excluded.state, "
+                "updated_at=excluded.updated_at",
+                thread_row(commit.thread_state, wall_clock()),
+            )
+        if commit.cache is not None:
+            tx.execute("INSERT OR REPLACE INTO cache VALUES (?,?,?,?)", cache_row(commit.cache, wall_clock()))
 
     def _commit_records(self, run_id: str, fence: int, records: list[OperationRecord], check_cancel: bool) -> None:
         """The step path's commit (see the module): one statement instead of BEGIN/SELECT/INSERT.../COMMIT."""

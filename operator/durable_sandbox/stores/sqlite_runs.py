@@ -13,6 +13,7 @@ from durable_sandbox.stores.sql_rows import RUN_COLUMNS, run_from_row, run_value
 from durable_sandbox.stores.sql_rules import (
     QmarkParams,
     list_runs_sql,
+    refuse_other_run,
     refuse_unfenced,
     set_columns,
     set_values,
@@ -36,6 +37,14 @@ class SqliteRuns(SqliteFile):
                 return self._run_from_row(row), False
             db.execute(_RUN_INSERT, run_values(run))
         return run, True
+
+    def _create_run_in(self, db: sqlite3.Connection, run: RunRecord) -> None:
+        """Insert ``run`` inside the caller's transaction; an existing run of its id must be that run."""
+        row = db.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id=?", (run.run_id,)).fetchone()
+        if row is None:
+            db.execute(_RUN_INSERT, run_values(run))
+        else:
+            refuse_other_run(self._run_from_row(row), run)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         rows = self._query(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id=?", (run_id,))

@@ -36,13 +36,15 @@ and nothing else; ``delete_run`` removes a run with its journal, events and sign
 idempotent for the same value and conflict for a different one; events are
 ordered per run; cache entries expire by ``now`` and clear by key, prefix or all; ``list_runs`` filters; a
 damaged cell of a run's row reads as empty and the run's error names it, so one bad row never fails a listing
-(``damage_run_cells`` hook, for stores of rows of text cells).
+(``damage_run_cells`` hook, for stores of rows of text cells); a store with ``commit_with_new_run`` (optional)
+lands a commit and a new run together or neither (a stale fence, another run of that id).
 """
 
 
 from __future__ import annotations
 
 from durable_sandbox.stores.kit_base import StoreKit
+from durable_sandbox.stores.kit_chain import NewRunCases
 from durable_sandbox.stores.kit_damaged import DamagedRowCases
 from durable_sandbox.stores.kit_events import EventCases
 from durable_sandbox.stores.kit_journal import JournalCases
@@ -51,13 +53,14 @@ from durable_sandbox.stores.kit_peers import PeerCases
 from durable_sandbox.stores.kit_runs import RunCases
 from durable_sandbox.stores.kit_signals import SignalCases
 
-__all__ = ["DamagedRowCases", "EventCases", "JournalCases", "LeaseCases", "PeerCases", "RunCases", "SignalCases",
-           "StoreContractSuite", "StoreKit"]
+__all__ = ["DamagedRowCases", "EventCases", "JournalCases", "LeaseCases", "NewRunCases", "PeerCases", "RunCases",
+           "SignalCases", "StoreContractSuite", "StoreKit"]
 
 
 # pytest runs a class's inherited tests base first (the reverse of the MRO): listed last to first, the groups run
 # in the order they are read here (damaged rows, runs, journal, leases, signals, events, peers).
-class StoreContractSuite(PeerCases, EventCases, SignalCases, LeaseCases, JournalCases, RunCases, DamagedRowCases):
+class StoreContractSuite(PeerCases, EventCases, SignalCases, LeaseCases, JournalCases, RunCases, DamagedRowCases,
+                         NewRunCases):
     """Subclass as ``Test<Something>`` and override :meth:`store` (and the hooks you can supply). Each group of
     cases is also a class of its own (``RunCases``, ``JournalCases``, ...) for a store that honours only part of
     the protocol."""

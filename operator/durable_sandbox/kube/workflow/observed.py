@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from durable_sandbox.engine.records import Commit, OperationRecord
+from durable_sandbox.engine.records import Commit, OperationRecord, RunRecord
+from durable_sandbox.engine.store import commit_ending
 
 __all__ = ["ObservedStore"]
 
@@ -33,6 +34,12 @@ class ObservedStore:
 
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
         await self._inner.commit(run_id, fence, commit)
+        self._on_write(run_id, commit, commit.run)
+
+    async def commit_with_new_run(self, run_id: str, fence: int, commit: Commit, new_run: RunRecord) -> None:
+        """A run's final commit that creates the run it continues as (engine/store.py ``CommitsWithNewRun``),
+        reported as the commit it is (defined here: ``__getattr__`` would pass it by unreported)."""
+        await commit_ending(self._inner, run_id, fence, commit, new_run)
         self._on_write(run_id, commit, commit.run)
 
     async def update_run(self, run_id: str, changes: dict[str, Any], *, fence: int | None = None) -> None:
