@@ -42,9 +42,9 @@ from pydantic import BaseModel
 from durable_sandbox.kube.api.resources import GROUP, POOLS, SANDBOXES, VERSION, WORKFLOWS
 from durable_sandbox.kube.spec.models import (
     _ENTRYPOINT,
-    SandboxPoolResource,
     WORKER_NEEDS_ENTRYPOINT,
     WORKER_QUEUE_PATTERN,
+    SandboxPoolResource,
     SandboxResource,
     WorkflowResource,
 )

@@ -738,6 +738,8 @@ def to_sandbox_agent_input(spec: WorkflowSpec, sandbox: SandboxSettings | None =
 
 __all__ = [
     "KINDS",
+    "WORKER_NEEDS_ENTRYPOINT",
+    "WORKER_QUEUE_PATTERN",
     "CallsStatus",
     "Condition",
     "CurrentCall",
@@ -763,10 +765,8 @@ __all__ = [
     "ShellCall",
     "StatusError",
     "ToolCallSpec",
-    "WorkflowResource",
-    "WORKER_NEEDS_ENTRYPOINT",
-    "WORKER_QUEUE_PATTERN",
     "WorkerSpec",
+    "WorkflowResource",
     "WorkflowSpec",
     "WorkflowStatus",
     "WriteFileCall",

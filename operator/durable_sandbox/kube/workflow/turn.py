@@ -29,6 +29,7 @@ from durable_sandbox.kube.workflow.admission import Admission
 from durable_sandbox.kube.workflow.execution import Execution
 from durable_sandbox.kube.workflow.finished import Finisher
 from durable_sandbox.kube.workflow.parking import Outcome, Park, wait_or_park
+from durable_sandbox.kube.workflow.queued_runs import QueuedRuns
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.steering import sync_spec
 from durable_sandbox.kube.workflow.suspend import suspend
@@ -57,12 +58,14 @@ def acted_generation(view: RunView) -> int | None:
 
 
 class Turn:
-    def __init__(self, wing: Wing, admission: Admission, execution: Execution, finisher: Finisher) -> None:
+    def __init__(self, wing: Wing, admission: Admission, execution: Execution, finisher: Finisher,
+                 queued: QueuedRuns) -> None:
         self.runs, self.settings, self.engines, self.publisher = wing.runs, wing.settings, wing.engines, wing.publisher
         self.away = wing.away
         self.admission = admission
         self.execution = execution
         self.finisher = finisher
+        self.queued = queued  # runs the namespace's workers execute (spec.worker)
         self._admitting = asyncio.Semaphore(wing.settings.admissions)
         self._store_away_said: dict[str, float] = {}  # namespace -> when its journal's store away was said
 
@@ -182,6 +185,8 @@ class Turn:
             return "again"
         if step.kind == "wait":
             return await self._waiting(view, engine, plan, run, step.at)
+        if plan.worker_queue is not None:
+            return await self.queued.watch(view, engine, plan)
         return await self.execution.drive(view, engine, plan, step.deadline)
 
     async def _suspended(self, view: RunView, engine: Engine, run: RunRecord) -> Outcome:
@@ -202,7 +207,7 @@ class Turn:
         now = time.time()
         dues = [due] if due is not None else []
         hibernate_at = run.updated_at + self._hibernate_after(plan)
-        if hibernate_at <= now:
+        if hibernate_at <= now and plan.worker_queue is None:  # a worker's sandboxes are its own to hibernate
             with contextlib.suppress(LeaseHeld):
                 await engine.executor.hibernate(view.run_id)
         else:

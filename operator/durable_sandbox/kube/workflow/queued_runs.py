@@ -1,0 +1,80 @@
+"""Queued runs: the turn of a run that the namespace's own workers execute (``spec.worker``), not this operator.
+
+The operator keeps what must not depend on user code: admission (the run is created here, under the entrypoint's
+name, nothing imported: ``kube/spec/queued.py``), steering (signals, cancel, suspend, the deadline), status and
+Events, and the finalizer. Where it would execute the run, it instead
+
+- hands the namespace its worker key (``kube/journal/worker_key.py``), with which the workers seal the journal;
+- projects status from the journal the workers commit (it reads what was committed since it last looked);
+- says whether a worker of the queue is alive (the ``WaitingForWorker`` condition), from the workers'
+  heartbeat Leases (``kube/journal/worker_liveness.py``): a notice only, never a decision;
+- carries out a cancel (``spec.cancel``, ``spec.timeoutSeconds``) itself, under the run's Lease, when no worker
+  holds it: the run's sandboxes are finalized from its journal, whether or not a worker is alive;
+
+and looks again every ``worker_poll`` seconds while the run is runnable (a watch event wakes it sooner).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from durable_sandbox.engine import LeaseHeld
+from durable_sandbox.kube.api.client import KubeClient
+from durable_sandbox.kube.journal.worker_key import WorkerKeyError, ensure_worker_key
+from durable_sandbox.kube.journal.worker_liveness import live_workers
+from durable_sandbox.kube.spec.plan import RunPlan
+from durable_sandbox.kube.workflow.parking import Outcome, wait_or_park
+from durable_sandbox.kube.workflow.runs import RunView
+from durable_sandbox.kube.workflow.wing import Wing
+from durable_sandbox.sandbox_engine import Engine
+
+log = logging.getLogger(__name__)
+
+__all__ = ["QueuedRuns", "no_worker_message"]
+
+
+def no_worker_message(namespace: str, queue: str) -> str:
+    return (f"no worker of queue {queue!r} is alive in namespace {namespace}: the run starts once one claims it "
+            f"(dsb worker --kube --queue {queue} --namespace {namespace}, with a ServiceAccount of {namespace})")
+
+
+class QueuedRuns:
+    def __init__(self, wing: Wing, api: KubeClient, journal_key: bytes | None) -> None:
+        self.wing = wing
+        self.api = api
+        self._journal_key = journal_key
+        self._keyed: set[str] = set()  # namespaces whose worker key this process has written or found right
+
+    async def watch(self, view: RunView, engine: Engine, plan: RunPlan) -> Outcome:
+        """One look at a runnable queued run (``view.run`` read by this turn); waits ``worker_poll`` (or parks)."""
+        assert plan.worker_queue is not None and view.run is not None
+        queue, run = plan.worker_queue, view.run
+        await self._hand_key(view)
+        if run.cancel_requested:
+            # Carried out here when no worker holds the run (fenced by its Lease): it needs no user code.
+            try:
+                await engine.executor.drive_cancel(view.run_id)
+                return "again"
+            except LeaseHeld:
+                pass  # a worker executes it: it cancels there, at its next boundary
+        if view.projection is not None:
+            view.projection.catch_up(await engine.store.journal_since(view.run_id, view.projection.last_seq))
+        alive = await live_workers(self.api, view.namespace, queue)
+        view.extra.worker_queue = queue
+        view.extra.no_worker = None if alive else no_worker_message(view.namespace, queue)
+        self.wing.publisher.offer(view)
+        await wait_or_park(self.wing.runs, self.wing.settings, view, self.wing.settings.worker_poll, "worker")
+        return "again"
+
+    async def _hand_key(self, view: RunView) -> None:
+        if self._journal_key is None or view.namespace in self._keyed:
+            return  # no seals (the PostgreSQL journal): nothing to hand
+        try:
+            await ensure_worker_key(self.api, view.namespace, self._journal_key)
+        except WorkerKeyError as exc:
+            log.warning("%s/%s: %s", view.namespace, view.name, exc)
+            view.extra.not_runnable, view.extra.not_runnable_reason = str(exc), "WorkerKeyNotWritten"
+            return
+        self._keyed.add(view.namespace)
+        if view.extra.not_runnable_reason == "WorkerKeyNotWritten":
+            view.extra.not_runnable, view.extra.not_runnable_reason = None, None
