@@ -8,8 +8,10 @@ Events, and the finalizer. Where it would execute the run, it instead
 - projects status from the journal the workers commit (it reads what was committed since it last looked);
 - says whether a worker of the queue is alive (the ``WaitingForWorker`` condition), from the workers'
   heartbeat Leases (``kube/journal/worker_liveness.py``): a notice only, never a decision;
-- carries out a cancel (``spec.cancel``, ``spec.timeoutSeconds``) itself, under the run's Lease, when no worker
-  holds it: the run's sandboxes are finalized from its journal, whether or not a worker is alive;
+- leaves a cancel (``spec.cancel``, ``spec.timeoutSeconds``, written to the journal by steering) to the worker
+  that executes the run next: finalizing sandboxes from a journal the team's code wrote would let that code name
+  what the operator deletes. Deleting the Workflow needs no worker: the finalizer goes by the providers' owner
+  tags (``kube/workflow/cleanup.py``);
 
 and looks again every ``worker_poll`` seconds while the run is runnable (a watch event wakes it sooner).
 """
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import logging
 
-from durable_sandbox.engine import LeaseHeld
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.journal.worker_key import WorkerKeyError, ensure_worker_key
 from durable_sandbox.kube.journal.worker_liveness import live_workers
@@ -48,15 +49,8 @@ class QueuedRuns:
     async def watch(self, view: RunView, engine: Engine, plan: RunPlan) -> Outcome:
         """One look at a runnable queued run (``view.run`` read by this turn); waits ``worker_poll`` (or parks)."""
         assert plan.worker_queue is not None and view.run is not None
-        queue, run = plan.worker_queue, view.run
+        queue = plan.worker_queue
         await self._hand_key(view)
-        if run.cancel_requested:
-            # Carried out here when no worker holds the run (fenced by its Lease): it needs no user code.
-            try:
-                await engine.executor.drive_cancel(view.run_id)
-                return "again"
-            except LeaseHeld:
-                pass  # a worker executes it: it cancels there, at its next boundary
         if view.projection is not None:
             view.projection.catch_up(await engine.store.journal_since(view.run_id, view.projection.last_seq))
         alive = await live_workers(self.api, view.namespace, queue)

@@ -169,7 +169,7 @@ class Turn:
             await time_out(engine, run, policy)
             return "again"
         if step.kind in ("suspend", "suspended"):
-            return await self._suspended(view, engine, run)
+            return await self._suspended(view, engine, run, hibernate=plan.worker_queue is None)
         if not run.status.terminal and not run.cancel_requested:
             view.extra.suspended = False
         if step.kind == "finished":
@@ -189,8 +189,8 @@ class Turn:
             return await self.queued.watch(view, engine, plan)
         return await self.execution.drive(view, engine, plan, step.deadline)
 
-    async def _suspended(self, view: RunView, engine: Engine, run: RunRecord) -> Outcome:
-        if run.status != RunStatus.SUSPENDED and not await suspend(view, engine):
+    async def _suspended(self, view: RunView, engine: Engine, run: RunRecord, *, hibernate: bool = True) -> Outcome:
+        if run.status != RunStatus.SUSPENDED and not await suspend(view, engine, hibernate=hibernate):
             # Its lease is held: by a replica executing it (which stops at the next boundary), or by one
             # that died or was cut off from the API server (the lease expires). Look again shortly: waiting
             # for the next watch event could mean waiting forever.
