@@ -33,4 +33,17 @@ def serve_queue(settings: Settings, queue: str, *, concurrency: int, poll_interv
             click.echo(f"worker {worker.engine.worker_id} serving queue {queue} in namespace {namespace}", err=True)
             return await worker.serve(stop, until_idle=until_idle)
 
-    return asyncio.run(go())
+    from durable_sandbox.kube.api.client import ApiException
+    from durable_sandbox.kube.journal.worker_key import WorkerKeyError
+
+    try:
+        return asyncio.run(go())
+    except WorkerKeyError as exc:
+        raise click.ClickException(str(exc)) from None
+    except ApiException as exc:
+        if exc.status not in (401, 403):
+            raise
+        raise click.ClickException(
+            f"the worker's credentials were refused in namespace {namespace} ({exc.status} {exc.reason}): a worker "
+            f"reads its namespace's Workflows and writes its runs' Journal objects and its heartbeat Lease there "
+            f"only; grant its ServiceAccount the worker Role of docs/kubernetes.md in {namespace}") from None
