@@ -28,6 +28,7 @@ from durable_sandbox.kube.spec.plan import WorkflowUnavailable, plan_workflow
 from durable_sandbox.kube.spec.queued import QueuedWorkflow
 from durable_sandbox.kube.workflow.queued_runs import no_worker_message
 from tests.builders import workflow_resource
+from tests.unit.process_support import eventually
 
 ROOT = b"j" * 32
 
@@ -160,3 +161,23 @@ async def test_a_worker_without_its_key_is_told_what_to_do() -> None:
         await read_worker_key(api, "team-a")
     with pytest.raises(WorkerKeyError, match="get on it"):
         await read_worker_key(SimpleNamespace(core=FakeCore(forbidden=True)), "team-a")  # type: ignore[arg-type]
+
+
+async def test_a_worker_waits_for_its_key_until_the_operator_writes_it_and_stops_when_told() -> None:
+    import asyncio
+
+    from durable_sandbox.kube.workers.start import wait_for_worker_key
+
+    core = FakeCore()
+    api: Any = SimpleNamespace(core=core)
+    said: list[str] = []
+    waiting = asyncio.create_task(wait_for_worker_key(api, "team-a", asyncio.Event(), interval=0.01, say=said.append))
+    await eventually(lambda: said, "the worker to say it waits for its key")
+    assert not waiting.done()
+    await ensure_worker_key(api, "team-a", ROOT)  # the operator, for the first spec.worker Workflow
+    async with asyncio.timeout(10):
+        assert await waiting == namespace_key(ROOT, "team-a")
+    assert len(said) == 1 and WORKER_KEY_SECRET in said[0]
+    stop = asyncio.Event()
+    stop.set()
+    assert await wait_for_worker_key(SimpleNamespace(core=FakeCore()), "team-b", stop, interval=0.01) is None  # type: ignore[arg-type]

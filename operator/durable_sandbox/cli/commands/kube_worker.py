@@ -24,12 +24,15 @@ def serve_queue(settings: Settings, queue: str, *, concurrency: int, poll_interv
     namespace = settings.namespace or own_namespace() or default_namespace()
 
     async def go() -> list[str]:
-        async with open_worker(namespace, queue, concurrency=concurrency, poll=poll_interval) as worker:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.add_signal_handler(sig, stop.set)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        async with open_worker(namespace, queue, stop, concurrency=concurrency, poll=poll_interval,
+                               say=lambda line: click.echo(line, err=True)) as worker:
+            if worker is None:
+                return []
             click.echo(f"worker {worker.engine.worker_id} serving queue {queue} in namespace {namespace}", err=True)
             return await worker.serve(stop, until_idle=until_idle)
 

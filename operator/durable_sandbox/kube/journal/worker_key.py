@@ -20,7 +20,7 @@ from kubernetes.aio.client import models as m
 from durable_sandbox.kube.api.client import ApiException, KubeClient, is_conflict, is_not_found
 from durable_sandbox.kube.journal.sealing import namespace_key
 
-__all__ = ["WORKER_KEY_SECRET", "WorkerKeyError", "ensure_worker_key", "read_worker_key"]
+__all__ = ["WORKER_KEY_SECRET", "WorkerKeyError", "WorkerKeyMissing", "ensure_worker_key", "read_worker_key"]
 
 WORKER_KEY_SECRET = "durable-sandbox-worker-key"
 _DATA_KEY = "key"
@@ -29,6 +29,10 @@ _MANAGED: Final[Mapping[str, str]] = {"app.kubernetes.io/managed-by": "durable-s
 
 class WorkerKeyError(RuntimeError):
     """The worker key cannot be read (or written): what is wrong, where, and what to do."""
+
+
+class WorkerKeyMissing(WorkerKeyError):
+    """There is no worker key in the namespace yet (the operator writes it for the first spec.worker Workflow)."""
 
 
 async def ensure_worker_key(api: KubeClient, namespace: str, journal_key: bytes) -> bool:
@@ -64,7 +68,7 @@ async def read_worker_key(api: KubeClient, namespace: str) -> bytes:
         secret: Any = await api.core.read_namespaced_secret(WORKER_KEY_SECRET, namespace)
     except ApiException as exc:
         if is_not_found(exc):
-            raise WorkerKeyError(
+            raise WorkerKeyMissing(
                 f"Secret {namespace}/{WORKER_KEY_SECRET} (the namespace's worker key) does not exist yet: the operator "
                 f"writes it once a Workflow with spec.worker exists in {namespace}; create one, or check that the "
                 f"operator runs and may create Secrets there.") from None
