@@ -46,17 +46,20 @@ class QueuedRuns:
         self._journal_key = journal_key
         self._keyed: set[str] = set()  # namespaces whose worker key this process has written or found right
 
-    async def watch(self, view: RunView, engine: Engine, plan: RunPlan) -> Outcome:
-        """One look at a runnable queued run (``view.run`` read by this turn); waits ``worker_poll`` (or parks)."""
-        assert plan.worker_queue is not None and view.run is not None
-        queue = plan.worker_queue
+    async def refresh(self, view: RunView, engine: Engine, plan: RunPlan) -> None:
+        """Bring what the workers committed to status (every turn of a queued run, whatever its state): the
+        journal since the last look, and whether a worker of the queue is alive."""
+        assert plan.worker_queue is not None
         await self._hand_key(view)
         if view.projection is not None:
             view.projection.catch_up(await engine.store.journal_since(view.run_id, view.projection.last_seq))
-        alive = await live_workers(self.api, view.namespace, queue)
-        view.extra.worker_queue = queue
-        view.extra.no_worker = None if alive else no_worker_message(view.namespace, queue)
+        alive = await live_workers(self.api, view.namespace, plan.worker_queue)
+        view.extra.worker_queue = plan.worker_queue
+        view.extra.no_worker = None if alive else no_worker_message(view.namespace, plan.worker_queue)
         self.wing.publisher.offer(view)
+
+    async def watch(self, view: RunView) -> Outcome:
+        """A runnable queued run (refreshed by this turn): look again in ``worker_poll`` seconds (or sooner)."""
         await wait_or_park(self.wing.runs, self.wing.settings, view, self.wing.settings.worker_poll, "worker")
         return "again"
 

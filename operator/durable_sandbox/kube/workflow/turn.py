@@ -163,6 +163,8 @@ class Turn:
                                  "the run's record disappeared while the Workflow exists", tampered=False, lost=True)
         view.run = run
         view.extra.attempt = run.epoch + 1
+        if plan.worker_queue is not None:
+            await self.queued.refresh(view, engine, plan)  # what its workers committed, to status
         policy = plan.policy
         step = decide(run, policy, time.time(), suspend=wf is not None and wf.spec.suspend)
         if step.kind == "timeout":
@@ -186,7 +188,7 @@ class Turn:
         if step.kind == "wait":
             return await self._waiting(view, engine, plan, run, step.at)
         if plan.worker_queue is not None:
-            return await self.queued.watch(view, engine, plan)
+            return await self.queued.watch(view)
         return await self.execution.drive(view, engine, plan, step.deadline)
 
     async def _suspended(self, view: RunView, engine: Engine, run: RunRecord, *, hibernate: bool = True) -> Outcome:
