@@ -39,8 +39,8 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
     (default: the Pod's, else the kubeconfig's) that name QUEUE in spec.worker, with this process's credentials
     and the namespace's worker key (Secret durable-sandbox-worker-key, which the operator writes).
     """
-    if settings.kube or queue is not None:
-        if not (settings.kube and queue):
+    if queue is not None:  # `dsb --kube worker` without a queue is the local worker's usage error (open_engine)
+        if not settings.kube:
             raise click.UsageError("a cluster worker needs both --kube and --queue QUEUE (the queue its "
                                    "Workflows name in spec.worker.queue)")
         from durable_sandbox.cli.commands.kube_worker import serve_queue
