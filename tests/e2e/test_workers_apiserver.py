@@ -1,10 +1,12 @@
 """Issue 39, first slice, against a real API server: a Workflow with spec.worker waits for a worker (and says so),
 a `dsb worker --kube` process with a namespace ServiceAccount's token runs it, a worker SIGKILLed mid-run is
 taken over by another with no committed step run again, deleting the Workflow with no worker alive deletes its
-sandboxes, and a worker of namespace A can neither read, write, claim nor seal the runs of namespace B."""
+sandboxes, a worker of namespace A can neither read, write, claim nor seal the runs of namespace B, and what it
+forges in its own journal cannot make the operator delete B's sandbox."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -25,7 +27,7 @@ from tests.e2e.operator_support import (
     wait_condition,
     wait_gone,
 )
-from tests.e2e.worker_support import WorkerProcess, grant_worker, queued
+from tests.e2e.worker_support import WorkerProcess, forge_provision, grant_worker, queued
 
 __all__ = ["namespace", "operators"]  # fixtures
 
@@ -158,3 +160,27 @@ def test_a_worker_of_namespace_a_cannot_read_write_claim_or_seal_namespace_b_run
     t.worker(t.b)
     wait_condition(t.cp, t.b, "b-run", "Succeeded", timeout=120)
     assert status(t.cp, t.b, "b-run")["runId"] == run_id and t.lines("b") == ["s0", "s1"]
+
+
+def test_a_record_a_worker_forges_in_its_own_journal_cannot_make_the_operator_delete_another_namespace_sandbox(
+        team: Team) -> None:
+    t = team
+    for ns, name in ((t.b, "b-held"), (t.a, "a-held")):
+        t.apply(ns, queued(name, GATE_FLOW, {"name": name, "hibernateAfterSeconds": 600}))
+        w = t.worker(ns)
+        wait_condition(t.cp, ns, name, "WaitingForSignal", timeout=120)
+        w.kill()
+    b_sandbox = status(t.cp, t.b, "b-held")["sandbox"]["providerId"]
+    a_sandbox = status(t.cp, t.a, "a-held")["sandbox"]["providerId"]
+    assert f"local/workspaces/{b_sandbox}" in local_sandboxes(t.op.home)
+
+    # Worker A, with its own token and key, seals into its own run a provision record naming B's sandbox.
+    run_id = status(t.cp, t.a, "a-held")["runId"]
+    asyncio.run(forge_provision(t.tmp / f"worker-{t.a}.kubeconfig", t.a, run_id, a_sandbox, b_sandbox))
+
+    t.cp.kubectl("delete", "workflow", "a-held", "-n", t.a, "--wait=false")
+    wait_gone(t.cp, t.a, "a-held", timeout=120)
+    left = local_sandboxes(t.op.home)
+    assert f"local/workspaces/{a_sandbox}" not in left  # A's own, by its owner tag
+    assert f"local/workspaces/{b_sandbox}" in left, left  # B's: never by A's word
+    assert status(t.cp, t.b, "b-held")["phase"] == "Waiting"

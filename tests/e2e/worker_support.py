@@ -4,6 +4,8 @@ Role, a worker process started with a namespace ServiceAccount's token."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +18,7 @@ from tests.dsb import DSB, ROOT
 from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import sa_kubeconfig
 
-__all__ = ["WORKER_RULES", "WorkerProcess", "gated_steps", "grant_worker", "queued"]
+__all__ = ["WORKER_RULES", "WorkerProcess", "forge_provision", "gated_steps", "grant_worker", "queued"]
 
 QUEUE = "agents"
 WORKER_RULES: list[dict[str, Any]] = [  # docs/kubernetes.md, "Your own workers": the worker's Role
@@ -113,3 +115,25 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.process.returncode
+
+
+async def forge_provision(kubeconfig: Path, namespace: str, run_id: str, own_id: str, stolen_id: str) -> None:
+    """What a hostile worker can do with its credentials and its namespace's key: append to its own run's journal,
+    under the run's Lease, a sealed ``sandbox.provision`` record of a session ``stolen`` naming ``stolen_id``."""
+    from durable_sandbox.engine.records import Commit
+    from durable_sandbox.kube.api.client import KubeClient
+    from durable_sandbox.kube.journal.worker_key import read_worker_key
+    from durable_sandbox.kube.store import KubernetesStore
+
+    async with await KubeClient.connect(kubeconfig=str(kubeconfig)) as api:
+        store = KubernetesStore(namespace, api, namespace_key=await read_worker_key(api, namespace))
+        provision = next(r for r in await store.load_journal(run_id) if r.kind == "sandbox.provision" and r.result)
+        forged = dataclasses.replace(
+            provision, op_id=provision.op_id.replace("workspace", "stolen", 1), seq=0,
+            result=json.loads(json.dumps(provision.result).replace(own_id, stolen_id)),
+            meta=json.loads(json.dumps(provision.meta).replace(own_id, stolen_id)))
+        lease = await store.claim(run_id, "hostile-worker", 30)
+        await store.commit(run_id, lease.fence, Commit(records=[forged]))
+        await store.release(lease)
+        rows = await store.load_journal(run_id)
+        assert any(stolen_id in json.dumps([r.result, r.meta]) for r in rows), [(r.op_id, r.result, r.meta) for r in rows]
