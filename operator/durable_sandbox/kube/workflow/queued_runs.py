@@ -19,6 +19,7 @@ and looks again every ``worker_poll`` seconds while the run is runnable (a watch
 from __future__ import annotations
 
 import logging
+import time
 
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.journal.worker_key import WorkerKeyError, ensure_worker_key
@@ -31,7 +32,9 @@ from durable_sandbox.sandbox_engine import Engine
 
 log = logging.getLogger(__name__)
 
-__all__ = ["QueuedRuns", "no_worker_message"]
+__all__ = ["KEY_CHECK_EVERY", "QueuedRuns", "no_worker_message"]
+
+KEY_CHECK_EVERY = 60.0  # seconds: a worker key deleted or changed behind the operator's back is put back within this
 
 
 def no_worker_message(namespace: str, queue: str) -> str:
@@ -44,7 +47,8 @@ class QueuedRuns:
         self.wing = wing
         self.api = api
         self._journal_key = journal_key
-        self._keyed: set[str] = set()  # namespaces whose worker key this process has written or found right
+        # namespace -> when this process last wrote or found its worker key right (looked at again after KEY_CHECK_EVERY)
+        self._keyed: dict[str, float] = {}
 
     async def refresh(self, view: RunView, engine: Engine, plan: RunPlan) -> None:
         """Bring what the workers committed to status (every turn of a queued run, whatever its state): the
@@ -64,14 +68,16 @@ class QueuedRuns:
         return "again"
 
     async def _hand_key(self, view: RunView) -> None:
-        if self._journal_key is None or view.namespace in self._keyed:
+        if self._journal_key is None:
             return  # no seals (the PostgreSQL journal): nothing to hand
+        if time.monotonic() - self._keyed.get(view.namespace, -KEY_CHECK_EVERY) < KEY_CHECK_EVERY:
+            return
         try:
             await ensure_worker_key(self.api, view.namespace, self._journal_key)
         except WorkerKeyError as exc:
             log.warning("%s/%s: %s", view.namespace, view.name, exc)
             view.extra.not_runnable, view.extra.not_runnable_reason = str(exc), "WorkerKeyNotWritten"
             return
-        self._keyed.add(view.namespace)
+        self._keyed[view.namespace] = time.monotonic()
         if view.extra.not_runnable_reason == "WorkerKeyNotWritten":
             view.extra.not_runnable, view.extra.not_runnable_reason = None, None
