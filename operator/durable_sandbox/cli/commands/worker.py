@@ -29,15 +29,32 @@ from durable_sandbox.runs.settings import Settings
 @click.option("--workflow", "workflows", multiple=True, help="Only runs of this workflow (repeatable).")
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is runnable (instead of serving until Ctrl-C).")
 @click.option("--schedules", is_flag=True, help="Also create the runs of `dsb schedule` that fall due (every poll).")
+@click.option("--queue", default=None, metavar="QUEUE",
+              help="With --kube: execute the runs of the namespace's Workflows whose spec.worker.queue is QUEUE.")
 @pass_settings
 def worker(settings: Settings, concurrency: int, poll_interval: float, workflows: tuple[str, ...], until_idle: bool,
-           schedules: bool) -> None:
+           schedules: bool, queue: str | None) -> None:
     """Execute runnable runs: pending ones, runs whose durable timer is due, runs a dead process left behind.
 
     Workflows are imported by the path their runs recorded (run it from the directory your code imports
     from): a run whose module it cannot import is skipped with a warning and left as it is. Waiting runs
     that hold a sandbox are hibernated after the engine's hibernate_after.
+
+    With --kube --queue QUEUE [-n NS]: a cluster worker. It executes the runs of the Workflows of namespace NS
+    (default: the Pod's, else the kubeconfig's) that name QUEUE in spec.worker, with this process's credentials
+    and the namespace's worker key (Secret durable-sandbox-worker-key, which the operator writes).
     """
+    if queue is not None:  # `dsb --kube worker` without a queue is the local worker's usage error (open_engine)
+        if not settings.kube:
+            raise click.UsageError("a cluster worker needs both --kube and --queue QUEUE (the queue its "
+                                   "Workflows name in spec.worker.queue)")
+        from durable_sandbox.cli.commands.kube_worker import serve_queue
+
+        with _engine_warnings():
+            executed = serve_queue(settings, queue, concurrency=concurrency, poll_interval=poll_interval,
+                                   until_idle=until_idle)
+        click.echo(f"worker executed {len(set(executed))} run(s)", err=True)
+        click.get_current_context().exit(EXIT_OK)
 
     async def go() -> list[RunRecord]:
         async with open_engine(settings, create=schedules) as engine:  # schedules make runs, and the store

@@ -176,6 +176,8 @@ class Extra:
     refused_signals: dict[str, str] = field(default_factory=dict)  # spec.signals keys refused -> why (too big)
     ignored: tuple[str, str] | None = None  # (reason, message): a spec change after the run finished
     result_ref: str | None = None
+    worker_queue: str | None = None  # spec.worker.queue: the run is executed by the namespace's workers
+    no_worker: str | None = None  # while no live worker of that queue is seen: what the run waits for
 
 
 def render(
@@ -265,6 +267,11 @@ def conditions(
     out.append(condition("WaitingForSignal", waiting, "WaitingForSignal" if waiting else "NotWaiting",
                           ("waiting for " + ", ".join(pending) + "; set spec.signals.<id> to continue" + refused)
                           if waiting else "the run waits for no signal", gen, previous))
+    if extra.worker_queue is not None:
+        idle = extra.no_worker is not None and phase not in TERMINAL_PHASES
+        out.append(condition("WaitingForWorker", idle, "NoWorker" if idle else "NotWaiting",
+                              extra.no_worker if idle and extra.no_worker is not None
+                              else f"the run does not wait for a worker of queue {extra.worker_queue!r}", gen, previous))
     out.append(condition("Recovering", projection.recovering and phase == "Running", "SandboxLost" if projection.recovering else "NotRecovering",
                           "restoring the sandbox from its newest snapshot" if projection.recovering
                           else f"no sandbox is being recovered ({projection.recovery_count} recovery(ies) so far)", gen, previous))

@@ -17,7 +17,8 @@ __all__ = ["MESSAGE_LIMIT", "SANDBOX_CONDITIONS", "WORKFLOW_CONDITIONS", "by_typ
 MESSAGE_LIMIT = 1024
 
 # The condition types of each resource, in the order status lists them (and the CRDs' docs name them).
-WORKFLOW_CONDITIONS = ("Ready", "Succeeded", "Failed", "Suspended", "WaitingForSignal", "Recovering", "CleanupBlocked")
+WORKFLOW_CONDITIONS = ("Ready", "Succeeded", "Failed", "Suspended", "WaitingForSignal", "WaitingForWorker", "Recovering",
+                       "CleanupBlocked")
 SANDBOX_CONDITIONS = ("Ready", "Suspended", "CleanupBlocked")
 
 Condition = dict[str, Any]

@@ -42,6 +42,8 @@ from pydantic import BaseModel
 from durable_sandbox.kube.api.resources import GROUP, POOLS, SANDBOXES, SCHEDULES, VERSION, WORKFLOWS
 from durable_sandbox.kube.spec.models import (
     _ENTRYPOINT,
+    WORKER_NEEDS_ENTRYPOINT,
+    WORKER_QUEUE_PATTERN,
     SandboxPoolResource,
     SandboxResource,
     WorkflowResource,
@@ -77,7 +79,7 @@ ENV_ONE_SOURCE = "set exactly one of value or valueFrom"
 TIMEOUT_POLICY_SHELL_ONLY = "failurePolicy.onTimeout applies only to shell calls (only they have a timeout)"
 LOSS_WITHIN_CALLS = "injectLossAfterNCalls must be at most the number of toolCalls (the loss would never happen)"
 # The program of a run is fixed at creation: the journal records what ran, and a replay must meet the same calls.
-PROGRAM_FIELDS = ("toolCalls", "entrypoint", "sandbox", "sandboxRef")
+PROGRAM_FIELDS = ("toolCalls", "entrypoint", "sandbox", "sandboxRef", "worker")
 # Compared with the stored value by the admission policy rather than a CRD rule: up to 10,000 calls are too
 # many to compare on every status write (the CRD keeps only the O(1) check that the field neither appears nor
 # disappears).
@@ -134,6 +136,7 @@ MODEL_RULES: Final[Mapping[str, Sequence[Mapping[str, str]]]] = {
     "WorkflowSpec": [
         rule("has(self.toolCalls) != has(self.entrypoint)", ONE_PROGRAM),
         rule("!(has(self.sandbox) && has(self.sandboxRef))", ONE_SANDBOX),
+        rule("!has(self.worker) || has(self.entrypoint)", WORKER_NEEDS_ENTRYPOINT, fieldPath=".worker"),
         rule(
             "!has(self.injectLossAfterNCalls) || !has(self.toolCalls) || self.injectLossAfterNCalls <= size(self.toolCalls)",
             LOSS_WITHIN_CALLS,
@@ -171,6 +174,7 @@ FIELD_EXTRAS: Final[Mapping[tuple[str, str], Mapping[str, Any]]] = {
         "pattern": _ENTRYPOINT.pattern,
         "description": "A 'package.module:function' reference to a workflow function.",
     },
+    ("WorkerSpec", "queue"): {"pattern": WORKER_QUEUE_PATTERN, "maxLength": 40},
     ("ShellCall", "cwd"): PATH_SCHEMA,
     ("WriteFileCall", "path"): PATH_SCHEMA,
     ("ReadFileCall", "path"): PATH_SCHEMA,

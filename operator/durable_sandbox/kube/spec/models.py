@@ -114,6 +114,26 @@ class SandboxRef(_Model):
         return _dns1123(value)
 
 
+WORKER_QUEUE_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
+_WORKER_QUEUE = re.compile(WORKER_QUEUE_PATTERN)
+
+
+class WorkerSpec(_Model):
+    """Execute the run in the team's own workers (``dsb worker --kube --queue QUEUE`` in this namespace), not
+    in the operator: the operator admits it, reports its status and cleans up after it."""
+
+    queue: str = Field(description="The queue the workers serving this run listen on (a DNS label of at most 40 "
+                       "characters): `dsb worker --kube --queue QUEUE` in the Workflow's namespace.")
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, value: str) -> str:
+        if not _WORKER_QUEUE.match(value):
+            raise ValueError(f"{value!r} is not a queue name (lowercase letters, digits and '-', at most 40 "
+                             "characters, starting and ending with a letter or digit)")
+        return value
+
+
 class RetrySpec(_Model):
     """Retry of the whole run when it fails (each retry resumes the journal: completed work is kept)."""
 
@@ -199,6 +219,9 @@ def without_refused_signals(body: dict[str, Any]) -> tuple[dict[str, Any], dict[
     return {**body, "spec": {**spec, "signals": kept}}, refused
 
 
+WORKER_NEEDS_ENTRYPOINT = "worker needs entrypoint (toolCalls are run by the operator's built-in sandbox-agent)"
+
+
 class WorkflowSpec(_Model):
     """What to run and how. The program (toolCalls or entrypoint and input, sandbox or sandboxRef) is fixed
     at creation; suspend, cancel and signals steer the run while it goes."""
@@ -221,6 +244,11 @@ class WorkflowSpec(_Model):
     input: JsonValue = Field(
         default=None,
         description="The entrypoint's argument, any JSON value (only with entrypoint)." + _FIXED,
+    )
+    worker: WorkerSpec | None = Field(
+        default=None,
+        description="Execute the entrypoint in the namespace's own workers listening on this queue (dsb worker "
+        "--kube), not in the operator, which then need not be able to import it (only with entrypoint)." + _FIXED,
     )
     sandbox: ResourceSandboxSettings | None = Field(
         default=None,
@@ -361,6 +389,8 @@ class WorkflowSpec(_Model):
             raise ValueError(f"set exactly one of toolCalls or entrypoint ({which})")
         if self.input is not None and self.entrypoint is None:
             raise ValueError("input is the entrypoint's argument; it needs entrypoint (toolCalls take no input)")
+        if self.worker is not None and self.entrypoint is None:
+            raise ValueError(WORKER_NEEDS_ENTRYPOINT)
         if self.sandbox is not None and self.sandbox_ref is not None:
             raise ValueError("set at most one of sandbox or sandboxRef")
         return self
@@ -708,6 +738,8 @@ def to_sandbox_agent_input(spec: WorkflowSpec, sandbox: SandboxSettings | None =
 
 __all__ = [
     "KINDS",
+    "WORKER_NEEDS_ENTRYPOINT",
+    "WORKER_QUEUE_PATTERN",
     "CallsStatus",
     "Condition",
     "CurrentCall",
@@ -733,6 +765,7 @@ __all__ = [
     "ShellCall",
     "StatusError",
     "ToolCallSpec",
+    "WorkerSpec",
     "WorkflowResource",
     "WorkflowSpec",
     "WorkflowStatus",

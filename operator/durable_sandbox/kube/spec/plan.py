@@ -40,6 +40,7 @@ from durable_sandbox.kube.spec.models import (
     WorkflowResource,
     to_sandbox_agent_input,
 )
+from durable_sandbox.kube.spec.queued import queued_workflow
 from durable_sandbox.workflows import sandbox_agent
 
 WORKFLOW_LABEL = "durable-sandbox.dev/workflow"
@@ -86,6 +87,7 @@ class RunPlan:
     sandbox: SandboxSettings | None = None  # a toolCalls Workflow's sandbox, for the provider pre-run check
     snapshot_every: int = 0
     inject_loss_after: int | None = None
+    worker_queue: str | None = None  # spec.worker.queue: executed by the namespace's workers, not the operator
 
     @property
     def max_attempts(self) -> int:
@@ -139,13 +141,16 @@ def plan_workflow(
     cluster: bool = False,
     allowed_modules: Sequence[str] | None = None,
     default_provider: str = "local",
+    executing_worker: bool = False,
 ) -> RunPlan:
     """The run plan of one Workflow.
 
     ``sandboxes`` are the Sandbox resources ``spec.sandboxRef`` may name (the same file locally, the
     namespace in the cluster). ``cluster`` selects the cluster's meaning (see the module doc); it needs
     ``metadata.uid``. ``allowed_modules`` (operator policy) limits which entrypoints may be imported.
-    ``default_provider``: the provider of a toolCalls sandbox that names none.
+    ``default_provider``: the provider of a toolCalls sandbox that names none. A Workflow with ``spec.worker`` is
+    planned without importing its entrypoint (:func:`queued_workflow`) unless ``executing_worker`` (the worker
+    that executes it, which imports it itself).
     """
     spec = wf.spec
     name = wf.metadata.name
@@ -155,7 +160,11 @@ def plan_workflow(
                                  default_provider=default_provider)
     if not cluster:
         _check_local(wf, settings, where=where, warnings=warnings)
-    program = _program(wf, settings, cluster=cluster, where=where, allowed_modules=allowed_modules)
+    if spec.worker is not None and not executing_worker:
+        assert spec.entrypoint is not None  # the model refuses a worker without one
+        program = _Program(queued_workflow(spec.entrypoint, spec.worker.queue), spec.input, spec.input, {}, None)
+    else:
+        program = _program(wf, settings, cluster=cluster, where=where, allowed_modules=allowed_modules)
     if cluster:
         if not wf.metadata.uid:
             raise PlanError(f"{where}metadata.uid is missing; the cluster assigns it (read the object back from the API)")
@@ -181,6 +190,7 @@ def plan_workflow(
         sandbox=settings if spec.tool_calls is not None else None,
         snapshot_every=spec.snapshot_every_n_calls,
         inject_loss_after=spec.inject_loss_after_n_calls,
+        worker_queue=spec.worker.queue if spec.worker is not None else None,
     )
 
 

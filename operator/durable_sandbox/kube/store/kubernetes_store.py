@@ -73,14 +73,16 @@ class KubernetesStore:
 
     def __init__(self, namespace: str, api: KubeClient, *, clock: Callable[[], float] = time.monotonic,
                  field_manager: str = "durable-sandbox", owns_client: bool = False,
-                 journal_key: bytes | None = None) -> None:
+                 journal_key: bytes | None = None, namespace_key: bytes | None = None) -> None:
         """``journal_key``: the operator's key (``kube/journal/journal_key.py``); every value this store acts on is then
-        sealed when written and checked when read. Without one (``dsb --kube`` reads with the user's own
-        credentials) seals are stripped unchecked."""
+        sealed (with this namespace's key, derived from it) when written and checked when read. ``namespace_key``
+        instead: that namespace key alone, a worker's (``dsb worker --kube``). Without either (``dsb --kube``
+        reads with the user's own credentials) seals are stripped unchecked."""
         self.namespace = namespace
         self.api = api
         self.field_manager = field_manager
-        self.sealer = Sealer(journal_key, namespace)
+        self.sealer = (Sealer(namespace_key, namespace, namespace_key=True) if namespace_key is not None
+                       else Sealer(journal_key, namespace))
         self.objects = JournalObjects(api, namespace, field_manager=field_manager)
         self.leases = Leases(api, namespace, clock=clock, field_manager=field_manager)
         self._owns_client = owns_client

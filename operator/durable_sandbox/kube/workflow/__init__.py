@@ -7,6 +7,8 @@
 - ``admission.py``: policy and plan before anything is imported or provisioned; the run created.
 - ``turn.py``: what an active run's task does, turn after turn, by the run's state.
 - ``execution.py``: the run executed here under its Lease, in an execution slot, watched meanwhile.
+- ``queued_runs.py``: a run the namespace's own workers execute (spec.worker): status from their journal,
+  WaitingForWorker, the namespace's worker key.
 - ``steering.py``: spec.signals and spec.cancel brought to the run.
 - ``suspend.py``: spec.suspend on a run no replica executes.
 - ``finished.py``: the final status, the Sandbox let go, ttlSecondsAfterFinished.

@@ -8,7 +8,9 @@ condition ``CleanupBlocked`` and an Event; kopf retries with the backoff of ``cl
 not status, says what to delete: status is a projection, which anyone granted ``workflows/status`` can write.
 When there is no journal to go by (the run's objects are gone already, or it fails its seals:
 ``JournalDamaged``), cleanup goes by what the providers themselves record: the sandboxes and snapshots tagged
-with this Workflow's owner tag (``<namespace>/<uid>``), and nothing else.
+with this Workflow's owner tag (``<namespace>/<uid>``), and nothing else. A Workflow executed by the namespace's
+own workers (``spec.worker``) is always cleaned up that way: its journal is written by the team's code, whose word
+must never make the operator delete anything (a forged record could name another namespace's sandbox).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class Cleanup:
         engine = self.wing.engines.engine_for(namespace)
         view = self.wing.runs.views.get(run_id) or RunView(namespace=namespace, name=name, uid=uid, run_id=run_id, body=body)
         delay = self.wing.settings.cleanup_backoff[min(attempt, len(self.wing.settings.cleanup_backoff) - 1)]
+        if (body.get("spec") or {}).get("worker"):
+            await self._queued(view, body, engine, delay)
+            return
         try:
             run = await engine.store.get_run(run_id)
             if run is not None:
@@ -72,6 +77,16 @@ class Cleanup:
         except Exception as exc:
             await self._blocked(view, body, f"cleanup of run {run_id} is blocked: {type(exc).__name__}: {exc}", delay)
         await self._done(view, body)
+
+    async def _queued(self, view: RunView, body: Mapping[str, Any], engine: Engine, delay: float) -> None:
+        """A worker-executed run: a worker still executing it is told to stop (the cancel, in the journal), and what
+        the providers hold under this Workflow's owner tag goes, with no worker alive as well."""
+        with contextlib.suppress(JournalDamaged):
+            run = await engine.store.get_run(view.run_id)
+            if run is not None and not run.status.terminal and not run.cancel_requested:
+                await engine.client.request_cancel(view.run_id, "the Workflow was deleted")
+        await self._cleanup_by_owner(view, body, delay)
+        await self._done(view, body, how="by the providers' owner tags (a worker's journal decides no deletion)")
 
     async def _cancel(self, view: RunView, body: Mapping[str, Any], engine: Engine,
                       requested: str | None, delay: float) -> None:

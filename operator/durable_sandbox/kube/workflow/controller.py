@@ -53,6 +53,7 @@ from durable_sandbox.kube.workflow.engines import Engines
 from durable_sandbox.kube.workflow.execution import Execution
 from durable_sandbox.kube.workflow.finished import Finisher
 from durable_sandbox.kube.workflow.publishing import Publisher
+from durable_sandbox.kube.workflow.queued_runs import QueuedRuns
 from durable_sandbox.kube.workflow.runs import Runs, RunView
 from durable_sandbox.kube.workflow.scheduler import Scheduler
 from durable_sandbox.kube.workflow.settings import OperatorPolicy, OperatorSettings
@@ -102,7 +103,7 @@ class Operator:
         self.admission = Admission(wing, api, self.policy)
         self.execution = Execution(wing, self.slots)
         self.finisher = Finisher(wing)
-        self.turn = Turn(wing, self.admission, self.execution, self.finisher)
+        self.turn = Turn(wing, self.admission, self.execution, self.finisher, QueuedRuns(wing, api, journal_key))
         self.scheduler = Scheduler(wing, self.turn.serve)
         self.finalizer = Cleanup(wing)
         self.metrics.runs.labels(state="active").set_function(lambda: len(self.runs.active))

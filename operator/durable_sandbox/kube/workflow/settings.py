@@ -35,6 +35,9 @@ class OperatorSettings:
     periodic_writes_per_s: float = 5.0
     handover_grace: float = 20.0  # how long a call in flight may take to finish when a run is handed over
     not_runnable_retry: float = 30.0
+    # A run executed by the namespace's workers (spec.worker) is looked at this often while it is runnable: its
+    # status is projected from its journal, and WaitingForWorker says whether a worker of its queue is alive.
+    worker_poll: float = 2.0
     hibernate_after: float = 300.0  # default for runs whose spec says nothing (DESIGN 6)
     cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
     # A wait longer than this parks the run (its task ends; a timer or the watch brings it back); shorter

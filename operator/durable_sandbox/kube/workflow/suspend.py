@@ -14,9 +14,10 @@ from durable_sandbox.sandbox_engine import Engine
 __all__ = ["suspend"]
 
 
-async def suspend(view: RunView, engine: Engine) -> bool:
+async def suspend(view: RunView, engine: Engine, *, hibernate: bool = True) -> bool:
     """Snapshot and destroy the run's sandboxes (hibernate) and mark it suspended, under its lease. False when
-    its lease is held elsewhere."""
+    its lease is held elsewhere. Not ``hibernate`` (a run the namespace's workers execute): marked only, its
+    sandboxes left to its worker (the operator finalizes nothing from a journal a worker wrote)."""
     executor = engine.executor
     try:
         lease = await engine.store.claim(view.run_id, executor.worker_id, executor.lease_ttl)
@@ -26,7 +27,7 @@ async def suspend(view: RunView, engine: Engine) -> bool:
         run = await engine.store.get_run(view.run_id)
         if run is None or run.status.terminal:
             return True
-        if executor.hooks is not None:
+        if executor.hooks is not None and hibernate:
             await executor.hooks.hibernate_run(executor, run, lease)
         view.extra.suspended = True
         await engine.store.update_run(view.run_id, {"status": RunStatus.SUSPENDED}, fence=lease.fence)

@@ -29,6 +29,7 @@ from durable_sandbox.kube.workflow.admission import Admission
 from durable_sandbox.kube.workflow.execution import Execution
 from durable_sandbox.kube.workflow.finished import Finisher
 from durable_sandbox.kube.workflow.parking import Outcome, Park, wait_or_park
+from durable_sandbox.kube.workflow.queued_runs import QueuedRuns
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.steering import sync_spec
 from durable_sandbox.kube.workflow.suspend import suspend
@@ -57,12 +58,14 @@ def acted_generation(view: RunView) -> int | None:
 
 
 class Turn:
-    def __init__(self, wing: Wing, admission: Admission, execution: Execution, finisher: Finisher) -> None:
+    def __init__(self, wing: Wing, admission: Admission, execution: Execution, finisher: Finisher,
+                 queued: QueuedRuns) -> None:
         self.runs, self.settings, self.engines, self.publisher = wing.runs, wing.settings, wing.engines, wing.publisher
         self.away = wing.away
         self.admission = admission
         self.execution = execution
         self.finisher = finisher
+        self.queued = queued  # runs the namespace's workers execute (spec.worker)
         self._admitting = asyncio.Semaphore(wing.settings.admissions)
         self._store_away_said: dict[str, float] = {}  # namespace -> when its journal's store away was said
 
@@ -160,13 +163,15 @@ class Turn:
                                  "the run's record disappeared while the Workflow exists", tampered=False, lost=True)
         view.run = run
         view.extra.attempt = run.epoch + 1
+        if plan.worker_queue is not None:
+            await self.queued.refresh(view, engine, plan)  # what its workers committed, to status
         policy = plan.policy
         step = decide(run, policy, time.time(), suspend=wf is not None and wf.spec.suspend)
         if step.kind == "timeout":
             await time_out(engine, run, policy)
             return "again"
         if step.kind in ("suspend", "suspended"):
-            return await self._suspended(view, engine, run)
+            return await self._suspended(view, engine, run, hibernate=plan.worker_queue is None)
         if not run.status.terminal and not run.cancel_requested:
             view.extra.suspended = False
         if step.kind == "finished":
@@ -182,10 +187,12 @@ class Turn:
             return "again"
         if step.kind == "wait":
             return await self._waiting(view, engine, plan, run, step.at)
+        if plan.worker_queue is not None:
+            return await self.queued.watch(view)
         return await self.execution.drive(view, engine, plan, step.deadline)
 
-    async def _suspended(self, view: RunView, engine: Engine, run: RunRecord) -> Outcome:
-        if run.status != RunStatus.SUSPENDED and not await suspend(view, engine):
+    async def _suspended(self, view: RunView, engine: Engine, run: RunRecord, *, hibernate: bool = True) -> Outcome:
+        if run.status != RunStatus.SUSPENDED and not await suspend(view, engine, hibernate=hibernate):
             # Its lease is held: by a replica executing it (which stops at the next boundary), or by one
             # that died or was cut off from the API server (the lease expires). Look again shortly: waiting
             # for the next watch event could mean waiting forever.
@@ -202,7 +209,7 @@ class Turn:
         now = time.time()
         dues = [due] if due is not None else []
         hibernate_at = run.updated_at + self._hibernate_after(plan)
-        if hibernate_at <= now:
+        if hibernate_at <= now and plan.worker_queue is None:  # a worker's sandboxes are its own to hibernate
             with contextlib.suppress(LeaseHeld):
                 await engine.executor.hibernate(view.run_id)
         else:
