@@ -106,7 +106,7 @@ SANDBOX_POD_RULES = {
 
 # What the operator uses, and nothing else (docs/operations.md explains each line).
 EXPECTED_RULES = {
-    "workflows.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete"},
+    "workflows.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete", "create"},
     "sandboxes.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete"},
     "workflows/status.durable-sandbox.dev": {"get", "patch", "update"},
     "sandboxes/status.durable-sandbox.dev": {"get", "patch", "update"},

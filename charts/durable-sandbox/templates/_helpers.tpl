@@ -54,6 +54,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: ["durable-sandbox.dev"]
   resources: ["workflows", "sandboxes"]
   verbs: ["get", "list", "watch", "patch", "delete"]
+# Child workflows: a run's child is a Workflow the operator creates, owned by its parent (kube/workflow/children.py).
+- apiGroups: ["durable-sandbox.dev"]
+  resources: ["workflows"]
+  verbs: ["create"]
 # Status goes through the status subresource only.
 - apiGroups: ["durable-sandbox.dev"]
   resources: ["workflows/status", "sandboxes/status"]

@@ -17,6 +17,7 @@ from durable_sandbox.kube.holders.holder_processes import HolderProcesses
 from durable_sandbox.kube.holders.holding import Holding
 from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.store.journals import JournalStores
+from durable_sandbox.kube.workflow.children import ChildObjects
 from durable_sandbox.kube.workflow.observed import ObservedStore
 from durable_sandbox.kube.workflow.publishing import Publisher
 from durable_sandbox.kube.workflow.refusal_notices import refusal_hold
@@ -42,6 +43,8 @@ class Engines:
         self._providers = providers
         self.journals = journals  # each namespace's store: the API server's Journal objects or PostgreSQL
         self.holding: Holding | None = None  # set by the Operator (it needs run_live, from here)
+        # A child workflow of a run executed here is a Workflow object of its own (kube/workflow/children.py).
+        self.children = ChildObjects(objects, runs, lambda namespace: self.engine_for(namespace).store)
 
     def engine_for(self, namespace: str) -> Engine:
         engine = self.runs.engines.get(namespace)
@@ -60,6 +63,7 @@ class Engines:
                     SandboxServices(owner=self._owner_for, labels=self.sandbox_labels, attached=self._attached_sandbox),
                     AgentServices(env_values=self._env_values_for, secrets=self._secrets_for),
                     refusal_hold(self.runs, self.publisher),  # a refused journal write holds the run, said
+                    self.children.placement(namespace),  # each child run a Workflow of its own
                 ],
             )
             self.runs.engines[namespace] = engine

@@ -115,7 +115,9 @@ class Execution:
             fresh = await self._fresh_spec(view)
             if fresh != "unchanged":
                 return fresh  # the daemon's next turn acts on the newer spec (suspend, cancel, deletion)
-            return await ex.engine.executor.drive(view.run_id, ex.plan.definition, if_busy="skip")
+            # "wait": a child workflow's run may be executing in this process already, driven by its parent's
+            # (engine/children.py); skipping would make this task's turns spin until that ends.
+            return await ex.engine.executor.drive(view.run_id, ex.plan.definition, if_busy="wait")
 
     async def _until_something(self, ex: _Executing) -> None:
         """Until the execution ends, the Workflow changes, the replica stops, or something is due."""
