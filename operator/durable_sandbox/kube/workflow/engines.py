@@ -7,10 +7,11 @@ every sandbox this operator makes)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from durable_sandbox.engine import JournalDamaged
+from durable_sandbox.engine.records import Commit, RunStatus
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.api.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.holders.holder_processes import HolderProcesses
@@ -43,6 +44,8 @@ class Engines:
         self._providers = providers
         self.journals = journals  # each namespace's store: the API server's Journal objects or PostgreSQL
         self.holding: Holding | None = None  # set by the Operator (it needs run_live, from here)
+        # Set by the Operator: a run of this replica made runnable by a write here (a child's end wakes its parent).
+        self.runnable: Callable[[str], None] | None = None
         # A child workflow of a run executed here is a Workflow object of its own (kube/workflow/children.py).
         self.children = ChildObjects(objects, runs, lambda namespace: self.engine_for(namespace).store)
 
@@ -50,7 +53,7 @@ class Engines:
         engine = self.runs.engines.get(namespace)
         if engine is None:
             store = ObservedStore(self.journals.store_for(namespace),
-                                  self.publisher.observed,
+                                  self._written,
                                   self.publisher.event_interval, self.publisher.read)
             engine = Engine(
                 store,
@@ -68,6 +71,14 @@ class Engines:
             )
             self.runs.engines[namespace] = engine
         return engine
+
+    def _written(self, run_id: str, commit: Commit | None, changes: dict[str, Any] | None) -> None:
+        """A write of this replica's engines: status and Events follow it; a run it made runnable outside its own
+        execution (``pending`` by a run update: a child's end waking its parent) takes a turn at once rather
+        than at its parked timer."""
+        self.publisher.observed(run_id, commit, changes)
+        if commit is None and changes and changes.get("status") == RunStatus.PENDING and self.runnable is not None:
+            self.runnable(run_id)
 
     @property
     def sandbox_labels(self) -> dict[str, str]:
