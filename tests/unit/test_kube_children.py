@@ -102,6 +102,10 @@ class FakeStore:
     def __init__(self) -> None:
         self.runs: dict[str, tuple[RunRecord, OwnerRef | None]] = {}
 
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        found = self.runs.get(run_id)
+        return found[0] if found else None
+
     async def create_run(self, run: RunRecord, *, owner: OwnerRef | None = None) -> tuple[RunRecord, bool]:
         if run.run_id in self.runs:
             return self.runs[run.run_id][0], False
@@ -142,9 +146,25 @@ async def test_a_planted_namesake_is_refused_and_nothing_of_it_is_taken() -> Non
 async def test_a_run_not_served_here_makes_no_child() -> None:
     objects, store = FakeObjects(), FakeStore()
     children = ChildObjects(objects, Runs(), lambda ns: store)  # type: ignore[arg-type]
-    with pytest.raises(RuntimeError, match="not served here"):
+    with pytest.raises(RuntimeError, match="no Workflow of namespace team is that run's"):
         await children.create("team", record(), "plan-01234567", "work/p0/child")
     assert objects.creates == 0
+
+
+async def test_a_child_executed_by_its_parents_process_starts_its_own_children() -> None:
+    objects, store, runs = FakeObjects(), FakeStore(), Runs()
+    served(runs)
+    children = ChildObjects(objects, runs, lambda ns: store)  # type: ignore[arg-type]
+    child = await children.create("team", record(), "plan-01234567", "work/p0/child")  # no view of it here
+    grandchild = await children.create("team", replace(record(), run_id="g"), child.run_id, "sub")
+    owner = objects.items[child.labels[WORKFLOW_LABEL]]["metadata"]
+    made = objects.items[grandchild.labels[WORKFLOW_LABEL]]
+    assert made["metadata"]["ownerReferences"][0]["uid"] == owner["uid"]
+    # A run whose record names a Workflow that is not its own (another uid) starts no child.
+    forged = replace(record(), run_id="forged-00000000", labels={WORKFLOW_LABEL: owner["name"]})
+    await store.create_run(forged)
+    with pytest.raises(RuntimeError, match="is that run's"):
+        await children.create("team", replace(record(), run_id="h"), "forged-00000000", "sub")
 
 
 async def test_the_engine_journals_the_run_id_the_placement_gives(tmp_path: Path) -> None:

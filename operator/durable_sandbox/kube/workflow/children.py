@@ -122,10 +122,7 @@ class ChildObjects:
 
     async def create(self, namespace: str, record: RunRecord, parent_run_id: str, op_id: str) -> RunRecord:
         """The child's Workflow (created, or adopted after a crash) and its run (created unless it exists)."""
-        view = self.runs.views.get(parent_run_id)
-        if view is None or view.namespace != namespace:
-            raise RuntimeError(f"run {parent_run_id} starts a child workflow but its Workflow is not served here")
-        parent = OwnerRef(name=view.name, uid=view.uid)
+        parent = await self._parent(namespace, parent_run_id)
         body = child_body(parent, namespace, parent_run_id, op_id, record)
         name = body["metadata"]["name"]
         made = await self.objects.create(WORKFLOWS, namespace, body)
@@ -146,3 +143,18 @@ class ChildObjects:
         if not created and (stored.workflow != run.workflow or stored.input != run.input):
             raise ChildNotAdoptable(f"the run of Workflow {namespace}/{name} is not the child's program")
         return stored
+
+    async def _parent(self, namespace: str, run_id: str) -> OwnerRef:
+        """The Workflow whose run ``run_id`` is: the one this replica serves, else the one its (sealed) run record
+        names, if that object's run is this run (a child executed by its own parent's process)."""
+        view = self.runs.views.get(run_id)
+        if view is not None and view.namespace == namespace:
+            return OwnerRef(name=view.name, uid=view.uid)
+        run = await self._store_for(namespace).get_run(run_id)
+        name = run.labels.get(WORKFLOW_LABEL) if run is not None else None
+        body = await self.objects.get(WORKFLOWS, namespace, name) if name else None
+        uid = str(((body or {}).get("metadata") or {}).get("uid") or "")
+        if name is None or not uid or cluster_run_id(name, uid) != run_id:
+            raise RuntimeError(f"run {run_id} starts a child workflow but no Workflow of namespace {namespace} "
+                               f"is that run's (only a Workflow's run can start a child in the cluster)")
+        return OwnerRef(name=name, uid=uid)

@@ -73,11 +73,13 @@ class Engines:
         return engine
 
     def _written(self, run_id: str, commit: Commit | None, changes: dict[str, Any] | None) -> None:
-        """A write of this replica's engines: status and Events follow it; a run it made runnable outside its own
-        execution (``pending`` by a run update: a child's end waking its parent) takes a turn at once rather
-        than at its parked timer."""
+        """A write of this replica's engines: status and Events follow it; a run it made runnable (``pending``: a
+        child's end waking its parent) takes a turn at once rather than at its parked timer."""
         self.publisher.observed(run_id, commit, changes)
-        if commit is None and changes and changes.get("status") == RunStatus.PENDING and self.runnable is not None:
+        status = (changes or {}).get("status") or ((commit.run or {}).get("status") if commit is not None else None)
+        # Also a parked run whose status changed here (a child cancelled with its parent): its turn says so.
+        if self.runnable is not None and (status == RunStatus.PENDING
+                                          or (status is not None and run_id in self.runs.parked)):
             self.runnable(run_id)
 
     @property
