@@ -102,6 +102,10 @@ class FakeStore:
     def __init__(self) -> None:
         self.runs: dict[str, tuple[RunRecord, OwnerRef | None]] = {}
 
+    async def update_run(self, run_id: str, changes: dict[str, Any]) -> None:
+        run, owner = self.runs[run_id]
+        self.runs[run_id] = (replace(run, **changes), owner)
+
     async def get_run(self, run_id: str) -> RunRecord | None:
         found = self.runs.get(run_id)
         return found[0] if found else None
@@ -130,6 +134,20 @@ async def test_the_child_is_a_workflow_whose_run_it_owns_and_a_replay_adopts_it(
     assert store.runs[first.run_id][1] == OwnerRef(name=name, uid=uid)  # the run goes with its Workflow
     again = await children.create("team", record(), "plan-01234567", "work/p0/child")  # the crash case
     assert again.run_id == first.run_id and len(objects.items) == 1 and len(store.runs) == 1
+
+
+async def test_a_run_its_own_admission_created_first_learns_its_parent() -> None:
+    objects, store, runs = FakeObjects(), FakeStore(), Runs()
+    served(runs)
+    name = child_object_name("plan", PARENT.uid, "work/p0/child")
+    await objects.create("workflows", "team", child_body(PARENT, "team", "plan-01234567", "work/p0/child", record()))
+    uid = objects.items[name]["metadata"]["uid"]
+    # What the child's admission records (the Workflow's labels, no parent): it may win the race.
+    await store.create_run(replace(record(), run_id=f"{name}-{uid[:8]}", labels={WORKFLOW_LABEL: name}))
+    children = ChildObjects(objects, runs, lambda ns: store)  # type: ignore[arg-type]
+    run = await children.create("team", record(), "plan-01234567", "work/p0/child")
+    assert run.labels[PARENT_LABEL] == "plan-01234567"
+    assert store.runs[run.run_id][0].labels == {WORKFLOW_LABEL: name, PARENT_LABEL: "plan-01234567"}
 
 
 async def test_a_planted_namesake_is_refused_and_nothing_of_it_is_taken() -> None:

@@ -142,6 +142,12 @@ class ChildObjects:
         stored, created = await self._store_for(namespace).create_run(run, owner=OwnerRef(name=name, uid=uid))
         if not created and (stored.workflow != run.workflow or stored.input != run.input):
             raise ChildNotAdoptable(f"the run of Workflow {namespace}/{name} is not the child's program")
+        if stored.labels.get(PARENT_LABEL) != parent_run_id:
+            # The child's own admission created its run first (it races this): the run learns its parent
+            # here, from the parent's process, so that its end wakes the parent.
+            labels = {**stored.labels, PARENT_LABEL: parent_run_id}
+            await self._store_for(namespace).update_run(stored.run_id, {"labels": labels})
+            stored = replace(stored, labels=labels)
         return stored
 
     async def _parent(self, namespace: str, run_id: str) -> OwnerRef:
