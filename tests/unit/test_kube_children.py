@@ -209,3 +209,27 @@ async def test_the_engine_journals_the_run_id_the_placement_gives(tmp_path: Path
     finally:
         await engine.aclose()
         await store.close()
+
+
+class RefusingObjects(FakeObjects):
+    def __init__(self, status: int) -> None:
+        super().__init__()
+        self.status = status
+
+    async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        from durable_sandbox.kube.api.client import ApiException
+
+        raise ApiException(status=self.status, reason="test")
+
+
+async def test_an_api_server_away_stops_the_parent_and_a_refusal_says_what_is_missing() -> None:
+    from durable_sandbox.engine.errors import StoreUnavailable
+
+    runs = Runs()
+    served(runs)
+    away = ChildObjects(RefusingObjects(503), runs, lambda ns: FakeStore())  # type: ignore[arg-type]
+    with pytest.raises(StoreUnavailable):  # a lost lease: the parent resumes from its journal, never fails
+        await away.create("team", record(), "plan-01234567", "work/p0/child")
+    refused = ChildObjects(RefusingObjects(403), runs, lambda ns: FakeStore())  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match=r"needs `create` on workflows\.durable-sandbox\.dev"):
+        await refused.create("team", record(), "plan-01234567", "work/p0/child")

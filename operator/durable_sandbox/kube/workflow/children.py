@@ -31,12 +31,14 @@ from dataclasses import replace
 from typing import Any
 
 from durable_sandbox.engine.children import PARENT_LABEL, ChildPlacement
-from durable_sandbox.engine.errors import RunConflict
+from durable_sandbox.engine.errors import RunConflict, StoreUnavailable
 from durable_sandbox.engine.records import RunRecord
+from durable_sandbox.kube.api.client import ApiException, brief, is_transient
 from durable_sandbox.kube.api.resources import API_VERSION, FINALIZER, WORKFLOWS, CustomObjects
 from durable_sandbox.kube.spec.models import WorkflowSpec
 from durable_sandbox.kube.spec.plan import WORKFLOW_LABEL, cluster_run_id
 from durable_sandbox.kube.store import OwnerRef
+from durable_sandbox.kube.store.refusals import api_message
 from durable_sandbox.kube.workflow.runs import Runs
 
 __all__ = ["ChildNotAdoptable", "ChildObjects", "child_body", "child_object_name", "not_adoptable"]
@@ -121,7 +123,21 @@ class ChildObjects:
         return ChildPlacement(create)
 
     async def create(self, namespace: str, record: RunRecord, parent_run_id: str, op_id: str) -> RunRecord:
-        """The child's Workflow (created, or adopted after a crash) and its run (created unless it exists)."""
+        """The child's Workflow (created, or adopted after a crash) and its run (created unless it exists). An API
+        server that cannot be reached is ``StoreUnavailable`` (the parent's execution stops and resumes from its
+        journal, never fails); a refusal says what the operator lacks."""
+        try:
+            return await self._create(namespace, record, parent_run_id, op_id)
+        except ApiException as exc:
+            if is_transient(exc):
+                raise StoreUnavailable(f"creating a child workflow of run {parent_run_id}: {brief(exc)}") from exc
+            raise RuntimeError(
+                f"The API server refused the child workflow {record.workflow!r} of run {parent_run_id} in namespace "
+                f"{namespace} ({exc.status} {api_message(exc)}); the operator needs `create` on "
+                f"workflows.durable-sandbox.dev there (the chart grants it)."
+            ) from exc
+
+    async def _create(self, namespace: str, record: RunRecord, parent_run_id: str, op_id: str) -> RunRecord:
         parent = await self._parent(namespace, parent_run_id)
         body = child_body(parent, namespace, parent_run_id, op_id, record)
         name = body["metadata"]["name"]
