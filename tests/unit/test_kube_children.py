@@ -233,3 +233,29 @@ async def test_an_api_server_away_stops_the_parent_and_a_refusal_says_what_is_mi
     refused = ChildObjects(RefusingObjects(403), runs, lambda ns: FakeStore())  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match=r"needs `create` on workflows\.durable-sandbox\.dev"):
         await refused.create("team", record(), "plan-01234567", "work/p0/child")
+
+
+async def test_idle_waits_for_the_execution_under_way_here() -> None:
+    """What a child's Workflow task waits on while its parent's execution here executes the child."""
+    import asyncio
+
+    from durable_sandbox.engine.in_process import ExecutingHere
+
+    here = ExecutingHere()
+    await asyncio.wait_for(here.idle("r"), 1)  # nothing under way: at once
+    release = asyncio.Event()
+
+    async def executing() -> None:
+        async with here.exclusive("r", wait=False):
+            await release.wait()
+
+    task = asyncio.create_task(executing())
+    while not here.is_executing("r"):
+        await asyncio.sleep(0)
+    waiter = asyncio.create_task(here.idle("r"))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    release.set()
+    await asyncio.wait_for(waiter, 1)
+    assert not here.is_executing("r")
+    await task
