@@ -243,15 +243,15 @@ async def test_idle_waits_for_the_execution_under_way_here() -> None:
 
     here = ExecutingHere()
     await asyncio.wait_for(here.idle("r"), 1)  # nothing under way: at once
-    release = asyncio.Event()
+    release, entered = asyncio.Event(), asyncio.Event()
 
     async def executing() -> None:
         async with here.exclusive("r", wait=False):
+            entered.set()
             await release.wait()
 
     task = asyncio.create_task(executing())
-    while not here.is_executing("r"):
-        await asyncio.sleep(0)
+    await asyncio.wait_for(entered.wait(), 1)
     waiter = asyncio.create_task(here.idle("r"))
     await asyncio.sleep(0)
     assert not waiter.done()
