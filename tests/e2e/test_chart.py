@@ -550,6 +550,7 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("watch", "sandboxes.durable-sandbox.dev", "-n", "team-b"),
         ("patch", "workflows.durable-sandbox.dev", "-n", "team-a"),
         ("delete", "workflows.durable-sandbox.dev", "-n", "team-a"),
+        ("create", "workflows.durable-sandbox.dev", "-n", "team-a"),  # child workflows
         ("patch", "workflows.durable-sandbox.dev", "--subresource=status", "-n", "team-a"),
         ("update", "workflows.durable-sandbox.dev", "--subresource=finalizers", "-n", "team-a"),
         ("create", "journals.durable-sandbox.dev", "-n", "team-a"),
@@ -585,7 +586,6 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("list", "podtemplates", "-n", "team-a"),
         ("list", "workflows.durable-sandbox.dev", "-n", "team-c"),
         ("list", "workflows.durable-sandbox.dev", "--all-namespaces"),
-        ("create", "workflows.durable-sandbox.dev", "-n", "team-a"),
         ("update", "workflows.durable-sandbox.dev", "-n", "team-a"),
         ("create", "journals.durable-sandbox.dev", "-n", "team-c"),
         ("create", "configmaps", "-n", "team-a"),
