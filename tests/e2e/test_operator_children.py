@@ -143,3 +143,24 @@ def test_a_workflow_labelled_as_a_child_is_not_adopted(
     control_plane.kubectl("delete", "dwf", "planner", "-n", namespace, "--timeout=120s")
     wait_until(lambda: [c["metadata"]["name"] for c in children(control_plane, namespace, "planner")] == ["planted"]
                or None, 120, "the parent's own children deleted with it, the planted Workflow left")
+
+
+def test_a_parents_cancel_cancels_its_children_and_their_sandboxes(
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+) -> None:
+    op = operators("--allow-local-provider", "--workflows", "examples.flows")
+    control_plane.apply(planner("planner", tmp_path / "log", wait=AREAS), "-n", namespace)
+    found = wait_until(lambda: n_children(control_plane, namespace, "planner", 3), 120,
+                       "three child Workflows of planner")
+    for child in found:
+        wait_condition(control_plane, namespace, child["metadata"]["name"], "WaitingForSignal")
+    control_plane.kubectl("patch", "dwf", "planner", "-n", namespace, "--type", "merge",
+                          "-p", json.dumps({"spec": {"cancel": True}}))
+    wait_until(lambda: status(control_plane, namespace, "planner").get("phase") == "Cancelled" or None, 120,
+               "the parent cancelled")
+    for child in found:  # the children's own Workflows say so (policy cancel, the default)
+        name = child["metadata"]["name"]
+        wait_until(lambda n=name: status(control_plane, namespace, n).get("phase") == "Cancelled" or None, 120,
+                   f"child {name} cancelled with its parent")
+    wait_until(lambda: local_sandboxes(op.home) == [] or None, 60, "every child's sandbox deleted")
+    assert len(children(control_plane, namespace, "planner")) == 3  # cancelled, not deleted
