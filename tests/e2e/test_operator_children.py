@@ -158,9 +158,8 @@ def test_a_parents_cancel_cancels_its_children_and_their_sandboxes(
                           "-p", json.dumps({"spec": {"cancel": True}}))
     wait_until(lambda: status(control_plane, namespace, "planner").get("phase") == "Cancelled" or None, 120,
                "the parent cancelled")
-    for child in found:  # the children's own Workflows say so (policy cancel, the default)
-        name = child["metadata"]["name"]
-        wait_until(lambda n=name: status(control_plane, namespace, n).get("phase") == "Cancelled" or None, 120,
-                   f"child {name} cancelled with its parent")
+    names = [c["metadata"]["name"] for c in found]  # the children's own Workflows say so (policy cancel)
+    wait_until(lambda: all(status(control_plane, namespace, n).get("phase") == "Cancelled" for n in names) or None,
+               120, "every child cancelled with its parent")
     wait_until(lambda: local_sandboxes(op.home) == [] or None, 60, "every child's sandbox deleted")
     assert len(children(control_plane, namespace, "planner")) == 3  # cancelled, not deleted
