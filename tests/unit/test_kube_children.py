@@ -259,3 +259,41 @@ async def test_idle_waits_for_the_execution_under_way_here() -> None:
     await asyncio.wait_for(waiter, 1)
     assert not here.is_executing("r")
     await task
+
+
+class FakeCluster:
+    """What the web view's cluster source reads: Workflows by name, and the namespace's store."""
+
+    namespace = "team"
+
+    def __init__(self, objs: dict[str, dict[str, Any]], store: SqliteStore) -> None:
+        self.objs = objs
+        self.store = store
+
+    async def workflow(self, ref: str) -> dict[str, Any]:
+        return self.objs[ref]
+
+
+async def test_the_cluster_web_view_links_a_parent_workflow_and_its_child_workflows(tmp_path: Path) -> None:
+    from durable_sandbox.ui.cluster import ClusterSource
+
+    store = SqliteStore(str(tmp_path / "runs.db"))
+    uid = "abcdef12-0000"
+
+    async def create(rec: RunRecord, parent: str, op_id: str) -> RunRecord:  # as ChildObjects names them
+        stored, _ = await store.create_run(replace(rec, run_id=f"plan-{op_id}-{uid[:8]}"))
+        return stored
+
+    engine = Engine(store, worker_id="w", lease_ttl=10.0, extensions=[ChildPlacement(create)])
+    try:
+        await engine.run(planner, {"log": str(tmp_path / "log"), "n": 2}, run_id=f"plan-{PARENT.uid[:8]}")
+        child = {"metadata": {"name": "plan-work/p0/child", "uid": uid, "ownerReferences": [
+            {**PARENT.to_json(), "controller": True}]}}
+        objs = {"plan": {"metadata": {"name": "plan", "uid": PARENT.uid}}, "plan-work/p0/child": child}
+        source = ClusterSource(FakeCluster(objs, store))  # type: ignore[arg-type]
+        parent = await source.detail("plan")
+        assert parent.links == [("child", "plan-work/p0/child"), ("child", "plan-work/p1/child")]
+        assert (await source.detail("plan-work/p0/child")).links == [("parent", "plan")]
+    finally:
+        await engine.aclose()
+        await store.close()
