@@ -10,9 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.e2e.controlplane import ControlPlane, wait_until
+from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import (
-    journal,
     local_sandboxes,
     manifest,
     namespace,
@@ -23,6 +25,9 @@ from tests.e2e.operator_support import (
 )
 
 __all__ = ["namespace", "operators"]  # fixtures
+
+# CI runs these under the PostgreSQL journal too: once per journal (tests/e2e/journal_support.py).
+pytestmark = pytest.mark.both_journals
 
 PARENT_LABEL = "durable-sandbox.dev/parent"
 FINALIZER = "durable-sandbox.dev/cleanup"
@@ -51,13 +56,14 @@ def owned_by(item: dict[str, Any], parent: dict[str, Any]) -> bool:
     return any(r.get("uid") == parent["metadata"]["uid"] for r in item["metadata"].get("ownerReferences") or [])
 
 
-def child_runs(cp: ControlPlane, ns: str, parent_run: str) -> list[str]:
+def child_runs(journal: OperatorJournal, ns: str, parent_run: str) -> list[str]:
     """The child run ids the parent's journal records (what the parent believes its children are)."""
-    return sorted({str((r.meta or {}).get("childRunId")) for r in journal(cp, ns, parent_run) if r.kind == "child"})
+    return sorted({str((r.meta or {}).get("childRunId")) for r in journal.load(ns, parent_run) if r.kind == "child"})
 
 
 def test_three_children_are_owned_workflows_and_deleting_the_parent_cleans_them(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path,
+    operator_journal: OperatorJournal,
 ) -> None:
     op = operators("--allow-local-provider", "--workflows", "examples.flows")
     control_plane.apply(planner("planner", tmp_path / "log", wait=AREAS), "-n", namespace)
@@ -75,7 +81,7 @@ def test_three_children_are_owned_workflows_and_deleting_the_parent_cleans_them(
         assert status(control_plane, namespace, meta["name"])["runId"] == f"{meta['name']}-{meta['uid'][:8]}"
     # The parent believes exactly these: its journal records the runs of the three objects.
     parent_run = status(control_plane, namespace, "planner")["runId"]
-    assert child_runs(control_plane, namespace, parent_run) == sorted(
+    assert child_runs(operator_journal, namespace, parent_run) == sorted(
         f"{c['metadata']['name']}-{c['metadata']['uid'][:8]}" for c in found)
     # Each child holds a sandbox of its own while it waits.
     assert len([s for s in local_sandboxes(op.home) if s.startswith("local/workspaces/")]) == 3
@@ -94,7 +100,8 @@ def test_three_children_are_owned_workflows_and_deleting_the_parent_cleans_them(
 
 
 def test_an_operator_killed_after_a_child_is_created_makes_it_once(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path,
+    operator_journal: OperatorJournal,
 ) -> None:
     crashing = operators("--allow-local-provider", "--workflows", "examples.flows", fault="child-created:ui",
                          name="crashing")
@@ -112,14 +119,15 @@ def test_an_operator_killed_after_a_child_is_created_makes_it_once(
     result = status(control_plane, namespace, "planner")["result"]
     assert sorted(d["id"] for d in result["done"]) == sorted(AREAS)
     parent_run = status(control_plane, namespace, "planner")["runId"]
-    assert child_runs(control_plane, namespace, parent_run) == sorted(
+    assert child_runs(operator_journal, namespace, parent_run) == sorted(
         f"{c['metadata']['name']}-{c['metadata']['uid'][:8]}" for c in after)
     for child in after:
         assert status(control_plane, namespace, child["metadata"]["name"])["phase"] == "Succeeded"
 
 
 def test_a_workflow_labelled_as_a_child_is_not_adopted(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path,
+    operator_journal: OperatorJournal,
 ) -> None:
     operators("--allow-local-provider", "--workflows", "examples.flows")
     planted = manifest("planted", entrypoint=PACKAGE, toolCalls=None, sandbox=None, snapshotEveryNCalls=None,
@@ -135,7 +143,7 @@ def test_a_workflow_labelled_as_a_child_is_not_adopted(
     parent = control_plane.kubectl_json("get", "dwf", "planner", "-n", namespace)
     parent_run = status(control_plane, namespace, "planner")["runId"]
     planted_run = status(control_plane, namespace, "planted")["runId"]
-    assert planted_run not in child_runs(control_plane, namespace, parent_run)
+    assert planted_run not in child_runs(operator_journal, namespace, parent_run)
     listed = children(control_plane, namespace, "planner")
     assert len(listed) == 4  # the label lists it, and that is all it does
     assert [c["metadata"]["name"] for c in listed if not owned_by(c, parent)] == ["planted"]
@@ -146,7 +154,8 @@ def test_a_workflow_labelled_as_a_child_is_not_adopted(
 
 
 def test_a_parents_cancel_cancels_its_children_and_their_sandboxes(
-    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path
+    control_plane: ControlPlane, namespace: str, operators: Any, tmp_path: Path,
+    operator_journal: OperatorJournal,
 ) -> None:
     op = operators("--allow-local-provider", "--workflows", "examples.flows")
     control_plane.apply(planner("planner", tmp_path / "log", wait=AREAS), "-n", namespace)
