@@ -106,7 +106,7 @@ SANDBOX_POD_RULES = {
 
 # What the operator uses, and nothing else (docs/operations.md explains each line).
 EXPECTED_RULES = {
-    "workflows.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete", "create"},  # create: schedules' ticks
+    "workflows.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete", "create"},  # create: schedules' ticks, child workflows
     "sandboxes.durable-sandbox.dev": {"get", "list", "watch", "patch", "delete"},
     "workflows/status.durable-sandbox.dev": {"get", "patch", "update"},
     "sandboxes/status.durable-sandbox.dev": {"get", "patch", "update"},
@@ -556,7 +556,7 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("delete", "workflows.durable-sandbox.dev", "-n", "team-a"),
         ("patch", "workflows.durable-sandbox.dev", "--subresource=status", "-n", "team-a"),
         ("update", "workflows.durable-sandbox.dev", "--subresource=finalizers", "-n", "team-a"),
-        ("create", "workflows.durable-sandbox.dev", "-n", "team-a"),  # a WorkflowSchedule's ticks
+        ("create", "workflows.durable-sandbox.dev", "-n", "team-a"),  # a WorkflowSchedule's ticks, child workflows
         ("patch", "workflowschedules.durable-sandbox.dev", "--subresource=status", "-n", "team-a"),
         ("create", "journals.durable-sandbox.dev", "-n", "team-a"),
         ("update", "journals.durable-sandbox.dev", "-n", "team-b"),

@@ -210,3 +210,21 @@ async def test_the_run_page_links_to_its_trace_when_a_trace_ui_is_configured(
         page = (await c.get("/run?id=ui-c")).text
         assert 'href="https://jaeger.example/trace/4bf92f3577b34da6a3ce929d0e0e4736"' in page
         assert "open the run's trace" not in (await c.get("/run?id=ui-a")).text, "a run without a trace: no link"
+
+
+async def test_a_parent_links_to_its_children_and_a_child_to_its_parent(
+        engine: durable_sandbox.Engine, db_path: Path, tmp_path: Path) -> None:
+    from durable_sandbox.engine.children import child_run_id
+    from tests.unit.composition_flows import start_then_join
+
+    state = await engine.run(start_then_join, {"log": str(tmp_path / "log"), "n": 2}, run_id="ui-parent")
+    assert state.status == "succeeded"
+    kids = [child_run_id("ui-parent", f"pkg-{i}") for i in range(2)]
+    async with client_for(engine, db_path) as c:
+        page = (await c.get("/run?id=ui-parent")).text
+        for kid in kids:
+            assert f'data-link="child" href="/run?id={kid}"' in page
+        child = (await c.get(f"/run?id={kids[0]}")).text
+        assert 'data-link="parent" href="/run?id=ui-parent"' in child
+        assert 'data-link="child"' not in child
+        assert 'data-link=' not in (await c.get("/run?id=ui-b")).text, "a run of its own links to nothing"

@@ -54,6 +54,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: ["durable-sandbox.dev"]
   resources: ["workflows", "sandboxes"]
   verbs: ["get", "list", "watch", "patch", "delete"]
+# Workflows the operator creates: a run's child workflows, owned by their parent (kube/workflow/children.py), and
+# the Workflows a WorkflowSchedule's ticks make, owned by the schedule (kube/schedule/).
+- apiGroups: ["durable-sandbox.dev"]
+  resources: ["workflows"]
+  verbs: ["create"]
 # Status goes through the status subresource only.
 - apiGroups: ["durable-sandbox.dev"]
   resources: ["workflows/status", "sandboxes/status"]
@@ -70,8 +75,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: ["durable-sandbox.dev"]
   resources: ["sandboxpools/status"]
   verbs: ["get", "patch"]
-# WorkflowSchedules: watch them, patch metadata (kopf's finalizer and progress) and their status; create the
-# Workflows their ticks make (owned by the schedule: blockOwnerDeletion needs its finalizers subresource).
+# WorkflowSchedules: watch them, patch metadata (kopf's finalizer and progress) and their status; the Workflows
+# their ticks make are owned by the schedule (blockOwnerDeletion needs its finalizers subresource).
 - apiGroups: ["durable-sandbox.dev"]
   resources: ["workflowschedules"]
   verbs: ["get", "list", "watch", "patch"]
@@ -81,9 +86,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: ["durable-sandbox.dev"]
   resources: ["workflowschedules/finalizers"]
   verbs: ["update"]
-- apiGroups: ["durable-sandbox.dev"]
-  resources: ["workflows"]
-  verbs: ["create"]
 # Everything the operator keeps of runs and Sandboxes (journal, leases, Sandbox state): objects of its own kind,
 # which no namespace role grants, so no namespace user can change what it runs, believes or deletes. No
 # ConfigMaps and no coordination.k8s.io Leases: those are everyone's (kube-system's leader elections too).

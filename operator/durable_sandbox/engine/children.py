@@ -31,6 +31,7 @@ import hashlib
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
@@ -88,6 +89,17 @@ class _Hooks(Protocol):
     """The part of ``engine.executor.RunHooks`` called at a run's end."""
 
     async def after_run(self, rt: RunRuntime, status: RunStatus) -> None: ...
+
+
+@dataclass(frozen=True)
+class ChildPlacement:
+    """An engine extension: where a child run is created when a run is an object of its own (the operator
+    makes each child a ``Workflow``: ``kube/workflow/children.py``). ``create(record, parent_run_id, op_id)``
+    creates the child run once (a second call with the same arguments finds what the first made) and returns
+    the stored run, whose id may differ from ``record.run_id`` (the cluster names a run after its object); the
+    parent journals that id. Without one, the child is created in the store under ``record.run_id``."""
+
+    create: Callable[[RunRecord, str, str], Awaitable[RunRecord]]
 
 
 class ChildPolicy(enum.StrEnum):
@@ -179,7 +191,13 @@ async def start_child(ctx: _Context, workflow: Any, input: Any = None, *, id: st
         recorded = (prev.meta or {}).get("childRunId")
         handle.run_id = str(recorded) if recorded else run_id
         return handle
-    await RunClient(rt.store).create(definition, input, run_id=run_id, labels={PARENT_LABEL: rt.run_id})
+    client = RunClient(rt.store)
+    placement = rt.extensions.get(ChildPlacement)
+    if placement is None:
+        await client.create(definition, input, run_id=run_id, labels={PARENT_LABEL: rt.run_id})
+    else:
+        record = client.record(definition, input, run_id=run_id, labels={PARENT_LABEL: rt.run_id})
+        run_id = handle.run_id = (await placement.create(record, rt.run_id, op_id)).run_id
     faults.reach(f"child-created:{op_id}")
     await rt.write(
         OperationRecord(op_id, CHILD, definition.name, STARTED, 1, digest,

@@ -28,6 +28,11 @@ class ExecutingHere:
         """True while this process holds (or is taking) the run's lease to execute it."""
         return run_id in self._active
 
+    async def idle(self, run_id: str) -> None:
+        """Until no execution of ``run_id`` is under way in this process."""
+        while (busy := self._active.get(run_id)) is not None:
+            await busy.wait()
+
     @contextlib.asynccontextmanager
     async def exclusive(self, run_id: str, *, wait: bool) -> AsyncIterator[bool]:
         """Mark ``run_id`` as executing here; yields False (and marks nothing) if it already is and

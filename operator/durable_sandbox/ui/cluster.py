@@ -32,6 +32,7 @@ from durable_sandbox.ui.source import (
     RunRow,
     SandboxRow,
     caught_up,
+    child_runs,
     page_of,
 )
 
@@ -112,12 +113,17 @@ class ClusterSource:
         row = row_of(obj)
         run = await self.store.get_run(row.run_id)  # read before the rows (see RunSource.detail)
         calls_done, calls_total = row.calls_done, row.calls_total
+        links = [("parent", str(r["name"])) for r in obj["metadata"].get("ownerReferences") or []
+                 if r.get("controller") and r.get("kind") == "Workflow" and r.get("name")]
         if run is None:
             state = await self.cluster.inspect(name)  # not started: its status says why
         else:
             # The summary `dsb --kube inspect` and the Workflow's status count with (sandboxes/summary.py).
-            summary = summarize(run, await caught_up(self.store, run.run_id, journal))
+            rows = await caught_up(self.store, run.run_id, journal)
+            summary = summarize(run, rows)
             state, calls_done, calls_total = summary.state, summary.calls_done, summary.calls_total
+            # A child's run id is its Workflow's: `<name>-<uid[:8]>` (kube/workflow/children.py).
+            links += [("child", child[:-9]) for child in child_runs(rows) if len(child) > 9]
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
         phase = str(status.get("phase") or "Pending")
         facts = [("Workflow", f"{self.cluster.namespace}/{name}"), ("phase", phase)]
@@ -137,7 +143,7 @@ class ClusterSource:
         return RunDetail(
             ref=name, run_id=row.run_id, state=state, name=name, attempt=row.attempt, calls_done=calls_done,
             calls_total=calls_total, started=started, terminal=phase in TERMINAL, actions=self.actions(obj),
-            facts=facts,
+            facts=facts, links=links,
         )  # fmt: skip
 
     def actions(self, obj: dict[str, Any]) -> list[Action]:

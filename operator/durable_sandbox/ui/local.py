@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from durable_sandbox.engine import Event, OperationRecord, RunRecord, RunStatus, Store
+from durable_sandbox.engine.children import PARENT_LABEL
 from durable_sandbox.engine.owner import describe_owner
 from durable_sandbox.kube.spec.plan import WORKFLOW_LABEL
 from durable_sandbox.runs.detach import background, log_path
@@ -32,6 +33,7 @@ from durable_sandbox.ui.source import (
     RunRow,
     SandboxRow,
     caught_up,
+    child_runs,
     page_of,
 )
 
@@ -111,8 +113,12 @@ class LocalSource:
 
     async def detail(self, ref: str, journal: list[OperationRecord] | None = None) -> RunDetail:
         run = await self.engine.client.get(ref)  # RunNotFound; read before the rows (see RunSource.detail)
-        summary = summarize(run, await caught_up(self.store, ref, journal))
+        rows = await caught_up(self.store, ref, journal)
+        summary = summarize(run, rows)
         facts: list[tuple[str, str]] = [("store", self.settings.store_label)]
+        parent = run.labels.get(PARENT_LABEL)
+        links = [("parent", parent)] if parent else []
+        links += [("child", child) for child in child_runs(rows)]
         if run.status == RunStatus.RUNNING and run.lease_owner:
             facts.append(("executed by", describe_owner(run.lease_owner)))
         if run.cancel_requested:
@@ -122,7 +128,7 @@ class LocalSource:
         return RunDetail(
             ref=ref, run_id=run.run_id, state=summary.state, name=run.labels.get(WORKFLOW_LABEL), attempt=run.epoch + 1,
             calls_done=summary.calls_done, calls_total=summary.calls_total, started=True,
-            terminal=run.status.terminal, actions=self.actions(run), facts=facts, stale=run.stale,
+            terminal=run.status.terminal, actions=self.actions(run), facts=facts, stale=run.stale, links=links,
         )  # fmt: skip
 
     def actions(self, run: RunRecord) -> list[Action]:

@@ -92,6 +92,7 @@ class RunDetail:
     facts: list[tuple[str, str]] = field(default_factory=list)  # mode-specific lines (spec flags, lease holder)
     stale: bool = False
     not_started: str | None = None  # what the page says while the run has no journal (None: a Workflow's words)
+    links: list[tuple[str, str]] = field(default_factory=list)  # (what, ref): its parent, its children's pages
 
     @property
     def live(self) -> bool:
@@ -198,6 +199,16 @@ def label_filters(text: str) -> tuple[tuple[str, str | None], ...]:
 def page_of(rows: Sequence[Any], query: RunQuery) -> list[Any]:
     start = (query.page - 1) * query.per_page
     return list(rows[start : start + query.per_page])
+
+
+def child_runs(rows: Sequence[OperationRecord]) -> list[str]:
+    """The child run ids a run's journal records (its ``child`` operations), in the order they were started."""
+    out: list[str] = []
+    for row in rows:
+        child = (row.meta or {}).get("childRunId") if row.kind == "child" else None
+        if child and str(child) not in out:
+            out.append(str(child))
+    return out
 
 
 async def caught_up(store: Store, run_id: str, journal: list[OperationRecord] | None) -> list[OperationRecord]:

@@ -109,6 +109,18 @@ class CustomObjects:
                 GROUP, VERSION, namespace, plural, name, body, field_manager=self.field_manager,
                 _content_type=MERGE_PATCH))
 
+    async def create(self, plural: str, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create the object; None when one of that name exists already (409: the caller reads it and judges it)."""
+        from durable_sandbox.kube.api.client import is_conflict
+
+        try:
+            return await self._json(self.api.custom.create_namespaced_custom_object_without_preload_content(
+                GROUP, VERSION, namespace, plural, dict(body), field_manager=self.field_manager))
+        except Exception as exc:
+            if is_conflict(exc):
+                return None
+            raise
+
     async def apply(self, manifest: Mapping[str, Any], namespace: str) -> dict[str, Any]:
         """Server-side apply of one manifest (a Workflow or a Sandbox) in ``namespace``; returns the object."""
         body = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}

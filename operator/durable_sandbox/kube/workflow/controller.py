@@ -105,6 +105,7 @@ class Operator:
         self.finisher = Finisher(wing)
         self.turn = Turn(wing, self.admission, self.execution, self.finisher, QueuedRuns(wing, api, journal_key))
         self.scheduler = Scheduler(wing, self.turn.serve)
+        self.engines.runnable = self.scheduler.runnable
         self.finalizer = Cleanup(wing)
         self.metrics.runs.labels(state="active").set_function(lambda: len(self.runs.active))
         self.metrics.runs.labels(state="parked").set_function(lambda: len(self.runs.parked))

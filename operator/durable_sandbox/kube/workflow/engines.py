@@ -7,16 +7,18 @@ every sandbox this operator makes)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from durable_sandbox.engine import JournalDamaged
+from durable_sandbox.engine.records import Commit, RunStatus
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.api.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.holders.holder_processes import HolderProcesses
 from durable_sandbox.kube.holders.holding import Holding
 from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.store.journals import JournalStores
+from durable_sandbox.kube.workflow.children import ChildObjects
 from durable_sandbox.kube.workflow.observed import ObservedStore
 from durable_sandbox.kube.workflow.publishing import Publisher
 from durable_sandbox.kube.workflow.refusal_notices import refusal_hold
@@ -42,12 +44,16 @@ class Engines:
         self._providers = providers
         self.journals = journals  # each namespace's store: the API server's Journal objects or PostgreSQL
         self.holding: Holding | None = None  # set by the Operator (it needs run_live, from here)
+        # Set by the Operator: a run of this replica made runnable by a write here (a child's end wakes its parent).
+        self.runnable: Callable[[str], None] | None = None
+        # A child workflow of a run executed here is a Workflow object of its own (kube/workflow/children.py).
+        self.children = ChildObjects(objects, runs, lambda namespace: self.engine_for(namespace).store)
 
     def engine_for(self, namespace: str) -> Engine:
         engine = self.runs.engines.get(namespace)
         if engine is None:
             store = ObservedStore(self.journals.store_for(namespace),
-                                  self.publisher.observed,
+                                  self._written,
                                   self.publisher.event_interval, self.publisher.read)
             engine = Engine(
                 store,
@@ -60,10 +66,21 @@ class Engines:
                     SandboxServices(owner=self._owner_for, labels=self.sandbox_labels, attached=self._attached_sandbox),
                     AgentServices(env_values=self._env_values_for, secrets=self._secrets_for),
                     refusal_hold(self.runs, self.publisher),  # a refused journal write holds the run, said
+                    self.children.placement(namespace),  # each child run a Workflow of its own
                 ],
             )
             self.runs.engines[namespace] = engine
         return engine
+
+    def _written(self, run_id: str, commit: Commit | None, changes: dict[str, Any] | None) -> None:
+        """A write of this replica's engines: status and Events follow it; a run it made runnable (``pending``: a
+        child's end waking its parent) takes a turn at once rather than at its parked timer."""
+        self.publisher.observed(run_id, commit, changes)
+        status = (changes or {}).get("status") or ((commit.run or {}).get("status") if commit is not None else None)
+        # Also a parked run whose status changed here (a child cancelled with its parent): its turn says so.
+        if self.runnable is not None and (status == RunStatus.PENDING
+                                          or (status is not None and run_id in self.runs.parked)):
+            self.runnable(run_id)
 
     @property
     def sandbox_labels(self) -> dict[str, str]:

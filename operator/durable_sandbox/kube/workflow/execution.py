@@ -115,7 +115,14 @@ class Execution:
             fresh = await self._fresh_spec(view)
             if fresh != "unchanged":
                 return fresh  # the daemon's next turn acts on the newer spec (suspend, cancel, deletion)
-            return await ex.engine.executor.drive(view.run_id, ex.plan.definition, if_busy="skip")
+            executor = ex.engine.executor
+            if executor.is_executing(view.run_id):
+                # A child workflow's run executed by its parent's execution here (engine/children.py): wait for
+                # that to end, then the next turn decides afresh (driving it now could retry a child that failed,
+                # before its parent has recorded the failure; skipping would make the turns spin).
+                await executor.here.idle(view.run_id)
+                return None
+            return await executor.drive(view.run_id, ex.plan.definition, if_busy="skip")
 
     async def _until_something(self, ex: _Executing) -> None:
         """Until the execution ends, the Workflow changes, the replica stops, or something is due."""

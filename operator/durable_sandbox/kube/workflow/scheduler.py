@@ -143,6 +143,15 @@ class Scheduler:
             parked.timer = asyncio.get_running_loop().call_later(max(0.0, delay), self._due, run_id)
         self.runs.parked[run_id] = parked
 
+    def runnable(self, run_id: str) -> None:
+        """The run was made runnable behind its Workflow's back (a child's end wakes its parent,
+        engine/children.py): its task takes a turn now, or the parked run is made active."""
+        view = self.runs.views.get(run_id)
+        if view is not None:
+            view.wake.set()
+        elif run_id in self.runs.parked:
+            self._due(run_id)
+
     def _due(self, run_id: str) -> None:
         """A parked run's timer fired: activate it (its task reads the object afresh)."""
         parked = self.runs.parked.get(run_id)
