@@ -36,6 +36,7 @@ class FakeAuth:
     users: dict[str, str] = field(default_factory=lambda: {"good-token": "alice", "other-token": "bob"})
     rights: dict[str, set[tuple[str, str]]] = field(default_factory=lambda: {"alice": {(NAMESPACE, "box"), (NAMESPACE, "missing")}})
     checked: int = 0
+    owners: set[str] = field(default_factory=lambda: {"alice"})  # who may update (rewind) the Sandbox
 
     async def check(self, token: str | None, namespace: str, name: str) -> str:
         self.checked += 1
@@ -46,6 +47,13 @@ class FakeAuth:
             raise CallRefused(401, "the bearer token was not accepted", where="header", do="send a current one")
         if (namespace, name) not in self.rights.get(user, set()):
             raise CallRefused(403, f"{user} may not call this Sandbox", where=f"Sandbox {namespace}/{name}", do="bind")
+        return user
+
+    async def check_update(self, token: str | None, namespace: str, name: str) -> str:
+        user = await self.check(token, namespace, name)
+        if user not in self.owners:
+            raise CallRefused(403, f"{user} may not rewind this Sandbox's session", where=f"Sandbox {namespace}/{name}",
+                              do="bind")
         return user
 
 

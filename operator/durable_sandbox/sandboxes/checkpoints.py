@@ -28,7 +28,7 @@ class Checkpointer:
         already recorded applies."""
         sc = self.scope
         # A re-opened session's snapshots get ids of their own: the failed attempt's were deleted.
-        op_id = journal.snapshot_id(sc.sid, count, sc.generation)
+        op_id = journal.snapshot_id(sc.sid, count, sc.generation, sc.state.rewinds)
         recorded = sc.done(op_id)
         if not fresh and not recorded:
             return

@@ -5,7 +5,8 @@
 <Kubernetes token>``. The answer is the call's result (``CallAnswer``); every refusal a JSON ``{"error": {status,
 reason, what, where, do}}``. ``GET`` and ``DELETE`` on the Sandbox's path, ``POST .../suspend`` and
 ``.../resume``, ``PUT`` (create or attach): its lifecycle, done with the caller's own credentials
-(``lifecycle.py``); ``.../mcp``: MCP over HTTP whose tools are its calls (``mcp_http.py``). Why in the operator:
+(``lifecycle.py``); ``POST .../rewind`` with ``{"toCall": N}``: its session rewound to after call N (``rewind.py``,
+allowed to who may ``update`` the Sandbox); ``.../mcp``: MCP over HTTP whose tools are its calls (``mcp_http.py``). Why in the operator:
 it holds each Sandbox's record, holder and call journal, so the call API is the same process that decides the
 Sandbox's lifecycle, with nothing between them to fail apart.
 """
@@ -19,6 +20,7 @@ import logging
 import math
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +37,7 @@ from durable_sandbox.kube.api.client import brief, is_transient
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.lifecycle import Lifecycle
-from durable_sandbox.sessions.models import CALL_KINDS, request_model
+from durable_sandbox.sessions.models import CALL_KINDS, RewindRequest, request_model
 from durable_sandbox.sessions.service import SessionService
 
 if TYPE_CHECKING:  # the mcp extra may be missing: then no MCP endpoint is given (sessions/startup.py)
@@ -118,9 +120,35 @@ def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp:
         Route(prefix, lifecycle_call, methods=["GET", "PUT", "DELETE"]),
         Route(prefix + "/suspend", lifecycle_call, methods=["POST"]),
         Route(prefix + "/resume", lifecycle_call, methods=["POST"]),
+        Route(prefix + "/rewind", _rewind(service), methods=["POST"]),
         Route(prefix + "/{kind}", call, methods=["POST"]),
         Route("/healthz", healthz),
     ])
+
+
+def _rewind(service: SessionService) -> Callable[[Request], Awaitable[Response]]:
+    """``POST .../rewind`` with ``{"toCall": N}``: the Sandbox's session rewound (sessions/rewind.py)."""
+
+    async def rewind(request: Request) -> Response:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        where = f"Sandbox {namespace}/{name}"
+        try:
+            body = await _bounded_body(request, service.limits.max_request_bytes, where)
+            try:
+                parsed = RewindRequest.model_validate_json(body)
+            except ValidationError as exc:
+                raise CallRefused(400, "the request body is not a valid rewind: " + _fields(exc),
+                                  where=f"{where}, rewind", do="send {\"toCall\": N}: the calls to keep") from None
+            answer = await service.rewind(_bearer(request), namespace, name, parsed)
+            return JSONResponse(answer.model_dump())
+        except CallRefused as refused:
+            return _refusal(refused)
+        except DurableError as exc:  # a replay that diverged (ReconstructionError), a call that cannot be replayed
+            return _refusal(CallRefused(500, str(exc), where=where,
+                                        do="the rewind itself is committed; rewind to before the call named (its "
+                                        "outcome cannot be made again), or see the operator's log"))
+
+    return rewind
 
 
 async def _spec(request: Request, limit: int, where: str) -> dict[str, Any]:

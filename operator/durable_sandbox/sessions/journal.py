@@ -33,9 +33,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from durable_sandbox.engine.errors import LeaseHeld, NonDeterminismError
 from durable_sandbox.engine.executor import RunExecutor
@@ -53,14 +53,22 @@ from durable_sandbox.providers.contract import (
     ToolResult,
 )
 from durable_sandbox.sandboxes import journal
-from durable_sandbox.sandboxes.session import AttachedSandboxLost, SandboxServices, SandboxSession
+from durable_sandbox.sandboxes.session import (
+    AttachedSandboxLost,
+    SandboxServices,
+    SandboxSession,
+    SessionState,
+)
 from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.hold import HoldSettings, OpenSession
 from durable_sandbox.sessions.rebuild import SandboxAccess, SandboxUnknown, rebuild
+from durable_sandbox.sessions.rewind import Rewound, commit_rewind, rebuilt_calls
 from durable_sandbox.tracing import Tracing
 
-__all__ = ["SESSION", "SESSION_WORKFLOW", "SandboxRef", "SessionJournal", "calls_run_id"]
+__all__ = ["SESSION", "SESSION_WORKFLOW", "Rewound", "SandboxRef", "SessionJournal", "calls_run_id"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("durable_sandbox.sessions")
 
@@ -116,6 +124,38 @@ class SessionJournal:
         the Sandbox (its holder) and gives its sandbox and provider: entered under the journal's lease, so two
         replicas never both hold it for calls, and kept with the session while calls keep coming (``hold.py``).
         ``traceparent``: the caller's trace, the parent of the request's span."""
+        async def run(session: OpenSession) -> Answered:
+            done = _completed(ref, session.rt.rows, call)
+            if done is not None:
+                return done
+            await session.live(lambda: gate.live(ref))
+            return await self._rebuilt(ref, session, gate, lambda: _index_of(session.rt, call.operation_id),
+                                       lambda handle, provider: self._traced(ref, session.rt, handle, provider, call,
+                                                                             on_replay, traceparent),
+                                       what=f"call {call.operation_id}")
+
+        return await self._held(ref, run)
+
+    async def rewind(self, ref: SandboxRef, gate: SandboxAccess, to_call: int) -> Rewound:
+        """Rewind the Sandbox's session to after its call ``to_call`` (``rewind.py``), under the session's lease
+        and turn like a call; answers once the live sandbox holds exactly the calls kept."""
+        async def run(session: OpenSession) -> Rewound:
+            await session.live(lambda: gate.live(ref))
+            assert session.provider is not None
+            rewound = await commit_rewind(session.rt, ref.where, session.provider, to_call)
+            replayed: list[str] = []
+
+            async def ready(handle: SandboxHandle, _provider: SandboxProvider) -> SandboxHandle:
+                replayed.extend(rebuilt_calls(session.rt, handle.id))
+                return handle
+
+            handle = await self._rebuilt(ref, session, gate, lambda: to_call, ready, what="the rewind")
+            return Rewound(to_call, rewound, handle.id, tuple(replayed))
+
+        return await self._held(ref, run)
+
+    async def _held(self, ref: SandboxRef, run: Callable[[OpenSession], Awaitable[T]]) -> T:
+        """``run`` under the Sandbox's open session (its lease and journal; one at a time per Sandbox here)."""
         while True:
             session = await self._session(ref)
             async with session.lock:
@@ -126,11 +166,7 @@ class SessionJournal:
                     continue
                 session.in_flight = asyncio.current_task()
                 try:
-                    done = _completed(ref, session.rt.rows, call)
-                    if done is not None:
-                        return done
-                    await session.live(lambda: gate.live(ref))
-                    return await self._rebuilt_and_run(ref, session, gate, call, on_replay, traceparent)
+                    return await run(session)
                 except CallRefused:
                     if session.handle is None:  # refused before or while taking the Sandbox: hold nothing
                         await self._close(session)
@@ -144,10 +180,11 @@ class SessionJournal:
                     if self.hold.idle_seconds <= 0:
                         await self._close(session)
 
-    async def _rebuilt_and_run(self, ref: SandboxRef, session: OpenSession, gate: SandboxAccess, call: ToolCall,
-                               on_replay: str, traceparent: str | None) -> Answered:
-        """The call in the hold's live sandbox once it holds every earlier completed call; a sandbox lost or
-        unknown is replaced (the controller's replacement becomes the hold's) and rebuilt first."""
+    async def _rebuilt(self, ref: SandboxRef, session: OpenSession, gate: SandboxAccess, before: Callable[[], int],
+                       then: Callable[[SandboxHandle, SandboxProvider], Awaitable[T]], *, what: str) -> T:
+        """``then`` in the hold's live sandbox once it holds every completed call before index ``before()``; a
+        sandbox lost, unknown or stale is replaced (the controller's replacement becomes the hold's) and rebuilt
+        first."""
         handle, provider = session.handle, session.provider
         assert handle is not None and provider is not None
         if ref.snapshot_every and not provider.capabilities().supports(Capability.SNAPSHOT):
@@ -156,24 +193,24 @@ class SessionJournal:
                               do="set spec.snapshotEveryNCalls to 0, or use a provider with snapshots")
         # A call started before and never answered (this one retried, or another one its caller gave up on): the
         # operator stopped while it ran, in the sandbox it may have changed (if that one is still live, its
-        # state is unknown), so no call runs there before it is rebuilt.
-        interrupted = any(r.kind == OpKind.SANDBOX_CALL.value and r.status == "started"
+        # state is unknown), so no call runs there before it is rebuilt. (A rewound call is no longer one.)
+        rewound = SessionState.derive(SESSION, session.rt.rows).rewound
+        interrupted = any(r.kind == OpKind.SANDBOX_CALL.value and r.status == "started" and r.op_id not in rewound
                           for r in session.rt.latest.values())
         for _ in range(MAX_REPLACEMENTS):
             try:
                 await rebuild(session.rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
-                              before=_index_of(session.rt, call.operation_id), where=ref.where)
-                return await self._traced(ref, session.rt, handle, provider, call, on_replay, traceparent)
+                              before=before(), where=ref.where)
+                return await then(handle, provider)
             except SandboxUnknown as unknown:
                 lost = unknown.sandbox_id
             except AttachedSandboxLost as gone:
                 lost = gone.sandbox_id or handle.id
-            log.warning("%s: sandbox %s is lost or unknown; call %s waits for its replacement", ref.where,
-                        lost, call.operation_id)
+            log.warning("%s: sandbox %s is lost, unknown or stale; %s waits for its replacement", ref.where, lost, what)
             interrupted = False  # a replacement is newer than the interruption
             handle = session.handle = await gate.replaced(ref, lost)  # the hold keeps the replacement
             session.rt = await self.executor.open_runtime(session.run, session.lease)  # the journal as it is now
-        raise CallRefused(503, f"the Sandbox's sandbox was lost {MAX_REPLACEMENTS} times under this call",
+        raise CallRefused(503, f"the Sandbox's sandbox was lost {MAX_REPLACEMENTS} times under {what}",
                           where=ref.where, do="retry with the same operationId; `kubectl describe dsbx` says "
                           "why its sandboxes do not last")
 
@@ -259,6 +296,10 @@ class SessionJournal:
 
 def _completed(ref: SandboxRef, rows: list[Any], call: ToolCall) -> Answered | None:
     op_id = journal.call_id(SESSION, call.operation_id)
+    if op_id in SessionState.derive(SESSION, rows).rewound:
+        raise CallRefused(409, f"operationId {call.operation_id!r} names a call that was rewound (its result is no "
+                          "longer the session's)", where=f"{ref.where}, operationId",
+                          do="send the call under a new operationId: it runs after the calls the rewind kept")
     latest = None
     first = None
     for row in rows:
@@ -280,13 +321,11 @@ def _completed(ref: SandboxRef, rows: list[Any], call: ToolCall) -> Answered | N
 def _index_of(rt: RunRuntime, operation_id: str) -> int:
     """The call's place in the session: the one its ``started`` record took (a retried call interrupted by a
     crash), else after every call journaled so far."""
-    started = rt.lookup(journal.call_id(SESSION, operation_id))
-    index = journal.call_index(started) if started is not None else None
-    if index is not None:
-        return index
-    indexes = [i for r in rt.rows
-               if r.op_id.startswith(SESSION + "/") and r.kind == journal.CALL and (i := journal.call_index(r)) is not None]
-    return max(indexes, default=-1) + 1
+    state = SessionState.derive(SESSION, rt.rows)
+    op_id = journal.call_id(SESSION, operation_id)
+    started = rt.lookup(op_id)
+    index = journal.call_index(started) if started is not None and op_id not in state.rewound else None
+    return index if index is not None else state.next_index
 
 
 def _reused(ref: SandboxRef, operation_id: str) -> CallRefused:

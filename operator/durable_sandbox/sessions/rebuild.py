@@ -24,21 +24,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, Protocol
 
 from durable_sandbox.engine.errors import DurableError
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.kube.sandbox.view import CALLS_SESSION
 from durable_sandbox.providers.contract import SandboxGone, SandboxHandle, SandboxProvider, ToolCall
-from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes import journal, rewind_journal
 from durable_sandbox.sandboxes.session import ReconstructionError, SessionState
 
-__all__ = ["REBUILD", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "rebuild"]
+__all__ = ["REBUILD", "STALE", "Holdings", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "holdings",
+           "rebuild"]
 
 log = logging.getLogger("durable_sandbox.sessions")
 
+STALE = -1  # held_by: the sandbox holds calls that were rewound (sandboxes/rewind_journal.py)
 REBUILD = journal.REBUILD  # op ids ``rebuild/<sandbox id>``: outside the calls session (an operationId has no "/")
 
 
@@ -65,38 +69,67 @@ class SandboxUnknown(Exception):
         self.why = why
 
 
-def held_counts(rows: Sequence[OperationRecord]) -> tuple[dict[str, int], dict[str, int], set[str]]:
-    """From the journal: sandbox id -> the session calls it holds (a call completed in it, a rebuild of it),
-    snapshot id -> the calls it holds (the session's snapshots), and the sandboxes whose rebuild was cut short."""
-    held: dict[str, int] = {}
-    snapshots: dict[str, int] = {}
-    cut: set[str] = set()
+@dataclass
+class Holdings:
+    """What the journal says the session's sandboxes and snapshots hold (see :func:`holdings`)."""
+
+    held: dict[str, int] = field(default_factory=dict)  # sandbox id -> the session calls it holds
+    snapshots: dict[str, int] = field(default_factory=dict)  # the session's snapshot id -> the calls it holds
+    cut: set[str] = field(default_factory=set)  # sandboxes whose rebuild was cut short
+    stale: set[str] = field(default_factory=set)  # sandboxes and snapshots holding calls since rewound
+    rewinds: int = 0
+
+    def rewind(self, to_call: int) -> None:
+        """The calls from ``to_call`` on were rewound: what holds any of them is stale, never used again."""
+        for table in (self.held, self.snapshots):
+            for key in [k for k, count in table.items() if count > to_call]:
+                del table[key]
+                self.stale.add(key)
+        self.rewinds += 1
+
+
+def holdings(rows: Sequence[OperationRecord]) -> Holdings:
+    """From the journal, in commit order: what each sandbox and snapshot holds (a call completed in it, a rebuild
+    of it, the session's snapshots), the sandboxes whose rebuild was cut short, and what rewinds made stale."""
+    h = Holdings()
     prefix = CALLS_SESSION + "/"
     for r in rows:
         meta = r.meta or {}
-        if r.op_id.startswith(REBUILD + "/"):
+        if (rewound := rewind_journal.rewind_of(r)) is not None:
+            h.rewind(rewound.to_call)
+        elif r.op_id.startswith(REBUILD + "/"):
             sandbox = str(meta.get("sandbox"))
             if r.status == "completed":
-                held[sandbox] = int(meta["count"])
-                cut.discard(sandbox)
+                h.held[sandbox] = int(meta["count"])
+                h.cut.discard(sandbox)
             else:
-                cut.add(sandbox)
+                h.cut.add(sandbox)
         elif r.status != "completed" or not r.op_id.startswith(prefix):
             continue
         elif r.kind == OpKind.SANDBOX_CALL.value and meta.get(journal.META_SANDBOX_ID):
             sandbox = str(meta[journal.META_SANDBOX_ID])
-            held[sandbox] = max(held.get(sandbox, 0), int(meta[journal.META_INDEX]) + 1)
+            h.held[sandbox] = max(h.held.get(sandbox, 0), int(meta[journal.META_INDEX]) + 1)
         elif r.kind == OpKind.SANDBOX_SNAPSHOT.value:
-            snapshots[str(r.result["snapshotId"])] = int(meta["count"])
-    return held, snapshots, cut
+            h.snapshots[str(r.result["snapshotId"])] = int(meta["count"])
+    return h
+
+
+def held_counts(rows: Sequence[OperationRecord]) -> tuple[dict[str, int], dict[str, int], set[str]]:
+    """From the journal: sandbox id -> the session calls it holds (a call completed in it, a rebuild of it),
+    snapshot id -> the calls it holds (the session's snapshots), and the sandboxes whose rebuild was cut short."""
+    h = holdings(rows)
+    return h.held, h.snapshots, h.cut
 
 
 def held_by(sandbox_id: str, held: Mapping[str, int], snapshots: Mapping[str, int],
-            lineage: Mapping[str, str]) -> int | None:
-    """How many session calls sandbox ``sandbox_id`` holds (None: not known, it predates lineage records)."""
+            lineage: Mapping[str, str], stale: AbstractSet[str] = frozenset()) -> int | None:
+    """How many session calls sandbox ``sandbox_id`` holds (None: not known, it predates lineage records;
+    :data:`STALE`: it comes from a sandbox or snapshot holding calls that were rewound)."""
     node, seen = sandbox_id, set()
     while node not in seen:
         seen.add(node)
+        if node in stale:
+            return STALE
         if node in held:
             return held[node]
         if node in snapshots:
@@ -116,22 +149,20 @@ async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvid
     """Bring ``handle`` to hold exactly the session's completed calls before index ``before`` (see the module's
     docstring); :class:`SandboxUnknown` when it cannot be used (then it has been destroyed, if it was there).
     ``lineage`` is read only for a sandbox the journal does not know (the first call into a replacement)."""
-    held, snapshots, cut = held_counts(rt.rows)
-    if handle.id in cut or (interrupted and handle.id in held):
-        why = ("its rebuild was cut short" if handle.id in cut else
-               "a call was started in it and never answered (the operator stopped while it ran)")
-        log.warning("%s: the state of sandbox %s is unknown (%s); destroying it: the controller replaces it from the "
-                    "newest snapshot and the session's calls are replayed", where, handle.id, why)
-        try:
-            await provider.destroy(handle)
-        except SandboxGone:
-            pass
-        raise SandboxUnknown(handle.id, why)
+    h = holdings(rt.rows)
+    held = h.held
+    if handle.id in h.cut or handle.id in h.stale or (interrupted and handle.id in held):
+        await _unknown(handle, provider, where, "its rebuild was cut short" if handle.id in h.cut else
+                       "it holds calls that were rewound" if handle.id in h.stale else
+                       "a call was started in it and never answered (the operator stopped while it ran)")
     if handle.id in held and held[handle.id] >= before:
         return  # the sandbox the previous call ran in (the common case: nothing read, nothing written)
-    has = held_by(handle.id, held, snapshots, await lineage())
-    if has is None:
-        has = before  # a sandbox from before lineage was recorded: it has been holding every call
+    has = held_by(handle.id, held, h.snapshots, await lineage(), h.stale)
+    if has is None:  # a sandbox from before lineage was recorded: it has been holding every call (unless rewound)
+        has = STALE if h.rewinds else before
+    if has == STALE:
+        await _unknown(handle, provider, where, "it was made from a sandbox or snapshot holding calls that were "
+                       "rewound (or its origin is not known)")
     state = SessionState.derive(CALLS_SESSION, rt.rows)
     plan = [i for i in sorted(state.calls) if has <= i < before]
     op_id = f"{REBUILD}/{handle.id}"
@@ -156,6 +187,17 @@ async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvid
     if plan:
         log.info("%s: sandbox %s rebuilt: %d session calls replayed (%s)", where, handle.id, len(replayed),
                  ", ".join(replayed) or "none rerun")
+
+
+async def _unknown(handle: SandboxHandle, provider: SandboxProvider, where: str, why: str) -> NoReturn:
+    """Destroy ``handle``, whose state is unknown or stale, and say so (:class:`SandboxUnknown`)."""
+    log.warning("%s: the state of sandbox %s is unknown (%s); destroying it: the controller replaces it from the "
+                "newest snapshot and the session's calls are replayed", where, handle.id, why)
+    try:
+        await provider.destroy(handle)
+    except SandboxGone:
+        pass
+    raise SandboxUnknown(handle.id, why)
 
 
 def _recorded_call(rt: RunRuntime, op_id: str, where: str) -> ToolCall:

@@ -16,7 +16,14 @@ from typing import Protocol
 
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.journal import SandboxRef, SessionJournal
-from durable_sandbox.sessions.models import CallAnswer, CallRequest, Limits, ShellRequest
+from durable_sandbox.sessions.models import (
+    CallAnswer,
+    CallRequest,
+    Limits,
+    RewindAnswer,
+    RewindRequest,
+    ShellRequest,
+)
 from durable_sandbox.sessions.rates import CallerRates
 from durable_sandbox.sessions.rebuild import SandboxAccess
 
@@ -30,6 +37,10 @@ class Authorizer(Protocol):
     Returns the caller's name for the log; raises :class:`CallRefused` (401 or 403). Never logs the token."""
 
     async def check(self, token: str | None, namespace: str, name: str) -> str: ...
+
+    async def check_update(self, token: str | None, namespace: str, name: str) -> str:
+        """As :meth:`check`, for what changes the Sandbox's history (a rewind): ``update sandboxes``."""
+        ...
 
 
 class SandboxGate(SandboxAccess, Protocol):
@@ -70,6 +81,18 @@ class SessionService:
         log.info("%s: call %s (%s) by %s %s", ref.where, request.operationId, request.tool_call().type, caller,
                  "answered from the journal" if answered.replayed else f"exited {answered.result.exit_code}")
         return CallAnswer.of(request.operationId, answered.result, replayed=answered.replayed)
+
+    async def rewind(self, token: str | None, namespace: str, name: str, request: RewindRequest) -> RewindAnswer:
+        """Rewind the Sandbox's session to after its call ``request.toCall`` (sessions/rewind.py): allowed to who
+        may update the Sandbox, and taking its turn like a call (never while one runs)."""
+        caller = await self.auth.check_update(token, namespace, name)
+        ref = await self.gate.find(namespace, name)
+        async with self._admission(ref), self._turn(ref):
+            done = await self.journal_for(namespace).rewind(ref, self.gate, request.toCall)
+        log.info("%s: rewound to call %d by %s: %d calls rewound (%s), sandbox %s", ref.where, done.to_call, caller,
+                 len(done.rewound), ", ".join(done.rewound) or "none", done.sandbox_id)
+        return RewindAnswer(toCall=done.to_call, rewound=list(done.rewound), sandboxId=done.sandbox_id,
+                            replayed=list(done.replayed))
 
     def admitted(self, ref: SandboxRef) -> int:
         """Calls of ``ref`` in flight or waiting their turn in this process."""
