@@ -5,6 +5,7 @@ checked, and the next call goes at N under an operation id of its own (a rewound
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -203,4 +204,26 @@ async def test_the_call_api_serves_rewind(tmp_path: Path) -> None:
             assert answer.status_code == 200 and answer.json()["rewound"] == ["b"]
             bad = await http.post(f"{url}/rewind", json={"toCall": -1})
             assert bad.status_code == 400 and "toCall" in bad.json()["error"]["what"]
+        assert notes(gate) == ["a"]
+
+
+async def test_the_python_client_and_dsb_sandbox_rewind(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from durable_sandbox.cli.main import cli
+    from durable_sandbox.client import AsyncSandboxClient
+
+    async with serving_call_api(tmp_path) as (port, gate):
+        url = f"http://127.0.0.1:{port}"
+        async with AsyncSandboxClient.attach("box", namespace=NAMESPACE, url=url, token="good-token") as box:
+            for op in ("a", "b", "c"):
+                await box.run(f"echo {op} >> notes.txt", operation_id=op)
+            done = await box.rewind(2)
+            assert done["rewound"] == ["c"] and done["toCall"] == 2
+            await box.run("echo d >> notes.txt", operation_id="d")
+        assert notes(gate) == ["a", "b", "d"]
+        result = await asyncio.to_thread(CliRunner().invoke, cli, [
+            "-n", NAMESPACE, "sandbox", "rewind", "box", "--to-call", "1", "--url", url, "--token", "good-token"])
+        assert result.exit_code == 0, result.output
+        assert "rewound to after call 1: 2 call(s) rewound (b, d)" in result.output
         assert notes(gate) == ["a"]
