@@ -74,11 +74,15 @@ class FakeGate:
     store: Any = None  # the namespace's journal store (the controller reads the session's snapshots from it)
     lineage_of: dict[str, str] = field(default_factory=dict)
     replacements: list[tuple[str, str | None]] = field(default_factory=list)  # (lost id, snapshot restored)
+    shown: list[tuple[int, list[str]]] = field(default_factory=list)  # rewinds shown in status.lastRewind
 
     async def find(self, namespace: str, name: str) -> SandboxRef:
         if name != "box":
             raise CallRefused(404, "no such Sandbox", where=f"Sandbox {namespace}/{name}", do="create it")
         return SandboxRef(namespace, name, "uid-1", snapshot_every=self.snapshot_every)
+
+    async def rewound(self, ref: SandboxRef, to_call: int, rewound: list[str]) -> None:
+        self.shown.append((to_call, rewound))
 
     async def replaced(self, ref: SandboxRef, lost: str) -> SandboxHandle:
         if self.handle.id == lost:

@@ -93,6 +93,7 @@ async def test_rewind_restores_the_newest_snapshot_at_or_before_n_replays_up_to_
     state = SessionState.derive(SESSION, journal)
     assert [state.calls[i][0] for i in sorted(state.calls)] == [f"calls/{op}" for op in [*calls[:7], "n7", "n8"]]
     assert state.rewound == {"calls/c7"}
+    assert gate.shown == [(7, ["c7"])]  # status.lastRewind
 
 
 async def test_rewind_below_every_snapshot_deletes_them_and_rebuilds_a_fresh_sandbox(tmp_path: Path) -> None:
@@ -227,3 +228,16 @@ async def test_the_python_client_and_dsb_sandbox_rewind(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
         assert "rewound to after call 1: 2 call(s) rewound (b, d)" in result.output
         assert notes(gate) == ["a"]
+
+
+async def test_the_history_shows_the_rewind_and_keeps_the_rewound_calls(tmp_path: Path) -> None:
+    from durable_sandbox.cli.render import op_detail
+
+    _, store, svc = await setup(tmp_path, every=0)
+    await lines(svc, "a", "b", "c")
+    await rewind(svc, 1)
+    journal = await rows(store)
+    [done] = [r for r in journal if rewind_of(r) is not None]
+    assert op_detail(done.kind, done.status, done.result, None, done.meta) == \
+        "rewound to after call 1: 2 call(s) rewound (b, c)"
+    assert {r.op_id for r in journal} >= {"calls/a", "calls/b", "calls/c"}

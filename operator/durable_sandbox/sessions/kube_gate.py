@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -53,6 +54,12 @@ class KubeSandboxGate:
                               do="create the Sandbox (kubectl apply) and wait for it to be Ready, or name another one")
         every = (body.get("spec") or {}).get("snapshotEveryNCalls")
         return SandboxRef(namespace, name, str(body["metadata"]["uid"]), snapshot_every=every if isinstance(every, int) else 0)
+
+    async def rewound(self, ref: SandboxRef, to_call: int, rewound: list[str]) -> None:
+        """``status.lastRewind``, for `kubectl describe` (what the session's journal says, written by the operator)."""
+        at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self.objects.patch_status(SANDBOXES, ref.namespace, ref.name,
+                                        {"lastRewind": {"toCall": to_call, "rewound": rewound, "at": at}})
 
     async def replaced(self, ref: SandboxRef, lost: str) -> SandboxHandle:
         """The live sandbox once the controller has replaced ``lost``; the call keeps holding the Sandbox meanwhile.

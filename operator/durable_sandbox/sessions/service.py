@@ -49,6 +49,10 @@ class SandboxGate(SandboxAccess, Protocol):
 
     async def find(self, namespace: str, name: str) -> SandboxRef: ...
 
+    async def rewound(self, ref: SandboxRef, to_call: int, rewound: list[str]) -> None:
+        """Show a rewind done (``status.lastRewind``): for people only, the journal is what counts."""
+        ...
+
 
 class SessionService:
     def __init__(self, auth: Authorizer, gate: SandboxGate, journal_for: Callable[[str], SessionJournal],
@@ -89,6 +93,11 @@ class SessionService:
         ref = await self.gate.find(namespace, name)
         async with self._admission(ref), self._turn(ref):
             done = await self.journal_for(namespace).rewind(ref, self.gate, request.toCall)
+        if done.rewound:
+            try:
+                await self.gate.rewound(ref, done.to_call, list(done.rewound))
+            except Exception as exc:  # shown only: the rewind is committed in the journal either way
+                log.warning("%s: the rewind could not be shown in status.lastRewind (%s)", ref.where, exc)
         log.info("%s: rewound to call %d by %s: %d calls rewound (%s), sandbox %s", ref.where, done.to_call, caller,
                  len(done.rewound), ", ".join(done.rewound) or "none", done.sandbox_id)
         return RewindAnswer(toCall=done.to_call, rewound=list(done.rewound), sandboxId=done.sandbox_id,

@@ -578,6 +578,15 @@ class SandboxOperation(_Status):
     )
 
 
+class SandboxRewind(_Status):
+    """The newest rewind of the Sandbox's session (sessions/rewind.py); the journal keeps them all."""
+
+    to_call: int = Field(description="The calls kept: the session's first toCall; the next call continues after them.")
+    rewound: list[str] = Field(default_factory=list, description="The operation ids of the calls rewound (journaled "
+                               "as rewound, never deleted: `dsb --kube history sandbox/NAME` shows them).")
+    at: str = Field(description="When the rewind was done (RFC 3339).")
+
+
 class SandboxResourceStatus(_Status):
     """Where the sandbox is, written by the operator."""
 
@@ -609,6 +618,9 @@ class SandboxResourceStatus(_Status):
     loss_reported: str | None = Field(
         default=None, description="The live sandbox a session call found gone or unusable: a hint that makes the "
         "controller check it now (with the provider) instead of at its next lease renewal.",
+    )
+    last_rewind: SandboxRewind | None = Field(
+        default=None, description="The newest rewind of its session (POST .../rewind, `dsb sandbox rewind`).",
     )
     state: str | None = Field(
         default=None, description="Ready: live and held by a Workflow; Idle: live, no Workflow holds it (so no call "
@@ -728,6 +740,7 @@ __all__ = [
     "SandboxResource",
     "SandboxResourceSpec",
     "SandboxResourceStatus",
+    "SandboxRewind",
     "SandboxSettings",
     "SandboxStatusRef",
     "ShellCall",
