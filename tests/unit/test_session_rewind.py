@@ -241,3 +241,45 @@ async def test_the_history_shows_the_rewind_and_keeps_the_rewound_calls(tmp_path
     assert op_detail(done.kind, done.status, done.result, None, done.meta) == \
         "rewound to after call 1: 2 call(s) rewound (b, c)"
     assert {r.op_id for r in journal} >= {"calls/a", "calls/b", "calls/c"}
+
+
+def test_the_docs_rewind_code_and_commands_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/forks.md, "Rewind a Sandbox's session": its Python code, then its commands, as written but for the
+    Sandbox's name (the test's call API serves Sandbox box)."""
+    asyncio.run(_docs_rewind(tmp_path, monkeypatch))
+
+
+async def _docs_rewind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+    import io
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from tests.docs_commands import REWIND, ROOT, commands_run_by
+
+    doc = (ROOT / "docs" / "forks.md").read_text()
+    [code] = [c for c in re.findall(r"```python\n(.*?)```", doc, re.S) if ".rewind(" in c]
+    commands = commands_run_by(REWIND, "docs/forks.md")
+    assert len(commands) == 2
+    async with serving_call_api(tmp_path) as (port, gate):
+        monkeypatch.setenv("DSB_SESSION_URL", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("DSB_SESSION_TOKEN", "good-token")
+        printed = io.StringIO()
+
+        def run_code() -> None:
+            with contextlib.redirect_stdout(printed):
+                exec(compile(code.replace('"dev-box"', '"box"'), "forks.md", "exec"), {})
+
+        await asyncio.to_thread(run_code)
+        shown = printed.getvalue()
+        assert "'rewound': ['step-5', 'step-6', 'step-7']" in shown, shown
+        assert shown.rstrip().endswith("step 0\nstep 1\nstep 2\nstep 3\nstep 4\nanother way"), shown
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        ran = [await asyncio.to_thread(subprocess.run, ["bash", "-c", c.text.replace("dev-box", "box")], env=env,
+                                       capture_output=True, text=True, timeout=120, check=False) for c in commands]
+        assert [r.returncode for r in ran] == [0, 0], [r.stderr for r in ran]
+        assert "4 call(s) rewound (step-3, step-4, alt-5, look)" in ran[0].stdout, ran[0].stdout
+        assert '"rewound":["step-2"]' in ran[1].stdout, ran[1].stdout
+        assert notes(gate) == ["step 0", "step 1"]
