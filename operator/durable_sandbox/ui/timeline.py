@@ -27,6 +27,7 @@ from durable_sandbox.engine.records import Event, OperationRecord
 from durable_sandbox.engine.wording import counted
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.journal import call_target
+from durable_sandbox.sandboxes.rewind_journal import rewind_of
 from durable_sandbox.ui.event_labels import STOPPED, event_view
 from durable_sandbox.ui.row_labels import (
     CALLBACK,
@@ -350,6 +351,10 @@ class Timeline:
             self._replayed(row, item)
 
     def _replayed(self, row: OperationRecord, restore: Item) -> None:
+        if (rewind := rewind_of(row)) is not None:  # a Sandbox's session rewound: nothing replayed by this record
+            restore.note = "rewound (journaled, never deleted): " + ", ".join(
+                op.split("/", 1)[-1] for op in rewind.rewound)
+            return
         rebuild = journal.rebuilt(row)  # a Sandbox's session calls replayed into its replacement sandbox
         replayed = ([self._oids.get(oid, oid) for oid in rebuild.replayed] if rebuild else
                     [op for op in journal.replayed(row) if isinstance(op, str)])
