@@ -61,6 +61,7 @@ from durable_sandbox.sandboxes.session import (
 )
 from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.fork_seed import SourceRef, seed_records, seeded
 from durable_sandbox.sessions.hold import HoldSettings, OpenSession
 from durable_sandbox.sessions.rebuild import SandboxAccess, SandboxUnknown, rebuild
 from durable_sandbox.sessions.rewind import Rewound, commit_rewind, rebuilt_calls
@@ -86,6 +87,7 @@ class SandboxRef:
     uid: str
     # spec.snapshotEveryNCalls when the call was sent (not part of the identity: one turn per Sandbox whatever it is)
     snapshot_every: int = field(default=0, compare=False)
+    source: SourceRef | None = field(default=None, compare=False)  # spec.from: a fork of another's session
 
     @property
     def where(self) -> str:
@@ -134,7 +136,7 @@ class SessionJournal:
                                                                              on_replay, traceparent),
                                        what=f"call {call.operation_id}")
 
-        return await self._held(ref, run)
+        return await self._held(ref, gate, run)
 
     async def rewind(self, ref: SandboxRef, gate: SandboxAccess, to_call: int) -> Rewound:
         """Rewind the Sandbox's session to after its call ``to_call`` (``rewind.py``), under the session's lease
@@ -152,9 +154,9 @@ class SessionJournal:
             handle = await self._rebuilt(ref, session, gate, lambda: to_call, ready, what="the rewind")
             return Rewound(to_call, rewound, handle.id, tuple(replayed))
 
-        return await self._held(ref, run)
+        return await self._held(ref, gate, run)
 
-    async def _held(self, ref: SandboxRef, run: Callable[[OpenSession], Awaitable[T]]) -> T:
+    async def _held(self, ref: SandboxRef, gate: SandboxAccess, run: Callable[[OpenSession], Awaitable[T]]) -> T:
         """``run`` under the Sandbox's open session (its lease and journal; one at a time per Sandbox here)."""
         while True:
             session = await self._session(ref)
@@ -166,6 +168,8 @@ class SessionJournal:
                     continue
                 session.in_flight = asyncio.current_task()
                 try:
+                    if ref.source is not None and not seeded(session.rt):
+                        await self._seed(ref, ref.source, session.rt, gate)
                     return await run(session)
                 except CallRefused:
                     if session.handle is None:  # refused before or while taking the Sandbox: hold nothing
@@ -222,6 +226,23 @@ class SessionJournal:
                                   {"durable_sandbox.sandbox": ref.where, "durable_sandbox.operation.id":
                                    call.operation_id},
                                   lambda: self._execute(ref, rt, handle, provider, call, on_replay))
+
+    async def _seed(self, ref: SandboxRef, source: SourceRef, rt: RunRuntime, gate: SandboxAccess) -> None:
+        """A fork's journal seeded with its source's first calls, in one commit (``fork_seed.py``)."""
+        where = source.where(ref.where)
+        if source.sandbox is None:
+            raise CallRefused(409, "spec.from.workflow is not supported yet", where=where,
+                              do="fork a Sandbox (spec.from.sandbox), or a run with `dsb fork` / `dsb run --fork-of`")
+        try:
+            found = await gate.find(ref.namespace, source.sandbox)  # in the fork's own namespace, never another
+        except CallRefused as missing:
+            raise CallRefused(409, f"the source Sandbox {source.sandbox} cannot be read: {missing.body.what}",
+                              where=where, do="create the fork from a Sandbox of this namespace that exists (its "
+                              "calls are copied at the fork's first call)") from None
+        rows = await self.store.load_journal(calls_run_id(found.uid))
+        await rt.write(*seed_records(rt, rows, source, found.uid, where))
+        log.info("%s: forked from Sandbox %s (uid %s) after its call %d", ref.where, source.sandbox, found.uid,
+                 source.after_call)
 
     async def aclose(self) -> None:
         """Let go of every open session (the operator stopping): holders and leases released."""

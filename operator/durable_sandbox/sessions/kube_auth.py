@@ -34,7 +34,7 @@ CALLS_SUBRESOURCE = "calls"  # the permission: create sandboxes/calls
 
 
 @dataclass(frozen=True)
-class _Right:
+class AccessRight:
     verb: str
     subresource: str | None
     what: str  # for the refusal: what the caller may not do
@@ -44,8 +44,8 @@ class _Right:
         return f"{self.verb} sandboxes" + (f"/{self.subresource}" if self.subresource else "")
 
 
-CALLS = _Right("create", CALLS_SUBRESOURCE, "call this Sandbox", "durable-sandbox-sandbox-caller")
-UPDATE = _Right("update", None, "rewind this Sandbox's session", "durable-sandbox-sandbox-owner")
+CALLS = AccessRight("create", CALLS_SUBRESOURCE, "call this Sandbox", "durable-sandbox-sandbox-caller")
+UPDATE = AccessRight("update", None, "rewind this Sandbox's session", "durable-sandbox-sandbox-owner")
 CACHE_SECONDS = 10.0
 CACHE_ENTRIES = 1024
 
@@ -67,7 +67,7 @@ class KubeAuthorizer:
         """Who may rewind the Sandbox's session: ``update sandboxes`` (who may write its spec), not only call it."""
         return await self._check(token, namespace, name, UPDATE)
 
-    async def _check(self, token: str | None, namespace: str, name: str, right: _Right) -> str:
+    async def _check(self, token: str | None, namespace: str, name: str, right: AccessRight) -> str:
         where = f"Sandbox {namespace}/{name}"
         if not token:
             raise CallRefused(401, "no bearer token in the request", where=f"{where}, Authorization header",
@@ -98,7 +98,7 @@ class KubeAuthorizer:
         _remember(self._users, digest, (status.user, self.clock() + self.cache_seconds))
         return status.user
 
-    async def _access(self, user: Any, namespace: str, name: str, where: str, right: _Right) -> str:
+    async def _access(self, user: Any, namespace: str, name: str, where: str, right: AccessRight) -> str:
         spec = k8s.V1SubjectAccessReviewSpec(
             user=user.username, groups=user.groups or [], uid=user.uid,
             extra={k: list(v) for k, v in (user.extra or {}).items()},

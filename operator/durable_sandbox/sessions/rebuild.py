@@ -51,6 +51,10 @@ class SandboxAccess(Protocol):
 
     def live(self, ref: Any) -> AbstractAsyncContextManager[tuple[SandboxHandle, SandboxProvider]]: ...
 
+    async def find(self, namespace: str, name: str) -> Any:
+        """The Sandbox ``namespace/name`` as the API server has it now (a ``SandboxRef``); CallRefused if none."""
+        ...
+
     async def replaced(self, ref: Any, lost: str) -> SandboxHandle:
         """The live sandbox once it is another than ``lost`` (the controller's replacement)."""
         ...

@@ -74,7 +74,7 @@ class SessionService:
                               where=f"Sandbox {namespace}/{name}", retry_after=wait,
                               do=f"slow down: retry with the same operationId in {wait:.2f}s (Retry-After); the "
                               "operator's --session-max-calls-per-second sets the rate")
-        ref = await self.gate.find(namespace, name)
+        ref = await self._found(token, namespace, name)
         timeout = request.timeout if isinstance(request, ShellRequest) else None
         if timeout is not None and timeout > self.limits.max_timeout:
             raise CallRefused(400, f"timeout {timeout:g}s is over this operator's limit of {self.limits.max_timeout:g}s", where=f"{ref.where}, timeout",
@@ -90,7 +90,7 @@ class SessionService:
         """Rewind the Sandbox's session to after its call ``request.toCall`` (sessions/rewind.py): allowed to who
         may update the Sandbox, and taking its turn like a call (never while one runs)."""
         caller = await self.auth.check_update(token, namespace, name)
-        ref = await self.gate.find(namespace, name)
+        ref = await self._found(token, namespace, name)
         async with self._admission(ref), self._turn(ref):
             done = await self.journal_for(namespace).rewind(ref, self.gate, request.toCall)
         if done.rewound:
@@ -102,6 +102,14 @@ class SessionService:
                  len(done.rewound), ", ".join(done.rewound) or "none", done.sandbox_id)
         return RewindAnswer(toCall=done.to_call, rewound=list(done.rewound), sandboxId=done.sandbox_id,
                             replayed=list(done.replayed))
+
+    async def _found(self, token: str | None, namespace: str, name: str) -> SandboxRef:
+        """The Sandbox; a fork (spec.from) is called only by who may call its source too: its journal starts with
+        the source's calls (their arguments and results), which are the source's to show (docs/forks.md)."""
+        ref = await self.gate.find(namespace, name)
+        if ref.source is not None and ref.source.sandbox is not None:
+            await self.auth.check(token, namespace, ref.source.sandbox)
+        return ref
 
     def admitted(self, ref: SandboxRef) -> int:
         """Calls of ``ref`` in flight or waiting their turn in this process."""

@@ -24,7 +24,7 @@ SANDBOX_SNAPSHOT_DELETE = OpKind.SANDBOX_SNAPSHOT_DELETE.value
 SLEEP = OpKind.SLEEP.value
 STEP = OpKind.STEP.value
 
-__all__ = ["row_kind", "row_label"]
+__all__ = ["rewind_note", "row_kind", "row_label"]
 
 _KINDS: Final[Mapping[str, str]] = {
     STEP: "step",
@@ -92,3 +92,11 @@ def row_kind(row: OperationRecord) -> str:
     if row.kind == STEP and meta.get("branch"):
         return "branch"
     return _KINDS.get(row.kind, row.kind)
+
+
+def rewind_note(row: OperationRecord) -> str | None:
+    """A committed rewind's note: the calls it rewound (None: the row is no committed rewind)."""
+    rewind = rewind_journal.rewind_of(row)
+    if rewind is None:
+        return None
+    return "rewound (journaled, never deleted): " + ", ".join(op.split("/", 1)[-1] for op in rewind.rewound)

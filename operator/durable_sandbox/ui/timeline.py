@@ -27,7 +27,6 @@ from durable_sandbox.engine.records import Event, OperationRecord
 from durable_sandbox.engine.wording import counted
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.journal import call_target
-from durable_sandbox.sandboxes.rewind_journal import rewind_of
 from durable_sandbox.ui.event_labels import STOPPED, event_view
 from durable_sandbox.ui.row_labels import (
     CALLBACK,
@@ -38,6 +37,7 @@ from durable_sandbox.ui.row_labels import (
     SANDBOX_RESTORE,
     SLEEP,
     STEP,
+    rewind_note,
     row_kind,
     row_label,
 )
@@ -351,9 +351,8 @@ class Timeline:
             self._replayed(row, item)
 
     def _replayed(self, row: OperationRecord, restore: Item) -> None:
-        if (rewind := rewind_of(row)) is not None:  # a Sandbox's session rewound: nothing replayed by this record
-            restore.note = "rewound (journaled, never deleted): " + ", ".join(
-                op.split("/", 1)[-1] for op in rewind.rewound)
+        if (note := rewind_note(row)) is not None:  # a Sandbox's session rewound: nothing replayed by this record
+            restore.note = note
             return
         rebuild = journal.rebuilt(row)  # a Sandbox's session calls replayed into its replacement sandbox
         replayed = ([self._oids.get(oid, oid) for oid in rebuild.replayed] if rebuild else

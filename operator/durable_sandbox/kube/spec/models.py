@@ -377,6 +377,24 @@ class WorkflowSpec(_Model):
         return self
 
 
+class SandboxSource(_Model):
+    """spec.from: the Sandbox whose session the new Sandbox starts from, as it was after call afterCall."""
+
+    sandbox: Annotated[str, Field(min_length=1, max_length=253)] | None = Field(
+        default=None, description="A Sandbox of this namespace (never another's): its session's first afterCall "
+        "calls become the new Sandbox's, and its workspace is rebuilt from them.")
+    workflow: Annotated[str, Field(min_length=1, max_length=253)] | None = Field(
+        default=None, description="A Workflow of this namespace (not supported yet: refused with what to do).")
+    after_call: Annotated[int, Field(ge=0, strict=True)] = Field(
+        description="How many of the source's session calls the new Sandbox starts with (its state after that call).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SandboxSource:
+        if (self.sandbox is None) == (self.workflow is None):
+            raise ValueError("set exactly one of sandbox or workflow")
+        return self
+
+
 # A Workflow's inline `sandbox` settings plus what only a standalone Sandbox has.
 class SandboxResourceSpec(ResourceSandboxSettings):
     """A sandbox's settings; Workflows use them through spec.sandboxRef."""
@@ -392,6 +410,9 @@ class SandboxResourceSpec(ResourceSandboxSettings):
     from_snapshot: Annotated[
         str, Field(min_length=1, description="Create the sandbox from this provider snapshot id.")
     ] | None = None
+    from_: SandboxSource | None = Field(
+        default=None, alias="from", description="Start from another Sandbox's session after one of its calls "
+        "(docs/forks.md): a fork. Fixed at creation.")
     idle_suspend_after_seconds: Annotated[int, Field(
         ge=1, le=2_592_000, strict=True,
         description="Suspend the sandbox (snapshot, then destroy it) once no Workflow has held it for this many "
@@ -742,6 +763,7 @@ __all__ = [
     "SandboxResourceStatus",
     "SandboxRewind",
     "SandboxSettings",
+    "SandboxSource",
     "SandboxStatusRef",
     "ShellCall",
     "StatusError",
