@@ -26,7 +26,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 from durable_sandbox.engine.errors import DurableError
@@ -34,11 +33,11 @@ from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.kube.sandbox.view import CALLS_SESSION
 from durable_sandbox.providers.contract import SandboxGone, SandboxHandle, SandboxProvider, ToolCall
-from durable_sandbox.sandboxes import journal, rewind_journal
+from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes.holdings import holdings
 from durable_sandbox.sandboxes.session import ReconstructionError, SessionState
 
-__all__ = ["REBUILD", "STALE", "Holdings", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "holdings",
-           "rebuild"]
+__all__ = ["REBUILD", "STALE", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "rebuild"]
 
 log = logging.getLogger("durable_sandbox.sessions")
 
@@ -73,55 +72,10 @@ class SandboxUnknown(Exception):
         self.why = why
 
 
-@dataclass
-class Holdings:
-    """What the journal says the session's sandboxes and snapshots hold (see :func:`holdings`)."""
-
-    held: dict[str, int] = field(default_factory=dict)  # sandbox id -> the session calls it holds
-    snapshots: dict[str, int] = field(default_factory=dict)  # the session's snapshot id -> the calls it holds
-    cut: set[str] = field(default_factory=set)  # sandboxes whose rebuild was cut short
-    stale: set[str] = field(default_factory=set)  # sandboxes and snapshots holding calls since rewound
-    rewinds: int = 0
-
-    def rewind(self, to_call: int) -> None:
-        """The calls from ``to_call`` on were rewound: what holds any of them is stale, never used again."""
-        for table in (self.held, self.snapshots):
-            for key in [k for k, count in table.items() if count > to_call]:
-                del table[key]
-                self.stale.add(key)
-        self.rewinds += 1
-
-
-def holdings(rows: Sequence[OperationRecord]) -> Holdings:
-    """From the journal, in commit order: what each sandbox and snapshot holds (a call completed in it, a rebuild
-    of it, the session's snapshots), the sandboxes whose rebuild was cut short, and what rewinds made stale."""
-    h = Holdings()
-    prefix = CALLS_SESSION + "/"
-    for r in rows:
-        meta = r.meta or {}
-        if (rewound := rewind_journal.rewind_of(r)) is not None:
-            h.rewind(rewound.to_call)
-        elif r.op_id.startswith(REBUILD + "/"):
-            sandbox = str(meta.get("sandbox"))
-            if r.status == "completed":
-                h.held[sandbox] = int(meta["count"])
-                h.cut.discard(sandbox)
-            else:
-                h.cut.add(sandbox)
-        elif r.status != "completed" or not r.op_id.startswith(prefix):
-            continue
-        elif r.kind == OpKind.SANDBOX_CALL.value and meta.get(journal.META_SANDBOX_ID):
-            sandbox = str(meta[journal.META_SANDBOX_ID])
-            h.held[sandbox] = max(h.held.get(sandbox, 0), int(meta[journal.META_INDEX]) + 1)
-        elif r.kind == OpKind.SANDBOX_SNAPSHOT.value:
-            h.snapshots[str(r.result["snapshotId"])] = int(meta["count"])
-    return h
-
-
 def held_counts(rows: Sequence[OperationRecord]) -> tuple[dict[str, int], dict[str, int], set[str]]:
     """From the journal: sandbox id -> the session calls it holds (a call completed in it, a rebuild of it),
     snapshot id -> the calls it holds (the session's snapshots), and the sandboxes whose rebuild was cut short."""
-    h = holdings(rows)
+    h = holdings(rows, CALLS_SESSION)
     return h.held, h.snapshots, h.cut
 
 
@@ -153,7 +107,7 @@ async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvid
     """Bring ``handle`` to hold exactly the session's completed calls before index ``before`` (see the module's
     docstring); :class:`SandboxUnknown` when it cannot be used (then it has been destroyed, if it was there).
     ``lineage`` is read only for a sandbox the journal does not know (the first call into a replacement)."""
-    h = holdings(rt.rows)
+    h = holdings(rt.rows, CALLS_SESSION)
     held = h.held
     if handle.id in h.cut or handle.id in h.stale or (interrupted and handle.id in held):
         await _unknown(handle, provider, where, "its rebuild was cut short" if handle.id in h.cut else

@@ -13,6 +13,7 @@ from typing import Any
 
 from durable_sandbox.kube.sandbox.view import CALLS_SESSION, calls_run_id
 from durable_sandbox.kube.store.journals import JournalStores
+from durable_sandbox.sandboxes.holdings import holdings
 from durable_sandbox.sandboxes.rewind_journal import rewind_of
 from durable_sandbox.sandboxes.session import SessionState
 
@@ -34,16 +35,18 @@ async def session_snapshots(journals: JournalStores | None, namespace: str, uid:
 
 
 async def session_points(journals: JournalStores | None, namespace: str,
-                         uid: str) -> tuple[list[SessionSnapshot], float]:
-    """:func:`session_snapshots`, and when the session was last rewound (epoch seconds, 0: never): a snapshot of
-    the Sandbox's own taken before then (a suspend's) holds rewound calls, so it is never restored again."""
+                         uid: str) -> tuple[list[SessionSnapshot], float, frozenset[str]]:
+    """:func:`session_snapshots`; when the session was last rewound (epoch seconds, 0: never); and the sandboxes
+    that hold rewound calls (stale: sessions/rebuild.py). A snapshot of the Sandbox's own taken before the rewind,
+    or of a stale sandbox, holds rewound calls, so it is never restored again."""
     if journals is None:
-        return [], 0.0
+        return [], 0.0, frozenset()
     rows = await journals.store_for(namespace).load_journal(calls_run_id(uid))
     state = SessionState.derive(CALLS_SESSION, rows)
     taken = {r.op_id: r.ts for r in rows if r.status == "completed"}
     rewound = max((r.ts for r in rows if rewind_of(r) is not None), default=0.0)
-    return [SessionSnapshot(c.snapshot_id, c.count, taken.get(c.op_id, 0.0)) for c in state.checkpoints], rewound
+    snapshots = [SessionSnapshot(c.snapshot_id, c.count, taken.get(c.op_id, 0.0)) for c in state.checkpoints]
+    return snapshots, rewound, frozenset(holdings(rows, CALLS_SESSION).stale)
 
 
 def with_lineage(lineage: Mapping[str, Any] | None, child: str, parent: str) -> dict[str, str]:

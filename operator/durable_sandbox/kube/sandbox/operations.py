@@ -113,10 +113,13 @@ class SandboxOperations(SandboxLease):
     async def _newest_snapshot(self, view: SandboxView) -> str | None:
         """The newest snapshot holding this Sandbox's workspace: its own newest (a suspend's) or the newest its
         session calls took (``spec.snapshotEveryNCalls``), whichever was taken last."""
-        session, rewound_at = await session_points(self.journals, view.namespace, view.uid)
+        session, rewound_at, stale = await session_points(self.journals, view.namespace, view.uid)
         own_at = float(view.status.get(SNAPSHOT_AT) or 0)
-        # Its own snapshot taken before the session was rewound holds rewound calls (sessions/rewind.py): never.
-        own = view.snapshots[-1] if view.snapshots and own_at > rewound_at else None
+        own = view.snapshots[-1] if view.snapshots else None
+        # Its own snapshot taken before the session was rewound, or of a sandbox holding rewound calls (one not yet
+        # replaced when it was suspended), holds rewound calls (sessions/rewind.py): never restored.
+        if own is not None and (own_at <= rewound_at or (view.status.get(LINEAGE) or {}).get(own) in stale):
+            own = None
         if session and (own is None or session[-1].taken_at > own_at):
             return session[-1].snapshot_id
         return own
