@@ -1,8 +1,9 @@
 """Issue 36 against the real API server (TokenReview and SubjectAccessReview for ServiceAccount tokens), with the
 local provider: a Sandbox's session rewound through the call API (403 without update on the Sandbox; the workspace
 after the point; the next call continuing there; status.lastRewind and `dsb --kube history sandbox/NAME`), and a
-Sandbox made with docs/forks.md's `spec.from` manifest (the source's first calls; the source deleted, the fork goes
-on; spec.from fixed at creation; each deleted with its journal, in either order)."""
+Sandbox made with docs/forks.md's `spec.from` manifest (the source's first calls; each with snapshots of its own;
+the source deleted, the fork goes on; spec.from fixed at creation; deleted in either order, each snapshot deleted
+once by its owner, never one still needed, and nothing left)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ import pytest
 import yaml
 
 from durable_sandbox.client import SandboxCallError, SandboxClient
+from durable_sandbox.sandboxes.session import SessionState
 from durable_sandbox.sessions.journal import SESSION, calls_run_id
 from tests.docs_commands import ROOT
 from tests.dsb import DSB
 from tests.e2e.controlplane import ControlPlane, wait_until
-from tests.e2e.operator_support import journal, namespace, operators
+from tests.e2e.operator_support import journal, local_sandboxes, namespace, operators
 from tests.e2e.sandbox_support import sandbox, status, wait_for
 from tests.e2e.session_caller_support import CALLER_RULE, caller_token, start
 from tests.ports import free_port
@@ -53,6 +55,11 @@ def history(cp: ControlPlane, ns: str, name: str) -> str:
                          text=True, timeout=120, check=False)
     assert ran.returncode == 0, ran.stderr
     return ran.stdout
+
+
+def snapshots(cp: ControlPlane, ns: str, uid: str) -> set[str]:
+    """The snapshots a Sandbox's session holds now (taken and not deleted), from its journal."""
+    return {c.snapshot_id for c in SessionState.derive(SESSION, journal(cp, ns, calls_run_id(uid))).checkpoints}
 
 
 def docs_fork_manifest() -> dict[str, Any]:
@@ -95,8 +102,8 @@ def test_a_sandbox_session_is_rewound_through_the_call_api(control_plane: Contro
 def test_a_sandbox_made_from_another_starts_with_its_calls_and_outlives_it(
         control_plane: ControlPlane, namespace: str, operators: Any, first: str) -> None:
     cp, ns, port = control_plane, namespace, free_port()
-    start(operators, port)
-    cp.apply(sandbox("dev-box"), "-n", ns)
+    home = start(operators, port).home
+    cp.apply(sandbox("dev-box", snapshotEveryNCalls=2), "-n", ns)
     wait_for(cp, ns, "dev-box", "Ready")
     token = caller_token(cp, ns, "agent", granted=True)
     url = f"http://127.0.0.1:{port}"
@@ -116,12 +123,18 @@ def test_a_sandbox_made_from_another_starts_with_its_calls_and_outlives_it(
         assert notes(forked, "look-1") == ["step 0", "step 1", "step 2", "try 2"]
         [origin] = [r for r in journal(cp, ns, calls_run_id(fork_uid)) if r.op_id == f"{SESSION}/from/1"]
         assert origin.meta == {"sandbox": "dev-box", "uid": source_uid, "afterCall": 3}
+        own = {"dev-box": snapshots(cp, ns, source_uid), name: snapshots(cp, ns, fork_uid)}
+        assert own["dev-box"] and own[name] and not own["dev-box"] & own[name]  # each its own
         order = ["dev-box", name] if first == "source" else [name, "dev-box"]
         cp.kubectl("delete", "dsbx", order[0], "-n", ns, "--wait=true", "--timeout=90s")
+        kept = set(local_sandboxes(home))
+        assert {f"local/snapshots/{s}.tar" for s in own[order[1]]} <= kept  # none still needed deleted
+        assert not {f"local/snapshots/{s}.tar" for s in own[order[0]]} & kept  # the deleted one's all gone
         if first == "source":  # the fork needs nothing of its source's any more
             forked.run("echo after >> notes.txt", operation_id="after")
             assert notes(forked, "look-2")[-1] == "after"
     cp.kubectl("delete", "dsbx", order[1], "-n", ns, "--wait=true", "--timeout=90s")
+    wait_until(lambda: not local_sandboxes(home), 60, "no sandbox or snapshot of either left")
     wait_until(lambda: not [o for o in cp.kubectl_json("get", "journals", "-n", ns)["items"]
                             if source_uid in o["metadata"]["name"] or fork_uid in o["metadata"]["name"]],
                60, "both call journals to go with their Sandboxes")
