@@ -151,6 +151,9 @@ BENCHMARK = NotRun(
     "tests/unit/test_benchmarks_smoke.py runs each part at a tiny size so they do not rot")
 
 AGENTS = "tests/e2e/test_sandbox_sessions.py::test_the_docs_commands_call_a_sandbox"
+SHELL_CLI = "tests/unit/test_sandbox_shell_cli.py::test_the_docs_exec_shell_and_snapshot_commands_work"
+SHELL_CLI_NOTE = ("against the call API served in process over a local sandbox named box (dev-box renamed), its address "
+                  "and token in $DSB_SESSION_URL and $DSB_SESSION_TOKEN")
 AGENTS_NOTE = ("in the test's namespace instead of demo and with the test operator's port instead of 8443 (the "
                "machine is shared); the ClusterRole is the chart's rule, applied by the test")
 
@@ -163,6 +166,11 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         'export DSB_SESSION_TOKEN="$(kubectl create token agent -n demo)"': Run(AGENTS, note=AGENTS_NOTE),
         "dsb -n demo sandbox exec dev-box -- sh -c 'echo hello > greeting.txt; cat greeting.txt'":
             Run(AGENTS, note=AGENTS_NOTE),
+        "dsb -n demo sandbox exec dev-box -- sh -c 'for i in 1 2 3; do echo \"step $i\"; sleep 1; done'":
+            Run(SHELL_CLI, note=SHELL_CLI_NOTE),
+        "printf 'echo hello > greeting.txt\\ncat greeting.txt\\n' | dsb -n demo sandbox shell dev-box --session-id "
+        "first-session": Run(SHELL_CLI, note=SHELL_CLI_NOTE),
+        "dsb -n demo sandbox snapshot dev-box --operation-id before-refactor": Run(SHELL_CLI, note=SHELL_CLI_NOTE),
     },
     "docs/forks.md": {text: Run(FORKS, note="in a directory holding the doc's code as forkdemo.py") for text in (
         "dsb run forkdemo:build --input '{\"calls\": 6}' --run-id base",

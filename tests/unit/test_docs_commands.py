@@ -40,7 +40,7 @@ def test_every_proof_names_a_test_that_exists_or_a_reason() -> None:
             assert isinstance(proof, Run)
             file, _, name = proof.by.partition("::")
             path = ROOT / file
-            functions = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)} \
+            functions = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)} \
                 if path.is_file() else set()
             if name not in functions:
                 problems.append(f"{doc}: {text!r}: {proof.by} is not a test function")

@@ -199,6 +199,35 @@ async def test_the_providers_timeout_kills_the_calls_processes(endpoint: tuple[E
     assert (done.exit_code, done.stdout.strip()) == (0, where)
 
 
+async def test_the_providers_shell_output_reaches_the_sink_while_the_call_runs(endpoint: tuple[ExecEndpoint, PodExec],
+                                                                              tmp_path: Path) -> None:
+    """output_streaming: each chunk of the exec's stdout and stderr reaches the caller's sink as it comes (the command
+    waits for a file made only once its first line was seen), and the pieces joined are the result's streams."""
+    from durable_sandbox.providers.contract import Capability, SandboxHandle, ToolCall
+    from durable_sandbox.providers.kubernetes import KubernetesProvider
+    from durable_sandbox.providers.streaming import Stream, streaming_to
+
+    _, execs = endpoint
+    provider = KubernetesProvider(namespace="ns", environ={})
+    assert provider.capabilities().supports(Capability.OUTPUT_STREAMING)
+    provider.workspace = str(tmp_path)
+    provider._api_client, provider._exec, provider._core = execs.api_client, execs, _one_pod()
+    handle = SandboxHandle(id="ns/pod", provider="kubernetes", metadata={"uid": _UID})
+    pieces: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+
+    def sink(stream: Stream, data: bytes) -> None:
+        pieces[stream].append(data)
+        if b"first" in b"".join(pieces["stdout"]) and not (tmp_path / "go").exists():
+            (tmp_path / "go").write_text("")
+
+    command = ("echo first; i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; "
+               "if [ -e go ]; then echo second; else echo 'gave up'; fi; printf oops >&2")
+    with streaming_to(sink):
+        result = await provider.execute(handle, ToolCall(operation_id="streamed", type="shell", args={"command": command}))
+    assert result.outcome == (0, "first\nsecond\n", "oops")
+    assert b"".join(pieces["stdout"]).decode() == result.stdout and b"".join(pieces["stderr"]).decode() == result.stderr
+
+
 _UID = "uid-of-ns-pod"
 
 

@@ -131,6 +131,7 @@ def test_capabilities_are_declared_exactly(provider: LocalProvider) -> None:
             Capability.LOSS_INJECTION,
             Capability.INVENTORY,
             Capability.PROCESS_RESET,
+            Capability.OUTPUT_STREAMING,
         }
     )
     assert caps.delivery_guarantee == "at_least_once_effects"

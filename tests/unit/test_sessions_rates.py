@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from durable_sandbox.client import SandboxClient
-from durable_sandbox.client.calls import _retry_after
+from durable_sandbox.client.wire import _retry_after
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.http import create_app
 from durable_sandbox.sessions.models import Limits, ShellRequest

@@ -191,6 +191,7 @@ def _register() -> None:
         run,
         runs,
         sandbox_calls,
+        sandbox_shell,  # noqa: F401 - adds `shell` and `snapshot` to the sandbox group
         sandboxes,
         ui,
         worker,

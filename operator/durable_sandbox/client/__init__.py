@@ -8,9 +8,17 @@
 
 Every call carries an operation id (made for it unless given): a call whose request or answer was lost is sent
 again with the same id until it is answered, and the Sandbox's journal makes sure it runs once.
-``AsyncSandboxClient`` is the same on asyncio.
+``AsyncSandboxClient`` is the same on asyncio. ``stream`` runs a command and yields its output while it runs
+(``Output``), then its ``CallResult``; ``snapshot`` takes a journaled snapshot now.
 """
 
-from durable_sandbox.client.calls import AsyncSandboxClient, CallResult, SandboxCallError, SandboxClient
+from durable_sandbox.client.calls import (
+    AsyncSandboxClient,
+    CallResult,
+    SandboxCallError,
+    SandboxClient,
+    SnapshotResult,
+)
+from durable_sandbox.client.streaming import Output
 
-__all__ = ["AsyncSandboxClient", "CallResult", "SandboxCallError", "SandboxClient"]
+__all__ = ["AsyncSandboxClient", "CallResult", "Output", "SandboxCallError", "SandboxClient", "SnapshotResult"]

@@ -3,137 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import ssl
 import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 
-from durable_sandbox.client.credentials import default_namespace, token_source
+from durable_sandbox.client.streaming import Output, async_events, sync_events
+from durable_sandbox.client.wire import (
+    RETRY_FOR,
+    CallResult,
+    SandboxCallError,
+    SnapshotResult,
+    _error_of,
+    _operation_id,
+    _retry_after,
+    _Target,
+    _target,
+    _verify,
+)
 from durable_sandbox.shell_args import shell_args
-from durable_sandbox.tracing.traceparent import outgoing_traceparent
 
-__all__ = ["AsyncSandboxClient", "CallResult", "SandboxCallError", "SandboxClient"]
-
-URL_ENV = "DSB_SESSION_URL"  # the call API's address when none is given
-CA_ENV = "DSB_SESSION_CA"  # a CA bundle to verify it with (HTTPS)
-RETRY_FOR = 120.0  # seconds a call is retried (same operation id) across disconnects and retryable refusals
-FIRST_DELAY, MAX_DELAY = 0.2, 5.0
-MAX_WAIT_ASKED = 30.0  # the longest wait a server's Retry-After is followed for at once
-
-
-@dataclass(frozen=True)
-class CallResult:
-    operation_id: str
-    exit_code: int
-    stdout: str
-    stderr: str
-    stdout_bytes: int | None = None  # a cut stream's full size (the journal keeps its first and last 64 KiB)
-    stderr_bytes: int | None = None
-    replayed: bool = False  # answered from the journal: the call had run before this request
-
-    @classmethod
-    def of(cls, data: dict[str, Any]) -> CallResult:
-        return cls(operation_id=data["operationId"], exit_code=int(data["exitCode"]), stdout=data.get("stdout", ""),
-                   stderr=data.get("stderr", ""), stdout_bytes=data.get("stdoutBytes"),
-                   stderr_bytes=data.get("stderrBytes"), replayed=bool(data.get("replayed")))
-
-
-class SandboxCallError(RuntimeError):
-    """The call API refused a call: ``status`` and the server's what/where/do."""
-
-    def __init__(self, status: int, error: dict[str, Any]) -> None:
-        self.status = status
-        self.error = error
-        super().__init__(f"{status} {error.get('reason', '')}: {error.get('what', '')} ({error.get('where', '')}); "
-                         f"{error.get('do', '')}")
-
-
-def _error_of(response: httpx.Response) -> SandboxCallError:
-    try:
-        error = response.json().get("error") or {}
-    except ValueError:
-        error = {"what": response.text[:500], "where": str(response.url), "do": "check the call API's address"}
-    return SandboxCallError(response.status_code, error)
-
-
-def _retry_after(outcome: httpx.Response | Exception, attempt: int, started: float, retry_for: float) -> float | None:
-    """How long to wait before sending the same call again, or None to stop: a lost connection (the request or its
-    answer may be lost: the journal answers a repeat) and refusals the server marks ``retry``."""
-    if time.monotonic() - started > retry_for:
-        return None
-    if isinstance(outcome, httpx.Response):
-        if outcome.status_code < 400:
-            return None
-        try:
-            retry = bool((outcome.json().get("error") or {}).get("retry"))
-        except ValueError:
-            retry = outcome.status_code in (502, 503, 504)  # a proxy's answer, not the API's
-        if not retry:
-            return None
-        asked = _retry_after_header(outcome)
-        if asked is not None:  # the server says when (429 over the caller's rate): not sooner, and not for ever
-            return min(asked, MAX_WAIT_ASKED)
-    elif not isinstance(outcome, httpx.TransportError):
-        return None
-    return min(FIRST_DELAY * 2 ** attempt, MAX_DELAY)
-
-
-def _retry_after_header(response: httpx.Response) -> float | None:
-    """The answer's wait in seconds: the error's ``retryAfter`` (fractions), else the Retry-After header."""
-    try:
-        given = (response.json().get("error") or {}).get("retryAfter")
-    except ValueError:
-        given = None
-    if given is None:
-        given = response.headers.get("retry-after")
-    try:
-        return max(float(given), 0.0) if given is not None else None
-    except ValueError:
-        return None  # an HTTP date: the backoff decides
-
-
-def _operation_id(given: str | None) -> str:
-    return given or f"c-{uuid.uuid4().hex}"
-
-
-@dataclass(frozen=True)
-class _Target:
-    url: str
-    namespace: str
-    name: str
-    token: Callable[[], str]
-
-    def path(self, kind: str = "") -> str:
-        base = f"{self.url.rstrip('/')}/v1/namespaces/{self.namespace}/sandboxes/{self.name}"
-        return f"{base}/{kind}" if kind else base
-
-    def headers(self) -> dict[str, str]:
-        # The caller's trace context, so the call's spans join its trace (docs/operations.md, "Traces").
-        caller = outgoing_traceparent()
-        return {"Authorization": f"Bearer {self.token()}", **({"traceparent": caller} if caller else {})}
-
-
-def _target(name: str, namespace: str | None, url: str | None, token: str | None, kubeconfig: str | None,
-            context: str | None) -> _Target:
-    address = url or os.environ.get(URL_ENV)
-    if not address:
-        raise ValueError(f"no call API address: pass url=... or set ${URL_ENV} (the operator's --session-port, e.g. "
-                         f"https://durable-sandbox-sessions.durable-sandbox-system.svc:8443)")
-    return _Target(address, namespace or default_namespace(kubeconfig=kubeconfig, context=context), name,
-                   token_source(token=token, kubeconfig=kubeconfig, context=context))
-
-
-def _verify(verify: bool | str | None) -> bool | ssl.SSLContext:
-    """True (the system's CAs), False (no check: never in production), or a context trusting the CA bundle named
-    by ``verify`` or $DSB_SESSION_CA."""
-    chosen = verify if verify is not None else os.environ.get(CA_ENV) or True
-    return ssl.create_default_context(cafile=chosen) if isinstance(chosen, str) else chosen
-
+__all__ = ["AsyncSandboxClient", "CallResult", "SandboxCallError", "SandboxClient", "SnapshotResult"]
 
 class SandboxClient:
     """A Sandbox's calls, one at a time (blocking). ``attach`` names it; close it (or use ``with``)."""
@@ -168,6 +59,9 @@ class SandboxClient:
 
     def call(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> CallResult:
         """Send one call (``kind`` and its fields), retried with the same operation id until it is answered."""
+        return CallResult.of(self.call_json(kind, body, operation_id))
+
+    def call_json(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> dict[str, Any]:
         body = {**body, "operationId": _operation_id(operation_id)}
         started, attempt = time.monotonic(), 0
         while True:
@@ -185,6 +79,16 @@ class SandboxClient:
     def run(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
             env: dict[str, str] | None = None, operation_id: str | None = None) -> CallResult:
         return self.call("shell", shell_args(command, timeout, cwd, env), operation_id)
+
+    def stream(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
+               env: dict[str, str] | None = None, operation_id: str | None = None) -> Iterator[Output | CallResult]:
+        """:meth:`run`, its output yielded while it runs (``Output`` pieces), then its ``CallResult``."""
+        body = {**shell_args(command, timeout, cwd, env), "operationId": _operation_id(operation_id)}
+        return sync_events(self._http, self.target, body, self.retry_for)
+
+    def snapshot(self, *, operation_id: str | None = None) -> SnapshotResult:
+        """A snapshot of the Sandbox now, journaled (a loss restores it); the same id again: the same snapshot."""
+        return SnapshotResult.of(self.call_json("snapshot", {}, operation_id))
 
     def write_file(self, path: str, contents: str, *, operation_id: str | None = None) -> CallResult:
         return self.call("write_file", {"path": path, "contents": contents}, operation_id)
@@ -276,6 +180,9 @@ class AsyncSandboxClient:
         return box
 
     async def call(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> CallResult:
+        return CallResult.of(await self.call_json(kind, body, operation_id))
+
+    async def call_json(self, kind: str, body: dict[str, Any], operation_id: str | None = None) -> dict[str, Any]:
         body = {**body, "operationId": _operation_id(operation_id)}
         started, attempt = time.monotonic(), 0
         while True:
@@ -293,6 +200,15 @@ class AsyncSandboxClient:
     async def run(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
                   env: dict[str, str] | None = None, operation_id: str | None = None) -> CallResult:
         return await self.call("shell", shell_args(command, timeout, cwd, env), operation_id)
+
+    def stream(self, command: str, *, timeout: float | None = None, cwd: str | None = None,
+               env: dict[str, str] | None = None, operation_id: str | None = None) -> AsyncIterator[Output | CallResult]:
+        """``async for piece in box.stream(...)``: its output while it runs (``Output``), then its ``CallResult``."""
+        body = {**shell_args(command, timeout, cwd, env), "operationId": _operation_id(operation_id)}
+        return async_events(self._http, self.target, body, self.retry_for)
+
+    async def snapshot(self, *, operation_id: str | None = None) -> SnapshotResult:
+        return SnapshotResult.of(await self.call_json("snapshot", {}, operation_id))
 
     async def write_file(self, path: str, contents: str, *, operation_id: str | None = None) -> CallResult:
         return await self.call("write_file", {"path": path, "contents": contents}, operation_id)
@@ -340,12 +256,12 @@ class AsyncSandboxClient:
         await self.aclose()
 
 
-def _answer(outcome: httpx.Response | Exception) -> CallResult:
+def _answer(outcome: httpx.Response | Exception) -> dict[str, Any]:
     if isinstance(outcome, Exception):
         raise outcome
     if outcome.status_code >= 400:
         raise _error_of(outcome)
-    return CallResult.of(outcome.json())
+    return dict(outcome.json())
 
 
 def _entries(result: CallResult, path: str) -> list[str]:

@@ -38,6 +38,9 @@ class Capability(enum.StrEnum):
     # Ends every process in a live sandbox but what keeps it alive (reset_processes): a shared sandbox changing
     # hands, so that nothing the previous holder's code left running sees the next holder's calls.
     PROCESS_RESET = "process_reset"
+    # Hands a shell call's stdout and stderr to the caller's sink as they come, before the call returns
+    # (providers/streaming.py); without it the output is given only in the result.
+    OUTPUT_STREAMING = "output_streaming"
 
 
 DeliveryGuarantee = Literal["at_least_once_effects", "deduplicated_operations"]

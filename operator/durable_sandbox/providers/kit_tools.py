@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
+import pytest
+
 from durable_sandbox.providers.contract import (
+    Capability,
     SandboxProvider,
 )
 from durable_sandbox.providers.kit_base import ContractResources, ProviderKit
+from durable_sandbox.providers.streaming import Stream, streaming_to
 
 __all__ = ["ToolCases"]
 
 
 class ToolCases(ProviderKit):
     """shell, write_file and read_file as contract v1 states them; sandboxes are separate; the spec's env reaches
-    commands but never the handle."""
+    commands but never the handle; a provider with ``output_streaming`` streams a shell call's output."""
 
     async def test_shell_reports_exit_code_stdout_and_stderr(self, kit: ContractResources) -> None:
         handle = await kit.provision()
@@ -62,3 +67,30 @@ class ToolCases(ProviderKit):
         for text in (handle.model_dump_json(), repr(handle), str(handle.metadata)):
             assert secret not in text, "handles are persisted in journals: they must never hold secrets"
         assert (await kit.run(handle, "shell", command='printf %s "$KIT_SECRET"')).outcome == (0, secret, "")
+
+    async def test_output_streaming_gives_the_output_while_the_call_runs(self, provider: SandboxProvider,
+                                                                          kit: ContractResources) -> None:
+        """``output_streaming``: the sink has a call's first output before the call returns (the call waits for a
+        file the kit writes only once it saw that output), and the pieces joined are the result's streams."""
+        if not provider.capabilities().supports(Capability.OUTPUT_STREAMING):
+            pytest.skip(f"{provider.name} does not declare output_streaming (its output comes in the result)")
+        handle = await kit.provision()
+        pieces: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+        seen_first = asyncio.Event()
+
+        def sink(stream: Stream, data: bytes) -> None:
+            pieces[stream].append(data)
+            if b"first" in b"".join(pieces["stdout"]):
+                seen_first.set()
+
+        command = ("printf 'first\\n'; i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; "
+                   "printf second; printf oops >&2")
+        with streaming_to(sink):
+            running = asyncio.ensure_future(kit.run(handle, "shell", command=command))
+        waiter = asyncio.ensure_future(seen_first.wait())
+        await asyncio.wait([running, waiter], return_when=asyncio.FIRST_COMPLETED)
+        assert seen_first.is_set() and not running.done(), "the call's first output did not reach the sink before it returned"
+        await kit.run(handle, "write_file", path="go", contents="")
+        result = await running
+        assert result.outcome == (0, "first\nsecond", "oops")
+        assert b"".join(pieces["stdout"]).decode() == result.stdout and b"".join(pieces["stderr"]).decode() == result.stderr

@@ -106,7 +106,7 @@ class KubernetesProvider(PodSnapshots):
 
     def capabilities(self) -> ProviderCapabilities:
         supported = {Capability.LEASE_RECONCILIATION, Capability.INVENTORY, Capability.LOSS_INJECTION,
-                     Capability.PROCESS_RESET}
+                     Capability.PROCESS_RESET, Capability.OUTPUT_STREAMING}
         if self.store is not None:
             supported |= {Capability.SNAPSHOT, Capability.SNAPSHOT_DELETION, Capability.SNAPSHOT_RECONCILIATION,
                           Capability.RESTORE}

@@ -31,6 +31,7 @@ from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, 
 from durable_sandbox.providers.kubernetes_template import CONTAINER
 from durable_sandbox.providers.kubernetes_verification import PodVerification
 from durable_sandbox.providers.output import OutputBuffer
+from durable_sandbox.providers.streaming import Stream, current_sink
 
 log = logging.getLogger("durable_sandbox.providers.kubernetes")
 
@@ -93,7 +94,7 @@ class PodCalls(PodVerification):
         tag = hashlib.sha256(f"{handle.id}\0{call.operation_id}\0{secrets.token_hex(8)}".encode()).hexdigest()[:24]
         out, err = OutputBuffer(), OutputBuffer()
         script = scripts.shell(command, tag=tag, cwd=cwd, env=env, workspace=self.workspace)
-        task = asyncio.ensure_future(self._run(handle, script, stdout=out.feed, stderr=err.feed,
+        task = asyncio.ensure_future(self._run(handle, script, stdout=_teed(out, "stdout"), stderr=_teed(err, "stderr"),
                                                what=f"shell call {call.operation_id}"))
         try:
             done, _ = await asyncio.wait([task], timeout=timeout)
@@ -165,6 +166,19 @@ class PodCalls(PodVerification):
             raise ProviderError(f"Sandbox {handle.id}: could not end the processes earlier calls left running "
                                 f"({b''.join(errors).decode(errors='replace').strip()[:200]}); no call starts beside them")
 
+
+
+def _teed(buffer: OutputBuffer, stream: Stream) -> Callable[[bytes], None]:
+    """``buffer.feed``, and the caller's sink too when it wants the output while the call runs (output_streaming)."""
+    sink = current_sink()
+    if sink is None:
+        return buffer.feed
+
+    def feed(data: bytes) -> None:
+        buffer.feed(data)
+        sink(stream, data)
+
+    return feed
 
 
 def _discard(_: bytes) -> None:

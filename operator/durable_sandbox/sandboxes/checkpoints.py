@@ -22,10 +22,11 @@ class Checkpointer:
         self.recoverer = recoverer  # a sandbox lost while being snapshotted is recovered, then snapshotted
         self.keep_all = False  # every checkpoint kept until the end: points to fork from (``keep_checkpoints``)
 
-    async def checkpoint(self, count: int, *, fresh: bool = True) -> None:
+    async def checkpoint(self, count: int, *, fresh: bool = True, request: str | None = None) -> None:
         """Snapshot at ``count`` calls, record it, then delete the checkpoint it supersedes. Not ``fresh``: the
         sandbox does not hold exactly ``count`` calls (a re-opened session replaying), so only a checkpoint
-        already recorded applies."""
+        already recorded applies. ``request``: the operation id of a snapshot asked for (the call API's
+        ``snapshot``), recorded with it so that the same request again finds it."""
         sc = self.scope
         # A re-opened session's snapshots get ids of their own: the failed attempt's were deleted.
         op_id = journal.snapshot_id(sc.sid, count, sc.generation, sc.state.rewinds)
@@ -38,7 +39,9 @@ class Checkpointer:
             async def take() -> str:
                 return await sc.provider.snapshot(await self.recoverer.live_handle(), operation_id=provider_op)
 
-            meta = {"count": count, "operationId": provider_op}
+            meta: dict[str, object] = {"count": count, "operationId": provider_op}
+            if request is not None:
+                meta[journal.META_REQUEST] = request
             await sc.write(op_id, OpKind.SANDBOX_SNAPSHOT, "snapshot", "started", meta=meta)
             snapshot_id = await self.recoverer.guarded(take)
             faults.reach(f"snapshot-taken:{op_id}")

@@ -95,6 +95,7 @@ META_PROVIDER = "provider"  # provision (started): the provider, pinned for the 
 META_OPTIONS = "options"  # provision (started): the session's options (lease, attach, ...)
 META_HANDLE = "handle"  # provision/restore (started): a sandbox made, not yet recorded as the session's
 META_INDEX = "index"  # call: its 0-based position in the session
+META_REQUEST = "request"  # snapshot: the operation id of the request that asked for it (a Sandbox's call API)
 META_OPERATION_ID = "operationId"  # call: the caller's operation id; snapshot: the provider's
 META_CALL = "call"  # call (started): {type, args}, for replay
 META_COUNT = "count"  # snapshot, inject_loss: completed calls at that point

@@ -2,8 +2,9 @@
 
 ``POST /v1/namespaces/<namespace>/sandboxes/<name>/<kind>`` with ``kind`` one of ``shell``, ``write_file``,
 ``read_file``, ``list``; a JSON body (``models.py``) with the caller's ``operationId``; ``Authorization: Bearer
-<Kubernetes token>``. The answer is the call's result (``CallAnswer``); every refusal a JSON ``{"error": {status,
-reason, what, where, do}}``. ``GET`` and ``DELETE`` on the Sandbox's path, ``POST .../suspend`` and
+<Kubernetes token>``. The answer is the call's result (``CallAnswer``), or with ``Accept: text/event-stream`` its
+output while it runs and then its result (``streaming.py``); every refusal a JSON ``{"error": {status, reason,
+what, where, do}}``. ``POST .../snapshot``: a snapshot now, journaled (``snapshots.py``). ``GET`` and ``DELETE`` on the Sandbox's path, ``POST .../suspend`` and
 ``.../resume``, ``PUT`` (create or attach): its lifecycle, done with the caller's own credentials
 (``lifecycle.py``); ``POST .../rewind`` with ``{"toCall": N}``: its session rewound to after call N (``rewind.py``,
 allowed to who may ``update`` the Sandbox); ``.../mcp``: MCP over HTTP whose tools are its calls (``mcp_http.py``). Why in the operator:
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -37,8 +38,9 @@ from durable_sandbox.kube.api.client import brief, is_transient
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.lifecycle import Lifecycle
-from durable_sandbox.sessions.models import CALL_KINDS, RewindRequest, request_model
+from durable_sandbox.sessions.models import CALL_KINDS, RewindRequest, SnapshotRequest, request_model
 from durable_sandbox.sessions.service import SessionService
+from durable_sandbox.sessions.streaming import stream_answer, wants_events
 
 if TYPE_CHECKING:  # the mcp extra may be missing: then no MCP endpoint is given (sessions/startup.py)
     from durable_sandbox.sessions.mcp_http import McpEndpoint
@@ -56,29 +58,28 @@ def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp:
             model = request_model(kind)
             if model is None:
                 raise CallRefused(404, f"no call kind {kind!r}", where=f"{where}, the URL's last segment",
-                                  do=f"use one of {', '.join(sorted(CALL_KINDS))}")
-            body = await _bounded_body(request, service.limits.max_request_bytes, where)
-            try:
-                parsed = model.model_validate_json(body)
-            except ValidationError as exc:
-                raise CallRefused(400, "the request body is not a valid call: " + _fields(exc), where=f"{where}, {kind}",
-                                  do="fix the fields named (docs/agents.md lists each call's fields)") from None
-            answer = await service.call(_bearer(request), namespace, name, parsed,  # type: ignore[arg-type]
-                                        traceparent=request.headers.get("traceparent"))
+                                  do=f"use one of {', '.join(sorted(CALL_KINDS))}, snapshot or rewind")
+            parsed = await _parsed(request, model, service.limits.max_request_bytes, f"{where}, {kind}")
+            token, traceparent = _bearer(request), request.headers.get("traceparent")
+            if wants_events(request.headers.get("accept")):  # server-sent events: the output while it runs
+                return await stream_answer(lambda sink: service.call(token, namespace, name, parsed,  # type: ignore[arg-type]
+                                                                     traceparent=traceparent, sink=sink),
+                                           lambda exc: _failure(where, exc), service.detached,
+                                           service.limits.max_streamed_bytes)
+            answer = await service.call(token, namespace, name, parsed, traceparent=traceparent)  # type: ignore[arg-type]
             return JSONResponse(answer.model_dump(exclude_none=True))
-        except CallRefused as refused:
-            return _refusal(refused)
-        except ProviderError as exc:
-            return _refusal(CallRefused(503, f"the provider failed the call: {exc}", where=where,
-                                        do="retry with the same operationId (a call that completed is not run again)"))
-        except DurableError as exc:
-            return _refusal(CallRefused(500, str(exc), where=where,
-                                        do="see the operator's log for this Sandbox; retry with the same operationId"))
-        except Exception as exc:  # the API server away, a damaged record, a bug: the caller is told, the log has it
-            log.exception("%s: a call failed", where)
-            return _refusal(CallRefused(503 if is_transient(exc) else 500, f"the call failed: {brief(exc)}",
-                                        where=where, do="retry with the same operationId (a call that completed is "
-                                        "not run again); the operator's log has the details"))
+        except Exception as exc:
+            return _failure(where, exc)
+
+    async def snapshot(request: Request) -> Response:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        where = f"Sandbox {namespace}/{name}"
+        try:
+            parsed = await _parsed(request, SnapshotRequest, service.limits.max_request_bytes, f"{where}, snapshot")
+            taken = await service.snapshot(_bearer(request), namespace, name, parsed)  # type: ignore[arg-type]
+            return JSONResponse(taken.model_dump())
+        except Exception as exc:
+            return _failure(where, exc)
 
     async def healthz(_: Request) -> Response:
         return Response("ok\n")
@@ -121,6 +122,7 @@ def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp:
         Route(prefix + "/suspend", lifecycle_call, methods=["POST"]),
         Route(prefix + "/resume", lifecycle_call, methods=["POST"]),
         Route(prefix + "/rewind", _rewind(service), methods=["POST"]),
+        Route(prefix + "/snapshot", snapshot, methods=["POST"]),
         Route(prefix + "/{kind}", call, methods=["POST"]),
         Route("/healthz", healthz),
     ])
@@ -149,6 +151,33 @@ def _rewind(service: SessionService) -> Callable[[Request], Awaitable[Response]]
                                         "outcome cannot be made again), or see the operator's log"))
 
     return rewind
+
+
+async def _parsed(request: Request, model: type[BaseModel], limit: int, where: str) -> BaseModel:
+    """The request's body as ``model`` (bounded; 400 naming the fields that are wrong)."""
+    body = await _bounded_body(request, limit, where)
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise CallRefused(400, "the request body is not a valid call: " + _fields(exc), where=where,
+                          do="fix the fields named (docs/agents.md lists each call's fields)") from None
+
+
+def _failure(where: str, exc: Exception) -> JSONResponse:
+    """What a caller is told when a call (or snapshot) did not give an answer."""
+    if isinstance(exc, CallRefused):
+        return _refusal(exc)
+    if isinstance(exc, ProviderError):
+        return _refusal(CallRefused(503, f"the provider failed the call: {exc}", where=where,
+                                    do="retry with the same operationId (a call that completed is not run again)"))
+    if isinstance(exc, DurableError):
+        return _refusal(CallRefused(500, str(exc), where=where,
+                                    do="see the operator's log for this Sandbox; retry with the same operationId"))
+    # The API server away, a damaged record, a bug: the caller is told, the log has it.
+    log.error("%s: a call failed", where, exc_info=exc)
+    return _refusal(CallRefused(503 if is_transient(exc) else 500, f"the call failed: {brief(exc)}",
+                                where=where, do="retry with the same operationId (a call that completed is "
+                                "not run again); the operator's log has the details"))
 
 
 async def _spec(request: Request, limit: int, where: str) -> dict[str, Any]:

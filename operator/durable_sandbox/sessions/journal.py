@@ -52,6 +52,7 @@ from durable_sandbox.providers.contract import (
     ToolCall,
     ToolResult,
 )
+from durable_sandbox.providers.streaming import OutputSink, streaming_to
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.session import (
     AttachedSandboxLost,
@@ -65,6 +66,7 @@ from durable_sandbox.sessions.fork_seed import SourceRef, seed_records, seeded
 from durable_sandbox.sessions.hold import HoldSettings, OpenSession
 from durable_sandbox.sessions.rebuild import SandboxAccess, SandboxUnknown, rebuild
 from durable_sandbox.sessions.rewind import Rewound, commit_rewind, rebuilt_calls
+from durable_sandbox.sessions.snapshots import Snapshot, snapshot_taken, take_snapshot
 from durable_sandbox.tracing import Tracing
 
 __all__ = ["SESSION", "SESSION_WORKFLOW", "Rewound", "SandboxRef", "SessionJournal", "calls_run_id"]
@@ -121,22 +123,26 @@ class SessionJournal:
         return self._handles[run_id]
 
     async def call(self, ref: SandboxRef, gate: SandboxAccess, call: ToolCall, *,
-                   on_replay: str = journal.ON_REPLAY_RERUN, traceparent: str | None = None) -> Answered:
+                   on_replay: str = journal.ON_REPLAY_RERUN, traceparent: str | None = None,
+                   sink: OutputSink | None = None) -> Answered:
         """Run ``call`` in the Sandbox's live sandbox, journaled (see the module's docstring). ``gate.live`` takes
         the Sandbox (its holder) and gives its sandbox and provider: entered under the journal's lease, so two
         replicas never both hold it for calls, and kept with the session while calls keep coming (``hold.py``).
-        ``traceparent``: the caller's trace, the parent of the request's span."""
-        async def run(session: OpenSession) -> Answered:
+        ``traceparent``: the caller's trace, the parent of the request's span. ``sink``: given the call's output
+        while it runs, when the provider streams (``Capability.OUTPUT_STREAMING``); a call answered from the
+        journal gives it nothing (its caller has the journaled output at once)."""
+
+        async def answer(session: OpenSession) -> Answered:
             done = _completed(ref, session.rt.rows, call)
             if done is not None:
                 return done
             await session.live(lambda: gate.live(ref))
-            return await self._rebuilt(ref, session, gate, lambda: _index_of(session.rt, call.operation_id),
-                                       lambda handle, provider: self._traced(ref, session.rt, handle, provider, call,
-                                                                             on_replay, traceparent),
+            return await self._rebuilt(ref, session, gate, lambda rt: _index_of(rt, call.operation_id),
+                                       lambda rt, handle, provider: self._traced(ref, rt, handle, provider, call,
+                                                                                 on_replay, traceparent, sink),
                                        what=f"call {call.operation_id}")
 
-        return await self._held(ref, gate, run)
+        return await self._held(ref, gate, answer)
 
     async def rewind(self, ref: SandboxRef, gate: SandboxAccess, to_call: int) -> Rewound:
         """Rewind the Sandbox's session to after its call ``to_call`` (``rewind.py``), under the session's lease
@@ -147,17 +153,42 @@ class SessionJournal:
             rewound = await commit_rewind(session.rt, ref.where, session.provider, to_call)
             replayed: list[str] = []
 
-            async def ready(handle: SandboxHandle, _provider: SandboxProvider) -> SandboxHandle:
-                replayed.extend(rebuilt_calls(session.rt, handle.id))
+            async def ready(rt: RunRuntime, handle: SandboxHandle, _provider: SandboxProvider) -> SandboxHandle:
+                replayed.extend(rebuilt_calls(rt, handle.id))
                 return handle
 
-            handle = await self._rebuilt(ref, session, gate, lambda: to_call, ready, what="the rewind")
+            handle = await self._rebuilt(ref, session, gate, lambda _rt: to_call, ready, what="the rewind")
             return Rewound(to_call, rewound, handle.id, tuple(replayed))
 
         return await self._held(ref, gate, run)
 
+    async def snapshot(self, ref: SandboxRef, gate: SandboxAccess, operation_id: str) -> Snapshot:
+        """A snapshot of the live sandbox now, once it holds every completed session call: recorded in the call
+        journal like the ones every ``spec.snapshotEveryNCalls`` calls (the one it supersedes deleted after), so a
+        loss restores it. The same ``operation_id`` again answers with the snapshot it took (``replayed``); a
+        snapshot a later rewind deleted (it held rewound calls) is never answered nor restored (``snapshots.py``)."""
+
+        async def take(session: OpenSession) -> Snapshot:
+            done = snapshot_taken(session.rt.rows, operation_id, where=ref.where)
+            if done is not None:
+                return done
+            await session.live(lambda: gate.live(ref))
+            assert session.provider is not None
+            if not session.provider.capabilities().supports(Capability.SNAPSHOT):
+                raise CallRefused(409, f"provider {session.provider.name} cannot snapshot", where=ref.where,
+                                  do="use a provider with snapshots (docs/providers.md lists them)")
+            return await self._rebuilt(ref, session, gate, lambda rt: _index_of(rt, None), lambda rt, handle, provider:
+                                       take_snapshot(rt, handle, provider, operation_id, self._handles,
+                                                     sandbox=ref.name, owner=f"{ref.namespace}/{ref.uid}",
+                                                     snapshot_every=ref.snapshot_every, count=_index_of(rt, None)),
+                                       what=f"snapshot {operation_id}")
+
+        return await self._held(ref, gate, take)
+
     async def _held(self, ref: SandboxRef, gate: SandboxAccess, run: Callable[[OpenSession], Awaitable[T]]) -> T:
-        """``run`` under the Sandbox's open session (its lease and journal; one at a time per Sandbox here)."""
+        """``run`` under the Sandbox's open session (its lease fresh, one at a time; a fork's journal seeded
+        first): the session kept after it while calls keep coming, let go after a failure (the next call reads
+        the journal again)."""
         while True:
             session = await self._session(ref)
             async with session.lock:
@@ -184,9 +215,10 @@ class SessionJournal:
                     if self.hold.idle_seconds <= 0:
                         await self._close(session)
 
-    async def _rebuilt(self, ref: SandboxRef, session: OpenSession, gate: SandboxAccess, before: Callable[[], int],
-                       then: Callable[[SandboxHandle, SandboxProvider], Awaitable[T]], *, what: str) -> T:
-        """``then`` in the hold's live sandbox once it holds every completed call before index ``before()``; a
+    async def _rebuilt(self, ref: SandboxRef, session: OpenSession, gate: SandboxAccess,
+                       before: Callable[[RunRuntime], int],
+                       then: Callable[[RunRuntime, SandboxHandle, SandboxProvider], Awaitable[T]], *, what: str) -> T:
+        """``then`` in the hold's live sandbox once it holds every completed call before index ``before(rt)``; a
         sandbox lost, unknown or stale is replaced (the controller's replacement becomes the hold's) and rebuilt
         first."""
         handle, provider = session.handle, session.provider
@@ -204,8 +236,8 @@ class SessionJournal:
         for _ in range(MAX_REPLACEMENTS):
             try:
                 await rebuild(session.rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
-                              before=before(), where=ref.where)
-                return await then(handle, provider)
+                              before=before(session.rt), where=ref.where)
+                return await then(session.rt, handle, provider)
             except SandboxUnknown as unknown:
                 lost = unknown.sandbox_id
             except AttachedSandboxLost as gone:
@@ -219,13 +251,13 @@ class SessionJournal:
                           "why its sandboxes do not last")
 
     async def _traced(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
-                      call: ToolCall, on_replay: str, traceparent: str | None) -> Answered:
+                      call: ToolCall, on_replay: str, traceparent: str | None, sink: OutputSink | None) -> Answered:
         """:meth:`_execute` in the request's span, the child of the caller's ``traceparent`` header (the call's
         own span inside)."""
         return await under_caller(rt, traceparent, f"sandbox.session_call {call.type}",
                                   {"durable_sandbox.sandbox": ref.where, "durable_sandbox.operation.id":
                                    call.operation_id},
-                                  lambda: self._execute(ref, rt, handle, provider, call, on_replay))
+                                  lambda: self._execute(ref, rt, handle, provider, call, on_replay, sink))
 
     async def _seed(self, ref: SandboxRef, source: SourceRef, rt: RunRuntime, gate: SandboxAccess) -> None:
         """A fork's journal seeded with its source's first calls, in one commit (``fork_seed.py``)."""
@@ -285,7 +317,7 @@ class SessionJournal:
         await session.shut(self.store.release)
 
     async def _execute(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
-                       call: ToolCall, on_replay: str) -> Answered:
+                       call: ToolCall, on_replay: str, sink: OutputSink | None) -> Answered:
         self._handles[rt.run_id] = handle
         try:
             session = SandboxSession(rt, SESSION, traced_provider(rt, SESSION, provider), attach=ref.name,
@@ -295,7 +327,9 @@ class SessionJournal:
             # The live sandbox is the Sandbox's, read from its record when the session took it: it may have been
             # recovered or resumed since the session's first call recorded one.
             session.state.handle = handle
-            result = await session.call(call, on_replay=on_replay)  # started committed before it runs
+            streams = sink is not None and provider.capabilities().supports(Capability.OUTPUT_STREAMING)
+            with streaming_to(sink if streams else None):  # the output while it runs (only this call's)
+                result = await session.call(call, on_replay=on_replay)  # started committed before it runs
             await rt.write()  # the completion, committed before the call is answered
         except NonDeterminismError as exc:
             raise _reused(ref, call.operation_id) from exc
@@ -339,10 +373,13 @@ def _completed(ref: SandboxRef, rows: list[Any], call: ToolCall) -> Answered | N
                                stdout_size=r.get("stdoutBytes"), stderr_size=r.get("stderrBytes")), replayed=True)
 
 
-def _index_of(rt: RunRuntime, operation_id: str) -> int:
+def _index_of(rt: RunRuntime, operation_id: str | None) -> int:
     """The call's place in the session: the one its ``started`` record took (a retried call interrupted by a
-    crash), else after every call journaled so far."""
+    crash), else after every call of the session so far (also for ``None``: a snapshot of them all; after a
+    rewind to ``N``, the calls kept and those since)."""
     state = SessionState.derive(SESSION, rt.rows)
+    if operation_id is None:
+        return state.next_index
     op_id = journal.call_id(SESSION, operation_id)
     started = rt.lookup(op_id)
     index = journal.call_index(started) if started is not None and op_id not in state.rewound else None

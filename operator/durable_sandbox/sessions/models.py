@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from durable_sandbox.providers.contract import ToolCall, ToolResult
 
 __all__ = ["CALL_KINDS", "CallAnswer", "CallRequest", "ErrorBody", "Limits", "ListRequest", "ReadFileRequest",
-           "RewindAnswer", "RewindRequest", "ShellRequest", "WriteFileRequest", "request_model"]
+           "RewindAnswer", "RewindRequest", "ShellRequest", "SnapshotAnswer", "SnapshotRequest", "WriteFileRequest",
+           "request_model"]
 
 # Letters, digits and ``._:-``, up to 128: it becomes part of a journal operation id (``calls/<id>``).
 OPERATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -31,6 +32,7 @@ class Limits(BaseModel):
     max_concurrent_calls: int = 4  # per Sandbox, in flight or waiting their turn, in this process
     max_timeout: float = MAX_CALL_TIMEOUT
     max_calls_per_second: float = Field(default=20.0, gt=0)  # per caller (Kubernetes user), in this process
+    max_streamed_bytes: int = 16 << 20  # a call's output streamed while it runs (the journal keeps 2 x 64 KiB)
 
 
 class _Request(BaseModel):
@@ -131,6 +133,24 @@ class RewindAnswer(BaseModel):
     rewound: list[str]
     sandboxId: str
     replayed: list[str] = Field(default_factory=list)
+
+
+class SnapshotRequest(BaseModel):
+    """``POST .../snapshot``: a snapshot now, in the Sandbox's order of calls (its id names the request)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    operationId: str = Field(pattern=OPERATION_ID_PATTERN)
+
+
+class SnapshotAnswer(BaseModel):
+    """The snapshot taken (``calls``: the session calls it holds); ``replayed``: taken for an earlier request with
+    this operationId, answered from the journal."""
+
+    operationId: str
+    snapshotId: str
+    calls: int
+    replayed: bool = False
 
 
 class ErrorBody(BaseModel):

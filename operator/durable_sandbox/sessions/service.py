@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
+from durable_sandbox.providers.streaming import OutputSink
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.journal import SandboxRef, SessionJournal
 from durable_sandbox.sessions.models import (
@@ -23,6 +24,8 @@ from durable_sandbox.sessions.models import (
     RewindAnswer,
     RewindRequest,
     ShellRequest,
+    SnapshotAnswer,
+    SnapshotRequest,
 )
 from durable_sandbox.sessions.rates import CallerRates
 from durable_sandbox.sessions.rebuild import SandboxAccess
@@ -64,9 +67,37 @@ class SessionService:
         self.rates = CallerRates(self.limits.max_calls_per_second)
         self._admitted: dict[SandboxRef, int] = {}  # calls in flight or waiting, per Sandbox
         self._turns: dict[SandboxRef, asyncio.Lock] = {}
+        self.detached: set[asyncio.Task[Any]] = set()  # streamed calls, kept running when their caller goes away
 
     async def call(self, token: str | None, namespace: str, name: str, request: CallRequest, *,
-                   traceparent: str | None = None) -> CallAnswer:
+                   traceparent: str | None = None, sink: OutputSink | None = None) -> CallAnswer:
+        """The call's answer (run now, or from the journal); ``sink`` gets its output while it runs, when the
+        Sandbox's provider streams it."""
+        caller, ref = await self._caller(token, namespace, name)
+        timeout = request.timeout if isinstance(request, ShellRequest) else None
+        if timeout is not None and timeout > self.limits.max_timeout:
+            raise CallRefused(400, f"timeout {timeout:g}s is over this operator's limit of {self.limits.max_timeout:g}s", where=f"{ref.where}, timeout",
+                              do="ask for a shorter timeout, or split the work into several calls")
+        async with self._admission(ref), self._turn(ref):
+            answered = await self.journal_for(namespace).call(ref, self.gate, request.tool_call(),
+                                                              on_replay=request.onReplay, traceparent=traceparent,
+                                                              sink=sink)
+        log.info("%s: call %s (%s) by %s %s", ref.where, request.operationId, request.tool_call().type, caller,
+                 "answered from the journal" if answered.replayed else f"exited {answered.result.exit_code}")
+        return CallAnswer.of(request.operationId, answered.result, replayed=answered.replayed)
+
+    async def snapshot(self, token: str | None, namespace: str, name: str, request: SnapshotRequest) -> SnapshotAnswer:
+        """A snapshot of the Sandbox now, in its turn among the calls (``sessions/snapshots.py``)."""
+        caller, ref = await self._caller(token, namespace, name)
+        async with self._admission(ref), self._turn(ref):
+            taken = await self.journal_for(namespace).snapshot(ref, self.gate, request.operationId)
+        log.info("%s: snapshot %s by %s %s", ref.where, request.operationId, caller,
+                 "answered from the journal" if taken.replayed else f"took {taken.snapshot_id}")
+        return SnapshotAnswer(operationId=request.operationId, snapshotId=taken.snapshot_id, calls=taken.calls,
+                              replayed=taken.replayed)
+
+    async def _caller(self, token: str | None, namespace: str, name: str) -> tuple[str, SandboxRef]:
+        """Who calls (authenticated and authorized first), within its rate, and the Sandbox it names."""
         caller = await self.auth.check(token, namespace, name)
         wait = self.rates.take(caller)
         if wait is not None:
@@ -74,17 +105,7 @@ class SessionService:
                               where=f"Sandbox {namespace}/{name}", retry_after=wait,
                               do=f"slow down: retry with the same operationId in {wait:.2f}s (Retry-After); the "
                               "operator's --session-max-calls-per-second sets the rate")
-        ref = await self._found(token, namespace, name)
-        timeout = request.timeout if isinstance(request, ShellRequest) else None
-        if timeout is not None and timeout > self.limits.max_timeout:
-            raise CallRefused(400, f"timeout {timeout:g}s is over this operator's limit of {self.limits.max_timeout:g}s", where=f"{ref.where}, timeout",
-                              do="ask for a shorter timeout, or split the work into several calls")
-        async with self._admission(ref), self._turn(ref):
-            answered = await self.journal_for(namespace).call(ref, self.gate, request.tool_call(),
-                                                              on_replay=request.onReplay, traceparent=traceparent)
-        log.info("%s: call %s (%s) by %s %s", ref.where, request.operationId, request.tool_call().type, caller,
-                 "answered from the journal" if answered.replayed else f"exited {answered.result.exit_code}")
-        return CallAnswer.of(request.operationId, answered.result, replayed=answered.replayed)
+        return caller, await self._found(token, namespace, name)
 
     async def rewind(self, token: str | None, namespace: str, name: str, request: RewindRequest) -> RewindAnswer:
         """Rewind the Sandbox's session to after its call ``request.toCall`` (sessions/rewind.py): allowed to who

@@ -1,18 +1,24 @@
 """`dsb sandbox exec NAME -- COMMAND...` and `dsb sandbox cp SRC DST`: one call into a Sandbox through its call API
-(durable_sandbox.client); `dsb sandbox rewind NAME --to-call N`: its session rewound."""
+(durable_sandbox.client); `dsb sandbox rewind NAME --to-call N`: its session rewound; `shell` and `snapshot` are
+in sandbox_shell.py."""
 
 from __future__ import annotations
 
 import re
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from durable_sandbox.cli.commands.common import pass_settings
 from durable_sandbox.runs.errors import EXIT_FAILED, CliError
 from durable_sandbox.runs.settings import Settings
+
+if TYPE_CHECKING:  # the client is imported when a command runs (dsb's start stays quick)
+    from durable_sandbox.client import CallResult, Output
 
 
 @click.group()
@@ -34,19 +40,17 @@ def sandbox() -> None:
 @pass_settings
 def exec_cmd(settings: Settings, name: str, command: tuple[str, ...], url: str, operation_id: str | None,
              timeout: float | None, cwd: str | None, token: str | None) -> None:
-    """Run COMMAND in Sandbox NAME (namespace: -n, else the kubeconfig's); its output is printed and its exit code
-    is dsb's. Write it after `--`: dsb sandbox exec dev-box -- ls -la"""
+    """Run COMMAND in Sandbox NAME (namespace: -n, else the kubeconfig's); its output is printed as it comes and its
+    exit code is dsb's. Write it after `--`: dsb sandbox exec dev-box -- ls -la"""
     from durable_sandbox.client import SandboxCallError, SandboxClient
     from durable_sandbox.client.credentials import CredentialsError
 
     line = command[0] if len(command) == 1 else shlex.join(command)
     try:
         with SandboxClient.attach(name, namespace=settings.namespace, url=url, token=token) as box:
-            result = box.run(line, timeout=timeout, cwd=cwd, operation_id=operation_id)
+            result = print_streamed(box.stream(line, timeout=timeout, cwd=cwd, operation_id=operation_id))
     except (SandboxCallError, CredentialsError) as exc:
         raise CliError(str(exc), code=EXIT_FAILED) from None
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr)
     sys.exit(result.exit_code)
 
 
@@ -75,6 +79,19 @@ def rewind_cmd(settings: Settings, name: str, to_call: int, url: str, token: str
     click.echo(f"Sandbox {name}: rewound to after call {done['toCall']}: {len(rewound)} call(s) rewound"
                + (f" ({', '.join(rewound)})" if rewound else "") + f"; sandbox {done['sandboxId']}"
                + (f", {len(done.get('replayed') or [])} call(s) replayed into it" if rewound else ""))
+
+
+def print_streamed(events: Iterator[Output | CallResult]) -> CallResult:
+    """Print a call's output as it comes (stdout and stderr to ours), and give its result."""
+    from durable_sandbox.client import CallResult
+
+    for event in events:
+        if isinstance(event, CallResult):
+            return event
+        out = sys.stdout if event.stream == "stdout" else sys.stderr
+        out.write(event.text)
+        out.flush()
+    raise CliError("the call API's event stream ended without the call's result", code=EXIT_FAILED)
 
 
 _REMOTE = re.compile(r"^(?P<name>[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?):(?P<path>.+)$")

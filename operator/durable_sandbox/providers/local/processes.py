@@ -19,6 +19,7 @@ from typing import Any
 from durable_sandbox.providers.contract import ConfigurationError, ProviderError, SandboxGone, ToolResult
 from durable_sandbox.providers.local.arguments import ENV_NAME, Refused, parse_args, resolve_inside
 from durable_sandbox.providers.output import OutputBuffer
+from durable_sandbox.providers.streaming import OutputSink, current_sink
 
 TIMEOUT_EXIT_CODE = 124
 # How long to keep reading output after a call's process group was killed. Only a process that escaped
@@ -43,7 +44,8 @@ async def discard_spawn(spawn: asyncio.Future[tuple[asyncio.SubprocessTransport,
 class CallProtocol(asyncio.SubprocessProtocol):
     """Collects a call's output and reports process exit and pipe closure separately."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, sink: OutputSink | None = None) -> None:
+        self.sink = sink  # the caller's, when it wants the output while the call runs (providers/streaming.py)
         # Bounded: a call printing gigabytes costs 2 x 64 KiB per stream here (providers/output.py).
         self.stdout = OutputBuffer()
         self.stderr = OutputBuffer()
@@ -53,6 +55,8 @@ class CallProtocol(asyncio.SubprocessProtocol):
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         (self.stdout if fd == 1 else self.stderr).feed(data)
+        if self.sink is not None:
+            self.sink("stdout" if fd == 1 else "stderr", data)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         self._open_pipes.discard(fd)
@@ -118,7 +122,7 @@ class ShellCalls:
         shell = shutil.which(self.shell)
         if shell is None:
             raise ConfigurationError(f"The local provider's shell {self.shell!r} was not found")
-        transport, protocol = await self._spawn(sandbox_id, run_dir, shell, command, env)
+        transport, protocol = await self._spawn(sandbox_id, run_dir, shell, command, env, current_sink())
         supervisor = transport.get_pid()
         self.running.setdefault(sandbox_id, set()).add(supervisor)
         if not self._exists(sandbox_id):
@@ -163,7 +167,7 @@ class ShellCalls:
         return env
 
     async def _spawn(self, sandbox_id: str, run_dir: Path, shell: str, command: str,
-                     env: dict[str, str]) -> tuple[asyncio.SubprocessTransport, CallProtocol]:
+                     env: dict[str, str], sink: OutputSink | None) -> tuple[asyncio.SubprocessTransport, CallProtocol]:
         loop = asyncio.get_running_loop()
         # A protocol rather than asyncio.subprocess.Process: Process.wait() also waits for the pipes to
         # close, so a backgrounded child holding stdout would stall the call until it exited.
@@ -171,7 +175,7 @@ class ShellCalls:
         # call when the call ends, and when this worker dies, even processes that left its group.
         spawn = asyncio.ensure_future(
             loop.subprocess_exec(
-                lambda: CallProtocol(loop),
+                lambda: CallProtocol(loop, sink),
                 sys.executable,
                 "-I",
                 "-S",

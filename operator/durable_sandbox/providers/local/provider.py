@@ -116,6 +116,7 @@ _CAPABILITIES = ProviderCapabilities(
             Capability.LOSS_INJECTION,
             Capability.INVENTORY,
             Capability.PROCESS_RESET,
+            Capability.OUTPUT_STREAMING,
         }
     ),
     delivery_guarantee="at_least_once_effects",

@@ -1,0 +1,3 @@
+from examples.client_agent import main
+
+main()
