@@ -134,6 +134,9 @@ CLUSTER = "tests/e2e/test_docs_commands.py::test_cluster_commands_of_the_docs_wo
 README = "tests/unit/test_readme.py::test_readme_first_command_runs_the_hello_workflow"
 README_CODE = "tests/unit/test_readme.py::test_readme_code_first_example_runs_with_its_commands"
 FORKS = "tests/unit/test_forks.py::test_the_docs_fork_commands_and_code_work"
+REWIND = "tests/unit/test_session_rewind.py::test_the_docs_rewind_code_and_commands_work"
+REWIND_NOTE = ("against the call API the test serves over a local sandbox (its Sandbox is named box, not dev-box), "
+               "after the doc's Python code")
 CHART_ON_NODE = "tests/e2e/test_chart_on_node.py::test_installed_operator_pod_is_ready_and_reconciles_hello"
 DEV_CLUSTER = "tests/e2e/test_dev_cluster.py::test_up_runs_pods_and_down_leaves_nothing_behind"
 REPLAY_CLUSTER = ("tests/e2e/test_operator_replay_policies.py::"
@@ -180,6 +183,10 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "dsb run forkdemo:build --input '{\"calls\": 6}' --run-id base",
         "dsb fork base --after 3 --count 2",
         "dsb fork base --after 3 --resume",
+    )} | {text: Run(REWIND, note=REWIND_NOTE) for text in (
+        "dsb -n demo sandbox rewind dev-box --to-call 3",
+        'curl -sS -X POST -H "Authorization: Bearer $DSB_SESSION_TOKEN" -d \'{"toCall": 2}\' '
+        '"$DSB_SESSION_URL/v1/namespaces/demo/sandboxes/dev-box/rewind"',
     )},
     "README.md": {
         "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && dsb run examples/hello-workflow.yaml":

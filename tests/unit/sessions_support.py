@@ -36,6 +36,7 @@ class FakeAuth:
     users: dict[str, str] = field(default_factory=lambda: {"good-token": "alice", "other-token": "bob"})
     rights: dict[str, set[tuple[str, str]]] = field(default_factory=lambda: {"alice": {(NAMESPACE, "box"), (NAMESPACE, "missing")}})
     checked: int = 0
+    owners: set[str] = field(default_factory=lambda: {"alice"})  # who may update (rewind) the Sandbox
 
     async def check(self, token: str | None, namespace: str, name: str) -> str:
         self.checked += 1
@@ -46,6 +47,13 @@ class FakeAuth:
             raise CallRefused(401, "the bearer token was not accepted", where="header", do="send a current one")
         if (namespace, name) not in self.rights.get(user, set()):
             raise CallRefused(403, f"{user} may not call this Sandbox", where=f"Sandbox {namespace}/{name}", do="bind")
+        return user
+
+    async def check_update(self, token: str | None, namespace: str, name: str) -> str:
+        user = await self.check(token, namespace, name)
+        if user not in self.owners:
+            raise CallRefused(403, f"{user} may not rewind this Sandbox's session", where=f"Sandbox {namespace}/{name}",
+                              do="bind")
         return user
 
 
@@ -66,11 +74,15 @@ class FakeGate:
     store: Any = None  # the namespace's journal store (the controller reads the session's snapshots from it)
     lineage_of: dict[str, str] = field(default_factory=dict)
     replacements: list[tuple[str, str | None]] = field(default_factory=list)  # (lost id, snapshot restored)
+    shown: list[tuple[int, list[str]]] = field(default_factory=list)  # rewinds shown in status.lastRewind
 
     async def find(self, namespace: str, name: str) -> SandboxRef:
         if name != "box":
             raise CallRefused(404, "no such Sandbox", where=f"Sandbox {namespace}/{name}", do="create it")
         return SandboxRef(namespace, name, "uid-1", snapshot_every=self.snapshot_every)
+
+    async def rewound(self, ref: SandboxRef, to_call: int, rewound: list[str]) -> None:
+        self.shown.append((to_call, rewound))
 
     async def replaced(self, ref: SandboxRef, lost: str) -> SandboxHandle:
         if self.handle.id == lost:

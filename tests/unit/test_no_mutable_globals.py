@@ -38,7 +38,7 @@ IMMUTABLE_MAKERS = frozenset({
 })
 # Classes whose instances cannot change (frozen dataclasses or pydantic models, or no attributes at all):
 # test_the_frozen_makers_made_frozen_values checks every such module-level value.
-FROZEN_MAKERS = frozenset({"RetryPolicy", "ProviderCapabilities", "SandboxServices", "_GenericJournal"})
+FROZEN_MAKERS = frozenset({"RetryPolicy", "ProviderCapabilities", "SandboxServices", "_GenericJournal", "AccessRight"})
 READ_ONLY_TYPES = ("Mapping", "Sequence", "AbstractSet", "Collection", "tuple", "frozenset")
 MUTABLE_NODES = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
 

@@ -226,3 +226,17 @@ def test_a_long_session_keeps_its_newest_items_and_counts_the_rest() -> None:
                              meta={"index": 50, "operationId": "op-50"})])
     tl.feed(call_rows(5, start=2000.0)[:0])
     assert "calls/op-50" in tl.items and tl.items["calls/op-50"].outcome == "running"
+
+
+async def test_a_rewind_shows_on_the_sandboxs_page_with_the_calls_it_rewound(
+        session: tuple[SqliteStore, FakeGate]) -> None:
+    from durable_sandbox.sessions.models import RewindRequest
+
+    store, gate = session
+    await service(store, gate).rewind("good-token", NAMESPACE, "box", RewindRequest(toCall=3))
+    source, _ = source_of(store, [sandbox("box", "uid-1", holder=None, snapshots=[])], [])
+    async with client(source) as c:
+        items = (await c.get("/api/timeline", params={"id": "sandbox/box"})).json()["items"]
+    [rewind] = [i for i in items if i["l"].startswith("rewind to after call 3")]
+    assert rewind["l"] == "rewind to after call 3: 4 calls rewound"
+    assert "op-3, op-4, op-5, op-6" in json.dumps(rewind)

@@ -21,7 +21,7 @@ from durable_sandbox.engine.continue_as_new import CHAIN, CONTINUED_FROM, GENERA
 from durable_sandbox.engine.driver import Backoff, RunPolicy, backoff
 from durable_sandbox.kube.spec.plan import WORKFLOW_LABEL
 from durable_sandbox.runs.settings import Settings
-from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes import journal, rewind_journal
 
 _STATUS_STYLE: Final[Mapping[str, str]] = {
     "succeeded": "green",
@@ -157,6 +157,10 @@ def op_detail(
     made = journal.provisioned(row) if kind == journal.PROVISION else None
     if made is not None and made.sandbox_id:
         return f"{made.provider or ''} sandbox {made.sandbox_id}".strip()
+    if kind == journal.RESTORE and meta and rewind_journal.META_REWOUND in meta:
+        rewound = [str(op).split("/", 1)[-1] for op in meta[rewind_journal.META_REWOUND]]
+        return (f"{'rewound' if status == 'completed' else 'rewinding'} to after call {meta.get(rewind_journal.META_TO)}:"
+                f" {len(rewound)} call(s) rewound ({excerpt(', '.join(rewound), 60)})")
     if kind == journal.RESTORE and status == "completed":
         source = journal.restored_from(row)
         return f"from {short_id(source, wide) if source else 'a fresh sandbox'}: {journal.replay_summary(row)}"

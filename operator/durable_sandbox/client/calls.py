@@ -120,6 +120,14 @@ class SandboxClient:
         """Clear spec.suspend: the Sandbox is restored from its snapshot (wait for it with :meth:`wait_ready`)."""
         return _lifecycle_answer(self._http.post(self.target.path("resume"), headers=self.target.headers()))
 
+    def rewind(self, to_call: int) -> dict[str, Any]:
+        """Rewind the Sandbox's session to after its call ``to_call``: the calls after it are journaled as rewound
+        (never deleted from its history) and the workspace rebuilt to hold exactly the first ``to_call``; the next
+        call goes after them, under a new operation id (needs update on sandboxes). Asking again is harmless (it
+        rewinds nothing more). Answers ``{toCall, rewound, sandboxId, replayed}``."""
+        return _lifecycle_answer(self._http.post(self.target.path("rewind"), json={"toCall": to_call},
+                                                 headers=self.target.headers()))
+
     def delete(self) -> None:
         """Delete the Sandbox (its sandbox, snapshots and call journal go with it; needs delete on sandboxes)."""
         _lifecycle_answer(self._http.delete(self.target.path(), headers=self.target.headers()))
@@ -225,6 +233,10 @@ class AsyncSandboxClient:
 
     async def resume(self) -> dict[str, Any]:
         return _lifecycle_answer(await self._http.post(self.target.path("resume"), headers=self.target.headers()))
+
+    async def rewind(self, to_call: int) -> dict[str, Any]:
+        return _lifecycle_answer(await self._http.post(self.target.path("rewind"), json={"toCall": to_call},
+                                                       headers=self.target.headers()))
 
     async def delete(self) -> None:
         _lifecycle_answer(await self._http.delete(self.target.path(), headers=self.target.headers()))

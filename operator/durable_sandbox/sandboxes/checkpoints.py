@@ -29,7 +29,7 @@ class Checkpointer:
         ``snapshot``), recorded with it so that the same request again finds it."""
         sc = self.scope
         # A re-opened session's snapshots get ids of their own: the failed attempt's were deleted.
-        op_id = journal.snapshot_id(sc.sid, count, sc.generation)
+        op_id = journal.snapshot_id(sc.sid, count, sc.generation, sc.state.rewinds)
         recorded = sc.done(op_id)
         if not fresh and not recorded:
             return

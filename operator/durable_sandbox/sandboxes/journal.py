@@ -13,19 +13,21 @@ a step's), with their kind:
 ====================================  ===========================  ==========================================
 ``s/provision``                       ``sandbox.provision``        the session's first sandbox
 ``s/<operationId>``                   ``sandbox.call``             a tool call (the caller's id or ``dsv1_...``)
-``s/snapshot/<n>[~g]``                ``sandbox.snapshot``         a checkpoint after ``n`` completed calls
+``s/snapshot/<n>[~g][~rk]``           ``sandbox.snapshot``         a checkpoint after ``n`` completed calls
 ``s/snapshot/<n>[~g]/delete``         ``sandbox.snapshot_delete``  that checkpoint deleted once superseded
 ``s/inject_loss/<n>``                 ``sandbox.inject_loss``      loss injected after ``n`` calls (testing)
 ``s/restore/<k>``                     ``sandbox.restore``          the ``k``-th sandbox made again
 ``s/destroy/<sandbox id>``            ``sandbox.destroy``          a sandbox destroyed (or detached)
 ``s/finalize[~g]``                    ``sandbox.destroy``          the session's end (meta ``finalized``)
 ``replay:s/<operationId>``            ``callback``                 a replay of an ``ask`` call, asked (``onReplay``)
+``s/rewind/<k>``                      ``sandbox.restore``          the session's ``k``-th rewind (name ``rewind``;
+                                                                   sandboxes/rewind_journal.py)
 ``rebuild/<sandbox id>``              ``sandbox.restore``          a Sandbox's session calls replayed into its live
                                                                    sandbox (sessions/rebuild.py; :func:`rebuilt`)
 ====================================  ===========================  ==========================================
 
 ``~g`` is the generation of a session re-opened after its run failed and was retried (the failed
-attempt's ids are taken). Meta keys: see the ``META_*`` names; restore and destroy reasons: ``REASON_*``.
+attempt's ids are taken); ``~rk`` the rewinds of a Sandbox's session before the checkpoint (a rewound one's id is taken). Meta keys: see the ``META_*`` names; restore and destroy reasons: ``REASON_*``.
 """
 
 from __future__ import annotations
@@ -144,8 +146,8 @@ def call_id(sid: str, operation_id: str) -> str:
     return f"{sid}/{operation_id}"
 
 
-def snapshot_id(sid: str, count: int, generation: int = 0) -> str:
-    return f"{sid}/snapshot/{count}{_generation(generation)}"
+def snapshot_id(sid: str, count: int, generation: int = 0, rewinds: int = 0) -> str:
+    return f"{sid}/snapshot/{count}{_generation(generation)}{f'~r{rewinds}' if rewinds else ''}"
 
 
 def delete_id(snapshot_op_id: str) -> str:

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
-from durable_sandbox.providers.contract import SandboxHandle
-from durable_sandbox.sandboxes import fork_journal, journal
+from durable_sandbox.providers.contract import SandboxHandle, ToolResult
+from durable_sandbox.sandboxes import fork_journal, journal, rewind_journal
+from durable_sandbox.sandboxes.call_records import result_from
 
 
 @dataclass
@@ -45,6 +46,8 @@ class SessionState:
     # (epoch, succeeded) of every finalization, oldest first: a session finalized because its run
     # failed is re-opened when the run is retried (a later epoch); see reopen_for.
     finalizations: list[tuple[int, bool]] = field(default_factory=list)
+    rewinds: int = 0  # rewinds of the session committed (sandboxes/rewind_journal.py)
+    rewound: set[str] = field(default_factory=set)  # the op ids of the calls they rewound: never the session's again
 
     @property
     def completed(self) -> int:
@@ -83,6 +86,9 @@ class SessionState:
 
     def _read(self, r: OperationRecord) -> None:
         meta = r.meta or {}
+        if (rewind := rewind_journal.rewind_of(r)) is not None:
+            self._rewind(rewind)
+            return
         if r.status == "started":
             if r.kind == OpKind.SANDBOX_PROVISION.value:
                 self.provider = meta.get("provider", self.provider)
@@ -122,6 +128,14 @@ class SessionState:
             kept = journal.retained(r)
             self.retained = kept.snapshot_id if kept else None
             self.finalizations.append((r.epoch, bool(meta.get(journal.META_SUCCEEDED, True))))
+
+    def _rewind(self, rewind: rewind_journal.Rewind) -> None:
+        """The calls from index ``to_call`` on are no longer the session's; the next call goes at ``to_call``."""
+        self.calls = {i: done for i, done in self.calls.items() if i < rewind.to_call}
+        self.next_index = rewind.to_call
+        self.checkpoints = [c for c in self.checkpoints if c.count <= rewind.to_call]
+        self.rewound.update(rewind.rewound)
+        self.rewinds += 1
 
     def reopen_for(self, epoch: int) -> int:
         """Re-open a session finalized because its run failed, when the run is retried (``epoch`` later

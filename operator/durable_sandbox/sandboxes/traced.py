@@ -179,7 +179,7 @@ def _after(name: str, session: Session, span: SpanHandle) -> None:
 
 def snapshot_record(session: Any, args: tuple[Any, ...]) -> str | None:
     """The journal id of ``Checkpointer.checkpoint(count)``: a replay passes checkpoints that are recorded already."""
-    return journal.snapshot_id(session.sid, args[0], session.generation) if args else None
+    return journal.snapshot_id(session.sid, args[0], session.generation, session.state.rewinds) if args else None
 
 
 def delete_record(session: Any, args: tuple[Any, ...]) -> str | None:

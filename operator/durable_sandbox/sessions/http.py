@@ -6,7 +6,8 @@
 output while it runs and then its result (``streaming.py``); every refusal a JSON ``{"error": {status, reason,
 what, where, do}}``. ``POST .../snapshot``: a snapshot now, journaled (``snapshots.py``). ``GET`` and ``DELETE`` on the Sandbox's path, ``POST .../suspend`` and
 ``.../resume``, ``PUT`` (create or attach): its lifecycle, done with the caller's own credentials
-(``lifecycle.py``); ``.../mcp``: MCP over HTTP whose tools are its calls (``mcp_http.py``). ``POST
+(``lifecycle.py``); ``POST .../rewind`` with ``{"toCall": N}``: its session rewound to after call N (``rewind.py``,
+allowed to who may ``update`` the Sandbox); ``.../mcp``: MCP over HTTP whose tools are its calls (``mcp_http.py``). ``POST
 /v1/namespaces/<namespace>/workflows/<name>/queries/<query>`` and ``.../updates/<update>``: a Workflow run's query
 and update handlers (``workflow_calls.py``). Why in the operator:
 it holds each Sandbox's record, holder and call journal, so the call API is the same process that decides the
@@ -22,6 +23,7 @@ import logging
 import math
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +40,7 @@ from durable_sandbox.kube.api.client import brief, is_transient
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.lifecycle import Lifecycle
-from durable_sandbox.sessions.models import CALL_KINDS, SnapshotRequest, request_model
+from durable_sandbox.sessions.models import CALL_KINDS, RewindRequest, SnapshotRequest, request_model
 from durable_sandbox.sessions.service import SessionService
 from durable_sandbox.sessions.streaming import stream_answer, wants_events
 from durable_sandbox.sessions.workflow_calls import QueryRequest, UpdateRequest, WorkflowCalls
@@ -60,7 +62,7 @@ def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp:
             model = request_model(kind)
             if model is None:
                 raise CallRefused(404, f"no call kind {kind!r}", where=f"{where}, the URL's last segment",
-                                  do=f"use one of {', '.join(sorted(CALL_KINDS))} or snapshot")
+                                  do=f"use one of {', '.join(sorted(CALL_KINDS))}, snapshot or rewind")
             parsed = await _parsed(request, model, service.limits.max_request_bytes, f"{where}, {kind}")
             token, traceparent = _bearer(request), request.headers.get("traceparent")
             if wants_events(request.headers.get("accept")):  # server-sent events: the output while it runs
@@ -127,10 +129,36 @@ def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp:
         Route(prefix, lifecycle_call, methods=["GET", "PUT", "DELETE"]),
         Route(prefix + "/suspend", lifecycle_call, methods=["POST"]),
         Route(prefix + "/resume", lifecycle_call, methods=["POST"]),
+        Route(prefix + "/rewind", _rewind(service), methods=["POST"]),
         Route(prefix + "/snapshot", snapshot, methods=["POST"]),
         Route(prefix + "/{kind}", call, methods=["POST"]),
         Route("/healthz", healthz),
     ])
+
+
+def _rewind(service: SessionService) -> Callable[[Request], Awaitable[Response]]:
+    """``POST .../rewind`` with ``{"toCall": N}``: the Sandbox's session rewound (sessions/rewind.py)."""
+
+    async def rewind(request: Request) -> Response:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        where = f"Sandbox {namespace}/{name}"
+        try:
+            body = await _bounded_body(request, service.limits.max_request_bytes, where)
+            try:
+                parsed = RewindRequest.model_validate_json(body)
+            except ValidationError as exc:
+                raise CallRefused(400, "the request body is not a valid rewind: " + _fields(exc),
+                                  where=f"{where}, rewind", do="send {\"toCall\": N}: the calls to keep") from None
+            answer = await service.rewind(_bearer(request), namespace, name, parsed)
+            return JSONResponse(answer.model_dump())
+        except CallRefused as refused:
+            return _refusal(refused)
+        except DurableError as exc:  # a replay that diverged (ReconstructionError), a call that cannot be replayed
+            return _refusal(CallRefused(500, str(exc), where=where,
+                                        do="the rewind itself is committed; rewind to before the call named (its "
+                                        "outcome cannot be made again), or see the operator's log"))
+
+    return rewind
 
 
 async def _parsed(request: Request, model: type[BaseModel], limit: int, where: str) -> BaseModel:

@@ -54,21 +54,29 @@ from durable_sandbox.providers.contract import (
 )
 from durable_sandbox.providers.streaming import OutputSink, streaming_to
 from durable_sandbox.sandboxes import journal
-from durable_sandbox.sandboxes.session import AttachedSandboxLost, SandboxServices, SandboxSession
+from durable_sandbox.sandboxes.session import (
+    AttachedSandboxLost,
+    SandboxServices,
+    SandboxSession,
+    SessionState,
+)
 from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.fork_seed import SourceRef, seed_records, seeded
 from durable_sandbox.sessions.hold import HoldSettings, OpenSession
 from durable_sandbox.sessions.rebuild import SandboxAccess, SandboxUnknown, rebuild
+from durable_sandbox.sessions.rewind import Rewound, commit_rewind, rebuilt_calls
 from durable_sandbox.sessions.snapshots import Snapshot, snapshot_taken, take_snapshot
 from durable_sandbox.tracing import Tracing
 
-__all__ = ["SESSION", "SESSION_WORKFLOW", "SandboxRef", "SessionJournal", "calls_run_id"]
+__all__ = ["SESSION", "SESSION_WORKFLOW", "Rewound", "SandboxRef", "SessionJournal", "calls_run_id"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("durable_sandbox.sessions")
 
 SESSION = CALLS_SESSION  # the session id of a Sandbox's own calls in its journal (op ids ``calls/<operationId>``)
 SESSION_WORKFLOW = "sandbox-session"  # the run's workflow name: never executed, it names what the run is
-_T = TypeVar("_T")
 MAX_REPLACEMENTS = 3  # sandboxes lost (or found unknown) under one call before it is refused (503: retry)
 
 
@@ -81,6 +89,7 @@ class SandboxRef:
     uid: str
     # spec.snapshotEveryNCalls when the call was sent (not part of the identity: one turn per Sandbox whatever it is)
     snapshot_every: int = field(default=0, compare=False)
+    source: SourceRef | None = field(default=None, compare=False)  # spec.from: a fork of another's session
 
     @property
     def where(self) -> str:
@@ -128,18 +137,39 @@ class SessionJournal:
             if done is not None:
                 return done
             await session.live(lambda: gate.live(ref))
-            return await self._rebuilt(ref, session, gate, call.operation_id, lambda rt, handle, provider: self._traced(
-                ref, rt, handle, provider, call, on_replay, traceparent, sink))
+            return await self._rebuilt(ref, session, gate, lambda rt: _index_of(rt, call.operation_id),
+                                       lambda rt, handle, provider: self._traced(ref, rt, handle, provider, call,
+                                                                                 on_replay, traceparent, sink),
+                                       what=f"call {call.operation_id}")
 
-        return await self._in_session(ref, answer)
+        return await self._held(ref, gate, answer)
+
+    async def rewind(self, ref: SandboxRef, gate: SandboxAccess, to_call: int) -> Rewound:
+        """Rewind the Sandbox's session to after its call ``to_call`` (``rewind.py``), under the session's lease
+        and turn like a call; answers once the live sandbox holds exactly the calls kept."""
+        async def run(session: OpenSession) -> Rewound:
+            await session.live(lambda: gate.live(ref))
+            assert session.provider is not None
+            rewound = await commit_rewind(session.rt, ref.where, session.provider, to_call)
+            replayed: list[str] = []
+
+            async def ready(rt: RunRuntime, handle: SandboxHandle, _provider: SandboxProvider) -> SandboxHandle:
+                replayed.extend(rebuilt_calls(rt, handle.id))
+                return handle
+
+            handle = await self._rebuilt(ref, session, gate, lambda _rt: to_call, ready, what="the rewind")
+            return Rewound(to_call, rewound, handle.id, tuple(replayed))
+
+        return await self._held(ref, gate, run)
 
     async def snapshot(self, ref: SandboxRef, gate: SandboxAccess, operation_id: str) -> Snapshot:
         """A snapshot of the live sandbox now, once it holds every completed session call: recorded in the call
         journal like the ones every ``spec.snapshotEveryNCalls`` calls (the one it supersedes deleted after), so a
-        loss restores it. The same ``operation_id`` again answers with the snapshot it took (``replayed``)."""
+        loss restores it. The same ``operation_id`` again answers with the snapshot it took (``replayed``); a
+        snapshot a later rewind deleted (it held rewound calls) is never answered nor restored (``snapshots.py``)."""
 
         async def take(session: OpenSession) -> Snapshot:
-            done = snapshot_taken(session.rt.rows, operation_id)
+            done = snapshot_taken(session.rt.rows, operation_id, where=ref.where)
             if done is not None:
                 return done
             await session.live(lambda: gate.live(ref))
@@ -147,15 +177,18 @@ class SessionJournal:
             if not session.provider.capabilities().supports(Capability.SNAPSHOT):
                 raise CallRefused(409, f"provider {session.provider.name} cannot snapshot", where=ref.where,
                                   do="use a provider with snapshots (docs/providers.md lists them)")
-            return await self._rebuilt(ref, session, gate, None, lambda rt, handle, provider: take_snapshot(
-                rt, handle, provider, operation_id, self._handles, sandbox=ref.name, owner=f"{ref.namespace}/{ref.uid}",
-                snapshot_every=ref.snapshot_every, count=_index_of(rt, None)))
+            return await self._rebuilt(ref, session, gate, lambda rt: _index_of(rt, None), lambda rt, handle, provider:
+                                       take_snapshot(rt, handle, provider, operation_id, self._handles,
+                                                     sandbox=ref.name, owner=f"{ref.namespace}/{ref.uid}",
+                                                     snapshot_every=ref.snapshot_every, count=_index_of(rt, None)),
+                                       what=f"snapshot {operation_id}")
 
-        return await self._in_session(ref, take)
+        return await self._held(ref, gate, take)
 
-    async def _in_session(self, ref: SandboxRef, action: Callable[[OpenSession], Awaitable[_T]]) -> _T:
-        """``action`` under the Sandbox's open session (its lease fresh, one at a time): the session kept after it
-        while calls keep coming, let go after a failure (the next call reads the journal again)."""
+    async def _held(self, ref: SandboxRef, gate: SandboxAccess, run: Callable[[OpenSession], Awaitable[T]]) -> T:
+        """``run`` under the Sandbox's open session (its lease fresh, one at a time; a fork's journal seeded
+        first): the session kept after it while calls keep coming, let go after a failure (the next call reads
+        the journal again)."""
         while True:
             session = await self._session(ref)
             async with session.lock:
@@ -166,7 +199,9 @@ class SessionJournal:
                     continue
                 session.in_flight = asyncio.current_task()
                 try:
-                    return await action(session)
+                    if ref.source is not None and not seeded(session.rt):
+                        await self._seed(ref, ref.source, session.rt, gate)
+                    return await run(session)
                 except CallRefused:
                     if session.handle is None:  # refused before or while taking the Sandbox: hold nothing
                         await self._close(session)
@@ -180,11 +215,12 @@ class SessionJournal:
                     if self.hold.idle_seconds <= 0:
                         await self._close(session)
 
-    async def _rebuilt(self, ref: SandboxRef, session: OpenSession, gate: SandboxAccess, operation_id: str | None,
-                       then: Callable[[RunRuntime, SandboxHandle, SandboxProvider], Awaitable[_T]]) -> _T:
-        """``then`` in the hold's live sandbox once it holds every earlier completed call (before call
-        ``operation_id``'s place; None: every one); a sandbox lost or unknown is replaced (the controller's
-        replacement becomes the hold's) and rebuilt first."""
+    async def _rebuilt(self, ref: SandboxRef, session: OpenSession, gate: SandboxAccess,
+                       before: Callable[[RunRuntime], int],
+                       then: Callable[[RunRuntime, SandboxHandle, SandboxProvider], Awaitable[T]], *, what: str) -> T:
+        """``then`` in the hold's live sandbox once it holds every completed call before index ``before(rt)``; a
+        sandbox lost, unknown or stale is replaced (the controller's replacement becomes the hold's) and rebuilt
+        first."""
         handle, provider = session.handle, session.provider
         assert handle is not None and provider is not None
         if ref.snapshot_every and not provider.capabilities().supports(Capability.SNAPSHOT):
@@ -193,24 +229,24 @@ class SessionJournal:
                               do="set spec.snapshotEveryNCalls to 0, or use a provider with snapshots")
         # A call started before and never answered (this one retried, or another one its caller gave up on): the
         # operator stopped while it ran, in the sandbox it may have changed (if that one is still live, its
-        # state is unknown), so no call runs there before it is rebuilt.
-        interrupted = any(r.kind == OpKind.SANDBOX_CALL.value and r.status == "started"
+        # state is unknown), so no call runs there before it is rebuilt. (A rewound call is no longer one.)
+        rewound = SessionState.derive(SESSION, session.rt.rows).rewound
+        interrupted = any(r.kind == OpKind.SANDBOX_CALL.value and r.status == "started" and r.op_id not in rewound
                           for r in session.rt.latest.values())
         for _ in range(MAX_REPLACEMENTS):
             try:
                 await rebuild(session.rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
-                              before=_index_of(session.rt, operation_id), where=ref.where)
+                              before=before(session.rt), where=ref.where)
                 return await then(session.rt, handle, provider)
             except SandboxUnknown as unknown:
                 lost = unknown.sandbox_id
             except AttachedSandboxLost as gone:
                 lost = gone.sandbox_id or handle.id
-            log.warning("%s: sandbox %s is lost or unknown; call %s waits for its replacement", ref.where,
-                        lost, operation_id or "snapshot")
+            log.warning("%s: sandbox %s is lost, unknown or stale; %s waits for its replacement", ref.where, lost, what)
             interrupted = False  # a replacement is newer than the interruption
             handle = session.handle = await gate.replaced(ref, lost)  # the hold keeps the replacement
             session.rt = await self.executor.open_runtime(session.run, session.lease)  # the journal as it is now
-        raise CallRefused(503, f"the Sandbox's sandbox was lost {MAX_REPLACEMENTS} times under this call",
+        raise CallRefused(503, f"the Sandbox's sandbox was lost {MAX_REPLACEMENTS} times under {what}",
                           where=ref.where, do="retry with the same operationId; `kubectl describe dsbx` says "
                           "why its sandboxes do not last")
 
@@ -222,6 +258,23 @@ class SessionJournal:
                                   {"durable_sandbox.sandbox": ref.where, "durable_sandbox.operation.id":
                                    call.operation_id},
                                   lambda: self._execute(ref, rt, handle, provider, call, on_replay, sink))
+
+    async def _seed(self, ref: SandboxRef, source: SourceRef, rt: RunRuntime, gate: SandboxAccess) -> None:
+        """A fork's journal seeded with its source's first calls, in one commit (``fork_seed.py``)."""
+        where = source.where(ref.where)
+        if source.sandbox is None:
+            raise CallRefused(409, "spec.from.workflow is not supported yet", where=where,
+                              do="fork a Sandbox (spec.from.sandbox), or a run with `dsb fork` / `dsb run --fork-of`")
+        try:
+            found = await gate.find(ref.namespace, source.sandbox)  # in the fork's own namespace, never another
+        except CallRefused as missing:
+            raise CallRefused(409, f"the source Sandbox {source.sandbox} cannot be read: {missing.body.what}",
+                              where=where, do="create the fork from a Sandbox of this namespace that exists (its "
+                              "calls are copied at the fork's first call)") from None
+        rows = await self.store.load_journal(calls_run_id(found.uid))
+        await rt.write(*seed_records(rt, rows, source, found.uid, where))
+        log.info("%s: forked from Sandbox %s (uid %s) after its call %d", ref.where, source.sandbox, found.uid,
+                 source.after_call)
 
     async def aclose(self) -> None:
         """Let go of every open session (the operator stopping): holders and leases released."""
@@ -298,6 +351,10 @@ class SessionJournal:
 
 def _completed(ref: SandboxRef, rows: list[Any], call: ToolCall) -> Answered | None:
     op_id = journal.call_id(SESSION, call.operation_id)
+    if op_id in SessionState.derive(SESSION, rows).rewound:
+        raise CallRefused(409, f"operationId {call.operation_id!r} names a call that was rewound (its result is no "
+                          "longer the session's)", where=f"{ref.where}, operationId",
+                          do="send the call under a new operationId: it runs after the calls the rewind kept")
     latest = None
     first = None
     for row in rows:
@@ -318,14 +375,15 @@ def _completed(ref: SandboxRef, rows: list[Any], call: ToolCall) -> Answered | N
 
 def _index_of(rt: RunRuntime, operation_id: str | None) -> int:
     """The call's place in the session: the one its ``started`` record took (a retried call interrupted by a
-    crash), else after every call journaled so far (also for ``None``: a snapshot of them all)."""
-    started = rt.lookup(journal.call_id(SESSION, operation_id)) if operation_id is not None else None
-    index = journal.call_index(started) if started is not None else None
-    if index is not None:
-        return index
-    indexes = [i for r in rt.rows
-               if r.op_id.startswith(SESSION + "/") and r.kind == journal.CALL and (i := journal.call_index(r)) is not None]
-    return max(indexes, default=-1) + 1
+    crash), else after every call of the session so far (also for ``None``: a snapshot of them all; after a
+    rewind to ``N``, the calls kept and those since)."""
+    state = SessionState.derive(SESSION, rt.rows)
+    if operation_id is None:
+        return state.next_index
+    op_id = journal.call_id(SESSION, operation_id)
+    started = rt.lookup(op_id)
+    index = journal.call_index(started) if started is not None and op_id not in state.rewound else None
+    return index if index is not None else state.next_index
 
 
 def _reused(ref: SandboxRef, operation_id: str) -> CallRefused:

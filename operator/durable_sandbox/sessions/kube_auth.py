@@ -19,6 +19,7 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.aio import client as k8s
@@ -30,6 +31,21 @@ from durable_sandbox.sessions.errors import CallRefused
 __all__ = ["CALLS_SUBRESOURCE", "KubeAuthorizer"]
 
 CALLS_SUBRESOURCE = "calls"  # the permission: create sandboxes/calls
+
+
+@dataclass(frozen=True)
+class AccessRight:
+    verb: str
+    subresource: str | None
+    what: str  # for the refusal: what the caller may not do
+    role: str  # the chart's ClusterRole granting it
+
+    def __str__(self) -> str:
+        return f"{self.verb} sandboxes" + (f"/{self.subresource}" if self.subresource else "")
+
+
+CALLS = AccessRight("create", CALLS_SUBRESOURCE, "call this Sandbox", "durable-sandbox-sandbox-caller")
+UPDATE = AccessRight("update", None, "rewind this Sandbox's session", "durable-sandbox-sandbox-owner")
 CACHE_SECONDS = 10.0
 CACHE_ENTRIES = 1024
 
@@ -41,22 +57,29 @@ class KubeAuthorizer:
         self.authz = authz or k8s.AuthorizationV1Api(api.api_client if api is not None else None)
         self.cache_seconds = cache_seconds
         self.clock = clock
-        self._allowed: OrderedDict[tuple[str, str, str], tuple[str, float]] = OrderedDict()  # -> (user, until)
+        self._allowed: OrderedDict[tuple[str, str, str, str], tuple[str, float]] = OrderedDict()  # -> (user, until)
         self._users: OrderedDict[str, tuple[Any, float]] = OrderedDict()  # token digest -> (TokenReview user, until)
 
     async def check(self, token: str | None, namespace: str, name: str) -> str:
+        return await self._check(token, namespace, name, CALLS)
+
+    async def check_update(self, token: str | None, namespace: str, name: str) -> str:
+        """Who may rewind the Sandbox's session: ``update sandboxes`` (who may write its spec), not only call it."""
+        return await self._check(token, namespace, name, UPDATE)
+
+    async def _check(self, token: str | None, namespace: str, name: str, right: AccessRight) -> str:
         where = f"Sandbox {namespace}/{name}"
         if not token:
             raise CallRefused(401, "no bearer token in the request", where=f"{where}, Authorization header",
                               do="send 'Authorization: Bearer <token>' with a Kubernetes token (a ServiceAccount's, "
                               "or your kubeconfig's); durable_sandbox.client does it for you")
         digest = hashlib.sha256(token.encode()).hexdigest()
-        key = (digest, namespace, name)
+        key = (digest, namespace, name, right.verb)
         known = self._allowed.get(key)
         if known is not None and known[1] > self.clock():
             return known[0]
         user = await self._user(token, digest, where)
-        username = await self._access(user, namespace, name, where)
+        username = await self._access(user, namespace, name, where, right)
         _remember(self._allowed, key, (username, self.clock() + self.cache_seconds))
         return username
 
@@ -69,7 +92,7 @@ class KubeAuthorizer:
                               do="send 'Authorization: Bearer <token>' with a Kubernetes token (a ServiceAccount's, "
                               "or your kubeconfig's)")
         digest = hashlib.sha256(token.encode()).hexdigest()
-        key = (digest, namespace, f"workflows/{verb}/{name}")  # never a Sandbox's key: names have no '/'
+        key = (digest, namespace, f"workflows/{name}", verb)  # never a Sandbox's key: names have no '/'
         known = self._allowed.get(key)
         if known is not None and known[1] > self.clock():
             return known[0]
@@ -105,13 +128,13 @@ class KubeAuthorizer:
         _remember(self._users, digest, (status.user, self.clock() + self.cache_seconds))
         return status.user
 
-    async def _access(self, user: Any, namespace: str, name: str, where: str) -> str:
-        attributes = k8s.V1ResourceAttributes(namespace=namespace, verb="create", group=GROUP, resource="sandboxes",
-                                              subresource=CALLS_SUBRESOURCE, name=name)
+    async def _access(self, user: Any, namespace: str, name: str, where: str, right: AccessRight) -> str:
+        attributes = k8s.V1ResourceAttributes(namespace=namespace, verb=right.verb, group=GROUP, resource="sandboxes",
+                                              subresource=right.subresource, name=name)
         if not await self._allowed_by_review(user, attributes):
-            raise CallRefused(403, f"{user.username} may not call this Sandbox (create sandboxes/calls)", where=where,
-                              do=f"bind the ClusterRole durable-sandbox-sandbox-caller (or a Role granting create on "
-                              f"sandboxes/calls) to {user.username} in namespace {namespace}")
+            raise CallRefused(403, f"{user.username} may not {right.what} ({right})",
+                              where=where, do=f"bind the ClusterRole {right.role} (or a Role granting {right}) to "
+                              f"{user.username} in namespace {namespace}")
         return str(user.username)
 
 

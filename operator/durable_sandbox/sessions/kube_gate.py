@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -21,6 +22,7 @@ from durable_sandbox.kube.journal.sandbox_records import LINEAGE, SandboxRecords
 from durable_sandbox.kube.sandbox.view import LOSS_REPORTED
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.fork_seed import SourceRef
 from durable_sandbox.sessions.hold import LeftToAnotherReplica
 from durable_sandbox.sessions.journal import SandboxRef
 
@@ -51,8 +53,16 @@ class KubeSandboxGate:
             raise CallRefused(404, "no such Sandbox" if body is None else "the Sandbox is being deleted",
                               where=f"Sandbox {namespace}/{name}",
                               do="create the Sandbox (kubectl apply) and wait for it to be Ready, or name another one")
-        every = (body.get("spec") or {}).get("snapshotEveryNCalls")
-        return SandboxRef(namespace, name, str(body["metadata"]["uid"]), snapshot_every=every if isinstance(every, int) else 0)
+        spec = body.get("spec") or {}
+        every = spec.get("snapshotEveryNCalls")
+        return SandboxRef(namespace, name, str(body["metadata"]["uid"]), snapshot_every=every if isinstance(every, int) else 0,
+                          source=_source(spec.get("from")))
+
+    async def rewound(self, ref: SandboxRef, to_call: int, rewound: list[str]) -> None:
+        """``status.lastRewind``, for `kubectl describe` (what the session's journal says, written by the operator)."""
+        at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self.objects.patch_status(SANDBOXES, ref.namespace, ref.name,
+                                        {"lastRewind": {"toCall": to_call, "rewound": rewound, "at": at}})
 
     async def replaced(self, ref: SandboxRef, lost: str) -> SandboxHandle:
         """The live sandbox once the controller has replaced ``lost``; the call keeps holding the Sandbox meanwhile.
@@ -126,3 +136,12 @@ class KubeSandboxGate:
             raise CallRefused(409, f"the Sandbox is held by Workflow {holder!r} (spec.sandboxRef): one holder at a "
                               "time runs calls in it", where=ref.where,
                               do=f"retry with the same operationId once Workflow {holder} has finished or is cancelled")
+
+
+def _source(found: Any) -> SourceRef | None:
+    """``spec.from`` (the API server validated it against the CRD: one of sandbox or workflow, afterCall >= 0)."""
+    if not isinstance(found, dict):
+        return None
+    sandbox, workflow = found.get("sandbox"), found.get("workflow")
+    return SourceRef(sandbox if isinstance(sandbox, str) else None, workflow if isinstance(workflow, str) else None,
+                     int(found.get("afterCall") or 0))

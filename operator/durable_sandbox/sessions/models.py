@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from durable_sandbox.providers.contract import ToolCall, ToolResult
 
 __all__ = ["CALL_KINDS", "CallAnswer", "CallRequest", "ErrorBody", "Limits", "ListRequest", "ReadFileRequest",
-           "ShellRequest", "SnapshotAnswer", "SnapshotRequest", "WriteFileRequest", "request_model"]
+           "RewindAnswer", "RewindRequest", "ShellRequest", "SnapshotAnswer", "SnapshotRequest", "WriteFileRequest",
+           "request_model"]
 
 # Letters, digits and ``._:-``, up to 128: it becomes part of a journal operation id (``calls/<id>``).
 OPERATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -114,6 +115,24 @@ class CallAnswer(BaseModel):
     def of(cls, operation_id: str, result: ToolResult, *, replayed: bool) -> CallAnswer:
         return cls(operationId=operation_id, exitCode=result.exit_code, stdout=result.stdout, stderr=result.stderr,
                    stdoutBytes=result.stdout_size, stderrBytes=result.stderr_size, replayed=replayed)
+
+
+class RewindRequest(BaseModel):
+    """``POST .../rewind``: keep the session's first ``toCall`` calls, rewind the rest (sessions/rewind.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    toCall: int = Field(ge=0)
+
+
+class RewindAnswer(BaseModel):
+    """A rewind done: the calls rewound (journaled as such, never deleted), and the live sandbox now holding
+    exactly the first ``toCall`` calls (``replayed``: the calls replayed into it after the snapshot it came from)."""
+
+    toCall: int
+    rewound: list[str]
+    sandboxId: str
+    replayed: list[str] = Field(default_factory=list)
 
 
 class SnapshotRequest(BaseModel):

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from durable_sandbox.engine.errors import DurableError
 from durable_sandbox.engine.records import OperationRecord, OpKind
@@ -34,12 +35,14 @@ from durable_sandbox.kube.sandbox.view import CALLS_SESSION
 from durable_sandbox.providers.contract import SandboxGone, SandboxHandle, SandboxProvider, ToolCall
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.call_records import result_from
+from durable_sandbox.sandboxes.holdings import holdings
 from durable_sandbox.sandboxes.session import ReconstructionError, SessionState
 
-__all__ = ["REBUILD", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "rebuild"]
+__all__ = ["REBUILD", "STALE", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "rebuild"]
 
 log = logging.getLogger("durable_sandbox.sessions")
 
+STALE = -1  # held_by: the sandbox holds calls that were rewound (sandboxes/rewind_journal.py)
 REBUILD = journal.REBUILD  # op ids ``rebuild/<sandbox id>``: outside the calls session (an operationId has no "/")
 
 
@@ -47,6 +50,10 @@ class SandboxAccess(Protocol):
     """A Sandbox's live sandbox for session calls (``kube_gate.py``): taken by a session (hold.py), waited for after a loss."""
 
     def live(self, ref: Any) -> AbstractAsyncContextManager[tuple[SandboxHandle, SandboxProvider]]: ...
+
+    async def find(self, namespace: str, name: str) -> Any:
+        """The Sandbox ``namespace/name`` as the API server has it now (a ``SandboxRef``); CallRefused if none."""
+        ...
 
     async def replaced(self, ref: Any, lost: str) -> SandboxHandle:
         """The live sandbox once it is another than ``lost`` (the controller's replacement)."""
@@ -69,35 +76,19 @@ class SandboxUnknown(Exception):
 def held_counts(rows: Sequence[OperationRecord]) -> tuple[dict[str, int], dict[str, int], set[str]]:
     """From the journal: sandbox id -> the session calls it holds (a call completed in it, a rebuild of it),
     snapshot id -> the calls it holds (the session's snapshots), and the sandboxes whose rebuild was cut short."""
-    held: dict[str, int] = {}
-    snapshots: dict[str, int] = {}
-    cut: set[str] = set()
-    prefix = CALLS_SESSION + "/"
-    for r in rows:
-        meta = r.meta or {}
-        if r.op_id.startswith(REBUILD + "/"):
-            sandbox = str(meta.get("sandbox"))
-            if r.status == "completed":
-                held[sandbox] = int(meta["count"])
-                cut.discard(sandbox)
-            else:
-                cut.add(sandbox)
-        elif r.status != "completed" or not r.op_id.startswith(prefix):
-            continue
-        elif r.kind == OpKind.SANDBOX_CALL.value and meta.get(journal.META_SANDBOX_ID):
-            sandbox = str(meta[journal.META_SANDBOX_ID])
-            held[sandbox] = max(held.get(sandbox, 0), int(meta[journal.META_INDEX]) + 1)
-        elif r.kind == OpKind.SANDBOX_SNAPSHOT.value:
-            snapshots[str(r.result["snapshotId"])] = int(meta["count"])
-    return held, snapshots, cut
+    h = holdings(rows, CALLS_SESSION)
+    return h.held, h.snapshots, h.cut
 
 
 def held_by(sandbox_id: str, held: Mapping[str, int], snapshots: Mapping[str, int],
-            lineage: Mapping[str, str]) -> int | None:
-    """How many session calls sandbox ``sandbox_id`` holds (None: not known, it predates lineage records)."""
+            lineage: Mapping[str, str], stale: AbstractSet[str] = frozenset()) -> int | None:
+    """How many session calls sandbox ``sandbox_id`` holds (None: not known, it predates lineage records;
+    :data:`STALE`: it comes from a sandbox or snapshot holding calls that were rewound)."""
     node, seen = sandbox_id, set()
     while node not in seen:
         seen.add(node)
+        if node in stale:
+            return STALE
         if node in held:
             return held[node]
         if node in snapshots:
@@ -117,22 +108,20 @@ async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvid
     """Bring ``handle`` to hold exactly the session's completed calls before index ``before`` (see the module's
     docstring); :class:`SandboxUnknown` when it cannot be used (then it has been destroyed, if it was there).
     ``lineage`` is read only for a sandbox the journal does not know (the first call into a replacement)."""
-    held, snapshots, cut = held_counts(rt.rows)
-    if handle.id in cut or (interrupted and handle.id in held):
-        why = ("its rebuild was cut short" if handle.id in cut else
-               "a call was started in it and never answered (the operator stopped while it ran)")
-        log.warning("%s: the state of sandbox %s is unknown (%s); destroying it: the controller replaces it from the "
-                    "newest snapshot and the session's calls are replayed", where, handle.id, why)
-        try:
-            await provider.destroy(handle)
-        except SandboxGone:
-            pass
-        raise SandboxUnknown(handle.id, why)
+    h = holdings(rt.rows, CALLS_SESSION)
+    held = h.held
+    if handle.id in h.cut or handle.id in h.stale or (interrupted and handle.id in held):
+        await _unknown(handle, provider, where, "its rebuild was cut short" if handle.id in h.cut else
+                       "it holds calls that were rewound" if handle.id in h.stale else
+                       "a call was started in it and never answered (the operator stopped while it ran)")
     if handle.id in held and held[handle.id] >= before:
         return  # the sandbox the previous call ran in (the common case: nothing read, nothing written)
-    has = held_by(handle.id, held, snapshots, await lineage())
-    if has is None:
-        has = before  # a sandbox from before lineage was recorded: it has been holding every call
+    has = held_by(handle.id, held, h.snapshots, await lineage(), h.stale)
+    if has is None:  # a sandbox from before lineage was recorded: it has been holding every call (unless rewound)
+        has = STALE if h.rewinds else before
+    if has == STALE:
+        await _unknown(handle, provider, where, "it was made from a sandbox or snapshot holding calls that were "
+                       "rewound (or its origin is not known)")
     state = SessionState.derive(CALLS_SESSION, rt.rows)
     plan = [i for i in sorted(state.calls) if has <= i < before]
     op_id = f"{REBUILD}/{handle.id}"
@@ -158,6 +147,17 @@ async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvid
     if plan:
         log.info("%s: sandbox %s rebuilt: %d session calls replayed (%s)", where, handle.id, len(replayed),
                  ", ".join(replayed) or "none rerun")
+
+
+async def _unknown(handle: SandboxHandle, provider: SandboxProvider, where: str, why: str) -> NoReturn:
+    """Destroy ``handle``, whose state is unknown or stale, and say so (:class:`SandboxUnknown`)."""
+    log.warning("%s: the state of sandbox %s is unknown (%s); destroying it: the controller replaces it from the "
+                "newest snapshot and the session's calls are replayed", where, handle.id, why)
+    try:
+        await provider.destroy(handle)
+    except SandboxGone:
+        pass
+    raise SandboxUnknown(handle.id, why)
 
 
 def _recorded_call(rt: RunRuntime, op_id: str, where: str) -> ToolCall:

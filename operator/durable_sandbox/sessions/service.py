@@ -21,6 +21,8 @@ from durable_sandbox.sessions.models import (
     CallAnswer,
     CallRequest,
     Limits,
+    RewindAnswer,
+    RewindRequest,
     ShellRequest,
     SnapshotAnswer,
     SnapshotRequest,
@@ -39,12 +41,20 @@ class Authorizer(Protocol):
 
     async def check(self, token: str | None, namespace: str, name: str) -> str: ...
 
+    async def check_update(self, token: str | None, namespace: str, name: str) -> str:
+        """As :meth:`check`, for what changes the Sandbox's history (a rewind): ``update sandboxes``."""
+        ...
+
 
 class SandboxGate(SandboxAccess, Protocol):
     """The Sandbox resources: found by name, and their live sandbox taken by a session (the holder rule; kept while
     calls keep coming, hold.py), waited for when it is replaced after a loss."""
 
     async def find(self, namespace: str, name: str) -> SandboxRef: ...
+
+    async def rewound(self, ref: SandboxRef, to_call: int, rewound: list[str]) -> None:
+        """Show a rewind done (``status.lastRewind``): for people only, the journal is what counts."""
+        ...
 
 
 class SessionService:
@@ -95,7 +105,32 @@ class SessionService:
                               where=f"Sandbox {namespace}/{name}", retry_after=wait,
                               do=f"slow down: retry with the same operationId in {wait:.2f}s (Retry-After); the "
                               "operator's --session-max-calls-per-second sets the rate")
-        return caller, await self.gate.find(namespace, name)
+        return caller, await self._found(token, namespace, name)
+
+    async def rewind(self, token: str | None, namespace: str, name: str, request: RewindRequest) -> RewindAnswer:
+        """Rewind the Sandbox's session to after its call ``request.toCall`` (sessions/rewind.py): allowed to who
+        may update the Sandbox, and taking its turn like a call (never while one runs)."""
+        caller = await self.auth.check_update(token, namespace, name)
+        ref = await self._found(token, namespace, name)
+        async with self._admission(ref), self._turn(ref):
+            done = await self.journal_for(namespace).rewind(ref, self.gate, request.toCall)
+        if done.rewound:
+            try:
+                await self.gate.rewound(ref, done.to_call, list(done.rewound))
+            except Exception as exc:  # shown only: the rewind is committed in the journal either way
+                log.warning("%s: the rewind could not be shown in status.lastRewind (%s)", ref.where, exc)
+        log.info("%s: rewound to call %d by %s: %d calls rewound (%s), sandbox %s", ref.where, done.to_call, caller,
+                 len(done.rewound), ", ".join(done.rewound) or "none", done.sandbox_id)
+        return RewindAnswer(toCall=done.to_call, rewound=list(done.rewound), sandboxId=done.sandbox_id,
+                            replayed=list(done.replayed))
+
+    async def _found(self, token: str | None, namespace: str, name: str) -> SandboxRef:
+        """The Sandbox; a fork (spec.from) is called only by who may call its source too: its journal starts with
+        the source's calls (their arguments and results), which are the source's to show (docs/forks.md)."""
+        ref = await self.gate.find(namespace, name)
+        if ref.source is not None and ref.source.sandbox is not None:
+            await self.auth.check(token, namespace, ref.source.sandbox)
+        return ref
 
     def admitted(self, ref: SandboxRef) -> int:
         """Calls of ``ref`` in flight or waiting their turn in this process."""

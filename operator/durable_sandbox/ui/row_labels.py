@@ -8,7 +8,7 @@ from typing import Final
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.engine.wording import counted
-from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes import journal, rewind_journal
 
 # The kinds as plain strings: an enum's .value is a property, far too slow in a loop over a 10,000-call journal.
 CALLBACK = OpKind.CALLBACK.value
@@ -24,7 +24,7 @@ SANDBOX_SNAPSHOT_DELETE = OpKind.SANDBOX_SNAPSHOT_DELETE.value
 SLEEP = OpKind.SLEEP.value
 STEP = OpKind.STEP.value
 
-__all__ = ["row_kind", "row_label"]
+__all__ = ["rewind_note", "row_kind", "row_label"]
 
 _KINDS: Final[Mapping[str, str]] = {
     STEP: "step",
@@ -53,6 +53,10 @@ def row_label(row: OperationRecord, targets: Mapping[str, str]) -> str:
     if kind == STEP:
         tail = row.op_id.rsplit("/", 1)[-1]
         return tail if tail == row.name else f"{tail} ({row.name})"
+    if kind == SANDBOX_RESTORE and row.name == rewind_journal.REWIND:  # a Sandbox's session rewound
+        rewound = (row.meta or {}).get(rewind_journal.META_REWOUND) or []
+        return (f"rewind to after call {(row.meta or {}).get(rewind_journal.META_TO)}: "
+                f"{counted(len(rewound), 'call')} rewound")
     if kind == SANDBOX_RESTORE and (rebuild := journal.rebuilt(row)) is not None:  # a Sandbox's session calls
         if rebuild.held >= rebuild.count:
             return f"sandbox {rebuild.sandbox} holds the first {counted(rebuild.count, 'call')}: nothing to replay"
@@ -88,3 +92,11 @@ def row_kind(row: OperationRecord) -> str:
     if row.kind == STEP and meta.get("branch"):
         return "branch"
     return _KINDS.get(row.kind, row.kind)
+
+
+def rewind_note(row: OperationRecord) -> str | None:
+    """A committed rewind's note: the calls it rewound (None: the row is no committed rewind)."""
+    rewind = rewind_journal.rewind_of(row)
+    if rewind is None:
+        return None
+    return "rewound (journaled, never deleted): " + ", ".join(op.split("/", 1)[-1] for op in rewind.rewound)

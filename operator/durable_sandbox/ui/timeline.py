@@ -37,6 +37,7 @@ from durable_sandbox.ui.row_labels import (
     SANDBOX_RESTORE,
     SLEEP,
     STEP,
+    rewind_note,
     row_kind,
     row_label,
 )
@@ -350,6 +351,9 @@ class Timeline:
             self._replayed(row, item)
 
     def _replayed(self, row: OperationRecord, restore: Item) -> None:
+        if (note := rewind_note(row)) is not None:  # a Sandbox's session rewound: nothing replayed by this record
+            restore.note = note
+            return
         rebuild = journal.rebuilt(row)  # a Sandbox's session calls replayed into its replacement sandbox
         replayed = ([self._oids.get(oid, oid) for oid in rebuild.replayed] if rebuild else
                     [op for op in journal.replayed(row) if isinstance(op, str)])

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from durable_sandbox.engine.records import Commit, OperationRecord, OpKind, RunRecord, RunStatus
-from durable_sandbox.kube.journal.sandbox_records import SNAPSHOT_AT
+from durable_sandbox.kube.journal.sandbox_records import LINEAGE, SNAPSHOT_AT
 from durable_sandbox.kube.sandbox import SandboxController
 from durable_sandbox.kube.sandbox.checkpoints import LINEAGE_KEPT, with_lineage
 from durable_sandbox.kube.sandbox.view import CALLS_SESSION, SandboxView, calls_run_id
@@ -67,3 +67,33 @@ def test_a_loss_report_wakes_the_controller_to_check_the_sandbox_once() -> None:
     v.wake.clear()
     v.notice({"metadata": v.body["metadata"], "status": {"lossReported": "sbx-1"}})  # the same report: nothing new
     assert not v.check_live and not v.wake.is_set()
+
+
+async def test_after_a_rewind_its_own_snapshot_taken_before_it_is_never_restored(tmp_path: Path) -> None:
+    """A suspend's snapshot taken before the session was rewound holds rewound calls (sessions/rewind.py): the
+    newest snapshot is then the session's at or before the rewind's point, or none (a fresh sandbox)."""
+    store = SqliteStore(tmp_path / "runs.db")
+    ctl = controller(store)
+    await session_snapshot(store, "calls-2", 2, at=100.0)
+    suspended = view({"snapshots": ["own-1"], SNAPSHOT_AT: 200.0})
+    assert await ctl._newest_snapshot(suspended) == "own-1"
+    lease = await store.claim(calls_run_id(UID), "w", 10.0)
+    await store.commit(calls_run_id(UID), lease.fence, Commit(records=[OperationRecord(
+        f"{CALLS_SESSION}/rewind/1", OpKind.SANDBOX_RESTORE.value, "rewind", "completed",
+        meta={"toCall": 3, "rewound": [f"{CALLS_SESSION}/c3"]}, ts=300.0)]))
+    await store.release(lease)
+    assert await ctl._newest_snapshot(suspended) == "calls-2"
+    assert await ctl._newest_snapshot(view({"snapshots": ["own-2"], SNAPSHOT_AT: 400.0})) == "own-2"  # taken after
+    # ... unless it was taken of a sandbox holding rewound calls (suspended before the rewind replaced it).
+    lease = await store.claim(calls_run_id(UID), "w", 10.0)
+    await store.commit(calls_run_id(UID), lease.fence, Commit(records=[OperationRecord(
+        f"{CALLS_SESSION}/c4", OpKind.SANDBOX_CALL.value, "shell", "completed", result={"exitCode": 0},
+        meta={"index": 4, "operationId": "c4", "sandboxId": "sbx-old"}, ts=250.0)]))
+    await store.release(lease)
+    lease = await store.claim(calls_run_id(UID), "w", 10.0)
+    await store.commit(calls_run_id(UID), lease.fence, Commit(records=[OperationRecord(
+        f"{CALLS_SESSION}/rewind/2", OpKind.SANDBOX_RESTORE.value, "rewind", "completed",
+        meta={"toCall": 3, "rewound": [f"{CALLS_SESSION}/c4"]}, ts=300.0)]))
+    await store.release(lease)
+    stale = view({"snapshots": ["own-3"], SNAPSHOT_AT: 400.0, LINEAGE: {"own-3": "sbx-old"}})
+    assert await ctl._newest_snapshot(stale) == "calls-2"

@@ -1,5 +1,6 @@
 """`dsb sandbox exec NAME -- COMMAND...` and `dsb sandbox cp SRC DST`: one call into a Sandbox through its call API
-(durable_sandbox.client); `shell` and `snapshot` are in sandbox_shell.py."""
+(durable_sandbox.client); `dsb sandbox rewind NAME --to-call N`: its session rewound; `shell` and `snapshot` are
+in sandbox_shell.py."""
 
 from __future__ import annotations
 
@@ -51,6 +52,33 @@ def exec_cmd(settings: Settings, name: str, command: tuple[str, ...], url: str, 
     except (SandboxCallError, CredentialsError) as exc:
         raise CliError(str(exc), code=EXIT_FAILED) from None
     sys.exit(result.exit_code)
+
+
+@sandbox.command("rewind")
+@click.argument("name")
+@click.option("--to-call", "to_call", type=click.IntRange(min=0), required=True, metavar="N",
+              help="Keep the session's first N calls; the calls after them are rewound.")
+@click.option("--url", envvar="DSB_SESSION_URL", metavar="URL", required=True,
+              help="The call API (the operator's --session-port); default $DSB_SESSION_URL.")
+@click.option("--token", envvar="DSB_SESSION_TOKEN", default=None,
+              help="A Kubernetes bearer token; default the kubeconfig's, or the in-cluster ServiceAccount's.")
+@pass_settings
+def rewind_cmd(settings: Settings, name: str, to_call: int, url: str, token: str | None) -> None:
+    """Rewind Sandbox NAME's session to after its call N (docs/forks.md): the calls after N are journaled as
+    rewound, never deleted; its workspace is rebuilt to the state after call N; the next call continues there.
+    Needs update on the Sandbox."""
+    from durable_sandbox.client import SandboxCallError, SandboxClient
+    from durable_sandbox.client.credentials import CredentialsError
+
+    try:
+        with SandboxClient.attach(name, namespace=settings.namespace, url=url, token=token) as box:
+            done = box.rewind(to_call)
+    except (SandboxCallError, CredentialsError) as exc:
+        raise CliError(str(exc), code=EXIT_FAILED) from None
+    rewound = done.get("rewound") or []
+    click.echo(f"Sandbox {name}: rewound to after call {done['toCall']}: {len(rewound)} call(s) rewound"
+               + (f" ({', '.join(rewound)})" if rewound else "") + f"; sandbox {done['sandboxId']}"
+               + (f", {len(done.get('replayed') or [])} call(s) replayed into it" if rewound else ""))
 
 
 def print_streamed(events: Iterator[Output | CallResult]) -> CallResult:

@@ -13,9 +13,11 @@ from typing import Any
 
 from durable_sandbox.kube.sandbox.view import CALLS_SESSION, calls_run_id
 from durable_sandbox.kube.store.journals import JournalStores
+from durable_sandbox.sandboxes.holdings import holdings
+from durable_sandbox.sandboxes.rewind_journal import rewind_of
 from durable_sandbox.sandboxes.session import SessionState
 
-__all__ = ["LINEAGE_KEPT", "SessionSnapshot", "session_snapshots", "with_lineage"]
+__all__ = ["LINEAGE_KEPT", "SessionSnapshot", "session_points", "session_snapshots", "with_lineage"]
 
 LINEAGE_KEPT = 32  # lineage entries kept in the record (the newest): a few recoveries and suspends back
 
@@ -29,12 +31,22 @@ class SessionSnapshot:
 
 async def session_snapshots(journals: JournalStores | None, namespace: str, uid: str) -> list[SessionSnapshot]:
     """The snapshots the Sandbox's session has recorded and not deleted, oldest first (none without a journal)."""
+    return (await session_points(journals, namespace, uid))[0]
+
+
+async def session_points(journals: JournalStores | None, namespace: str,
+                         uid: str) -> tuple[list[SessionSnapshot], float, frozenset[str]]:
+    """:func:`session_snapshots`; when the session was last rewound (epoch seconds, 0: never); and the sandboxes
+    that hold rewound calls (stale: sessions/rebuild.py). A snapshot of the Sandbox's own taken before the rewind,
+    or of a stale sandbox, holds rewound calls, so it is never restored again."""
     if journals is None:
-        return []
+        return [], 0.0, frozenset()
     rows = await journals.store_for(namespace).load_journal(calls_run_id(uid))
     state = SessionState.derive(CALLS_SESSION, rows)
     taken = {r.op_id: r.ts for r in rows if r.status == "completed"}
-    return [SessionSnapshot(c.snapshot_id, c.count, taken.get(c.op_id, 0.0)) for c in state.checkpoints]
+    rewound = max((r.ts for r in rows if rewind_of(r) is not None), default=0.0)
+    snapshots = [SessionSnapshot(c.snapshot_id, c.count, taken.get(c.op_id, 0.0)) for c in state.checkpoints]
+    return snapshots, rewound, frozenset(holdings(rows, CALLS_SESSION).stale)
 
 
 def with_lineage(lineage: Mapping[str, Any] | None, child: str, parent: str) -> dict[str, str]:

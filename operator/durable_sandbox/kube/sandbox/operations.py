@@ -14,7 +14,7 @@ from durable_sandbox.kube.api.objects import owner_tag
 from durable_sandbox.kube.api.resources import SANDBOXES, WORKFLOWS
 from durable_sandbox.kube.journal.sandbox_records import ACTIVE_AT, LINEAGE, SNAPSHOT_AT
 from durable_sandbox.kube.sandbox.base import handle_metadata
-from durable_sandbox.kube.sandbox.checkpoints import session_snapshots, with_lineage
+from durable_sandbox.kube.sandbox.checkpoints import session_points, with_lineage
 from durable_sandbox.kube.sandbox.lease import SandboxLease
 from durable_sandbox.kube.sandbox.view import (
     OPERATION_LABEL,
@@ -113,9 +113,14 @@ class SandboxOperations(SandboxLease):
     async def _newest_snapshot(self, view: SandboxView) -> str | None:
         """The newest snapshot holding this Sandbox's workspace: its own newest (a suspend's) or the newest its
         session calls took (``spec.snapshotEveryNCalls``), whichever was taken last."""
+        session, rewound_at, stale = await session_points(self.journals, view.namespace, view.uid)
+        own_at = float(view.status.get(SNAPSHOT_AT) or 0)
         own = view.snapshots[-1] if view.snapshots else None
-        session = await session_snapshots(self.journals, view.namespace, view.uid)
-        if session and (own is None or session[-1].taken_at > float(view.status.get(SNAPSHOT_AT) or 0)):
+        # Its own snapshot taken before the session was rewound, or of a sandbox holding rewound calls (one not yet
+        # replaced when it was suspended), holds rewound calls (sessions/rewind.py): never restored.
+        if own is not None and (own_at <= rewound_at or (view.status.get(LINEAGE) or {}).get(own) in stale):
+            own = None
+        if session and (own is None or session[-1].taken_at > own_at):
             return session[-1].snapshot_id
         return own
 

@@ -151,6 +151,11 @@ MODEL_RULES: Final[Mapping[str, Sequence[Mapping[str, str]]]] = {
         *(immutable_rule(field) for field in PROGRAM_FIELDS),
     ],
     "EnvVar": [rule("has(self.value) != has(self.valueFrom)", ENV_ONE_SOURCE)],
+    "SandboxSource": [rule("has(self.sandbox) != has(self.workflow)", "set exactly one of sandbox or workflow")],
+    "SandboxResourceSpec": [rule(
+        "has(self.from) == has(oldSelf.from) && (!has(self.from) || self.from == oldSelf.from)",
+        "spec.from cannot change after creation: a fork starts from its source once (create a new Sandbox to "
+        "start from another point)", fieldPath=".from")],
     # Merged into the one tool-call object (see _Converter.discriminated), hence the type test.
     "ShellCall": [
         rule(

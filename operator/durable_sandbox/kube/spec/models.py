@@ -407,6 +407,24 @@ class WorkflowSpec(_Model):
         return self
 
 
+class SandboxSource(_Model):
+    """spec.from: the Sandbox whose session the new Sandbox starts from, as it was after call afterCall."""
+
+    sandbox: Annotated[str, Field(min_length=1, max_length=253)] | None = Field(
+        default=None, description="A Sandbox of this namespace (never another's): its session's first afterCall "
+        "calls become the new Sandbox's, and its workspace is rebuilt from them.")
+    workflow: Annotated[str, Field(min_length=1, max_length=253)] | None = Field(
+        default=None, description="A Workflow of this namespace (not supported yet: refused with what to do).")
+    after_call: Annotated[int, Field(ge=0, strict=True)] = Field(
+        description="How many of the source's session calls the new Sandbox starts with (its state after that call).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SandboxSource:
+        if (self.sandbox is None) == (self.workflow is None):
+            raise ValueError("set exactly one of sandbox or workflow")
+        return self
+
+
 # A Workflow's inline `sandbox` settings plus what only a standalone Sandbox has.
 class SandboxResourceSpec(ResourceSandboxSettings):
     """A sandbox's settings; Workflows use them through spec.sandboxRef."""
@@ -422,6 +440,9 @@ class SandboxResourceSpec(ResourceSandboxSettings):
     from_snapshot: Annotated[
         str, Field(min_length=1, description="Create the sandbox from this provider snapshot id.")
     ] | None = None
+    from_: SandboxSource | None = Field(
+        default=None, alias="from", description="Start from another Sandbox's session after one of its calls "
+        "(docs/forks.md): a fork. Fixed at creation.")
     idle_suspend_after_seconds: Annotated[int, Field(
         ge=1, le=2_592_000, strict=True,
         description="Suspend the sandbox (snapshot, then destroy it) once no Workflow has held it for this many "
@@ -608,6 +629,15 @@ class SandboxOperation(_Status):
     )
 
 
+class SandboxRewind(_Status):
+    """The newest rewind of the Sandbox's session (sessions/rewind.py); the journal keeps them all."""
+
+    to_call: int = Field(description="The calls kept: the session's first toCall; the next call continues after them.")
+    rewound: list[str] = Field(default_factory=list, description="The operation ids of the calls rewound (journaled "
+                               "as rewound, never deleted: `dsb --kube history sandbox/NAME` shows them).")
+    at: str = Field(description="When the rewind was done (RFC 3339).")
+
+
 class SandboxResourceStatus(_Status):
     """Where the sandbox is, written by the operator."""
 
@@ -639,6 +669,9 @@ class SandboxResourceStatus(_Status):
     loss_reported: str | None = Field(
         default=None, description="The live sandbox a session call found gone or unusable: a hint that makes the "
         "controller check it now (with the provider) instead of at its next lease renewal.",
+    )
+    last_rewind: SandboxRewind | None = Field(
+        default=None, description="The newest rewind of its session (POST .../rewind, `dsb sandbox rewind`).",
     )
     state: str | None = Field(
         default=None, description="Ready: live and held by a Workflow; Idle: live, no Workflow holds it (so no call "
@@ -760,7 +793,9 @@ __all__ = [
     "SandboxResource",
     "SandboxResourceSpec",
     "SandboxResourceStatus",
+    "SandboxRewind",
     "SandboxSettings",
+    "SandboxSource",
     "SandboxStatusRef",
     "ShellCall",
     "StatusError",

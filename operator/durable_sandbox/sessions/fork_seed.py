@@ -1,0 +1,81 @@
+"""A Sandbox made from another's session (``spec.from: {sandbox: NAME, afterCall: N}``): its journal seeded with the
+source's first ``N`` calls, so that its workspace is rebuilt from them like after a loss.
+
+When the fork's session is first opened (its first call, or a rewind), under its journal's lease and in one commit:
+
+1. ``calls/from/1`` (kind ``fork``): the source's name and uid (as the API server gave them when it was found,
+   in the fork's own namespace: never another's), and ``N``;
+2. the source's completed calls ``0 .. N-1`` as its session derives them (rewound calls are not its), with
+   their arguments, ``onReplay`` and results, under the same operation ids (a retry of one answers from the
+   journal), without the sandbox each ran in (the fork's sandboxes are its own).
+
+Nothing else of the source's is taken: no sandbox, no snapshot (each fork's snapshots are its own, taken by its own
+session; deleting the source or a fork in any order deletes each snapshot once, by its owner), no env value (the
+journal keeps none: the fork's env is its spec's). The fork's live sandbox is provisioned fresh by its
+controller and holds no call, so the call that opens the session first replays the ``N`` calls into it in
+order with the outcome check (``rebuild.py``); one whose outcome differs fails that call with expected vs
+actual. A crash before the commit leaves nothing seeded (the next call seeds again); after it the source is no
+longer needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from durable_sandbox.engine.records import OperationRecord, OpKind
+from durable_sandbox.engine.runtime import RunRuntime
+from durable_sandbox.kube.sandbox.view import CALLS_SESSION
+from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes.session import SessionState
+from durable_sandbox.sessions.errors import CallRefused
+
+__all__ = ["FORK_KIND", "FROM_OP", "SourceRef", "seed_records", "seeded"]
+
+FROM_OP = f"{CALLS_SESSION}/from/1"  # an operationId has no "/": never a call's
+FORK_KIND = "fork"
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """``spec.from`` as the fork's spec says it (the source's uid is read when the session is seeded)."""
+
+    sandbox: str | None
+    workflow: str | None
+    after_call: int
+
+    def where(self, fork: str) -> str:
+        return f"{fork}, spec.from"
+
+
+def seeded(rt: RunRuntime) -> bool:
+    return rt.lookup(FROM_OP) is not None
+
+
+def seed_records(rt: RunRuntime, source_rows: list[OperationRecord], source: SourceRef, source_uid: str,
+                 where: str) -> list[OperationRecord]:
+    """The records that make the fork's journal start with the source's first ``after_call`` calls."""
+    state = SessionState.derive(CALLS_SESSION, source_rows)
+    if source.after_call > state.completed:
+        raise CallRefused(409, f"spec.from.afterCall is {source.after_call}, but Sandbox {source.sandbox} has "
+                          f"completed {state.completed} session calls", where=where,
+                          do=f"create the fork with afterCall at most {state.completed}, or wait for the source's "
+                          "calls first")
+    first: dict[str, OperationRecord] = {}
+    done: dict[str, OperationRecord] = {}
+    for row in source_rows:
+        if row.status == "started":
+            first.setdefault(row.op_id, row)
+        elif row.status == "completed":
+            done[row.op_id] = row
+    out = [OperationRecord(FROM_OP, FORK_KIND, "from", "completed", epoch=rt.epoch,
+                           result={"sandbox": source.sandbox, "uid": source_uid, "afterCall": source.after_call},
+                           meta={"sandbox": source.sandbox, "uid": source_uid, "afterCall": source.after_call})]
+    for index in range(source.after_call):
+        op_id = state.calls[index][0]
+        started, completed = first[op_id], done[op_id]
+        meta = {k: v for k, v in (completed.meta or {}).items() if k != journal.META_SANDBOX_ID}
+        out += [OperationRecord(op_id, OpKind.SANDBOX_CALL.value, started.name, "started", 1, started.input_digest,
+                                meta=dict(started.meta or {}), epoch=rt.epoch),
+                OperationRecord(op_id, OpKind.SANDBOX_CALL.value, completed.name, "completed", 1,
+                                completed.input_digest, completed.result, meta=meta, epoch=rt.epoch)]
+    return out

@@ -1,0 +1,152 @@
+"""Issue 36 item 2, in the call service: a Sandbox with ``spec.from: {sandbox: NAME, afterCall: N}`` starts with its
+source's first N session calls (sessions/fork_seed.py): its workspace is rebuilt from them in a fresh sandbox of
+its own with the outcome check, its next call is its call N+1, and nothing of the source's (sandbox, snapshot, env)
+is the fork's: the source can be deleted once the fork's session was opened."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
+from durable_sandbox.providers.local import LocalProvider
+from durable_sandbox.sandboxes.session import ReconstructionError, SessionState
+from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.fork_seed import FROM_OP, SourceRef
+from durable_sandbox.sessions.journal import SESSION, SandboxRef, SessionJournal, calls_run_id
+from durable_sandbox.sessions.models import RewindRequest, ShellRequest
+from durable_sandbox.sessions.service import SessionService
+from durable_sandbox.stores.sqlite import SqliteStore
+from tests.unit.sessions_support import NAMESPACE, FakeAuth, FakeGate, local_gate
+
+
+@dataclass
+class Boxes:
+    """Several Sandboxes of namespace demo, each a FakeGate of its own (uid, live sandbox, replacements)."""
+
+    gates: dict[str, tuple[str, FakeGate]] = field(default_factory=dict)
+    sources: dict[str, SourceRef] = field(default_factory=dict)
+
+    async def find(self, namespace: str, name: str) -> SandboxRef:
+        if name not in self.gates:
+            raise CallRefused(404, "no such Sandbox", where=f"Sandbox {namespace}/{name}", do="create it")
+        uid, gate = self.gates[name]
+        return SandboxRef(namespace, name, uid, snapshot_every=gate.snapshot_every, source=self.sources.get(name))
+
+    @contextlib.asynccontextmanager
+    async def live(self, ref: SandboxRef) -> AsyncIterator[tuple[SandboxHandle, SandboxProvider]]:
+        async with self.gates[ref.name][1].live(ref) as taken:
+            yield taken
+
+    async def replaced(self, ref: SandboxRef, lost: str) -> SandboxHandle:
+        return await self.gates[ref.name][1].replaced(ref, lost)
+
+    async def lineage(self, ref: SandboxRef) -> Mapping[str, str]:
+        return await self.gates[ref.name][1].lineage(ref)
+
+    async def rewound(self, ref: SandboxRef, to_call: int, rewound: list[str]) -> None:
+        await self.gates[ref.name][1].rewound(ref, to_call, rewound)
+
+
+async def setup(tmp_path: Path, every: int = 0) -> tuple[Boxes, SqliteStore, SessionService]:
+    provider = LocalProvider(tmp_path / "home")
+    store = SqliteStore(tmp_path / "runs.db")
+    boxes = Boxes()
+    for name, uid in (("box", "uid-1"), ("fork", "uid-2"), ("fork2", "uid-3")):
+        gate = await local_gate(tmp_path / "home", provider)
+        gate.store, gate.snapshot_every = store, every
+        boxes.gates[name] = (uid, gate)
+    auth = FakeAuth(rights={"alice": {(NAMESPACE, n) for n in ("box", "fork", "fork2", "gone")},
+                            "bob": {(NAMESPACE, "fork")}})
+    journal = SessionJournal(store, worker_id="w1", lease_ttl=10.0, owned=False)
+    return boxes, store, SessionService(auth, boxes, lambda _ns: journal)  # type: ignore[arg-type]
+
+
+async def lines(svc: SessionService, name: str, *ops: str) -> None:
+    for op in ops:
+        await svc.call("good-token", NAMESPACE, name, ShellRequest(operationId=op, command=f"echo {op} >> notes.txt"))
+
+
+def notes(boxes: Boxes, name: str) -> list[str]:
+    path = Path(boxes.gates[name][1].handle.metadata["workspace"]) / "notes.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def test_a_fork_starts_with_its_sources_first_n_calls_rebuilt_in_a_sandbox_of_its_own(tmp_path: Path) -> None:
+    boxes, store, svc = await setup(tmp_path, every=2)
+    await lines(svc, "box", *(f"c{i}" for i in range(6)))
+    boxes.sources["fork"] = SourceRef("box", None, 3)
+    await lines(svc, "fork", "f3")
+    assert notes(boxes, "fork") == ["c0", "c1", "c2", "f3"]
+    assert notes(boxes, "box") == [f"c{i}" for i in range(6)]  # the source untouched
+    rows = await store.load_journal(calls_run_id("uid-2"))
+    [origin] = [r for r in rows if r.op_id == FROM_OP]
+    assert origin.meta == {"sandbox": "box", "uid": "uid-1", "afterCall": 3}
+    state = SessionState.derive(SESSION, rows)
+    assert [state.calls[i][0] for i in sorted(state.calls)] == ["calls/c0", "calls/c1", "calls/c2", "calls/f3"]
+    # Its snapshots are its own (taken by its session: after 2 and 4 of its calls), none of the source's.
+    source_snaps = {r.result["snapshotId"] for r in await store.load_journal(calls_run_id("uid-1"))
+                    if r.kind == "sandbox.snapshot" and r.status == "completed"}
+    fork_snaps = {r.result["snapshotId"] for r in rows if r.kind == "sandbox.snapshot" and r.status == "completed"}
+    assert fork_snaps and not fork_snaps & source_snaps
+
+
+async def test_the_source_can_go_once_the_fork_is_seeded_and_a_loss_of_the_fork_replays_its_calls(tmp_path: Path) -> None:
+    boxes, _, svc = await setup(tmp_path)
+    await lines(svc, "box", "a", "b", "c")
+    boxes.sources["fork"] = SourceRef("box", None, 2)
+    await lines(svc, "fork", "x")
+    del boxes.gates["box"]  # the source deleted
+    fork_gate = boxes.gates["fork"][1]
+    await fork_gate.provider.inject_loss(fork_gate.handle)
+    await lines(svc, "fork", "y")
+    assert notes(boxes, "fork") == ["a", "b", "x", "y"]
+
+
+async def test_a_fork_is_refused_past_the_sources_calls_for_a_missing_source_and_to_who_may_not_call_the_source(
+        tmp_path: Path) -> None:
+    boxes, _, svc = await setup(tmp_path)
+    await lines(svc, "box", "a")
+    boxes.sources["fork"] = SourceRef("box", None, 2)
+    with pytest.raises(CallRefused) as past:
+        await lines(svc, "fork", "x")
+    assert past.value.status == 409 and "afterCall is 2" in past.value.body.what
+    boxes.sources["fork"] = SourceRef("gone", None, 1)
+    with pytest.raises(CallRefused) as missing:
+        await lines(svc, "fork", "x")
+    assert missing.value.status == 409 and "gone cannot be read" in missing.value.body.what
+    boxes.sources["fork"] = SourceRef(None, "wf", 1)
+    with pytest.raises(CallRefused) as workflow:
+        await lines(svc, "fork", "x")
+    assert "not supported yet" in workflow.value.body.what
+    boxes.sources["fork"] = SourceRef("box", None, 1)
+    with pytest.raises(CallRefused) as denied:  # bob may call the fork, not its source
+        await svc.call("other-token", NAMESPACE, "fork", ShellRequest(operationId="x", command="true"))
+    assert denied.value.status == 403
+    assert notes(boxes, "fork") == []
+
+
+async def test_a_diverging_replay_fails_the_forks_call_with_expected_and_actual(tmp_path: Path) -> None:
+    boxes, _, svc = await setup(tmp_path)
+    await lines(svc, "box", "a")
+    await svc.call("good-token", NAMESPACE, "box", ShellRequest(operationId="clock", command="date +%s%N"))
+    boxes.sources["fork"] = SourceRef("box", None, 2)
+    with pytest.raises(ReconstructionError) as diverged:
+        await lines(svc, "fork", "x")
+    assert "clock" in str(diverged.value)
+    boxes.sources["fork2"] = SourceRef("box", None, 1)  # before the clock call: that fork works
+    await lines(svc, "fork2", "y")
+    assert notes(boxes, "fork2") == ["a", "y"]
+
+
+async def test_a_fork_rewound_to_its_fork_point_is_made_without_a_call(tmp_path: Path) -> None:
+    boxes, _, svc = await setup(tmp_path)
+    await lines(svc, "box", "a", "b", "c")
+    boxes.sources["fork"] = SourceRef("box", None, 2)
+    done = await svc.rewind("good-token", NAMESPACE, "fork", RewindRequest(toCall=2))
+    assert done.rewound == [] and done.replayed == ["a", "b"]
+    assert notes(boxes, "fork") == ["a", "b"]
