@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
-from durable_sandbox.providers.contract import SandboxHandle, ToolResult
+from durable_sandbox.providers.contract import SandboxHandle
 from durable_sandbox.sandboxes import fork_journal, journal, rewind_journal
-from durable_sandbox.sandboxes.call_records import result_from
 
 
 @dataclass

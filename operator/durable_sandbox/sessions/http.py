@@ -75,16 +75,6 @@ def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp:
         except Exception as exc:
             return _failure(where, exc)
 
-    async def snapshot(request: Request) -> Response:
-        namespace, name = request.path_params["namespace"], request.path_params["name"]
-        where = f"Sandbox {namespace}/{name}"
-        try:
-            parsed = await _parsed(request, SnapshotRequest, service.limits.max_request_bytes, f"{where}, snapshot")
-            taken = await service.snapshot(_bearer(request), namespace, name, parsed)  # type: ignore[arg-type]
-            return JSONResponse(taken.model_dump())
-        except Exception as exc:
-            return _failure(where, exc)
-
     async def healthz(_: Request) -> Response:
         return Response("ok\n")
 
@@ -130,10 +120,26 @@ def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp:
         Route(prefix + "/suspend", lifecycle_call, methods=["POST"]),
         Route(prefix + "/resume", lifecycle_call, methods=["POST"]),
         Route(prefix + "/rewind", _rewind(service), methods=["POST"]),
-        Route(prefix + "/snapshot", snapshot, methods=["POST"]),
+        Route(prefix + "/snapshot", _snapshot(service), methods=["POST"]),
         Route(prefix + "/{kind}", call, methods=["POST"]),
         Route("/healthz", healthz),
     ])
+
+
+def _snapshot(service: SessionService) -> Callable[[Request], Awaitable[Response]]:
+    """``POST .../snapshot``: a snapshot of the Sandbox now, journaled (sessions/snapshots.py)."""
+
+    async def snapshot(request: Request) -> Response:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        where = f"Sandbox {namespace}/{name}"
+        try:
+            parsed = await _parsed(request, SnapshotRequest, service.limits.max_request_bytes, f"{where}, snapshot")
+            taken = await service.snapshot(_bearer(request), namespace, name, parsed)  # type: ignore[arg-type]
+            return JSONResponse(taken.model_dump())
+        except Exception as exc:
+            return _failure(where, exc)
+
+    return snapshot
 
 
 def _rewind(service: SessionService) -> Callable[[Request], Awaitable[Response]]:
