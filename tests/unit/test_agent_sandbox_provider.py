@@ -267,10 +267,12 @@ async def test_it_is_registered_and_its_settings_name_what_is_wrong() -> None:
     provider = create_provider("agent-sandbox", environ={"DSB_AGENT_SANDBOX_WARM_POOL": "warm"})
     assert isinstance(provider, AgentSandboxProvider) and provider.settings.warm_pool == "warm"
     await provider.aclose()
-    problems = AgentSandboxProvider.configuration_problems({"DSB_AGENT_SANDBOX_WORKSPACE": "relative",
+    assert "DSB_AGENT_SANDBOX_ENABLED=true" in AgentSandboxProvider.configuration_problems({})[0]
+    problems = AgentSandboxProvider.configuration_problems({"DSB_AGENT_SANDBOX_ENABLED": "true",
+                                                            "DSB_AGENT_SANDBOX_WORKSPACE": "relative",
                                                             "DSB_AGENT_SANDBOX_READY_TIMEOUT": "-1"})
     assert len(problems) == 1
     assert "DSB_AGENT_SANDBOX_WORKSPACE" in problems[0] and "DSB_AGENT_SANDBOX_READY_TIMEOUT" in problems[0]
     with pytest.raises(ConfigurationError, match="DSB_AGENT_SANDBOX_WARM_POOL"):
         AgentSandboxSettings.from_environ({"DSB_AGENT_SANDBOX_WARM_POOL": "Not/A/Name"})
-    assert AgentSandboxProvider.configuration_problems({}) == []
+    assert AgentSandboxProvider.configuration_problems({"DSB_AGENT_SANDBOX_ENABLED": "true"}) == []

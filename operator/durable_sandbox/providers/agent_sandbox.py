@@ -64,11 +64,11 @@ from durable_sandbox.providers.kubernetes_provisioning import pod_name
 from durable_sandbox.providers.kubernetes_template import PodTemplate
 from durable_sandbox.providers.s3_snapshots import S3Config, S3SnapshotStore
 
-__all__ = ["ENV_SNAPSHOT_LIMIT", "AgentSandboxProvider"]
+__all__ = ["ENV_ENABLED", "ENV_SNAPSHOT_LIMIT", "AgentSandboxProvider"]
 
 ENV_SNAPSHOT_LIMIT = "DSB_AGENT_SANDBOX_SNAPSHOT_LIMIT"  # the largest snapshot archive (default 1Gi)
 _DEFAULT_SNAPSHOT_LIMIT = "1Gi"
-_ENV_DISABLED = "DSB_AGENT_SANDBOX_DISABLED"  # why the operator may not use this provider
+ENV_ENABLED = "DSB_AGENT_SANDBOX_ENABLED"  # true: agent-sandbox is installed and the operator may use its claims
 _EXTENSIONS_API = "extensions.agents.x-k8s.io/v1beta1"
 
 
@@ -96,9 +96,12 @@ class AgentSandboxProvider(ClaimLifecycle):
 
     @classmethod
     def configuration_problems(cls, environ: Mapping[str, str]) -> list[str]:
-        disabled = environ.get(_ENV_DISABLED)
-        if disabled:
-            return [f"Sandbox provider [agent-sandbox] is off in this operator: {disabled}"]
+        if (environ.get(ENV_ENABLED) or "").strip().lower() not in ("1", "true", "yes"):
+            # Off unless asked for: without agent-sandbox's CRDs and the operator's rights on its claims, every
+            # run naming it would fail late, and every orphan sweep would fail listing claims.
+            return [f"Sandbox provider [agent-sandbox] is not enabled in this operator: set {ENV_ENABLED}=true where "
+                    f"kubernetes-sigs/agent-sandbox is installed and the operator may manage its SandboxClaims "
+                    f"(docs/providers.md, agent-sandbox)"]
         problems = []
         try:
             AgentSandboxSettings.from_environ(environ)
