@@ -26,6 +26,7 @@ from durable_sandbox.providers.contract import (
     wrote_file_result,
 )
 from durable_sandbox.providers.dispatch import dispatch, path_arg, shell_args, string_arg
+from durable_sandbox.providers.exec_target import ExecTargets
 from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, StreamBroken
 from durable_sandbox.providers.kubernetes_verification import PodVerification
 from durable_sandbox.providers.output import OutputBuffer
@@ -51,7 +52,8 @@ class PodCalls(PodVerification):
         # The exec goes to a Pod *by name*: whoever may delete and create Pods can put another one there. Nothing
         # (the script, a call's env, restored files) is sent before the Pod is known to be the sandbox's own, and
         # nothing that came back is believed unless it still is afterwards (the ExecTargets hook, exec_target.py).
-        target = await self._exec_target(handle, what)
+        targets: ExecTargets = self  # the hook (a provider whose sandbox is another Pod overrides both methods)
+        target = await targets._exec_target(handle, what)
 
         async def stdin() -> AsyncIterator[bytes]:
             yield script
@@ -75,7 +77,7 @@ class PodCalls(PodVerification):
             gone = await self._lost(handle, ProviderError(f"{what} in sandbox {handle.id}: killed"))
             if isinstance(gone, SandboxGone):
                 raise gone
-        await self._confirm_target(handle, target, what)
+        await targets._confirm_target(handle, target, what)
         return outcome.exit_code
 
     async def execute(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
