@@ -276,3 +276,17 @@ async def test_it_is_registered_and_its_settings_name_what_is_wrong() -> None:
     with pytest.raises(ConfigurationError, match="DSB_AGENT_SANDBOX_WARM_POOL"):
         AgentSandboxSettings.from_environ({"DSB_AGENT_SANDBOX_WARM_POOL": "Not/A/Name"})
     assert AgentSandboxProvider.configuration_problems({"DSB_AGENT_SANDBOX_ENABLED": "true"}) == []
+
+
+async def test_a_call_killed_because_its_claim_was_deleted_is_the_sandboxs_loss_not_its_result(world: World) -> None:
+    """The Pod's container killed under a running call (exit 137 on the status channel) is asked about: its claim
+    deleted by hand meanwhile makes it SandboxGone, never a result to record."""
+    handle = await world.provider.provision(spec(), lease_seconds=600)
+    fresh = await world.provider.provision(spec("op-2"), lease_seconds=600)
+    world.exec.exit_code = 137
+    world.exec.during = lambda namespace, pod: world.objects.delete_by_hand(NS, handle.id.split("/")[1])
+    with pytest.raises(SandboxGone, match="deleted"):
+        await world.provider.execute(handle, shell("sleep 30"))
+    world.exec.during = None
+    killed = await world.provider.execute(fresh, shell("kill -9 $$"))  # its Pod and claim still there: a result
+    assert killed.exit_code == 137

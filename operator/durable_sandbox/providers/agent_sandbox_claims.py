@@ -101,7 +101,7 @@ class ClaimSandboxes(PodSnapshots):
         does not lead to the recorded Pod, :class:`NotReadyYet` while it is not bound (before the first binding)."""
         claim = await self._read(CLAIMS, record.namespace, record.claim)
         sandbox = pod = None
-        sandbox_name = ((claim or {}).get("status") or {}).get("sandbox", {}).get("name")
+        sandbox_name = (((claim or {}).get("status") or {}).get("sandbox") or {}).get("name")
         if claim is not None and claim["metadata"].get("deletionTimestamp"):
             raise SandboxGone(record.sandbox_id, f"its SandboxClaim {record.claim} is being deleted")
         if claim is not None and sandbox_name:
