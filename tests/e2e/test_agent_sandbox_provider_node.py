@@ -65,12 +65,18 @@ def claims(cp: ControlPlane, namespace: str) -> list[str]:
     return [c["metadata"]["name"] for c in items if not c["metadata"].get("deletionTimestamp")]
 
 
-@pytest.fixture
-def pool_namespace(node_cluster: NodeCluster, agent_sandbox: AgentSandbox) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def warm_namespace(node_cluster: NodeCluster, agent_sandbox: AgentSandbox) -> Iterator[str]:
+    """One namespace with the warm pool for the module's kit cases (the pool refills behind each claim)."""
     with fresh_namespace(node_cluster, "asp") as ns:
         warm_pool(node_cluster, ns, agent_sandbox, replicas=2)
         yield ns
-        left = claims(node_cluster, ns)
+
+
+@pytest.fixture
+def pool_namespace(node_cluster: NodeCluster, warm_namespace: str) -> Iterator[str]:
+    yield warm_namespace
+    left = claims(node_cluster, warm_namespace)
     assert left == [], f"the test left SandboxClaims behind: {left}"
 
 
