@@ -79,7 +79,7 @@ def test_pyproject_registers_the_builtins_as_entry_points() -> None:
 
 def test_unknown_name_lists_the_known_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     plugins(monkeypatch, StubEntryPoint("memory", "x:MemoryProvider", lambda: MemoryProvider))
-    with pytest.raises(ConfigurationError, match=r"Unknown sandbox provider \[nope\]; known providers: e2b, kubernetes, local, memory"):
+    with pytest.raises(ConfigurationError, match=r"Unknown sandbox provider \[nope\]; known providers: agent-sandbox, e2b, kubernetes, local, memory"):
         registry.create_provider("nope")
 
 

@@ -26,9 +26,8 @@ from durable_sandbox.providers.contract import (
     wrote_file_result,
 )
 from durable_sandbox.providers.dispatch import dispatch, path_arg, shell_args, string_arg
-from durable_sandbox.providers.kubernetes_connection import split_id
+from durable_sandbox.providers.exec_target import ExecTargets
 from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, StreamBroken
-from durable_sandbox.providers.kubernetes_template import CONTAINER
 from durable_sandbox.providers.kubernetes_verification import PodVerification
 from durable_sandbox.providers.output import OutputBuffer
 from durable_sandbox.providers.streaming import Stream, current_sink
@@ -49,13 +48,13 @@ class PodCalls(PodVerification):
                    stderr: Callable[[bytes], Any] | None = None, data: AsyncIterator[bytes] | None = None,
                    what: str) -> int:
         """One exec of ``script`` (then ``data``) in the sandbox; its exit code. Loss is :class:`SandboxGone`."""
-        namespace, name = split_id(handle.id)
         await self._api()
         assert self._exec is not None
-        # The exec goes to the Pod *of this name*: whoever may delete and create Pods can put another one there.
-        # Nothing (the script, a call's env, restored files) is sent before the Pod is known to be the sealed one,
-        # and nothing that came back is believed unless it still is afterwards (kubernetes_verification.py).
-        await self._verify_pod(handle, what, before=True)
+        # The exec goes to a Pod *by name*: whoever may delete and create Pods can put another one there. Nothing
+        # (the script, a call's env, restored files) is sent before the Pod is known to be the sandbox's own, and
+        # nothing that came back is believed unless it still is afterwards (the ExecTargets hook, exec_target.py).
+        targets: ExecTargets = self  # the hook (a provider whose sandbox is another Pod overrides both methods)
+        target = await targets._exec_target(handle, what)
 
         async def stdin() -> AsyncIterator[bytes]:
             yield script
@@ -64,7 +63,7 @@ class PodCalls(PodVerification):
                     yield chunk
 
         try:
-            outcome = await self._exec.run(namespace, name, CONTAINER, scripts.boot_command(script),
+            outcome = await self._exec.run(target.namespace, target.pod, target.container, scripts.boot_command(script),
                                            stdout=stdout or _discard, stderr=stderr or _discard, stdin=stdin(),
                                            what=f"{what} in sandbox {handle.id}")
         except (ExecRejected, StreamBroken) as exc:
@@ -79,7 +78,7 @@ class PodCalls(PodVerification):
             gone = await self._lost(handle, ProviderError(f"{what} in sandbox {handle.id}: killed"))
             if isinstance(gone, SandboxGone):
                 raise gone
-        await self._verify_pod(handle, what, before=False)
+        await targets._confirm_target(handle, target, what)
         return outcome.exit_code
 
     async def execute(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:

@@ -19,6 +19,7 @@ from durable_sandbox.providers.contract import (
     SandboxHandle,
     SandboxSpec,
     SnapshotEntry,
+    UnsupportedCapability,
     tag_key,
 )
 from durable_sandbox.providers.kubernetes_connection import SNAPSHOT_LIMIT_SETTING
@@ -38,7 +39,7 @@ class PodSnapshots(PodProvisioning):
 
     def _store(self, capability: Capability) -> S3SnapshotStore:
         if self.store is None:
-            raise unsupported(capability)
+            raise UnsupportedCapability(self.name, capability)
         return self.store
 
     async def snapshot(self, handle: SandboxHandle, *, operation_id: str) -> str:
@@ -124,9 +125,3 @@ class PodSnapshots(PodProvisioning):
         await self.store.abort_stale_uploads(installation, older_than=STALE_UPLOAD_SECONDS)
         return await self.store.inventory(installation, provider=self.name)
 
-
-
-def unsupported(capability: Capability) -> ProviderError:
-    from durable_sandbox.providers.contract import UnsupportedCapability
-
-    return UnsupportedCapability("kubernetes", capability)

@@ -21,9 +21,11 @@ replay into a Pod the operator makes. Its price is two Pod reads per exec (bench
 from __future__ import annotations
 
 from durable_sandbox.providers.contract import SandboxGone, SandboxHandle
+from durable_sandbox.providers.exec_target import ExecTarget
 from durable_sandbox.providers.kubernetes_connection import split_id
 from durable_sandbox.providers.kubernetes_identity import identify
 from durable_sandbox.providers.kubernetes_lifecycle import PodLifecycle
+from durable_sandbox.providers.kubernetes_template import CONTAINER
 
 __all__ = ["PodVerification"]
 
@@ -31,10 +33,19 @@ _REPLACED = "its Pod was replaced by another Pod of the same name"
 
 
 class PodVerification(PodLifecycle):
-    """The check each exec makes before it sends anything and after it ends."""
+    """The check each exec makes before it sends anything and after it ends (the ``ExecTargets`` hook of
+    ``exec_target.py``: the Pod of the handle's name, its container, verified by uid or seal)."""
 
-    async def _verify_pod(self, handle: SandboxHandle, what: str, *, before: bool) -> None:
-        """Return only if the Pod named by ``handle`` is the sandbox's own (its recorded uid, else the operator's
+    async def _exec_target(self, handle: SandboxHandle, what: str) -> ExecTarget:
+        namespace, name = split_id(handle.id)
+        uid = await self._verify_pod(handle, what, before=True)
+        return ExecTarget(namespace=namespace, pod=name, uid=uid, container=CONTAINER)
+
+    async def _confirm_target(self, handle: SandboxHandle, target: ExecTarget, what: str) -> None:
+        await self._verify_pod(handle, what, before=False)
+
+    async def _verify_pod(self, handle: SandboxHandle, what: str, *, before: bool) -> str:
+        """The Pod's uid, returned only if the Pod named by ``handle`` is the sandbox's own (its recorded uid, else the operator's
         seal), and ``before`` an exec, not being deleted; else the sandbox is lost (:class:`SandboxGone`)."""
         namespace, name = split_id(handle.id)
         pod = await self._read_pod(namespace, name)
@@ -54,3 +65,4 @@ class PodVerification(PodLifecycle):
             raise SandboxGone(handle.id, f"{_REPLACED} ({what} not run there, nor its result used)")
         if before and meta.get("deletionTimestamp"):  # (after: a call that ended in its own Pod did run there)
             raise SandboxGone(handle.id, "its Pod is being deleted")
+        return str(meta.get("uid"))

@@ -24,6 +24,7 @@ BUILTIN_PROVIDERS: Final[Mapping[str, str]] = {
     "local": "durable_sandbox.providers.local:LocalProvider",
     "e2b": "durable_sandbox.providers.e2b:E2BProvider",
     "kubernetes": "durable_sandbox.providers.kubernetes:KubernetesProvider",
+    "agent-sandbox": "durable_sandbox.providers.agent_sandbox:AgentSandboxProvider",
 }
 
 

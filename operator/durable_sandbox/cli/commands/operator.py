@@ -233,11 +233,14 @@ def _journal_key(location: str | None, served: tuple[str, ...]) -> bytes:
 
 def _provider_options(name: str, key: bytes | None, metrics: OperatorMetrics) -> dict[str, Any]:
     """What the operator gives a provider beyond its environment: the kubernetes provider's pool key (derived from
-    the journal key, so every replica has the same) and the metrics of its claims."""
+    the journal key, so every replica has the same) and the metrics of its claims; the agent-sandbox provider's key
+    of its claims' seals (the same derivation)."""
     from durable_sandbox.providers.kubernetes_pool import derive_pool_key
 
-    if name != "kubernetes" or key is None:
+    if key is None or name not in ("kubernetes", "agent-sandbox"):
         return {}
+    if name == "agent-sandbox":  # its claims' seals (providers/agent_sandbox_claims.py): one key for every replica
+        return {"pool_key": derive_pool_key(key)}
     return {"pool_key": derive_pool_key(key), "pool_observer": metrics.observe_pool_claim}
 
 

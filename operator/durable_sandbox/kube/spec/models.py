@@ -47,7 +47,7 @@ SIGNAL_MAX_BYTES = 64 * 1024
 SIGNALS_MAX_BYTES = 256 * 1024
 
 # Used when the provider registry is not installed: the providers this distribution ships.
-BUILTIN_PROVIDERS = frozenset({"local", "e2b", "kubernetes"})
+BUILTIN_PROVIDERS = frozenset({"local", "e2b", "kubernetes", "agent-sandbox"})
 
 
 def available_provider_names() -> set[str]:
