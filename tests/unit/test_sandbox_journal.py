@@ -30,7 +30,7 @@ OTHER_SCHEMAS = {
     ("kube/sandbox/controller.py", 'op.get("snapshotId")'),
     ("kube/sandbox/controller.py", '(self._condition(view, "Suspended") or {}).get("reason")'),
     # The call API's URL path of a snapshot on request, not a journal op id.
-    ("sessions/http.py", 'Route(prefix + "/snapshot", snapshot, methods=["POST"])'),
+    ("sessions/http.py", 'Route(prefix + "/snapshot", _snapshot(service), methods=["POST"])'),
 }
 
 
