@@ -675,7 +675,7 @@ def test_the_session_api_values_render_its_port_service_tls_and_rbac(helm: Path,
     assert roles == {"durable-sandbox-sandbox-caller": {"sandboxes/calls.durable-sandbox.dev": {"create"}},
                      "durable-sandbox-sandbox-owner": {"sandboxes/calls.durable-sandbox.dev": {"create"},
                                                        "sandboxes.durable-sandbox.dev": {"get", "create", "patch",
-                                                                                          "delete"}},
+                                                                                          "delete", "update"}},
                      f"{SA_NAME}-session-auth": {"tokenreviews.authentication.k8s.io": {"create"},
                                                  "subjectaccessreviews.authorization.k8s.io": {"create"}}}
     [binding] = by_kind(docs, "ClusterRoleBinding")
