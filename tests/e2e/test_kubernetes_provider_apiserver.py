@@ -187,7 +187,7 @@ async def test_the_pod_is_named_from_the_operation_and_says_whose_it_is(
                        labels={"durable-sandbox.dev/installation": "inst-1", "durable-sandbox.dev/run-id": "run-9"})
     task = asyncio.ensure_future(provider.provision(spec, lease_seconds=60))
     name = pod_name("op-named")
-    await eventually(lambda: name in pods(control_plane, namespace), "the Pod to be created", 30)
+    await eventually(lambda: name in pods(control_plane, namespace), "the Pod to be created", 120)
     pod = control_plane.kubectl_json("get", "pod", "-n", namespace, name)
     labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
     assert labels[SANDBOX_LABEL] == "true" and labels["durable-sandbox.dev/run-id"] == "run-9"
@@ -200,19 +200,19 @@ async def test_the_pod_is_named_from_the_operation_and_says_whose_it_is(
     assert pod["spec"]["automountServiceAccountToken"] is False and "serviceAccountToken" not in spec_json
     secret = control_plane.kubectl_json("get", "secret", "-n", namespace, env_secret)
     await eventually(lambda: control_plane.kubectl_json("get", "secret", "-n", namespace, env_secret)
-                     ["metadata"].get("ownerReferences"), "the env Secret to be owned by its Pod", 30)
+                     ["metadata"].get("ownerReferences"), "the env Secret to be owned by its Pod", 120)
     assert secret["metadata"]["labels"][SANDBOX_LABEL] == "true"
     # A second provision of the same operation (an answer lost) never adopts a Pod that was not finished (sealed
     # over its uid: this one never runs): it deletes that one, saying so, and makes the Pod again, same name.
     first_uid = pod["metadata"]["uid"]
     again = asyncio.ensure_future(provider.provision(spec, lease_seconds=60))
-    await eventually(lambda: "never finished" in caplog.text, "the second provision to replace the Pod", 30)
+    await eventually(lambda: "never finished" in caplog.text, "the second provision to replace the Pod", 120)
 
     def replaced() -> bool:
         found = control_plane.kubectl_json("get", "pods", "-n", namespace)["items"]
         return [(p["metadata"]["name"], p["metadata"]["uid"] != first_uid) for p in found] == [(name, True)]
 
-    await eventually(replaced, "one Pod of that name, a new one", 30)
+    await eventually(replaced, "one Pod of that name, a new one", 120)
     assert "adopting Pod" not in caplog.text
     for t in (task, again):
         t.cancel()
