@@ -72,7 +72,10 @@ def test_chaos_soak_loses_nothing_runs_nothing_twice_and_leaks_nothing(
     soak = Soak(plan=plan, cp=control_plane, namespace=namespace, apiserver=api, fake=soak_e2b, operators=ops,
                 effects_dir=tmp_path / "effects", gates_dir=tmp_path / "gates", max_active=MAX_ACTIVE, log=_say)
     try:
-        soak.run(timeout=max(600.0, 20.0 * len(plan.workflows)))
+        # A deadline, not a pace: the Workflows are applied in step with the faults (driver.paced_limit), so the
+        # soak lasts about as long as its fault schedule (each fault waits for the last to fire, up to
+        # FAULT_DEADLINE_S) plus the last Workflows' run.
+        soak.run(timeout=max(1200.0, 40.0 * len(plan.workflows)))
         tracked = list(soak.tracked.values())
         problems = run_problems(tracked, control_plane.kubeconfig, namespace, soak.effects_dir)
 
