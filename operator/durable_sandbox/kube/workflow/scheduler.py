@@ -20,10 +20,11 @@ import gc
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from durable_sandbox.kube.api.client import brief, is_transient
 from durable_sandbox.kube.api.resources import WORKFLOWS
+from durable_sandbox.kube.reporting.status import TERMINAL_PHASES
 from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.workflow.parking import Park
 from durable_sandbox.kube.workflow.runs import Parked, RunView
@@ -88,7 +89,7 @@ class Scheduler:
         parked = self.runs.parked.get(run_id)
         if parked is not None and meta.get("generation") == parked.generation:
             phase = (body.get("status") or {}).get("phase")
-            if parked.reason != "held" or not held_run_may_be_free(parked.phase, phase):
+            if not parked_run_wakes(parked.reason, parked.phase, phase):
                 return
         self.activate(run_id, body, meta.get("namespace", ""), name, uid)
 
@@ -206,6 +207,26 @@ class Scheduler:
         if body is None or body.get("metadata", {}).get("uid") != uid or body["metadata"].get("deletionTimestamp"):
             return None  # gone, replaced, or being deleted (the delete handler finalizes it)
         return body
+
+
+# The phases a run parked for these reasons shows once its status is written: a status event showing another is a
+# write that landed after this replica's (the replica that handed the run over flushing its coalesced status
+# late: a suspended run shown Pending for ever, the soak's soak-023-suspend), or someone editing status.
+SETTLED_PHASES: Final[Mapping[str, frozenset[str]]] = {
+    "suspended": frozenset({"Suspended"}),
+    "finished": TERMINAL_PHASES,
+}
+
+
+def parked_run_wakes(reason: str, parked_phase: str | None, phase: str | None) -> bool:
+    """Whether a status event (the generation unchanged) wakes a parked run: a held one when the replica executing
+    it may have let it go (``held_run_may_be_free``); a suspended or finished one when the status shows a phase
+    other than its own, so that its task writes the run's status again (``Publisher.republish``: once, as the
+    status then agrees with the journal)."""
+    if reason == "held":
+        return held_run_may_be_free(parked_phase, phase)
+    settled = SETTLED_PHASES.get(reason)
+    return settled is not None and phase not in settled
 
 
 def held_run_may_be_free(parked_phase: str | None, phase: str | None) -> bool:
