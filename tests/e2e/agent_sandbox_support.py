@@ -32,6 +32,7 @@ CONTROLLER_ACCOUNT = f"system:serviceaccount:{CONTROLLER_NAMESPACE}:agent-sandbo
 RBAC_KINDS = frozenset({"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"})
 RBAC_FILES = ("controller.yaml", "rbac.generated.yaml", "extensions.yaml", "extensions-rbac.generated.yaml")
 READY_TIMEOUT_S = 60.0
+DELETE_TIMEOUT_S = 180.0
 API_GROUPS = ("agents.x-k8s.io", "extensions.agents.x-k8s.io")
 
 
@@ -93,7 +94,13 @@ def run_agent_sandbox(cluster: NodeCluster, workdir: Path) -> Iterator[AgentSand
     k8s = build / "k8s"
     crd_files = sorted((k8s / "crds").glob("*.yaml"))
     crds = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in crd_files]
-    rbac = yaml.safe_dump_all(rbac_manifests(k8s))
+    manifests = rbac_manifests(k8s)
+    rbac = yaml.safe_dump_all(manifests)
+    namespaces = sorted({m["metadata"]["name"] for m in manifests if m.get("kind") == "Namespace"})
+    # An earlier module's agent-sandbox is deleted without waiting (its teardown): its namespace may still be
+    # terminating, and nothing can be created in it until it is gone (CI: every test of the next module erred).
+    wait_until(lambda: not _terminating(cluster, namespaces, crds), DELETE_TIMEOUT_S,
+               "an earlier agent-sandbox's namespace and CRDs to finish deleting")
     for path in crd_files:
         cluster.kubectl("apply", "--server-side", "-f", str(path))
     cluster.kubectl("apply", "-f", "-", input=rbac)
@@ -117,3 +124,14 @@ def run_agent_sandbox(cluster: NodeCluster, workdir: Path) -> Iterator[AgentSand
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=rbac, check=False)
         for path in crd_files:
             cluster.kubectl("delete", "-f", str(path), "--ignore-not-found", "--wait=false", check=False)
+
+
+def _terminating(cluster: NodeCluster, namespaces: list[str], crds: list[str]) -> bool:
+    """Whether any of ``namespaces`` or ``crds`` is still being deleted."""
+    for kind, names in (("namespace", namespaces), ("crd", crds)):
+        for name in names:
+            found = cluster.kubectl("get", kind, name, "-o", "jsonpath={.metadata.deletionTimestamp}",
+                                    "--ignore-not-found", check=False)
+            if found.returncode == 0 and found.stdout.strip():
+                return True
+    return False

@@ -217,7 +217,7 @@ async def test_the_pod_is_named_from_the_operation_and_says_whose_it_is(
     for t in (task, again):
         t.cancel()
     await asyncio.gather(task, again, return_exceptions=True)
-    await eventually(lambda: not pods(control_plane, namespace), "the cancelled provision's Pod to go", 60)
+    await eventually(lambda: not pods(control_plane, namespace), "the cancelled provision's Pod to go", 180)
 
 
 def test_the_default_template_is_what_the_operator_configures() -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import uuid
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -197,6 +199,32 @@ def _session_api(namespaces: tuple[str, ...], *, port: int, host: str, cert: str
                       max_calls_per_second=per_second)), tuple(namespaces))
 
 
+KEY_WAIT_S = 120.0  # how long a starting operator waits for an API server that does not answer (a restart)
+
+
+def _read_key(fetch: Callable[[], Coroutine[Any, Any, bytes]], readers: Callable[[], Coroutine[Any, Any, Any]],
+              where: str) -> tuple[bytes, Any]:
+    """The journal key and who else may read it, waiting (with a backoff, up to KEY_WAIT_S) while the API server
+    does not answer: an operator started while its API server restarts (a Pod rescheduled beside a control-plane
+    upgrade) would otherwise exit 1 and be restarted for nothing (the soak's 'exited without being killed')."""
+    from durable_sandbox.kube.api.api_errors import brief, is_transient
+
+    deadline, delay, said = time.monotonic() + KEY_WAIT_S, 0.5, False
+    while True:
+        try:
+            return asyncio.run(fetch()), asyncio.run(readers())
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            if not said:
+                logging.getLogger("durable_sandbox.kube").warning(
+                    "the API server does not answer reading the journal key %s (%s); waiting up to %.0fs for it",
+                    where, brief(exc), KEY_WAIT_S)
+                said = True
+            time.sleep(delay)  # a backoff between tries, not a synchronization
+            delay = min(delay * 2, 5.0)
+
+
 def _journal_key(location: str | None, served: tuple[str, ...]) -> bytes:
     """The journal key (kube/journal/journal_key.py), refused when others can read it where that can be told
     (kube/journal/journal_key_readers.py)."""
@@ -214,8 +242,8 @@ def _journal_key(location: str | None, served: tuple[str, ...]) -> bytes:
         problem = served_namespace_problem(namespace, name, served)
         if problem is not None:
             raise CliError(problem, code=EXIT_FAILED)
-        key = asyncio.run(journal_key.fetch(namespace, name))
-        readers = asyncio.run(readers_of(namespace, name))
+        key, readers = _read_key(lambda: journal_key.fetch(namespace, name), lambda: readers_of(namespace, name),
+                                 f"{namespace}/{name}")
     except (journal_key.JournalKeyError, RuntimeError) as exc:
         raise CliError(str(exc), code=EXIT_FAILED) from None
     except CliError:
