@@ -94,25 +94,39 @@ async def async_events(http: httpx.AsyncClient, target: _Target, body: dict[str,
                 else:
                     pending: dict[str, str] = {}
                     async for line in answer.aiter_lines():
-                        for event, data in _parse([line], pending):
-                            item = _handle(event, data, delivered)
-                            if isinstance(item, SandboxCallError):
-                                if not item.error.get("retry"):
-                                    raise item
-                                refused = item  # failed after its output began; the same request again
-                                raise httpx.RemoteProtocolError(str(item))
-                            if item is not None:
-                                yield item
+                        for item in _line_items(line, pending, delivered):
+                            yield item
                             if isinstance(item, CallResult):
                                 return
                     outcome = httpx.RemoteProtocolError("the event stream ended before the call's result")
         except httpx.TransportError as exc:
-            outcome = exc
+            outcome, refused = exc, getattr(exc, "refused", refused)
         wait = _retry_after(outcome, attempt, started, retry_for)
         if wait is None:
             raise _error_of(outcome) if isinstance(outcome, httpx.Response) else refused or outcome
         await asyncio.sleep(wait)
         attempt += 1
+
+
+class _RetryAfterOutput(httpx.RemoteProtocolError):
+    """The call failed after its output began, and may be asked again: the same request is sent again."""
+
+    def __init__(self, refused: SandboxCallError) -> None:
+        super().__init__(str(refused))
+        self.refused = refused
+
+
+def _line_items(line: str, pending: dict[str, str], delivered: _Delivered) -> Iterator[Output | CallResult]:
+    """What one line of the event stream completes: output not yielded before, or the call's result. A refusal
+    raises: a final one as itself, one that may be retried as a transport error that carries it."""
+    for event, data in _parse([line], pending):
+        item = _handle(event, data, delivered)
+        if isinstance(item, SandboxCallError):
+            if not item.error.get("retry"):
+                raise item
+            raise _RetryAfterOutput(item)
+        if item is not None:
+            yield item
 
 
 def sync_events(http: httpx.Client, target: _Target, body: dict[str, Any],
@@ -131,20 +145,13 @@ def sync_events(http: httpx.Client, target: _Target, body: dict[str, Any],
                 else:
                     pending: dict[str, str] = {}
                     for line in answer.iter_lines():
-                        for event, data in _parse([line], pending):
-                            item = _handle(event, data, delivered)
-                            if isinstance(item, SandboxCallError):
-                                if not item.error.get("retry"):
-                                    raise item
-                                refused = item  # failed after its output began; the same request again
-                                raise httpx.RemoteProtocolError(str(item))
-                            if item is not None:
-                                yield item
+                        for item in _line_items(line, pending, delivered):
+                            yield item
                             if isinstance(item, CallResult):
                                 return
                     outcome = httpx.RemoteProtocolError("the event stream ended before the call's result")
         except httpx.TransportError as exc:
-            outcome = exc
+            outcome, refused = exc, getattr(exc, "refused", refused)
         wait = _retry_after(outcome, attempt, started, retry_for)
         if wait is None:
             raise _error_of(outcome) if isinstance(outcome, httpx.Response) else refused or outcome

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,17 +26,23 @@ def sandbox() -> None:
     """Call a Sandbox resource directly, one journaled call at a time (docs/agents.md)."""
 
 
+def call_api_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--url`` and ``--token``: where the operator's call API is and the caller's Kubernetes token (every
+    ``dsb sandbox`` command that calls a Sandbox)."""
+    command = click.option("--token", envvar="DSB_SESSION_TOKEN", default=None,
+                           help="A Kubernetes bearer token; default the kubeconfig's, or the in-cluster "
+                           "ServiceAccount's.")(command)
+    return click.option("--url", envvar="DSB_SESSION_URL", metavar="URL", required=True,
+                        help="The call API (the operator's --session-port); default $DSB_SESSION_URL.")(command)
+
 @sandbox.command("exec", context_settings={"ignore_unknown_options": True})
 @click.argument("name")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-@click.option("--url", envvar="DSB_SESSION_URL", metavar="URL", required=True,
-              help="The call API (the operator's --session-port); default $DSB_SESSION_URL.")
+@call_api_options
 @click.option("--operation-id", metavar="ID", default=None,
               help="The call's operation id: the same id again returns the journaled result instead of running it twice.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds the command may run.")
 @click.option("--cwd", metavar="DIR", default=None, help="Directory in the sandbox's workspace to run in.")
-@click.option("--token", envvar="DSB_SESSION_TOKEN", default=None,
-              help="A Kubernetes bearer token; default the kubeconfig's, or the in-cluster ServiceAccount's.")
 @pass_settings
 def exec_cmd(settings: Settings, name: str, command: tuple[str, ...], url: str, operation_id: str | None,
              timeout: float | None, cwd: str | None, token: str | None) -> None:
@@ -58,10 +64,7 @@ def exec_cmd(settings: Settings, name: str, command: tuple[str, ...], url: str, 
 @click.argument("name")
 @click.option("--to-call", "to_call", type=click.IntRange(min=0), required=True, metavar="N",
               help="Keep the session's first N calls; the calls after them are rewound.")
-@click.option("--url", envvar="DSB_SESSION_URL", metavar="URL", required=True,
-              help="The call API (the operator's --session-port); default $DSB_SESSION_URL.")
-@click.option("--token", envvar="DSB_SESSION_TOKEN", default=None,
-              help="A Kubernetes bearer token; default the kubeconfig's, or the in-cluster ServiceAccount's.")
+@call_api_options
 @pass_settings
 def rewind_cmd(settings: Settings, name: str, to_call: int, url: str, token: str | None) -> None:
     """Rewind Sandbox NAME's session to after its call N (docs/forks.md): the calls after N are journaled as
@@ -107,12 +110,9 @@ def _remote(spec: str) -> tuple[str, str] | None:
 @sandbox.command("cp")
 @click.argument("source")
 @click.argument("destination")
-@click.option("--url", envvar="DSB_SESSION_URL", metavar="URL", required=True,
-              help="The call API (the operator's --session-port); default $DSB_SESSION_URL.")
+@call_api_options
 @click.option("--operation-id", metavar="ID", default=None,
               help="The call's operation id: the same id again returns the journaled result instead of running it twice.")
-@click.option("--token", envvar="DSB_SESSION_TOKEN", default=None,
-              help="A Kubernetes bearer token; default the kubeconfig's, or the in-cluster ServiceAccount's.")
 @pass_settings
 def cp_cmd(settings: Settings, source: str, destination: str, url: str, operation_id: str | None,
            token: str | None) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import click
 
 from durable_sandbox.cli.commands.common import pass_settings
-from durable_sandbox.cli.commands.sandbox_calls import print_streamed, sandbox
+from durable_sandbox.cli.commands.sandbox_calls import call_api_options, print_streamed, sandbox
 from durable_sandbox.runs.errors import EXIT_FAILED, CliError
 from durable_sandbox.runs.settings import Settings
 
@@ -19,16 +19,13 @@ _FATAL = (401, 403, 404)  # no line after this one can do better: the loop ends
 
 @sandbox.command("shell")
 @click.argument("name")
-@click.option("--url", envvar="DSB_SESSION_URL", metavar="URL", required=True,
-              help="The call API (the operator's --session-port); default $DSB_SESSION_URL.")
+@call_api_options
 @click.option("--session-id", metavar="ID", default=None,
               help="Name the calls ID-1, ID-2, ...: the same input fed again with the same id gives the journaled "
                    "results instead of running them twice (default: a new id).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds each line's command may run.")
 @click.option("--cwd", metavar="DIR", default=None, help="Directory in the sandbox's workspace every line runs in.")
-@click.option("--token", envvar="DSB_SESSION_TOKEN", default=None,
-              help="A Kubernetes bearer token; default the kubeconfig's, or the in-cluster ServiceAccount's.")
 @pass_settings
 def shell_cmd(settings: Settings, name: str, url: str, session_id: str | None, timeout: float | None, cwd: str | None,
               token: str | None) -> None:
@@ -88,12 +85,9 @@ class _Prompted:
 
 @sandbox.command("snapshot")
 @click.argument("name")
-@click.option("--url", envvar="DSB_SESSION_URL", metavar="URL", required=True,
-              help="The call API (the operator's --session-port); default $DSB_SESSION_URL.")
+@call_api_options
 @click.option("--operation-id", metavar="ID", default=None,
               help="The request's id: the same id again names the snapshot it took instead of taking another.")
-@click.option("--token", envvar="DSB_SESSION_TOKEN", default=None,
-              help="A Kubernetes bearer token; default the kubeconfig's, or the in-cluster ServiceAccount's.")
 @pass_settings
 def snapshot_cmd(settings: Settings, name: str, url: str, operation_id: str | None, token: str | None) -> None:
     """Snapshot Sandbox NAME now, journaled like the snapshots every spec.snapshotEveryNCalls calls: after a loss the

@@ -26,6 +26,7 @@ from durable_sandbox.kube.api.client import (
 from durable_sandbox.kube.api.labels import label_value
 from durable_sandbox.kube.api.resources import API_VERSION
 from durable_sandbox.kube.journal.journal_objects import LABEL_PART, MANAGED_BY, JournalObjects
+from durable_sandbox.kube.journal.namespaced import NamespacedJournals
 from durable_sandbox.kube.journal.sealing import Sealer
 
 __all__ = ["ACTIVE_AT", "HOLDER", "IDLE_CLAIM", "IDLE_SUSPENDED", "LINEAGE", "RECORDED", "SNAPSHOT_AT", "SUSPENDED_AT",
@@ -62,16 +63,10 @@ class SandboxRecords:
 
     def __init__(self, api: KubeClient, journal_key: bytes | None, *, field_manager: str = "durable-sandbox-operator") -> None:
         self.api = api
-        self._key = journal_key
-        self._field_manager = field_manager
-        self._namespaces: dict[str, tuple[JournalObjects, Sealer]] = {}
+        self._journals = NamespacedJournals(api, journal_key, field_manager)
 
     def _of(self, namespace: str) -> tuple[JournalObjects, Sealer]:
-        found = self._namespaces.get(namespace)
-        if found is None:
-            found = self._namespaces[namespace] = (
-                JournalObjects(self.api, namespace, field_manager=self._field_manager), Sealer(self._key, namespace))
-        return found
+        return self._journals.of(namespace)
 
     @staticmethod
     def name(uid: str) -> str:

@@ -18,6 +18,7 @@ from durable_sandbox.kube.api.client import ApiException, KubeClient, is_conflic
 from durable_sandbox.kube.api.labels import label_value
 from durable_sandbox.kube.api.resources import API_VERSION, OPERATOR_FIELD_MANAGER
 from durable_sandbox.kube.journal.journal_objects import LABEL_PART, MANAGED_BY, JournalObjects
+from durable_sandbox.kube.journal.namespaced import NamespacedJournals
 from durable_sandbox.kube.journal.sealing import Sealer
 
 __all__ = ["SCHEDULE_LABEL", "ScheduleRecord", "ScheduleRecords"]
@@ -56,15 +57,10 @@ class ScheduleRecords:
 
     def __init__(self, api: KubeClient, journal_key: bytes | None) -> None:
         self.api = api
-        self._key = journal_key
-        self._namespaces: dict[str, tuple[JournalObjects, Sealer]] = {}
+        self._journals = NamespacedJournals(api, journal_key, OPERATOR_FIELD_MANAGER)
 
     def _of(self, namespace: str) -> tuple[JournalObjects, Sealer]:
-        found = self._namespaces.get(namespace)
-        if found is None:
-            found = self._namespaces[namespace] = (
-                JournalObjects(self.api, namespace, field_manager=OPERATOR_FIELD_MANAGER), Sealer(self._key, namespace))
-        return found
+        return self._journals.of(namespace)
 
     @staticmethod
     def name(uid: str) -> str:
