@@ -64,7 +64,7 @@ class World:
                  running: frozenset[str] = frozenset()) -> None:
         self.records = SandboxRecords(None, b"k" * 32)  # type: ignore[arg-type]  # no API: the journal is in memory
         self.journal = MemoryJournal()
-        self.records._namespaces[NS] = (self.journal, Sealer(b"k" * 32, NS))  # type: ignore[assignment]
+        self.records._journals._namespaces[NS] = (self.journal, Sealer(b"k" * 32, NS))  # type: ignore[assignment]
         self.objects = Objects(spec or {"provider": "local", "idleSuspendAfterSeconds": 5})
         self.running = set(running)
 
