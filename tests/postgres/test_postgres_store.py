@@ -200,6 +200,45 @@ async def test_a_commit_whose_outcome_is_unknown_is_neither_lost_nor_doubled(
             await store.close()
 
 
+async def test_a_lease_released_while_a_claim_reads_its_holder_is_claimed_not_reported_held_by_nobody(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI: the claim's UPDATE found the run held; its holder released before the claim's SELECT read who holds
+    it, and the claim raised a TypeError (a LeaseHeld with no expiry) instead of claiming the free run."""
+    from durable_sandbox.engine.errors import LeaseHeld
+
+    await store.create_run(RunRecord(run_id="r", workflow="wf"))
+    held = await store.claim("r", "holder", 600)
+    real_call = store._call
+    released: list[bool] = []
+
+    async def call_releasing_after_the_update(what: str, fn: Any, run_id: str | None = None) -> Any:
+        if what != "claiming a run":
+            return await real_call(what, fn, run_id)
+
+        async def on(conn: Any) -> Any:
+            real_fetchrow = conn.fetchrow
+
+            class Conn:
+                async def fetchrow(self, sql: str, *args: Any) -> Any:
+                    row = await real_fetchrow(sql, *args)
+                    if sql.lstrip().startswith("UPDATE") and row is None and not released:
+                        await store.release(held)  # the holder lets go between the UPDATE and the SELECT
+                        released.append(True)
+                    return row
+
+            return await fn(Conn())
+
+        return await real_call(what, on, run_id)
+
+    monkeypatch.setattr(store, "_call", call_releasing_after_the_update)
+    lease = await store.claim("r", "claimer", 600)
+    assert released and lease.owner == "claimer" and lease.fence == held.fence + 1
+    with pytest.raises(LeaseHeld) as raised:  # a live holder is still reported, with its real expiry
+        await store.claim("r", "third", 600)
+    assert raised.value.owner == "claimer" and raised.value.remaining > 500
+
+
 # ------------------------------------------------------------------------------------------- errors
 
 

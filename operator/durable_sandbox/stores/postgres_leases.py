@@ -16,6 +16,8 @@ from durable_sandbox.stores.sql_rules import NumberedParams, runnable_sql
 
 __all__ = ["PostgresLeases"]
 
+_CLAIM_TRIES = 3
+
 
 class PostgresLeases(PostgresConnection):
     async def claim(self, run_id: str, owner: str, ttl: float, *, take_over_from: str | None = None) -> Lease:
@@ -27,13 +29,23 @@ class PostgresLeases(PostgresConnection):
         )
 
         async def run_it(conn: Any) -> Lease:
-            row = await conn.fetchrow(sql, run_id, owner, float(ttl), take_over_from)
-            if row is not None:
-                return Lease(run_id, owner, row["fence"], row["lease_expires_at"])
-            held = await conn.fetchrow(f"SELECT lease_owner, lease_expires_at FROM {s}.runs WHERE run_id=$1", run_id)
-            if held is None:
-                raise RunNotFound(run_id)
-            raise LeaseHeld(run_id, held["lease_owner"], held["lease_expires_at"])
+            # The holder may release (or its lease lapse) between the UPDATE that found it held and the SELECT
+            # that reads who holds it: then the run is free, and the claim is tried again rather than reported
+            # as held by nobody. Bounded: a run that keeps changing hands is reported held by its last holder.
+            held = None
+            for _ in range(_CLAIM_TRIES):
+                row = await conn.fetchrow(sql, run_id, owner, float(ttl), take_over_from)
+                if row is not None:
+                    return Lease(run_id, owner, row["fence"], row["lease_expires_at"])
+                held = await conn.fetchrow(
+                    f"SELECT lease_owner, lease_expires_at, lease_expires_at > {SERVER_NOW} AS live "
+                    f"FROM {s}.runs WHERE run_id=$1", run_id)
+                if held is None:
+                    raise RunNotFound(run_id)
+                if held["lease_owner"] is not None and held["live"]:
+                    break
+            assert held is not None
+            raise LeaseHeld(run_id, held["lease_owner"] or "?", held["lease_expires_at"] or time.time())
 
         return await self._call("claiming a run", run_it, run_id)
 
