@@ -5,6 +5,11 @@ with whatever commit comes next, and a sandbox call's completion that ``ride``s 
 (``RunRuntime.defer_completion``): if no write follows within ``RIDE_SECONDS`` a completion is committed on
 its own, so a crash then loses no completed call. Crash tests' ``after:<op>`` point of a riding completion
 is reached once it is committed (``landed``).
+
+A commit whose outcome is unknown (its task cancelled while the write was in flight, an answer lost in an API
+server restart) may have landed: what it carried comes back ``unsure``, and before it rides on another commit
+the journal is asked whether it is there already (``RunRuntime.confirm_unsure``); else one completion would be
+journaled twice.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class Deferred:
 
     def __init__(self, write_alone: Callable[[], Awaitable[None]]) -> None:
         self.records: list[OperationRecord] = []
+        self.unsure: list[OperationRecord] = []  # put back from a commit that may have landed (``put_back``)
         self._write_alone = write_alone
         self._ridden: set[str] = set()
         self._flush: asyncio.Task[None] | None = None
@@ -43,9 +49,26 @@ class Deferred:
         taken, self.records = self.records, []
         return taken
 
-    def put_back(self, records: list[OperationRecord]) -> None:
-        """A commit that failed: its deferred records go with the next one, before what was deferred since."""
+    def put_back(self, records: list[OperationRecord], *, unsure: bool = False) -> None:
+        """A commit that failed: its deferred records go with the next one, before what was deferred since.
+        ``unsure``: its outcome is unknown (it may have landed), so the journal is asked before they go again."""
         self.records[:0] = records
+        if unsure:
+            self.unsure.extend(records)
+
+    async def confirm(self, stored: list[OperationRecord]) -> list[OperationRecord]:
+        """``stored``: the journal past the rows the run knows. The ``unsure`` records it holds are committed
+        (given their seqs, no longer deferred, returned); the others go with the next commit as any deferred
+        record."""
+        found = {record_identity(r): r.seq for r in stored}
+        landed = [r for r in self.unsure if record_identity(r) in found]
+        for rec in landed:
+            rec.seq = found[record_identity(rec)]
+        gone = {id(r) for r in landed}
+        self.records = [r for r in self.records if id(r) not in gone]
+        self.unsure = []
+        self.landed(landed)
+        return landed
 
     async def _flush_riders(self) -> None:
         await asyncio.sleep(RIDE_SECONDS)
@@ -78,3 +101,8 @@ class Deferred:
             if rec.op_id in self._ridden:
                 self._ridden.discard(rec.op_id)
                 faults.reach(f"after:{rec.op_id}")
+
+
+def record_identity(rec: OperationRecord) -> tuple[str, str, int, int, float]:
+    """What tells one journal record from every other: its ``ts`` is set once, when it is made."""
+    return rec.op_id, rec.status, rec.attempt, rec.epoch, rec.ts

@@ -15,7 +15,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from durable_sandbox.engine.deferred import Deferred
-from durable_sandbox.engine.errors import CallbackTimeout, Handover, RunCancelledError, StepFailed, Suspend
+from durable_sandbox.engine.errors import (
+    CallbackTimeout,
+    Handover,
+    LeaseLost,
+    RunCancelledError,
+    StepFailed,
+    StoreRefused,
+    StoreUnavailable,
+    Suspend,
+)
 from durable_sandbox.engine.extensions import Extensions
 from durable_sandbox.engine.records import Commit, ErrorInfo, OperationRecord, OpKind, OpStatus
 from durable_sandbox.engine.refusals import RefusalHold, commit_holding
@@ -195,6 +204,7 @@ class RunRuntime:
         if self.read_only:
             raise ReplayFrontier(records[0].op_id if records else "(commit)")
         await self.deferred.settle()
+        await self.confirm_unsure()
         recs = list(records)
         carried = self.deferred.take()
         if carried:
@@ -209,8 +219,9 @@ class RunRuntime:
             self.deferred.put_back(carried)  # not written: they go with the run's next (final) commit
             self.cancel_reason = exc.reason
             raise asyncio.CancelledError(exc.reason) from None
-        except BaseException:
-            self.deferred.put_back(carried)
+        except BaseException as exc:
+            # Refused or fenced out, the commit did not land; cancelled in flight or its answer lost, it may have.
+            self.deferred.put_back(carried, unsure=not outcome_known(exc))
             raise
         self.ledger.appended(recs)
         self.deferred.landed(carried)
@@ -255,7 +266,16 @@ class RunRuntime:
     async def pending_records(self) -> list[OperationRecord]:
         """What is deferred, for a final commit the caller makes (then ``committed`` with the same list)."""
         await self.deferred.settle()
+        await self.confirm_unsure()
         return self.deferred.take()
+
+    async def confirm_unsure(self) -> None:
+        """Records put back from a commit whose outcome is unknown: those the journal holds already are rows
+        (never written again), the others go with the next commit (engine/deferred.py)."""
+        if self.deferred.unsure:
+            after = max((r.seq for r in self.rows), default=0)
+            landed = await self.deferred.confirm(await self.store.journal_since(self.run_id, after))
+            self.ledger.appended(landed)
 
     # ------------------------------------------------------------------ thread state
 
@@ -305,6 +325,14 @@ class RunRuntime:
 
     def pending_callbacks(self) -> list[dict[str, Any]]:
         return pending_callbacks(self.latest.values())
+
+
+def outcome_known(exc: BaseException) -> bool:
+    """Whether a commit that raised ``exc`` surely did not land: refused, or fenced out (``LeaseLost``). A
+    cancellation in flight, an unreachable store (``StoreUnavailable``) or anything else leaves it unknown."""
+    if isinstance(exc, StoreUnavailable):
+        return False
+    return isinstance(exc, (LeaseLost, RunCancelledError, StoreRefused))
 
 
 def pending_callbacks(latest: Any) -> list[dict[str, Any]]:
