@@ -242,23 +242,30 @@ async def test_every_object_of_a_run_is_owned_by_its_workflow_and_goes_with_it(
         60, "the garbage collector to delete the run's objects with their owner")
 
 
-@pytest.mark.parametrize("landed", [True, False], ids=["answer-lost", "request-failed"])
+@pytest.mark.parametrize("landed", ["yes", "no", "late"], ids=["answer-lost", "request-failed", "landed-late"])
 async def test_a_commit_whose_outcome_is_unknown_is_neither_lost_nor_doubled(
-    namespace: str, store: KubernetesStore, monkeypatch: pytest.MonkeyPatch, landed: bool
+    namespace: str, store: KubernetesStore, monkeypatch: pytest.MonkeyPatch, landed: str
 ) -> None:
-    """The connection drops on a commit, after the apiserver applied it (``answer-lost``) or before
-    (``request-failed``): the store finds out from the head which, and the journal has each record once."""
-    run, _ = await store.create_run(RunRecord(run_id=f"flaky-{int(landed)}", workflow="wf"))
+    """The connection drops on a commit, after the apiserver applied it (``answer-lost``), before
+    (``request-failed``), or while it is still being applied, so that it lands only after the store read the
+    head to find out (``landed-late``: the retry's ``test seq`` fails, and the store must not append the records
+    once more): the store finds out from the head which, and the journal has each record once."""
+    run, _ = await store.create_run(RunRecord(run_id=f"flaky-{landed}", workflow="wf"))
     lease = await store.claim(run.run_id, "w", 30)
     await store.commit(run.run_id, lease.fence, Commit([_rec("before", 0)]))
     real_patch = store.objects.patch
     failures = iter([True])
+    late: list[list[dict[str, object]]] = []
 
     async def flaky_patch(name: str, ops: list[dict[str, object]]) -> None:
         if next(failures, False):
-            if landed:
+            if landed == "yes":
                 await real_patch(name, ops)
+            elif landed == "late":
+                late.append(ops)
             raise aiohttp.ServerDisconnectedError()
+        while late:
+            await real_patch(name, late.pop())  # the lost attempt lands now, after the head was read
         await real_patch(name, ops)
 
     monkeypatch.setattr(store.objects, "patch", flaky_patch)

@@ -12,17 +12,21 @@ journal is asked before they go again (``RunRuntime.confirm_unsure``).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from durable_sandbox.engine import Context, Engine, workflow
 from durable_sandbox.engine.endings import Ending
 from durable_sandbox.engine.errors import LeaseLost, StoreUnavailable
 from durable_sandbox.engine.executor import RunExecutor
 from durable_sandbox.engine.records import Commit, OperationRecord, RunRecord
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.stores import SqliteStore
+from tests.unit.engine_support import ops
 
 WORKER = "test-worker"
 RUN = "unsure"
@@ -129,3 +133,45 @@ async def test_the_next_write_of_the_same_execution_does_not_repeat_a_landed_com
     assert await journal(store) == [
         ("sandbox/c1", "completed"), ("sandbox/c2", "started"), ("sandbox/c2", "completed")]
     assert [r.seq for r in await store.load_journal(RUN)] == [1, 2, 3]
+
+
+async def test_a_journal_with_a_completion_twice_replays_the_first_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal written before the fix (or by any store that doubled a commit): the run goes on from the first
+    completion, never from the second, and the log and the run's events say which operation and seqs."""
+    calls: list[str] = []
+
+    def c1() -> int:
+        calls.append("c1")
+        return len(calls)
+
+    @workflow(name="doubled-completion")
+    async def flow(ctx: Context) -> list[Any]:
+        first = await ctx.step("c1", c1)
+        approved = await ctx.callback("go")
+        return [first, approved]
+
+    store = SqliteStore(tmp_path / "runs.db")
+    engine = Engine(store, worker_id=WORKER, lease_ttl=10.0)
+    try:
+        assert (await engine.run(flow, run_id="doubled")).status == "waiting"
+        completed = next(r for r in await store.load_journal("doubled") if r.op_id == "c1" and r.status == "completed")
+        lease = await store.claim("doubled", WORKER, 10.0)
+        again = OperationRecord(completed.op_id, completed.kind, completed.name, "completed", result=99)
+        await store.commit("doubled", lease.fence, Commit([again]))
+        await store.release(lease)
+        assert await engine.signal("doubled", "go", "yes")
+        with caplog.at_level(logging.WARNING, logger="durable_sandbox.engine"):
+            st = await engine.resume("doubled")
+        assert st.status == "succeeded", st.error
+        assert st.result == [1, "yes"]  # the first completion's result, not the second's 99
+        assert calls == ["c1"]
+        assert ops(st)["c1"].result == 1  # what `dsb history` shows
+        notices = [r.getMessage() for r in caplog.records if "completed twice" in r.getMessage()]
+        assert len(notices) == 1 and "'c1'" in notices[0] and "different results" in notices[0], notices
+        events = [e for e in await store.read_events("doubled") if e.type == "journal.duplicate"]
+        assert [(e.data["opId"], e.data["seqs"]) for e in events] == [("c1", [completed.seq, again.seq])]
+    finally:
+        await engine.aclose()
+        await store.close()

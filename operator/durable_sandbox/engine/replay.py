@@ -30,7 +30,13 @@ class ReplayLedger:
         self.rows = rows
         self.latest: dict[str, OperationRecord] = {}
         self.first: dict[str, OperationRecord] = {}
+        # (first, again): an operation's completion journaled twice; the first stands (``supersedes``).
+        self.duplicates: list[tuple[OperationRecord, OperationRecord]] = []
         for row in rows:
+            prev = self.latest.get(row.op_id)
+            if prev is not None and not supersedes(prev, row):
+                self.duplicates.append((prev, row))
+                continue
             self.latest[row.op_id] = row
             self.first.setdefault(row.op_id, row)
         # Ids recorded before this execution that it has not reached yet (what ctx.patched needs to know).
@@ -83,6 +89,23 @@ class ReplayLedger:
                 if asked is not None
                 else {"opId": "(never reached)", "kind": rec.kind, "name": rec.name},
             )
+
+
+def supersedes(prev: OperationRecord, row: OperationRecord) -> bool:
+    """Whether ``row`` is the operation's state after ``prev`` (its latest so far). Not when ``prev`` completed
+    it already: a completion journaled twice (a commit written again after its answer was lost, before that
+    was prevented: engine/deferred.py) must not change what replay returns, so the first stands, the one the
+    run went on from; ``duplicate_notice`` reports it."""
+    return not (prev.status == COMPLETED and row.status == COMPLETED)
+
+
+def duplicate_notice(run_id: str, first: OperationRecord, again: OperationRecord) -> str:
+    """What is logged, and the run's ``journal.duplicate`` event says, of a completion journaled twice."""
+    same = first.result == again.result and first.error == again.error
+    return (f"The journal of run {run_id!r} holds operation {first.op_id!r} completed twice (seq {first.seq} and "
+            f"seq {again.seq}, {'the same result' if same else 'different results'}): replay uses the first "
+            f"(seq {first.seq}) and ignores the second. The run goes on; the journal was written by a version "
+            f"that could commit a completion again after the answer to its commit was lost.")
 
 
 def nondeterminism(op_id: str, rec: OperationRecord, kind: str, name: str, digest: str | None) -> NonDeterminismError:

@@ -10,6 +10,7 @@ children of parallel branches) shares it. Extensions (sandbox sessions) use it t
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -28,13 +29,15 @@ from durable_sandbox.engine.errors import (
 from durable_sandbox.engine.extensions import Extensions
 from durable_sandbox.engine.records import Commit, ErrorInfo, OperationRecord, OpKind, OpStatus
 from durable_sandbox.engine.refusals import RefusalHold, commit_holding
-from durable_sandbox.engine.replay import ReplayLedger
+from durable_sandbox.engine.replay import ReplayLedger, duplicate_notice
 from durable_sandbox.engine.run_events import RunEvents
 from durable_sandbox.engine.run_handlers import RunHandlers
 from durable_sandbox.engine.serialization import dumps, to_jsonable
 
 if TYPE_CHECKING:
     from durable_sandbox.engine.store import Store
+
+log = logging.getLogger("durable_sandbox.engine")
 
 COMPLETED = OpStatus.COMPLETED.value
 FAILED = OpStatus.FAILED.value
@@ -97,6 +100,10 @@ class RunRuntime:
         # Set by RunExecutor.hand_over: new operations stop the run (Handover) instead of starting.
         self.handover: str | None = None
         self.events = RunEvents(store, run_id)
+        if not read_only:
+            for first, again in self.ledger.duplicates:  # reported, never acted on twice (engine/replay.py)
+                log.warning("%s", duplicate_notice(run_id, first, again))
+                self.emit("journal.duplicate", opId=first.op_id, seqs=[first.seq, again.seq])
         self.last_yield = time.perf_counter()
 
     # ------------------------------------------------------------------ ids and replay

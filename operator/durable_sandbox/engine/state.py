@@ -11,6 +11,7 @@ from pydantic.alias_generators import to_camel
 
 from durable_sandbox.engine.extensions import GENERIC_JOURNAL, JournalReader
 from durable_sandbox.engine.records import OperationRecord, OpStatus, RunRecord
+from durable_sandbox.engine.replay import supersedes
 from durable_sandbox.engine.runtime import pending_callbacks
 
 _COMPLETED = OpStatus.COMPLETED.value
@@ -91,7 +92,9 @@ def fold(rows: Iterable[OperationRecord]) -> tuple[dict[str, OperationRecord], d
     latest: dict[str, OperationRecord] = {}
     for r in rows:
         first.setdefault(r.op_id, r)
-        latest[r.op_id] = r
+        prev = latest.get(r.op_id)
+        if prev is None or supersedes(prev, r):  # a completion journaled twice: the first stands
+            latest[r.op_id] = r
     return first, latest
 
 

@@ -58,8 +58,12 @@ class Commits:
     async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
         refresh = False
         uncertain = 0  # attempts whose outcome we do not know (the answer was lost or the server failed)
+        unsure: list[_HeadPatch] = []  # those attempts: one may land after its check said it had not
         for _ in range(3 + TRANSIENT_RETRIES):
             st = await self.heads.fenced_state(run_id, fence, refresh=refresh)
+            if self._landed_late(commit, st, unsure):
+                patch = unsure[-1]
+                break
             patch = await self._head_patch(run_id, st, fence, commit)
             try:
                 await self.objects.patch(st.name, patch.ops)
@@ -72,6 +76,7 @@ class Commits:
                     raise StoreUnavailable(f"{type(exc).__name__}: {exc}", run_id) from exc
                 if is_transient(exc):
                     uncertain += 1
+                    unsure.append(patch)
                     if await self._landed(run_id, fence, commit, patch, uncertain):
                         break
                 elif is_precondition_failed(exc):
@@ -137,6 +142,21 @@ class Commits:
                 r.seq = s
             return True
         return False
+
+    @staticmethod
+    def _landed_late(commit: Commit, st: RunState, unsure: list[_HeadPatch]) -> bool:
+        """Whether an attempt whose answer was lost landed after all, after its check read the head (the
+        retry's ``test seq`` then fails, and without this the records would be appended again): only the
+        holder of the fence moves ``seq``, so the head's seq at that attempt's last record means it landed.
+        Its records get their seqs, and it goes last in ``unsure`` (its redo is the one to write)."""
+        landed = next((p for p in unsure if commit.records and st.seq == p.seq), None)
+        if landed is None:
+            return False
+        for r, s in zip(commit.records, range(landed.first, landed.seq + 1), strict=True):
+            r.seq = s
+        unsure.remove(landed)
+        unsure.append(landed)
+        return True
 
     async def _check_still_ours(self, run_id: str, fence: int, commit: Commit, st: RunState) -> None:
         """After a failed ``test``: LeaseLost when the fence moved, RunCancelledError when a cancel came first."""
