@@ -19,12 +19,14 @@ from typing import Any
 
 import pytest
 
+import durable_sandbox
 from durable_sandbox.engine import Context, Engine, workflow
 from durable_sandbox.engine.endings import Ending
 from durable_sandbox.engine.errors import LeaseLost, StoreUnavailable
 from durable_sandbox.engine.executor import RunExecutor
-from durable_sandbox.engine.records import Commit, OperationRecord, RunRecord
+from durable_sandbox.engine.records import Commit, Lease, OperationRecord, RunRecord
 from durable_sandbox.engine.runtime import RunRuntime
+from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.stores import SqliteStore
 from tests.unit.engine_support import ops
 
@@ -172,6 +174,61 @@ async def test_a_journal_with_a_completion_twice_replays_the_first_and_says_so(
         assert len(notices) == 1 and "'c1'" in notices[0] and "different results" in notices[0], notices
         events = [e for e in await store.read_events("doubled") if e.type == "journal.duplicate"]
         assert [(e.data["opId"], e.data["seqs"]) for e in events] == [("c1", [completed.seq, again.seq])]
+    finally:
+        await engine.aclose()
+        await store.close()
+
+
+class LeaseLostInFlight(SqliteStore):
+    """The soak's interleaving: the commit carrying the first call's completion lands, its answer does not
+    come (an API server restarting), and meanwhile the lease keeper's renewal finds the lease lost, so the
+    execution's task is cancelled in the middle of that commit. The fence has not moved yet (nobody claimed
+    the run again), so what the execution commits on its way out still lands."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.lost = False
+
+    async def commit(self, run_id: str, fence: int, commit: Commit) -> None:
+        carries = any(r.kind == "sandbox.call" and r.status == "completed" for r in commit.records)
+        await super().commit(run_id, fence, commit)
+        if carries and not self.lost:
+            self.lost = True
+            await asyncio.Event().wait()  # no answer: until the lease keeper cancels the task
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        if self.lost:
+            raise LeaseLost(lease.run_id, lease.fence)
+        return await super().renew(lease, ttl)
+
+
+@workflow(name="test-unsure-two-calls")
+async def two_calls(ctx: Context, spec: dict[str, Any]) -> dict[str, Any]:
+    async with ctx.sandbox("sandbox", provider="local") as sbx:
+        await sbx.write_file("a.txt", "a")
+        await sbx.write_file("b.txt", "b")  # its start carries the first call's completion
+    return {}
+
+
+async def test_an_execution_cancelled_by_a_lost_lease_mid_commit_journals_each_completion_once(
+    tmp_path: Path, home: Path
+) -> None:
+    store = LeaseLostInFlight(tmp_path / "runs.db")
+    engine = durable_sandbox.Engine(store, providers={"local": LocalProvider(home)}, worker_id=WORKER, lease_ttl=0.3)
+    try:
+        with pytest.raises(asyncio.CancelledError):  # interrupted, not cancelled by a user: left pending
+            await engine.run("test-unsure-two-calls", {}, run_id="lost-mid-commit")
+        assert store.lost, "the commit carrying the first completion never went through the test's store"
+        rows = await store.load_journal("lost-mid-commit")
+        completions = [r.op_id for r in rows if r.kind == "sandbox.call" and r.status == "completed"]
+        assert len(completions) == 1, [(r.seq, r.op_id, r.status) for r in rows]
+        run = await store.get_run("lost-mid-commit")
+        assert run is not None and run.status == "pending"
+        st = await engine.resume("lost-mid-commit")
+        assert st.status == "succeeded", st.error
+        rows = await store.load_journal("lost-mid-commit")
+        completions = [r.op_id for r in rows if r.kind == "sandbox.call" and r.status == "completed"]
+        assert len(completions) == len(set(completions)) == 2, [(r.seq, r.op_id, r.status) for r in rows]
     finally:
         await engine.aclose()
         await store.close()
