@@ -56,7 +56,7 @@ class Deferred:
         if unsure:
             self.unsure.extend(records)
 
-    async def confirm(self, stored: list[OperationRecord]) -> list[OperationRecord]:
+    def confirm(self, stored: list[OperationRecord]) -> list[OperationRecord]:
         """``stored``: the journal past the rows the run knows. The ``unsure`` records it holds are committed
         (given their seqs, no longer deferred, returned); the others go with the next commit as any deferred
         record."""

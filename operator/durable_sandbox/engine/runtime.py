@@ -281,7 +281,7 @@ class RunRuntime:
         (never written again), the others go with the next commit (engine/deferred.py)."""
         if self.deferred.unsure:
             after = max((r.seq for r in self.rows), default=0)
-            landed = await self.deferred.confirm(await self.store.journal_since(self.run_id, after))
+            landed = self.deferred.confirm(await self.store.journal_since(self.run_id, after))
             self.ledger.appended(landed)
 
     # ------------------------------------------------------------------ thread state
