@@ -283,6 +283,9 @@ class RunRuntime:
             after = max((r.seq for r in self.rows), default=0)
             landed = self.deferred.confirm(await self.store.journal_since(self.run_id, after))
             self.ledger.appended(landed)
+            if landed:
+                log.info("run %s: a commit whose outcome was unknown had landed; its records %s are not written "
+                         "again", self.run_id, [f"{r.op_id} {r.status}" for r in landed])
 
     # ------------------------------------------------------------------ thread state
 
