@@ -19,6 +19,12 @@ marks the run running: the build that started the run. From then on:
 Unversioned executors (``dsb run``, ``dsb resume``, the operator's built-in flows, a worker without a build id)
 neither record nor check builds: what they execute is what existed before builds did.
 
+Claims: the cluster worker (kube/workers/runner.py) checks a run's build before it claims it, so it never holds
+another build's run. The store poller behind a local ``dsb worker`` (engine/sources.py) claims first and checks
+under the lease: it keeps that claim until the lease runs out, as for a run whose module it cannot import (so the
+store does not hand it the same run again at once), and a worker of the run's build gets it after that (a delay of
+up to one lease TTL per look, never a wrong execution).
+
 The decision is made before any of the workflow's code runs (a run's history is never replayed by a build that
 would refuse it), and the executor re-checks it under the run's lease: a worker of another build that claimed
 the run in between sees the label it wrote.
