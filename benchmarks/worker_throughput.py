@@ -144,7 +144,9 @@ async def _check(store_path: Path, ids: list[str], n: int) -> None:
 
 def _median_steps_per_s(samples: list[float], steps_total: int) -> dict[str, Any]:
     med = statistics.median(samples)
-    return {"seconds": samples, "median_s": med, "steps_per_s": steps_total / med}
+    # The best sample too: on a shared machine the slowest samples measure the neighbours, not the code.
+    return {"seconds": samples, "median_s": med, "steps_per_s": steps_total / med,
+            "best_steps_per_s": steps_total / min(samples)}
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -170,6 +172,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     e = res["engine"]
     res["engine"]["ratio_worker_over_run"] = ratio(e["worker"]["steps_per_s"], e["run"]["steps_per_s"])
     res["engine"]["ratio_worker_build_over_run"] = ratio(e["worker_build"]["steps_per_s"], e["run"]["steps_per_s"])
+    res["engine"]["best_ratio_worker_over_run"] = ratio(e["worker"]["best_steps_per_s"], e["run"]["best_steps_per_s"])
     if not args.no_cli:
         res["cli"] = {m: _median_steps_per_s(s, total) for m, s in cli_samples.items()}
         res["cli"]["ratio_worker_over_run"] = ratio(res["cli"]["worker"]["steps_per_s"], res["cli"]["run"]["steps_per_s"])
@@ -183,6 +186,7 @@ def report(res: dict[str, Any]) -> None:
             for m in ("run", "worker", "worker_build")]
     rows.append(["engine: ratio worker / run", fmt(e["ratio_worker_over_run"], "x", 2), ""])
     rows.append(["engine: ratio worker (with build id) / run", fmt(e["ratio_worker_build_over_run"], "x", 2), ""])
+    rows.append(["engine: ratio worker / run, best samples", fmt(e["best_ratio_worker_over_run"], "x", 2), ""])
     if "cli" in res:
         c = res["cli"]
         rows += [[f"cli: {m}", fmt(c[m]["steps_per_s"], "", 0), fmt(c[m]["median_s"], "", 3)] for m in ("run", "worker")]
