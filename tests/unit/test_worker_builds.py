@@ -189,3 +189,30 @@ def test_dsb_worker_refuses_a_build_id_that_is_no_label_value(tmp_path: Any) -> 
     result = CliRunner().invoke(cli, ["--store", str(tmp_path / "s.db"), "worker", "--until-idle", "--build-id", "no/slash"])
     assert result.exit_code == click.UsageError.exit_code, result.output
     assert "--build-id" in result.output and "1 to 63 letters" in result.output
+
+
+def test_dsb_worker_with_another_build_id_skips_a_pinned_run_saying_which_build_it_waits_for(tmp_path: Any) -> None:
+    import asyncio
+
+    from durable_sandbox.cli.main import cli
+
+    db = tmp_path / "s.db"
+
+    async def started_by_v1() -> None:
+        store = SqliteStore(db)
+        engine = Engine(store, worker_id="v1", lease_ttl=10.0, extensions=[WorkerBuild("v1")])
+        try:
+            run = await engine.create("tests.unit.worker_flows:steps", {"log": str(tmp_path / "log"), "steps": 1},
+                                      run_id="cli-pinned")
+            await store.update_run(run.run_id, {"labels": {BUILD_LABEL: "v1"}})
+        finally:
+            await engine.aclose()
+            await store.close()
+
+    asyncio.run(started_by_v1())
+    result = CliRunner().invoke(cli, ["--store", str(db), "worker", "--until-idle", "--poll-interval", "0.01",
+                                      "--build-id", "v2"])
+    assert result.exit_code == 0, result.output
+    assert "worker executed 0 run(s)" in result.output
+    assert "skips run cli-pinned" in result.output and "pinned to build 'v1'" in result.output, result.output
+    assert not (tmp_path / "log").exists()
