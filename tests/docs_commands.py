@@ -296,6 +296,14 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
             "tests/unit/test_cli_wrong_directory.py::test_resume_from_another_directory_leaves_the_run_as_it_was_and_says_how"),
     },
     "docs/kubernetes.md": {
+        "docker build -t registry.example/team-a/worker:v2 --build-arg BUILD_ID=v2 \\\n"
+        "  --build-arg BASE=registry.example/durable-sandbox:0.1.0 examples/worker": NotRun(
+            "needs a container engine and the durable-sandbox image; tests/unit/test_example_worker.py checks the "
+            "Dockerfile (build id, module import, entrypoint) and runs the team module it ships"),
+        "helm install agents charts/durable-sandbox-worker -n team-a --set queue=agents \\\n"
+        "  --set image.repository=registry.example/team-a/worker --set build=v2 --set 'keepBuilds[0].build=v1'": Run(
+            "tests/e2e/test_chart.py::test_the_worker_chart_keeps_older_builds_running_beside_the_new_one",
+            note="rendered with helm template and the same values, not installed: its image is a team's own"),
         **{text: Run(REPLAY_CLUSTER, note=REPLAY_NOTE if "apply" in text else "") for text in (
             "kubectl apply -f examples/replay-policies-workflow.yaml",
             "kubectl wait --for=condition=WaitingForSignal workflow/replay-policies --timeout=120s",
@@ -389,6 +397,10 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         )},
     },
     "docs/operations.md": {
+        'dsb --store "$OPERATOR_DSN" store grant-namespace team-a --role dsb_team_a': Run(
+            "tests/postgres/test_namespace_roles_postgres.py::"
+            "test_a_worker_role_of_namespace_a_cannot_see_claim_or_commit_namespace_b_runs",
+            note="with the test server's DSN and role names of the test's own"),
         "docker build -t durable-sandbox:0.1.0 .": NotRun(
             "needs a container engine; the comment's `buildah bud` is what scripts/image-build runs on the same "
             "Dockerfile (tests/e2e/test_image.py)"),

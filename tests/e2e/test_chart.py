@@ -439,6 +439,92 @@ def chart_objects(cp: ControlPlane) -> set[str]:
     return {f"{i['kind']}/{i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in items}
 
 
+# ----------------------------------------------------------------------------------------------- the worker chart
+
+WORKER_CHART = ROOT / "charts" / "durable-sandbox-worker"
+WORKER_ARGS = ("--set", "queue=agents", "--set", "image.repository=registry.example/team-a/worker", "--set", "build=v2")
+
+
+def render_worker(helm: Path, home: Path, *args: str) -> list[dict[str, Any]]:
+    out = run_helm(helm, home, "template", "agents", str(WORKER_CHART), "-n", "team-a", "--kube-version",
+                   kube_version(), *WORKER_ARGS, *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_the_worker_chart_lints_and_renders_a_least_privilege_worker_of_one_build(helm: Path, helm_home: Path) -> None:
+    from tests.e2e.worker_support import WORKER_RULES
+
+    proc = run_helm(helm, helm_home, "lint", "--strict", str(WORKER_CHART), *WORKER_ARGS)
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+    docs = render_worker(helm, helm_home)
+    assert sorted(d["kind"] for d in docs) == ["Deployment", "PodDisruptionBudget", "Role", "RoleBinding",
+                                               "ServiceAccount"], "no ClusterRole: nothing outside its namespace"
+    assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
+    role = one(docs, "Role")
+    assert rules_by_resource(role) == rules_by_resource({"rules": WORKER_RULES}), "the worker Role of docs/kubernetes.md"
+    binding = one(docs, "RoleBinding")
+    sa = one(docs, "ServiceAccount")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": "team-a"}]
+
+    deploy = one(docs, "Deployment")
+    assert deploy["metadata"]["name"] == "agents-durable-sandbox-worker-v2" and deploy["spec"]["replicas"] == 2
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa and pod["terminationGracePeriodSeconds"] > 20  # the worker's hand-over grace
+    [container] = pod["containers"]
+    assert container["image"] == "registry.example/team-a/worker:v2"
+    assert container["command"] == ["dsb"] and container["args"] == [
+        "worker", "--kube", "--queue=agents", "--build-id=v2", "--concurrency=4", "--poll-interval=1"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp", "/var/lib/durable-sandbox"}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
+    assert deploy["spec"]["template"]["metadata"]["labels"]["durable-sandbox.dev/worker-build"] == "v2"
+
+
+def test_the_worker_chart_keeps_older_builds_running_beside_the_new_one(helm: Path, helm_home: Path) -> None:
+    docs = render_worker(helm, helm_home, "--set", "keepBuilds[0].build=v1", "--set", "keepBuilds[1].build=v0",
+                         "--set", "keepBuilds[1].tag=2026-11-30", "--set", "keepBuilds[1].replicas=0")
+    deploys = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
+    assert sorted(deploys) == ["agents-durable-sandbox-worker-v0", "agents-durable-sandbox-worker-v1",
+                               "agents-durable-sandbox-worker-v2"]
+    v1 = deploys["agents-durable-sandbox-worker-v1"]
+    assert v1["spec"]["replicas"] == 1 and "--build-id=v1" in v1["spec"]["template"]["spec"]["containers"][0]["args"]
+    v0 = deploys["agents-durable-sandbox-worker-v0"]
+    assert v0["spec"]["replicas"] == 0
+    assert v0["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/team-a/worker:2026-11-30"
+    selectors = [d["spec"]["selector"]["matchLabels"] for d in deploys.values()]
+    assert len({json.dumps(s, sort_keys=True) for s in selectors}) == 3, "no build's Deployment selects another's Pods"
+    assert sorted(p["metadata"]["name"] for p in by_kind(docs, "PodDisruptionBudget")) == [
+        "agents-durable-sandbox-worker-v1", "agents-durable-sandbox-worker-v2"]  # none for a build scaled to 0
+    assert len(by_kind(docs, "Role")) == 1
+
+
+def test_the_worker_chart_grants_sandbox_pods_only_when_asked(helm: Path, helm_home: Path) -> None:
+    rules = rules_by_resource(one(render_worker(helm, helm_home, "--set", "rbac.sandboxPods=true"), "Role"))
+    assert {k: v for k, v in rules.items() if k in SANDBOX_POD_RULES} == SANDBOX_POD_RULES
+    assert "pods" not in rules_by_resource(one(render_worker(helm, helm_home), "Role"))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--set", "queue="], "queue"),
+    (["--set", "build=has space"], "build"),
+    (["--set", "queue=Agents_1"], "queue"),
+    (["--set", "keepBuilds[0].build=v2"], "keepBuilds names build v2"),
+])
+def test_the_worker_chart_refuses_bad_values_naming_them(helm: Path, helm_home: Path, args: list[str],
+                                                         message: str) -> None:
+    proc = run_helm(helm, helm_home, "template", "agents", str(WORKER_CHART), "-n", "team-a", "--kube-version",
+                    kube_version(), *WORKER_ARGS, *args, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+
 def test_install_upgrade_uninstall(cluster: ControlPlane, helm: Path, helm_home: Path) -> None:
     kc = cluster.kubeconfig
     assert not cluster.kubectl("get", "crd", "-o", "name").stdout.strip(), "a fresh cluster has no CRDs"

@@ -2,7 +2,8 @@
 a `dsb worker --kube` process with a namespace ServiceAccount's token runs it, a worker SIGKILLed mid-run is
 taken over by another with no committed step run again, deleting the Workflow with no worker alive deletes its
 sandboxes, a worker of namespace A can neither read, write, claim nor seal the runs of namespace B, and what it
-forges in its own journal cannot make the operator delete B's sandbox."""
+forges in its own journal cannot make the operator delete B's sandbox; and (second slice) a run started by one
+build of the worker is left alone by a worker of another build, the Workflow naming the build it waits for."""
 
 from __future__ import annotations
 
@@ -48,13 +49,14 @@ class Team:
     tmp: Path
     workers: list[WorkerProcess]
 
-    def worker(self, ns: str | None = None, *, as_ns: str | None = None) -> WorkerProcess:
-        """A worker of namespace ``ns`` (default A) with the token of ``as_ns``'s ServiceAccount (default: its own)."""
+    def worker(self, ns: str | None = None, *, as_ns: str | None = None, build: str | None = None) -> WorkerProcess:
+        """A worker of namespace ``ns`` (default A) with the token of ``as_ns``'s ServiceAccount (default: its own),
+        of build ``build`` (default: unversioned)."""
         ns = ns or self.a
         w = WorkerProcess(self.tmp / f"worker-{as_ns or ns}.kubeconfig", ns, self.op.home,
                           self.tmp / f"worker-{len(self.workers) + 1}.log")
         self.workers.append(w)
-        return w.start()
+        return w.start(*(("--build-id", build) if build else ()))
 
     def apply(self, ns: str, doc: dict[str, Any]) -> None:
         self.cp.apply(doc, "-n", ns)
@@ -118,6 +120,34 @@ def test_a_worker_killed_mid_run_is_taken_over_without_running_a_committed_step_
     lines = t.lines("killed")
     assert lines.count("s0") == 1 and lines.count("s1") == 1, lines  # committed: never again
     assert lines.count("s2") == 1 and lines.count("s3") == 1, lines
+
+
+def test_a_run_pinned_to_the_build_that_started_it_waits_for_that_build_through_a_rolling_update(team: Team) -> None:
+    t = team
+    gate = t.tmp / "pin-gate"
+    t.apply(t.a, queued("pinned", STEPS, {"effects": str(t.tmp / "pinned.effects"), "steps": 3,
+                                          "gate": str(gate), "gateAt": 1}))
+    old = t.worker(build="v1")
+    wait_until(lambda: t.lines("pinned") == ["s0", "s1-waiting"], 120,
+               f"step s1 to be in flight (effects {t.lines('pinned')}; worker log {old.logs()[-2000:]})")
+    old.kill()  # the old build's Pod is gone mid-step; only the new build runs
+    gate.touch()
+    new = t.worker(build="v2")
+
+    def says_pinned() -> bool:
+        c = condition(t.cp, t.a, "pinned", "WaitingForWorker")
+        return c is not None and c["status"] == "True" and "pinned to build 'v1'" in c["message"]
+
+    wait_until(says_pinned, 90, f"WaitingForWorker to name build v1 (worker log {new.logs()[-2000:]})")
+    assert "v2" in (condition(t.cp, t.a, "pinned", "WaitingForWorker") or {})["message"]
+    wait_until(lambda: "pinned to build 'v1'" in new.logs(), 30, "the v2 worker to say it leaves the run alone")
+    assert t.lines("pinned") == ["s0", "s1-waiting"]  # the v2 worker ran none of it
+
+    t.worker(build="v1")  # a worker of the run's build (the old Deployment kept, or scaled back up)
+    wait_condition(t.cp, t.a, "pinned", "Succeeded", timeout=120)
+    assert status(t.cp, t.a, "pinned")["result"] == {"done": [0, 1, 2]}
+    lines = t.lines("pinned")
+    assert lines.count("s0") == 1 and lines.count("s2") == 1, lines
 
 
 def test_deleting_a_worker_workflow_with_no_worker_alive_deletes_its_sandboxes(team: Team) -> None:

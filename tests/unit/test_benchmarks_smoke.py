@@ -140,3 +140,13 @@ def test_fork_benchmark(tmp_path: Path) -> None:
                     "--tmp", str(tmp_path), "--out", str(out)])
     assert res["seconds"]["fork"] > 0 and res["seconds"]["replay"] > 0 and res["seconds"]["ten_forks"] > 0
     assert json.loads(out.read_text())["args"]["after"] == "5"
+
+
+def test_worker_throughput_engine_part(tmp_path: Path) -> None:
+    mod = _load("worker_throughput")
+    out = tmp_path / "worker.json"
+    res = mod.main(["--steps", "5", "--runs", "2", "--repeats", "1", "--no-cli", "--tmp", str(tmp_path),
+                    "--out", str(out)])
+    assert res["engine"]["worker"]["steps_per_s"] > 0 and res["engine"]["run"]["steps_per_s"] > 0
+    assert res["engine"]["worker_build"]["steps_per_s"] > 0
+    assert json.loads(out.read_text())["engine"]["ratio_worker_over_run"] > 0

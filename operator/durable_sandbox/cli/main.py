@@ -196,6 +196,7 @@ def _register() -> None:
         sandbox_shell,  # noqa: F401 - adds `shell` and `snapshot` to the sandbox group
         sandboxes,
         schedule,
+        store_grants,
         ui,
         worker,
     )
@@ -223,6 +224,9 @@ def _register() -> None:
         _accept_global_options(command)
         cli.add_command(command)
     cli.add_command(operator.operator)
+    for sub in store_grants.store.commands.values():
+        _accept_global_options(sub)
+    cli.add_command(store_grants.store)
     for sub in sandbox_calls.sandbox.commands.values():
         _accept_global_options(sub)
     cli.add_command(sandbox_calls.sandbox)

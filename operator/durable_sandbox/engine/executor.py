@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import replace
 from typing import Any, Literal, Protocol
 
+from durable_sandbox.engine.builds import WorkerBuild, build_labels
 from durable_sandbox.engine.children import ChildRuns, after_run
 from durable_sandbox.engine.client import require_run, state_of
 from durable_sandbox.engine.context import Context
@@ -208,11 +209,16 @@ class RunExecutor:
             return None
         if definition is None:
             definition = await definition_of(self.store, run, lease, self.unresolvable)
+        # The build that starts the run is recorded with it (PinnedToBuild: the run is another build's).
+        pinned = build_labels(run, definition, self.extensions.get(WorkerBuild))
+        pin: dict[str, Any] = {} if pinned is None else {"labels": pinned}
+        run = run if pinned is None else replace(run, labels=pinned)
         epoch = run.epoch + 1 if run.status == RunStatus.FAILED else run.epoch
         rt = await self.open_runtime(run, lease, epoch=epoch, signals=await self.store.get_signals(run.run_id))
         await self.store.update_run(
             run.run_id,
-            {"status": RunStatus.RUNNING, "epoch": epoch, "wake_at": None, "pending_callbacks": [], "error": None},
+            {"status": RunStatus.RUNNING, "epoch": epoch, "wake_at": None, "pending_callbacks": [], "error": None,
+             **pin},
             fence=lease.fence,
         )
         rt.emit("run.resumed" if rt.rows else "run.started", workflow=run.workflow, worker=self.worker_id)

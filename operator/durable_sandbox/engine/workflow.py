@@ -6,7 +6,7 @@ import importlib
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
@@ -14,6 +14,12 @@ from durable_sandbox.engine.errors import InvalidInput, NotAWorkflow, WorkflowNo
 from durable_sandbox.engine.inputs import InputParameter, describe_mismatch, input_parameter
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+# How a run moves between worker builds (engine/builds.py): "pinned" runs are executed only by workers of the
+# build that started them; "auto-upgrade" runs move to whichever build executes them next (their code guards
+# every change with ctx.patched).
+Versioning = Literal["pinned", "auto-upgrade"]
+VERSIONINGS: tuple[Versioning, ...] = ("pinned", "auto-upgrade")
 
 _REGISTRY: dict[str, WorkflowDefinition] = {}
 
@@ -24,6 +30,7 @@ class WorkflowDefinition:
     version: str
     fn: Callable[..., Awaitable[Any]]
     input: InputParameter | None  # None: the workflow takes no input (only the context)
+    versioning: Versioning = "pinned"
 
     @property
     def ref(self) -> str | None:
@@ -50,7 +57,11 @@ class WorkflowDefinition:
             raise InvalidInput(describe_mismatch(exc, raw, self.input.label, root)) from None
 
 
-def _define(fn: Callable[..., Awaitable[Any]], name: str | None, version: str) -> WorkflowDefinition:
+def _define(fn: Callable[..., Awaitable[Any]], name: str | None, version: str,
+            versioning: Versioning = "pinned") -> WorkflowDefinition:
+    if versioning not in VERSIONINGS:
+        raise ValueError(f"@workflow(versioning={versioning!r}) on {fn.__qualname__}: give one of "
+                         f"{', '.join(VERSIONINGS)}")
     if not inspect.iscoroutinefunction(fn):
         raise TypeError(f"@workflow needs an async function; {fn.__qualname__} is not `async def`.")
     params = list(inspect.signature(fn).parameters.values())
@@ -61,14 +72,20 @@ def _define(fn: Callable[..., Awaitable[Any]], name: str | None, version: str) -
         version=version,
         fn=fn,
         input=input_parameter(fn, params[1]) if len(params) >= 2 else None,
+        versioning=versioning,
     )
 
 
-def workflow(fn: F | None = None, *, name: str | None = None, version: str = "1") -> Any:
-    """Mark an async function ``fn(ctx, input)`` as a durable workflow and register it by name."""
+def workflow(fn: F | None = None, *, name: str | None = None, version: str = "1",
+             versioning: Versioning = "pinned") -> Any:
+    """Mark an async function ``fn(ctx, input)`` as a durable workflow and register it by name.
+
+    ``versioning`` says what a worker of another build does with a run this workflow started (engine/builds.py):
+    ``"pinned"`` leaves it to the workers of the run's build; ``"auto-upgrade"`` executes it (its code guards
+    every change with ``ctx.patched``) and pins it to the new build."""
 
     def wrap(f: F) -> F:
-        definition = _define(f, name, version)
+        definition = _define(f, name, version, versioning)
         existing = _REGISTRY.get(definition.name)
         if existing is not None and existing.fn.__code__ is not f.__code__ and existing.fn.__module__ != f.__module__:
             raise ValueError(

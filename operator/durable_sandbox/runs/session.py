@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from durable_sandbox.engine import Store, StoreError
@@ -67,7 +67,8 @@ async def open_local_store(settings: Settings) -> Store:
 
 
 @contextlib.asynccontextmanager
-async def open_engine(settings: Settings, *, create: bool = False) -> AsyncIterator[Engine]:
+async def open_engine(settings: Settings, *, create: bool = False,
+                      extensions: Sequence[object] = ()) -> AsyncIterator[Engine]:
     if settings.kube:
         raise CliError(
             "this command works on the local store; in a cluster the operator executes runs (with --kube: run, "
@@ -76,7 +77,7 @@ async def open_engine(settings: Settings, *, create: bool = False) -> AsyncItera
     check_store(settings, create=create)
     store = await open_local_store(settings)
     env_values = LocalEnvValues(settings.store_path)
-    engine = Engine(store, extensions=[AgentServices(env_values=env_values)])
+    engine = Engine(store, extensions=[AgentServices(env_values=env_values), *extensions])
     try:
         yield engine
     finally:

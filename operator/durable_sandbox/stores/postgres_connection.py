@@ -174,6 +174,12 @@ class PostgresConnection:
         s = self.schema
 
         async def run(conn: Any) -> int:
+            # Already current: no DDL at all, so a role that may not create schemas (a namespace's worker role,
+            # stores/postgres_grants.py) opens its schema; a role with no right on the schema is refused here.
+            if await conn.fetchval("SELECT to_regclass($1)", f"{s}.meta") is not None:
+                found = await conn.fetchval(f"SELECT value FROM {s}.meta WHERE key='schema_version'")
+                if found is not None and int(found) == schema_mod.SCHEMA_VERSION:
+                    return schema_mod.SCHEMA_VERSION
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock($1)", schema_mod.lock_key(s))
                 for statement in schema_mod.prelude(s):

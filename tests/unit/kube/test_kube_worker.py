@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from durable_sandbox.engine import RunStatus
+from durable_sandbox.engine.builds import BUILD_LABEL, WorkerBuild
 from durable_sandbox.kube.spec.plan import RunPlan, plan_workflow
 from durable_sandbox.kube.spec.queued import QueuedWorkflow
 from durable_sandbox.kube.workers.runner import KubeWorker, queued_on
@@ -69,8 +70,9 @@ async def admit(engine: Engine, wf_body: dict[str, Any]) -> RunPlan:
     return plan
 
 
-def make_worker(store: SqliteStore, bodies: Sequence[Mapping[str, Any]], worker_id: str, **kw: Any) -> KubeWorker:
-    engine = Engine(store, worker_id=worker_id, lease_ttl=10.0)
+def make_worker(store: SqliteStore, bodies: Sequence[Mapping[str, Any]], worker_id: str, *, build: str | None = None,
+                **kw: Any) -> KubeWorker:
+    engine = Engine(store, worker_id=worker_id, lease_ttl=10.0, extensions=[WorkerBuild(build)] if build else [])
     return KubeWorker(engine, FakeObjects(bodies), FakeHeartbeat(), poll=0.05, **kw)  # type: ignore[arg-type]
 
 
@@ -96,6 +98,26 @@ async def test_a_worker_executes_the_admitted_runs_of_its_queue_only(store: Sqli
     assert not (tmp_path / "other.log").exists() and not (tmp_path / "later.log").exists()
     assert worker.heartbeat.stopped and worker.heartbeat.beats >= 1  # type: ignore[attr-defined]
     assert worker.owner_of(plan.run_id) == f"{NS}/0123456789abcdef"  # its sandboxes carry the Workflow's owner tag
+
+
+async def test_a_worker_of_another_build_never_claims_a_pinned_run_and_one_of_its_build_finishes_it(
+        store: SqliteStore, tmp_path: Path) -> None:
+    operator = Engine(store, worker_id="operator", lease_ttl=10.0)
+    wf = body("pinned", "3123456789abcdef", tmp_path / "pinned.log")
+    plan = await admit(operator, wf)
+    assert plan.run_id is not None
+    await store.update_run(plan.run_id, {"labels": {**plan.labels, BUILD_LABEL: "v1"}})  # started by build v1
+    before = await operator.client.get(plan.run_id)
+    newer = make_worker(store, [wf], "w-v2", build="v2")
+    assert await newer.serve(asyncio.Event(), until_idle=True) == []
+    after = await operator.client.get(plan.run_id)
+    assert after.fence == before.fence and after.lease_owner is None  # never claimed, not even for a moment
+    assert after.status == RunStatus.PENDING and not (tmp_path / "pinned.log").exists()
+    assert newer.said_pinned == {plan.run_id}
+    same = make_worker(store, [wf], "w-v1", build="v1")
+    assert await same.serve(asyncio.Event(), until_idle=True) == [plan.run_id]
+    assert (await operator.client.get(plan.run_id)).status == RunStatus.SUCCEEDED
+    assert lines(tmp_path / "pinned.log") == ["s0", "s1", "s2"]
 
 
 def gate(name: str) -> tuple[asyncio.Event, asyncio.Event]:

@@ -13,6 +13,7 @@ import pydantic
 import pytest
 from kubernetes.aio.client import ApiException
 
+from durable_sandbox.engine.builds import BUILD_LABEL as RUN_BUILD_LABEL
 from durable_sandbox.engine.records import RunRecord, RunStatus
 from durable_sandbox.kube.journal.sealing import namespace_key
 from durable_sandbox.kube.journal.worker_key import (
@@ -21,12 +22,19 @@ from durable_sandbox.kube.journal.worker_key import (
     ensure_worker_key,
     read_worker_key,
 )
-from durable_sandbox.kube.journal.worker_liveness import QUEUE_LABEL, heartbeat_name, live_workers
+from durable_sandbox.kube.journal.worker_liveness import (
+    BUILD_LABEL,
+    QUEUE_LABEL,
+    Heartbeat,
+    heartbeat_name,
+    live_builds,
+    live_workers,
+)
 from durable_sandbox.kube.reporting.status import Extra, Projection, render
 from durable_sandbox.kube.spec.models import WORKER_NEEDS_ENTRYPOINT
 from durable_sandbox.kube.spec.plan import WorkflowUnavailable, plan_workflow
 from durable_sandbox.kube.spec.queued import QueuedWorkflow
-from durable_sandbox.kube.workflow.queued_runs import no_worker_message
+from durable_sandbox.kube.workflow.queued_runs import no_build_message, no_worker_message
 from tests.builders import workflow_resource
 from tests.unit.process_support import eventually
 
@@ -105,6 +113,29 @@ async def test_only_fresh_heartbeats_count_as_live_workers() -> None:
     api: Any = SimpleNamespace(coordination=coordination)
     assert await live_workers(api, "team-a", "agents", now) == ["w-fresh"]
     assert coordination.selectors == [f"{QUEUE_LABEL}=agents"]
+
+
+async def test_heartbeats_say_their_build_and_a_run_pinned_to_a_build_no_live_worker_runs_waits_for_it() -> None:
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    versioned = Heartbeat(SimpleNamespace(), "team-a", "agents", "w-b", build="v2")._body()  # type: ignore[arg-type]
+    assert versioned.metadata is not None and (versioned.metadata.labels or {})[BUILD_LABEL] == "v2"
+    unversioned = Heartbeat(SimpleNamespace(), "team-a", "agents", "w-0")._body()  # type: ignore[arg-type]
+    assert unversioned.metadata is not None and BUILD_LABEL not in (unversioned.metadata.labels or {})
+    lease = _lease("w-b", now)
+    lease.metadata = SimpleNamespace(labels={BUILD_LABEL: "v2"})
+    api: Any = SimpleNamespace(coordination=FakeCoordination([lease, _lease("w-0", now)]))
+    alive = await live_builds(api, "team-a", "agents", now)
+    assert alive == {"w-b": "v2", "w-0": None}
+
+    pinned = RunRecord(run_id="demo-01234567", workflow="a.b:c", status=RunStatus.RUNNING,
+                       labels={RUN_BUILD_LABEL: "v1"})
+    said = no_build_message(pinned, "agents", alive)
+    assert said is not None and "pinned to build 'v1'" in said and "unversioned, v2" in said and "auto-upgrade" in said
+    assert no_build_message(pinned, "agents", {**alive, "w-a": "v1"}) is None  # a worker of v1 is alive
+    assert no_build_message(_run(RunStatus.PENDING), "agents", alive) is None  # not pinned yet
+    forged = RunRecord(run_id="x", workflow="a.b:c", status=RunStatus.WAITING, labels={RUN_BUILD_LABEL: "x" * 300})
+    said = no_build_message(forged, "agents", alive)
+    assert said is not None and "x" * 64 not in said and "unreadable" in said  # a worker's label is not echoed as is
 
 
 def test_heartbeat_names_are_dns_names_of_the_queue() -> None:

@@ -9,12 +9,14 @@ import signal
 
 import click
 
+from durable_sandbox.engine.builds import WorkerBuild
 from durable_sandbox.runs.settings import Settings
 
 __all__ = ["serve_queue"]
 
 
-def serve_queue(settings: Settings, queue: str, *, concurrency: int, poll_interval: float, until_idle: bool) -> list[str]:
+def serve_queue(settings: Settings, queue: str, *, concurrency: int, poll_interval: float, until_idle: bool,
+                build: WorkerBuild | None = None) -> list[str]:
     """Serve until SIGTERM/SIGINT (every run handed over at its next step boundary) or, ``until_idle``, until
     nothing of the queue is due; the run ids executed."""
     from durable_sandbox.kube.journal.journal_key import own_namespace
@@ -29,11 +31,13 @@ def serve_queue(settings: Settings, queue: str, *, concurrency: int, poll_interv
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
-        async with open_worker(namespace, queue, stop, concurrency=concurrency, poll=poll_interval,
+        async with open_worker(namespace, queue, stop, concurrency=concurrency, poll=poll_interval, build=build,
                                say=lambda line: click.echo(line, err=True)) as worker:
             if worker is None:
                 return []
-            click.echo(f"worker {worker.engine.worker_id} serving queue {queue} in namespace {namespace}", err=True)
+            version = f" (build {build.build_id})" if build else ""
+            click.echo(f"worker {worker.engine.worker_id}{version} serving queue {queue} in namespace {namespace}",
+                       err=True)
             return await worker.serve(stop, until_idle=until_idle)
 
     from durable_sandbox.kube.api.client import ApiException

@@ -17,6 +17,7 @@ from durable_sandbox.cli.commands.schedule import book_of, submit_tick
 from durable_sandbox.cli.commands.schedule import report as schedule_report
 from durable_sandbox.cli.schedule_book import run_due
 from durable_sandbox.engine import Engine, RunRecord
+from durable_sandbox.engine.builds import BUILD_ENV, build_from_env
 from durable_sandbox.runs.errors import EXIT_OK
 from durable_sandbox.runs.session import open_engine
 from durable_sandbox.runs.settings import Settings
@@ -31,9 +32,13 @@ from durable_sandbox.runs.settings import Settings
 @click.option("--schedules", is_flag=True, help="Also create the runs of `dsb schedule` that fall due (every poll).")
 @click.option("--queue", default=None, metavar="QUEUE",
               help="With --kube: execute the runs of the namespace's Workflows whose spec.worker.queue is QUEUE.")
+@click.option("--build-id", default=None, metavar="ID",
+              help=f"This worker's build (default ${BUILD_ENV}; neither: unversioned). A run is pinned to the build "
+                   "that started it; workers of other builds leave it alone unless its workflow is "
+                   "versioning='auto-upgrade'.")
 @pass_settings
 def worker(settings: Settings, concurrency: int, poll_interval: float, workflows: tuple[str, ...], until_idle: bool,
-           schedules: bool, queue: str | None) -> None:
+           schedules: bool, queue: str | None, build_id: str | None) -> None:
     """Execute runnable runs: pending ones, runs whose durable timer is due, runs a dead process left behind.
 
     Workflows are imported by the path their runs recorded (run it from the directory your code imports
@@ -43,7 +48,14 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
     With --kube --queue QUEUE [-n NS]: a cluster worker. It executes the runs of the Workflows of namespace NS
     (default: the Pod's, else the kubeconfig's) that name QUEUE in spec.worker, with this process's credentials
     and the namespace's worker key (Secret durable-sandbox-worker-key, which the operator writes).
+
+    With a build id (--build-id or $DSB_BUILD_ID) the worker records it on the runs it starts and leaves runs
+    pinned to another build to a worker of that build (docs/operations.md, "Versions in flight").
     """
+    try:
+        build = build_from_env(build_id)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--build-id / $" + BUILD_ENV) from None
     if queue is not None:  # `dsb --kube worker` without a queue is the local worker's usage error (open_engine)
         if not settings.kube:
             raise click.UsageError("a cluster worker needs both --kube and --queue QUEUE (the queue its "
@@ -52,18 +64,20 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
 
         with _engine_warnings():
             executed = serve_queue(settings, queue, concurrency=concurrency, poll_interval=poll_interval,
-                                   until_idle=until_idle)
+                                   until_idle=until_idle, build=build)
         click.echo(f"worker executed {len(set(executed))} run(s)", err=True)
         click.get_current_context().exit(EXIT_OK)
 
     async def go() -> list[RunRecord]:
-        async with open_engine(settings, create=schedules) as engine:  # schedules make runs, and the store
+        # schedules make runs, and the store
+        async with open_engine(settings, create=schedules, extensions=[build] if build else []) as engine:
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.add_signal_handler(sig, stop.set)
-            click.echo(f"worker {engine.worker_id} serving {settings.store_label}", err=True)
+            version = f" (build {build.build_id})" if build else ""
+            click.echo(f"worker {engine.worker_id}{version} serving {settings.store_label}", err=True)
             ticking = asyncio.create_task(_tick(settings, engine, stop, poll_interval)) if schedules else None
             executed = await engine.worker(
                 concurrency=concurrency,

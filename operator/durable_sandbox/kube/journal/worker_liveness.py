@@ -18,9 +18,10 @@ from kubernetes.aio.client import models as m
 
 from durable_sandbox.kube.api.client import KubeClient, is_conflict, is_not_found
 
-__all__ = ["CLOCK_SLACK", "QUEUE_LABEL", "Heartbeat", "heartbeat_name", "live_workers"]
+__all__ = ["BUILD_LABEL", "CLOCK_SLACK", "QUEUE_LABEL", "Heartbeat", "heartbeat_name", "live_builds", "live_workers"]
 
 QUEUE_LABEL = "durable-sandbox.dev/worker-queue"
+BUILD_LABEL = "durable-sandbox.dev/worker-build"  # the worker's build id, when it has one (engine/builds.py)
 CLOCK_SLACK = 5.0  # seconds: two machines' clocks may disagree
 _MAX_NAME = 253
 
@@ -33,17 +34,25 @@ def heartbeat_name(queue: str, worker_id: str) -> str:
 
 async def live_workers(api: KubeClient, namespace: str, queue: str, now: dt.datetime | None = None) -> list[str]:
     """The holders of the live heartbeats of ``queue`` in ``namespace`` (a notice, never a decision)."""
+    return sorted(await live_builds(api, namespace, queue, now))
+
+
+async def live_builds(api: KubeClient, namespace: str, queue: str,
+                      now: dt.datetime | None = None) -> dict[str, str | None]:
+    """The live heartbeats of ``queue`` in ``namespace``: holder -> the build it advertises (None: unversioned).
+    A notice, never a decision."""
     leases: Any = await api.coordination.list_namespaced_lease(namespace, label_selector=f"{QUEUE_LABEL}={queue}")
     now = now or dt.datetime.now(dt.UTC)
-    alive = []
+    alive: dict[str, str | None] = {}
     for lease in leases.items or []:
         spec = lease.spec
         if spec is None or spec.renew_time is None or not spec.lease_duration_seconds or not spec.holder_identity:
             continue
         renewed = spec.renew_time if spec.renew_time.tzinfo else spec.renew_time.replace(tzinfo=dt.UTC)
         if (now - renewed).total_seconds() <= spec.lease_duration_seconds + CLOCK_SLACK:
-            alive.append(str(spec.holder_identity))
-    return sorted(alive)
+            meta = getattr(lease, "metadata", None)
+            alive[str(spec.holder_identity)] = (getattr(meta, "labels", None) or {}).get(BUILD_LABEL)
+    return alive
 
 
 @dataclass
@@ -55,6 +64,7 @@ class Heartbeat:
     queue: str
     worker_id: str
     duration: int = 15
+    build: str | None = None  # the worker's build id (engine/builds.py), said in BUILD_LABEL
 
     @property
     def name(self) -> str:
@@ -64,7 +74,8 @@ class Heartbeat:
         now = dt.datetime.now(dt.UTC)
         return m.V1Lease(
             metadata=m.V1ObjectMeta(name=self.name, resource_version=resource_version,
-                                    labels={QUEUE_LABEL: self.queue, "app.kubernetes.io/managed-by": "durable-sandbox"}),
+                                    labels={QUEUE_LABEL: self.queue, "app.kubernetes.io/managed-by": "durable-sandbox",
+                                            **({BUILD_LABEL: self.build} if self.build else {})}),
             spec=m.V1LeaseSpec(holder_identity=self.worker_id, lease_duration_seconds=self.duration,
                                renew_time=now, acquire_time=now),
         )

@@ -28,7 +28,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from durable_sandbox.engine import LeaseHeld, NotRunnableHere
+from durable_sandbox.engine import LeaseHeld, NotRunnableHere, RunRecord
+from durable_sandbox.engine.builds import WorkerBuild, refusal
 from durable_sandbox.engine.driver import decide
 from durable_sandbox.kube.api.objects import owner_tag
 from durable_sandbox.kube.api.resources import WORKFLOWS, CustomObjects
@@ -68,6 +69,7 @@ class KubeWorker:
     executing: dict[str, asyncio.Task[Any]] = field(default_factory=dict)  # run id -> its execution here
     executed: list[str] = field(default_factory=list)
     owners: dict[str, str] = field(default_factory=dict)  # run id -> owner tag of its sandboxes
+    said_pinned: set[str] = field(default_factory=set)  # runs of another build this worker said it leaves alone
 
     @property
     def namespace(self) -> str:
@@ -116,12 +118,23 @@ class KubeWorker:
             if run is None:
                 continue  # not admitted by the operator yet
             suspend = bool((body.get("spec") or {}).get("suspend"))
-            if decide(run, plan.policy, time.time(), suspend=suspend).kind != "execute":
+            if decide(run, plan.policy, time.time(), suspend=suspend).kind != "execute" or self._pinned(run, plan):
                 continue
             self.owners[plan.run_id] = owner_tag(self.namespace, body["metadata"]["uid"])
             self.executing[plan.run_id] = asyncio.create_task(self._execute(plan), name=f"worker:{plan.run_id}")
             started += 1
         return started
+
+    def _pinned(self, run: RunRecord, plan: RunPlan) -> bool:
+        """Whether the run is another build's (engine/builds.py): left alone, never claimed, said once."""
+        why = refusal(run, plan.definition, self.engine.extensions.get(WorkerBuild))
+        if why is None:
+            self.said_pinned.discard(run.run_id)
+            return False
+        if run.run_id not in self.said_pinned:
+            self.said_pinned.add(run.run_id)
+            log.warning("worker %s leaves alone: %s", self.engine.worker_id, why)
+        return True
 
     def _plan(self, body: Mapping[str, Any]) -> RunPlan | None:
         """The run plan with the workflow imported here; None (said) when it cannot be."""

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
+from durable_sandbox.engine.builds import WorkerBuild
 from durable_sandbox.engine.executor import default_worker_id
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.api.resources import CustomObjects
@@ -43,7 +44,7 @@ async def wait_for_worker_key(api: KubeClient, namespace: str, stop: asyncio.Eve
 @contextlib.asynccontextmanager
 async def open_worker(namespace: str, queue: str, stop: asyncio.Event, *, kubeconfig: str | None = None,
                       concurrency: int = 4, poll: float = 1.0, lease_ttl: float = 15.0, grace: float = 20.0,
-                      api: KubeClient | None = None,
+                      api: KubeClient | None = None, build: WorkerBuild | None = None,
                       say: Callable[[str], None] | None = None) -> AsyncIterator[KubeWorker | None]:
     """The worker of ``queue`` in ``namespace`` with the kubeconfig's (or the Pod's) credentials; None when
     ``stop`` was set while it waited for the namespace's worker key."""
@@ -58,8 +59,9 @@ async def open_worker(namespace: str, queue: str, stop: asyncio.Event, *, kubeco
         owners: dict[str, str] = {}
         worker_id = default_worker_id()
         engine = Engine(store, worker_id=worker_id, lease_ttl=lease_ttl, unresolvable="leave",
-                        extensions=[SandboxServices(owner=owners.get)])
-        heartbeat = Heartbeat(client, namespace, queue, worker_id, duration=max(5, int(lease_ttl)))
+                        extensions=[SandboxServices(owner=owners.get), *([build] if build else [])])
+        heartbeat = Heartbeat(client, namespace, queue, worker_id, duration=max(5, int(lease_ttl)),
+                              build=build.build_id if build else None)
         worker = KubeWorker(engine, CustomObjects(client, field_manager=WORKER_FIELD_MANAGER), heartbeat,
                             concurrency=concurrency, poll=poll, grace=grace, owners=owners)
         try:

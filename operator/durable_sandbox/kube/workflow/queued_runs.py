@@ -21,9 +21,11 @@ from __future__ import annotations
 import logging
 import time
 
+from durable_sandbox.engine import RunRecord
+from durable_sandbox.engine.builds import WorkerBuild, pinned_build
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.journal.worker_key import WorkerKeyError, ensure_worker_key
-from durable_sandbox.kube.journal.worker_liveness import live_workers
+from durable_sandbox.kube.journal.worker_liveness import live_builds
 from durable_sandbox.kube.spec.plan import RunPlan
 from durable_sandbox.kube.workflow.parking import Outcome, wait_or_park
 from durable_sandbox.kube.workflow.runs import RunView
@@ -32,7 +34,7 @@ from durable_sandbox.sandbox_engine import Engine
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KEY_CHECK_EVERY", "QueuedRuns", "no_worker_message"]
+__all__ = ["KEY_CHECK_EVERY", "QueuedRuns", "no_build_message", "no_worker_message"]
 
 KEY_CHECK_EVERY = 60.0  # seconds: a worker key deleted or changed behind the operator's back is put back within this
 
@@ -40,6 +42,22 @@ KEY_CHECK_EVERY = 60.0  # seconds: a worker key deleted or changed behind the op
 def no_worker_message(namespace: str, queue: str) -> str:
     return (f"no worker of queue {queue!r} is alive in namespace {namespace}: the run starts once one claims it "
             f"(dsb worker --kube --queue {queue} --namespace {namespace}, with a ServiceAccount of {namespace})")
+
+
+def no_build_message(run: RunRecord | None, queue: str, alive: dict[str, str | None]) -> str | None:
+    """What a run pinned to a build no live worker of the queue runs waits for (None: one does, or it is not
+    pinned). Said only: the build is what a worker recorded, the workflow's versioning is in the team's code."""
+    pinned = pinned_build(run) if run is not None and not run.status.terminal else None
+    if pinned is None or pinned in alive.values():
+        return None
+    try:
+        WorkerBuild(pinned)
+    except ValueError:
+        pinned = "(an unreadable build id)"
+    builds = ", ".join(sorted({b or "unversioned" for b in alive.values()}))
+    return (f"the run is pinned to build {pinned!r} and the live workers of queue {queue!r} run {builds}: it waits "
+            f"for a worker of build {pinned!r}, unless its workflow is versioning='auto-upgrade' (then a newer "
+            f"worker takes it over at its next execution)")
 
 
 class QueuedRuns:
@@ -57,9 +75,10 @@ class QueuedRuns:
         await self._hand_key(view)
         if view.projection is not None:
             view.projection.catch_up(await engine.store.journal_since(view.run_id, view.projection.last_seq))
-        alive = await live_workers(self.api, view.namespace, plan.worker_queue)
+        alive = await live_builds(self.api, view.namespace, plan.worker_queue)
         view.extra.worker_queue = plan.worker_queue
-        view.extra.no_worker = None if alive else no_worker_message(view.namespace, plan.worker_queue)
+        view.extra.no_worker = (no_worker_message(view.namespace, plan.worker_queue) if not alive
+                                else no_build_message(view.run, plan.worker_queue, alive))
         self.wing.publisher.offer(view)
 
     async def watch(self, view: RunView) -> Outcome:
