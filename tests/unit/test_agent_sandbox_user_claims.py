@@ -50,6 +50,9 @@ async def world() -> AsyncIterator[World]:
 
 
 def test_the_template_names_a_users_claim_and_only_a_first_provision_binds_one() -> None:
+    from durable_sandbox.sandboxes.journal import provision_id
+
+    assert first_provision(f"run-1/{provision_id('main')}"), "the session's provision id (sandboxes/provisioning.py)"
     assert user_claim_name("sandboxclaim/mine") == "mine"
     assert user_claim_name("python-pool") is None and user_claim_name(None) is None
     assert first_provision(FIRST) and not first_provision("run-1/main/restore-2") and not first_provision(None)

@@ -50,10 +50,11 @@ def first_provision(operation_id: str | None) -> bool:
 
 
 def _lost_message(namespace: str, name: str) -> str:
-    return (f"SandboxClaim {namespace}/{name} is a user's claim (template sandboxclaim/{name}): after it was lost "
-            f"the operator does not bind that name again (a claim made since under it may be anyone's) and never "
-            f"makes claims in a user's stead. Run the Workflow again on a new claim, or name a SandboxWarmPool as "
-            f"its template to have losses recovered by restore + replay")
+    return (f"SandboxClaim {namespace}/{name} is a user's claim (template sandboxclaim/{name}), which only a "
+            f"Workflow's first sandbox binds: this is a later one (after it was lost the operator does not bind "
+            f"that name again: a claim made since under it may be anyone's) or a Sandbox resource's, and the "
+            f"operator never makes claims in a user's stead. Run the Workflow again on a new claim, or name a "
+            f"SandboxWarmPool as the template to have losses recovered by restore + replay")
 
 
 class UserClaims(ClaimLifecycle):
