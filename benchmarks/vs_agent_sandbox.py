@@ -171,12 +171,16 @@ async def startup_part(cluster: Any, theirs: Theirs, ours: dict[str, tuple[Kuber
     """``warm`` and ``cold``: claim to first command, theirs and ours alternating (who goes first, too)."""
     samples: dict[str, dict[str, list[float]]] = {"warm": {"theirs": [], "ours": []},
                                                   "cold": {"theirs": [], "ours": []}}
+    preexisting: list[str] = []
 
     async def one(kind: str, side: str) -> None:
         if side == "theirs":
             if kind == "warm":
                 await wait_pool(cluster, theirs.ns, "warm", 1)
+            before = {p["metadata"]["name"] for p in cluster.kubectl_json("get", "pods", "-n", theirs.ns)["items"]}
             seconds, claim = await theirs.first_command(kind)
+            if kind == "cold" and await theirs.ready_pod(claim) in before:
+                preexisting.append(claim)  # not cold: a warm Sandbox was adopted
             await theirs.delete(claim)
         else:
             provider, spec = ours[kind]
@@ -189,11 +193,14 @@ async def startup_part(cluster: Any, theirs: Theirs, ours: dict[str, tuple[Kuber
         for side in ("theirs", "ours"):
             await one(kind, side)
             samples[kind][side].clear()
+    preexisting.clear()
     for r in range(rounds):
         for kind in ("warm", "cold"):
             for side in (("theirs", "ours") if r % 2 == 0 else ("ours", "theirs")):
                 await one(kind, side)
-    return {kind: summary(by_side) for kind, by_side in samples.items()}
+    out = {kind: summary(by_side) for kind, by_side in samples.items()}
+    out["cold"]["theirs_claims_on_a_preexisting_pod"] = len(preexisting)
+    return out
 
 
 async def concurrent_part(cluster: Any, theirs: Theirs, cold: KubernetesProvider, spec: SandboxSpec, n: int,
@@ -265,8 +272,8 @@ async def loss_part(cluster: Any, theirs: Theirs, provider: KubernetesProvider, 
                      "loss_detected_as_sandbox_gone": gone}}
 
 
-def their_template(image: str) -> dict[str, Any]:
-    return {"apiVersion": EXT, "kind": "SandboxTemplate", "metadata": {"name": "busybox"}, "spec": {
+def their_template(image: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": EXT, "kind": "SandboxTemplate", "metadata": {"name": name}, "spec": {
         "podTemplate": {"spec": {"terminationGracePeriodSeconds": 1, "containers": [{
             "name": "main", "image": image, "imagePullPolicy": "Never", "resources": RESOURCES,
             "command": ["/bin/sh", "-c", "exec sleep 36000"]}]}}}}
@@ -278,10 +285,13 @@ async def measure(cluster: Any, namespace: str, image: str, args: argparse.Names
     from durable_sandbox.providers.kubernetes_api import json_body, load_configuration
     from durable_sandbox.providers.kubernetes_exec import PodExec
 
-    cluster.apply(their_template(image), "-n", namespace)
+    # The cold pool has a template of its own (the same Pod): a claim adopts a warm Sandbox of its template from
+    # any pool, so with one template the cold claims took the warm pool's Sandboxes (the first run, 2026-12-07).
     for pool, replicas in (("warm", 2), ("cold", 0)):
+        cluster.apply(their_template(image, f"busybox-{pool}"), "-n", namespace)
         cluster.apply({"apiVersion": EXT, "kind": "SandboxWarmPool", "metadata": {"name": pool},
-                       "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": "busybox"}}}, "-n", namespace)
+                       "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": f"busybox-{pool}"}}},
+                      "-n", namespace)
     await wait_pool(cluster, namespace, "warm", 2)
     template = PodTemplate.model_validate({"image": image, "imagePullPolicy": "Never", "resources": RESOURCES})
     where: dict[str, Any] = {"kubeconfig": str(cluster.kubeconfig), "namespace": namespace, "environ": {},
