@@ -332,6 +332,57 @@ def test_workflow_secrets_are_never_granted_cluster_wide(helm: Path, helm_home: 
         ("team-a", {"secrets[sandbox-env]": {"get"}})]
 
 
+# The agent-sandbox provider's (providers.agentSandbox.enabled), in a watched namespace's Role only.
+AGENT_SANDBOX_RULES = {
+    "sandboxclaims.extensions.agents.x-k8s.io": {"get", "list", "create", "patch", "delete"},
+    "sandboxes.agents.x-k8s.io": {"get"},
+    "pods": {"get"},
+    "pods/exec": {"get", "create"},
+}
+
+
+def test_agent_sandbox_rights_appear_only_when_enabled_and_only_in_watched_namespaces(helm: Path,
+                                                                                     helm_home: Path) -> None:
+    """Issue 37: providers.agentSandbox.enabled grants its claims, Sandboxes, Pods and exec in each watched
+    namespace's Role and tells the operator so; off (the default), nothing of agent-sandbox's anywhere."""
+    def granted(docs: list[dict[str, Any]]) -> list[str]:
+        return sorted(key for role in [*by_kind(docs, "Role"), *by_kind(docs, "ClusterRole")]
+                      for key in rules_by_resource(role) if "agents.x-k8s.io" in key)
+
+    def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
+        [container] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value", "") for e in container["env"]}
+
+    for off in (render(helm, helm_home), render(helm, helm_home, "--set", "watchNamespaces={team-a}")):
+        assert granted(off) == [] and not any(k.startswith("DSB_AGENT_SANDBOX") for k in env_of(off))
+
+    docs = render(helm, helm_home, "--set", "watchNamespaces={team-a,team-b}", "--set",
+                  "providers.kubernetes.enabled=false", "--set", "providers.agentSandbox.enabled=true",
+                  "--set", "providers.agentSandbox.warmPool=python-pool", "--set",
+                  "providers.agentSandbox.snapshotSizeLimit=256Mi")
+    assert not by_kind(docs, "ClusterRole"), "watched namespaces: nothing cluster-wide"
+    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role") if r["metadata"]["name"] == SA_NAME}
+    assert sorted(roles) == ["team-a", "team-b"]
+    for role in roles.values():
+        assert rules_by_resource(role) == {**EXPECTED_RULES, **AGENT_SANDBOX_RULES}, (
+            "only what the provider uses: no SandboxTemplates or SandboxWarmPools, no watch, no update, no Pod writes")
+    env = env_of(docs)
+    assert env["DSB_AGENT_SANDBOX_ENABLED"] == "true" and env["DSB_K8S_NAMESPACES"] == "team-a,team-b"
+    assert env["DSB_AGENT_SANDBOX_WARM_POOL"] == "python-pool" and env["DSB_AGENT_SANDBOX_SNAPSHOT_LIMIT"] == "256Mi"
+    assert env["DSB_AGENT_SANDBOX_WORKSPACE"] == "/workspace" and "DSB_K8S_DISABLED" in env
+
+    both = render(helm, helm_home, "--set", "watchNamespaces={team-a}", "--set", "providers.agentSandbox.enabled=true")
+    [role] = [r for r in by_kind(both, "Role") if r["metadata"]["name"] == SA_NAME]
+    assert rules_by_resource(role) == {**EXPECTED_RULES, **SANDBOX_POD_RULES, **AGENT_SANDBOX_RULES,
+                                       "pods": SANDBOX_POD_RULES["pods"]}, "the two providers' Pod rights merge"
+    assert [e for e in env_of(both) if e == "DSB_K8S_NAMESPACES"] == ["DSB_K8S_NAMESPACES"]
+
+    refused = run_helm(helm, helm_home, "template", RELEASE, str(CHART), "--kube-version", kube_version(),
+                       "--set", "providers.agentSandbox.enabled=true", check=False)
+    assert refused.returncode != 0 and "providers.agentSandbox.enabled needs watchNamespaces" in refused.stderr, (
+        refused.stderr)
+
+
 def test_postgres_journal_dsn_comes_from_a_secret_never_a_value(helm: Path, helm_home: Path) -> None:
     default = one(render(helm, helm_home), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "DSB_OPERATOR_JOURNAL" not in {e["name"] for e in default["env"]}, "the API-server journal by default"
@@ -689,6 +740,9 @@ def test_rbac_is_least_privilege(cluster: ControlPlane, namespaced_install: None
         ("list", "customresourcedefinitions.apiextensions.k8s.io"),
         ("create", "deployments.apps", "-n", "team-a"),
         ("create", "rolebindings.rbac.authorization.k8s.io", "-n", "team-a"),
+        # The agent-sandbox provider is off in these values: none of its rights (issue 37).
+        ("create", "sandboxclaims.extensions.agents.x-k8s.io", "-n", "team-a"),
+        ("get", "sandboxes.agents.x-k8s.io", "-n", "team-a"),
         ("*", "*"),
     ]
     assert [a for a in allowed if not can_i(cluster, *a)] == []

@@ -140,6 +140,36 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   verbs: ["get"]
 {{- end }}
 
+{{- /* The agent-sandbox provider's rights (providers.agentSandbox.enabled): in a watched namespace's Role only.
+Nothing on SandboxTemplates or SandboxWarmPools (the platform team's), no update, no watch. */}}
+{{- define "durable-sandbox.agentSandboxRules" -}}
+# SandboxClaims: made (from a warm pool), read, patched (the lease's shutdownTime, the operator's seal), listed
+# (orphan sweeps, adoption of its own sealed claims), deleted by uid (only claims it made and sealed).
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxclaims"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+# The claim's Sandbox, read to follow claim -> Sandbox -> Pod and check the controller references.
+- apiGroups: ["agents.x-k8s.io"]
+  resources: ["sandboxes"]
+  verbs: ["get"]
+# The Sandbox's Pod: read (its uid, before and after every exec) and exec'd into (calls, snapshots).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["pods/exec"]
+  verbs: ["get", "create"]
+{{- end }}
+
+{{- /* Whether the agent-sandbox provider is on; enabled without watchNamespaces fails the install. */}}
+{{- define "durable-sandbox.agentSandboxProvider" -}}
+{{- if .Values.providers.agentSandbox.enabled }}
+{{- if not .Values.watchNamespaces }}
+{{- fail "providers.agentSandbox.enabled needs watchNamespaces: the chart grants SandboxClaims, Sandboxes, Pods and pods/exec only in watched namespaces, never cluster-wide" }}
+{{- end }}true
+{{- end }}
+{{- end }}
+
 {{- /* Whether the kubernetes provider is on: enabled, and namespaces to grant its rights in. */}}
 {{- define "durable-sandbox.kubernetesProvider" -}}
 {{- if and .Values.providers.kubernetes.enabled .Values.watchNamespaces }}true{{ end }}

@@ -27,7 +27,8 @@ S3 API (the thing agent-sandbox's users ask for: upstream #694, #949).
 
 Layers: ``agent_sandbox_objects.py`` (its objects through the API), ``agent_sandbox_claims.py`` (records, chains,
 exec targets, loss), ``agent_sandbox_lifecycle.py`` (create, bind, seal, lease, delete, listings); this module:
-configuration, capabilities, provision and restore.
+configuration, capabilities, provision and restore; ``agent_sandbox_user_claims.py``: a run on a claim a user made
+(``template: sandboxclaim/<name>``), bound once, never written.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ from typing import Any
 from durable_sandbox.providers import kubernetes_scripts as scripts
 from durable_sandbox.providers.agent_sandbox_binding import ClaimRecord
 from durable_sandbox.providers.agent_sandbox_claims import CLAIM_UID, rfc3339
-from durable_sandbox.providers.agent_sandbox_lifecycle import ClaimLifecycle
 from durable_sandbox.providers.agent_sandbox_objects import ClaimObjects
 from durable_sandbox.providers.agent_sandbox_settings import AgentSandboxSettings, warm_pool_name
+from durable_sandbox.providers.agent_sandbox_user_claims import UserClaims, user_claim_name
 from durable_sandbox.providers.archive_limit import configured_limit
 from durable_sandbox.providers.contract import (
     TOOL_TYPES,
@@ -72,7 +73,7 @@ ENV_ENABLED = "DSB_AGENT_SANDBOX_ENABLED"  # true: agent-sandbox is installed an
 _EXTENSIONS_API = "extensions.agents.x-k8s.io/v1beta1"
 
 
-class AgentSandboxProvider(ClaimLifecycle):
+class AgentSandboxProvider(UserClaims):
     """The provider: configuration, capabilities, provision and restore (see the module docstring)."""
 
     name = "agent-sandbox"
@@ -147,6 +148,9 @@ class AgentSandboxProvider(ClaimLifecycle):
             raise ProvisionError("provider agent-sandbox cannot give a sandbox env (spec.env): agent-sandbox v1.0.1 "
                                  "would write the values in plain text into the SandboxClaim's and the Pod's spec; "
                                  "pass them in a call's env instead, or use the kubernetes provider", retryable=False)
+        user_claim = user_claim_name(spec.template)
+        if user_claim is not None:  # a claim the user made (agent_sandbox_user_claims.py)
+            return await self._attach_user_claim(spec, user_claim, lease_seconds, restore is not None)
         pool = self._warm_pool(spec)
         namespace = self._namespace_for(spec.owner)
         operation = spec.operation_id or f"random-{secrets.token_hex(12)}"
