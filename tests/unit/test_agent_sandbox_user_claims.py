@@ -15,7 +15,7 @@ from durable_sandbox.providers.agent_sandbox_claims import CLAIM_UID
 from durable_sandbox.providers.agent_sandbox_user_claims import USER_CLAIM, first_provision, user_claim_name
 from durable_sandbox.providers.contract import INSTALLATION_LABEL, ProvisionError, SandboxGone, SandboxSpec
 from durable_sandbox.testing import FakeClock
-from tests.unit.test_agent_sandbox_provider import INSTALLATION, NS, OWNER, World, shell, spec
+from tests.unit.agent_sandbox_world_support import INSTALLATION, NS, OWNER, World, shell, spec
 
 FIRST = "run-1/main/provision"  # a session's first provision (sandboxes/journal.provision_id)
 CLAIM = "users-claim"
