@@ -113,6 +113,11 @@ class JournalStores:
         self._schemas: dict[str, NamespaceSchemaStore] = {}  # one per namespace: its schema is checked once
 
     @property
+    def journal_key(self) -> bytes | None:
+        """The key that seals what the operator writes (kube/journal/sealing.py), None without one."""
+        return self._journal_key
+
+    @property
     def collected_with_workflow(self) -> bool:
         """Whether deleting a Workflow deletes its run's journal by itself (owner references), or the cleanup
         must delete it."""

@@ -47,7 +47,8 @@ class Engines:
         # Set by the Operator: a run of this replica made runnable by a write here (a child's end wakes its parent).
         self.runnable: Callable[[str], None] | None = None
         # A child workflow of a run executed here is a Workflow object of its own (kube/workflow/children.py).
-        self.children = ChildObjects(objects, runs, lambda namespace: self.engine_for(namespace).store)
+        self.children = ChildObjects(objects, runs, lambda namespace: self.engine_for(namespace).store,
+                                     journals.journal_key, publisher.emit)
 
     def engine_for(self, namespace: str) -> Engine:
         engine = self.runs.engines.get(namespace)
