@@ -18,6 +18,7 @@ from durable_sandbox.kube.holders.holder_processes import HolderProcesses
 from durable_sandbox.kube.holders.holding import Holding
 from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.store.journals import JournalStores
+from durable_sandbox.kube.workflow.chain import chain_owner
 from durable_sandbox.kube.workflow.children import ChildObjects
 from durable_sandbox.kube.workflow.observed import ObservedStore
 from durable_sandbox.kube.workflow.publishing import Publisher
@@ -55,7 +56,8 @@ class Engines:
         if engine is None:
             store = ObservedStore(self.journals.store_for(namespace),
                                   self._written,
-                                  self.publisher.event_interval, self.publisher.read)
+                                  self.publisher.event_interval, self.publisher.read,
+                                  lambda run: chain_owner(self.runs, run))
             engine = Engine(
                 store,
                 worker_id=self.settings.worker_id,
