@@ -172,3 +172,29 @@ def test_a_parents_cancel_cancels_its_children_and_their_sandboxes(
                120, "every child cancelled with its parent")
     wait_until(lambda: local_sandboxes(op.home) == [] or None, 60, "every child's sandbox deleted")
     assert len(children(control_plane, namespace, "planner")) == 3  # cancelled, not deleted
+
+
+ROLLING = "examples.flows.rolling_session:rolling_session"
+
+
+def test_a_workflow_that_continues_as_new_twice_shows_three_runs_and_keeps_its_sandbox(
+    control_plane: ControlPlane, namespace: str, operators: Any,
+) -> None:
+    """Issue 38, continue-as-new in the cluster: the Workflow goes on from run to run of its chain, shows it in
+    status.runs (newest first) and Succeeds with the last run; every run worked in the one sandbox the first
+    provisioned (the local provider made one workspace: the result's sandbox ids are one)."""
+    op = operators("--allow-local-provider", "--workflows", "examples.flows")
+    control_plane.apply(manifest("rolling", entrypoint=ROLLING, toolCalls=None, sandbox=None,
+                                 snapshotEveryNCalls=None, input={"total": 3, "perRun": 1}), "-n", namespace)
+    wait_condition(control_plane, namespace, "rolling", "Succeeded")
+    st = status(control_plane, namespace, "rolling")
+    uid = control_plane.kubectl_json("get", "dwf", "rolling", "-n", namespace)["metadata"]["uid"]
+    first = f"rolling-{uid[:8]}"
+    assert st["runId"] == f"{first}~2"
+    assert [(r["runId"], r["outcome"]) for r in st["runs"]] == [
+        (f"{first}~2", "Succeeded"), (f"{first}~1", "ContinuedAsNew"), (first, "ContinuedAsNew")]
+    assert all(r["startedAt"] and r["finishedAt"] for r in st["runs"])
+    assert st["result"]["calls"] == ["call-0", "call-1", "call-2"]
+    sandboxes = st["result"]["sandboxes"]
+    assert len(sandboxes) == 3 and len(set(sandboxes)) == 1, sandboxes  # no re-provision
+    wait_until(lambda: local_sandboxes(op.home) == [] or None, 60, "the chain's one sandbox deleted at its end")
