@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from durable_sandbox.kube.store import run_key
 from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import (
@@ -178,11 +179,12 @@ ROLLING = "examples.flows.rolling_session:rolling_session"
 
 
 def test_a_workflow_that_continues_as_new_twice_shows_three_runs_and_keeps_its_sandbox(
-    control_plane: ControlPlane, namespace: str, operators: Any,
+    control_plane: ControlPlane, namespace: str, operators: Any, operator_journal: OperatorJournal,
 ) -> None:
     """Issue 38, continue-as-new in the cluster: the Workflow goes on from run to run of its chain, shows it in
     status.runs (newest first) and Succeeds with the last run; every run worked in the one sandbox the first
-    provisioned (the local provider made one workspace: the result's sandbox ids are one)."""
+    provisioned (the local provider made one workspace: the result's sandbox ids are one); every run's journal
+    goes with the Workflow (owned by it in the API server, deleted by its cleanup in PostgreSQL)."""
     op = operators("--allow-local-provider", "--workflows", "examples.flows")
     control_plane.apply(manifest("rolling", entrypoint=ROLLING, toolCalls=None, sandbox=None,
                                  snapshotEveryNCalls=None, input={"total": 3, "perRun": 1}), "-n", namespace)
@@ -198,3 +200,15 @@ def test_a_workflow_that_continues_as_new_twice_shows_three_runs_and_keeps_its_s
     sandboxes = st["result"]["sandboxes"]
     assert len(sandboxes) == 3 and len(set(sandboxes)) == 1, sandboxes  # no re-provision
     wait_until(lambda: local_sandboxes(op.home) == [] or None, 60, "the chain's one sandbox deleted at its end")
+    runs = [r["runId"] for r in st["runs"]]
+    if operator_journal.dsn is None:
+        heads = control_plane.kubectl_json("get", "journals", "-n", namespace)["items"]
+        for run in runs:
+            mine = [j for j in heads if j["metadata"].get("labels", {}).get("durable-sandbox.dev/run-id") == run_key(run)]
+            assert mine and all(any(o.get("uid") == uid for o in j["metadata"].get("ownerReferences") or [])
+                                for j in mine), (run, [j["metadata"] for j in mine])
+    assert all(operator_journal.load(namespace, run) for run in runs)
+    control_plane.kubectl("delete", "dwf", "rolling", "-n", namespace, "--timeout=120s")
+    wait_gone(control_plane, namespace, "rolling")
+    if operator_journal.dsn is not None:
+        assert [run for run in runs if operator_journal.load(namespace, run)] == []

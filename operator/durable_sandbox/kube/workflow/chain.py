@@ -22,7 +22,7 @@ from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.store import OwnerRef
 from durable_sandbox.kube.workflow.runs import Runs, RunView
 
-__all__ = ["chain_owner", "move_on", "next_in_chain"]
+__all__ = ["chain_from", "chain_owner", "move_on", "next_in_chain"]
 
 
 async def next_in_chain(store: Any, run: RunRecord) -> RunRecord | None:
@@ -34,6 +34,17 @@ async def next_in_chain(store: Any, run: RunRecord) -> RunRecord | None:
     if following is None or following.labels.get(CONTINUED_FROM) != run.run_id:
         return None
     return following
+
+
+async def chain_from(store: Any, run: RunRecord) -> list[RunRecord]:
+    """``run`` and the runs it continued as, in order (the last: the run the chain is at now)."""
+    chain, seen = [run], {run.run_id}
+    while chain[-1].status.terminal and (nxt := await next_in_chain(store, chain[-1])) is not None:
+        if nxt.run_id in seen:
+            break
+        seen.add(nxt.run_id)
+        chain.append(nxt)
+    return chain
 
 
 def move_on(runs: Runs, view: RunView, ended: RunRecord, nxt: RunRecord) -> None:
