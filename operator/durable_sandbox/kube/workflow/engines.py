@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from durable_sandbox.engine import JournalDamaged
-from durable_sandbox.engine.records import Commit, RunStatus
+from durable_sandbox.engine.continue_as_new import follow
+from durable_sandbox.engine.records import Commit, RunRecord, RunStatus
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.api.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.holders.holder_processes import HolderProcesses
@@ -164,10 +165,17 @@ class Engines:
             return False
         meta = body["metadata"]
         try:
-            run = await self.engine_for(namespace).store.get_run(cluster_run_id(meta["name"], meta["uid"]))
+            run = await self.current_run(namespace, cluster_run_id(meta["name"], meta["uid"]))
         except JournalDamaged:
             return False
         return run is None or not run.status.terminal
+
+    async def current_run(self, namespace: str, run_id: str) -> RunRecord | None:
+        """The record of the run a Workflow's run ``run_id`` is at: after ctx.continue_as_new, the last of its
+        chain (engine/continue_as_new.py ``follow``), so a chain that goes on is not taken for finished."""
+        store = self.engine_for(namespace).store
+        run: RunRecord | None = await store.get_run(run_id)
+        return await follow(store, run) if run is not None else None
 
     def forget_run(self, view: RunView) -> None:
         """The run's task ended: its head's bookkeeping in the store goes too (read again when the run is next
