@@ -119,3 +119,21 @@ async def test_the_next_run_of_a_chain_is_owned_by_the_workflow_and_created_befo
     # A run whose continued-from is no run served here (or that names none) gets no owner from it.
     await store.create_run(RunRecord(run_id="x~1", workflow="wf", input=None, labels={CONTINUED_FROM: "x"}))
     assert inner.created[-1] == ("x~1", None)
+
+
+def test_a_parked_workflow_mid_chain_is_woken_by_its_current_runs_id() -> None:
+    """A child's end wakes its parent by the parent's run id: mid-chain that is ``<first>~<n>``, while the
+    Workflow is parked under its own run id."""
+    from types import SimpleNamespace
+
+    from durable_sandbox.kube.workflow.runs import Parked
+    from durable_sandbox.kube.workflow.scheduler import Scheduler
+
+    runs = Runs()
+    scheduler = Scheduler(SimpleNamespace(runs=runs, settings=None), None)  # type: ignore[arg-type]
+    due: list[str] = []
+    scheduler._due = due.append  # type: ignore[method-assign]
+    runs.parked[FIRST] = Parked("team", "roll", UID, 1, "waiting", "Waiting")
+    scheduler.runnable(f"{FIRST}~2")
+    scheduler.runnable("someone-else~1")
+    assert due == [FIRST]
