@@ -2,7 +2,9 @@
 Workflow of its own, created by the operator, owned by the parent (uid, controller, blockOwnerDeletion) with the
 cleanup finalizer; never created twice across an operator SIGKILL at the fault point right after a child's
 creation; deleting the parent deletes every child and every child's sandbox; a Workflow merely labelled as a
-child is never adopted (its result is not the parent's). The flows: examples/flows/delegation.py."""
+child is never adopted (its result is not the parent's). The flows: examples/flows/delegation.py. And
+continue-as-new in the cluster (issue 38, item 2): a Workflow goes on with its chain, shows it in status.runs and
+keeps its sandbox (examples/flows/rolling_session.py)."""
 
 from __future__ import annotations
 
