@@ -137,3 +137,27 @@ def test_a_parked_workflow_mid_chain_is_woken_by_its_current_runs_id() -> None:
     scheduler.runnable(f"{FIRST}~2")
     scheduler.runnable("someone-else~1")
     assert due == [FIRST]
+
+
+async def test_a_run_that_continued_as_new_is_never_published_as_the_workflows_end() -> None:
+    """Between the old run's final commit and the turn that moves on, the Workflow shows no Succeeded (no status
+    write, no Event): kubectl wait --for=condition=Succeeded waits for the chain's end."""
+    from types import SimpleNamespace
+
+    from durable_sandbox.kube.workflow.publishing import Publisher
+    from durable_sandbox.kube.workflow.settings import OperatorSettings
+
+    offered: list[dict[str, Any]] = []
+    emitted: list[Any] = []
+    events = SimpleNamespace(away=None, emit=lambda body, event: emitted.append(event))
+    publisher = Publisher(None, events, Runs(), OperatorSettings())  # type: ignore[arg-type]
+    publisher.emit = lambda body, event, said=False: emitted.append(event)  # type: ignore[method-assign]
+    view = RunView(namespace="team", name="roll", uid=UID, run_id=FIRST, body={"metadata": {"name": "roll"}})
+    view.writer = SimpleNamespace(offer=offered.append)  # type: ignore[assignment]
+    view.run = _run(FIRST, RunStatus.SUCCEEDED, {"continuedAsNew": f"{FIRST}~1"})
+    publisher.offer(view)
+    assert offered == [] and emitted == []
+    move_on(Runs(), view, view.run, _run(f"{FIRST}~1", RunStatus.SUCCEEDED, {"done": True}))
+    publisher.offer(view)  # the chain's end: published, with the chain
+    assert offered and offered[-1]["phase"] == "Succeeded" and offered[-1]["runId"] == f"{FIRST}~1"
+    assert [r["outcome"] for r in offered[-1]["runs"]] == ["Succeeded", CONTINUED_AS_NEW]
