@@ -226,9 +226,7 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "python benchmarks/operator_scale.py": BENCHMARK,
         "python benchmarks/ui_pages.py": BENCHMARK,
         "python benchmarks/fork.py": BENCHMARK,
-        "python benchmarks/continue_as_new.py --calls 10000 --rounds 3": BENCHMARK,
-        "python benchmarks/continue_as_new.py --calls 9000 --rounds 3 --out benchmarks/results/continue_as_new_9000.json":
-            BENCHMARK,
+        "python benchmarks/continue_as_new.py --calls 9000 10000 11000 --rounds 5": BENCHMARK,
         "python benchmarks/operator_throughput.py --calls 500 --workflows 20 --calls-each 25": BENCHMARK,
         "python benchmarks/operator_throughput.py --kubeconfig .dev-cluster/kubeconfig": BENCHMARK,
         "python benchmarks/operator_throughput.py --py-spy": BENCHMARK,

@@ -2,7 +2,9 @@
 Workflow of its own, created by the operator, owned by the parent (uid, controller, blockOwnerDeletion) with the
 cleanup finalizer; never created twice across an operator SIGKILL at the fault point right after a child's
 creation; deleting the parent deletes every child and every child's sandbox; a Workflow merely labelled as a
-child is never adopted (its result is not the parent's). The flows: examples/flows/delegation.py."""
+child is never adopted (its result is not the parent's). The flows: examples/flows/delegation.py. And
+continue-as-new in the cluster (issue 38, item 2): a Workflow goes on with its chain, shows it in status.runs and
+keeps its sandbox (examples/flows/rolling_session.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from durable_sandbox.kube.store import run_key
 from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.journal_support import OperatorJournal
 from tests.e2e.operator_support import (
@@ -172,3 +175,42 @@ def test_a_parents_cancel_cancels_its_children_and_their_sandboxes(
                120, "every child cancelled with its parent")
     wait_until(lambda: local_sandboxes(op.home) == [] or None, 60, "every child's sandbox deleted")
     assert len(children(control_plane, namespace, "planner")) == 3  # cancelled, not deleted
+
+
+ROLLING = "examples.flows.rolling_session:rolling_session"
+
+
+def test_a_workflow_that_continues_as_new_twice_shows_three_runs_and_keeps_its_sandbox(
+    control_plane: ControlPlane, namespace: str, operators: Any, operator_journal: OperatorJournal,
+) -> None:
+    """Issue 38, continue-as-new in the cluster: the Workflow goes on from run to run of its chain, shows it in
+    status.runs (newest first) and Succeeds with the last run; every run worked in the one sandbox the first
+    provisioned (the local provider made one workspace: the result's sandbox ids are one); every run's journal
+    goes with the Workflow (owned by it in the API server, deleted by its cleanup in PostgreSQL)."""
+    op = operators("--allow-local-provider", "--workflows", "examples.flows")
+    control_plane.apply(manifest("rolling", entrypoint=ROLLING, toolCalls=None, sandbox=None,
+                                 snapshotEveryNCalls=None, input={"total": 3, "perRun": 1}), "-n", namespace)
+    wait_condition(control_plane, namespace, "rolling", "Succeeded")
+    st = status(control_plane, namespace, "rolling")
+    uid = control_plane.kubectl_json("get", "dwf", "rolling", "-n", namespace)["metadata"]["uid"]
+    first = f"rolling-{uid[:8]}"
+    assert st["runId"] == f"{first}~2"
+    assert [(r["runId"], r["outcome"]) for r in st["runs"]] == [
+        (f"{first}~2", "Succeeded"), (f"{first}~1", "ContinuedAsNew"), (first, "ContinuedAsNew")]
+    assert all(r["startedAt"] and r["finishedAt"] for r in st["runs"])
+    assert st["result"]["calls"] == ["call-0", "call-1", "call-2"]
+    sandboxes = st["result"]["sandboxes"]
+    assert len(sandboxes) == 3 and len(set(sandboxes)) == 1, sandboxes  # no re-provision
+    wait_until(lambda: local_sandboxes(op.home) == [] or None, 60, "the chain's one sandbox deleted at its end")
+    runs = [r["runId"] for r in st["runs"]]
+    if operator_journal.dsn is None:
+        heads = control_plane.kubectl_json("get", "journals", "-n", namespace)["items"]
+        for run in runs:
+            mine = [j for j in heads if j["metadata"].get("labels", {}).get("durable-sandbox.dev/run-id") == run_key(run)]
+            assert mine and all(any(o.get("uid") == uid for o in j["metadata"].get("ownerReferences") or [])
+                                for j in mine), (run, [j["metadata"] for j in mine])
+    assert all(operator_journal.load(namespace, run) for run in runs)
+    control_plane.kubectl("delete", "dwf", "rolling", "-n", namespace, "--timeout=120s")
+    wait_gone(control_plane, namespace, "rolling")
+    if operator_journal.dsn is not None:
+        assert [run for run in runs if operator_journal.load(namespace, run)] == []

@@ -129,8 +129,11 @@ def test_child_workflows(tmp_path: Path) -> None:
 
 def test_continue_as_new(tmp_path: Path) -> None:
     out = tmp_path / "can.json"
-    res = _load("continue_as_new").main(["--calls", "5", "--rounds", "1", "--tmp", str(tmp_path), "--out", str(out)])
-    assert set(res["median_seconds"]) == {"call", "handover", "ending_state", "handover_proper"} and out.exists()
+    res = _load("continue_as_new").main(["--calls", "5", "6", "--rounds", "1", "--tmp", str(tmp_path),
+                                         "--out", str(out)])
+    assert set(res["median_seconds"]) == {"5", "6"} and out.exists()
+    assert set(res["median_seconds"]["5"]["inline"]["cpu"]) == {"call", "handover", "ending_state", "handover_proper"}
+    assert set(res["ratios"]["6"]["now"]) == {"wall", "cpu", "thread_cpu"}
 
 
 def test_fork_benchmark(tmp_path: Path) -> None:

@@ -242,3 +242,12 @@ def test_docs_workflows_code_samples_run(index: int, tmp_path: Path) -> None:
     env.pop("DURABLE_SANDBOX_FAULT", None)
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+async def test_rolling_session_continues_as_new_in_one_sandbox(eng: durable_sandbox.Engine) -> None:
+    from examples.flows.rolling_session import rolling_session
+
+    state = await eng.run(rolling_session, {"total": 5, "perRun": 2}, run_id="roll")
+    assert state.status == RunStatus.SUCCEEDED and state.run_id == "roll~2"  # three runs: 2 + 2 + 1 calls
+    assert state.result["calls"] == [f"call-{i}" for i in range(5)]
+    assert len(state.result["sandboxes"]) == 3 and len(set(state.result["sandboxes"])) == 1  # never re-provisioned

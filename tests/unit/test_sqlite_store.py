@@ -12,6 +12,7 @@ import pytest
 from durable_sandbox.engine import Engine, LeaseHeld, LeaseLost, RunStatus, workflow
 from durable_sandbox.engine.records import Commit, ErrorInfo, OperationRecord, RunRecord
 from durable_sandbox.stores import SqliteStore, default_home
+from durable_sandbox.stores.sqlite_checkpoint import HARD_FACTOR
 
 
 async def _new_run(store, run_id, **kw):
@@ -382,3 +383,62 @@ async def test_list_runs(store):
     assert [r.run_id for r in await store.list_runs(status=[RunStatus.PENDING])] == ["b"]
     assert [r.run_id for r in await store.list_runs(workflow="x")] == ["a"]
 
+
+
+# ---------------------------------------------------------------------------------------------- WAL checkpoints
+
+
+async def test_commit_connection_never_checkpoints_itself_and_the_wal_stays_bounded(db_path):
+    """The commit connection's automatic checkpoint is off (it would run inside whichever COMMIT passes the
+    threshold); the store's own checkpoints keep the WAL within four times the threshold under many commits."""
+    pages = 256
+    store = SqliteStore(db_path, checkpoint_pages=pages)
+    try:
+        assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        page = store._db.execute("PRAGMA page_size").fetchone()[0]
+        wal = db_path.with_name(db_path.name + "-wal")
+        await _new_run(store, "r")
+        lease = await store.claim("r", "w1", 30)
+        # HARD_FACTOR times the threshold, and one look's 32 commits of at most 4 frames each; without
+        # checkpoints the 3,000 commits grow it past 20 MiB
+        bound = HARD_FACTOR * pages * page + 32 * 4 * (page + 24)
+        largest = 0
+        for i in range(3000):
+            await store.commit("r", lease.fence, Commit([_rec(f"op{i}", "completed", {"pad": "x" * 2000})]))
+            largest = max(largest, wal.stat().st_size)
+        assert largest <= bound, f"the WAL grew to {largest} bytes (bound {bound})"
+        assert store.checkpoints.background + store.checkpoints.inline > 0
+        assert len(await store.load_journal("r")) == 3000
+    finally:
+        await store.close()
+
+
+def test_committed_records_survive_a_kill_with_checkpoints_off_the_commit_path(db_path, tmp_path):
+    """A commit is durable once it is in the WAL: a process killed right after its last commit (no close, no
+    checkpoint) leaves every committed record readable by the next connection."""
+    script = tmp_path / "writer.py"
+    script.write_text(textwrap.dedent(f"""
+        import asyncio, os, signal
+        from durable_sandbox.engine.records import Commit, OperationRecord, RunRecord
+        from durable_sandbox.stores import SqliteStore
+
+        async def main():
+            store = SqliteStore({str(db_path)!r}, checkpoint_pages=16)
+            await store.create_run(RunRecord(run_id="r", workflow="wf", input=None))
+            lease = await store.claim("r", "w", 30)
+            for i in range(500):
+                rec = OperationRecord(f"op{{i}}", "step", "fn", "completed", 1, "d", {{"pad": "x" * 3000}})
+                await store.commit("r", lease.fence, Commit([rec]))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        asyncio.run(main())
+    """))
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    con = sqlite3.connect(db_path)
+    try:
+        assert con.execute("SELECT count(*) FROM ops WHERE run_id='r'").fetchone()[0] == 500
+    finally:
+        con.close()

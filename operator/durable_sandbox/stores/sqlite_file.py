@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from durable_sandbox.engine.errors import StoreError
+from durable_sandbox.stores.sqlite_checkpoint import WalCheckpoints
 from durable_sandbox.stores.sqlite_schema import create_or_migrate
 
 __all__ = ["Durability", "SqliteFile", "default_home", "explain", "wall_clock"]
@@ -113,14 +114,18 @@ def _owner_only(path: Path) -> None:
 class SqliteFile:
     """One store file and the connection to it (see the module)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, durability: Durability = "process") -> None:
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, durability: Durability = "process",
+                 checkpoint_pages: int = 4096) -> None:
         if durability not in ("process", "fsync"):
             raise ValueError(f"durability must be 'process' or 'fsync', not {durability!r}")
+        if checkpoint_pages < 1:
+            raise ValueError(f"checkpoint_pages must be at least 1, not {checkpoint_pages!r}")
         self.path = Path(path) if path is not None else default_home() / "runs.db"
         self.durability = durability
         _check_usable(self.path)
         try:
             self._open()
+            self.checkpoints = self._bound_wal(checkpoint_pages)
         except sqlite3.Error as e:
             raise StoreError(f"Cannot open the store {self.path}: {explain(e)}") from None
         # Which file this process writes to: if the path stops naming it (the file or its directory
@@ -134,13 +139,21 @@ class SqliteFile:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if self.durability == 'fsync' else 'NORMAL'}")
         self._db.execute("PRAGMA busy_timeout=30000")
-        # Checkpointing the WAL back into the database file fsyncs; at SQLite's default (every 1,000
-        # pages) that fsync is a large share of a small commit. 4,096 pages amortises it over a few
-        # hundred steps; journal_size_limit then truncates the WAL after each checkpoint, so the files
-        # on disk stay within ~16 MiB of the data. Neither changes what a commit guarantees.
-        self._db.execute("PRAGMA wal_autocheckpoint=4096")
-        self._db.execute(f"PRAGMA journal_size_limit={16 * 1024 * 1024}")
+        # Checkpointing the WAL back into the database file copies the log and fsyncs; SQLite's own
+        # (automatic) checkpoint does it inside whichever COMMIT passes the threshold. The store runs
+        # them itself, off the commit path (sqlite_checkpoint.py: every 4,096 pages by default, from a
+        # thread). Neither changes what a commit guarantees.
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
         create_or_migrate(self._db, self.path)
+
+    def _bound_wal(self, checkpoint_pages: int) -> WalCheckpoints:
+        """journal_size_limit truncates the WAL when it starts again, to half the checkpoint threshold at
+        most (so the file's size says how long the log is): the files on disk stay within the threshold of
+        the data, four times it if checkpoints cannot keep up (sqlite_checkpoint.py)."""
+        page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
+        limit = min(4 * 1024 * 1024, checkpoint_pages * page_size // 2)
+        self._db.execute(f"PRAGMA journal_size_limit={limit}")
+        return WalCheckpoints(self.path, pages=checkpoint_pages, page_size=page_size)
 
     @property
     def _where(self) -> str:
@@ -194,8 +207,10 @@ class SqliteFile:
                     db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+        self.checkpoints.after_commit(db)
 
     async def close(self) -> None:
+        self.checkpoints.close()
         try:
             self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.Error:

@@ -83,6 +83,7 @@ class SqliteJournal(SqliteRuns):
             cur = self._db.execute(_OP_FENCED[len(records), check_cancel], (*values, run_id, fence))
         except sqlite3.Error as e:
             raise StoreError(f"Store {self.path}: {explain(e)}") from None
+        self.checkpoints.after_commit(self._db)
         if cur.rowcount != len(records):
             with self._tx() as tx:
                 self._check_fence(tx, run_id, fence, check_cancel)

@@ -16,9 +16,11 @@ from durable_sandbox.engine.children import PARENT_LABEL, ChildPlacement
 from durable_sandbox.engine.records import RunRecord
 from durable_sandbox.engine.workflow import definition_of
 from durable_sandbox.kube.api.resources import FINALIZER
+from durable_sandbox.kube.reporting.events import LifecycleEvent
 from durable_sandbox.kube.spec.plan import WORKFLOW_LABEL
 from durable_sandbox.kube.store import OwnerRef
 from durable_sandbox.kube.workflow.children import (
+    SEAL_ANNOTATION,
     ChildNotAdoptable,
     ChildObjects,
     child_body,
@@ -31,6 +33,8 @@ from tests.unit.composition_flows import planner, specialist
 
 SPECIALIST = definition_of(specialist)
 PARENT = OwnerRef(name="plan", uid="0123456789abcdef")
+OP = "work/p0/child"
+KEY = b"k" * 32
 
 
 def record(package: str = "p0") -> RunRecord:
@@ -62,19 +66,19 @@ def test_child_body_is_owned_finalized_labelled_and_carries_the_program() -> Non
 
 def test_a_namesake_is_adopted_only_when_it_is_the_child() -> None:
     mine = child_body(PARENT, "team", "plan-01234567", "work/p0/child", record())
-    assert not_adoptable(mine, PARENT.uid, record()) is None
+    assert not_adoptable(mine, PARENT.uid, record(), OP) is None
     other_owner = copy.deepcopy(mine)
     other_owner["metadata"]["ownerReferences"][0]["uid"] = "ffffffff"
-    assert "controlling owner" in str(not_adoptable(other_owner, PARENT.uid, record()))
+    assert "controlling owner" in str(not_adoptable(other_owner, PARENT.uid, record(), OP))
     no_owner = copy.deepcopy(mine)
     no_owner["metadata"]["ownerReferences"] = []
-    assert "controlling owner" in str(not_adoptable(no_owner, PARENT.uid, record()))
+    assert "controlling owner" in str(not_adoptable(no_owner, PARENT.uid, record(), OP))
     other_input = copy.deepcopy(mine)
     other_input["spec"]["input"]["package"] = "evil"
-    assert "spec" in str(not_adoptable(other_input, PARENT.uid, record()))
+    assert "spec" in str(not_adoptable(other_input, PARENT.uid, record(), OP))
     more_spec = copy.deepcopy(mine)
     more_spec["spec"]["timeoutSeconds"] = 5
-    assert "spec" in str(not_adoptable(more_spec, PARENT.uid, record()))
+    assert "spec" in str(not_adoptable(more_spec, PARENT.uid, record(), OP))
 
 
 class FakeObjects:
@@ -159,6 +163,51 @@ async def test_a_planted_namesake_is_refused_and_nothing_of_it_is_taken() -> Non
     with pytest.raises(ChildNotAdoptable, match="not adopted; delete it"):
         await children.create("team", record(), "plan-01234567", "work/p0/child")
     assert store.runs == {}
+
+
+def _namesake(seal: str | None) -> dict[str, Any]:
+    """What someone who may create Workflows can write before the parent gets there: the child's name, its
+    controlling ownerReference to the parent's uid, its very spec, and a seal of their choosing (or none)."""
+    body = child_body(PARENT, "team", "plan-01234567", OP, record())
+    del body["metadata"]["annotations"][SEAL_ANNOTATION]
+    if seal is not None:
+        body["metadata"]["annotations"][SEAL_ANNOTATION] = seal
+    return body
+
+
+@pytest.mark.parametrize("seal", [None, "forged", "unsealed"])
+async def test_a_precreated_namesake_with_the_childs_owner_and_spec_is_refused_visibly(seal: str | None) -> None:
+    """Issue 38's trust note: ownerReference and spec can be written by anyone who may create Workflows; only the
+    operator's seal (an HMAC under the journal key, written at creation) makes a namesake adoptable."""
+    if seal == "unsealed":  # the digest alone, as an operator without a journal key writes it
+        seal = child_body(PARENT, "team", "plan-01234567", OP, record())["metadata"]["annotations"][SEAL_ANNOTATION]
+    objects, store, runs = FakeObjects(), FakeStore(), Runs()
+    served(runs)
+    parent_body = {"metadata": {"name": "plan", "namespace": "team", "uid": PARENT.uid}}
+    runs.views["plan-01234567"].body = parent_body
+    await objects.create("workflows", "team", _namesake(seal))
+    events: list[tuple[Any, LifecycleEvent]] = []
+    children = ChildObjects(objects, runs, lambda ns: store, KEY,  # type: ignore[arg-type]
+                            lambda body, event: events.append((body, event)))
+    with pytest.raises(ChildNotAdoptable, match="does not carry the operator's seal") as refused:
+        await children.create("team", record(), "plan-01234567", OP)
+    assert "kubectl delete dwf" in str(refused.value)
+    assert store.runs == {}  # nothing of it is taken: no run, no result
+    assert [(b, e.reason, e.type) for b, e in events] == [(parent_body, "ChildNotAdopted", "Warning")]
+    assert "kubectl delete dwf" in events[0][1].message
+
+
+async def test_a_child_the_operator_sealed_before_a_crash_is_adopted_and_only_under_its_key() -> None:
+    objects, store, runs = FakeObjects(), FakeStore(), Runs()
+    served(runs)
+    made = child_body(PARENT, "team", "plan-01234567", OP, record(), KEY)  # created, then the crash
+    assert not_adoptable(made, PARENT.uid, record(), OP, KEY) is None
+    assert "seal" in str(not_adoptable(made, PARENT.uid, record(), OP, b"x" * 32))  # another operator's key
+    assert "seal" in str(not_adoptable(made, PARENT.uid, record(), "work/p1/child", KEY))  # another operation
+    await objects.create("workflows", "team", made)
+    children = ChildObjects(objects, runs, lambda ns: store, KEY)  # type: ignore[arg-type]
+    run = await children.create("team", record(), "plan-01234567", OP)
+    assert run.labels[WORKFLOW_LABEL] == made["metadata"]["name"] and len(objects.items) == 1
 
 
 async def test_a_run_not_served_here_makes_no_child() -> None:

@@ -131,7 +131,8 @@ def test_checker_rejects_what_is_not_structural() -> None:
     [
         ("Workflow", "workflows", "dwf", [
             ("Phase", "string", ".status.phase"), ("Calls", "integer", ".status.calls.completed"),
-            ("Snapshot", "string", ".status.latestSnapshot"), ("Age", "date", ".metadata.creationTimestamp"),
+            ("Snapshot", "string", ".status.latestSnapshot"), ("Run", "string", ".status.runId"),
+            ("Age", "date", ".metadata.creationTimestamp"),
         ]),
         ("Sandbox", "sandboxes", "dsbx", [
             ("Phase", "string", ".status.phase"), ("Provider", "string", ".status.provider"),
@@ -336,7 +337,7 @@ def test_the_program_is_immutable_after_creation() -> None:
 def test_status_declares_every_field_the_operator_writes() -> None:
     status = set(openapi("Workflow")["properties"]["status"]["properties"])
     assert status == {
-        "conditions", "observedGeneration", "phase", "runId", "calls", "currentCall", "pendingCallbacks",
+        "conditions", "observedGeneration", "phase", "runId", "runs", "calls", "currentCall", "pendingCallbacks",
         "wakeAt", "attempt", "maxAttempts", "error", "recentOperations", "journal", "sandbox", "latestSnapshot",
         "recoveryCount", "result", "resultRef", "startedAt", "finishedAt", "kopf",
     }  # fmt: skip

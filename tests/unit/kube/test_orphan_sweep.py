@@ -11,7 +11,7 @@ import pytest
 from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.store import run_key
 from durable_sandbox.kube.sweep.orphans import Inventory, LiveOwner, Orphan, SweepPlan, plan_sweep, sweep_once
-from durable_sandbox.kube.sweep.sweeper import default_installation_id, live_owners
+from durable_sandbox.kube.sweep.sweeper import chain_ends, default_installation_id, live_owners
 from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
@@ -133,6 +133,26 @@ def test_live_owners_from_what_the_operator_records_never_from_status() -> None:
     assert live["ns/sb-c"] == LiveOwner("ns/sb-c"), "a record that fails its seals: unknown, everything kept"
     assert live["ns/sb-d"] == LiveOwner("ns/sb-d"), "no record yet: unknown"
     assert protected == {"user-snap"} and set(bodies) == set(live)
+
+
+def _head(run_id: str, status: str) -> dict[str, Any]:
+    return {"metadata": {"labels": {"durable-sandbox.dev/status": status, "durable-sandbox.dev/run-id": run_key(run_id)},
+                         "annotations": {"durable-sandbox.dev/run-id": run_id}}}
+
+
+def test_a_workflow_whose_run_continued_as_new_is_finished_only_at_the_end_of_its_chain() -> None:
+    """The chain's live sandbox belongs to a Workflow whose first run ended (continued as new): never swept."""
+    going, done = cluster_run_id("wf-going", "going"), cluster_run_id("wf-done", "done")
+    heads = [_head(going, "succeeded"), _head(f"{going}~1", "succeeded"), _head(f"{going}~2", "running"),
+             _head(done, "succeeded"), _head(f"{done}~1", "failed"),
+             {"metadata": {"labels": {"durable-sandbox.dev/status": "cancelled", "durable-sandbox.dev/run-id": "old"}}}]
+    keys = chain_ends(heads)
+    assert run_key(going) not in keys and run_key(f"{going}~1") not in keys  # they continued: the chain goes on
+    assert {run_key(done), run_key(f"{done}~1"), "old"} <= keys  # a chain's end marks its Workflow's run finished
+    workflows = [_wf("going", "Succeeded"), _wf("done", "Running")]
+    live, _, _ = live_owners(workflows, [], finished_runs=frozenset(f"ns/{k}" for k in keys), records={})
+    assert live["ns/going"] == LiveOwner("ns/going"), "its chain runs on: everything it holds is kept"
+    assert live["ns/done"] == LiveOwner("ns/done", frozenset(), frozenset())
 
 
 def test_a_sandboxs_session_snapshots_are_referenced_by_it() -> None:

@@ -157,7 +157,7 @@ class OperatorApplication:
         pools = PoolController(api, (lambda: pool_provider(self.metrics)) if pool_provider is not None else None,
                                self.metrics, PoolSettings(worker_id=settings.worker_id, lease_ttl=settings.lease_ttl))
         schedules = ScheduleController(
-            api, op.events, lambda namespace, run_id: op.engines.engine_for(namespace).store.get_run(run_id),
+            api, op.events, op.engines.current_run,  # a Workflow's run, or the last of its continue-as-new chain
             config.journal_key, ScheduleSettings(worker_id=settings.worker_id, lease_ttl=settings.lease_ttl))
         return Serving(api, op, sandboxes, pools, schedules)
 

@@ -570,6 +570,14 @@ def generate_crds() -> list[Schema]:
                 "jsonPath": ".status.latestSnapshot",
                 "description": "The latest sandbox snapshot taken.",
             },
+            {
+                "name": "Run",
+                "type": "string",
+                "jsonPath": ".status.runId",
+                "priority": 1,
+                "description": "The run the Workflow is at: after ctx.continue_as_new, the newest of its chain "
+                "(status.runs).",
+            },
             dict(_AGE),
         ],
         ["durable-sandbox"],

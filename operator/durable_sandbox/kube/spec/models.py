@@ -554,6 +554,18 @@ class SandboxStatusRef(_Status):
         default=None, description="The RuntimeClass the sandbox runs under (gVisor, Kata...), when its provider says.")
 
 
+class ChainRunStatus(_Status):
+    """One run of a Workflow's continue-as-new chain."""
+
+    run_id: str = Field(description="The run's id in the journal: <name>-<uid[:8]>, then <that>~1, ~2, ...")
+    outcome: str = Field(
+        description="How it ended: ContinuedAsNew, or for the run the Workflow is at its phase (Running, Waiting, "
+        "Succeeded, Failed, Cancelled...)."
+    )
+    started_at: str | None = Field(default=None, description="When the run started (RFC 3339).")
+    finished_at: str | None = Field(default=None, description="When it ended (RFC 3339); none while it runs.")
+
+
 class WorkflowStatus(_Status):
     """Where the run is: a bounded projection of its journal (the journal itself is in the ConfigMaps
     listed in journal), written by the operator through the status subresource."""
@@ -571,7 +583,16 @@ class WorkflowStatus(_Status):
         "failed and spec.retry starts another at wakeAt), Succeeded, Failed, Cancelled. The conditions carry the "
         "detail.",
     )
-    run_id: str | None = Field(default=None, description="The run's id in the journal: <name>-<uid[:8]>.")
+    run_id: str | None = Field(
+        default=None,
+        description="The run's id in the journal: <name>-<uid[:8]>; after ctx.continue_as_new, the chain's run the "
+        "Workflow is at (<name>-<uid[:8]>~<n>).",
+    )
+    runs: list[ChainRunStatus] = Field(
+        default_factory=list,
+        description="The Workflow's continue-as-new chain, newest first (the run it is at, then the ones that "
+        "continued as new), at most 20; empty for a run that never continued as new.",
+    )
     calls: CallsStatus | None = Field(default=None, description="Progress in tool calls.")
     current_call: CurrentCall | None = Field(
         default=None, description="The operation in flight; absent between operations."

@@ -18,6 +18,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from durable_sandbox.engine.continue_as_new import CHAIN, continued_to
 from durable_sandbox.engine.records import RunRecord, RunStatus
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.store import KubernetesStore, OwnerRef, run_key
@@ -113,6 +114,11 @@ class JournalStores:
         self._schemas: dict[str, NamespaceSchemaStore] = {}  # one per namespace: its schema is checked once
 
     @property
+    def journal_key(self) -> bytes | None:
+        """The key that seals what the operator writes (kube/journal/sealing.py), None without one."""
+        return self._journal_key
+
+    @property
     def collected_with_workflow(self) -> bool:
         """Whether deleting a Workflow deletes its run's journal by itself (owner references), or the cleanup
         must delete it."""
@@ -135,11 +141,14 @@ class JournalStores:
 
     async def finished_run_keys(self, namespace: str) -> set[str] | None:
         """The run keys (``run_key``) of ``namespace``'s finished runs, by their journal in PostgreSQL, for the
-        orphan sweep; None for the API-server journal (the sweep reads its Journal objects' labels)."""
+        orphan sweep; None for the API-server journal (the sweep reads its Journal objects' labels). A run that
+        continued as new is not finished (its chain goes on); the end of a chain marks its first run (the
+        Workflow's) finished too."""
         if not isinstance(self.choice, PostgresJournal):
             return None
         runs = await self.store_for(namespace).list_runs(status=FINISHED, limit=FINISHED_LIMIT)
-        return {run_key(r.run_id) for r in runs}
+        ended = [r for r in runs if continued_to(r) is None]
+        return {run_key(r.run_id) for r in ended} | {run_key(r.labels[CHAIN]) for r in ended if r.labels.get(CHAIN)}
 
     async def aclose(self) -> None:
         if self._pool is not None:

@@ -38,6 +38,7 @@ from durable_sandbox.kube.journal.sandbox_records import SandboxRecords
 from durable_sandbox.kube.reporting.events import EventRecorder, LifecycleEvent
 from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.store import LABEL_STATUS, run_key
+from durable_sandbox.kube.store.codec import ANNOTATION_RUN
 from durable_sandbox.kube.sweep.orphans import (
     Inventory,
     LiveOwner,
@@ -70,6 +71,31 @@ def default_installation_id(namespaces: Sequence[str] = (), environ: Mapping[str
     env = os.environ if environ is None else environ
     namespace = env.get("POD_NAMESPACE")
     return f"{namespace}/durable-sandbox" if namespace else "durable-sandbox"
+
+
+def _next_run(run_id: str) -> str:
+    first, sep, generation = run_id.rpartition("~")
+    return f"{first}~{int(generation) + 1}" if sep and generation.isdigit() else f"{run_id}~1"
+
+
+def chain_ends(heads: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The run keys of the finished runs among the journal heads ``heads``, by their status label: a run that
+    continued as new (the next run of its chain, ``<first>~<n>``, exists) is not finished; the end of a chain
+    marks its first run (the Workflow's, what :func:`live_owners` looks up) finished too."""
+    metas = [h.get("metadata") or {} for h in heads]
+    ids = {str(m["annotations"][ANNOTATION_RUN]) for m in metas if (m.get("annotations") or {}).get(ANNOTATION_RUN)}
+    out: set[str] = set()
+    for meta in metas:
+        labels = meta.get("labels") or {}
+        run_id = (meta.get("annotations") or {}).get(ANNOTATION_RUN)  # heads made before it have none: no chain
+        if labels.get(LABEL_STATUS) not in ("succeeded", "failed", "cancelled"):
+            continue
+        if isinstance(run_id, str) and _next_run(run_id) in ids:
+            continue
+        out.add(str(labels.get(LABEL_RUN)))
+        if isinstance(run_id, str) and "~" in run_id:
+            out.add(run_key(run_id.partition("~")[0]))
+    return out
 
 
 def live_owners(workflows: Sequence[Mapping[str, Any]], sandboxes: Sequence[Mapping[str, Any]], *,
@@ -191,9 +217,7 @@ class OrphanSweeper:
         for namespace in sorted(namespaces):
             keys = await self.finished_runs(namespace) if self.finished_runs is not None else None
             if keys is None:
-                heads = await JournalObjects(self.api, namespace).select(
-                    f"{LABEL_PART}=run,{LABEL_STATUS} in (succeeded,failed,cancelled)")
-                keys = {str((h["metadata"].get("labels") or {}).get(LABEL_RUN)) for h in heads}
+                keys = chain_ends(await JournalObjects(self.api, namespace).select(f"{LABEL_PART}=run"))
             finished.update(f"{namespace}/{key}" for key in keys)
             records.update(await self.records.all(namespace))
         return frozenset(finished), records

@@ -18,7 +18,9 @@
 - ``observed.py``: the store wrapper that reports those writes.
 - ``engines.py``: one engine per namespace, the provider policy, the services extensions read.
 - ``shutdown.py``: SIGTERM hands the runs executing here over.
-- ``children.py``: a child workflow of a run executed here made a Workflow of its own, owned by the parent's.
+- ``children.py``: a child workflow of a run executed here made a Workflow of its own, owned by the parent's
+  (and sealed: only the operator's own is adopted after a crash).
+- ``chain.py``: a Workflow whose run continues as new goes on with the next run of its chain.
 
 The Sandbox controller (``kube/sandbox/``) is a peer: neither imports the other.
 """

@@ -24,6 +24,7 @@ from durable_sandbox.engine import JournalDamaged, LeaseHeld
 from durable_sandbox.kube.api.errors import CleanupPending
 from durable_sandbox.kube.reporting.events import LifecycleEvent
 from durable_sandbox.kube.spec.plan import cluster_run_id
+from durable_sandbox.kube.workflow.chain import chain_from
 from durable_sandbox.kube.workflow.finished import let_go
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.wing import Wing
@@ -54,7 +55,9 @@ class Cleanup:
             return
         try:
             run = await engine.store.get_run(run_id)
-            if run is not None:
+            if run is not None:  # after ctx.continue_as_new, the run its chain is at (kube/workflow/chain.py)
+                run = (await chain_from(engine.store, run))[-1]
+                run_id = view.run_id = run.run_id
                 await engine.store.load_journal(run_id)  # its journal too must be readable to be cleaned up from
         except JournalDamaged as exc:
             await self._damaged(view, body, exc)
@@ -181,8 +184,13 @@ class Cleanup:
 
     async def _done(self, view: RunView, body: Mapping[str, Any], how: str = "") -> None:
         if not self.wing.engines.journals.collected_with_workflow:
-            # A PostgreSQL journal has no owner reference to go by: the run goes with its Workflow, here.
-            await self.wing.engines.engine_for(view.namespace).store.delete_run(view.run_id)
+            # A PostgreSQL journal has no owner reference to go by: the run goes with its Workflow, here (every
+            # run of its continue-as-new chain, newest first: a retry after a crash finds the rest from the first).
+            store = self.wing.engines.engine_for(view.namespace).store
+            first = await store.get_run(cluster_run_id(view.name, view.uid))
+            chain = await chain_from(store, first) if first is not None else []
+            for run_id in dict.fromkeys([view.run_id, *(r.run_id for r in reversed(chain))]):
+                await store.delete_run(run_id)
         await let_go(self.wing.holding, view)
         if view.extra.cleanup_blocked is not None:
             view.extra.cleanup_blocked = None

@@ -11,13 +11,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from durable_sandbox.engine import JournalDamaged
-from durable_sandbox.engine.records import Commit, RunStatus
+from durable_sandbox.engine.continue_as_new import follow
+from durable_sandbox.engine.records import Commit, RunRecord, RunStatus
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.api.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.holders.holder_processes import HolderProcesses
 from durable_sandbox.kube.holders.holding import Holding
 from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.store.journals import JournalStores
+from durable_sandbox.kube.workflow.chain import chain_owner
 from durable_sandbox.kube.workflow.children import ChildObjects
 from durable_sandbox.kube.workflow.observed import ObservedStore
 from durable_sandbox.kube.workflow.publishing import Publisher
@@ -47,14 +49,16 @@ class Engines:
         # Set by the Operator: a run of this replica made runnable by a write here (a child's end wakes its parent).
         self.runnable: Callable[[str], None] | None = None
         # A child workflow of a run executed here is a Workflow object of its own (kube/workflow/children.py).
-        self.children = ChildObjects(objects, runs, lambda namespace: self.engine_for(namespace).store)
+        self.children = ChildObjects(objects, runs, lambda namespace: self.engine_for(namespace).store,
+                                     journals.journal_key, publisher.emit)
 
     def engine_for(self, namespace: str) -> Engine:
         engine = self.runs.engines.get(namespace)
         if engine is None:
             store = ObservedStore(self.journals.store_for(namespace),
                                   self._written,
-                                  self.publisher.event_interval, self.publisher.read)
+                                  self.publisher.event_interval, self.publisher.read,
+                                  lambda run: chain_owner(self.runs, run))
             engine = Engine(
                 store,
                 worker_id=self.settings.worker_id,
@@ -161,10 +165,17 @@ class Engines:
             return False
         meta = body["metadata"]
         try:
-            run = await self.engine_for(namespace).store.get_run(cluster_run_id(meta["name"], meta["uid"]))
+            run = await self.current_run(namespace, cluster_run_id(meta["name"], meta["uid"]))
         except JournalDamaged:
             return False
         return run is None or not run.status.terminal
+
+    async def current_run(self, namespace: str, run_id: str) -> RunRecord | None:
+        """The record of the run a Workflow's run ``run_id`` is at: after ctx.continue_as_new, the last of its
+        chain (engine/continue_as_new.py ``follow``), so a chain that goes on is not taken for finished."""
+        store = self.engine_for(namespace).store
+        run: RunRecord | None = await store.get_run(run_id)
+        return await follow(store, run) if run is not None else None
 
     def forget_run(self, view: RunView) -> None:
         """The run's task ended: its head's bookkeeping in the store goes too (read again when the run is next

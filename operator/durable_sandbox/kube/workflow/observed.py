@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from durable_sandbox.engine.records import Commit, OperationRecord, RunRecord
-from durable_sandbox.engine.store import commit_ending
+from durable_sandbox.engine.store import CommitsWithNewRun
 
 __all__ = ["ObservedStore"]
 
@@ -19,11 +19,13 @@ class ObservedStore:
 
     def __init__(self, inner: Any, on_write: Callable[[str, Commit | None, dict[str, Any] | None], None],
                  event_interval: Callable[[], float] | None = None,
-                 on_read: Callable[[str, list[OperationRecord]], None] | None = None) -> None:
+                 on_read: Callable[[str, list[OperationRecord]], None] | None = None,
+                 owner_of: Callable[[RunRecord], Any] | None = None) -> None:
         self._inner = inner
         self._on_write = on_write
         self._event_interval = event_interval
         self._on_read = on_read
+        self._owner_of = owner_of  # the Workflow a run the engine creates belongs to (a continue-as-new's next)
 
     @property
     def event_interval(self) -> float:
@@ -39,8 +41,19 @@ class ObservedStore:
     async def commit_with_new_run(self, run_id: str, fence: int, commit: Commit, new_run: RunRecord) -> None:
         """A run's final commit that creates the run it continues as (engine/store.py ``CommitsWithNewRun``),
         reported as the commit it is (defined here: ``__getattr__`` would pass it by unreported)."""
-        await commit_ending(self._inner, run_id, fence, commit, new_run)
+        if isinstance(self._inner, CommitsWithNewRun):
+            await self._inner.commit_with_new_run(run_id, fence, commit, new_run)
+        else:  # as engine.store.commit_ending does, with the next run owned by the Workflow (self.create_run)
+            await self.create_run(new_run)
+            await self._inner.commit(run_id, fence, commit)
         self._on_write(run_id, commit, commit.run)
+
+    async def create_run(self, run: RunRecord, **options: Any) -> Any:
+        """A run the engine creates (a continue-as-new's next run) is owned by its chain's Workflow: its journal
+        objects are collected with it."""
+        if "owner" not in options and self._owner_of is not None and (owner := self._owner_of(run)) is not None:
+            options["owner"] = owner
+        return await self._inner.create_run(run, **options)
 
     async def update_run(self, run_id: str, changes: dict[str, Any], *, fence: int | None = None) -> None:
         await self._inner.update_run(run_id, changes, fence=fence)

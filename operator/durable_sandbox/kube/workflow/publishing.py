@@ -25,10 +25,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from durable_sandbox.engine.continue_as_new import continued_to
 from durable_sandbox.engine.driver import backoff
 from durable_sandbox.engine.records import Commit, OperationRecord
 from durable_sandbox.kube.api.apiserver_away import ApiServerAway, took
 from durable_sandbox.kube.api.resources import WORKFLOWS, CustomObjects
+from durable_sandbox.kube.reporting.chain_status import chain_status
 from durable_sandbox.kube.reporting.events import (
     TERMINAL_REASONS,
     EventRecorder,
@@ -129,6 +131,8 @@ class Publisher:
     def offer(self, view: RunView) -> None:
         if view.writer is None:
             return
+        if view.run is not None and continued_to(view.run) is not None:
+            return  # it continued as new: the Workflow is not done, its next turn goes on with the next run (chain.py)
         status = self.status_of(view)
         phase = status.get("phase")
         if phase != view.phase:
@@ -157,6 +161,8 @@ class Publisher:
     def status_of(self, view: RunView) -> dict[str, Any]:
         previous = (view.body.get("status") or {}).get("conditions") or []
         status = render(view.run, view.projection, view.extra, run_id=view.run_id, previous_conditions=previous)
+        if view.chain:
+            status["runs"] = chain_status(view.chain, view.run)
         engine = self.runs.engines.get(view.namespace)
         if engine is not None:
             store = engine.store

@@ -33,6 +33,7 @@ class RunView(ObjectView):
     waiting_for: str | None = None  # the Sandbox (spec.sandboxRef) the run waits for
     released: bool = False  # the Sandbox this run held has been let go
     leftovers_removed: bool = False  # the providers were asked for what the finished run left (leftovers.py)
+    chain: list[RunRecord] = field(default_factory=list)  # the runs before run_id that continued as new (chain.py)
 
 
 @dataclass(slots=True)
@@ -67,7 +68,10 @@ class Runs:
     stopping: bool = False
 
     def forget(self, run_id: str) -> None:
-        """The run's task ended: drop what only the task needed."""
-        self.views.pop(run_id, None)
-        self.secrets.pop(run_id, None)
-        self.env_values.pop(run_id, None)
+        """The run's task ended: drop what only the task needed (under every id of its chain, kube/workflow/chain.py)."""
+        view = self.views.pop(run_id, None)
+        for key in (run_id, *([view.run_id] if view is not None else [])):
+            if self.views.get(key) is view:
+                self.views.pop(key, None)
+            self.secrets.pop(key, None)
+            self.env_values.pop(key, None)

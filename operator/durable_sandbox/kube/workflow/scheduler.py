@@ -148,10 +148,13 @@ class Scheduler:
         """The run was made runnable behind its Workflow's back (a child's end wakes its parent,
         engine/children.py): its task takes a turn now, or the parked run is made active."""
         view = self.runs.views.get(run_id)
+        first = run_id.partition("~")[0]  # a continue-as-new chain's run: parked under its Workflow's run id
         if view is not None:
             view.wake.set()
         elif run_id in self.runs.parked:
             self._due(run_id)
+        elif first in self.runs.parked:
+            self._due(first)
 
     def _due(self, run_id: str) -> None:
         """A parked run's timer fired: activate it (its task reads the object afresh)."""

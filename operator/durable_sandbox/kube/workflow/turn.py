@@ -26,6 +26,7 @@ from durable_sandbox.kube.reporting.oplog import about
 from durable_sandbox.kube.reporting.status import TERMINAL_PHASES
 from durable_sandbox.kube.spec.plan import RunPlan
 from durable_sandbox.kube.workflow.admission import Admission
+from durable_sandbox.kube.workflow.chain import move_on, next_in_chain
 from durable_sandbox.kube.workflow.execution import Execution
 from durable_sandbox.kube.workflow.finished import Finisher
 from durable_sandbox.kube.workflow.parking import Outcome, Park, wait_or_park
@@ -161,6 +162,10 @@ class Turn:
             # operator's back. Starting afresh would run every committed call again: stop and say so.
             raise JournalDamaged(view.run_id, self.engines.journals.location(view.namespace, view.run_id),
                                  "the run's record disappeared while the Workflow exists", tampered=False, lost=True)
+        if run.status.terminal and (nxt := await next_in_chain(engine.store, run)) is not None:
+            move_on(self.runs, view, run, nxt)  # it continued as new: the Workflow goes on with the next run
+            self.publisher.offer(view)
+            return "again"
         view.run = run
         view.extra.attempt = run.epoch + 1
         if plan.worker_queue is not None:
