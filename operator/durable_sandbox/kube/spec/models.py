@@ -435,13 +435,16 @@ class WorkflowSpec(_Model):
 
 
 class SandboxSource(_Model):
-    """spec.from: the Sandbox whose session the new Sandbox starts from, as it was after call afterCall."""
+    """spec.from: the Sandbox (or Workflow's run) whose session the new Sandbox starts from, as it was after call
+    afterCall."""
 
     sandbox: Annotated[str, Field(min_length=1, max_length=253)] | None = Field(
         default=None, description="A Sandbox of this namespace (never another's): its session's first afterCall "
         "calls become the new Sandbox's, and its workspace is rebuilt from them.")
     workflow: Annotated[str, Field(min_length=1, max_length=253)] | None = Field(
-        default=None, description="A Workflow of this namespace (not supported yet: refused with what to do).")
+        default=None, description="A Workflow of this namespace (never another's): its run's first afterCall "
+        "sandbox calls become the new Sandbox's (its uid read when the fork's session is first opened); who calls the "
+        "fork must be allowed to get that Workflow.")
     after_call: Annotated[int, Field(ge=0, strict=True)] = Field(
         description="How many of the source's session calls the new Sandbox starts with (its state after that call).")
 
@@ -468,8 +471,8 @@ class SandboxResourceSpec(ResourceSandboxSettings):
         str, Field(min_length=1, description="Create the sandbox from this provider snapshot id.")
     ] | None = None
     from_: SandboxSource | None = Field(
-        default=None, alias="from", description="Start from another Sandbox's session after one of its calls "
-        "(docs/forks.md): a fork. Fixed at creation.")
+        default=None, alias="from", description="Start from another Sandbox's session (or a Workflow's run) after "
+        "one of its calls (docs/forks.md): a fork. Fixed at creation.")
     idle_suspend_after_seconds: Annotated[int, Field(
         ge=1, le=2_592_000, strict=True,
         description="Suspend the sandbox (snapshot, then destroy it) once no Workflow has held it for this many "
