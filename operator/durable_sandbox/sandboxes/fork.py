@@ -21,6 +21,7 @@ N is the checkpoint the others restore from (nothing to replay), when the provid
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -29,12 +30,13 @@ from durable_sandbox.engine import faults
 from durable_sandbox.engine.client import RunClient, new_run_id
 from durable_sandbox.engine.errors import DurableError, RunNotFound, Suspend
 from durable_sandbox.engine.executor import RunExecutor
-from durable_sandbox.engine.records import Lease, OperationRecord, RunRecord, RunStatus
+from durable_sandbox.engine.records import Lease, OperationRecord, OpKind, RunRecord, RunStatus
 from durable_sandbox.engine.store import Store
 from durable_sandbox.providers.contract import Capability, SandboxProvider, ToolResult
 from durable_sandbox.sandboxes import fork_journal
 from durable_sandbox.sandboxes.fork_journal import Borrowed, ForkRefused
 from durable_sandbox.sandboxes.session import ReconstructionError, SandboxSession, SessionState
+from durable_sandbox.sandboxes.state import Checkpoint
 
 __all__ = ["ForkDiverged", "ForkPlace", "ForkRefused", "Forked", "fork_run", "undo_fork"]
 
@@ -57,8 +59,29 @@ class Engine(Protocol):
 class ForkSession(SandboxSession):
     """A fork's session while the fork is being made: the two steps only a fork takes."""
 
+    async def own_borrowed(self) -> None:
+        """When the provider copies snapshots: copy the borrowed checkpoint into a snapshot of the fork's own, journal
+        it as the fork's, and let the borrowed one go (journaled only). The restore then reads only what the fork
+        owns, whatever the source deletes meanwhile; each snapshot object has one owner, who deletes it once."""
+        latest = self.state.latest
+        if latest is None or not latest.borrowed or not self.provider.capabilities().supports(Capability.SNAPSHOT_COPY):
+            return
+        sc = self.scope
+        op_id = f"{self.sid}/snapshot/copy-{latest.count}"
+        if not sc.done(op_id):
+            provider_op = "dsv1c_" + hashlib.sha256(f"{self.rt.run_id}\0{op_id}".encode()).hexdigest()[:40]
+            meta: dict[str, object] = {"count": latest.count, "operationId": provider_op, "copyOf": latest.snapshot_id}
+            await sc.write(op_id, OpKind.SANDBOX_SNAPSHOT, "snapshot", "started", meta=meta)
+            copy_id = await self.provider.copy_snapshot(latest.snapshot_id, operation_id=provider_op)
+            faults.reach(f"snapshot-copied:{op_id}")
+            await sc.write(op_id, OpKind.SANDBOX_SNAPSHOT, "snapshot", "completed", result={"snapshotId": copy_id},
+                           meta=dict(meta))
+            self.state.checkpoints.append(Checkpoint(latest.count, copy_id, op_id))
+        await self.checkpointer.delete(latest)
+
     async def rebuild(self) -> None:
-        """Restore the newest checkpoint (the borrowed one) and replay the calls since, outcomes checked."""
+        """Restore the newest checkpoint (the fork's copy, else the borrowed one) and replay the calls since,
+        outcomes checked."""
         await self.recoverer.restore(reason=fork_journal.FORK_OP)
 
     async def checkpoint_own(self) -> None:
@@ -186,6 +209,7 @@ async def _make_one(
                               lease_seconds=int(options.get("leaseSeconds", 3600)),
                               snapshot_every=int(options.get("snapshotEvery") or 0))
         try:
+            await session.own_borrowed()
             await session.rebuild()
         except Suspend as waiting:  # an ``ask`` call: the run waits for the answer; the restore resumes then
             made.waiting_for[fork_id] = list(waiting.op_ids)
