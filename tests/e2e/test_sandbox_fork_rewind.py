@@ -166,9 +166,9 @@ def wf_status(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
 
 def test_a_workflow_fork_of_runs_its_tail_from_the_sources_call_n(control_plane: ControlPlane, namespace: str,
                                                                   operators: Any) -> None:
-    """docs/forks.md's forkOf: the source's retained snapshot (after call 4) restored, call 5 replayed, then the
-    fork's own tail; a point past the source's calls refused (ForkPointNotReached); forkOf fixed at creation; both
-    deleted, nothing left."""
+    """docs/forks.md's forkOf: the source's retained snapshot (after call 4) copied and the copy restored, call 5
+    replayed, then the fork's own tail; a point past the source's calls refused (ForkPointNotReached); forkOf fixed
+    at creation; all deleted, nothing left."""
     cp, ns = control_plane, namespace
     home = start(operators, free_port()).home
     calls = [{"type": "shell", "command": f"echo {i} >> log.txt"} for i in range(5)]
@@ -181,9 +181,11 @@ def test_a_workflow_fork_of_runs_its_tail_from_the_sources_call_n(control_plane:
     assert st["result"]["toolResults"][-1]["stdout"] == "0\n1\n2\n3\n4\ntry 2\n"
     assert st["calls"]["total"] == 7
     uid = str(cp.kubectl_json("get", "workflow", "src", "-n", ns)["metadata"]["uid"])
-    [head] = [r for r in journal(cp, ns, f"{name}-{cp.kubectl_json('get', 'workflow', name, '-n', ns)['metadata']['uid'][:8]}")
-              if r.op_id == "fork"]
+    rows = journal(cp, ns, f"{name}-{cp.kubectl_json('get', 'workflow', name, '-n', ns)['metadata']['uid'][:8]}")
+    [head] = [r for r in rows if r.op_id == "fork"]
     assert head.meta is not None and (head.meta["workflow"], head.meta["uid"]) == ("src", uid)
+    # Restored from its own copy of the source's retained snapshot (snapshot_copy), never the source's object.
+    assert [r.status for r in rows if r.op_id == "sandbox/snapshot/copy-4"] == ["started", "completed"]
     refused = cp.kubectl("patch", "workflow", name, "-n", ns, "--type=merge", "-p",
                          '{"spec":{"forkOf":{"workflow":"src","afterCall":1}}}', check=False)
     assert refused.returncode != 0 and "spec.forkOf cannot change after creation" in refused.stderr
