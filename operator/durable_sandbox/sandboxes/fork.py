@@ -38,7 +38,7 @@ from durable_sandbox.sandboxes.fork_journal import Borrowed, ForkRefused
 from durable_sandbox.sandboxes.session import ReconstructionError, SandboxSession, SessionState
 from durable_sandbox.sandboxes.state import Checkpoint
 
-__all__ = ["ForkDiverged", "ForkPlace", "ForkRefused", "Forked", "fork_run", "undo_fork"]
+__all__ = ["ForkDiverged", "ForkPlace", "ForkRefused", "ForkRunExists", "Forked", "fork_run", "undo_fork"]
 
 FORK_LABEL = "durable-sandbox.dev/fork-of"
 _SHOWN = 400  # characters of each stream an error shows
@@ -90,6 +90,10 @@ class ForkSession(SandboxSession):
         await self.checkpointer.checkpoint(self.state.completed)
         for cp in [c for c in self.state.checkpoints if c.borrowed]:
             await self.checkpointer.delete(cp)
+
+
+class ForkRunExists(ForkRefused):
+    """The fork's run id is taken (another maker of the same fork, or a run of that id)."""
 
 
 class ForkDiverged(DurableError):
@@ -196,7 +200,7 @@ async def _make_one(
     record.status = RunStatus.WAITING
     run, created = await (place.create or engine.store.create_run)(record)
     if not created:
-        raise ForkRefused(f"Run {fork_id!r} exists already; choose a new run id for the fork")
+        raise ForkRunExists(f"Run {fork_id!r} exists already; choose a new run id for the fork")
     lease = await engine.executor.claim(fork_id)
     try:
         rt = await engine.executor.open_runtime(run, lease)

@@ -17,8 +17,9 @@ from durable_sandbox.engine.records import RunRecord, RunStatus
 from durable_sandbox.kube.spec.models import WorkflowResource
 from durable_sandbox.kube.spec.plan import RunPlan, cluster_run_id, plan_workflow
 from durable_sandbox.kube.store import OwnerRef
-from durable_sandbox.kube.workflow.forking import ForkOfRefused, half_made, make_fork
+from durable_sandbox.kube.workflow.forking import ForkOfBusy, ForkOfRefused, half_made, make_fork
 from durable_sandbox.sandboxes import fork_journal
+from durable_sandbox.stores import SqliteStore
 from durable_sandbox.sandboxes.session import SessionState
 from durable_sandbox.workflows import sandbox_agent
 from durable_sandbox.workflows.sandbox_agent import AgentServices
@@ -189,5 +190,33 @@ async def test_a_half_made_fork_is_undone_and_made_again(engine: durable_sandbox
     assert run.status == RunStatus.PENDING and not half_made(run)
     state = await engine.resume(run.run_id)
     assert state.status == "succeeded" and last_stdout(state) == "0\n1\n2\ntail\n"
+    await engine.delete(run.run_id, force=True)
+    await engine.delete(src, force=True)
+
+
+async def test_a_fork_another_replica_is_making_is_left_to_it(engine: durable_sandbox.Engine, db: Path,
+                                                              local: Hooked) -> None:
+    """Two replicas admitting one fork: the second finds the run made (or its lease held while it is made) and
+    looks again later (ForkOfBusy, not a refusal), never undoing what the other makes."""
+    src = await run_source(engine, calls=4)
+    plan = fork_plan(3)
+    assert plan.run_id is not None
+    run = await fork(engine, plan)
+    with pytest.raises(ForkOfBusy, match="another operator replica is making this fork"):
+        await fork(engine, plan)  # the run exists: made by the first
+    left = RunRecord(run_id="in-the-making", workflow=sandbox_agent.NAME, input=plan.input, status=RunStatus.WAITING)
+    await engine.store.create_run(left)
+    other = durable_sandbox.Engine(SqliteStore(db), providers={"local": local}, worker_id="other-replica",
+                                   lease_ttl=30.0)
+    lease = await other.executor.claim(left.run_id)  # its maker (another replica) holds its lease
+    with pytest.raises(ForkOfBusy):
+        await make_fork(engine, plan, namespace="team", run_id=left.run_id, owner=OWNER, source=body("src", SRC_UID),
+                        secrets={}, stored=left)
+    assert await engine.store.get_run(left.run_id) is not None  # not undone under its maker
+    await other.store.release(lease)
+    await other.aclose()
+    await engine.delete(left.run_id, force=True)
+    state = await engine.resume(run.run_id)
+    assert state.status == "succeeded"
     await engine.delete(run.run_id, force=True)
     await engine.delete(src, force=True)

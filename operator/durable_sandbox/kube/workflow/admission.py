@@ -164,6 +164,10 @@ class Admission:
         except forking.ForkOfRefused as exc:
             await self.reject(view, exc.reason, str(exc))
             return None
+        except forking.ForkOfBusy as exc:  # another replica is making it: looked at again (not runnable here)
+            view.extra.not_runnable = str(exc)
+            self.publisher.offer(view)
+            return None
 
     async def reject(self, view: RunView, reason: str, message: str) -> None:
         view.extra.rejected = (reason, message)

@@ -26,11 +26,12 @@ from durable_sandbox.engine.records import RunRecord, RunStatus
 from durable_sandbox.kube.spec.plan import RunPlan, cluster_run_id
 from durable_sandbox.kube.store import OwnerRef
 from durable_sandbox.sandbox_engine import Engine
-from durable_sandbox.sandboxes.fork import ForkDiverged, ForkPlace, ForkRefused, fork_run, undo_fork
+from durable_sandbox.engine.errors import LeaseHeld
+from durable_sandbox.sandboxes.fork import ForkDiverged, ForkPlace, ForkRefused, ForkRunExists, fork_run, undo_fork
 from durable_sandbox.sandboxes.session import SessionState
 from durable_sandbox.workflows import sandbox_agent
 
-__all__ = ["SESSION", "ForkOfRefused", "half_made", "make_fork"]
+__all__ = ["SESSION", "ForkOfBusy", "ForkOfRefused", "half_made", "make_fork"]
 
 SESSION = "sandbox"  # sandbox-agent's session
 
@@ -41,6 +42,10 @@ class ForkOfRefused(ValueError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class ForkOfBusy(RuntimeError):
+    """Another replica is making this fork now (it holds the run's lease, or created the run first): look again."""
 
 
 def half_made(run: RunRecord) -> bool:
@@ -87,21 +92,33 @@ async def make_fork(
                             f"source's provider (name it, or leave it unset when it is the default)")
     program = _whole_program(plan, src.input, where)
     env = _own_env(plan, secrets, where)
-    if stored is not None:  # a maker that died half-way: nothing of it is kept
-        await undo_fork(engine, stored.run_id)
+    try:
+        if stored is not None:  # a maker that died half-way: nothing of it is kept
+            await undo_fork(engine, stored.run_id)
+        return await _fork(engine, plan, source_run, str(uid), run_id, owner, program, env)
+    except (LeaseHeld, ForkRunExists) as exc:  # never undone here: it is another replica's to finish
+        raise ForkOfBusy(f"{where}: another operator replica is making this fork ({exc}); looked at again") from None
+
+
+async def _fork(engine: Engine, plan: RunPlan, source_run: str, uid: str, run_id: str, owner: OwnerRef,
+                program: dict[str, Any], env: dict[str, str]) -> RunRecord:
+    fork = plan.fork_of
+    assert fork is not None
+    where = f"{plan.where}spec.forkOf"
     store: Any = engine.store  # a KubernetesStore: the run's objects are owned by the Workflow
 
     async def create(record: RunRecord) -> tuple[RunRecord, bool]:
         made: tuple[RunRecord, bool] = await store.create_run(record, owner=owner)
         return made
 
-    place = ForkPlace(labels=dict(plan.labels), create=create, env=env,
-                      origin={"workflow": fork.workflow, "uid": str(uid)})
+    place = ForkPlace(labels=dict(plan.labels), create=create, env=env, origin={"workflow": fork.workflow, "uid": uid})
     try:
         await fork_run(engine, source_run, after_call=fork.after_call, session=SESSION, workflow=plan.definition,
                        input=program, run_ids=[run_id], place=place)
     except ForkDiverged as exc:
         raise ForkOfRefused("ForkDiverged", f"{where}: {exc}") from None
+    except ForkRunExists:
+        raise
     except ForkRefused as exc:
         raise ForkOfRefused("ForkRefused", f"{where}: {exc}") from None
     run = await engine.store.get_run(run_id)
