@@ -19,8 +19,8 @@ from durable_sandbox.kube.spec.plan import RunPlan, cluster_run_id, plan_workflo
 from durable_sandbox.kube.store import OwnerRef
 from durable_sandbox.kube.workflow.forking import ForkOfBusy, ForkOfRefused, half_made, make_fork
 from durable_sandbox.sandboxes import fork_journal
-from durable_sandbox.stores import SqliteStore
 from durable_sandbox.sandboxes.session import SessionState
+from durable_sandbox.stores import SqliteStore
 from durable_sandbox.workflows import sandbox_agent
 from durable_sandbox.workflows.sandbox_agent import AgentServices
 from tests.unit.sandbox_session_support import Hooked, db, engine_for, local

@@ -22,12 +22,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from durable_sandbox.engine.errors import LeaseHeld
 from durable_sandbox.engine.records import RunRecord, RunStatus
 from durable_sandbox.kube.spec.plan import RunPlan, cluster_run_id
 from durable_sandbox.kube.store import OwnerRef
 from durable_sandbox.sandbox_engine import Engine
-from durable_sandbox.engine.errors import LeaseHeld
-from durable_sandbox.sandboxes.fork import ForkDiverged, ForkPlace, ForkRefused, ForkRunExists, fork_run, undo_fork
+from durable_sandbox.sandboxes.fork import (
+    ForkDiverged,
+    ForkPlace,
+    ForkRefused,
+    ForkRunExists,
+    fork_run,
+    undo_fork,
+)
 from durable_sandbox.sandboxes.session import SessionState
 from durable_sandbox.workflows import sandbox_agent
 
