@@ -6,8 +6,8 @@
 What runs: this process, the local provider and a SQLite store. A source run makes ``--calls`` shell calls, each
 writing its share of a ``--mb`` MB workspace (random bytes: a snapshot cannot compress them away), snapshots every
 ``--every`` calls and keeps them (``keep_checkpoints``), then waits with its sandbox live. ``fork`` is
-``engine.fork(src, after_call=N)``: restore the checkpoint at or before N, replay the calls after it, take the
-fork's own snapshot. ``replay`` is the same fork of the same run made with no checkpoint to restore (a source run
+``engine.fork(src, after_call=N)``: copy the checkpoint at or before N into the fork's own snapshot (the local
+provider's ``snapshot_copy``), restore the copy, replay the calls after it, take the fork's own snapshot. ``replay`` is the same fork of the same run made with no checkpoint to restore (a source run
 without snapshots): a fresh sandbox and all N calls replayed, outcomes checked; the ratio of the two is what the
 snapshots buy. ``ten_forks`` is ``engine.fork(src, after_call=N, count=10)``: one replay, then nine restores of
 the first fork's snapshot. Medians of ``--repeats``; the forks are deleted (sandboxes, snapshots) between repeats.

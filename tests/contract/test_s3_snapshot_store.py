@@ -154,6 +154,26 @@ async def test_the_sweep_aborts_stale_uploads_of_its_installation_only(store: S3
     assert await unfinished_uploads(store) == [store.key(name("other-inst", installation="other"))]
 
 
+@pytest.mark.parametrize("first", ["original", "copy"])
+async def test_a_server_side_copy_is_an_object_of_its_own_deleted_in_either_order(store: S3SnapshotStore,
+                                                                                   first: str) -> None:
+    """A fork's copy of its source's snapshot (sandboxes/fork.py): the same bytes under another key; a retry keeps
+    the first copy; deleting either leaves the other whole; a copy of a missing snapshot says so."""
+    original, copy = name("source-op"), name("copy-op", owner="ns/fork-uid")
+    data = secrets.token_bytes(200_000)
+    await store.put(original, chunks(data))
+    await store.copy(original, copy)
+    await store.copy(original, copy)  # a retry
+    assert await read_all(store, copy) == data
+    gone, kept = (original, copy) if first == "original" else (copy, original)
+    await store.delete(gone)
+    assert not await store.exists(gone) and await read_all(store, kept) == data
+    await store.delete(kept)
+    with pytest.raises(SnapshotMissing):
+        await store.copy(original, name("another-copy"))
+    assert not await store.exists(name("another-copy"))
+
+
 async def test_delete_is_idempotent_and_a_deleted_snapshot_is_missing(store: S3SnapshotStore) -> None:
     snapshot = name("gone")
     await store.put(snapshot, chunks(b"data"))

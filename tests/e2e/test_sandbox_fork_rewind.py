@@ -145,3 +145,60 @@ def test_the_docs_manifest_is_a_valid_fork(tmp_path: Path) -> None:
 
     parsed = SandboxResource.model_validate(docs_fork_manifest())
     assert parsed.spec.from_ is not None and parsed.spec.from_.after_call == 3
+
+
+def workflow(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
+            "spec": {"sandbox": {"provider": "local"}, **spec}}
+
+
+def phase(cp: ControlPlane, ns: str, name: str, want: str) -> dict[str, Any]:
+    wait_until(lambda: wf_status(cp, ns, name).get("phase") in (want, "Failed", "Succeeded"), 120, f"{name} {want}")
+    st = wf_status(cp, ns, name)
+    assert st.get("phase") == want, st
+    return st
+
+
+def wf_status(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    got = cp.kubectl_json("get", "workflow", name, "-n", ns)
+    return dict(got.get("status") or {})
+
+
+def test_a_workflow_fork_of_runs_its_tail_from_the_sources_call_n(control_plane: ControlPlane, namespace: str,
+                                                                  operators: Any) -> None:
+    """docs/forks.md's forkOf: the source's retained snapshot (after call 4) copied and the copy restored, call 5
+    replayed, then the fork's own tail; a point past the source's calls refused (ForkPointNotReached); forkOf fixed
+    at creation; all deleted, nothing left."""
+    cp, ns = control_plane, namespace
+    home = start(operators, free_port()).home
+    calls = [{"type": "shell", "command": f"echo {i} >> log.txt"} for i in range(5)]
+    cp.apply(workflow("src", toolCalls=calls, snapshotEveryNCalls=2, retainLatestSnapshot=True), "-n", ns)
+    phase(cp, ns, "src", "Succeeded")
+    fork = docs_fork_of_manifest()
+    cp.apply(fork, "-n", ns)
+    name = fork["metadata"]["name"]
+    st = phase(cp, ns, name, "Succeeded")
+    assert st["result"]["toolResults"][-1]["stdout"] == "0\n1\n2\n3\n4\ntry 2\n"
+    assert st["calls"]["total"] == 7
+    uid = str(cp.kubectl_json("get", "workflow", "src", "-n", ns)["metadata"]["uid"])
+    rows = journal(cp, ns, f"{name}-{cp.kubectl_json('get', 'workflow', name, '-n', ns)['metadata']['uid'][:8]}")
+    [head] = [r for r in rows if r.op_id == "fork"]
+    assert head.meta is not None and (head.meta["workflow"], head.meta["uid"]) == ("src", uid)
+    # Restored from its own copy of the source's retained snapshot (snapshot_copy), never the source's object.
+    assert [r.status for r in rows if r.op_id == "sandbox/snapshot/copy-4"] == ["started", "completed"]
+    refused = cp.kubectl("patch", "workflow", name, "-n", ns, "--type=merge", "-p",
+                         '{"spec":{"forkOf":{"workflow":"src","afterCall":1}}}', check=False)
+    assert refused.returncode != 0 and "spec.forkOf cannot change after creation" in refused.stderr
+    cp.apply(workflow("too-far", forkOf={"workflow": "src", "afterCall": 9},
+                      toolCalls=[{"type": "shell", "command": "true"}]), "-n", ns)
+    failed = phase(cp, ns, "too-far", "Failed")
+    assert "afterCall is 9, but Workflow 'src'" in str(failed), failed
+    for gone in ("src", name, "too-far"):
+        cp.kubectl("delete", "workflow", gone, "-n", ns, "--wait=true", "--timeout=90s")
+    wait_until(lambda: not local_sandboxes(home), 60, "no sandbox or snapshot of source or fork left")
+
+
+def docs_fork_of_manifest() -> dict[str, Any]:
+    doc = (ROOT / "docs" / "forks.md").read_text()
+    [found] = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", doc, re.S) if "forkOf:" in block]
+    return dict(found)

@@ -135,6 +135,11 @@ class Hooked(SandboxProvider):
         self.log.append(("restore", handle.id))
         return handle
 
+    async def copy_snapshot(self, snapshot_id: str, *, operation_id: str) -> str:
+        copy_id = await self.inner.copy_snapshot(snapshot_id, operation_id=operation_id)
+        self.log.append(("copy_snapshot", copy_id))
+        return copy_id
+
     async def delete_snapshot(self, snapshot_id: str) -> None:
         self.population.append(len(self._list()))
         self.log.append(("delete_snapshot", snapshot_id))

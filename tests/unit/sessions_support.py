@@ -49,6 +49,9 @@ class FakeAuth:
             raise CallRefused(403, f"{user} may not call this Sandbox", where=f"Sandbox {namespace}/{name}", do="bind")
         return user
 
+    async def check_workflow(self, token: str | None, namespace: str, name: str, verb: str) -> str:
+        return await self.check(token, namespace, f"workflow:{name}")
+
     async def check_update(self, token: str | None, namespace: str, name: str) -> str:
         user = await self.check(token, namespace, name)
         if user not in self.owners:

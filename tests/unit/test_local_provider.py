@@ -132,6 +132,7 @@ def test_capabilities_are_declared_exactly(provider: LocalProvider) -> None:
             Capability.INVENTORY,
             Capability.PROCESS_RESET,
             Capability.OUTPUT_STREAMING,
+            Capability.SNAPSHOT_COPY,
         }
     )
     assert caps.delivery_guarantee == "at_least_once_effects"
@@ -631,6 +632,29 @@ async def test_delete_snapshot_is_idempotent(provider: LocalProvider, sandbox: S
     assert provider.leases_dir.is_dir()
     with pytest.raises(ProvisionError):
         await provider.restore(snap, SandboxSpec(), lease_seconds=60)
+
+
+@pytest.mark.parametrize("first", ["original", "copy"])
+async def test_a_copied_snapshot_is_an_object_of_its_own_deleted_in_either_order(
+    provider: LocalProvider, sandbox: SandboxHandle, first: str
+) -> None:
+    """copy_snapshot (a fork's own copy of its source's snapshot, sandboxes/fork.py): another id, the same
+    workspace; a retry finds the first copy; deleting either leaves the other restorable; nothing is left."""
+    await provider.execute(sandbox, ToolCall(operation_id="w", type="write_file", args={"path": "a.txt", "contents": "A"}))
+    snap = await provider.snapshot(sandbox, operation_id="s")
+    copy = await provider.copy_snapshot(snap, operation_id="c")
+    assert copy != snap and await provider.copy_snapshot(snap, operation_id="c") == copy
+    assert sorted(provider.list_snapshots()) == sorted([snap, copy])
+    gone, kept = (snap, copy) if first == "original" else (copy, snap)
+    await provider.delete_snapshot(gone)
+    restored = await provider.restore(kept, SandboxSpec(), lease_seconds=60)
+    assert (provider.workspace_path(restored.id) / "a.txt").read_text() == "A"
+    await provider.destroy(restored)
+    await provider.delete_snapshot(kept)
+    with pytest.raises(ProvisionError, match="does not exist"):
+        await provider.copy_snapshot(snap, operation_id="c2")
+    await provider.destroy(sandbox)
+    assert provider.leftovers() == []
 
 
 # ------------------------------------------------------------------------------------------ lifecycle

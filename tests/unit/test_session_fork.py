@@ -60,7 +60,7 @@ async def setup(tmp_path: Path, every: int = 0) -> tuple[Boxes, SqliteStore, Ses
         gate = await local_gate(tmp_path / "home", provider)
         gate.store, gate.snapshot_every = store, every
         boxes.gates[name] = (uid, gate)
-    auth = FakeAuth(rights={"alice": {(NAMESPACE, n) for n in ("box", "fork", "fork2", "gone")},
+    auth = FakeAuth(rights={"alice": {(NAMESPACE, n) for n in ("box", "fork", "fork2", "gone", "workflow:wf")},
                             "bob": {(NAMESPACE, "fork")}})
     journal = SessionJournal(store, worker_id="w1", lease_ttl=10.0, owned=False)
     return boxes, store, SessionService(auth, boxes, lambda _ns: journal)  # type: ignore[arg-type]
@@ -119,10 +119,10 @@ async def test_a_fork_is_refused_past_the_sources_calls_for_a_missing_source_and
     with pytest.raises(CallRefused) as missing:
         await lines(svc, "fork", "x")
     assert missing.value.status == 409 and "gone cannot be read" in missing.value.body.what
-    boxes.sources["fork"] = SourceRef(None, "wf", 1)
+    boxes.sources["fork"] = SourceRef(None, "wf", 1)  # no Workflow of that name (no uid found)
     with pytest.raises(CallRefused) as workflow:
         await lines(svc, "fork", "x")
-    assert "not supported yet" in workflow.value.body.what
+    assert workflow.value.status == 409 and "Workflow wf cannot be read: no such Workflow" in workflow.value.body.what
     boxes.sources["fork"] = SourceRef("box", None, 1)
     with pytest.raises(CallRefused) as denied:  # bob may call the fork, not its source
         await svc.call("other-token", NAMESPACE, "fork", ShellRequest(operationId="x", command="true"))
@@ -150,3 +150,45 @@ async def test_a_fork_rewound_to_its_fork_point_is_made_without_a_call(tmp_path:
     done = await svc.rewind("good-token", NAMESPACE, "fork", RewindRequest(toCall=2))
     assert done.rewound == [] and done.replayed == ["a", "b"]
     assert notes(boxes, "fork") == ["a", "b"]
+
+
+WF_UID = "77777777-0000-4000-8000-000000000007"
+
+
+async def run_workflow(tmp_path: Path, calls: int) -> str:
+    """Workflow ``wf``'s run (the built-in sandbox-agent over toolCalls) in the same namespace's store."""
+    import durable_sandbox
+    from durable_sandbox.kube.spec.plan import cluster_run_id
+    from durable_sandbox.workflows.sandbox_agent import sandbox_agent
+
+    engine = durable_sandbox.Engine(SqliteStore(tmp_path / "runs.db"),
+                                    providers={"local": LocalProvider(tmp_path / "home")}, worker_id="wf")
+    spec = {"toolCalls": [{"type": "shell", "command": f"echo w{i} >> notes.txt"} for i in range(calls)],
+            "sandbox": {"provider": "local"}, "snapshotEveryNCalls": 2}
+    state = await engine.run(sandbox_agent, spec, run_id=cluster_run_id("wf", WF_UID))
+    assert state.status == "succeeded", state
+    await engine.aclose()
+    return cluster_run_id("wf", WF_UID)
+
+
+async def test_a_sandbox_from_a_workflow_starts_with_the_workflows_first_n_calls(tmp_path: Path) -> None:
+    """spec.from.workflow: the Workflow's run's first N calls become the Sandbox's (under calls/, its own session),
+    replayed into its own sandbox; the fork record names the Workflow and its uid; only who may get the Workflow
+    may call the fork."""
+    boxes, store, svc = await setup(tmp_path, every=2)
+    await run_workflow(tmp_path, 5)
+    boxes.sources["fork"] = SourceRef(None, "wf", 3, workflow_uid=WF_UID)
+    with pytest.raises(CallRefused) as denied:  # bob may call the fork, not get the Workflow
+        await svc.call("other-token", NAMESPACE, "fork", ShellRequest(operationId="x", command="true"))
+    assert denied.value.status == 403
+    await lines(svc, "fork", "f3")
+    assert notes(boxes, "fork") == ["w0", "w1", "w2", "f3"]
+    rows = await store.load_journal(calls_run_id("uid-2"))
+    [origin] = [r for r in rows if r.op_id == FROM_OP]
+    assert origin.meta == {"workflow": "wf", "uid": WF_UID, "afterCall": 3}
+    state = SessionState.derive(SESSION, rows)
+    assert state.completed == 4 and all(state.calls[i][0].startswith("calls/") for i in state.calls)
+    boxes.sources["fork2"] = SourceRef(None, "wf", 6, workflow_uid=WF_UID)
+    with pytest.raises(CallRefused) as past:
+        await lines(svc, "fork2", "x")
+    assert past.value.status == 409 and "afterCall is 6, but Workflow wf has completed 5" in past.value.body.what

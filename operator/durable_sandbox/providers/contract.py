@@ -41,6 +41,9 @@ class Capability(enum.StrEnum):
     # Hands a shell call's stdout and stderr to the caller's sink as they come, before the call returns
     # (providers/streaming.py); without it the output is given only in the result.
     OUTPUT_STREAMING = "output_streaming"
+    # Copies a snapshot under an id of its own (copy_snapshot): a fork restores from its own copy of its source's
+    # snapshot, so each snapshot object has one owner and is deleted exactly once, by it (sandboxes/fork.py).
+    SNAPSHOT_COPY = "snapshot_copy"
 
 
 DeliveryGuarantee = Literal["at_least_once_effects", "deduplicated_operations"]
@@ -293,6 +296,11 @@ class SandboxProvider:
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         raise UnsupportedCapability(self.name, Capability.SNAPSHOT_DELETION)
+
+    async def copy_snapshot(self, snapshot_id: str, *, operation_id: str) -> str:
+        """A copy of snapshot ``snapshot_id`` under an id of its own, derived from ``operation_id`` (a retried copy
+        finds the first one); deleting either never affects the other. ProvisionError if the snapshot is gone."""
+        raise UnsupportedCapability(self.name, Capability.SNAPSHOT_COPY)
 
     async def suspend(self, handle: SandboxHandle) -> None:
         raise UnsupportedCapability(self.name, Capability.SUSPEND)

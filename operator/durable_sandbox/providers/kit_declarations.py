@@ -59,6 +59,7 @@ class DeclarationCases(ProviderKit):
             Capability.SNAPSHOT: lambda: provider.snapshot(bogus, operation_id="kit-unsupported"),
             Capability.RESTORE: lambda: provider.restore("kit-no-such-snapshot", kit.spec(), lease_seconds=kit.lease_seconds),
             Capability.SNAPSHOT_DELETION: lambda: provider.delete_snapshot("kit-no-such-snapshot"),
+            Capability.SNAPSHOT_COPY: lambda: provider.copy_snapshot("kit-no-such-snapshot", operation_id="kit-unsupported"),
             Capability.SUSPEND: lambda: provider.suspend(bogus),
             Capability.RESUME: lambda: provider.resume(bogus),
             Capability.LEASE_RECONCILIATION: lambda: provider.list_sandboxes(kit.owner),

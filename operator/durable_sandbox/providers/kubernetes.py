@@ -109,7 +109,7 @@ class KubernetesProvider(PodSnapshots):
                      Capability.PROCESS_RESET, Capability.OUTPUT_STREAMING}
         if self.store is not None:
             supported |= {Capability.SNAPSHOT, Capability.SNAPSHOT_DELETION, Capability.SNAPSHOT_RECONCILIATION,
-                          Capability.RESTORE}
+                          Capability.RESTORE, Capability.SNAPSHOT_COPY}
         return ProviderCapabilities(supported=frozenset(supported), delivery_guarantee="at_least_once_effects",
                                     idempotent_destroy=True, maximum_lease_seconds=MAXIMUM_LEASE_SECONDS,
                                     tool_types=TOOL_TYPES)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hashlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -111,6 +113,16 @@ class PodSnapshots(PodProvisioning):
         finally:
             with contextlib.suppress(Exception):
                 await data.aclose()
+
+    async def copy_snapshot(self, snapshot_id: str, *, operation_id: str) -> str:
+        store = self._store(Capability.SNAPSHOT_COPY)
+        name = SnapshotName.parse(snapshot_id)
+        if name is None:
+            raise SnapshotMissing(snapshot_id)
+        # The source's tags (installation, owner) kept, never retained: the copy is the fork's, deleted by it.
+        copy = dataclasses.replace(name, retained=False, digest=hashlib.sha256(operation_id.encode()).hexdigest()[:40])
+        await store.copy(name, copy)
+        return copy.id
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         store = self._store(Capability.SNAPSHOT_DELETION)

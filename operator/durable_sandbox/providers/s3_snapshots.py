@@ -393,6 +393,21 @@ class S3SnapshotStore:
         finally:
             body.close()
 
+    async def copy(self, name: SnapshotName, to: SnapshotName) -> None:
+        """A server-side copy of snapshot ``name`` as ``to``, an object of its own (a fork's copy of its source's
+        snapshot): nothing passes through this process. :class:`SnapshotMissing` when ``name`` is not there; a
+        copy that exists already (a retry) is kept."""
+        if await self.exists(to):
+            return
+        s3 = await self._s3()
+        bucket = self.config.bucket
+        try:
+            await s3.copy_object(Bucket=bucket, Key=self.key(to), CopySource={"Bucket": bucket, "Key": self.key(name)})
+        except self._handled() as exc:
+            if self._code(exc) in _MISSING_CODES or self._code(exc) == "NoSuchKey":
+                raise SnapshotMissing(name.id) from None
+            raise self._failure(f"copy snapshot {name.id}", exc) from None
+
     async def delete(self, name: SnapshotName) -> None:
         """Delete the snapshot and any unfinished upload of it; deleting what is not there succeeds."""
         await self.abort_uploads(name)

@@ -21,7 +21,8 @@ N is the checkpoint the others restore from (nothing to replay), when the provid
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,14 +30,15 @@ from durable_sandbox.engine import faults
 from durable_sandbox.engine.client import RunClient, new_run_id
 from durable_sandbox.engine.errors import DurableError, RunNotFound, Suspend
 from durable_sandbox.engine.executor import RunExecutor
-from durable_sandbox.engine.records import Lease, OperationRecord, RunRecord, RunStatus
+from durable_sandbox.engine.records import Lease, OperationRecord, OpKind, RunRecord, RunStatus
 from durable_sandbox.engine.store import Store
 from durable_sandbox.providers.contract import Capability, SandboxProvider, ToolResult
 from durable_sandbox.sandboxes import fork_journal
 from durable_sandbox.sandboxes.fork_journal import Borrowed, ForkRefused
 from durable_sandbox.sandboxes.session import ReconstructionError, SandboxSession, SessionState
+from durable_sandbox.sandboxes.state import Checkpoint
 
-__all__ = ["ForkDiverged", "ForkRefused", "Forked", "fork_run"]
+__all__ = ["ForkDiverged", "ForkPlace", "ForkRefused", "ForkRunExists", "Forked", "fork_run", "undo_fork"]
 
 FORK_LABEL = "durable-sandbox.dev/fork-of"
 _SHOWN = 400  # characters of each stream an error shows
@@ -57,8 +59,29 @@ class Engine(Protocol):
 class ForkSession(SandboxSession):
     """A fork's session while the fork is being made: the two steps only a fork takes."""
 
+    async def own_borrowed(self) -> None:
+        """When the provider copies snapshots: copy the borrowed checkpoint into a snapshot of the fork's own, journal
+        it as the fork's, and let the borrowed one go (journaled only). The restore then reads only what the fork
+        owns, whatever the source deletes meanwhile; each snapshot object has one owner, who deletes it once."""
+        latest = self.state.latest
+        if latest is None or not latest.borrowed or not self.provider.capabilities().supports(Capability.SNAPSHOT_COPY):
+            return
+        sc = self.scope
+        op_id = f"{self.sid}/snapshot/copy-{latest.count}"
+        if not sc.done(op_id):
+            provider_op = "dsv1c_" + hashlib.sha256(f"{self.rt.run_id}\0{op_id}".encode()).hexdigest()[:40]
+            meta: dict[str, object] = {"count": latest.count, "operationId": provider_op, "copyOf": latest.snapshot_id}
+            await sc.write(op_id, OpKind.SANDBOX_SNAPSHOT, "snapshot", "started", meta=meta)
+            copy_id = await self.provider.copy_snapshot(latest.snapshot_id, operation_id=provider_op)
+            faults.reach(f"snapshot-copied:{op_id}")
+            await sc.write(op_id, OpKind.SANDBOX_SNAPSHOT, "snapshot", "completed", result={"snapshotId": copy_id},
+                           meta=dict(meta))
+            self.state.checkpoints.append(Checkpoint(latest.count, copy_id, op_id))
+        await self.checkpointer.delete(latest)
+
     async def rebuild(self) -> None:
-        """Restore the newest checkpoint (the borrowed one) and replay the calls since, outcomes checked."""
+        """Restore the newest checkpoint (the fork's copy, else the borrowed one) and replay the calls since,
+        outcomes checked."""
         await self.recoverer.restore(reason=fork_journal.FORK_OP)
 
     async def checkpoint_own(self) -> None:
@@ -67,6 +90,10 @@ class ForkSession(SandboxSession):
         await self.checkpointer.checkpoint(self.state.completed)
         for cp in [c for c in self.state.checkpoints if c.borrowed]:
             await self.checkpointer.delete(cp)
+
+
+class ForkRunExists(ForkRefused):
+    """The fork's run id is taken (another maker of the same fork, or a run of that id)."""
 
 
 class ForkDiverged(DurableError):
@@ -96,12 +123,29 @@ class Forked:
     waiting_for: dict[str, list[str]] = field(default_factory=dict)  # run id -> replay callbacks to answer
 
 
+CreateRun = Callable[[RunRecord], Awaitable[tuple[RunRecord, bool]]]
+
+
+@dataclass(frozen=True)
+class ForkPlace:
+    """Where the forks go, for a maker that is not ``dsb fork`` (the operator's ``spec.forkOf``): the labels of
+    the new runs (None: the source's), how a run is created (None: ``store.create_run``; the operator's owns
+    it by its Workflow), what the fork record says of the source beside its run id (the operator: the
+    source Workflow's name and uid), and the env of the fork's sandbox (its own, never the source's)."""
+
+    labels: Mapping[str, str] | None = None
+    create: CreateRun | None = None
+    origin: Mapping[str, Any] | None = None
+    env: Mapping[str, str] | None = None
+
+
 async def fork_run(
     engine: Engine, run_id: str, *, after_call: int, count: int = 1, session: str | None = None,
-    workflow: Any = None, input: Any = None, run_ids: Sequence[str] | None = None,
+    workflow: Any = None, input: Any = None, run_ids: Sequence[str] | None = None, place: ForkPlace | None = None,
 ) -> Forked:
     """Make ``count`` forks of run ``run_id`` at its call ``after_call`` (see the module's docstring).
     A fork whose replay diverges raises :class:`ForkDiverged` and every fork of this call is undone."""
+    place = place or ForkPlace()
     if count < 1:
         raise ForkRefused(f"count must be >= 1, not {count}")
     ids = list(run_ids) if run_ids is not None else [new_run_id() for _ in range(count)]
@@ -125,25 +169,26 @@ async def fork_run(
     try:
         for fork_id in ids:
             prefix = fork_journal.fork_prefix(rows, source_run=run_id, sid=sid, after_call=after_call,
-                                              borrowed=borrowed)
-            own = await _make_one(engine, source, fork_id, prefix, sid, workflow, input, made)
+                                              borrowed=borrowed, origin=place.origin)
+            own = await _make_one(engine, source, fork_id, prefix, sid, (workflow, input), made, place)
             done.append(fork_id)
             if own is not None and restorable:  # the next forks restore from this one's snapshot
                 borrowed = Borrowed(after_call, own, fork_id)
     except BaseException:
         for fork_id in done:
             with contextlib.suppress(Exception):
-                await _undo(engine, fork_id)
+                await undo_fork(engine, fork_id)
         raise
     return made
 
 
 async def _make_one(
     engine: Engine, source: RunRecord, fork_id: str, prefix: list[OperationRecord], sid: str,
-    workflow: Any, input: Any, made: Forked,
+    program: tuple[Any, Any], made: Forked, place: ForkPlace,
 ) -> str | None:
     """Create fork ``fork_id`` and build its workspace; returns its own snapshot at the fork point (if any)."""
-    labels = {**source.labels, FORK_LABEL: source.run_id} if source.labels else {FORK_LABEL: source.run_id}
+    workflow, input = program
+    labels = {**(source.labels if place.labels is None else place.labels), FORK_LABEL: source.run_id}
     if workflow is None:  # the source's, as recorded (its module need not be imported here)
         record = RunRecord(run_id=fork_id, workflow=source.workflow, input=source.input if input is None else input,
                            labels=labels, workflow_ref=source.workflow_ref)
@@ -153,9 +198,9 @@ async def _make_one(
     # Created waiting on nothing: no worker drives a fork until it is ready (made pending at the end). A fork
     # whose maker died half-way stays so, and is removed by `delete` (its journal finds what it made).
     record.status = RunStatus.WAITING
-    run, created = await engine.store.create_run(record)
+    run, created = await (place.create or engine.store.create_run)(record)
     if not created:
-        raise ForkRefused(f"Run {fork_id!r} exists already; choose a new run id for the fork")
+        raise ForkRunExists(f"Run {fork_id!r} exists already; choose a new run id for the fork")
     lease = await engine.executor.claim(fork_id)
     try:
         rt = await engine.executor.open_runtime(run, lease)
@@ -164,9 +209,11 @@ async def _make_one(
         assert st.provider is not None
         options = st.options
         session = ForkSession(rt, sid, engine.sandbox_provider(st.provider), template=options.get("template"),
+                              env=place.env,
                               lease_seconds=int(options.get("leaseSeconds", 3600)),
                               snapshot_every=int(options.get("snapshotEvery") or 0))
         try:
+            await session.own_borrowed()
             await session.rebuild()
         except Suspend as waiting:  # an ``ask`` call: the run waits for the answer; the restore resumes then
             made.waiting_for[fork_id] = list(waiting.op_ids)
@@ -197,7 +244,8 @@ async def _ready(engine: Engine, fork_id: str, lease: Lease) -> None:
     await engine.store.update_run(fork_id, {"status": RunStatus.PENDING}, fence=lease.fence)
 
 
-async def _undo(engine: Engine, fork_id: str) -> None:
+async def undo_fork(engine: Engine, fork_id: str) -> None:
+    """Remove fork ``fork_id`` and everything it made (a failed or half-made one); nothing of its source's."""
     run = await engine.store.get_run(fork_id)
     if run is None:
         return

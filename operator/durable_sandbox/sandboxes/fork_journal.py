@@ -109,6 +109,7 @@ def _cut(rows: Sequence[OperationRecord], sid: str, after_call: int) -> int:
 
 def fork_prefix(
     rows: Sequence[OperationRecord], *, source_run: str, sid: str, after_call: int, borrowed: Borrowed | None,
+    origin: Mapping[str, Any] | None = None,
 ) -> list[OperationRecord]:
     """The journal a fork of ``source_run`` at ``after_call`` starts with (see the module's docstring)."""
     if after_call < 0:
@@ -139,8 +140,8 @@ def fork_prefix(
              if (source_first[FORK_OP].meta or {}).get(META_SESSION) == sid]
     spans = [s for s in spans if s[0] > 0] + [(after_call, source_run)]
     head = OperationRecord(FORK_OP, FORK_OP, f"fork of {source_run} after call {after_call}", OpStatus.COMPLETED.value,
-                           result={META_SOURCE: source_run, META_AFTER_CALL: after_call},
-                           meta={META_SOURCE: source_run, META_AFTER_CALL: after_call, META_SESSION: sid,
+                           result={**(origin or {}), META_SOURCE: source_run, META_AFTER_CALL: after_call},
+                           meta={**(origin or {}), META_SOURCE: source_run, META_AFTER_CALL: after_call, META_SESSION: sid,
                                  META_LINEAGE: [[upto, run] for upto, run in spans]})
     tail: list[OperationRecord] = []
     if handle is not None and handle.get("id"):

@@ -42,6 +42,12 @@ class SourceRef:
     sandbox: str | None
     workflow: str | None
     after_call: int
+    # A Workflow source's uid, as the API server gave it when the fork was found (its run is <name>-<uid[:8]>)
+    workflow_uid: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"Sandbox {self.sandbox}" if self.sandbox is not None else f"Workflow {self.workflow}"
 
     def where(self, fork: str) -> str:
         return f"{fork}, spec.from"
@@ -52,11 +58,12 @@ def seeded(rt: RunRuntime) -> bool:
 
 
 def seed_records(rt: RunRuntime, source_rows: list[OperationRecord], source: SourceRef, source_uid: str,
-                 where: str) -> list[OperationRecord]:
-    """The records that make the fork's journal start with the source's first ``after_call`` calls."""
-    state = SessionState.derive(CALLS_SESSION, source_rows)
+                 where: str, source_session: str = CALLS_SESSION) -> list[OperationRecord]:
+    """The records that make the fork's journal start with the source's first ``after_call`` calls (of session
+    ``source_session``: a Workflow's run's, renamed into the fork's own session)."""
+    state = SessionState.derive(source_session, source_rows)
     if source.after_call > state.completed:
-        raise CallRefused(409, f"spec.from.afterCall is {source.after_call}, but Sandbox {source.sandbox} has "
+        raise CallRefused(409, f"spec.from.afterCall is {source.after_call}, but {source.name} has "
                           f"completed {state.completed} session calls", where=where,
                           do=f"create the fork with afterCall at most {state.completed}, or wait for the source's "
                           "calls first")
@@ -67,15 +74,25 @@ def seed_records(rt: RunRuntime, source_rows: list[OperationRecord], source: Sou
             first.setdefault(row.op_id, row)
         elif row.status == "completed":
             done[row.op_id] = row
-    out = [OperationRecord(FROM_OP, FORK_KIND, "from", "completed", epoch=rt.epoch,
-                           result={"sandbox": source.sandbox, "uid": source_uid, "afterCall": source.after_call},
-                           meta={"sandbox": source.sandbox, "uid": source_uid, "afterCall": source.after_call})]
+    named = {"sandbox": source.sandbox} if source.sandbox is not None else {"workflow": source.workflow}
+    origin = {**named, "uid": source_uid, "afterCall": source.after_call}
+    out = [OperationRecord(FROM_OP, FORK_KIND, "from", "completed", epoch=rt.epoch, result=dict(origin),
+                           meta=dict(origin))]
     for index in range(source.after_call):
         op_id = state.calls[index][0]
         started, completed = first[op_id], done[op_id]
         meta = {k: v for k, v in (completed.meta or {}).items() if k != journal.META_SANDBOX_ID}
-        out += [OperationRecord(op_id, OpKind.SANDBOX_CALL.value, started.name, "started", 1, started.input_digest,
+        own = _own_op_id(op_id, source_session, completed)
+        out += [OperationRecord(own, OpKind.SANDBOX_CALL.value, started.name, "started", 1, started.input_digest,
                                 meta=dict(started.meta or {}), epoch=rt.epoch),
-                OperationRecord(op_id, OpKind.SANDBOX_CALL.value, completed.name, "completed", 1,
+                OperationRecord(own, OpKind.SANDBOX_CALL.value, completed.name, "completed", 1,
                                 completed.input_digest, completed.result, meta=meta, epoch=rt.epoch)]
     return out
+
+
+def _own_op_id(op_id: str, session: str, row: OperationRecord) -> str:
+    """The call's op id in the fork's session: the same operation id, under ``calls/``."""
+    if session == CALLS_SESSION:
+        return op_id
+    given = (row.meta or {}).get(journal.META_OPERATION_ID)
+    return f"{CALLS_SESSION}/{given if isinstance(given, str) else op_id[len(session) + 1:]}"

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from durable_sandbox.kube.api.resources import SANDBOXES, CustomObjects
+from durable_sandbox.kube.api.resources import SANDBOXES, WORKFLOWS, CustomObjects
 from durable_sandbox.kube.holders.holding import SESSION_CLAIM, Holding, SandboxHeld
 from durable_sandbox.kube.journal.sandbox_records import LINEAGE, SandboxRecords
 from durable_sandbox.kube.sandbox.view import LOSS_REPORTED
@@ -55,8 +56,13 @@ class KubeSandboxGate:
                               do="create the Sandbox (kubectl apply) and wait for it to be Ready, or name another one")
         spec = body.get("spec") or {}
         every = spec.get("snapshotEveryNCalls")
+        source = _source(spec.get("from"))
+        if source is not None and source.workflow is not None:  # its uid as the API server has it now, here only
+            found = await self.objects.get(WORKFLOWS, namespace, source.workflow)
+            uid = ((found or {}).get("metadata") or {}).get("uid")
+            source = dataclasses.replace(source, workflow_uid=str(uid) if uid else None)
         return SandboxRef(namespace, name, str(body["metadata"]["uid"]), snapshot_every=every if isinstance(every, int) else 0,
-                          source=_source(spec.get("from")))
+                          source=source)
 
     async def rewound(self, ref: SandboxRef, to_call: int, rewound: list[str]) -> None:
         """``status.lastRewind``, for `kubectl describe` (what the session's journal says, written by the operator)."""

@@ -45,6 +45,10 @@ class Authorizer(Protocol):
         """As :meth:`check`, for what changes the Sandbox's history (a rewind): ``update sandboxes``."""
         ...
 
+    async def check_workflow(self, token: str | None, namespace: str, name: str, verb: str) -> str:
+        """As :meth:`check`, for Workflow ``name``: ``verb workflows`` (``get``: may read its run)."""
+        ...
+
 
 class SandboxGate(SandboxAccess, Protocol):
     """The Sandbox resources: found by name, and their live sandbox taken by a session (the holder rule; kept while
@@ -125,11 +129,14 @@ class SessionService:
                             replayed=list(done.replayed))
 
     async def _found(self, token: str | None, namespace: str, name: str) -> SandboxRef:
-        """The Sandbox; a fork (spec.from) is called only by who may call its source too: its journal starts with
-        the source's calls (their arguments and results), which are the source's to show (docs/forks.md)."""
+        """The Sandbox; a fork (spec.from) is called only by who may call its source Sandbox (or get its source
+        Workflow) too: its journal starts with the source's calls (their arguments and results), which are the
+        source's to show (docs/forks.md)."""
         ref = await self.gate.find(namespace, name)
         if ref.source is not None and ref.source.sandbox is not None:
             await self.auth.check(token, namespace, ref.source.sandbox)
+        if ref.source is not None and ref.source.workflow is not None:  # may read the Workflow (its run's calls)
+            await self.auth.check_workflow(token, namespace, ref.source.workflow, "get")
         return ref
 
     def admitted(self, ref: SandboxRef) -> int:

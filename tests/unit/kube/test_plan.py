@@ -117,3 +117,18 @@ def test_sandbox_ref_describes_running_in_the_sandboxes_live_sandbox() -> None:
     name on; tests/e2e/test_operator_sandboxes.py), so the description must not say it only borrows settings."""
     description = spec_description("sandboxRef")
     assert description.startswith("Run the tool calls in the live sandbox of this Sandbox resource")
+
+
+def test_fork_of_needs_tool_calls_is_the_clusters_and_places_its_env_values_after_the_sources_calls() -> None:
+    from pydantic import ValidationError
+
+    fork = {"workflow": "src", "afterCall": 4}
+    for wrong in ({"entrypoint": "pkg.mod:fn"}, {"toolCalls": TOOL_CALLS, "sandboxRef": {"name": "box"}}):
+        with pytest.raises(ValidationError, match="forkOf needs toolCalls and no sandboxRef"):
+            workflow({"forkOf": fork, **wrong})
+    calls = [{"type": "shell", "command": "echo $A", "env": {"A": "a"}}]
+    with pytest.raises(PlanError, match=r"spec.forkOf: a fork of Workflow 'src' is made in a cluster"):
+        plan_workflow(workflow({"forkOf": fork, "toolCalls": calls}, uid=None), source="f.yaml")
+    plan = plan_workflow(workflow({"forkOf": fork, "toolCalls": calls}), source="cluster", cluster=True)
+    assert plan.fork_of is not None and plan.fork_of.after_call == 4
+    assert plan.env_values == {"toolCalls[4].env.A": "a"}  # the tail's first call is the run's call 4

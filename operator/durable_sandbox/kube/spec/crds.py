@@ -42,6 +42,7 @@ from pydantic import BaseModel
 from durable_sandbox.kube.api.resources import GROUP, POOLS, SANDBOXES, SCHEDULES, VERSION, WORKFLOWS
 from durable_sandbox.kube.spec.models import (
     _ENTRYPOINT,
+    FORK_NEEDS_TOOL_CALLS,
     WORKER_NEEDS_ENTRYPOINT,
     WORKER_QUEUE_PATTERN,
     SandboxPoolResource,
@@ -79,7 +80,7 @@ ENV_ONE_SOURCE = "set exactly one of value or valueFrom"
 TIMEOUT_POLICY_SHELL_ONLY = "failurePolicy.onTimeout applies only to shell calls (only they have a timeout)"
 LOSS_WITHIN_CALLS = "injectLossAfterNCalls must be at most the number of toolCalls (the loss would never happen)"
 # The program of a run is fixed at creation: the journal records what ran, and a replay must meet the same calls.
-PROGRAM_FIELDS = ("toolCalls", "entrypoint", "sandbox", "sandboxRef", "worker")
+PROGRAM_FIELDS = ("toolCalls", "entrypoint", "sandbox", "sandboxRef", "worker", "forkOf")
 # Compared with the stored value by the admission policy rather than a CRD rule: up to 10,000 calls are too
 # many to compare on every status write (the CRD keeps only the O(1) check that the field neither appears nor
 # disappears).
@@ -137,6 +138,8 @@ MODEL_RULES: Final[Mapping[str, Sequence[Mapping[str, str]]]] = {
         rule("has(self.toolCalls) != has(self.entrypoint)", ONE_PROGRAM),
         rule("!(has(self.sandbox) && has(self.sandboxRef))", ONE_SANDBOX),
         rule("!has(self.worker) || has(self.entrypoint)", WORKER_NEEDS_ENTRYPOINT, fieldPath=".worker"),
+        rule("!has(self.forkOf) || (has(self.toolCalls) && !has(self.sandboxRef))", FORK_NEEDS_TOOL_CALLS,
+             fieldPath=".forkOf"),
         rule(
             "!has(self.injectLossAfterNCalls) || !has(self.toolCalls) || self.injectLossAfterNCalls <= size(self.toolCalls)",
             LOSS_WITHIN_CALLS,

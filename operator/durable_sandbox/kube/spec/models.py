@@ -220,6 +220,24 @@ def without_refused_signals(body: dict[str, Any]) -> tuple[dict[str, Any], dict[
 
 
 WORKER_NEEDS_ENTRYPOINT = "worker needs entrypoint (toolCalls are run by the operator's built-in sandbox-agent)"
+FORK_NEEDS_TOOL_CALLS = ("forkOf needs toolCalls and no sandboxRef (the new tail runs in the fork's own sandbox, "
+                         "rebuilt at the source's state after afterCall)")
+
+
+class WorkflowForkSource(_Model):
+    """spec.forkOf: the Workflow whose run the new one starts from, as it was after its sandbox call afterCall."""
+
+    workflow: Annotated[str, Field(min_length=1, max_length=253, description="A Workflow of this namespace (never "
+                        "another's), identified by its name and its uid when the fork is made: its run's first "
+                        "afterCall sandbox calls become the fork's, and its sandbox is rebuilt at that state.")]
+    after_call: Annotated[int, Field(ge=0, le=10_000, strict=True, description="How many of the source's completed "
+                          "sandbox calls the fork starts with (its sandbox state after that call); at most the "
+                          "calls the source's run completed.")]
+
+    @field_validator("workflow")
+    @classmethod
+    def _dns_name(cls, value: str) -> str:
+        return _dns1123(value)
 
 
 class WorkflowSpec(_Model):
@@ -260,6 +278,13 @@ class WorkflowSpec(_Model):
         description="Run the tool calls in the live sandbox of this Sandbox resource (one Workflow holds it at a "
         "time) instead of provisioning one from inline sandbox settings; dsb run, which has no cluster, makes a "
         "sandbox from the settings of the Sandbox of that name in the same file." + _FIXED,
+    )
+    fork_of: WorkflowForkSource | None = Field(
+        default=None,
+        description="Start from another Workflow's run after one of its sandbox calls (docs/forks.md): the run "
+        "begins with the source's first afterCall calls, its sandbox rebuilt at that state (the newest snapshot at "
+        "or before it restored, the calls since replayed with the outcome check), then runs toolCalls (the new "
+        "tail). Only with toolCalls." + _FIXED,
     )
     snapshot_every_n_calls: Annotated[
         int,
@@ -393,6 +418,8 @@ class WorkflowSpec(_Model):
             raise ValueError(WORKER_NEEDS_ENTRYPOINT)
         if self.sandbox is not None and self.sandbox_ref is not None:
             raise ValueError("set at most one of sandbox or sandboxRef")
+        if self.fork_of is not None and (self.tool_calls is None or self.sandbox_ref is not None):
+            raise ValueError(FORK_NEEDS_TOOL_CALLS)
         return self
 
     @model_validator(mode="after")
@@ -408,13 +435,16 @@ class WorkflowSpec(_Model):
 
 
 class SandboxSource(_Model):
-    """spec.from: the Sandbox whose session the new Sandbox starts from, as it was after call afterCall."""
+    """spec.from: the Sandbox (or Workflow's run) whose session the new Sandbox starts from, as it was after call
+    afterCall."""
 
     sandbox: Annotated[str, Field(min_length=1, max_length=253)] | None = Field(
         default=None, description="A Sandbox of this namespace (never another's): its session's first afterCall "
         "calls become the new Sandbox's, and its workspace is rebuilt from them.")
     workflow: Annotated[str, Field(min_length=1, max_length=253)] | None = Field(
-        default=None, description="A Workflow of this namespace (not supported yet: refused with what to do).")
+        default=None, description="A Workflow of this namespace (never another's): its run's first afterCall "
+        "sandbox calls become the new Sandbox's (its uid read when the fork's session is first opened); who calls the "
+        "fork must be allowed to get that Workflow.")
     after_call: Annotated[int, Field(ge=0, strict=True)] = Field(
         description="How many of the source's session calls the new Sandbox starts with (its state after that call).")
 
@@ -441,8 +471,8 @@ class SandboxResourceSpec(ResourceSandboxSettings):
         str, Field(min_length=1, description="Create the sandbox from this provider snapshot id.")
     ] | None = None
     from_: SandboxSource | None = Field(
-        default=None, alias="from", description="Start from another Sandbox's session after one of its calls "
-        "(docs/forks.md): a fork. Fixed at creation.")
+        default=None, alias="from", description="Start from another Sandbox's session (or a Workflow's run) after "
+        "one of its calls (docs/forks.md): a fork. Fixed at creation.")
     idle_suspend_after_seconds: Annotated[int, Field(
         ge=1, le=2_592_000, strict=True,
         description="Suspend the sandbox (snapshot, then destroy it) once no Workflow has held it for this many "
@@ -791,6 +821,7 @@ def to_sandbox_agent_input(spec: WorkflowSpec, sandbox: SandboxSettings | None =
 
 
 __all__ = [
+    "FORK_NEEDS_TOOL_CALLS",
     "KINDS",
     "WORKER_NEEDS_ENTRYPOINT",
     "WORKER_QUEUE_PATTERN",
@@ -822,6 +853,7 @@ __all__ = [
     "StatusError",
     "ToolCallSpec",
     "WorkerSpec",
+    "WorkflowForkSource",
     "WorkflowResource",
     "WorkflowSpec",
     "WorkflowStatus",

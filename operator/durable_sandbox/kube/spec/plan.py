@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ from durable_sandbox.kube.spec.models import (
     RetrySpec,
     SandboxResource,
     SandboxSettings,
+    WorkflowForkSource,
     WorkflowResource,
     to_sandbox_agent_input,
 )
@@ -88,6 +90,9 @@ class RunPlan:
     snapshot_every: int = 0
     inject_loss_after: int | None = None
     worker_queue: str | None = None  # spec.worker.queue: executed by the namespace's workers, not the operator
+    # spec.forkOf: the run starts with the source's first afterCall calls (kube/workflow/forking.py); `input` holds
+    # the new tail only, `env_values` are keyed by the calls' places in the whole run (the tail after afterCall)
+    fork_of: WorkflowForkSource | None = None
 
     @property
     def max_attempts(self) -> int:
@@ -185,13 +190,25 @@ def plan_workflow(
         ttl_seconds_after_finished=spec.ttl_seconds_after_finished,
         provider=program.provider,
         warnings=warnings,
-        env_values=program.env_values,
+        env_values=shifted_env_values(program.env_values, spec.fork_of.after_call) if spec.fork_of else program.env_values,
         where=where,
         sandbox=settings if spec.tool_calls is not None else None,
         snapshot_every=spec.snapshot_every_n_calls,
         inject_loss_after=spec.inject_loss_after_n_calls,
         worker_queue=spec.worker.queue if spec.worker is not None else None,
+        fork_of=spec.fork_of,
     )
+
+
+_CALL_ENV_KEY = re.compile(r"^toolCalls\[(\d+)\]\.")
+
+
+def shifted_env_values(values: dict[str, str], by: int) -> dict[str, str]:
+    """A fork's env values as its whole run places them: its own toolCalls come after the source's ``by`` calls."""
+    def moved(key: str) -> str:
+        m = _CALL_ENV_KEY.match(key)
+        return f"toolCalls[{int(m.group(1)) + by}].{key[m.end():]}" if m else key
+    return {moved(k): v for k, v in values.items()}
 
 
 def _sandbox_settings(wf: WorkflowResource, sandboxes: Mapping[str, SandboxResource] | None, *, cluster: bool,
@@ -220,6 +237,12 @@ def _sandbox_settings(wf: WorkflowResource, sandboxes: Mapping[str, SandboxResou
 def _check_local(wf: WorkflowResource, settings: SandboxSettings, *, where: str, warnings: list[str]) -> None:
     """What `dsb run` cannot honour: cluster-only fields (a warning), Secret references (an error)."""
     spec = wf.spec
+    if spec.fork_of is not None:
+        raise PlanError(
+            f"{where}spec.forkOf: a fork of Workflow {spec.fork_of.workflow!r} is made in a cluster, from its run "
+            f"there; locally fork a run with `dsb run module:function --fork-of RUN --after N` or `dsb fork RUN "
+            f"--after N`"
+        )
     for field_name, active in (
         ("ttlSecondsAfterFinished", spec.ttl_seconds_after_finished is not None),
         ("suspend", spec.suspend),

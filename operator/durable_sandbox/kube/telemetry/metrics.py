@@ -402,6 +402,9 @@ class InstrumentedProvider(SandboxProvider):
     async def delete_snapshot(self, snapshot_id: str) -> None:
         await self._cleanup("delete_snapshot", lambda: self.inner.delete_snapshot(snapshot_id))
 
+    async def copy_snapshot(self, snapshot_id: str, *, operation_id: str) -> str:
+        return await self.inner.copy_snapshot(snapshot_id, operation_id=operation_id)
+
     async def suspend(self, handle: SandboxHandle) -> None:
         await self._watch(lambda: self.inner.suspend(handle))
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from durable_sandbox.engine.records import RunRecord
 from durable_sandbox.kube.api.client import KubeClient
-from durable_sandbox.kube.api.resources import SANDBOXES
+from durable_sandbox.kube.api.resources import SANDBOXES, WORKFLOWS
 from durable_sandbox.kube.reporting.events import LifecycleEvent
 from durable_sandbox.kube.reporting.status import Projection
 from durable_sandbox.kube.spec.manifests import format_loc
@@ -33,6 +33,7 @@ from durable_sandbox.kube.spec.provider_choice import (
 )
 from durable_sandbox.kube.spec.secrets import SecretNotReadable, read_secret_values, secret_refs
 from durable_sandbox.kube.store import OwnerRef
+from durable_sandbox.kube.workflow import forking
 from durable_sandbox.kube.workflow.runs import RunView
 from durable_sandbox.kube.workflow.settings import OperatorPolicy
 from durable_sandbox.kube.workflow.wing import Wing
@@ -69,7 +70,8 @@ class Admission:
         plan = await self._plan(view, wf, pinned_by_run(stored.input) if stored is not None else None)
         if plan is None or not await self._ready(view, wf, plan):
             return None
-        await self._create_run(view, plan, stored)
+        if not await self._create_run(view, plan, stored):
+            return None
         return plan
 
     async def _plan(self, view: RunView, wf: WorkflowResource, pinned: str | None) -> RunPlan | None:
@@ -126,12 +128,19 @@ class Admission:
         self.runs.env_values[view.run_id] = dict(plan.env_values)
         return True
 
-    async def _create_run(self, view: RunView, plan: RunPlan, stored: RunRecord | None) -> None:
-        """The run, created unless ``stored`` (read at the start of this admission) has it already."""
+    async def _create_run(self, view: RunView, plan: RunPlan, stored: RunRecord | None) -> bool:
+        """The run, created unless ``stored`` (read at the start of this admission) has it already (a fork: made
+        from its source, kube/workflow/forking.py). False: refused (said)."""
         engine = self.engines.engine_for(view.namespace)
         store: Any = engine.store  # a KubernetesStore: the run's objects are owned by the Workflow
         run = stored
-        if run is None:
+        if plan.fork_of is not None and (run is None or forking.half_made(run)):
+            run = await self._fork(view, plan, run)
+            if run is None:
+                return False
+            self.publisher.admitted(view, f"{_admitted(plan)}, a fork of Workflow {plan.fork_of.workflow} after "
+                                    f"call {plan.fork_of.after_call}")
+        elif run is None:
             # A traceparent annotation parents the run's spans (docs/operations.md, "Traces").
             labels = {**plan.labels, **annotated_caller((view.body.get("metadata") or {}).get("annotations"))}
             record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=labels)
@@ -141,6 +150,24 @@ class Admission:
         view.run = run
         view.projection = Projection(total_calls=_total_calls(plan))
         view.projection.feed(await store.load_journal(view.run_id))
+        return True
+
+    async def _fork(self, view: RunView, plan: RunPlan, stored: RunRecord | None) -> RunRecord | None:
+        """The run of a ``spec.forkOf`` Workflow, made from its source (None: refused, said)."""
+        assert plan.fork_of is not None
+        engine = self.engines.engine_for(view.namespace)
+        source = await self.objects.get(WORKFLOWS, view.namespace, plan.fork_of.workflow)  # its own namespace only
+        try:
+            return await forking.make_fork(engine, plan, namespace=view.namespace, run_id=view.run_id,
+                                           owner=OwnerRef(name=view.name, uid=view.uid), source=source,
+                                           secrets=self.runs.secrets.get(view.run_id), stored=stored)
+        except forking.ForkOfRefused as exc:
+            await self.reject(view, exc.reason, str(exc))
+            return None
+        except forking.ForkOfBusy as exc:  # another replica is making it: looked at again (not runnable here)
+            view.extra.not_runnable = str(exc)
+            self.publisher.offer(view)
+            return None
 
     async def reject(self, view: RunView, reason: str, message: str) -> None:
         view.extra.rejected = (reason, message)
@@ -170,5 +197,5 @@ def _admitted(plan: RunPlan) -> str:
 
 def _total_calls(plan: RunPlan) -> int | None:
     if isinstance(plan.input, dict) and isinstance(plan.input.get("toolCalls"), list):
-        return len(plan.input["toolCalls"])
+        return len(plan.input["toolCalls"]) + (plan.fork_of.after_call if plan.fork_of is not None else 0)
     return None

@@ -97,6 +97,7 @@ from durable_sandbox.providers.local.snapshots import (
     DEFAULT_SNAPSHOT_LIMIT,
     ENV_SNAPSHOT_LIMIT,
     SNAPSHOT_LIMIT_SETTING,
+    copy_snapshot_files,
     inventory_snapshots,
     restore_failure,
     write_snapshot,
@@ -117,6 +118,7 @@ _CAPABILITIES = ProviderCapabilities(
             Capability.INVENTORY,
             Capability.PROCESS_RESET,
             Capability.OUTPUT_STREAMING,
+            Capability.SNAPSHOT_COPY,
         }
     ),
     delivery_guarantee="at_least_once_effects",
@@ -225,6 +227,19 @@ class LocalProvider(LocalLayout, SandboxProvider):
         write_snapshot_tags(self, snapshot_id, lease)
         await write_snapshot(self, handle.id, snapshot_id, self.snapshot_limit, self._exists)
         return snapshot_id
+
+    async def copy_snapshot(self, snapshot_id: str, *, operation_id: str) -> str:
+        if not operation_id:
+            raise ValueError("copy_snapshot needs a non-empty operation_id")
+        copy_id = snapshot_id_for(operation_id)
+        if self._snapshot_path(copy_id).exists():  # a retry: the first copy was made
+            return copy_id
+        source = self._snapshot_path(snapshot_id)
+        if not SNAPSHOT_ID.fullmatch(snapshot_id) or not source.is_file():
+            raise ProvisionError(f"Snapshot {snapshot_id} does not exist (deleted by its owner?); nothing to copy",
+                                 retryable=False)
+        copy_snapshot_files(self, snapshot_id, copy_id)
+        return copy_id
 
     async def restore(self, snapshot_id: str, spec: SandboxSpec, *, lease_seconds: int) -> SandboxHandle:
         check_provision_args(spec, lease_seconds, _MAXIMUM_LEASE)

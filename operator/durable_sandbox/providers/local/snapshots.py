@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +71,22 @@ def write_snapshot_tags(layout: LocalLayout, snapshot_id: str, lease: dict[str, 
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def copy_snapshot_files(layout: LocalLayout, snapshot_id: str, copy_id: str) -> None:
+    """Snapshot ``snapshot_id``'s tags, then its tar, copied under ``copy_id`` (each to a temp file renamed into
+    place: a copier killed half-way leaves no half copy, and tags first, so the inventory finds the copy)."""
+    tags = layout.snapshot_tags_dir / f"{snapshot_id}.json"
+    pairs = [(tags, layout.snapshot_tags_dir / f"{copy_id}.json")] if tags.is_file() else []
+    pairs.append((layout.snapshots_dir / f"{snapshot_id}.tar", layout.snapshots_dir / f"{copy_id}.tar"))
+    for source, target in pairs:
+        tmp = temp_path(target.parent, copy_id)
+        try:
+            shutil.copyfile(source, tmp)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def inventory_snapshots(layout: LocalLayout, provider: str, installation: str) -> list[SnapshotEntry]:
