@@ -31,6 +31,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -63,6 +64,8 @@ TARGET_WRITES_PER_CALL = 1.2  # issue 35's goal with the API-server journal
 PG_TARGET_WRITES_PER_CALL = 0.1  # and with the PostgreSQL journal
 # On the node the provider-direct calls of the interleaved phase (and their Pod) are this process's, not the session's.
 NOT_THE_SESSIONS = frozenset({"POST pods", "DELETE pods", "POST pods/exec", "CONNECT pods/exec"})
+# 21 Pods on a 2-core node: the template's default request (100m each) would not fit them.
+SMALL = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}
 HOLD_S = 5.0  # the operator's --session-hold-seconds (its default)
 CALLER_ROLE = """{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "calls"},
  "rules": [{"apiGroups": ["durable-sandbox.dev"], "resources": ["sandboxes/calls"], "verbs": ["create"]}]}"""
@@ -155,7 +158,8 @@ class DirectPod:
 
         self.runner = asyncio.Runner()
         self.provider = KubernetesProvider(namespace=namespace, kubeconfig=kubeconfig, environ={},
-                                           template=PodTemplate(image=image, imagePullPolicy="Never"))
+                                           template=PodTemplate(image=image, imagePullPolicy="Never",
+                                                                resources=SMALL))
         self.handle = self.runner.run(self.provider.provision(SandboxSpec(owner=f"{namespace}/direct"),
                                                               lease_seconds=3600))
 
@@ -233,7 +237,7 @@ def journal_phases(args: argparse.Namespace, kubeconfig: str, workdir: Path, lab
            **extra_env}
     if args.node:  # the kubernetes provider's Pods, of the test image on the node, in this namespace
         env |= {"DSB_K8S_NAMESPACES": namespace, "DSB_K8S_NAMESPACE": namespace,
-                "DSB_K8S_TEMPLATE": json.dumps({"image": args.image, "imagePullPolicy": "Never"})}
+                "DSB_K8S_TEMPLATE": json.dumps({"image": args.image, "imagePullPolicy": "Never", "resources": SMALL})}
     log = (workdir / f"operator-{label}.log").open("wb")
     operator = subprocess.Popen([args.dsb, "operator", "--allow-local-provider", "-n", namespace, "--session-port",
                                  str(port), "--session-host", "127.0.0.1", "--session-hold-seconds", str(HOLD_S),
@@ -269,6 +273,9 @@ def journal_phases(args: argparse.Namespace, kubeconfig: str, workdir: Path, lab
         stack.close()
         stop_process(operator)
         log.close()
+        if args.keep_logs:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            shutil.copy(workdir / f"operator-{label}.log", args.keep_logs)
     total = args.sessions * args.calls_each
     res["api"] = {**timing(api), "calls_per_s": args.calls / sum(api)}  # the calls' own time (interleaved on the node)
     res["direct"] = timing(direct)
@@ -355,6 +362,7 @@ def main() -> None:
     parser.add_argument("--dsb", default=str(BIN / "dsb"), help="the dsb executable")
     parser.add_argument("--tmp", help="where the temp files go")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--keep-logs", type=Path, help="copy the operators' logs into this directory")
     args = parser.parse_args()
     args.out = args.out or RESULTS_DIR / ("session_calls_node.json" if args.node else "session_calls.json")
     run_in_workdir("sessions", args.tmp, lambda workdir: run(args, workdir), report, args.out)
