@@ -249,6 +249,7 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
             BENCHMARK,
         "python benchmarks/warm_pool.py --image docker.io/library/busybox:1.36 --namespace default": BENCHMARK,
         "python benchmarks/session_calls.py --calls 100": BENCHMARK,
+        "python benchmarks/session_calls.py --node": BENCHMARK,
     },
     "docs/workflows.md": {
         **{text: Run(SCHEDULE_DOCS) for text in DOCS_SCHEDULE_COMMANDS},
