@@ -250,6 +250,7 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
             "a benchmark on the test node with agent-sandbox's controller beside it (minutes, the node's lock): its "
             "figures are measured, not asserted; it is not run by CI"),
         "python benchmarks/session_calls.py --calls 100": BENCHMARK,
+        "python benchmarks/session_calls.py --node": BENCHMARK,
     },
     "docs/workflows.md": {
         **{text: Run(SCHEDULE_DOCS) for text in DOCS_SCHEDULE_COMMANDS},

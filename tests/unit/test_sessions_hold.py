@@ -150,3 +150,43 @@ async def test_a_replica_whose_lease_lapsed_runs_nothing_and_writes_nothing(tmp_
         f"{SESSION}/c1", f"{SESSION}/c2"]
     await journal_b.aclose()
     await journal_a.aclose()
+
+
+class StalledClaimStore(SqliteStore):
+    """A SQLite store whose claim of ``stalled``'s call journal waits for ``go`` (a slow API server)."""
+
+    def __init__(self, path: Path, stalled: str) -> None:
+        super().__init__(path)
+        self.stalled, self.go = stalled, asyncio.Event()
+        self.claimed: list[str] = []
+
+    async def claim(self, run_id: str, owner: str, ttl: float, *, take_over_from: str | None = None) -> Lease:
+        self.claimed.append(run_id)
+        if run_id == self.stalled:
+            await self.go.wait()
+        return await super().claim(run_id, owner, ttl, take_over_from=take_over_from)
+
+
+async def test_a_sandbox_whose_session_is_slow_to_open_holds_up_no_other_sandbox(tmp_path: Path) -> None:
+    """Sessions of different Sandboxes open side by side; two calls of one Sandbox still open one session."""
+    from durable_sandbox.providers.contract import ToolCall
+    from durable_sandbox.sessions.journal import SandboxRef
+
+    gate = await local_gate(tmp_path / "home")
+    store = StalledClaimStore(tmp_path / "runs.db", calls_run_id("uid-1"))
+    _svc, journal = service_and_journal(store, gate, hold=HoldSettings(idle_seconds=60, max_seconds=600))
+    slow, other = SandboxRef(NAMESPACE, "box", "uid-1"), SandboxRef(NAMESPACE, "other", "uid-2")
+
+    def call(op: str) -> ToolCall:
+        return ToolCall(operation_id=op, type="write_file", args={"path": f"files/{op}.txt", "contents": op})
+
+    first = asyncio.create_task(journal.call(slow, gate, call("s1")))
+    second = asyncio.create_task(journal.call(slow, gate, call("s2")))  # waits for the first's opening
+    await until(lambda: calls_run_id("uid-1") in store.claimed)
+    answered = await asyncio.wait_for(journal.call(other, gate, call("o1")), timeout=20)
+    assert answered.result.exit_code == 0 and not first.done() and not second.done()
+    store.go.set()
+    assert [(await t).result.exit_code for t in (first, second)] == [0, 0]
+    assert store.claimed.count(calls_run_id("uid-1")) == 1  # one session for both calls of the slow Sandbox
+    assert journal.open_sessions() == 2 and journal._opening == {}  # no opening lock left behind
+    await journal.aclose()

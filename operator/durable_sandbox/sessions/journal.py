@@ -114,7 +114,11 @@ class SessionJournal:
         self.hold = hold or HoldSettings()
         self._handles: dict[str, SandboxHandle] = {}  # run id -> the live sandbox taken for the call in flight
         self._open: dict[SandboxRef, OpenSession] = {}  # the Sandboxes whose session is open in this process
-        self._opening = asyncio.Lock()
+        # One opening at a time per Sandbox (two calls of one Sandbox never open two sessions), and the Sandboxes'
+        # openings side by side: each is a lease claim and a journal read, and under one lock for all a slow API
+        # server queued every Sandbox behind the others' openings until their holds' idle gaps ran out, so that
+        # the holds kept being let go and opened again (benchmarks/session_calls.py --node, 20 sessions).
+        self._opening: dict[SandboxRef, _Opening] = {}
         given = list(extensions)
         # Tracing, unless given, as OpenTelemetry's environment configures it (docs/operations.md, "Traces").
         traced = Tracing.from_env() if not any(isinstance(e, Tracing) for e in given) else None
@@ -308,26 +312,37 @@ class SessionJournal:
         return len(self._open)
 
     async def _session(self, ref: SandboxRef) -> OpenSession:
-        async with self._opening:
-            found = self._open.get(ref)
-            if found is not None and not found.closed:
-                return found
-            run = await self._run(ref)
-            try:
-                lease = await self.executor.claim(run.run_id)
-            except LeaseHeld as held:
-                raise CallRefused(409, "another operator replica is answering a call of this Sandbox",
-                                  where=ref.where, do=f"retry with the same operationId in {held.remaining:.0f}s",
-                                  retry=True) from held
-            try:
-                rt = await self.executor.open_runtime(run, lease)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self.store.release(lease)
-                raise
-            session = self._open[ref] = OpenSession(lease, rt, run)
-            session.start(self._renew, max(self.executor.lease_ttl / 3, 0.05), self.hold, self._close)
-            return session
+        opening = self._opening.setdefault(ref, _Opening())
+        opening.users += 1
+        try:
+            async with opening.lock:
+                return await self._open_session(ref)
+        finally:
+            opening.users -= 1
+            if opening.users == 0 and self._opening.get(ref) is opening:
+                del self._opening[ref]
+
+    async def _open_session(self, ref: SandboxRef) -> OpenSession:
+        """The Sandbox's open session, or a new one (its lease claimed, its journal read): under its opening lock."""
+        found = self._open.get(ref)
+        if found is not None and not found.closed:
+            return found
+        run = await self._run(ref)
+        try:
+            lease = await self.executor.claim(run.run_id)
+        except LeaseHeld as held:
+            raise CallRefused(409, "another operator replica is answering a call of this Sandbox",
+                              where=ref.where, do=f"retry with the same operationId in {held.remaining:.0f}s",
+                              retry=True) from held
+        try:
+            rt = await self.executor.open_runtime(run, lease)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.store.release(lease)
+            raise
+        session = self._open[ref] = OpenSession(lease, rt, run)
+        session.start(self._renew, max(self.executor.lease_ttl / 3, 0.05), self.hold, self._close)
+        return session
 
     async def _renew(self, lease: Lease) -> Lease:
         return await self.store.renew(lease, self.executor.lease_ttl)
@@ -369,6 +384,14 @@ class SessionJournal:
         owner = {"owner": OwnerRef(name=ref.name, uid=ref.uid, kind="Sandbox")} if self.owned else {}
         created, _ = await self.store.create_run(record, **owner)
         return created
+
+
+@dataclass(eq=False)
+class _Opening:
+    """A Sandbox's opening lock and how many calls wait on or hold it (dropped when none does)."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 def _completed(ref: SandboxRef, rows: list[Any], call: ToolCall) -> Answered | None:
