@@ -214,3 +214,24 @@ def test_a_workflow_that_continues_as_new_twice_shows_three_runs_and_keeps_its_s
     wait_gone(control_plane, namespace, "rolling")
     if operator_journal.dsn is not None:
         assert [run for run in runs if operator_journal.load(namespace, run)] == []
+
+
+def test_an_operator_killed_mid_chain_loses_no_call_and_runs_none_twice(
+    control_plane: ControlPlane, namespace: str, operators: Any,
+) -> None:
+    """Issue 38, continue-as-new with the operator SIGKILLed at a fault point: right after the chain's second run
+    committed its call. Another operator follows the chain from the Workflow's first run to that one, goes on
+    from the call after it, and the workspace's log (the result) holds every call of the chain once."""
+    crashing = operators("--allow-local-provider", "--workflows", "examples.flows", fault="after:ws/call-1",
+                         name="crashing")
+    control_plane.apply(manifest("rolling", entrypoint=ROLLING, toolCalls=None, sandbox=None,
+                                 snapshotEveryNCalls=None, input={"total": 3, "perRun": 1}), "-n", namespace)
+    crashing.wait_exit(120)  # SIGKILLed in the chain's second run, its call-1 committed
+    op = operators("--allow-local-provider", "--workflows", "examples.flows", name="after")
+    wait_condition(control_plane, namespace, "rolling", "Succeeded", timeout=180)
+    st = status(control_plane, namespace, "rolling")
+    assert [r["outcome"] for r in st["runs"]] == ["Succeeded", "ContinuedAsNew", "ContinuedAsNew"]
+    assert st["result"]["calls"] == ["call-0", "call-1", "call-2"]
+    control_plane.kubectl("delete", "dwf", "rolling", "-n", namespace, "--timeout=120s")
+    wait_gone(control_plane, namespace, "rolling")
+    wait_until(lambda: local_sandboxes(op.home) == [] or None, 60, "the chain's sandbox deleted with the Workflow")
