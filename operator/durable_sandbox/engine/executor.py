@@ -35,7 +35,7 @@ from durable_sandbox.engine.errors import (
 )
 from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader
 from durable_sandbox.engine.in_process import ExecutingHere
-from durable_sandbox.engine.lease_keeper import keep_lease
+from durable_sandbox.engine.lease_keeper import LeaseKeeper, SystemClock, keep_lease
 from durable_sandbox.engine.owner import holder_is_dead, new_worker_id
 from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
@@ -222,12 +222,13 @@ class RunExecutor:
             fence=lease.fence,
         )
         rt.emit("run.resumed" if rt.rows else "run.started", workflow=run.workflow, worker=self.worker_id)
+        lease_keeper = LeaseKeeper(self.store.renew, lease, self.lease_ttl, SystemClock())
+        await lease_keeper.start()  # the workflow starts on a lease renewed within the last interval
         nxt = NextRun()  # the run this one continues as, if it does (ctx.continue_as_new)
         wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, Context(rt), run, nxt), name=run.run_id)
         ending = Ending(self.store, run, lease, rt, worker_id=self.worker_id,
                         after_run=functools.partial(after_run, self.children, self.hooks), next_run=nxt)
-        keeper = asyncio.create_task(keep_lease(self.store, lease, self.lease_ttl, rt, wf,
-                                                lambda: self.here.cancel_once(run.run_id, wf)))
+        keeper = asyncio.create_task(keep_lease(lease_keeper, self.store, rt, wf, lambda: self.here.cancel_once(run.run_id, wf)))
         try:
             with self.here.running(rt, wf):
                 return await ending.settle(wf)

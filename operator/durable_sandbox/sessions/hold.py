@@ -38,6 +38,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_sandbox.engine.errors import LeaseLost
+from durable_sandbox.engine.lease_keeper import LeaseKeeper, SystemClock
 from durable_sandbox.engine.records import Lease, RunRecord
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
@@ -101,9 +102,9 @@ class OpenSession:
         self.handle, self.provider = handle, provider
         return handle, provider
 
-    def start(self, renew: Callable[[Lease], Awaitable[Lease]], interval: float, settings: HoldSettings,
+    def start(self, renew: Callable[[Lease], Awaitable[Lease]], ttl: float, settings: HoldSettings,
               close: Callable[[OpenSession], Awaitable[None]]) -> None:
-        self._tasks = [asyncio.create_task(self._keep(renew, interval, close)),
+        self._tasks = [asyncio.create_task(self._keep(renew, ttl, close)),
                        asyncio.create_task(self._expire(settings, close))]
 
     async def refresh(self, renew: Callable[[Lease], Awaitable[Lease]]) -> bool:
@@ -119,23 +120,28 @@ class OpenSession:
         self.renewed = time.monotonic()
         return True
 
-    async def _keep(self, renew: Callable[[Lease], Awaitable[Lease]], interval: float,
+    async def _keep(self, renew: Callable[[Lease], Awaitable[Lease]], ttl: float,
                     close: Callable[[OpenSession], Awaitable[None]]) -> None:
+        """Renew the lease in the background (engine/lease_keeper.py's keeper: a renewal that fails for a moment
+        is retried until the safety point, a third of the TTL before the lease could expire); when the lease is
+        lost, or not renewed by then, abandon the call in flight here and let go of the session."""
+        keeper = LeaseKeeper(lambda lease, _ttl: renew(lease), self.lease, ttl, SystemClock())
+        delay = keeper.next_renewal()
         while not self.closed:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
             try:
-                self.lease = await renew(self.lease)
-                self.renewed = time.monotonic()
+                delay = await keeper.renew()
             except LeaseLost:
-                log.error("the call journal %s: lease lost; abandoning the call in flight here and letting go of "
-                          "the session", self.lease.run_id)
+                log.error("the call journal %s: lease lost or not renewed in time; abandoning the call in flight "
+                          "here and letting go of the session", self.lease.run_id)
                 self.lost = True
                 if self.in_flight is not None:
                     self.in_flight.cancel()
                 await close(self)
                 return
-            except Exception as exc:  # the store away for a moment: the next renewal tries again; the fence decides
-                log.warning("the call journal %s: could not renew its lease (%s)", self.lease.run_id, exc)
+            self.lease = keeper.lease
+            if not keeper.failures and not keeper.refused:
+                self.renewed = max(self.renewed, keeper.valid_until - keeper.ttl)
 
     async def _expire(self, settings: HoldSettings, close: Callable[[OpenSession], Awaitable[None]]) -> None:
         while not self.closed:

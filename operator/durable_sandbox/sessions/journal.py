@@ -341,7 +341,7 @@ class SessionJournal:
                 await self.store.release(lease)
             raise
         session = self._open[ref] = OpenSession(lease, rt, run)
-        session.start(self._renew, max(self.executor.lease_ttl / 3, 0.05), self.hold, self._close)
+        session.start(self._renew, self.executor.lease_ttl, self.hold, self._close)
         return session
 
     async def _renew(self, lease: Lease) -> Lease:
