@@ -9,8 +9,10 @@ once per burst.
 
 What stays as it was:
 - **Fencing.** Every commit carries the lease's fence; a replica whose lease lapsed and was claimed by another
-  can no longer commit, and a renewal that finds the lease lost cancels the call in flight here and drops the
-  hold, never releasing what it no longer owns (the lease, nor the Sandbox's session claim: the replica holding
+  can no longer commit. The lease is kept by the engine's keeper (engine/lease_keeper.py): a renewal that fails
+  for a moment (``StoreUnavailable``) is retried until the safety point, a third of the TTL before the lease could
+  expire; a renewal that finds the lease lost, or none that succeeded by then, cancels the call in flight here and
+  drops the hold, never releasing what it no longer owns (the lease, nor the Sandbox's session claim: the replica holding
   the lease now holds that claim too, and releases it). A call starts under a hold only while the lease was
   renewed within two thirds of its time to live (``fresh``), else after renewing it then: a replica whose renewals
   fail (the store away from it) starts no call before it knows the lease is still its own.
