@@ -145,6 +145,32 @@ async def test_a_lost_lease_cancels_the_execution_at_once() -> None:
         await wf.task
 
 
+class StalledOnce(FakeClock):
+    """The process stalls (its event loop blocked) for a whole TTL during the keeper's first sleep."""
+
+    async def sleep(self, seconds: float) -> None:
+        if not self.slept:
+            self.t += TTL
+        await super().sleep(seconds)
+
+
+@pytest.mark.parametrize("renewal", ["succeeds", "fails"])
+async def test_a_keeper_that_wakes_late_tries_once_and_a_failure_then_cancels_at_once(renewal: str) -> None:
+    clock = StalledOnce()
+    store = ScriptedRenewals(clock, [None if renewal == "succeeds" else unavailable()])
+    keeper, wf = await start(clock, store)
+    if renewal == "succeeds":  # the fence did not move: nobody claimed the run meanwhile
+        await asyncio.wait_for(store.enough.wait(), timeout=10)
+        assert not wf.task.done() and not keeper.done()
+        assert [what for _, what in store.renewals[:2]] == ["ok", "ok"]
+        await stop(keeper, wf)
+        return
+    await asyncio.wait_for(keeper, timeout=10)
+    assert [what for _, what in store.renewals] == ["StoreUnavailable"], "retried past the safety point"
+    with pytest.raises(asyncio.CancelledError):
+        await wf.task
+
+
 async def test_a_renewal_that_never_answers_cancels_the_execution_at_the_safety_point() -> None:
     """A renewal in flight (an API server that accepted the connection and never answers) is bounded too."""
 

@@ -14,14 +14,20 @@ When the execution is cancelled here (what Kubernetes' leader election does with
   time left). Why a third of the TTL: renewals come every third, so a healthy keeper is a third of the TTL
   past its last success when it renews; the retries get the next third (Kubernetes' defaults: 15 s lease,
   10 s renewDeadline); the last third is the margin, which covers the cancel taking effect (the workflow task
-  stops at its next await, the sandbox call in flight is abandoned), the time between the store's write and
-  this worker's clock reading, and the rate and skew of the clocks that others compare the expiry with. A
-  margin of two renewal intervals would leave no time to retry at all. The execution never goes on past the
-  point where another worker could validly claim the run: commits are fenced, sandbox side effects are not.
-- **A renewal is refused** (``StoreRefused``): not lost; the keeper goes on (the run may be held at a refused
-  commit, engine/refusals.py) and the fence decides who may write.
+  stops at its next await, the sandbox call in flight is abandoned) and the rate and skew of the clocks that
+  others compare the expiry with. A margin of two renewal intervals would leave no time to retry at all. The
+  execution never goes on past the point where another worker could validly claim the run: commits are
+  fenced, sandbox side effects are not.
+- **The keeper wakes late** (this process stalled: its event loop blocked), no renewal having failed: it
+  tries once; one that succeeds proves nobody claimed the run (the fence did not move), one that fails ends
+  the execution. A stall of the whole process is beyond any keeper (as a GC pause is for leader election).
+- **A renewal is refused** (``StoreRefused``): not lost, a definite answer of a store that is there; the
+  keeper goes on at the regular interval (the run may be held at a refused commit, engine/refusals.py) and
+  the fence decides who may write.
 
-A failed read of the run (looking for a cancel) never ends the keeper: the next poll reads again.
+The execution starts on a lease renewed within the last interval (``LeaseKeeper.start``: renewed first when
+reading the run and its journal took longer). The reads of the run looking for a cancel run beside the
+renewals, so a read that hangs never holds a renewal back; a failed read is retried at the next poll.
 """
 
 from __future__ import annotations
@@ -127,11 +133,11 @@ class LeaseKeeper:
         left = self.safety_point - self.clock.now()
         if left <= 0 and self.failures:
             raise self._past_safety_point("no renewal succeeded in time")
-        # A keeper that wakes past the safety point without a failure (this process stalled: its event loop
-        # was blocked) tries once, for at most an interval: a renewal that succeeds proves that nobody claimed
-        # the run meanwhile (the fence did not move); one that fails ends the execution at once.
+        # A keeper that wakes late without a failure (this process stalled: its event loop was blocked) tries
+        # once, for at most an interval (on time, the interval is what is left): a renewal that succeeds proves
+        # that nobody claimed the run meanwhile (the fence did not move); one that fails ends the execution.
         sent = self.clock.now()
-        bound = asyncio.timeout(None if self.refused else left if left > 0 else self.interval)
+        bound = asyncio.timeout(None if self.refused else left if self.failures else max(left, self.interval))
         try:
             async with bound:
                 self.lease = await self.store_renew(self.lease, self.ttl)
