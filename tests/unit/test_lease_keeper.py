@@ -10,6 +10,7 @@ follow a script; one test runs the real engine on SQLite to show that no interru
 from __future__ import annotations
 
 import asyncio
+import time
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, cast
@@ -23,6 +24,7 @@ from durable_sandbox.engine.lease_keeper import SAFETY_FRACTION, LeaseKeeper, ke
 from durable_sandbox.engine.records import Lease, RunRecord
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.store import Store
+from durable_sandbox.sessions.hold import HoldSettings, OpenSession
 from durable_sandbox.stores import SqliteStore
 
 TTL = 30.0
@@ -253,3 +255,51 @@ async def test_an_execution_outlives_a_store_restart_and_journals_no_interruptio
     finally:
         await engine.aclose()
         await store.close()
+
+
+@pytest.mark.parametrize("store_away", ["for a moment", "for good"])
+async def test_a_sandbox_session_hold_keeps_its_call_through_failed_renewals_until_the_safety_point(
+    store_away: str
+) -> None:
+    """The session hold (sessions/hold.py) uses the same keeper: two renewals failing with ``StoreUnavailable``
+    leave its call in flight running; renewals failing on abandon the call and let go of the session (without
+    releasing anything) before the lease could expire. Real time, with a short TTL: waited on, never slept."""
+    ttl = 0.6
+    loop = asyncio.get_running_loop()
+    claimed = time.monotonic()
+    lease = Lease("dsbx.uid-1.calls", "worker-a", 3, time.time() + ttl)
+    attempts: list[str] = []
+    third = asyncio.Event()
+    closed = loop.create_future()
+
+    async def renew(held: Lease) -> Lease:
+        if store_away == "for good" or len(attempts) < 2:
+            attempts.append("StoreUnavailable")
+            raise StoreUnavailable("ConnectionRefusedError: the API server restarts", held.run_id)
+        attempts.append("ok")
+        third.set()
+        return Lease(held.run_id, held.owner, held.fence, time.time() + ttl)
+
+    async def close(session: OpenSession) -> None:
+        closed.set_result(time.monotonic())
+        await session.shut(release=lambda _lease: asyncio.sleep(0))
+
+    session = OpenSession(lease, cast(RunRuntime, object()), cast(RunRecord, object()))
+    session.in_flight = asyncio.create_task(asyncio.Event().wait())
+    session.start(renew, ttl, HoldSettings(idle_seconds=600, max_seconds=600), close)
+    try:
+        if store_away == "for a moment":
+            await asyncio.wait_for(third.wait(), timeout=10)
+            assert attempts[:3] == ["StoreUnavailable", "StoreUnavailable", "ok"]
+            assert not session.in_flight.done() and not session.lost and not closed.done()
+            return
+        at = await asyncio.wait_for(closed, timeout=10)
+        assert session.lost, "a hold whose lease may have lapsed was let go as if it still held it"
+        assert at < claimed + ttl, f"let go {at - claimed:.2f}s after the claim: past the lease's {ttl}s"
+        assert len(attempts) >= 2, attempts
+        with pytest.raises(asyncio.CancelledError):
+            await session.in_flight
+    finally:
+        await session.shut(release=lambda _lease: asyncio.sleep(0))
+        if not session.in_flight.done():
+            session.in_flight.cancel()
