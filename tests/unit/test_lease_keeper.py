@@ -26,35 +26,16 @@ from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.store import Store
 from durable_sandbox.sessions.hold import HoldSettings, OpenSession
 from durable_sandbox.stores import SqliteStore
+from durable_sandbox.testing import SteppedClock
 
 TTL = 30.0
 RUN = "kept"
 
 
-class FakeClock:
-    """Monotonic and wall time that move only when the keeper sleeps."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-        self.slept: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def wall(self) -> float:
-        return 1_700_000_000.0 + self.t
-
-    async def sleep(self, seconds: float) -> None:
-        assert seconds >= 0, f"the keeper asked to sleep {seconds}s"
-        self.slept.append(seconds)
-        self.t += seconds
-        await asyncio.sleep(0)
-
-
 class ScriptedRenewals:
     """A store whose renewals raise the script's errors in turn, then succeed (expiry = clock's wall + ttl)."""
 
-    def __init__(self, clock: FakeClock, script: list[Exception | None], *, forever: Exception | None = None) -> None:
+    def __init__(self, clock: SteppedClock, script: list[Exception | None], *, forever: Exception | None = None) -> None:
         self.clock = clock
         self.script = list(script)
         self.forever = forever
@@ -85,7 +66,7 @@ def unavailable() -> StoreUnavailable:
     return StoreUnavailable("ConnectionRefusedError: the API server restarts", RUN)
 
 
-async def start(clock: FakeClock, store: ScriptedRenewals) -> tuple[asyncio.Task[None], Cancellable]:
+async def start(clock: SteppedClock, store: ScriptedRenewals) -> tuple[asyncio.Task[None], Cancellable]:
     wf = Cancellable()
     lease = Lease(RUN, "worker-a", 7, clock.wall() + TTL)  # just claimed
     rt = cast(RunRuntime, object())  # read only when a cancel is requested, which get_run never says
@@ -102,7 +83,7 @@ async def stop(keeper: asyncio.Task[None], wf: Cancellable) -> None:
 
 
 async def test_a_renewal_failing_twice_with_store_unavailable_then_succeeding_leaves_the_execution_running() -> None:
-    clock = FakeClock()
+    clock = SteppedClock()
     store = ScriptedRenewals(clock, [unavailable(), unavailable()])
     keeper, wf = await start(clock, store)
     await asyncio.wait_for(store.enough.wait(), timeout=10)
@@ -119,7 +100,7 @@ async def test_a_renewal_failing_twice_with_store_unavailable_then_succeeding_le
 
 
 async def test_renewals_failing_until_the_safety_point_cancel_the_execution_before_the_lease_could_expire() -> None:
-    clock = FakeClock()
+    clock = SteppedClock()
     store = ScriptedRenewals(clock, [None], forever=unavailable())  # one renewal succeeds, then the store is away
     keeper, wf = await start(clock, store)
     await asyncio.wait_for(keeper, timeout=10)
@@ -137,7 +118,7 @@ async def test_renewals_failing_until_the_safety_point_cancel_the_execution_befo
 
 
 async def test_a_lost_lease_cancels_the_execution_at_once() -> None:
-    clock = FakeClock()
+    clock = SteppedClock()
     store = ScriptedRenewals(clock, [LeaseLost(RUN, 7)])
     keeper, wf = await start(clock, store)
     await asyncio.wait_for(keeper, timeout=10)
@@ -147,7 +128,7 @@ async def test_a_lost_lease_cancels_the_execution_at_once() -> None:
         await wf.task
 
 
-class StalledOnce(FakeClock):
+class StalledOnce(SteppedClock):
     """The process stalls (its event loop blocked) for a whole TTL during the keeper's first sleep."""
 
     async def sleep(self, seconds: float) -> None:
@@ -183,7 +164,7 @@ async def test_a_renewal_that_never_answers_cancels_the_execution_at_the_safety_
             raise AssertionError("unreachable")
 
     ttl = 0.3  # real seconds: the bound on the call in flight is the event loop's
-    store = Silent(FakeClock(), [])
+    store = Silent(SteppedClock(), [])
     wf = Cancellable()
     lease = Lease(RUN, "worker-a", 7, store.clock.wall() + ttl)
     keeper = asyncio.create_task(keep_lease(LeaseKeeper(store.renew, lease, ttl, store.clock), cast(Store, store),
@@ -197,7 +178,7 @@ async def test_a_renewal_that_never_answers_cancels_the_execution_at_the_safety_
 async def test_an_execution_starts_only_on_a_lease_renewed_within_the_last_interval() -> None:
     """Reading the run and its journal took longer than a renewal interval after the claim: the lease is
     renewed before the workflow starts (a fresh one is not), and a lease lost meanwhile starts nothing."""
-    clock = FakeClock()
+    clock = SteppedClock()
     store = ScriptedRenewals(clock, [None, LeaseLost(RUN, 7)])
     fresh = LeaseKeeper(store.renew, Lease(RUN, "worker-a", 7, clock.wall() + TTL), TTL, clock)
     await fresh.start()

@@ -96,13 +96,13 @@ def test_the_kits_resolve_from_durable_sandbox_testing_and_the_old_paths_still_w
     import durable_sandbox.testing as kits
     from durable_sandbox.providers.testing import ContractResources, ProviderContractSuite
     from durable_sandbox.stores.testing import DamagedRowCases, StoreContractSuite
-    from durable_sandbox.testing.clock import FakeClock
+    from durable_sandbox.testing.clock import FakeClock, SteppedClock
 
-    assert sorted(kits.__all__) == sorted(
-        ["ContractResources", "DamagedRowCases", "FakeClock", "ProviderContractSuite", "StoreContractSuite"])
+    assert sorted(kits.__all__) == sorted(["ContractResources", "DamagedRowCases", "FakeClock",
+                                           "ProviderContractSuite", "SteppedClock", "StoreContractSuite"])
     assert kits.StoreContractSuite is StoreContractSuite and kits.DamagedRowCases is DamagedRowCases
     assert kits.ProviderContractSuite is ProviderContractSuite and kits.ContractResources is ContractResources
-    assert kits.FakeClock is FakeClock
+    assert kits.FakeClock is FakeClock and kits.SteppedClock is SteppedClock
     assert set(kits.__all__) <= set(dir(kits))
 
 

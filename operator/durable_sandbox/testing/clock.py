@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import time
 import types
 from typing import Protocol
 
-__all__ = ["FakeClock"]
+__all__ = ["FakeClock", "SteppedClock"]
 
 _real_time = time.time
 
@@ -66,3 +67,24 @@ class FakeClock:
         for name in CLOCKED_MODULES:
             patcher.setattr(importlib.import_module(name), "time", fake)
         return self
+
+
+class SteppedClock:
+    """Monotonic and wall time that move only when the code under test sleeps on it: a ``LeaseClock``
+    (engine/lease_keeper.py) whose renewals, backoffs and deadlines pass at once, in the order they would."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.slept: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return 1_700_000_000.0 + self.t
+
+    async def sleep(self, seconds: float) -> None:
+        assert seconds >= 0, f"the keeper asked to sleep {seconds}s"
+        self.slept.append(seconds)
+        self.t += seconds
+        await asyncio.sleep(0)
