@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from durable_sandbox.engine.builds import BuildClaims
 from durable_sandbox.engine.errors import LeaseHeld, LeaseLost, RunNotFound
 from durable_sandbox.engine.records import Lease
 from durable_sandbox.stores.postgres_connection import SERVER_NOW, PostgresConnection
@@ -17,6 +18,11 @@ from durable_sandbox.stores.sql_rules import NumberedParams, runnable_sql
 __all__ = ["PostgresLeases"]
 
 _CLAIM_TRIES = 3
+
+
+def _label(key: str) -> str:
+    """The SQL of a run label's text (labels are JSON text; a key is a label name, never user SQL)."""
+    return f"(labels::jsonb ->> '{key}')"
 
 
 class PostgresLeases(PostgresConnection):
@@ -63,10 +69,12 @@ class PostgresLeases(PostgresConnection):
             f"UPDATE {self.schema}.runs SET lease_owner=NULL, lease_expires_at=NULL WHERE run_id=$1 AND fence=$2",
             lease.run_id, lease.fence), lease.run_id)
 
-    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None) -> Lease | None:
+    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None,
+                         build: BuildClaims | None = None) -> Lease | None:
         s = self.schema
         params = NumberedParams(taken=2)  # $1 owner, $2 ttl
-        condition = runnable_sql(params, time.time(), lease_clock=SERVER_NOW, workflows=workflows)
+        condition = runnable_sql(params, time.time(), lease_clock=SERVER_NOW, workflows=workflows, build=build,
+                                 label=_label)
         # The first condition is runs_runnable's (a partial index of the runs not finished).
         sql = (
             f"WITH c AS (SELECT run_id FROM {s}.runs WHERE status IN ('pending', 'running', 'waiting', 'suspended') "
