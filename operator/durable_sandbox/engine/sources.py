@@ -67,8 +67,9 @@ async def poll_store(
                 try:
                     # Only runs this worker's build may take (engine/builds.py), by what it has imported now.
                     build = claims_of(executor.extensions.get(WorkerBuild))
+                    pinned = {} if build is None else {"build": build}  # a Store of before builds takes no build
                     lease = await _claim_retry(executor, retries, skipped, build) or await store.claim_next(
-                        executor.worker_id, executor.lease_ttl, workflows=workflows, build=build)
+                        executor.worker_id, executor.lease_ttl, workflows=workflows, **pinned)
                 except StoreUnavailable as exc:
                     # The store is away for longer than it waits (a server restart, a failover): the worker is
                     # not broken, it looks again later, as it does when nothing is runnable.
