@@ -18,6 +18,7 @@ from durable_sandbox.stores.sql_rules import (
     runnable_sql,
     set_columns,
 )
+from durable_sandbox.stores.sqlite_leases import label_sql
 
 
 def test_each_store_names_the_same_parameters_its_own_way() -> None:
@@ -61,7 +62,7 @@ async def test_the_build_condition_keeps_the_claim_on_the_runnable_index(tmp_pat
 
     def plan(build: BuildClaims | None) -> list[str]:
         params = QmarkParams()
-        condition = runnable_sql(params, 0.0, build=build, label=lambda k: f"json_extract(labels, '$.\"{k}\"')")
+        condition = runnable_sql(params, 0.0, build=build, label=label_sql)
         with sqlite3.connect(tmp_path / "plan.db") as db:
             rows = db.execute(f"EXPLAIN QUERY PLAN SELECT run_id FROM runs WHERE {condition} ORDER BY updated_at "
                               f"LIMIT 1", params.values).fetchall()

@@ -13,12 +13,12 @@ from durable_sandbox.engine.records import Lease
 from durable_sandbox.stores.sql_rules import QmarkParams, runnable_sql
 from durable_sandbox.stores.sqlite_file import SqliteFile, wall_clock
 
-__all__ = ["SqliteLeases"]
+__all__ = ["SqliteLeases", "label_sql"]
 
 
-def _label(key: str) -> str:
+def label_sql(key: str) -> str:
     """The SQL of a run label's text (labels are a JSON object; a key is a label name, never user SQL)."""
-    return f"json_extract(labels, '$.\"{key}\"')"
+    return f"json_extract(CASE WHEN json_valid(labels) THEN labels END, '$.\"{key}\"')"  # damaged: none
 
 
 class SqliteLeases(SqliteFile):
@@ -64,7 +64,7 @@ class SqliteLeases(SqliteFile):
     async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None,
                          build: BuildClaims | None = None) -> Lease | None:
         params = QmarkParams()
-        condition = runnable_sql(params, wall_clock(), workflows=workflows, build=build, label=_label)
+        condition = runnable_sql(params, wall_clock(), workflows=workflows, build=build, label=label_sql)
         with self._tx() as db:
             row = db.execute(f"SELECT run_id FROM runs WHERE {condition} ORDER BY updated_at LIMIT 1",
                              params.values).fetchone()
