@@ -20,10 +20,13 @@ Unversioned executors (``dsb run``, ``dsb resume``, the operator's built-in flow
 neither record nor check builds: what they execute is what existed before builds did.
 
 Claims: the cluster worker (kube/workers/runner.py) checks a run's build before it claims it, so it never holds
-another build's run. The store poller behind a local ``dsb worker`` (engine/sources.py) claims first and checks
-under the lease: it keeps that claim until the lease runs out, as for a run whose module it cannot import (so the
-store does not hand it the same run again at once), and a worker of the run's build gets it after that (a delay of
-up to one lease TTL per look, never a wrong execution).
+another build's run. The store poller behind a local ``dsb worker`` (engine/sources.py) hands the store a
+:class:`BuildClaims` (:func:`claims_of`) and ``claim_next`` skips the runs it does not admit, in the store's own
+query (stores/sql_rules.py renders :func:`may_take` as SQL; the Kubernetes store calls :meth:`BuildClaims.admits`):
+a worker of another build never holds a run pinned to this one, so a worker of the run's build gets it at once.
+The one thing a store cannot see is the ``versioning`` of a workflow this worker has not imported yet: such a
+run is handed out (it may be auto-upgrade), the executor imports and decides under the lease as below, and a
+refusal gives the claim back at once (from then on the workflow is known here to be pinned, and skipped).
 
 The decision is made before any of the workflow's code runs (a run's history is never replayed by a build that
 would refuse it), and the executor re-checks it under the run's lease: a worker of another build that claimed
@@ -34,21 +37,24 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from durable_sandbox.engine.errors import NotRunnableHere, WorkflowNotFound
 from durable_sandbox.engine.records import RunRecord
-from durable_sandbox.engine.workflow import WorkflowDefinition
+from durable_sandbox.engine.workflow import WorkflowDefinition, registered
 
 __all__ = [
     "BUILD_ENV",
     "BUILD_LABEL",
     "PAST_BUILDS_LABEL",
+    "BuildClaims",
     "PinnedToBuild",
     "WorkerBuild",
     "build_from_env",
     "build_labels",
+    "claims_of",
+    "may_take",
     "past_builds",
     "pinned_build",
     "refusal",
@@ -102,17 +108,53 @@ class PinnedToBuild(NotRunnableHere):
         return str(self.args[0])
 
 
+def may_take(pinned: str | None, past: Sequence[str], build: str, upgrades: bool) -> bool:
+    """The decision, in one place: whether a worker of ``build`` may execute a run pinned to ``pinned`` (None: to
+    no build) that was on the builds ``past`` before, its workflow declared auto-upgrade (``upgrades``) here.
+    stores/sql_rules.py ``build_sql`` says the same in SQL; the store contract kit checks they agree."""
+    if not pinned or pinned == build:
+        return True
+    return upgrades and build not in past
+
+
+@dataclass(frozen=True)
+class BuildClaims:
+    """Which runs ``Store.claim_next`` may hand a worker of ``build_id``: those :func:`may_take` admits, a
+    workflow counted as auto-upgrade unless it is one of ``pinned_workflows`` (the workflows this worker has
+    imported that are not auto-upgrade; one it has not imported may be, and is decided after the claim)."""
+
+    build_id: str
+    pinned_workflows: frozenset[str] = frozenset()
+
+    def admits(self, run: RunRecord) -> bool:
+        """Whether ``claim_next`` may hand ``run`` to this worker."""
+        return self.admits_labels(run.workflow, run.labels)
+
+    def admits_labels(self, workflow: str, labels: Mapping[str, str]) -> bool:
+        """:meth:`admits` of a run of ``workflow`` with run labels ``labels``."""
+        past = [b for b in str(labels.get(PAST_BUILDS_LABEL) or "").split(",") if b]
+        return may_take(str(labels.get(BUILD_LABEL) or "") or None, past, self.build_id,
+                        workflow not in self.pinned_workflows)
+
+
+def claims_of(build: WorkerBuild | None) -> BuildClaims | None:
+    """What a worker of ``build`` may claim, by the workflows imported in this process now (None: unversioned,
+    any run)."""
+    if build is None:
+        return None
+    return BuildClaims(build.build_id, frozenset(d.name for d in registered() if d.versioning != "auto-upgrade"))
+
+
 def refusal(run: RunRecord, definition: WorkflowDefinition, build: WorkerBuild | None) -> str | None:
     """Why a worker of ``build`` must not execute ``run`` (None: it may)."""
     pinned = pinned_build(run)
-    if build is None or pinned is None or pinned == build.build_id:
+    if build is None or may_take(pinned, past_builds(run), build.build_id, definition.versioning == "auto-upgrade"):
         return None
+    assert pinned is not None
     if build.build_id in past_builds(run):
         return (f"run {run.run_id!r} (workflow {run.workflow!r}) moved from build {build.build_id!r}, this worker's, "
                 f"to build {pinned!r}: a run never moves back to an older build (its history may hold what the older "
                 f"code does not know); it waits for a worker of build {pinned!r} or a newer one")
-    if definition.versioning == "auto-upgrade":
-        return None
     return (f"run {run.run_id!r} (workflow {run.workflow!r}) is pinned to build {pinned!r} and this worker runs build "
             f"{build.build_id!r}: it waits for a worker of build {pinned!r} (keep one running until its runs finish), "
             f"or declare the workflow @workflow(versioning=\"auto-upgrade\") with its changes guarded by ctx.patched "

@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
+from durable_sandbox.engine.builds import BuildClaims
 from durable_sandbox.engine.context import Context
 from durable_sandbox.engine.extensions import Extensions
 from durable_sandbox.engine.records import Commit, Event, Lease, OperationRecord, RunRecord, RunStatus
@@ -70,7 +71,8 @@ class ReadOnlyStore:
     async def release(self, lease: Lease) -> None:
         raise self._refuse("release")
 
-    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None) -> Lease | None:
+    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None,
+                         build: BuildClaims | None = None) -> Lease | None:
         raise self._refuse("claim_next")
 
     async def put_signal(self, run_id: str, callback_id: str, value: Any) -> bool:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from durable_sandbox.engine.builds import BuildClaims, PinnedToBuild, WorkerBuild, claims_of
 from durable_sandbox.engine.errors import LeaseHeld, StoreUnavailable
 from durable_sandbox.engine.executor import RunExecutor
 from durable_sandbox.engine.records import Lease, RunRecord
@@ -64,8 +65,11 @@ async def poll_store(
             lease = None
             if len(running) < concurrency:
                 try:
-                    lease = await _claim_retry(executor, retries, skipped) or await store.claim_next(
-                        executor.worker_id, executor.lease_ttl, workflows=workflows)
+                    # Only runs this worker's build may take (engine/builds.py), by what it has imported now.
+                    build = claims_of(executor.extensions.get(WorkerBuild))
+                    pinned = {} if build is None else {"build": build}  # a Store of before builds takes no build
+                    lease = await _claim_retry(executor, retries, skipped, build) or await store.claim_next(
+                        executor.worker_id, executor.lease_ttl, workflows=workflows, **pinned)
                 except StoreUnavailable as exc:
                     # The store is away for longer than it waits (a server restart, a failover): the worker is
                     # not broken, it looks again later, as it does when nothing is runnable.
@@ -105,10 +109,24 @@ class _Skipped:
             self.parked.pop(lease.run_id, None)
             self.warned.discard(lease.run_id)
             return
-        self.parked[lease.run_id] = lease
         if lease.run_id not in self.warned:
             self.warned.add(lease.run_id)
             log.warning("worker %s skips run %s: %s", self.executor.worker_id, lease.run_id, not_runnable)
+        if isinstance(not_runnable, PinnedToBuild) and await self._skipped_from_now_on(lease.run_id):
+            # Its workflow, imported now, is known here to be pinned: claim_next skips the run from now on, so
+            # the claim goes back at once, to a worker of the run's build (no hot loop, no lease-long delay).
+            with contextlib.suppress(Exception):
+                await self.executor.store.release(lease)
+            return
+        self.parked[lease.run_id] = lease
+
+    async def _skipped_from_now_on(self, run_id: str) -> bool:
+        """Whether ``claim_next`` no longer hands this worker the run (else its claim is kept: no hot loop)."""
+        build = claims_of(self.executor.extensions.get(WorkerBuild))
+        with contextlib.suppress(Exception):
+            run = await self.executor.store.get_run(run_id)
+            return build is not None and run is not None and not build.admits(run)
+        return False
 
     def holds(self, run_id: str) -> bool:
         lease = self.parked.get(run_id)
@@ -121,12 +139,15 @@ class _Skipped:
         self.parked.clear()
 
 
-async def _claim_retry(executor: RunExecutor, retries: list[RunRecord], skipped: _Skipped) -> Lease | None:
-    """The lease of the next failed run whose retry is due (one another worker holds is skipped, and one
-    whose workflow this worker could not import, until that claim runs out)."""
+async def _claim_retry(executor: RunExecutor, retries: list[RunRecord], skipped: _Skipped,
+                       build: BuildClaims | None) -> Lease | None:
+    """The lease of the next failed run whose retry is due (one another worker holds is skipped, one pinned to
+    another build, and one whose workflow this worker could not import, until that claim runs out)."""
     while retries:
         run = retries.pop(0)
         if executor.is_executing(run.run_id) or skipped.holds(run.run_id):
+            continue
+        if build is not None and not build.admits(run):
             continue
         with contextlib.suppress(LeaseHeld):
             return await executor.claim(run.run_id)

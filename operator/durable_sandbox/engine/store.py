@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from durable_sandbox.engine.builds import BuildClaims
 from durable_sandbox.engine.records import Commit, Event, Lease, OperationRecord, RunRecord, RunStatus
 
 
@@ -58,8 +59,11 @@ class Store(Protocol):
 
     async def release(self, lease: Lease) -> None: ...
 
-    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None) -> Lease | None:
-        """Claim a runnable run: pending, due (waiting with wake_at reached), or orphaned (running, lease expired)."""
+    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None,
+                         build: BuildClaims | None = None) -> Lease | None:
+        """Claim a runnable run: pending, due (waiting with wake_at reached), or orphaned (running, lease expired);
+        of ``workflows`` when given; with ``build``, only one a worker of that build may take (its
+        ``BuildClaims.admits``, engine/builds.py): a run pinned to another build is never handed out."""
         ...
 
     async def put_signal(self, run_id: str, callback_id: str, value: Any) -> bool:

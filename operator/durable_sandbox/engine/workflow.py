@@ -112,6 +112,11 @@ def definition_of(target: Any) -> WorkflowDefinition:
     return definition
 
 
+def registered() -> tuple[WorkflowDefinition, ...]:
+    """The workflows registered in this process so far (by ``@workflow`` or an import ``resolve`` made)."""
+    return tuple(_REGISTRY.values())
+
+
 def resolve(ref: str) -> WorkflowDefinition:
     """Find a workflow by registered name, or import ``package.module:function``."""
     if ref in _REGISTRY:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from durable_sandbox.engine.builds import BUILD_LABEL, BuildClaims
 from durable_sandbox.engine.records import RunStatus
 from durable_sandbox.engine.store import Store
-from durable_sandbox.stores.kit_base import StoreKit
+from durable_sandbox.stores.kit_base import TTL, StoreKit
 
 __all__ = ["DamagedRowCases"]
 
@@ -40,3 +41,16 @@ class DamagedRowCases(StoreKit):
             assert (damaged.status, damaged.result, damaged.labels, damaged.pending_callbacks) == (
                 RunStatus.FAILED, None, {}, [])
             assert damaged.input == {"n": 1}  # an undamaged cell reads as it was
+
+    async def test_a_damaged_labels_cell_never_fails_a_claim_for_a_build(self, store: Store) -> None:
+        # claim_next for a build reads the runs' build labels: a labels cell that is not JSON reads as no labels
+        # (as every read of the store reads it), and the other runs are still decided by their own.
+        other = await self.new_run(store, "other", labels={BUILD_LABEL: "v2"})
+        bad = await self.new_run(store, "bad", labels={"team": "b"})
+        await self.damage_run_cells(store, bad.run_id, {"labels": "{not json"})
+        build = BuildClaims("v1", frozenset({"kit.flow"}))
+        lease = await store.claim_next("me", TTL, build=build)
+        assert lease is not None and lease.run_id == bad.run_id
+        assert await store.claim_next("me", TTL, build=build) is None  # the other build's run is never handed out
+        again = await store.claim_next("any", TTL)
+        assert again is not None and again.run_id == other.run_id

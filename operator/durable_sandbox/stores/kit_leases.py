@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from durable_sandbox.engine.builds import BUILD_LABEL, PAST_BUILDS_LABEL, BuildClaims
 from durable_sandbox.engine.errors import LeaseHeld, LeaseLost, RunNotFound
 from durable_sandbox.engine.records import Commit, Lease, RunStatus
 from durable_sandbox.engine.store import Store
@@ -136,6 +137,35 @@ class LeaseCases(StoreKit):
         assert lease is not None and lease.run_id == b.run_id
         assert await store.claim_next("me", TTL, workflows=["beta"]) is None
         assert await store.claim_next("me", TTL, workflows=["gamma"]) is None
+
+    async def test_claim_next_skips_runs_pinned_to_another_build(self, store: Store) -> None:
+        # A worker of build v1.2 that has imported kit.pinned (not auto-upgrade); kit.flow may be auto-upgrade.
+        build = BuildClaims("v1.2", frozenset({"kit.pinned"}))
+        runs = {
+            "unpinned": {},
+            "blank": {BUILD_LABEL: ""},
+            "own": {BUILD_LABEL: "v1.2", PAST_BUILDS_LABEL: "v0"},
+            "other-upgradable": {BUILD_LABEL: "v2", PAST_BUILDS_LABEL: "v0,v1x2,V1.2,v1.2-rc"},  # near misses
+            "moved-on": {BUILD_LABEL: "v2", PAST_BUILDS_LABEL: "v0,v1.2"},  # never back to an older build
+            "moved-on-first": {BUILD_LABEL: "v3", PAST_BUILDS_LABEL: "v1.2,v2"},
+            "other-pinned": {BUILD_LABEL: "v2", "kit.workflow": "kit.pinned"},
+            "own-pinned": {BUILD_LABEL: "v1.2", "kit.workflow": "kit.pinned"},
+        }
+        made = {tag: await self.new_run(store, tag, workflow=labels.get("kit.workflow", "kit.flow"), labels=labels)
+                for tag, labels in runs.items()}
+        claimed: set[str] = set()
+        while (lease := await store.claim_next("me", TTL, build=build)) is not None:
+            assert lease.run_id not in claimed and len(claimed) < len(made), f"claimed {lease.run_id} twice"
+            claimed.add(lease.run_id)
+        admitted = {run.run_id for run in made.values() if build.admits(run)}  # engine/builds.py's decision
+        assert claimed == admitted, "claim_next and BuildClaims.admits disagree"
+        assert claimed == {made[t].run_id for t in ("unpinned", "blank", "own", "other-upgradable", "own-pinned")}
+        left = {run.run_id for run in made.values()} - claimed
+        others: set[str] = set()
+        while (lease := await store.claim_next("any", TTL)) is not None:  # an unversioned worker takes any run
+            others.add(lease.run_id)
+            assert len(others) <= len(left), "claim_next keeps returning runs"
+        assert others == left
 
     async def test_claim_next_with_nothing_runnable_returns_none(self, store: Store) -> None:
         assert await store.claim_next("me", TTL) is None

@@ -9,14 +9,15 @@ The stores differ only in how a statement names its parameters (SQLite ``?``, Po
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from durable_sandbox.engine.builds import BUILD_LABEL, PAST_BUILDS_LABEL, BuildClaims
 from durable_sandbox.engine.errors import LeaseLost, RunCancelledError, RunConflict, SignalConflict
 from durable_sandbox.engine.records import RunRecord, RunStatus
 from durable_sandbox.stores.sql_rows import canonical, change_value
 
-__all__ = ["SETTABLE", "NumberedParams", "Params", "QmarkParams", "list_runs_sql", "refuse_other_run",
+__all__ = ["SETTABLE", "NumberedParams", "Params", "QmarkParams", "build_sql", "list_runs_sql", "refuse_other_run",
            "refuse_unfenced", "repeated_signal", "runnable_sql", "set_columns", "set_values"]
 
 # What update_run and a commit's run changes may set (never the run id, the fence or the journal's counter):
@@ -107,10 +108,12 @@ def list_runs_sql(table: str, columns: str, params: Params, *, status: Sequence[
 
 
 def runnable_sql(params: Params, now: float, *, lease_clock: str | None = None,
-                 workflows: Sequence[str] | None = None) -> str:
+                 workflows: Sequence[str] | None = None, build: BuildClaims | None = None,
+                 label: Callable[[str], str] | None = None) -> str:
     """The condition on a run ``claim_next`` may hand out: no live lease (by ``lease_clock``, the SQL of the
     clock leases are judged by; default ``now``), and pending, running (its worker died), waiting and due by
-    ``now``, or waiting or suspended with a cancel request; of ``workflows`` when given."""
+    ``now``, or waiting or suspended with a cancel request; of ``workflows`` when given; one a worker of
+    ``build`` may take (:func:`build_sql`, run labels read by ``label``) when given."""
     lease_now = lease_clock if lease_clock is not None else params.add(now)
     condition = (
         f"(lease_owner IS NULL OR lease_expires_at < {lease_now}) AND (status IN ('pending', 'running') "
@@ -119,7 +122,29 @@ def runnable_sql(params: Params, now: float, *, lease_clock: str | None = None,
     )
     if workflows:
         condition += f" AND workflow {params.one_of(workflows)}"
+    if build is not None:
+        if label is None:
+            raise ValueError("runnable_sql: a build to claim for needs the store's `label` (the SQL of a run label)")
+        condition += f" AND {build_sql(params, build, label)}"
     return condition
+
+
+def build_sql(params: Params, build: BuildClaims, label: Callable[[str], str]) -> str:
+    """engine/builds.py ``may_take`` as a condition on a run (``BuildClaims.admits`` in SQL): pinned to no build
+    or to ``build``'s, or (its workflow not one ``build`` knows is pinned) ``build``'s id not among the builds
+    it was on before. ``label(key)`` is the store's SQL of a run label's text (NULL when absent).
+
+    It is one more conjunct after the lease and status conditions, so a claim still walks the index those use
+    (SQLite ``runs_status``, PostgreSQL ``runs_runnable``) and tests only the runnable rows. The past builds are
+    a comma-separated list matched with ``replace`` (exact and case-sensitive in both stores, unlike ``LIKE``)."""
+    pinned = f"COALESCE({label(BUILD_LABEL)}, '')"
+    past = f"(',' || COALESCE({label(PAST_BUILDS_LABEL)}, '') || ',')"
+    own = f"CAST({params.add(build.build_id)} AS TEXT)"
+    never_here = f"CAST({params.add(',' + build.build_id + ',')} AS TEXT)"
+    upgrade = f"replace({past}, {never_here}, '') = {past}"
+    if build.pinned_workflows:
+        upgrade += f" AND NOT (workflow {params.one_of(sorted(build.pinned_workflows))})"
+    return f"({pinned} = '' OR {pinned} = {own} OR ({upgrade}))"
 
 
 def repeated_signal(run_id: str, callback_id: str, stored: str | None, value: Any) -> bool:

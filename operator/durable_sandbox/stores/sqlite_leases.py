@@ -7,12 +7,18 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
+from durable_sandbox.engine.builds import BuildClaims
 from durable_sandbox.engine.errors import LeaseHeld, LeaseLost, RunNotFound
 from durable_sandbox.engine.records import Lease
 from durable_sandbox.stores.sql_rules import QmarkParams, runnable_sql
 from durable_sandbox.stores.sqlite_file import SqliteFile, wall_clock
 
-__all__ = ["SqliteLeases"]
+__all__ = ["SqliteLeases", "label_sql"]
+
+
+def label_sql(key: str) -> str:
+    """The SQL of a run label's text (labels are a JSON object; a key is a label name, never user SQL)."""
+    return f"json_extract(CASE WHEN json_valid(labels) THEN labels END, '$.\"{key}\"')"  # damaged: none
 
 
 class SqliteLeases(SqliteFile):
@@ -55,9 +61,10 @@ class SqliteLeases(SqliteFile):
                 (lease.run_id, lease.fence),
             )
 
-    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None) -> Lease | None:
+    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None,
+                         build: BuildClaims | None = None) -> Lease | None:
         params = QmarkParams()
-        condition = runnable_sql(params, wall_clock(), workflows=workflows)
+        condition = runnable_sql(params, wall_clock(), workflows=workflows, build=build, label=label_sql)
         with self._tx() as db:
             row = db.execute(f"SELECT run_id FROM runs WHERE {condition} ORDER BY updated_at LIMIT 1",
                              params.values).fetchone()

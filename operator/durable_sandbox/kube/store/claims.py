@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from durable_sandbox.engine.builds import BuildClaims
 from durable_sandbox.engine.errors import JournalDamaged, LeaseHeld, LeaseLost, RunNotFound
 from durable_sandbox.engine.records import Lease
 from durable_sandbox.kube.api.client import ApiException, is_not_found, is_precondition_failed
@@ -91,7 +92,8 @@ class RunClaims:
     async def release(self, lease: Lease) -> None:
         await self.leases.release(lease_name(lease.run_id), lease.owner, lease.fence)
 
-    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None) -> Lease | None:
+    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None,
+                         build: BuildClaims | None = None) -> Lease | None:
         selector = f"{LABEL_PART}=run,{LABEL_STATUS} in (pending,waiting,running,suspended)"
         heads, leases = await asyncio.gather(self.objects.select(selector), self.leases.list(f"{LABEL_PART}=lease"))
         now = time.time()
@@ -100,9 +102,9 @@ class RunClaims:
             run_id, where = run_id_of(head), head["metadata"]["name"]
             data = head.get("data") or {}
             try:
-                status, wake_at, cancel, workflow, updated_at = [
+                status, wake_at, cancel, workflow, updated_at, labels = [
                     await self.heads.field(run_id, data, f, where)
-                    for f in ("status", "wake_at", "cancel_requested", "workflow", "updated_at")]
+                    for f in ("status", "wake_at", "cancel_requested", "workflow", "updated_at", "labels")]
             except JournalDamaged as exc:
                 log.warning("%s", exc)  # never handed out; the other runs go on
                 continue
@@ -115,6 +117,8 @@ class RunClaims:
                 continue
             if workflows and workflow not in workflows:
                 continue
+            if build is not None and not build.admits_labels(workflow, labels or {}):
+                continue  # pinned to another build (its sealed run labels): a worker of that build's
             lease = leases.get(lease_name(run_id))
             if lease is not None and not self.leases.vacant(lease):
                 continue  # held, by another worker or by this one: not ours to hand out again

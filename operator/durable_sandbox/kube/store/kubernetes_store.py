@@ -44,6 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from durable_sandbox.engine.builds import BuildClaims
 from durable_sandbox.engine.records import Commit, Event, Lease, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.journal.journal_objects import JournalObjects
@@ -181,8 +182,9 @@ class KubernetesStore:
     async def release(self, lease: Lease) -> None:
         await self._claims.release(lease)
 
-    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None) -> Lease | None:
-        return await self._claims.claim_next(owner, ttl, workflows=workflows)
+    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None,
+                         build: BuildClaims | None = None) -> Lease | None:
+        return await self._claims.claim_next(owner, ttl, workflows=workflows, build=build)
 
     # ------------------------------------------------------------------ signals (signals.py), events (events.py)
 
