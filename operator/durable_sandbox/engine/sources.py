@@ -17,6 +17,7 @@ from typing import Any
 from durable_sandbox.engine.builds import BuildClaims, PinnedToBuild, WorkerBuild, claims_of
 from durable_sandbox.engine.errors import LeaseHeld, StoreUnavailable
 from durable_sandbox.engine.executor import RunExecutor
+from durable_sandbox.engine.observed_store import observer_of
 from durable_sandbox.engine.records import Lease, RunRecord
 
 # Runs' policies (deadlines, retries: engine/driver.py) are looked at this often at most.
@@ -112,6 +113,9 @@ class _Skipped:
         if lease.run_id not in self.warned:
             self.warned.add(lease.run_id)
             log.warning("worker %s skips run %s: %s", self.executor.worker_id, lease.run_id, not_runnable)
+            observer = observer_of(self.executor.store)
+            if observer is not None and isinstance(not_runnable, PinnedToBuild):
+                observer.skipped_pinned()
         if isinstance(not_runnable, PinnedToBuild) and await self._skipped_from_now_on(lease.run_id):
             # Its workflow, imported now, is known here to be pinned: claim_next skips the run from now on, so
             # the claim goes back at once, to a worker of the run's build (no hot loop, no lease-long delay).

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from durable_sandbox.engine import Store, StoreError
+from durable_sandbox.engine.observed_store import ObservedStore, WorkerObserver
 from durable_sandbox.runs.envfiles import LocalEnvValues
 from durable_sandbox.runs.errors import CliError
 from durable_sandbox.runs.settings import STORE_ENV, Settings
@@ -67,8 +68,8 @@ async def open_local_store(settings: Settings) -> Store:
 
 
 @contextlib.asynccontextmanager
-async def open_engine(settings: Settings, *, create: bool = False,
-                      extensions: Sequence[object] = ()) -> AsyncIterator[Engine]:
+async def open_engine(settings: Settings, *, create: bool = False, extensions: Sequence[object] = (),
+                      observer: WorkerObserver | None = None) -> AsyncIterator[Engine]:
     if settings.kube:
         raise CliError(
             "this command works on the local store; in a cluster the operator executes runs (with --kube: run, "
@@ -77,7 +78,9 @@ async def open_engine(settings: Settings, *, create: bool = False,
     check_store(settings, create=create)
     store = await open_local_store(settings)
     env_values = LocalEnvValues(settings.store_path)
-    engine = Engine(store, extensions=[AgentServices(env_values=env_values), *extensions])
+    # A worker's metrics count what its store calls did (engine/observed_store.py).
+    observed = store if observer is None else ObservedStore(store, observer)
+    engine = Engine(observed, extensions=[AgentServices(env_values=env_values), *extensions])
     try:
         yield engine
     finally:

@@ -9,6 +9,7 @@ import signal
 
 import click
 
+from durable_sandbox.cli.commands.worker_metrics import serving_metrics
 from durable_sandbox.engine.builds import WorkerBuild
 from durable_sandbox.runs.settings import Settings
 
@@ -16,9 +17,10 @@ __all__ = ["serve_queue"]
 
 
 def serve_queue(settings: Settings, queue: str, *, concurrency: int, poll_interval: float, until_idle: bool,
-                build: WorkerBuild | None = None) -> list[str]:
+                build: WorkerBuild | None = None, metrics: tuple[int | None, str] = (None, "127.0.0.1")) -> list[str]:
     """Serve until SIGTERM/SIGINT (every run handed over at its next step boundary) or, ``until_idle``, until
-    nothing of the queue is due; the run ids executed."""
+    nothing of the queue is due; the run ids executed. ``metrics``: the port (None: none) and address of its
+    /metrics."""
     from durable_sandbox.kube.journal.journal_key import own_namespace
     from durable_sandbox.kube.workers.start import open_worker
     from durable_sandbox.runs.cluster import default_namespace
@@ -31,8 +33,9 @@ def serve_queue(settings: Settings, queue: str, *, concurrency: int, poll_interv
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
-        async with open_worker(namespace, queue, stop, concurrency=concurrency, poll=poll_interval, build=build,
-                               say=lambda line: click.echo(line, err=True)) as worker:
+        async with serving_metrics(*metrics, build=build, queue=queue) as served, \
+                open_worker(namespace, queue, stop, concurrency=concurrency, poll=poll_interval, build=build,
+                            say=lambda line: click.echo(line, err=True), observer=served.observer) as worker:
             if worker is None:
                 return []
             version = f" (build {build.build_id})" if build else ""

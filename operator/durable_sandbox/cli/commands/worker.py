@@ -15,6 +15,7 @@ from durable_sandbox.cli import render
 from durable_sandbox.cli.commands.common import pass_settings, run_async
 from durable_sandbox.cli.commands.schedule import book_of, submit_tick
 from durable_sandbox.cli.commands.schedule import report as schedule_report
+from durable_sandbox.cli.commands.worker_metrics import serving_metrics
 from durable_sandbox.cli.schedule_book import run_due
 from durable_sandbox.engine import Engine, RunRecord
 from durable_sandbox.engine.builds import BUILD_ENV, build_from_env
@@ -36,9 +37,15 @@ from durable_sandbox.runs.settings import Settings
               help=f"This worker's build (default ${BUILD_ENV}; neither: unversioned). A run is pinned to the build "
                    "that started it; workers of other builds leave it alone unless its workflow is "
                    "versioning='auto-upgrade'.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve the worker's Prometheus metrics (/metrics; /healthz, /readyz) on this port (0: any free "
+                   "one). Needs the Kubernetes extra.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="Address for --metrics-port (0.0.0.0 to be scraped from elsewhere, as the worker chart does).")
 @pass_settings
 def worker(settings: Settings, concurrency: int, poll_interval: float, workflows: tuple[str, ...], until_idle: bool,
-           schedules: bool, queue: str | None, build_id: str | None) -> None:
+           schedules: bool, queue: str | None, build_id: str | None, metrics_port: int | None,
+           metrics_host: str) -> None:
     """Execute runnable runs: pending ones, runs whose durable timer is due, runs a dead process left behind.
 
     Workflows are imported by the path their runs recorded (run it from the directory your code imports
@@ -51,6 +58,10 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
 
     With a build id (--build-id or $DSB_BUILD_ID) the worker records it on the runs it starts and leaves runs
     pinned to another build to a worker of that build (docs/operations.md, "Versions in flight").
+
+    With --metrics-port the worker serves its Prometheus metrics on /metrics: runs claimed, finished by outcome,
+    steps committed, lease renewals failed, leases lost, runs skipped as another build's, labelled by its build
+    id and queue (docs/operations.md, "A worker's metrics").
     """
     try:
         build = build_from_env(build_id)
@@ -64,13 +75,15 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
 
         with _engine_warnings():
             executed = serve_queue(settings, queue, concurrency=concurrency, poll_interval=poll_interval,
-                                   until_idle=until_idle, build=build)
+                                   until_idle=until_idle, build=build, metrics=(metrics_port, metrics_host))
         click.echo(f"worker executed {len(set(executed))} run(s)", err=True)
         click.get_current_context().exit(EXIT_OK)
 
     async def go() -> list[RunRecord]:
         # schedules make runs, and the store
-        async with open_engine(settings, create=schedules, extensions=[build] if build else []) as engine:
+        async with serving_metrics(metrics_port, metrics_host, build=build, queue="") as served, \
+                open_engine(settings, create=schedules, extensions=[build] if build else [],
+                            observer=served.observer) as engine:
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):

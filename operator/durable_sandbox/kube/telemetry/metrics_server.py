@@ -1,4 +1,4 @@
-"""One small HTTP server for the operator: ``/metrics`` (Prometheus text exposition), ``/healthz`` (liveness)
+"""One small HTTP server for the operator (and a worker, ``dsb worker --metrics-port``): ``/metrics`` (Prometheus text exposition), ``/healthz`` (liveness)
 and ``/readyz`` (readiness).
 
 All on one port (the chart's ``metrics.port``), served by aiohttp on the operator's event loop: a probe
@@ -12,13 +12,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
-
 log = logging.getLogger(__name__)
+
+
+class Exposition(Protocol):
+    """What /metrics serves: the operator's (``OperatorMetrics``) or a worker's (``WorkerMetrics``) registry."""
+
+    def generate(self) -> bytes: ...
+
 
 # Returns None when healthy, else why not (sent with a 503).
 HealthCheck = Callable[[], Awaitable[str | None]]
@@ -49,7 +55,7 @@ class MetricsServer:
 
 
 def make_app(
-    metrics: OperatorMetrics, health: HealthCheck | None = None, readiness: Readiness | None = None
+    metrics: Exposition, health: HealthCheck | None = None, readiness: Readiness | None = None
 ) -> web.Application:
     ready = readiness if readiness is not None else Readiness(problem=None)
 
@@ -75,7 +81,7 @@ def make_app(
 
 
 async def start_metrics_server(
-    metrics: OperatorMetrics, *, port: int, host: str = "0.0.0.0", health: HealthCheck | None = None,
+    metrics: Exposition, *, port: int, host: str = "0.0.0.0", health: HealthCheck | None = None,
     readiness: Readiness | None = None,
 ) -> MetricsServer:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0: any free port; the bound one is

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from durable_sandbox.engine import LeaseHeld, NotRunnableHere, RunRecord
 from durable_sandbox.engine.builds import WorkerBuild, refusal
 from durable_sandbox.engine.driver import decide
+from durable_sandbox.engine.observed_store import observer_of
 from durable_sandbox.kube.api.objects import owner_tag
 from durable_sandbox.kube.api.resources import WORKFLOWS, CustomObjects
 from durable_sandbox.kube.journal.worker_liveness import Heartbeat
@@ -134,6 +135,9 @@ class KubeWorker:
         if run.run_id not in self.said_pinned:
             self.said_pinned.add(run.run_id)
             log.warning("worker %s leaves alone: %s", self.engine.worker_id, why)
+            observer = observer_of(self.engine.store)
+            if observer is not None:
+                observer.skipped_pinned()
         return True
 
     def _plan(self, body: Mapping[str, Any]) -> RunPlan | None:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 from durable_sandbox.engine.builds import WorkerBuild
 from durable_sandbox.engine.executor import default_worker_id
+from durable_sandbox.engine.observed_store import ObservedStore, WorkerObserver
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.api.resources import CustomObjects
 from durable_sandbox.kube.journal.worker_key import WorkerKeyMissing, read_worker_key
@@ -45,9 +46,11 @@ async def wait_for_worker_key(api: KubeClient, namespace: str, stop: asyncio.Eve
 async def open_worker(namespace: str, queue: str, stop: asyncio.Event, *, kubeconfig: str | None = None,
                       concurrency: int = 4, poll: float = 1.0, lease_ttl: float = 15.0, grace: float = 20.0,
                       api: KubeClient | None = None, build: WorkerBuild | None = None,
-                      say: Callable[[str], None] | None = None) -> AsyncIterator[KubeWorker | None]:
+                      say: Callable[[str], None] | None = None,
+                      observer: WorkerObserver | None = None) -> AsyncIterator[KubeWorker | None]:
     """The worker of ``queue`` in ``namespace`` with the kubeconfig's (or the Pod's) credentials; None when
-    ``stop`` was set while it waited for the namespace's worker key."""
+    ``stop`` was set while it waited for the namespace's worker key. ``observer``: told what its store calls did
+    (its metrics, engine/observed_store.py)."""
     own = api is None
     client = api if api is not None else await KubeClient.connect(kubeconfig=kubeconfig)
     try:
@@ -55,7 +58,8 @@ async def open_worker(namespace: str, queue: str, stop: asyncio.Event, *, kubeco
         if key is None:
             yield None
             return
-        store = KubernetesStore(namespace, client, namespace_key=key, field_manager=WORKER_FIELD_MANAGER)
+        kube_store = KubernetesStore(namespace, client, namespace_key=key, field_manager=WORKER_FIELD_MANAGER)
+        store = kube_store if observer is None else ObservedStore(kube_store, observer)
         owners: dict[str, str] = {}
         worker_id = default_worker_id()
         engine = Engine(store, worker_id=worker_id, lease_ttl=lease_ttl, unresolvable="leave",
