@@ -508,7 +508,7 @@ def test_the_worker_chart_lints_and_renders_a_least_privilege_worker_of_one_buil
     proc = run_helm(helm, helm_home, "lint", "--strict", str(WORKER_CHART), *WORKER_ARGS)
     assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
     docs = render_worker(helm, helm_home)
-    assert sorted(d["kind"] for d in docs) == ["Deployment", "PodDisruptionBudget", "Role", "RoleBinding",
+    assert sorted(d["kind"] for d in docs) == ["Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service",
                                                "ServiceAccount"], "no ClusterRole: nothing outside its namespace"
     assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
     role = one(docs, "Role")
@@ -524,7 +524,9 @@ def test_the_worker_chart_lints_and_renders_a_least_privilege_worker_of_one_buil
     [container] = pod["containers"]
     assert container["image"] == "registry.example/team-a/worker:v2"
     assert container["command"] == ["dsb"] and container["args"] == [
-        "worker", "--kube", "--queue=agents", "--build-id=v2", "--concurrency=4", "--poll-interval=1"]
+        "worker", "--kube", "--queue=agents", "--build-id=v2", "--concurrency=4", "--poll-interval=1",
+        "--metrics-port=8080", "--metrics-host=0.0.0.0"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -556,6 +558,30 @@ def test_the_worker_chart_keeps_older_builds_running_beside_the_new_one(helm: Pa
     assert len(by_kind(docs, "Role")) == 1
 
 
+def test_the_worker_chart_serves_metrics_on_its_port_as_the_operator_s_chart_does(helm: Path, helm_home: Path) -> None:
+    docs = render_worker(helm, helm_home, "--set", "metrics.port=9464", "--set", "metrics.serviceMonitor.enabled=true",
+                         "--set", "metrics.serviceMonitor.labels.release=prom", "--set", "keepBuilds[0].build=v1")
+    for deploy in by_kind(docs, "Deployment"):
+        [container] = deploy["spec"]["template"]["spec"]["containers"]
+        assert "--metrics-port=9464" in container["args"] and "--metrics-host=0.0.0.0" in container["args"]
+        assert container["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
+    service = one(docs, "Service")
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]
+    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "durable-sandbox-worker",
+                                           "app.kubernetes.io/instance": "agents"}, "every build's workers"
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics" and monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+    quiet = render_worker(helm, helm_home, "--set", "metrics.service.enabled=false")
+    assert not by_kind(quiet, "Service") and not by_kind(quiet, "ServiceMonitor")
+    proc = run_helm(helm, helm_home, "template", "agents", str(WORKER_CHART), "-n", "team-a", "--kube-version",
+                    kube_version(), *WORKER_ARGS, "--set", "metrics.service.enabled=false",
+                    "--set", "metrics.serviceMonitor.enabled=true", check=False)
+    assert proc.returncode != 0 and "metrics.serviceMonitor.enabled needs metrics.service.enabled" in proc.stderr
+
+
 def test_the_worker_chart_grants_sandbox_pods_only_when_asked(helm: Path, helm_home: Path) -> None:
     rules = rules_by_resource(one(render_worker(helm, helm_home, "--set", "rbac.sandboxPods=true"), "Role"))
     assert {k: v for k, v in rules.items() if k in SANDBOX_POD_RULES} == SANDBOX_POD_RULES
@@ -567,6 +593,7 @@ def test_the_worker_chart_grants_sandbox_pods_only_when_asked(helm: Path, helm_h
     (["--set", "build=has space"], "build"),
     (["--set", "queue=Agents_1"], "queue"),
     (["--set", "keepBuilds[0].build=v2"], "keepBuilds names build v2"),
+    (["--set", "metrics.port=0"], "metrics"),
 ])
 def test_the_worker_chart_refuses_bad_values_naming_them(helm: Path, helm_home: Path, args: list[str],
                                                          message: str) -> None:
