@@ -176,3 +176,53 @@ def _metered_worker(store: SqliteStore, wf: dict[str, Any], build: str) -> tuple
                     extensions=[WorkerBuild(build)])
     worker = KubeWorker(engine, FakeObjects([wf]), FakeHeartbeat(), poll=0.05)  # type: ignore[arg-type]
     return worker, metrics
+
+
+class _Broken:
+    """An observer whose every answer raises."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*_: object) -> None:
+            raise RuntimeError(f"{name} is broken (test)")
+
+        return fail
+
+
+async def test_an_observer_that_raises_never_fails_a_store_call(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    store = ObservedStore(SqliteStore(tmp_path / "runs.db"), _Broken())
+    try:
+        await store.create_run(RunRecord(run_id="r1", workflow="wf", input=None))
+        lease = await store.claim("r1", "me", 30.0)
+        await store.update_run("r1", {"status": "succeeded"}, fence=lease.fence)
+        run = await store.get_run("r1")
+        assert run is not None and run.status == "succeeded"
+    finally:
+        await store.close()
+    assert "claimed is broken" in caplog.text and "finished is broken" in caplog.text  # said, not raised
+
+
+def test_dsb_worker_serves_its_metrics_on_the_port_given_and_says_where(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from durable_sandbox.cli.main import cli
+
+    asyncio.run(SqliteStore(tmp_path / "s.db").close())  # a store to serve
+    result = CliRunner().invoke(cli, ["--store", str(tmp_path / "s.db"), "worker", "--until-idle",
+                                      "--metrics-port", "0", "--build-id", "v3"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"worker metrics on http://127\.0\.0\.1:\d+/metrics", result.stderr), result.stderr
+
+
+async def test_dsb_worker_refuses_a_metrics_port_in_use_naming_it(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from durable_sandbox.cli.main import cli
+
+    async with serving_metrics(0, "127.0.0.1", build=None, queue="") as taken:
+        assert taken.url is not None
+        port = taken.url.rsplit(":", 1)[1].split("/")[0]
+        result = await asyncio.to_thread(CliRunner().invoke, cli, [
+            "--store", str(tmp_path / "s.db"), "worker", "--until-idle", "--metrics-port", port])
+    assert result.exit_code == 1, result.output
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr and "--metrics-port" in result.stderr
