@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -15,16 +15,21 @@ import pytest
 from durable_sandbox.cli.commands.worker_metrics import serving_metrics
 from durable_sandbox.engine.builds import BUILD_LABEL, WorkerBuild
 from durable_sandbox.engine.errors import LeaseLost, StoreUnavailable
+from durable_sandbox.engine.lease_keeper import LeaseKeeper, keep_lease
 from durable_sandbox.engine.observed_store import ObservedStore
-from durable_sandbox.engine.records import Lease, RunRecord
+from durable_sandbox.engine.records import Commit, Lease, RunRecord
+from durable_sandbox.engine.runtime import RunRuntime
+from durable_sandbox.engine.store import Store
 from durable_sandbox.kube.telemetry.worker_metrics import WorkerMetrics
 from durable_sandbox.kube.workers.runner import KubeWorker
 from durable_sandbox.runs.session import open_engine
 from durable_sandbox.runs.settings import Settings
 from durable_sandbox.sandbox_engine import Engine
 from durable_sandbox.stores.sqlite import SqliteStore
+from durable_sandbox.testing import SteppedClock
 from tests.unit import worker_flows
 from tests.unit.kube.test_kube_worker import FakeHeartbeat, FakeObjects, admit, body
+from tests.unit.test_lease_keeper import ScriptedRenewals, unavailable
 
 SAMPLE = re.compile(r'^(durable_sandbox_worker_\w+?)(?:_total)?\{([^}]*)\} (\S+)$', re.MULTILINE)
 
@@ -135,6 +140,8 @@ async def test_renewals_failed_and_leases_lost_are_told_apart(tmp_path: Path) ->
         await store.inner.claim("r1", "other", 30.0)  # another worker holds the run now: the fence moved
         with pytest.raises(LeaseLost):
             await store.renew(mine, 30.0)
+        with pytest.raises(LeaseLost):  # the execution's last write, refused too: the same lease, not counted again
+            await store.commit("r1", mine.fence, Commit([]))
     finally:
         await store.close()
         await away.close()
@@ -226,3 +233,20 @@ async def test_dsb_worker_refuses_a_metrics_port_in_use_naming_it(tmp_path: Path
             "--store", str(tmp_path / "s.db"), "worker", "--until-idle", "--metrics-port", port])
     assert result.exit_code == 1, result.output
     assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr and "--metrics-port" in result.stderr
+
+
+async def test_a_lease_given_up_past_its_safety_point_counts_as_lost_after_the_renewals_that_failed() -> None:
+    metrics = WorkerMetrics(build="b", queue="q", process_collectors=False)
+    clock = SteppedClock()
+    scripted = ScriptedRenewals(clock, [None], forever=unavailable())  # one renewal succeeds, then the store is away
+    store = ObservedStore(cast(Store, scripted), metrics)
+    lease = Lease("kept", "worker-a", 7, clock.wall() + 30.0)
+    execution: asyncio.Task[bool] = asyncio.create_task(asyncio.Event().wait())
+    keeper = LeaseKeeper(store.renew, lease, 30.0, clock, gave_up=store.gave_up)
+    await asyncio.wait_for(keep_lease(keeper, store, cast(RunRuntime, object()), execution, lambda: None), 10)
+    with pytest.raises(asyncio.CancelledError):
+        await execution  # given up: the execution is cancelled
+    failed = sum(1 for _, what in scripted.renewals if what == "StoreUnavailable")
+    got = samples(metrics.generate().decode())
+    assert failed >= 3 and got[key("lease_renewals_failed", build="b", queue="q")] == failed
+    assert got[key("leases_lost", build="b", queue="q")] == 1

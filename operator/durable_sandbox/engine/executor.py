@@ -36,6 +36,7 @@ from durable_sandbox.engine.errors import (
 from durable_sandbox.engine.extensions import GENERIC_JOURNAL, Extensions, JournalReader
 from durable_sandbox.engine.in_process import ExecutingHere
 from durable_sandbox.engine.lease_keeper import LeaseKeeper, SystemClock, keep_lease
+from durable_sandbox.engine.observed_store import ObservedStore
 from durable_sandbox.engine.owner import holder_is_dead, new_worker_id
 from durable_sandbox.engine.records import Commit, ErrorInfo, Lease, OperationRecord, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
@@ -222,7 +223,9 @@ class RunExecutor:
             fence=lease.fence,
         )
         rt.emit("run.resumed" if rt.rows else "run.started", workflow=run.workflow, worker=self.worker_id)
-        lease_keeper = LeaseKeeper(self.store.renew, lease, self.lease_ttl, SystemClock())
+        observed = self.store if isinstance(self.store, ObservedStore) else None  # a worker's metrics
+        lease_keeper = LeaseKeeper(self.store.renew, lease, self.lease_ttl, SystemClock(),
+                                   gave_up=observed.gave_up if observed is not None else None)
         await lease_keeper.start()  # the workflow starts on a lease renewed within the last interval
         nxt = NextRun()  # the run this one continues as, if it does (ctx.continue_as_new)
         wf: asyncio.Task[Any] = asyncio.create_task(_call_workflow(definition, Context(rt), run, nxt), name=run.run_id)

@@ -90,8 +90,9 @@ class LeaseKeeper:
     """Renews one execution's lease (see the module's docstring for when it cancels the execution)."""
 
     def __init__(self, renew: Callable[[Lease, float], Awaitable[Lease]], lease: Lease, ttl: float,
-                 clock: LeaseClock) -> None:
+                 clock: LeaseClock, *, gave_up: Callable[[Lease], None] | None = None) -> None:
         self.store_renew = renew  # the store's renew (``Store.renew``)
+        self.gave_up = gave_up  # told when the keeper gives the lease up past its safety point (a worker's metrics)
         self.lease = lease
         self.ttl = ttl
         self.clock = clock
@@ -211,6 +212,8 @@ async def _renew_until_lost(keeper: LeaseKeeper) -> None:
         except LeaseLost as exc:
             if not isinstance(exc, PastSafetyPoint):  # that one said why already
                 log.error("lease on run %s lost; cancelling its execution here", keeper.lease.run_id)
+            elif keeper.gave_up is not None:
+                keeper.gave_up(keeper.lease)
             return
 
 

@@ -8,8 +8,9 @@ Every write that matters passes through the store, so counting there needs no ho
 * steps committed: the step records (completed or failed) in the commits that landed;
 * a lease renewal failed: a ``renew`` that raised without the lease being lost (the store away, refused);
 * a lease lost: a fenced call refused because another worker holds the run now (``LeaseLost``, not
-  ``StoreUnavailable``). A worker that gives a lease up itself (no renewal succeeded before its safety point,
-  engine/lease_keeper.py) shows as renewals failed.
+  ``StoreUnavailable``), or the lease given up by this worker's lease keeper (no renewal succeeded before its
+  safety point: :meth:`ObservedStore.gave_up`, engine/lease_keeper.py); each lease (run and fence) counted once,
+  however many of its calls are refused after.
 
 Runs skipped as pinned to another build are not store calls: the worker loops say them (:func:`observer_of`).
 The observer is told after the call, never before, and its errors are not the run's: a counter cannot fail a
@@ -39,6 +40,8 @@ from durable_sandbox.engine.store import CommitsWithNewRun, Store
 __all__ = ["ObservedStore", "WorkerObserver", "observer_of"]
 
 log = logging.getLogger("durable_sandbox.engine")
+
+_REMEMBERED_LOSSES = 1024  # leases counted lost that a second refusal is recognised for
 
 
 class WorkerObserver(Protocol):
@@ -80,6 +83,9 @@ class ObservedStore:
     def __init__(self, inner: Store, observer: WorkerObserver) -> None:
         self.inner = inner
         self.observer = observer
+        # The leases (run id, fence) counted lost, the newest last: one lost lease refuses its renewal and then
+        # the execution's last write; it is one lease lost. Bounded: the oldest are forgotten.
+        self._lost: dict[tuple[str, int], None] = {}
 
     def __getattr__(self, attr: str) -> Any:
         # A store's own settings (``event_interval``, the Kubernetes store's namespace) are the inner store's.
@@ -91,9 +97,21 @@ class ObservedStore:
         except Exception:  # a metric must never fail a run
             log.exception("worker metrics: %s failed", what)
 
-    def _refused(self, exc: BaseException) -> None:
-        if isinstance(exc, LeaseLost) and not isinstance(exc, StoreUnavailable):
-            self._tell("lease_lost")
+    def _refused(self, exc: BaseException, run_id: str, fence: int | None) -> None:
+        if isinstance(exc, LeaseLost) and not isinstance(exc, StoreUnavailable) and fence is not None:
+            self._lost_once(run_id, fence)
+
+    def _lost_once(self, run_id: str, fence: int) -> None:
+        if (run_id, fence) in self._lost:
+            return
+        self._lost[(run_id, fence)] = None
+        while len(self._lost) > _REMEMBERED_LOSSES:
+            del self._lost[next(iter(self._lost))]
+        self._tell("lease_lost")
+
+    def gave_up(self, lease: Lease) -> None:
+        """The lease keeper gave ``lease`` up: no renewal succeeded before its safety point."""
+        self._lost_once(lease.run_id, lease.fence)
 
     def _landed(self, commit: Commit) -> None:
         steps = _steps(commit.records)
@@ -121,8 +139,11 @@ class ObservedStore:
     async def renew(self, lease: Lease, ttl: float) -> Lease:
         try:
             return await self.inner.renew(lease, ttl)
-        except LeaseLost as exc:
-            self._tell("renewal_failed" if isinstance(exc, StoreUnavailable) else "lease_lost")
+        except StoreUnavailable:
+            self._tell("renewal_failed")
+            raise
+        except LeaseLost:
+            self._lost_once(lease.run_id, lease.fence)
             raise
         except Exception:
             self._tell("renewal_failed")
@@ -132,7 +153,7 @@ class ObservedStore:
         try:
             await self.inner.commit(run_id, fence, commit)
         except Exception as exc:
-            self._refused(exc)
+            self._refused(exc, run_id, fence)
             raise
         self._landed(commit)
 
@@ -144,7 +165,7 @@ class ObservedStore:
                 await self.inner.create_run(new_run)
                 await self.inner.commit(run_id, fence, commit)
         except Exception as exc:
-            self._refused(exc)
+            self._refused(exc, run_id, fence)
             raise
         self._landed(commit)
 
@@ -152,7 +173,7 @@ class ObservedStore:
         try:
             await self.inner.update_run(run_id, changes, fence=fence)
         except Exception as exc:
-            self._refused(exc)
+            self._refused(exc, run_id, fence)
             raise
         outcome = _outcome(changes) if fence is not None else None
         if outcome is not None:
