@@ -17,7 +17,7 @@ from durable_sandbox.engine.builds import BUILD_LABEL, WorkerBuild
 from durable_sandbox.engine.errors import LeaseLost, StoreUnavailable
 from durable_sandbox.engine.lease_keeper import LeaseKeeper, keep_lease
 from durable_sandbox.engine.observed_store import ObservedStore
-from durable_sandbox.engine.records import Commit, Lease, RunRecord
+from durable_sandbox.engine.records import Commit, Lease, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.store import Store
 from durable_sandbox.kube.telemetry.worker_metrics import WorkerMetrics
@@ -146,7 +146,7 @@ async def test_renewals_failed_and_leases_lost_are_told_apart(tmp_path: Path) ->
         await store.close()
         await away.close()
     got = samples(metrics.generate().decode())
-    assert got[key("runs_claimed", build="b", queue="q")] == 1  # the inner claims are not this worker's
+    assert got[key("runs_claimed", build="b", queue="q")] == 0  # a claim alone starts no execution
     assert got[key("lease_renewals_failed", build="b", queue="q")] == 1
     assert got[key("leases_lost", build="b", queue="q")] == 1
 
@@ -201,7 +201,8 @@ async def test_an_observer_that_raises_never_fails_a_store_call(tmp_path: Path,
     try:
         await store.create_run(RunRecord(run_id="r1", workflow="wf", input=None))
         lease = await store.claim("r1", "me", 30.0)
-        await store.update_run("r1", {"status": "succeeded"}, fence=lease.fence)
+        await store.update_run("r1", {"status": RunStatus.RUNNING}, fence=lease.fence)
+        await store.update_run("r1", {"status": RunStatus.SUCCEEDED}, fence=lease.fence)
         run = await store.get_run("r1")
         assert run is not None and run.status == "succeeded"
     finally:

@@ -3,7 +3,9 @@ store an engine executes over and tells a :class:`WorkerObserver` what its calls
 
 Every write that matters passes through the store, so counting there needs no hook in the executor:
 
-* a run claimed: a ``claim`` or ``claim_next`` that returned a lease;
+* a run claimed: the fenced write that marks a run running under the lease this worker claimed for it (once per
+  execution; a claim taken only to hibernate a run, carry out a cancel, or give back a run of another build is
+  not one);
 * a run finished, by outcome: a commit (or a fenced ``update_run``) that set a terminal status;
 * steps committed: the step records (completed or failed) in the commits that landed;
 * a lease renewal failed: a ``renew`` that raised without the lease being lost (the store away, refused);
@@ -123,19 +125,6 @@ class ObservedStore:
 
     # -- the calls counted -------------------------------------------------------------------------
 
-    async def claim(self, run_id: str, owner: str, ttl: float, *, take_over_from: str | None = None) -> Lease:
-        lease = await self.inner.claim(run_id, owner, ttl, take_over_from=take_over_from)
-        self._tell("claimed")
-        return lease
-
-    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None,
-                         build: BuildClaims | None = None) -> Lease | None:
-        pinned = {} if build is None else {"build": build}  # a Store of before builds takes no build
-        lease = await self.inner.claim_next(owner, ttl, workflows=workflows, **pinned)
-        if lease is not None:
-            self._tell("claimed")
-        return lease
-
     async def renew(self, lease: Lease, ttl: float) -> Lease:
         try:
             return await self.inner.renew(lease, ttl)
@@ -175,11 +164,23 @@ class ObservedStore:
         except Exception as exc:
             self._refused(exc, run_id, fence)
             raise
-        outcome = _outcome(changes) if fence is not None else None
+        if fence is None:
+            return
+        if changes.get("status") == RunStatus.RUNNING:  # an execution starts under this worker's claim
+            self._tell("claimed")
+        outcome = _outcome(changes)
         if outcome is not None:
             self._tell("finished", outcome)
 
     # -- the calls passed on as they are -----------------------------------------------------------
+
+    async def claim(self, run_id: str, owner: str, ttl: float, *, take_over_from: str | None = None) -> Lease:
+        return await self.inner.claim(run_id, owner, ttl, take_over_from=take_over_from)
+
+    async def claim_next(self, owner: str, ttl: float, *, workflows: Sequence[str] | None = None,
+                         build: BuildClaims | None = None) -> Lease | None:
+        pinned = {} if build is None else {"build": build}  # a Store of before builds takes no build
+        return await self.inner.claim_next(owner, ttl, workflows=workflows, **pinned)
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
         return await self.inner.create_run(run)

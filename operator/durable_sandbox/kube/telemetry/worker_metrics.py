@@ -30,7 +30,7 @@ class WorkerMetrics:
         labels = {"build": build, "queue": queue}
         names = ["build", "queue"]
         self._claimed = Counter(
-            f"{PREFIX}_worker_runs_claimed", "Runs this worker claimed (took the lease of) to execute them.",
+            f"{PREFIX}_worker_runs_claimed", "Runs this worker claimed and started executing (once per execution).",
             names, registry=r,
         ).labels(**labels)
         self._finished = Counter(
