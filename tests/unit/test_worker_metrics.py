@@ -28,8 +28,8 @@ from durable_sandbox.sandbox_engine import Engine
 from durable_sandbox.stores.sqlite import SqliteStore
 from durable_sandbox.testing import SteppedClock
 from tests.unit import worker_flows
-from tests.unit.kube.test_kube_worker import FakeHeartbeat, FakeObjects, admit, body
-from tests.unit.test_lease_keeper import ScriptedRenewals, unavailable
+from tests.unit.kube.kube_worker_support import FakeHeartbeat, FakeObjects, admit, body
+from tests.unit.lease_keeper_support import ScriptedRenewals, unavailable
 
 SAMPLE = re.compile(r'^(durable_sandbox_worker_\w+?)(?:_total)?\{([^}]*)\} (\S+)$', re.MULTILINE)
 

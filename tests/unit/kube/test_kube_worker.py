@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,58 +15,12 @@ import pytest
 
 from durable_sandbox.engine import RunStatus
 from durable_sandbox.engine.builds import BUILD_LABEL, WorkerBuild
-from durable_sandbox.kube.spec.plan import RunPlan, plan_workflow
-from durable_sandbox.kube.spec.queued import QueuedWorkflow
 from durable_sandbox.kube.workers.runner import KubeWorker, queued_on
 from durable_sandbox.sandbox_engine import Engine
 from durable_sandbox.stores import SqliteStore
-from tests.builders import workflow, workflow_resource
 from tests.unit import worker_flows
+from tests.unit.kube.kube_worker_support import ENTRYPOINT, NS, FakeHeartbeat, FakeObjects, admit, body
 from tests.unit.process_support import eventually
-
-NS = "team-a"
-ENTRYPOINT = "tests.unit.worker_flows:steps"
-
-
-@dataclass
-class FakeObjects:
-    bodies: Sequence[Mapping[str, Any]]
-
-    async def list(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        assert plural == "workflows" and namespace == NS  # a worker reads its own namespace only
-        return [dict(b) for b in self.bodies]
-
-
-@dataclass
-class FakeHeartbeat:
-    namespace: str = NS
-    queue: str = "agents"
-    beats: int = 0
-    stopped: bool = False
-
-    async def beat(self) -> None:
-        self.beats += 1
-
-    async def stop(self) -> None:
-        self.stopped = True
-
-
-def body(name: str, uid: str, log: Path, *, queue: str = "agents", steps: int = 3, gate: str | None = None) -> dict[str, Any]:
-    inp: dict[str, Any] = {"log": str(log), "steps": steps}
-    if gate is not None:
-        inp["gate"] = gate
-    return workflow(name, namespace=NS, uid=uid, entrypoint=ENTRYPOINT, input=inp, worker={"queue": queue})
-
-
-async def admit(engine: Engine, wf_body: dict[str, Any]) -> RunPlan:
-    """What the operator's admission does: plan without importing, create the run."""
-    wf = workflow_resource(wf_body["metadata"]["name"], namespace=NS, uid=wf_body["metadata"]["uid"],
-                           **wf_body["spec"])
-    plan = plan_workflow(wf, source=NS, cluster=True, allowed_modules=[])  # no module allowed: nothing imported
-    assert isinstance(plan.definition, QueuedWorkflow) and plan.worker_queue == wf_body["spec"]["worker"]["queue"]
-    record = engine.client.record(plan.definition, plan.input, run_id=plan.run_id, labels=plan.labels)
-    await engine.store.create_run(record)
-    return plan
 
 
 def make_worker(store: SqliteStore, bodies: Sequence[Mapping[str, Any]], worker_id: str, *, build: str | None = None,
