@@ -32,11 +32,14 @@ class Cluster:
         self.bucket = "op-" + secrets.token_hex(5)
 
     def operator(self, *args: str, fault: str | None = None, home: Path | None = None, name: str | None = None,
-                 **extra: str) -> OperatorProcess:
+                 resources: dict[str, Any] | None = None, **extra: str) -> OperatorProcess:
+        """An operator for this namespace; ``resources``: the sandbox Pods' (the template's default request, 100m
+        of CPU, fits few Pods on the 2-core node)."""
         env = {**self.s3.environ(self.bucket, prefix="dsb"), "DSB_K8S_NAMESPACES": self.ns, **extra,
                # The node's control plane, whatever KUBECONFIG the session's plain one set.
                "KUBECONFIG": str(self.cp.kubeconfig),
-               "DSB_K8S_TEMPLATE": json.dumps({"image": IMAGE, "imagePullPolicy": "Never"})}
+               "DSB_K8S_TEMPLATE": json.dumps({"image": IMAGE, "imagePullPolicy": "Never",
+                                                **({"resources": resources} if resources else {})})}
         op: OperatorProcess = self.start(*args, env=env, fault=fault, home=home, name=name)
         return op
 

@@ -8,6 +8,7 @@ make; the ``local`` fixture checks at teardown that no sandbox, snapshot or leas
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 import durable_sandbox
+from durable_sandbox.providers.contract import SandboxHandle
 from durable_sandbox.sandboxes import fork_journal
 from durable_sandbox.sandboxes.fork import ForkDiverged, ForkRefused
 from durable_sandbox.sandboxes.session import SessionState
@@ -88,6 +90,47 @@ async def test_k_forks_of_one_point_replay_once_and_each_has_its_own_workspace(
     handles = {SessionState.derive("sandbox", await engine.history(f)).handle.id for f in forked.run_ids}  # type: ignore[union-attr]
     assert len(handles) == 4
     await finish(engine, *forked.run_ids, "src")
+
+
+async def test_the_forks_after_the_first_are_made_at_the_same_time(
+    engine: durable_sandbox.Engine, local: Hooked
+) -> None:
+    """Forks 2-4 each take their own snapshot only once all three are taking it: made one after another, the
+    second would wait for the others alone and time out."""
+    await source(engine)
+    arrived, all_three = [0], asyncio.Event()
+
+    async def hold(handle: SandboxHandle, op: str) -> None:
+        arrived[0] += 1
+        if arrived[0] == 4:
+            all_three.set()
+        if arrived[0] > 1:  # the first is the first fork's own snapshot, the others restore from
+            await asyncio.wait_for(all_three.wait(), 10)
+
+    local.before_snapshot = hold
+    forked = await engine.fork("src", after_call=45, count=4)
+    assert [await workspace_log(engine, local, f) for f in forked.run_ids] == [expected_log(45)] * 4
+    await finish(engine, *forked.run_ids, "src")
+
+
+async def test_one_of_the_concurrent_forks_failing_undoes_every_fork_of_the_call(
+    engine: durable_sandbox.Engine, local: Hooked
+) -> None:
+    await source(engine)
+    runs_before = {r.run_id for r in await engine.runs()}
+    arrived = [0]
+
+    async def fail_third(handle: SandboxHandle, op: str) -> None:
+        arrived[0] += 1
+        if arrived[0] == 3:
+            raise RuntimeError("snapshot store down (test)")
+
+    local.before_snapshot = fail_third
+    with pytest.raises(RuntimeError, match="snapshot store down"):
+        await engine.fork("src", after_call=45, count=4)
+    assert {r.run_id for r in await engine.runs()} == runs_before  # (the teardown: no sandbox or snapshot left)
+    local.before_snapshot = None
+    await finish(engine, "src")
 
 
 async def test_a_diverging_replay_fails_the_fork_with_expected_and_actual_and_leaves_nothing(
