@@ -180,9 +180,11 @@ class LeaseKeeper:
 
     def _past_safety_point(self, why: str) -> PastSafetyPoint:
         left = self.valid_until - self.clock.now()
-        log.error("run %s: its lease could not be renewed (%s, %d failed attempt(s)) and could expire in %.1fs; "
-                  "cancelling its execution here before another worker may claim the run",
-                  self.lease.run_id, why, self.failures, max(0.0, left))
+        # A warning, not an error: the keeper does what it is for (no two executors at once), and the run goes
+        # on from its journal when claimed again. A slow API server under load meets it with short leases.
+        log.warning("run %s: its lease could not be renewed (%s, %d failed attempt(s)) and could expire in %.1fs; "
+                    "cancelling its execution here before another worker may claim the run; it resumes from its "
+                    "journal when claimed again", self.lease.run_id, why, self.failures, max(0.0, left))
         return PastSafetyPoint(self.lease.run_id, self.lease.fence)
 
 

@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_sandbox.engine.errors import LeaseLost
-from durable_sandbox.engine.lease_keeper import LeaseKeeper, SystemClock
+from durable_sandbox.engine.lease_keeper import LeaseKeeper, PastSafetyPoint, SystemClock
 from durable_sandbox.engine.records import Lease, RunRecord
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
@@ -133,9 +133,11 @@ class OpenSession:
             await asyncio.sleep(delay)
             try:
                 delay = await keeper.renew()
-            except LeaseLost:
-                log.error("the call journal %s: lease lost or not renewed in time; abandoning the call in flight "
-                          "here and letting go of the session", self.lease.run_id)
+            except LeaseLost as exc:
+                # Not renewed in time (PastSafetyPoint: the keeper said why, as a warning) or lost to another.
+                (log.warning if isinstance(exc, PastSafetyPoint) else log.error)(
+                    "the call journal %s: lease %s; abandoning the call in flight here and letting go of the session",
+                    self.lease.run_id, "not renewed in time" if isinstance(exc, PastSafetyPoint) else "lost")
                 self.lost = True
                 if self.in_flight is not None:
                     self.in_flight.cancel()
