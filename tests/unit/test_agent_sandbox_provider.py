@@ -222,6 +222,11 @@ async def test_capabilities_say_what_it_cannot_do() -> None:
         await plain.suspend(SandboxHandle(id=f"{NS}/x", provider="agent-sandbox"))
     stored = World(store=S3Config(bucket="b", access_key_id="a", secret_access_key="s", endpoint="http://127.0.0.1:1")).provider
     assert {Capability.SNAPSHOT, Capability.RESTORE, Capability.SNAPSHOT_DELETION} <= stored.capabilities().supported
+    # Not advertised, so refused before the store is asked (the code it shares with the kubernetes provider can
+    # copy; CI's node tier found it copying for the contract kit, which expected a refusal).
+    assert not stored.capabilities().supports(Capability.SNAPSHOT_COPY)
+    with pytest.raises(UnsupportedCapability):
+        await stored.copy_snapshot("kit-no-such-snapshot", operation_id="copy-1")
     await plain.aclose()
     await stored.aclose()
 

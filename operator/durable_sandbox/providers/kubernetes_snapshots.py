@@ -40,7 +40,9 @@ class PodSnapshots(PodProvisioning):
     """Snapshots of the workspace volume, restores, and the store's inventory."""
 
     def _store(self, capability: Capability) -> S3SnapshotStore:
-        if self.store is None:
+        # What the provider advertises decides, not what this shared code could do: a provider built on it that
+        # does not advertise a capability (agent-sandbox: no snapshot copy) refuses it before acting.
+        if self.store is None or not self.capabilities().supports(capability):
             raise UnsupportedCapability(self.name, capability)
         return self.store
 
