@@ -26,14 +26,14 @@ async def test_the_sweeps_finished_runs_in_postgresql_are_the_ends_of_continue_a
     run (the Workflow's, what the orphan sweep looks up) finished."""
     from typing import Any
 
-    from durable_sandbox.engine.continue_as_new import CHAIN
+    from durable_sandbox.engine.continue_as_new import CHAIN, CONTINUED_FROM, GENERATION
     from durable_sandbox.engine.records import RunRecord, RunStatus
     from durable_sandbox.kube.store import run_key
     from durable_sandbox.kube.store.journals import JournalStores
 
     def run(run_id: str, status: RunStatus, result: Any = None, chain: str | None = None) -> RunRecord:
         return RunRecord(run_id=run_id, workflow="wf", input=None, status=status, result=result,
-                         labels={CHAIN: chain} if chain else {})
+                         labels={CHAIN: chain, CONTINUED_FROM: chain, GENERATION: "1"} if chain else {})
 
     finished = [run("going-1", RunStatus.SUCCEEDED, {"continuedAsNew": "going-1~1"}),
                 run("done-2", RunStatus.SUCCEEDED, {"continuedAsNew": "done-2~1"}),
@@ -46,5 +46,5 @@ async def test_the_sweeps_finished_runs_in_postgresql_are_the_ends_of_continue_a
 
     stores = JournalStores(PostgresJournal("postgresql://dsb@db/dsb"), None)  # type: ignore[arg-type]
     stores.store_for = lambda namespace: Store()  # type: ignore[method-assign]
-    keys = await stores.finished_run_keys("team")
-    assert keys == {run_key("done-2~1"), run_key("done-2"), run_key("plain-3")}
+    found = await stores.finished_runs("team")
+    assert found.ignored == () and found.keys == {run_key("done-2~1"), run_key("done-2"), run_key("plain-3")}

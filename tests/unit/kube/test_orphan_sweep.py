@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from durable_sandbox.engine.records import RunStatus
 from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.store import run_key
+from durable_sandbox.kube.store.finished import read_finished
 from durable_sandbox.kube.sweep.orphans import Inventory, LiveOwner, Orphan, SweepPlan, plan_sweep, sweep_once
-from durable_sandbox.kube.sweep.sweeper import chain_ends, default_installation_id, live_owners
+from durable_sandbox.kube.sweep.sweeper import default_installation_id, live_owners
 from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
@@ -24,6 +26,7 @@ from durable_sandbox.providers.contract import (
     tag_key,
 )
 from durable_sandbox.providers.local import LocalProvider
+from tests.unit.kube.journal_heads_support import Journal
 
 OURS = "ns-a/durable-sandbox"
 GRACE = 60.0
@@ -135,20 +138,17 @@ def test_live_owners_from_what_the_operator_records_never_from_status() -> None:
     assert protected == {"user-snap"} and set(bodies) == set(live)
 
 
-def _head(run_id: str, status: str) -> dict[str, Any]:
-    return {"metadata": {"labels": {"durable-sandbox.dev/status": status, "durable-sandbox.dev/run-id": run_key(run_id)},
-                         "annotations": {"durable-sandbox.dev/run-id": run_id}}}
-
-
-def test_a_workflow_whose_run_continued_as_new_is_finished_only_at_the_end_of_its_chain() -> None:
-    """The chain's live sandbox belongs to a Workflow whose first run ended (continued as new): never swept."""
+async def test_a_workflow_whose_run_continued_as_new_is_finished_only_at_the_end_of_its_chain() -> None:
+    """The chain's live sandbox belongs to a Workflow whose first run ended (continued as new): never swept. Read
+    from the runs' sealed heads as the operator wrote them (tests/unit/kube/test_sweep_sealed_runs.py: forgeries)."""
     going, done = cluster_run_id("wf-going", "going"), cluster_run_id("wf-done", "done")
-    heads = [_head(going, "succeeded"), _head(f"{going}~1", "succeeded"), _head(f"{going}~2", "running"),
-             _head(done, "succeeded"), _head(f"{done}~1", "failed"),
-             {"metadata": {"labels": {"durable-sandbox.dev/status": "cancelled", "durable-sandbox.dev/run-id": "old"}}}]
-    keys = chain_ends(heads)
+    journal = Journal()
+    await journal.chain(going, RunStatus.SUCCEEDED, RunStatus.SUCCEEDED, RunStatus.RUNNING)
+    await journal.chain(done, RunStatus.SUCCEEDED, RunStatus.FAILED)
+    await journal.run("old", RunStatus.CANCELLED)
+    keys = (await read_finished(journal.heads)).keys
     assert run_key(going) not in keys and run_key(f"{going}~1") not in keys  # they continued: the chain goes on
-    assert {run_key(done), run_key(f"{done}~1"), "old"} <= keys  # a chain's end marks its Workflow's run finished
+    assert keys == {run_key(done), run_key(f"{done}~1"), "old"}  # a chain's end marks its Workflow's run finished
     workflows = [_wf("going", "Succeeded"), _wf("done", "Running")]
     live, _, _ = live_owners(workflows, [], finished_runs=frozenset(f"ns/{k}" for k in keys), records={})
     assert live["ns/going"] == LiveOwner("ns/going"), "its chain runs on: everything it holds is kept"

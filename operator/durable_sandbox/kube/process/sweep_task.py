@@ -36,7 +36,7 @@ class SweepTask:
         sweeper = OrphanSweeper(api, installation=settings.installation_id, namespaces=list(namespaces),
                                 providers=lambda: _sweep_providers(op, cache), grace=settings.sweep_grace,
                                 events=op.events, metrics=metrics, records=op.records,
-                                finished_runs=op.engines.journals.finished_run_keys,
+                                finished_runs=op.engines.journals.finished_runs,
                                 session_snapshots=lambda ns, uid: _session_snapshot_ids(op, ns, uid))
         stop = asyncio.Event()
         log.info("orphan sweep every %gs (grace %gs) for installation %s", settings.sweep_interval,

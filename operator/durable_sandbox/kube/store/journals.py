@@ -18,10 +18,10 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_sandbox.engine.continue_as_new import CHAIN, continued_to
 from durable_sandbox.engine.records import RunRecord, RunStatus
 from durable_sandbox.kube.api.client import KubeClient
 from durable_sandbox.kube.store import KubernetesStore, OwnerRef, run_key
+from durable_sandbox.kube.store.finished import FinishedRuns, finished_keys
 from durable_sandbox.providers.redaction import redact_url
 from durable_sandbox.stores.postgres import PostgresStore, split_dsn
 from durable_sandbox.stores.postgres_schema import check_schema_name
@@ -139,16 +139,16 @@ class JournalStores:
             return f"PostgreSQL {self.store_for(namespace).where}"
         return f"Journal {namespace}/dsb.{run_key(run_id)}"
 
-    async def finished_run_keys(self, namespace: str) -> set[str] | None:
-        """The run keys (``run_key``) of ``namespace``'s finished runs, by their journal in PostgreSQL, for the
-        orphan sweep; None for the API-server journal (the sweep reads its Journal objects' labels). A run that
-        continued as new is not finished (its chain goes on); the end of a chain marks its first run (the
-        Workflow's) finished too."""
+    async def finished_runs(self, namespace: str) -> FinishedRuns:
+        """``namespace``'s finished runs for the orphan sweep, by their journal records (sealed in the API server:
+        ``finished.py``; in PostgreSQL, the namespace's own schema). A run that continued as new is not finished
+        (its chain goes on); the end of a chain marks its first run (the Workflow's) finished too."""
         if not isinstance(self.choice, PostgresJournal):
-            return None
+            store = self.store_for(namespace)
+            assert isinstance(store, KubernetesStore)
+            return await store.finished_runs()
         runs = await self.store_for(namespace).list_runs(status=FINISHED, limit=FINISHED_LIMIT)
-        ended = [r for r in runs if continued_to(r) is None]
-        return {run_key(r.run_id) for r in ended} | {run_key(r.labels[CHAIN]) for r in ended if r.labels.get(CHAIN)}
+        return FinishedRuns(finished_keys(runs, {r.run_id for r in runs}))
 
     async def aclose(self) -> None:
         if self._pool is not None:

@@ -56,6 +56,7 @@ from durable_sandbox.kube.store.claims import RunClaims
 from durable_sandbox.kube.store.codec import OwnerRef
 from durable_sandbox.kube.store.commits import Commits
 from durable_sandbox.kube.store.events import EventFeed
+from durable_sandbox.kube.store.finished import FinishedRuns, read_finished
 from durable_sandbox.kube.store.heads import RunHeads
 from durable_sandbox.kube.store.refusals import unavailable_when_unreachable
 from durable_sandbox.kube.store.runs import Runs
@@ -132,6 +133,10 @@ class KubernetesStore:
         self, *, status: Sequence[RunStatus] | None = None, workflow: str | None = None, limit: int = 100
     ) -> list[RunRecord]:
         return await self._runs.list_runs(status=status, workflow=workflow, limit=limit)
+
+    async def finished_runs(self) -> FinishedRuns:
+        """This namespace's finished runs by their sealed records, for the orphan sweep (``finished.py``)."""
+        return await read_finished(self._heads)
 
     async def delete_run(self, run_id: str, *, fence: int | None = None) -> bool:
         """Delete the run: its head first (it disappears for every reader at once), then its other objects."""

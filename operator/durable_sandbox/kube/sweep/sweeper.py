@@ -10,7 +10,8 @@ listing was deleted. If the live resources cannot be listed completely, nothing 
 
 What a live resource references, from what only the operator writes (never status: anyone granted
 ``*/status`` could otherwise make the sweep destroy a running Workflow's sandbox or a Sandbox's live one):
-* a Workflow whose run has not finished (its journal head's status label), has not started, or that is being
+* a Workflow whose run has not finished (by its sealed journal records, ``kube/store/finished.py``: never a
+  label or annotation of a Journal head, which a namespace's worker ServiceAccount may write), has not started, or that is being
   deleted: unknown, so everything tagged with it is kept (its run reaps what it made but did not record; its
   finalizer cleans up);
 * a Workflow whose run finished: nothing (its sessions were finalized; a retained snapshot is marked as such);
@@ -33,12 +34,11 @@ from typing import Any
 
 from durable_sandbox.kube.api.client import KubeClient, brief, is_transient
 from durable_sandbox.kube.api.resources import SANDBOXES, WORKFLOWS, CustomObjects
-from durable_sandbox.kube.journal.journal_objects import LABEL_PART, LABEL_RUN, JournalObjects
 from durable_sandbox.kube.journal.sandbox_records import SandboxRecords
 from durable_sandbox.kube.reporting.events import EventRecorder, LifecycleEvent
 from durable_sandbox.kube.spec.plan import cluster_run_id
-from durable_sandbox.kube.store import LABEL_STATUS, run_key
-from durable_sandbox.kube.store.codec import ANNOTATION_RUN
+from durable_sandbox.kube.store import run_key
+from durable_sandbox.kube.store.finished import FinishedRuns
 from durable_sandbox.kube.sweep.orphans import (
     Inventory,
     LiveOwner,
@@ -71,31 +71,6 @@ def default_installation_id(namespaces: Sequence[str] = (), environ: Mapping[str
     env = os.environ if environ is None else environ
     namespace = env.get("POD_NAMESPACE")
     return f"{namespace}/durable-sandbox" if namespace else "durable-sandbox"
-
-
-def _next_run(run_id: str) -> str:
-    first, sep, generation = run_id.rpartition("~")
-    return f"{first}~{int(generation) + 1}" if sep and generation.isdigit() else f"{run_id}~1"
-
-
-def chain_ends(heads: Sequence[Mapping[str, Any]]) -> set[str]:
-    """The run keys of the finished runs among the journal heads ``heads``, by their status label: a run that
-    continued as new (the next run of its chain, ``<first>~<n>``, exists) is not finished; the end of a chain
-    marks its first run (the Workflow's, what :func:`live_owners` looks up) finished too."""
-    metas = [h.get("metadata") or {} for h in heads]
-    ids = {str(m["annotations"][ANNOTATION_RUN]) for m in metas if (m.get("annotations") or {}).get(ANNOTATION_RUN)}
-    out: set[str] = set()
-    for meta in metas:
-        labels = meta.get("labels") or {}
-        run_id = (meta.get("annotations") or {}).get(ANNOTATION_RUN)  # heads made before it have none: no chain
-        if labels.get(LABEL_STATUS) not in ("succeeded", "failed", "cancelled"):
-            continue
-        if isinstance(run_id, str) and _next_run(run_id) in ids:
-            continue
-        out.add(str(labels.get(LABEL_RUN)))
-        if isinstance(run_id, str) and "~" in run_id:
-            out.add(run_key(run_id.partition("~")[0]))
-    return out
 
 
 def live_owners(workflows: Sequence[Mapping[str, Any]], sandboxes: Sequence[Mapping[str, Any]], *,
@@ -152,14 +127,14 @@ class OrphanSweeper:
         events: EventRecorder,
         metrics: OperatorMetrics,
         records: SandboxRecords,
+        finished_runs: Callable[[str], Awaitable[FinishedRuns]],
         clock: Callable[[], float] = time.monotonic,
-        finished_runs: Callable[[str], Awaitable[set[str] | None]] | None = None,
         session_snapshots: Callable[[str, str], Awaitable[frozenset[str]]] | None = None,
     ) -> None:
         self.api = api
-        # A namespace's finished run keys from a journal kept outside the API server (kube/store/journals.py); None
-        # (or its answer None): the Journal objects' status labels say.
+        # A namespace's finished runs by their sealed journal records (kube/store/finished.py), never by labels.
         self.finished_runs = finished_runs
+        self._ignored: dict[str, frozenset[str]] = {}  # namespace -> heads ignored last round (each said once)
         # (namespace, Sandbox uid) -> the snapshots its session calls took (kube/sandbox/checkpoints.py), which its
         # record does not list; None: none are taken here.
         self.session_snapshots = session_snapshots
@@ -210,17 +185,26 @@ class OrphanSweeper:
     async def _operator_state(self, workflows: Sequence[Mapping[str, Any]], sandboxes: Sequence[Mapping[str, Any]]
                               ) -> tuple[frozenset[str], dict[str, Mapping[str, Any] | None]]:
         """What only the operator writes, for the namespaces those resources are in: the runs that finished (by
-        their journal heads' status label) and the Sandboxes' records."""
+        their sealed journal records) and the Sandboxes' records."""
         namespaces = {str((o.get("metadata") or {}).get("namespace")) for o in [*workflows, *sandboxes]}
         finished: set[str] = set()
         records: dict[str, Mapping[str, Any] | None] = {}
         for namespace in sorted(namespaces):
-            keys = await self.finished_runs(namespace) if self.finished_runs is not None else None
-            if keys is None:
-                keys = chain_ends(await JournalObjects(self.api, namespace).select(f"{LABEL_PART}=run"))
-            finished.update(f"{namespace}/{key}" for key in keys)
+            runs = await self.finished_runs(namespace)
+            self._say_ignored(namespace, runs.ignored)
+            finished.update(f"{namespace}/{key}" for key in runs.keys)
             records.update(await self.records.all(namespace))
         return frozenset(finished), records
+
+    def _say_ignored(self, namespace: str, ignored: Sequence[tuple[str, str]]) -> None:
+        """A WARNING for each journal head the sweep ignored, once while it stays so (again if it comes back)."""
+        before = self._ignored.get(namespace, frozenset())
+        for name, why in ignored:
+            if name not in before:
+                log.warning("orphan sweep: Journal %s/%s is ignored: %s. Its run is taken as not finished, so "
+                            "nothing its Workflow holds is removed; a cluster administrator should find out who "
+                            "wrote it", namespace, name, why)
+        self._ignored[namespace] = frozenset(name for name, _ in ignored)
 
     async def _session_snapshots(self, sandboxes: Sequence[Mapping[str, Any]]) -> dict[str, frozenset[str]]:
         if self.session_snapshots is None:
