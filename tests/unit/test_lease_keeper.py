@@ -10,6 +10,7 @@ follow a script; one test runs the real engine on SQLite to show that no interru
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from contextvars import ContextVar
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 
 import durable_sandbox
 from durable_sandbox import Context, workflow
-from durable_sandbox.engine.errors import LeaseLost, StoreUnavailable
+from durable_sandbox.engine.errors import LeaseLost, StoreRefused, StoreUnavailable
 from durable_sandbox.engine.lease_keeper import SAFETY_FRACTION, LeaseKeeper, keep_lease
 from durable_sandbox.engine.records import Lease, RunRecord
 from durable_sandbox.engine.runtime import RunRuntime
@@ -86,6 +87,25 @@ async def test_renewals_failing_until_the_safety_point_cancel_the_execution_befo
     failed = [t for t, what in store.renewals if what == "StoreUnavailable"]
     assert len(failed) >= 3, f"retried only {len(failed)} time(s) before giving up"
     assert all(t < safety_point for t in failed), "a renewal was attempted past the safety point"
+    with pytest.raises(asyncio.CancelledError):
+        await wf.task
+
+
+async def test_refused_renewals_keep_the_execution_past_the_safety_point_and_a_failure_after_them_ends_it() -> None:
+    """A refusal is not the safety-point rule (engine/lease_keeper.py says why): a run held at a refused commit
+    keeps its hold while renewals are refused for longer than the TTL; the first renewal that *fails* after them
+    is measured from the last one that succeeded, so it ends the execution at once."""
+    clock = SteppedClock()
+    refused = StoreRefused("journals is forbidden: the quota is exceeded")
+    store = ScriptedRenewals(clock, [None] + [refused] * 6, forever=unavailable())
+    keeper, wf = await start(clock, store)
+    await asyncio.wait_for(keeper, timeout=10)
+    outcomes = [what for _, what in store.renewals]
+    assert outcomes == ["ok"] + ["StoreRefused"] * 6 + ["StoreUnavailable"], outcomes
+    last_ok, refusals = store.renewals[0][0], [t for t, what in store.renewals if what == "StoreRefused"]
+    assert refusals[-1] - last_ok > TTL, "refusals for longer than the lease did not end the execution"
+    assert [b - a for a, b in itertools.pairwise(refusals)] == [TTL / 3] * 5, "at the regular interval"
+    assert clock.now() == store.renewals[-1][0], "the failure after the refusals ended it at once, with no retry"
     with pytest.raises(asyncio.CancelledError):
         await wf.task
 

@@ -22,8 +22,18 @@ When the execution is cancelled here (what Kubernetes' leader election does with
   tries once; one that succeeds proves nobody claimed the run (the fence did not move), one that fails ends
   the execution. A stall of the whole process is beyond any keeper (as a GC pause is for leader election).
 - **A renewal is refused** (``StoreRefused``): not lost, a definite answer of a store that is there; the
-  keeper goes on at the regular interval (the run may be held at a refused commit, engine/refusals.py) and
-  the fence decides who may write.
+  keeper goes on at the regular interval and the fence decides who may write. This is deliberately *not* the
+  safety-point rule, which would not be safe here: the run may be held at a refused commit (engine/refusals.py:
+  the hold keeps a completed call's result in memory and offers the commit again until the store takes it),
+  and cancelling the execution at the safety point ends that hold, so the call runs again on the next claim:
+  the very thing the hold exists to prevent. What the safety point guards against, another executor taking
+  the run once the lease lapses, needs a claim, and a claim is a write of the same lease object through the
+  same store: a quota, a size limit, a read-only database or RBAC of the executors' own identity refuses it
+  as it refused the renewal, and while it lasts nobody can take the run over. If someone's claim does land
+  (a refusal aimed at this one writer only), the fence moves and every fenced write of this execution,
+  the held commit included, fails ``LeaseLost`` and ends it; a sandbox call already in flight then is not
+  fenced: that is the limit of this choice (docs/reliability.md). A failure after refusals is measured from
+  the last renewal that *succeeded*, so it ends the execution at once when that is past the safety point.
 
 The execution starts on a lease renewed within the last interval (``LeaseKeeper.start``: renewed first when
 reading the run and its journal took longer). The reads of the run looking for a cancel run beside the
@@ -153,7 +163,8 @@ class LeaseKeeper:
         except StoreRefused as exc:
             # Refused, not lost, and a definite answer of a store that is there: the run may be held at a
             # refused commit (engine/refusals.py), and a keeper that ended here would end that hold. Keep
-            # renewing at the regular interval; the fence decides.
+            # renewing at the regular interval; the fence decides. Not the safety point, on purpose: the
+            # module's docstring says why that would not be safe.
             log.warning("run %s: renewing its lease was refused (%s); trying again in %.1fs",
                         self.lease.run_id, exc, self.interval)
             self.refused = True

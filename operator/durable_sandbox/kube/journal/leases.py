@@ -20,7 +20,8 @@ leader elections, ``kube-node-lease``). Its ``data``: ``holder``, ``durationSeco
 :class:`Leases` is the machinery (one namespace, as one process sees it); the store uses it for runs, whose
 renewals the engine's executor drives. :class:`HeldLease` is one lease a process keeps while it works on
 one object (a Sandbox): renewed in the background at a third of its length, and reported lost (so the work
-stops) as soon as it is not ours any more or has not been renewed for a whole lease period.
+stops) as soon as it is not ours any more or was not renewed before its safety point (a third of the lease
+before another replica may take it, the engine's rule: engine/lease_keeper.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from durable_sandbox.engine.lease_keeper import FIRST_RETRY_FRACTION, SAFETY_FRACTION, LeaseClock, SystemClock
 from durable_sandbox.kube.api.client import KubeClient, brief, is_conflict, is_not_found
 from durable_sandbox.kube.api.labels import label_value
 from durable_sandbox.kube.journal.journal_objects import LABEL_PART, MANAGED_BY, JournalObjects
@@ -283,13 +285,17 @@ class HeldLease:
     """One Lease this process keeps while it works on one object (the other replicas wait for it).
 
     :meth:`take` acquires it (``LeaseBusy`` while another holder's is live) and starts the background
-    renewal; ``on_lost`` is called once when it stops being ours (taken over, deleted, or not renewed for
-    a whole lease period because the API server could not be reached): the holder must stop acting then,
-    as another replica may start. :meth:`release` hands it over at once (SIGTERM)."""
+    renewal, every third of the lease; ``on_lost`` is called once when it stops being ours: taken over or
+    deleted (at once), or not renewed before the *safety point*, the engine's rule (engine/lease_keeper.py):
+    ``sent + ttl - ttl * SAFETY_FRACTION``, ``sent`` read on this process's monotonic clock before the last
+    renewal that succeeded was sent (another replica counts the lease's whole period from no earlier than that
+    write reaching the API server, by its own clock), so the holder stops acting a third of the lease before
+    another replica may start. Failed renewals are retried with the engine's backoff until then, each attempt
+    bounded by the time left. :meth:`release` hands it over at once (SIGTERM)."""
 
     def __init__(self, leases: Leases, name: str, holder: str, ttl: float, *, labels: dict[str, str] | None = None,
                  owners: Sequence[dict[str, Any]] | None = None, on_lost: Callable[[], None] | None = None,
-                 run: str = "") -> None:
+                 run: str = "", clock: LeaseClock | None = None) -> None:
         self.leases = leases
         self.name = name
         self.holder = holder
@@ -298,43 +304,69 @@ class HeldLease:
         self.owners = owners
         self.on_lost = on_lost
         self.run = run
+        self.clock: LeaseClock = clock if clock is not None else SystemClock()
+        self.interval = max(ttl / 3, 0.05)
         self.epoch: int | None = None
+        self.sent = 0.0  # monotonic time the last successful acquire or renewal was sent
         self._renewer: asyncio.Task[None] | None = None
 
     @property
     def held(self) -> bool:
         return self.epoch is not None
 
+    @property
+    def safety_point(self) -> float:
+        """Monotonic time past which the holder must not act under the lease."""
+        return self.sent + self.ttl - self.ttl * SAFETY_FRACTION
+
     async def take(self) -> int:
         """Hold it (a no-op while held); returns the epoch. Raises ``LeaseBusy``."""
         if self.epoch is not None:
             return self.epoch
+        sent = self.clock.now()
         self.epoch = await self.leases.acquire(self.name, self.holder, self.ttl, labels=self.labels, owners=self.owners,
                                                run=self.run)
+        self.sent = sent
         self._renewer = asyncio.get_running_loop().create_task(self._renew(self.epoch))
         return self.epoch
 
+    def _where(self) -> str:
+        return f"{self.leases.namespace}/{self.name}"
+
     async def _renew(self, epoch: int) -> None:
-        renewed = self.leases.clock()
+        failures, delay = 0, self.interval
         while True:
-            # A third of the lease: two renewals may fail (API server busy) before the others may take it.
-            await asyncio.sleep(self.ttl / 3)
+            await self.clock.sleep(delay)
+            left = self.safety_point - self.clock.now()
+            if left <= 0 and failures:
+                break
+            sent = self.clock.now()
             try:
-                await self.leases.renew(self.name, self.holder, epoch, self.ttl)
-                renewed = self.leases.clock()
-                continue
+                # On time, ``left`` is a third of the lease; a holder that wakes late (its event loop stalled) tries
+                # once for an interval: a renewal that succeeds proves the epoch did not move.
+                async with asyncio.timeout(left if failures else max(left, self.interval)):
+                    await self.leases.renew(self.name, self.holder, epoch, self.ttl)
             except LeaseGone:
-                log.warning("lease %s/%s is no longer held by %s (taken over or deleted)",
-                            self.leases.namespace, self.name, self.holder)
-            except Exception as exc:
-                if self.leases.clock() - renewed < self.ttl:
-                    if not self.leases.client.away.unreachable(exc, f"renewing lease {self.leases.namespace}/{self.name}"):
-                        log.warning("renewing lease %s/%s failed, trying again: %s",
-                                    self.leases.namespace, self.name, brief(exc))
-                    continue
-                log.warning("lease %s/%s not renewed for %gs (%s): another replica may hold it now",
-                            self.leases.namespace, self.name, self.ttl, brief(exc))
-            break
+                log.warning("lease %s is no longer held by %s (taken over or deleted)", self._where(), self.holder)
+                self._lost()
+                return
+            except Exception as exc:  # the API server away or failing (a renewal timed out included): retry
+                failures += 1
+                left = self.safety_point - self.clock.now()
+                if left <= 0:
+                    break
+                if not self.leases.client.away.unreachable(exc, f"renewing lease {self._where()}"):
+                    log.warning("renewing lease %s failed, trying again for %.1fs: %s", self._where(), left,
+                                brief(exc) if not isinstance(exc, TimeoutError) else "no answer in time")
+                delay = min(self.interval * FIRST_RETRY_FRACTION * 2 ** (failures - 1), self.interval, left)
+                continue
+            self.sent, failures = sent, 0
+            delay = max(0.0, sent + self.interval - self.clock.now())
+        log.warning("lease %s not renewed since %.1fs ago (%d failed attempt(s)): %s stops acting under it before "
+                    "another replica may take it", self._where(), self.clock.now() - self.sent, failures, self.holder)
+        self._lost()
+
+    def _lost(self) -> None:
         self.epoch = None
         self._renewer = None
         if self.on_lost is not None:
