@@ -24,14 +24,16 @@ def _unescape(part: str) -> str:
 
 
 class MemoryObjects:
-    """Journal objects of one namespace: create, get, list (every object: selectors are not evaluated, the
-    reader filters) and JSON Patch ``add``/``test`` of ``data`` keys and labels, as the API server does them."""
+    """Journal objects of one namespace: create, get (each name read is kept in ``gets``), list by equality
+    selectors and JSON Patch ``add``/``test`` of ``data`` keys and labels, as the API server does them."""
 
     def __init__(self, namespace: str = NS) -> None:
         self.namespace = namespace
         self.bodies: dict[str, dict[str, Any]] = {}
+        self.gets: list[str] = []
 
     async def get(self, name: str) -> dict[str, Any] | None:
+        self.gets.append(name)
         return copy.deepcopy(self.bodies.get(name))
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -42,7 +44,10 @@ class MemoryObjects:
         return copy.deepcopy(body)
 
     async def select(self, selector: str) -> list[dict[str, Any]]:
-        return [copy.deepcopy(b) for b in self.bodies.values()]
+        """The objects matching ``selector``'s ``key=value`` terms (the only kind the readers here use)."""
+        terms = dict(term.split("=", 1) for term in selector.split(","))
+        return [copy.deepcopy(b) for b in self.bodies.values()
+                if all((b["metadata"].get("labels") or {}).get(k) == v for k, v in terms.items())]
 
     async def patch(self, name: str, ops: list[dict[str, Any]]) -> None:
         if name not in self.bodies:

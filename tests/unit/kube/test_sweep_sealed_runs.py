@@ -5,6 +5,7 @@ genuinely finished run and a genuine chain end are still swept."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.kube.store import LABEL_STATUS, run_key
 from durable_sandbox.kube.store.codec import ANNOTATION_RUN, head_name
 from durable_sandbox.kube.store.finished import read_finished
+from durable_sandbox.kube.store.journals import ApiServerJournal, JournalStores
 from durable_sandbox.kube.sweep.sweeper import OrphanSweeper
 from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 from durable_sandbox.providers.contract import INSTALLATION_LABEL, SandboxSpec
@@ -47,6 +49,17 @@ async def test_a_genuinely_finished_run_and_a_genuine_chain_end_are_finished() -
     # A chain's end marks its first run (the Workflow's) finished; a run that continued is not finished itself.
     assert found.keys == {run_key("done"), run_key("long~2"), run_key("long")}
     assert found.ignored == ()
+
+
+async def test_a_large_result_is_not_fetched_to_decide() -> None:
+    """A result over 16 KiB is kept in blob objects: a continuation's result is a few bytes, so the sweep need not
+    read them (one GET per such run per sweep otherwise)."""
+    journal = Journal()
+    await journal.run("big", RunStatus.SUCCEEDED, result="x" * 40_000)
+    assert any(".b" in name for name in journal.objects.bodies), "the result went to blob objects"
+    journal.objects.gets.clear()
+    found = await read_finished(journal.heads)
+    assert found.keys == {run_key("big")} and journal.objects.gets == []
 
 
 async def test_a_forged_status_label_does_not_finish_a_live_run() -> None:
@@ -122,6 +135,51 @@ async def test_a_copy_of_a_finished_head_under_another_name_is_ignored() -> None
     found = await read_finished(journal.heads)
     assert found.keys == {run_key("done")}
     assert [(name, "not the head of run 'done'" in why) for name, why in found.ignored] == [("dsb.not-its-name", True)]
+
+
+class _Answer:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.status, self.reason, self._body = 200, "OK", json.dumps(body).encode()
+
+    async def read(self) -> bytes:
+        return self._body
+
+    def release(self) -> None:
+        pass
+
+
+class _ApiServer:
+    """An API client that lists one namespace's Journal objects (``list_*_without_preload_content``), as the
+    operator's ``KubernetesStore`` calls it; the label selector is evaluated by the journal's memory objects."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal, self.custom = journal, self
+        self.selectors: list[str] = []
+
+    async def _list(self, selector: str) -> _Answer:
+        self.selectors.append(selector)
+        return _Answer({"items": await self.journal.objects.select(selector)})
+
+    def list_namespaced_custom_object_without_preload_content(self, group: str, version: str, namespace: str,
+                                                              plural: str, *, label_selector: str) -> Any:
+        assert (namespace, plural) == (NS, "journals")
+        return self._list(label_selector)
+
+
+async def test_the_operators_journal_in_the_api_server_answers_the_sweep_from_sealed_heads() -> None:
+    """``JournalStores.finished_runs``, what the sweep task calls, for the API-server journal: one LIST of the
+    namespace's run heads, opened with the operator's journal key."""
+    journal = Journal()
+    await journal.run("done", RunStatus.SUCCEEDED)
+    head = await journal.run("live", RunStatus.RUNNING)
+    head["metadata"]["labels"][LABEL_STATUS] = "cancelled"
+    journal.put(head)
+    api = _ApiServer(journal)
+    found = await JournalStores(ApiServerJournal(), api, journal_key=KEY).finished_runs(NS)  # type: ignore[arg-type]
+    assert found.keys == {run_key("done")} and [name for name, _ in found.ignored] == [head_name("live")]
+    assert api.selectors == ["durable-sandbox.dev/part=run"]
+    keyless = await JournalStores(ApiServerJournal(), api, journal_key=b"another key").finished_runs(NS)  # type: ignore[arg-type]
+    assert keyless.keys == frozenset(), "another operator's key opens nothing here"
 
 
 class _Resources:

@@ -7,8 +7,8 @@ annotations are anyone's who may write Journal objects (a namespace's worker Ser
 they are only a pre-filter of *which heads to read*:
 
 * a run is finished when its head, at the name only the operator computes for its id (``dsb.<run key>``),
-  opens with the namespace's key (every field's seal verifies: ``kube/journal/sealing.py``) and its sealed
-  status is terminal;
+  opens with the namespace's key (the seals of the fields read here, status, result and labels, verify:
+  ``kube/journal/sealing.py``) and its sealed status is terminal;
 * and it did not continue as new (a chain goes on): neither its sealed result names a next run, nor does a
   sealed record of this namespace name it as the run before it, nor is there any head, read or not, of the run
   it would continue as (``next_run_id``). Unverified heads are used only this way, so they can make the sweep
@@ -27,13 +27,14 @@ continued run's result put back to the ``null`` it was created with, is caught b
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
 from durable_sandbox.engine.continue_as_new import CONTINUED_FROM, continued_to, next_run_id
 from durable_sandbox.engine.errors import JournalDamaged
-from durable_sandbox.engine.records import RunRecord
+from durable_sandbox.engine.records import RunRecord, RunStatus
 from durable_sandbox.kube.journal.journal_objects import LABEL_PART, LABEL_RUN
 from durable_sandbox.kube.store.codec import ANNOTATION_RUN, LABEL_STATUS, head_name, run_key
 from durable_sandbox.kube.store.heads import RunHeads
@@ -89,6 +90,24 @@ def _claimed_id(meta: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+async def _sealed_run(heads: RunHeads, head: dict[str, Any], run_id: str, name: str) -> RunRecord:
+    """The run fields the decision is made from (status, result, labels), each opened (its seal checked):
+    :class:`JournalDamaged` when one does not open. A result kept in blob objects (over 16 KiB) is not fetched:
+    a continuation's result is a few bytes, so a run whose result is that large did not continue as new."""
+    data = head.get("data") or {}
+    stored = data.get("run.result")
+    result = (None if stored is None
+              else heads.opened(run_id, run_key(run_id), "run.result", str(stored), name))
+    status, labels = await heads.field(run_id, data, "status", name), await heads.field(run_id, data, "labels", name)
+    try:
+        return RunRecord(run_id=run_id, workflow="", input=None, status=RunStatus(status),
+                         result=None if result is None or result.startswith("@") else json.loads(result),
+                         labels=dict(labels or {}))
+    except (TypeError, ValueError) as exc:
+        raise JournalDamaged(run_id, f"Journal {heads.namespace}/{name}",
+                             f"the run record cannot be decoded ({type(exc).__name__}: {exc})", tampered=False) from None
+
+
 async def _opened(heads: RunHeads, head: dict[str, Any]) -> RunRecord | str:
     """The sealed run record of a head labelled finished, or why it is ignored."""
     meta = head.get("metadata") or {}
@@ -96,7 +115,7 @@ async def _opened(heads: RunHeads, head: dict[str, Any]) -> RunRecord | str:
     if run_id is None or name != head_name(run_id):
         return f"it is not the head of run {run_id!r} (that is {head_name(run_id or '')!r}): not made by the operator"
     try:
-        run = await heads.run_from_head(head)
+        run = await _sealed_run(heads, head, run_id, name)
     except JournalDamaged as exc:
         return str(exc)
     label = (meta.get("labels") or {}).get(LABEL_STATUS)
