@@ -59,3 +59,33 @@ def test_values_sealed_with_the_journal_key_itself_still_open_for_the_operator_n
     with pytest.raises(JournalDamaged):
         Sealer(namespace_key(ROOT, "team-a"), "team-a", namespace_key=True).open(
             "run-1", "run.input", old, run_id="run-1", where="w")
+
+
+async def test_whether_a_namespaces_key_was_handed_to_workers_is_its_secret_existing() -> None:
+    """What the orphan sweep asks (kube/sweep/sweeper.py): a namespace whose worker-key Secret exists has workers
+    that can seal as the operator does; where it may not read it, it could not have written it: no key handed; any
+    other failure is an error (the sweep's round fails and is tried again), never a no."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    import pytest
+
+    from durable_sandbox.kube.api.client import ApiException
+    from durable_sandbox.kube.journal.worker_key import WORKER_KEY_SECRET, WorkerKeyError, worker_key_handed
+
+    secrets: dict[str, Any] = {"team-a": object()}
+
+    async def read(name: str, namespace: str) -> Any:
+        assert name == WORKER_KEY_SECRET
+        if namespace in ("locked", "away"):
+            raise ApiException(status=403 if namespace == "locked" else 500, reason="Forbidden")
+        if namespace not in secrets:
+            raise ApiException(status=404, reason="Not Found")
+        return secrets[namespace]
+
+    api: Any = SimpleNamespace(core=SimpleNamespace(read_namespaced_secret=read))
+    assert await worker_key_handed(api, "team-a") is True
+    assert await worker_key_handed(api, "team-b") is False
+    assert await worker_key_handed(api, "locked") is False
+    with pytest.raises(WorkerKeyError, match="cannot read Secret away/durable-sandbox-worker-key"):
+        await worker_key_handed(api, "away")

@@ -204,6 +204,34 @@ class _Events:
         return True
 
 
+OURS = "ns-a/durable-sandbox"
+
+
+def _sweeper(journal: Journal, provider: LocalProvider, workflows: list[dict[str, Any]], *,
+             worker_keyed: bool = False) -> OrphanSweeper:
+    """The operator's sweep of namespace ``NS`` over ``provider``, its Workflows ``workflows``, its journal
+    ``journal``, and whether the namespace's key was handed to workers."""
+
+    async def keyed(namespace: str) -> bool:
+        return worker_keyed
+
+    sweeper = OrphanSweeper(
+        None, installation=OURS, namespaces=[NS], providers=lambda: {"local": provider}, grace=0.0,  # type: ignore[arg-type]
+        events=_Events(), metrics=OperatorMetrics(process_collectors=False), records=_NoRecords(),  # type: ignore[arg-type]
+        finished_runs=lambda namespace: read_finished(journal.heads), clock=lambda: 1000.0, worker_keyed=keyed)
+    sweeper.objects = _Resources(workflows)  # type: ignore[assignment]
+    return sweeper
+
+
+def _wf(name: str, uid: str, **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"namespace": NS, "name": name, "uid": uid}, "spec": spec}
+
+
+async def _sandbox(provider: LocalProvider, uid: str) -> str:
+    spec = SandboxSpec(owner=f"{NS}/{uid}", labels={INSTALLATION_LABEL: OURS})
+    return (await provider.provision(spec, lease_seconds=600)).id
+
+
 async def test_the_sweep_keeps_a_live_runs_sandbox_whatever_its_heads_say_and_says_each_forgery_once(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     journal = Journal()
@@ -214,26 +242,40 @@ async def test_the_sweep_keeps_a_live_runs_sandbox_whatever_its_heads_say_and_sa
     journal.put(_forged(await journal.run("other", RunStatus.FAILED), f"{LIVE}~2"))  # forged chain end
     await journal.chain(DONE, RunStatus.SUCCEEDED, RunStatus.CANCELLED)  # genuinely ended chain
     provider = LocalProvider(tmp_path)
-    ours = "ns-a/durable-sandbox"
-
-    def spec(uid: str) -> SandboxSpec:
-        return SandboxSpec(owner=f"{NS}/{uid}", labels={INSTALLATION_LABEL: ours})
-
-    live = await provider.provision(spec("live-uid"), lease_seconds=600)
-    done = await provider.provision(spec("done-uid"), lease_seconds=600)
-    events = _Events()
-    sweeper = OrphanSweeper(
-        None, installation=ours, namespaces=[NS], providers=lambda: {"local": provider}, grace=0.0,  # type: ignore[arg-type]
-        events=events, metrics=OperatorMetrics(process_collectors=False), records=_NoRecords(),  # type: ignore[arg-type]
-        finished_runs=lambda namespace: read_finished(journal.heads), clock=lambda: 1000.0)
-    sweeper.objects = _Resources([{"metadata": {"namespace": NS, "name": "wf-live", "uid": "live-uid"}},  # type: ignore[assignment]
-                                  {"metadata": {"namespace": NS, "name": "wf-done", "uid": "done-uid"}}])
+    live, done = await _sandbox(provider, "live-uid"), await _sandbox(provider, "done-uid")
+    sweeper = _sweeper(journal, provider, [_wf("wf-live", "live-uid"), _wf("wf-done", "done-uid")])
     with caplog.at_level(logging.WARNING, logger="durable_sandbox.kube.sweep.sweeper"):
         first = await sweeper.sweep()
         second = await sweeper.sweep()
-    assert [o.id for o in first["local"].destroyed] == [done.id] and second["local"].destroyed == ()
-    assert [h.id for h in await provider.inventory_sandboxes(ours)] == [live.id]
+    assert [o.id for o in first["local"].destroyed] == [done] and second["local"].destroyed == ()
+    assert [h.id for h in await provider.inventory_sandboxes(OURS)] == [live]
     said = [r.getMessage() for r in caplog.records if "is ignored" in r.getMessage()]
     assert len(said) == 2, said  # each forged head once, not at every sweep
     assert any(f"Journal {NS}/{head_name(f'{LIVE}~1')} is ignored" in m for m in said)
     assert any(f"Journal {NS}/{head_name(f'{LIVE}~2')} is ignored" in m for m in said)
+
+
+async def test_where_workers_hold_the_namespace_key_only_worker_workflows_runs_are_taken_as_finished(
+        tmp_path: Path) -> None:
+    """A worker holds its namespace's key (kube/journal/worker_key.py), so it can seal a head as the operator does:
+    there an operator-executed Workflow is never taken as finished by its journal (it keeps what it holds until it
+    is deleted), while a worker Workflow's run, its team's word anyway, still is."""
+    journal = Journal()
+    await journal.run(LIVE, RunStatus.RUNNING)
+    worker = Journal(Sealer(namespace_key(KEY, NS), NS, namespace_key=True))  # a worker's own store
+    journal.put(await worker.run(LIVE, RunStatus.SUCCEEDED))  # the live run's head, sealed with the worker's key
+    queued = cluster_run_id("wf-queued", "queued-uid")
+    await journal.run(queued, RunStatus.SUCCEEDED)
+    assert (await read_finished(journal.heads)).keys == {run_key(LIVE), run_key(queued)}, "the seal cannot tell"
+    workflows = [_wf("wf-live", "live-uid"), _wf("wf-queued", "queued-uid", worker={"queue": "agents"})]
+    for keyed_by, listed in (("the Secret", workflows[:1]), ("a worker Workflow", workflows)):
+        provider = LocalProvider(tmp_path / keyed_by)
+        live, queued_box = await _sandbox(provider, "live-uid"), await _sandbox(provider, "queued-uid")
+        swept = await _sweeper(journal, provider, listed, worker_keyed=keyed_by == "the Secret").sweep()
+        destroyed = [o.id for o in swept["local"].destroyed]
+        assert live not in destroyed, f"keyed by {keyed_by}: the operator's run was taken as finished on a worker's seal"
+        assert destroyed == [queued_box], keyed_by  # its run finished (or, not listed, its owner is gone)
+    provider = LocalProvider(tmp_path / "no-worker")
+    live = await _sandbox(provider, "live-uid")
+    swept = await _sweeper(journal, provider, workflows[:1]).sweep()
+    assert [o.id for o in swept["local"].destroyed] == [live], "no worker holds the key: the seal is the operator's"

@@ -20,7 +20,8 @@ from kubernetes.aio.client import models as m
 from durable_sandbox.kube.api.client import ApiException, KubeClient, is_conflict, is_not_found
 from durable_sandbox.kube.journal.sealing import namespace_key
 
-__all__ = ["WORKER_KEY_SECRET", "WorkerKeyError", "WorkerKeyMissing", "ensure_worker_key", "read_worker_key"]
+__all__ = ["WORKER_KEY_SECRET", "WorkerKeyError", "WorkerKeyMissing", "ensure_worker_key", "read_worker_key",
+           "worker_key_handed"]
 
 WORKER_KEY_SECRET = "durable-sandbox-worker-key"
 _DATA_KEY = "key"
@@ -59,6 +60,20 @@ async def ensure_worker_key(api: KubeClient, namespace: str, journal_key: bytes)
         if is_conflict(exc):
             return False  # another replica wrote it meanwhile (the same value: it is derived)
         raise WorkerKeyError(_explain(exc, "write", namespace)) from None
+    return True
+
+
+async def worker_key_handed(api: KubeClient, namespace: str) -> bool:
+    """Whether ``namespace``'s key was handed to workers (its Secret exists): then a worker can seal its journal
+    values as the operator does. A Secret of that name made by anyone counts too (it only makes callers careful).
+    Not allowed to read it (403): the operator may not write it there either (the chart grants both only in
+    ``workerNamespaces``), so it never handed the key there: False."""
+    try:
+        await api.core.read_namespaced_secret(WORKER_KEY_SECRET, namespace)
+    except ApiException as exc:
+        if is_not_found(exc) or exc.status == 403:
+            return False
+        raise WorkerKeyError(_explain(exc, "read", namespace)) from None
     return True
 
 

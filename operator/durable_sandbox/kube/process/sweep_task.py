@@ -8,6 +8,7 @@ import contextlib
 import logging
 
 from durable_sandbox.kube.api.client import KubeClient
+from durable_sandbox.kube.journal.worker_key import worker_key_handed
 from durable_sandbox.kube.sandbox.checkpoints import session_snapshots
 from durable_sandbox.kube.sweep.sweeper import OrphanSweeper
 from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
@@ -37,7 +38,8 @@ class SweepTask:
                                 providers=lambda: _sweep_providers(op, cache), grace=settings.sweep_grace,
                                 events=op.events, metrics=metrics, records=op.records,
                                 finished_runs=op.engines.journals.finished_runs,
-                                session_snapshots=lambda ns, uid: _session_snapshot_ids(op, ns, uid))
+                                session_snapshots=lambda ns, uid: _session_snapshot_ids(op, ns, uid),
+                                worker_keyed=lambda ns: worker_key_handed(api, ns))
         stop = asyncio.Event()
         log.info("orphan sweep every %gs (grace %gs) for installation %s", settings.sweep_interval,
                  settings.sweep_grace, settings.installation_id)

@@ -22,8 +22,9 @@ disagrees with its sealed status is ignored and listed in :attr:`FinishedRuns.ig
 
 What a seal cannot tell apart: the operator and a worker of the same namespace seal with the same namespace key
 (kube/journal/worker_key.py; only a namespace with worker Workflows is handed it), so a worker, whose journal is
-its team's word, can seal a head of its own namespace that this reader takes as genuine. Closing that needs a
-seal only the operator can make on what it alone writes (a run's end for the runs it executes): not done yet.
+its team's word, can seal a head of its own namespace that this reader takes as genuine. The sweep therefore
+believes this reader, in a namespace whose key was handed to workers, for worker Workflows' runs only
+(``OrphanSweeper._believed``).
 
 What a seal cannot stop (kube/journal/sealing.py): the operator's own older value put back under the same key.
 A run's status was terminal only once it ended; the one rollback that could make a running chain look ended, a

@@ -11,9 +11,10 @@ listing was deleted. If the live resources cannot be listed completely, nothing 
 What a live resource references, from what only the operator writes (never status: anyone granted
 ``*/status`` could otherwise make the sweep destroy a running Workflow's sandbox or a Sandbox's live one):
 * a Workflow whose run has not finished (by its sealed journal records, ``kube/store/finished.py``: never a
-  label or annotation of a Journal head, which a namespace's worker ServiceAccount may write), has not started, or that is being
-  deleted: unknown, so everything tagged with it is kept (its run reaps what it made but did not record; its
-  finalizer cleans up);
+  label or annotation of a Journal head, which a namespace's worker ServiceAccount may write; where workers hold
+  the namespace's key, only a worker Workflow's: :meth:`OrphanSweeper._believed`), has not started, or that is
+  being deleted: unknown, so everything tagged with it is kept (its run reaps what it made but did not record;
+  its finalizer cleans up);
 * a Workflow whose run finished: nothing (its sessions were finalized; a retained snapshot is marked as such);
 * a Sandbox resource: ``providerId`` and ``snapshots`` of its record (``kube/journal/sandbox_records.py``), and the
   snapshots its session calls took (their journal, ``spec.snapshotEveryNCalls``), unless an operation is in flight
@@ -130,11 +131,14 @@ class OrphanSweeper:
         finished_runs: Callable[[str], Awaitable[FinishedRuns]],
         clock: Callable[[], float] = time.monotonic,
         session_snapshots: Callable[[str, str], Awaitable[frozenset[str]]] | None = None,
+        worker_keyed: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.api = api
         # A namespace's finished runs by their sealed journal records (kube/store/finished.py), never by labels.
         self.finished_runs = finished_runs
         self._ignored: dict[str, frozenset[str]] = {}  # namespace -> heads ignored last round (each said once)
+        # Whether a namespace's key was handed to its workers (kube/journal/worker_key.py); None: never.
+        self.worker_keyed = worker_keyed
         # (namespace, Sandbox uid) -> the snapshots its session calls took (kube/sandbox/checkpoints.py), which its
         # record does not list; None: none are taken here.
         self.session_snapshots = session_snapshots
@@ -192,9 +196,23 @@ class OrphanSweeper:
         for namespace in sorted(namespaces):
             runs = await self.finished_runs(namespace)
             self._say_ignored(namespace, runs.ignored)
-            finished.update(f"{namespace}/{key}" for key in runs.keys)
+            finished.update(f"{namespace}/{key}" for key in await self._believed(namespace, workflows, runs.keys))
             records.update(await self.records.all(namespace))
         return frozenset(finished), records
+
+    async def _believed(self, namespace: str, workflows: Sequence[Mapping[str, Any]], keys: frozenset[str]
+                        ) -> frozenset[str]:
+        """The finished runs among ``keys`` the sweep acts on: all, unless ``namespace``'s key was handed to workers
+        (a Workflow there has ``spec.worker``, or its worker-key Secret exists): a worker can then seal what the
+        operator seals, so only worker Workflows' runs, whose journal is their team's word anyway, are taken as
+        finished; the others keep what they hold until they are deleted (then their owner is gone)."""
+        workers: set[str] = set()
+        for wf in workflows:
+            meta = wf.get("metadata") or {}
+            if meta.get("namespace") == namespace and (wf.get("spec") or {}).get("worker"):
+                workers.add(run_key(cluster_run_id(str(meta.get("name")), str(meta.get("uid")))))
+        keyed = bool(workers) or (self.worker_keyed is not None and await self.worker_keyed(namespace))
+        return keys & frozenset(workers) if keyed else keys
 
     def _say_ignored(self, namespace: str, ignored: Sequence[tuple[str, str]]) -> None:
         """A WARNING for each journal head the sweep ignored, once while it stays so (again if it comes back)."""
