@@ -112,6 +112,10 @@ def _build() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+class ReadFailed(RuntimeError):
+    """:meth:`ControlPlane.read` got no answer it could use (not a 404)."""
+
+
 @dataclass
 class ControlPlane:
     """A running control plane: ``kubeconfig`` has cluster-admin (O=system:masters) credentials."""
@@ -151,6 +155,40 @@ class ControlPlane:
 
     # Exposed here so test modules need not import from conftest.
     wait_until = staticmethod(wait_until)
+
+    def read(self, path: str, **query: str) -> dict[str, Any] | None:
+        """GET ``path`` (e.g. ``/apis/<group>/<version>/namespaces/<ns>/workflows/<name>``) in this process; None
+        when the API server says 404. For the tests' polling loops: a kubectl process costs about 80 ms of CPU,
+        and five of them a second per waiting test took a core's worth from the operator and the API server on
+        CI's two. Any other failure (the API server restarting) is raised as ``ReadFailed``, so a caller falls
+        back to what kubectl would say rather than reading "gone" into it."""
+        import urllib.parse
+
+        import urllib3
+
+        api = self._api_client()
+        url = api.configuration.host + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        try:
+            resp = api.call_api("GET", url, header_params={"Accept": "application/json"}, _request_timeout=30)
+            data = resp.read()
+        except (urllib3.exceptions.HTTPError, OSError) as exc:  # refused or reset while the API server restarts
+            raise ReadFailed(f"GET {path}: {exc}") from exc
+        if resp.status == 404:
+            return None
+        if resp.status != 200:
+            raise ReadFailed(f"GET {path}: {resp.status} {resp.reason}")
+        body = json.loads(data)
+        return body if isinstance(body, dict) else None
+
+    def _api_client(self) -> Any:
+        # One client per control plane and kubeconfig (its certificates), made on first use.
+        cached = self.__dict__.get("_read_client")
+        if cached is None or cached[0] != self.kubeconfig:
+            from kubernetes import config as k8s_config
+
+            cached = (self.kubeconfig, k8s_config.new_client_from_config(config_file=str(self.kubeconfig)))
+            self.__dict__["_read_client"] = cached
+        return cached[1]
 
     def kubectl_json(self, *args: str, as_user: str | None = None) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json", as_user=as_user).stdout)

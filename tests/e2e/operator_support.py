@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from durable_sandbox.engine.records import OperationRecord
 from tests.dsb import DSB
-from tests.e2e.controlplane import ControlPlane, fresh_namespace, wait_until
+from tests.e2e.controlplane import ControlPlane, ReadFailed, fresh_namespace, wait_until
 from tests.e2e.journal_support import OperatorJournal, check_rows, kube_journal
 from tests.fakes.e2b_state import FakeState
 from tests.fakes.fixtures import fake_e2b_in_thread
@@ -281,6 +281,8 @@ def manifest(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def get(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    with contextlib.suppress(ReadFailed):
+        return cp.read(f"/apis/durable-sandbox.dev/v1alpha1/namespaces/{ns}/workflows/{name}")
     proc = cp.kubectl("get", "workflow", name, "-n", ns, "-o", "json", check=False)
     if proc.returncode != 0:
         return None
@@ -321,7 +323,10 @@ def wait_condition(cp: ControlPlane, ns: str, name: str, ctype: str, timeout: fl
 
 
 def events(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
-    out = cp.kubectl_json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")
+    try:
+        out = cp.read(f"/api/v1/namespaces/{ns}/events", fieldSelector=f"involvedObject.name={name}") or {}
+    except ReadFailed:
+        out = cp.kubectl_json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")
     items: list[dict[str, Any]] = out.get("items", [])
     return items
 

@@ -3,13 +3,14 @@ a condition, suspending it; and the image the kubernetes provider's sandbox Pods
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
 
 import pytest
 
-from tests.e2e.controlplane import ControlPlane
+from tests.e2e.controlplane import ControlPlane, ReadFailed
 from tests.e2e.node_support import BUSYBOX, NodeCluster, busybox_image
 
 # The node harness builds it from the host's busybox and imports it (tests/e2e/node_support.py, nothing is
@@ -47,6 +48,8 @@ def sandbox(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def get(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    with contextlib.suppress(ReadFailed):
+        return cp.read(f"/apis/durable-sandbox.dev/v1alpha1/namespaces/{ns}/sandboxes/{name}")
     proc = cp.kubectl("get", "dsbx", name, "-n", ns, "-o", "json", check=False)
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
