@@ -96,6 +96,8 @@ class SessionState:
                 self.policies[r.op_id] = journal.on_replay(r)
             if meta.get("handle"):
                 self.pending_handles.append(SandboxHandle.model_validate(meta["handle"]))
+        elif journal.read_only(r):  # journaled at its completion only: never replayed
+            self.policies[r.op_id] = journal.ON_REPLAY_SKIP
         index = journal.call_index(r)
         if index is not None:
             self.took(index)

@@ -18,6 +18,8 @@ it goes with it), under the session ``calls``: the same records, sealing and mac
    is retried, but never in the sandbox it may have run in: that one's state is unknown, so it is replaced and
    rebuilt first. Why keep the ``started`` record although it doubles the writes: it is what tells an
    interrupted call from one never run, and without it the workspace could hold an interrupted call twice.
+   A call that cannot change the workspace (``read_file``, ``list``) has nothing to tell apart: only its
+   completion is journaled (one write), a rebuild never replays it, and interrupted it runs again when retried.
 4. a sandbox lost under a call (or its rebuild) is waited for: the controller re-creates it from the newest
    snapshot, the calls after it are replayed, and the call runs there; the caller sees only the latency. Under a
    hold the hold's live sandbox becomes the replacement.
@@ -130,13 +132,14 @@ class SessionJournal:
 
     async def call(self, ref: SandboxRef, gate: SandboxAccess, call: ToolCall, *,
                    on_replay: str = journal.ON_REPLAY_RERUN, traceparent: str | None = None,
-                   sink: OutputSink | None = None) -> Answered:
+                   sink: OutputSink | None = None, read_only: bool = False) -> Answered:
         """Run ``call`` in the Sandbox's live sandbox, journaled (see the module's docstring). ``gate.live`` takes
         the Sandbox (its holder) and gives its sandbox and provider: entered under the journal's lease, so two
         replicas never both hold it for calls, and kept with the session while calls keep coming (``hold.py``).
         ``traceparent``: the caller's trace, the parent of the request's span. ``sink``: given the call's output
         while it runs, when the provider streams (``Capability.OUTPUT_STREAMING``); a call answered from the
-        journal gives it nothing (its caller has the journaled output at once)."""
+        journal gives it nothing (its caller has the journaled output at once). ``read_only``: the call cannot change the
+        workspace (``SandboxSession.call``): its completion is its only record."""
 
         async def answer(session: OpenSession) -> Answered:
             done = _completed(ref, session.rt.rows, call)
@@ -145,7 +148,8 @@ class SessionJournal:
             await session.live(lambda: gate.live(ref))
             return await self._rebuilt(ref, session, gate, lambda rt: _index_of(rt, call.operation_id),
                                        lambda rt, handle, provider: self._traced(ref, rt, handle, provider, call,
-                                                                                 on_replay, traceparent, sink),
+                                                                                 on_replay, traceparent, sink,
+                                                                                 read_only),
                                        what=f"call {call.operation_id}")
 
         return await self._held(ref, gate, answer)
@@ -257,13 +261,14 @@ class SessionJournal:
                           "why its sandboxes do not last")
 
     async def _traced(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
-                      call: ToolCall, on_replay: str, traceparent: str | None, sink: OutputSink | None) -> Answered:
+                      call: ToolCall, on_replay: str, traceparent: str | None, sink: OutputSink | None,
+                      read_only: bool = False) -> Answered:
         """:meth:`_execute` in the request's span, the child of the caller's ``traceparent`` header (the call's
         own span inside)."""
         return await under_caller(rt, traceparent, f"sandbox.session_call {call.type}",
                                   {"durable_sandbox.sandbox": ref.where, "durable_sandbox.operation.id":
                                    call.operation_id},
-                                  lambda: self._execute(ref, rt, handle, provider, call, on_replay, sink))
+                                  lambda: self._execute(ref, rt, handle, provider, call, on_replay, sink, read_only))
 
     async def _seed(self, ref: SandboxRef, source: SourceRef, rt: RunRuntime, gate: SandboxAccess) -> None:
         """A fork's journal seeded with its source's first calls, in one commit (``fork_seed.py``)."""
@@ -354,7 +359,7 @@ class SessionJournal:
         await session.shut(self.store.release)
 
     async def _execute(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
-                       call: ToolCall, on_replay: str, sink: OutputSink | None) -> Answered:
+                       call: ToolCall, on_replay: str, sink: OutputSink | None, read_only: bool = False) -> Answered:
         self._handles[rt.run_id] = handle
         try:
             session = SandboxSession(rt, SESSION, traced_provider(rt, SESSION, provider), attach=ref.name,
@@ -366,7 +371,7 @@ class SessionJournal:
             session.state.handle = handle
             streams = sink is not None and provider.capabilities().supports(Capability.OUTPUT_STREAMING)
             with streaming_to(sink if streams else None):  # the output while it runs (only this call's)
-                result = await session.call(call, on_replay=on_replay)  # started committed before it runs
+                result = await session.call(call, on_replay=on_replay, read_only=read_only)  # started committed first
             await rt.write()  # the completion, committed before the call is answered
         except NonDeterminismError as exc:
             raise _reused(ref, call.operation_id) from exc
