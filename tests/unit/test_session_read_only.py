@@ -1,6 +1,7 @@
-"""Issue 35's write goal: a session call that cannot change the workspace (``read_file``, ``list``) is journaled at
-its completion only (one commit instead of two), is never replayed into a rebuilt sandbox (it changed nothing),
-and a retry with its operation id still answers from the journal; rewind and fork keep it in the session's order."""
+"""Issue 35's write and latency goals: a session call that cannot change the workspace (``read_file``, ``list``) is
+journaled at its completion only (one commit instead of two), is never replayed into a rebuilt sandbox (it changed
+nothing), and a retry with its operation id still answers from the journal; rewind and fork keep it in the
+session's order. And a call's own work does not grow with the session (``sessions/derived.py``)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ from durable_sandbox.engine.records import OperationRecord
 from durable_sandbox.engine.store import Commit
 from durable_sandbox.providers.contract import SandboxHandle, ToolCall, ToolResult
 from durable_sandbox.providers.local import LocalProvider
+from durable_sandbox.sandboxes import holdings as holdings_module
 from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes.holdings import holdings
 from durable_sandbox.sandboxes.session import SessionState
+from durable_sandbox.sessions.derived import DerivedJournal
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.hold import HoldSettings
 from durable_sandbox.sessions.journal import SESSION, calls_run_id
 from durable_sandbox.sessions.models import (
     CallRequest,
@@ -165,3 +170,49 @@ async def test_a_rewind_keeps_or_drops_reads_with_their_place_in_the_order(tmp_p
     assert rewound.value.status == 409
     [now] = await send(svc, ReadFileRequest(operationId="r3", path="f"))
     assert now.stdout == "a\n" and (Path(gate.handle.metadata["workspace"]) / "f").read_text() == "a\n"
+
+
+async def test_the_folded_journal_says_what_reading_it_from_its_first_row_says(tmp_path: Path) -> None:
+    """``sessions/derived.py`` folds the rows as they grow; at every length, the same state and holdings as a
+    derivation from the first row (reads, writes, snapshots, a loss and its rebuild, a rewind)."""
+    gate, store, svc, _ = await setup(tmp_path, every=2)
+    await send(svc, write("a", "f", "a\n"), ReadFileRequest(operationId="r1", path="f"),
+               ShellRequest(operationId="b", command="echo b >> f"))
+    await gate.provider.inject_loss(gate.handle)
+    await send(svc, ListRequest(operationId="l1"), ShellRequest(operationId="c", command="echo c >> f"))
+    await svc.rewind("good-token", NAMESPACE, "box", RewindRequest(toCall=3))
+    await send(svc, ShellRequest(operationId="d", command="echo d >> f"))
+    journal_rows = await rows(store)
+    folded = DerivedJournal()
+    grown: list[OperationRecord] = []
+    for row in journal_rows:
+        grown.append(row)
+        assert folded.state(grown) == SessionState.derive(SESSION, grown)
+        assert folded.holdings(grown) == holdings(grown, SESSION)
+    assert folded.view(grown).rewinds == 1 and folded.holdings(grown).held
+    assert folded.state(list(grown)) == SessionState.derive(SESSION, grown)  # another list: folded afresh
+
+
+async def test_a_call_under_a_hold_reads_only_the_rows_added_since_the_last_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The work of a call does not grow with its session: under a hold, no call derives the session's state or
+    holdings from the journal's first row (a call used to, five times)."""
+    gate, store, _, _ = await setup(tmp_path, every=0)
+    svc = service(store, gate, hold=HoldSettings(idle_seconds=60, max_seconds=600))
+    await send(svc, write("warm", "f", "x"))
+    derived: list[int] = []
+    real_derive, real_holdings = SessionState.derive.__func__, holdings_module.holdings  # type: ignore[attr-defined]
+
+    def counting_derive(cls: type[SessionState], sid: str, rows: Any) -> SessionState:
+        derived.append(len(rows))
+        return real_derive(cls, sid, rows)
+
+    def counting_holdings(rows: Any, sid: str) -> Any:
+        derived.append(len(rows))
+        return real_holdings(rows, sid)
+
+    monkeypatch.setattr(SessionState, "derive", classmethod(counting_derive))
+    monkeypatch.setattr("durable_sandbox.sessions.rebuild.holdings", counting_holdings)
+    answers = await send(svc, *(write(f"w{i}", "f", str(i)) for i in range(20)),
+                         ReadFileRequest(operationId="r", path="f"))
+    assert answers[-1].stdout == "19" and derived == []

@@ -114,6 +114,7 @@ class SandboxSession:
         attach: str | None = None,
         next_index: int = 0,
         keep_checkpoints: bool = False,
+        state: SessionState | None = None,
     ) -> None:
         if snapshot_every < 0:
             raise ValueError(f"snapshot_every must be >= 0, not {snapshot_every}")
@@ -142,7 +143,7 @@ class SandboxSession:
         # the sandbox ran them, which is the order a rebuilt sandbox replays them in.
         self._one_at_a_time = asyncio.Lock()
         self._suspended = False
-        self.scope = SessionScope.open(rt, sid, provider)
+        self.scope = SessionScope.open(rt, sid, provider, state=state)  # ``state``: derived already, if given
         # The name of a Sandbox resource whose live sandbox this session uses instead of provisioning one:
         # never destroyed, hibernated or recovered here (the Sandbox's controller owns its lifecycle).
         self.provisioner = Provisioner(self.scope, self.spec, lease_seconds=lease_seconds, attach=attach)
