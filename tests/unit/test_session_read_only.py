@@ -216,3 +216,16 @@ async def test_a_call_under_a_hold_reads_only_the_rows_added_since_the_last_call
     answers = await send(svc, *(write(f"w{i}", "f", str(i)) for i in range(20)),
                          ReadFileRequest(operationId="r", path="f"))
     assert answers[-1].stdout == "19" and derived == []
+
+
+async def test_the_timeline_names_what_a_read_read(tmp_path: Path) -> None:
+    """A read's completion is its only record, and it says what was read: the web view's label comes from it
+    as a changing call's comes from its ``started`` record."""
+    from durable_sandbox.ui.timeline import Timeline
+
+    _, store, svc, _ = await setup(tmp_path)
+    await send(svc, write("w", "notes.txt", "x"), ReadFileRequest(operationId="r", path="notes.txt"))
+    timeline = Timeline(0.0)
+    timeline.feed(await rows(store))
+    labels = {item.op: item.label for item in timeline.items.values() if item.kind == "call"}
+    assert labels == {f"{SESSION}/w": "write_file: notes.txt", f"{SESSION}/r": "read_file: notes.txt"}
