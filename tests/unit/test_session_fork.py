@@ -18,7 +18,7 @@ from durable_sandbox.sandboxes.session import ReconstructionError, SessionState
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.fork_seed import FROM_OP, SourceRef
 from durable_sandbox.sessions.journal import SESSION, SandboxRef, SessionJournal, calls_run_id
-from durable_sandbox.sessions.models import RewindRequest, ShellRequest
+from durable_sandbox.sessions.models import ReadFileRequest, RewindRequest, ShellRequest
 from durable_sandbox.sessions.service import SessionService
 from durable_sandbox.stores.sqlite import SqliteStore
 from tests.unit.sessions_support import NAMESPACE, FakeAuth, FakeGate, local_gate
@@ -105,6 +105,23 @@ async def test_the_source_can_go_once_the_fork_is_seeded_and_a_loss_of_the_fork_
     await fork_gate.provider.inject_loss(fork_gate.handle)
     await lines(svc, "fork", "y")
     assert notes(boxes, "fork") == ["a", "b", "x", "y"]
+
+
+async def test_a_fork_seeds_the_sources_reads_which_have_only_their_completion_and_replays_only_its_writes(
+        tmp_path: Path) -> None:
+    boxes, store, svc = await setup(tmp_path)
+    await lines(svc, "box", "a")
+    await svc.call("good-token", NAMESPACE, "box", ReadFileRequest(operationId="r", path="notes.txt"))
+    await lines(svc, "box", "b", "c")
+    boxes.sources["fork"] = SourceRef("box", None, 3)
+    await lines(svc, "fork", "x")
+    assert notes(boxes, "fork") == ["a", "b", "x"]
+    rows = await store.load_journal(calls_run_id("uid-2"))
+    assert [r.status for r in rows if r.op_id == "calls/r"] == ["completed"]
+    state = SessionState.derive(SESSION, rows)
+    assert [state.calls[i][0] for i in sorted(state.calls)] == ["calls/a", "calls/r", "calls/b", "calls/x"]
+    again = await svc.call("good-token", NAMESPACE, "fork", ReadFileRequest(operationId="r", path="notes.txt"))
+    assert again.replayed and again.stdout == "a\n"
 
 
 async def test_a_fork_is_refused_past_the_sources_calls_for_a_missing_source_and_to_who_may_not_call_the_source(

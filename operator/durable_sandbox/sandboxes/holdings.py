@@ -30,28 +30,31 @@ class Holdings:
                 self.stale.add(key)
         self.rewinds += 1
 
+    def fold(self, r: OperationRecord, sid: str) -> None:
+        """One more journal row of session ``sid``'s run, in commit order (:func:`holdings` folds them all)."""
+        meta = r.meta or {}
+        if (rewound := rewind_journal.rewind_of(r)) is not None:
+            self.rewind(rewound.to_call)
+        elif r.op_id.startswith(journal.REBUILD + "/"):
+            sandbox = str(meta.get("sandbox"))
+            if r.status == "completed":
+                self.held[sandbox] = int(meta["count"])
+                self.cut.discard(sandbox)
+            else:
+                self.cut.add(sandbox)
+        elif r.status != "completed" or not r.op_id.startswith(sid + "/"):
+            return
+        elif r.kind == OpKind.SANDBOX_CALL.value and meta.get(journal.META_SANDBOX_ID):
+            sandbox = str(meta[journal.META_SANDBOX_ID])
+            self.held[sandbox] = max(self.held.get(sandbox, 0), int(meta[journal.META_INDEX]) + 1)
+        elif r.kind == OpKind.SANDBOX_SNAPSHOT.value:
+            self.snapshots[str(r.result["snapshotId"])] = int(meta["count"])
+
 
 def holdings(rows: Sequence[OperationRecord], sid: str) -> Holdings:
     """From the journal, in commit order: what each sandbox and snapshot holds (a call completed in it, a rebuild
     of it, the session's snapshots), the sandboxes whose rebuild was cut short, and what rewinds made stale."""
     h = Holdings()
-    prefix = sid + "/"
     for r in rows:
-        meta = r.meta or {}
-        if (rewound := rewind_journal.rewind_of(r)) is not None:
-            h.rewind(rewound.to_call)
-        elif r.op_id.startswith(journal.REBUILD + "/"):
-            sandbox = str(meta.get("sandbox"))
-            if r.status == "completed":
-                h.held[sandbox] = int(meta["count"])
-                h.cut.discard(sandbox)
-            else:
-                h.cut.add(sandbox)
-        elif r.status != "completed" or not r.op_id.startswith(prefix):
-            continue
-        elif r.kind == OpKind.SANDBOX_CALL.value and meta.get(journal.META_SANDBOX_ID):
-            sandbox = str(meta[journal.META_SANDBOX_ID])
-            h.held[sandbox] = max(h.held.get(sandbox, 0), int(meta[journal.META_INDEX]) + 1)
-        elif r.kind == OpKind.SANDBOX_SNAPSHOT.value:
-            h.snapshots[str(r.result["snapshotId"])] = int(meta["count"])
+        h.fold(r, sid)
     return h

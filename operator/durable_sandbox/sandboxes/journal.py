@@ -69,6 +69,7 @@ __all__ = [
     "pinned_provider",
     "provision_id",
     "provisioned",
+    "read_only",
     "reason",
     "rebuilt",
     "recovered",
@@ -97,7 +98,8 @@ META_HANDLE = "handle"  # provision/restore (started): a sandbox made, not yet r
 META_INDEX = "index"  # call: its 0-based position in the session
 META_REQUEST = "request"  # snapshot: the operation id of the request that asked for it (a Sandbox's call API)
 META_OPERATION_ID = "operationId"  # call: the caller's operation id; snapshot: the provider's
-META_CALL = "call"  # call (started): {type, args}, for replay
+META_CALL = "call"  # call (started; a read-only call's completed): {type, args}, for replay and display
+META_READ_ONLY = "readOnly"  # call (completed): it cannot change the workspace (no started record, never replayed)
 META_COUNT = "count"  # snapshot, inject_loss: completed calls at that point
 META_SNAPSHOT_ID = "snapshotId"  # snapshot_delete, restore: the snapshot concerned
 META_SANDBOX_ID = "sandboxId"  # call, destroy, inject_loss: the sandbox concerned
@@ -323,9 +325,17 @@ def asked(row: OperationRecord) -> dict[str, str]:
 
 
 def on_replay(row: OperationRecord) -> str:
-    """What a replay does with a call, as journaled when it first ran (absent: rerun)."""
+    """What a replay does with a call, as journaled when it first ran (absent: rerun; a read-only call: skip)."""
+    if read_only(row):
+        return ON_REPLAY_SKIP
     value = _meta(row).get(META_ON_REPLAY) if row.kind == CALL else None
     return str(value) if value in ON_REPLAY else ON_REPLAY_RERUN
+
+
+def read_only(row: OperationRecord) -> bool:
+    """A call journaled as one that cannot change the workspace (a session's ``read_file`` or ``list``): only its
+    completion is journaled, and rebuilding a sandbox never runs it again (there is nothing of it to rebuild)."""
+    return row.kind == CALL and bool(_meta(row).get(META_READ_ONLY))
 
 
 _LISTED = 5  # op ids listed per kind in a summary; the rest are counted

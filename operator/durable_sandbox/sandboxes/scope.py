@@ -25,9 +25,11 @@ class SessionScope:
     generation: int = 0  # failed finalizations before this epoch (SessionState.reopen_for): names new snapshots
 
     @classmethod
-    def open(cls, rt: RunRuntime, sid: str, provider: SandboxProvider) -> SessionScope:
-        """The scope of session ``sid`` as the run's journal says it is now (re-opened if its run is retried)."""
-        state = SessionState.derive(sid, rt.known_rows())
+    def open(cls, rt: RunRuntime, sid: str, provider: SandboxProvider, *,
+             state: SessionState | None = None) -> SessionScope:
+        """The scope of session ``sid`` as the run's journal says it is now (re-opened if its run is retried);
+        ``state``: that state, derived already (a copy of its own: the scope changes it)."""
+        state = state if state is not None else SessionState.derive(sid, rt.known_rows())
         return cls(rt, sid, provider, state, state.reopen_for(rt.epoch))
 
     def local(self, op_id: str) -> str:

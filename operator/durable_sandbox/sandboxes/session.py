@@ -114,6 +114,7 @@ class SandboxSession:
         attach: str | None = None,
         next_index: int = 0,
         keep_checkpoints: bool = False,
+        state: SessionState | None = None,
     ) -> None:
         if snapshot_every < 0:
             raise ValueError(f"snapshot_every must be >= 0, not {snapshot_every}")
@@ -142,7 +143,7 @@ class SandboxSession:
         # the sandbox ran them, which is the order a rebuilt sandbox replays them in.
         self._one_at_a_time = asyncio.Lock()
         self._suspended = False
-        self.scope = SessionScope.open(rt, sid, provider)
+        self.scope = SessionScope.open(rt, sid, provider, state=state)  # ``state``: derived already, if given
         # The name of a Sandbox resource whose live sandbox this session uses instead of provisioning one:
         # never destroyed, hibernated or recovered here (the Sandbox's controller owns its lifecycle).
         self.provisioner = Provisioner(self.scope, self.spec, lease_seconds=lease_seconds, attach=attach)
@@ -188,7 +189,7 @@ class SandboxSession:
         return self.state.handle
 
     async def call(self, call: ToolCall, *, fails: Callable[[ToolResult], str | None] | None = None,
-                   on_replay: str = journal.ON_REPLAY_RERUN) -> ToolResult:
+                   on_replay: str = journal.ON_REPLAY_RERUN, read_only: bool = False) -> ToolResult:
         """Execute ``call`` (or return its recorded outcome). ``fails`` judges the outcome: a reason fails the
         call (journaled as failed, :class:`ToolCallFailed` raised), so the run fails and a retry of the run
         executes it again; None (the default for every outcome) makes it a completed call.
@@ -197,17 +198,22 @@ class SandboxSession:
         ``rerun`` it (the default), ``skip`` it (its journaled result stands; the rebuilt workspace lacks its
         changes: for calls whose effect is outside the workspace) or ``ask`` (wait on the callback
         ``replay:<op id>``, answered rerun or skip). It is journaled with the call when it first runs, and
-        that is what a replay follows."""
+        that is what a replay follows.
+
+        ``read_only``: the caller vouches that the call cannot change the workspace (a Sandbox's ``read_file`` and
+        ``list``, built by the operator): only its completion is journaled (one write instead of two), and a
+        rebuild never runs it again (``on_replay`` does not apply). Interrupted, it leaves no trace, so a retry
+        runs it again (it changed nothing) and the sandbox it ran in stays known."""
         journal.check_on_replay(on_replay, f"Sandbox {self.sid!r}, call {call.operation_id!r}")
         if current_call_scope() is None:
             self._issued += 1
         if reserved_operation_id(call.operation_id):
             raise ValueError(f"Sandbox {self.sid!r}: operation id {call.operation_id!r} is reserved; choose another id")
         async with self._one_at_a_time:
-            return await self._call(call, fails=fails, on_replay=on_replay)
+            return await self._call(call, fails=fails, on_replay=on_replay, read_only=read_only)
 
     async def _call(self, call: ToolCall, *, fails: Callable[[ToolResult], str | None] | None,
-                    on_replay: str) -> ToolResult:
+                    on_replay: str, read_only: bool = False) -> ToolResult:
         op_id = journal.call_id(self.sid, call.operation_id)
         index = self._index_of(op_id)
         if call.args.get("env"):  # env values the journal does not keep: the call itself, for a replay; any other
@@ -224,20 +230,26 @@ class SandboxSession:
         elif self.state.finalized:
             raise DurableError(f"Sandbox {self.sid!r} was already finalized; open a new session for more calls")
         else:
-            result = await self._run(call, index, op_id, digest, prev, fails=fails, on_replay=on_replay)
+            result = await self._run(call, index, op_id, digest, prev, fails=fails, on_replay=on_replay,
+                                     read_only=read_only and prev is None)
         await self._after_call(index + 1)
         return result
 
     async def _run(self, call: ToolCall, index: int, op_id: str, digest: str, prev: OperationRecord | None, *,
-                   fails: Callable[[ToolResult], str | None] | None, on_replay: str) -> ToolResult:
-        """Journal call ``index`` started (unless a crash left it so), execute it, journal its outcome."""
-        if prev is None or prev.status == "failed":  # new, or failed in an earlier attempt of the run
-            meta = {"index": index, "operationId": call.operation_id,
-                    "call": {"type": call.type, "args": journaled_args(call.args)}}
-            if on_replay != journal.ON_REPLAY_RERUN:  # absent means rerun: journals of plain calls stay as they were
-                meta[journal.META_ON_REPLAY] = on_replay
-            await self.scope.write(op_id, OpKind.SANDBOX_CALL, call.type, "started", digest=digest, meta=meta,
-                                   check_cancel=True)
+                   fails: Callable[[ToolResult], str | None] | None, on_replay: str,
+                   read_only: bool = False) -> ToolResult:
+        """Journal call ``index`` started (unless a crash left it so, or it is read-only), execute it, journal its
+        outcome."""
+        recorded = {"type": call.type, "args": journaled_args(call.args)}
+        if read_only or prev is None or prev.status == "failed":  # new, or failed in an earlier attempt of the run
+            meta = {"index": index, "operationId": call.operation_id, journal.META_CALL: recorded}
+            if read_only:  # no started record: its completion says what it was (see :meth:`call`)
+                on_replay = journal.ON_REPLAY_SKIP
+            else:
+                if on_replay != journal.ON_REPLAY_RERUN:  # absent means rerun: plain calls' journals stay as they were
+                    meta[journal.META_ON_REPLAY] = on_replay
+                await self.scope.write(op_id, OpKind.SANDBOX_CALL, call.type, "started", digest=digest, meta=meta,
+                                       check_cancel=True)
             self.state.policies[op_id] = on_replay
             self.state.took(index)
         # Capped here, whatever the provider returned: the caller sees what the journal keeps, so a
@@ -245,7 +257,10 @@ class SandboxSession:
         faults.reach(f"before:{op_id}")
         result = (await self.recoverer.guarded(lambda: self._execute(call))).capped()
         sandbox_id = self.state.handle.id if self.state.handle else None
-        done = {journal.META_INDEX: index, journal.META_OPERATION_ID: call.operation_id, journal.META_SANDBOX_ID: sandbox_id}
+        done: dict[str, Any] = {journal.META_INDEX: index, journal.META_OPERATION_ID: call.operation_id,
+                                journal.META_SANDBOX_ID: sandbox_id}
+        if read_only:
+            done.update({journal.META_CALL: recorded, journal.META_READ_ONLY: True})
         reason = fails(result) if fails is not None else None
         if reason is not None:
             failure = ToolCallFailed(failure_message(reason, call, result, self.spec.env.values()))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
@@ -77,11 +77,21 @@ class SessionState:
     @classmethod
     def derive(cls, sid: str, rows: Sequence[OperationRecord]) -> SessionState:
         st = cls(sid)
-        prefix = sid + "/"
         for r in rows:
-            if r.op_id.startswith(prefix):
-                st._read(r)
+            st.fold(r)
         return st
+
+    def fold(self, r: OperationRecord) -> None:
+        """One more journal row, in commit order (``derive`` is every row folded): a row of another session is
+        ignored."""
+        if r.op_id.startswith(self.sid + "/"):
+            self._read(r)
+
+    def copy(self) -> SessionState:
+        """A copy whose changes leave this one as it is (the results in ``calls`` are shared: never changed)."""
+        return replace(self, options=dict(self.options), pending_handles=list(self.pending_handles),
+                       checkpoints=list(self.checkpoints), calls=dict(self.calls), policies=dict(self.policies),
+                       finalizations=list(self.finalizations), rewound=set(self.rewound))
 
     def _read(self, r: OperationRecord) -> None:
         meta = r.meta or {}
@@ -96,6 +106,8 @@ class SessionState:
                 self.policies[r.op_id] = journal.on_replay(r)
             if meta.get("handle"):
                 self.pending_handles.append(SandboxHandle.model_validate(meta["handle"]))
+        elif journal.read_only(r):  # journaled at its completion only: never replayed
+            self.policies[r.op_id] = journal.ON_REPLAY_SKIP
         index = journal.call_index(r)
         if index is not None:
             self.took(index)

@@ -80,13 +80,14 @@ def seed_records(rt: RunRuntime, source_rows: list[OperationRecord], source: Sou
                            meta=dict(origin))]
     for index in range(source.after_call):
         op_id = state.calls[index][0]
-        started, completed = first[op_id], done[op_id]
+        started, completed = first.get(op_id), done[op_id]  # a read-only call has no started record
         meta = {k: v for k, v in (completed.meta or {}).items() if k != journal.META_SANDBOX_ID}
         own = _own_op_id(op_id, source_session, completed)
-        out += [OperationRecord(own, OpKind.SANDBOX_CALL.value, started.name, "started", 1, started.input_digest,
-                                meta=dict(started.meta or {}), epoch=rt.epoch),
-                OperationRecord(own, OpKind.SANDBOX_CALL.value, completed.name, "completed", 1,
-                                completed.input_digest, completed.result, meta=meta, epoch=rt.epoch)]
+        if started is not None:
+            out.append(OperationRecord(own, OpKind.SANDBOX_CALL.value, started.name, "started", 1,
+                                       started.input_digest, meta=dict(started.meta or {}), epoch=rt.epoch))
+        out.append(OperationRecord(own, OpKind.SANDBOX_CALL.value, completed.name, "completed", 1,
+                                   completed.input_digest, completed.result, meta=meta, epoch=rt.epoch))
     return out
 
 

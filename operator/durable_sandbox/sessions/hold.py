@@ -44,6 +44,7 @@ from durable_sandbox.engine.lease_keeper import LeaseKeeper, PastSafetyPoint, Sy
 from durable_sandbox.engine.records import Lease, RunRecord
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
+from durable_sandbox.sessions.derived import DerivedJournal
 
 __all__ = ["HoldSettings", "LeftToAnotherReplica", "OpenSession"]
 
@@ -83,6 +84,7 @@ class OpenSession:
     handle: SandboxHandle | None = None
     provider: SandboxProvider | None = None
     in_flight: asyncio.Task[Any] | None = None
+    derived: DerivedJournal = field(default_factory=DerivedJournal)  # what ``rt``'s rows say, folded as they grow
     _stack: AsyncExitStack = field(default_factory=AsyncExitStack)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 

@@ -18,6 +18,8 @@ it goes with it), under the session ``calls``: the same records, sealing and mac
    is retried, but never in the sandbox it may have run in: that one's state is unknown, so it is replaced and
    rebuilt first. Why keep the ``started`` record although it doubles the writes: it is what tells an
    interrupted call from one never run, and without it the workspace could hold an interrupted call twice.
+   A call that cannot change the workspace (``read_file``, ``list``) has nothing to tell apart: only its
+   completion is journaled (one write), a rebuild never replays it, and interrupted it runs again when retried.
 4. a sandbox lost under a call (or its rebuild) is waited for: the controller re-creates it from the newest
    snapshot, the calls after it are replayed, and the call runs there; the caller sees only the latency. Under a
    hold the hold's live sandbox becomes the replacement.
@@ -39,7 +41,7 @@ from typing import Any, TypeVar
 
 from durable_sandbox.engine.errors import LeaseHeld, NonDeterminismError
 from durable_sandbox.engine.executor import RunExecutor
-from durable_sandbox.engine.records import Lease, OpKind, RunRecord, RunStatus
+from durable_sandbox.engine.records import Lease, RunRecord, RunStatus
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
 from durable_sandbox.engine.traced import under_caller
@@ -130,22 +132,25 @@ class SessionJournal:
 
     async def call(self, ref: SandboxRef, gate: SandboxAccess, call: ToolCall, *,
                    on_replay: str = journal.ON_REPLAY_RERUN, traceparent: str | None = None,
-                   sink: OutputSink | None = None) -> Answered:
+                   sink: OutputSink | None = None, read_only: bool = False) -> Answered:
         """Run ``call`` in the Sandbox's live sandbox, journaled (see the module's docstring). ``gate.live`` takes
         the Sandbox (its holder) and gives its sandbox and provider: entered under the journal's lease, so two
         replicas never both hold it for calls, and kept with the session while calls keep coming (``hold.py``).
         ``traceparent``: the caller's trace, the parent of the request's span. ``sink``: given the call's output
         while it runs, when the provider streams (``Capability.OUTPUT_STREAMING``); a call answered from the
-        journal gives it nothing (its caller has the journaled output at once)."""
+        journal gives it nothing (its caller has the journaled output at once). ``read_only``: the call cannot change the
+        workspace (``SandboxSession.call``): its completion is its only record."""
 
         async def answer(session: OpenSession) -> Answered:
-            done = _completed(ref, session.rt.rows, call)
+            done = _completed(ref, session.rt, session.derived.view(session.rt.rows), call)
             if done is not None:
                 return done
             await session.live(lambda: gate.live(ref))
-            return await self._rebuilt(ref, session, gate, lambda rt: _index_of(rt, call.operation_id),
-                                       lambda rt, handle, provider: self._traced(ref, rt, handle, provider, call,
-                                                                                 on_replay, traceparent, sink),
+            return await self._rebuilt(ref, session, gate,
+                                       lambda rt: _index_of(rt, session.derived.view(rt.rows), call.operation_id),
+                                       lambda rt, handle, provider: self._traced(ref, session, handle, provider,
+                                                                                 call, on_replay, traceparent,
+                                                                                 sink, read_only),
                                        what=f"call {call.operation_id}")
 
         return await self._held(ref, gate, answer)
@@ -183,10 +188,13 @@ class SessionJournal:
             if not session.provider.capabilities().supports(Capability.SNAPSHOT):
                 raise CallRefused(409, f"provider {session.provider.name} cannot snapshot", where=ref.where,
                                   do="use a provider with snapshots (docs/providers.md lists them)")
-            return await self._rebuilt(ref, session, gate, lambda rt: _index_of(rt, None), lambda rt, handle, provider:
+            def count(rt: RunRuntime) -> int:
+                return _index_of(rt, session.derived.view(rt.rows), None)
+
+            return await self._rebuilt(ref, session, gate, count, lambda rt, handle, provider:
                                        take_snapshot(rt, handle, provider, operation_id, self._handles,
                                                      sandbox=ref.name, owner=f"{ref.namespace}/{ref.uid}",
-                                                     snapshot_every=ref.snapshot_every, count=_index_of(rt, None)),
+                                                     snapshot_every=ref.snapshot_every, count=count(rt)),
                                        what=f"snapshot {operation_id}")
 
         return await self._held(ref, gate, take)
@@ -236,13 +244,13 @@ class SessionJournal:
         # A call started before and never answered (this one retried, or another one its caller gave up on): the
         # operator stopped while it ran, in the sandbox it may have changed (if that one is still live, its
         # state is unknown), so no call runs there before it is rebuilt. (A rewound call is no longer one.)
-        rewound = SessionState.derive(SESSION, session.rt.rows).rewound
-        interrupted = any(r.kind == OpKind.SANDBOX_CALL.value and r.status == "started" and r.op_id not in rewound
-                          for r in session.rt.latest.values())
+        interrupted = session.derived.interrupted(session.rt.rows)
         for _ in range(MAX_REPLACEMENTS):
             try:
+                rows = session.rt.rows
                 await rebuild(session.rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
-                              before=before(session.rt), where=ref.where)
+                              before=before(session.rt), where=ref.where,
+                              known=(session.derived.holdings(rows), session.derived.view(rows)))
                 return await then(session.rt, handle, provider)
             except SandboxUnknown as unknown:
                 lost = unknown.sandbox_id
@@ -256,14 +264,16 @@ class SessionJournal:
                           where=ref.where, do="retry with the same operationId; `kubectl describe dsbx` says "
                           "why its sandboxes do not last")
 
-    async def _traced(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
-                      call: ToolCall, on_replay: str, traceparent: str | None, sink: OutputSink | None) -> Answered:
+    async def _traced(self, ref: SandboxRef, session: OpenSession, handle: SandboxHandle, provider: SandboxProvider,
+                      call: ToolCall, on_replay: str, traceparent: str | None, sink: OutputSink | None,
+                      read_only: bool = False) -> Answered:
         """:meth:`_execute` in the request's span, the child of the caller's ``traceparent`` header (the call's
         own span inside)."""
-        return await under_caller(rt, traceparent, f"sandbox.session_call {call.type}",
+        return await under_caller(session.rt, traceparent, f"sandbox.session_call {call.type}",
                                   {"durable_sandbox.sandbox": ref.where, "durable_sandbox.operation.id":
                                    call.operation_id},
-                                  lambda: self._execute(ref, rt, handle, provider, call, on_replay, sink))
+                                  lambda: self._execute(ref, session, handle, provider, call, on_replay, sink,
+                                                                    read_only))
 
     async def _seed(self, ref: SandboxRef, source: SourceRef, rt: RunRuntime, gate: SandboxAccess) -> None:
         """A fork's journal seeded with its source's first calls, in one commit (``fork_seed.py``)."""
@@ -353,20 +363,24 @@ class SessionJournal:
                 del self._open[ref]
         await session.shut(self.store.release)
 
-    async def _execute(self, ref: SandboxRef, rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
-                       call: ToolCall, on_replay: str, sink: OutputSink | None) -> Answered:
+    async def _execute(self, ref: SandboxRef, held: OpenSession, handle: SandboxHandle, provider: SandboxProvider,
+                       call: ToolCall, on_replay: str, sink: OutputSink | None, read_only: bool = False) -> Answered:
+        rt = held.rt
         self._handles[rt.run_id] = handle
         try:
+            rows = rt.known_rows()  # the committed rows (the session's own: nothing of it waits to be committed)
+            known = held.derived.state(rows) if rows is rt.rows else None
             session = SandboxSession(rt, SESSION, traced_provider(rt, SESSION, provider), attach=ref.name,
-                                     owner=f"{ref.namespace}/{ref.uid}", next_index=_index_of(rt, call.operation_id),
-                                     snapshot_every=ref.snapshot_every)
+                                     owner=f"{ref.namespace}/{ref.uid}",
+                                     next_index=_index_of(rt, held.derived.view(rt.rows), call.operation_id),
+                                     snapshot_every=ref.snapshot_every, state=known)
             await session.__aenter__()  # journals the attach once (``calls/provision``)
             # The live sandbox is the Sandbox's, read from its record when the session took it: it may have been
             # recovered or resumed since the session's first call recorded one.
             session.state.handle = handle
             streams = sink is not None and provider.capabilities().supports(Capability.OUTPUT_STREAMING)
             with streaming_to(sink if streams else None):  # the output while it runs (only this call's)
-                result = await session.call(call, on_replay=on_replay)  # started committed before it runs
+                result = await session.call(call, on_replay=on_replay, read_only=read_only)  # started committed first
             await rt.write()  # the completion, committed before the call is answered
         except NonDeterminismError as exc:
             raise _reused(ref, call.operation_id) from exc
@@ -394,18 +408,14 @@ class _Opening:
     users: int = 0
 
 
-def _completed(ref: SandboxRef, rows: list[Any], call: ToolCall) -> Answered | None:
+def _completed(ref: SandboxRef, rt: RunRuntime, state: SessionState, call: ToolCall) -> Answered | None:
+    """The call's journaled answer, if it completed (``state``: the session's, as of ``rt``'s rows)."""
     op_id = journal.call_id(SESSION, call.operation_id)
-    if op_id in SessionState.derive(SESSION, rows).rewound:
+    if op_id in state.rewound:
         raise CallRefused(409, f"operationId {call.operation_id!r} names a call that was rewound (its result is no "
                           "longer the session's)", where=f"{ref.where}, operationId",
                           do="send the call under a new operationId: it runs after the calls the rewind kept")
-    latest = None
-    first = None
-    for row in rows:
-        if row.op_id == op_id:
-            first = first or row
-            latest = row
+    latest, first = rt.latest.get(op_id), rt.first.get(op_id)
     if latest is None or first is None:
         return None
     digest = value_digest([call.type, call.args])
@@ -418,11 +428,10 @@ def _completed(ref: SandboxRef, rows: list[Any], call: ToolCall) -> Answered | N
                                stdout_size=r.get("stdoutBytes"), stderr_size=r.get("stderrBytes")), replayed=True)
 
 
-def _index_of(rt: RunRuntime, operation_id: str | None) -> int:
+def _index_of(rt: RunRuntime, state: SessionState, operation_id: str | None) -> int:
     """The call's place in the session: the one its ``started`` record took (a retried call interrupted by a
     crash), else after every call of the session so far (also for ``None``: a snapshot of them all; after a
-    rewind to ``N``, the calls kept and those since)."""
-    state = SessionState.derive(SESSION, rt.rows)
+    rewind to ``N``, the calls kept and those since). ``state``: the session's, as of ``rt``'s rows."""
     if operation_id is None:
         return state.next_index
     op_id = journal.call_id(SESSION, operation_id)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,6 +42,9 @@ class _Request(BaseModel):
     # What rebuilding the sandbox after a loss does with this call once it completed: run it again (its outcome
     # checked) or skip it (its result stands; for a call whose effect is outside the sandbox). Journaled with it.
     onReplay: Literal["rerun", "skip"] = "rerun"
+    # A call that cannot change the workspace (the operator builds it): journaled at its completion only (one
+    # write) and never replayed into a rebuilt sandbox; ``onReplay`` does not apply to it.
+    read_only: ClassVar[bool] = False
 
     def tool_call(self) -> ToolCall:
         raise NotImplementedError
@@ -74,6 +77,7 @@ class WriteFileRequest(_Request):
 
 class ReadFileRequest(_Request):
     path: str = Field(min_length=1)
+    read_only: ClassVar[bool] = True
 
     def tool_call(self) -> ToolCall:
         return ToolCall(operation_id=self.operationId, type="read_file", args={"path": self.path})
@@ -81,6 +85,7 @@ class ReadFileRequest(_Request):
 
 class ListRequest(_Request):
     path: str = "."
+    read_only: ClassVar[bool] = True  # ``ls`` in a directory: it reads only
 
     def tool_call(self) -> ToolCall:
         # A shell call every provider runs (the contract has no listing call): one entry per line, directories

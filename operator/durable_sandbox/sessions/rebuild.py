@@ -35,7 +35,7 @@ from durable_sandbox.kube.sandbox.view import CALLS_SESSION
 from durable_sandbox.providers.contract import SandboxGone, SandboxHandle, SandboxProvider, ToolCall
 from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.call_records import result_from
-from durable_sandbox.sandboxes.holdings import holdings
+from durable_sandbox.sandboxes.holdings import Holdings, holdings
 from durable_sandbox.sandboxes.session import ReconstructionError, SessionState
 
 __all__ = ["REBUILD", "STALE", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "rebuild"]
@@ -104,11 +104,12 @@ def held_by(sandbox_id: str, held: Mapping[str, int], snapshots: Mapping[str, in
 
 async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvider,
                   lineage: Callable[[], Awaitable[Mapping[str, str]]], *, before: int, interrupted: bool,
-                  where: str) -> None:
+                  where: str, known: tuple[Holdings, SessionState] | None = None) -> None:
     """Bring ``handle`` to hold exactly the session's completed calls before index ``before`` (see the module's
     docstring); :class:`SandboxUnknown` when it cannot be used (then it has been destroyed, if it was there).
-    ``lineage`` is read only for a sandbox the journal does not know (the first call into a replacement)."""
-    h = holdings(rt.rows, CALLS_SESSION)
+    ``lineage`` is read only for a sandbox the journal does not know (the first call into a replacement).
+    ``known``: what the journal's rows say (``derived.py``), when folded already (read, never changed)."""
+    h = known[0] if known is not None else holdings(rt.rows, CALLS_SESSION)
     held = h.held
     if handle.id in h.cut or handle.id in h.stale or (interrupted and handle.id in held):
         await _unknown(handle, provider, where, "its rebuild was cut short" if handle.id in h.cut else
@@ -122,7 +123,7 @@ async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvid
     if has == STALE:
         await _unknown(handle, provider, where, "it was made from a sandbox or snapshot holding calls that were "
                        "rewound (or its origin is not known)")
-    state = SessionState.derive(CALLS_SESSION, rt.rows)
+    state = known[1] if known is not None else SessionState.derive(CALLS_SESSION, rt.rows)
     plan = [i for i in sorted(state.calls) if has <= i < before]
     op_id = f"{REBUILD}/{handle.id}"
     meta = {"sandbox": handle.id, "from": has, "count": before}

@@ -85,7 +85,7 @@ class SessionService:
         async with self._admission(ref), self._turn(ref):
             answered = await self.journal_for(namespace).call(ref, self.gate, request.tool_call(),
                                                               on_replay=request.onReplay, traceparent=traceparent,
-                                                              sink=sink)
+                                                              sink=sink, read_only=request.read_only)
         log.info("%s: call %s (%s) by %s %s", ref.where, request.operationId, request.tool_call().type, caller,
                  "answered from the journal" if answered.replayed else f"exited {answered.result.exit_code}")
         return CallAnswer.of(request.operationId, answered.result, replayed=answered.replayed)

@@ -26,7 +26,7 @@ from typing import Any, Final
 from durable_sandbox.engine.records import Event, OperationRecord
 from durable_sandbox.engine.wording import counted
 from durable_sandbox.sandboxes import journal
-from durable_sandbox.sandboxes.journal import call_target
+from durable_sandbox.sandboxes.journal import call_target, read_only
 from durable_sandbox.ui.event_labels import STOPPED, event_view
 from durable_sandbox.ui.row_labels import (
     CALLBACK,
@@ -233,7 +233,7 @@ class Timeline:
                 self._branch(f"{row.op_id}/{key}", str(key), parent)
         if kind == STEP and meta.get("branch"):
             self._branch(row.op_id, row.op_id.rsplit("/", 1)[-1], self.lane_of(row.op_id.rsplit("/", 1)[0]))
-        if kind == SANDBOX_CALL and row.status == "started":
+        if kind == SANDBOX_CALL and (row.status == "started" or read_only(row)):  # a read-only call: its completion
             target = call_target(row)
             self._targets[row.op_id] = f"{row.name}: {target}" if target is not None else row.name
         if row.status == "started":
