@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.kube.sandbox.view import CALLS_SESSION
-from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes import fork_journal, journal
 from durable_sandbox.sandboxes.session import SessionState
 from durable_sandbox.sessions.errors import CallRefused
 
@@ -58,9 +58,10 @@ def seeded(rt: RunRuntime) -> bool:
 
 
 def seed_records(rt: RunRuntime, source_rows: list[OperationRecord], source: SourceRef, source_uid: str,
-                 where: str, source_session: str = CALLS_SESSION) -> list[OperationRecord]:
+                 where: str, source_session: str = CALLS_SESSION, *, source_run: str = "") -> list[OperationRecord]:
     """The records that make the fork's journal start with the source's first ``after_call`` calls (of session
-    ``source_session``: a Workflow's run's, renamed into the fork's own session)."""
+    ``source_session``: a Workflow's run's, renamed into the fork's own session), then the source's newest snapshot
+    at or before them, borrowed (``fork_restore.py`` copies it into one of the fork's own)."""
     state = SessionState.derive(source_session, source_rows)
     if source.after_call > state.completed:
         raise CallRefused(409, f"spec.from.afterCall is {source.after_call}, but {source.name} has "
@@ -87,6 +88,10 @@ def seed_records(rt: RunRuntime, source_rows: list[OperationRecord], source: Sou
                                 meta=dict(started.meta or {}), epoch=rt.epoch),
                 OperationRecord(own, OpKind.SANDBOX_CALL.value, completed.name, "completed", 1,
                                 completed.input_digest, completed.result, meta=meta, epoch=rt.epoch)]
+    point = fork_journal.restore_point(state.checkpoints, source.after_call)
+    if point is not None:
+        borrowed = fork_journal.Borrowed(point.count, point.snapshot_id, source_run or source_uid)
+        out.append(fork_journal.borrowed_record(CALLS_SESSION, borrowed, epoch=rt.epoch))
     return out
 
 

@@ -64,6 +64,7 @@ from durable_sandbox.sandboxes.session import (
 )
 from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.fork_restore import own_fork_point
 from durable_sandbox.sessions.fork_seed import SourceRef, seed_records, seeded
 from durable_sandbox.sessions.hold import HoldSettings, OpenSession
 from durable_sandbox.sessions.rebuild import SandboxAccess, SandboxUnknown, rebuild
@@ -229,6 +230,9 @@ class SessionJournal:
         first."""
         handle, provider = session.handle, session.provider
         assert handle is not None and provider is not None
+        if ref.source is not None:  # a fork: its source's snapshot made its own first (fork_restore.py)
+            await own_fork_point(session.rt, provider, sandbox=ref.name, owner=f"{ref.namespace}/{ref.uid}",
+                                 where=ref.where)
         if ref.snapshot_every and not provider.capabilities().supports(Capability.SNAPSHOT):
             raise CallRefused(409, f"spec.snapshotEveryNCalls is {ref.snapshot_every}, but provider "
                               f"{provider.name} cannot snapshot", where=f"{ref.where}, spec.snapshotEveryNCalls",
@@ -278,7 +282,7 @@ class SessionJournal:
                               where=where, do="create the fork from a Sandbox of this namespace that exists (its "
                               "calls are copied at the fork's first call)") from None
         rows = await self.store.load_journal(calls_run_id(found.uid))
-        await rt.write(*seed_records(rt, rows, source, found.uid, where))
+        await rt.write(*seed_records(rt, rows, source, found.uid, where, source_run=calls_run_id(found.uid)))
         log.info("%s: forked from Sandbox %s (uid %s) after its call %d", ref.where, source.sandbox, found.uid,
                  source.after_call)
 
@@ -298,7 +302,8 @@ class SessionJournal:
         except ForkRefused as exc:
             raise CallRefused(409, f"Workflow {source.workflow}'s run cannot be forked: {exc}", where=where,
                               do="fork a Workflow whose run used one sandbox session (toolCalls do)") from None
-        await rt.write(*seed_records(rt, rows, source, uid or "", where, source_session=sid))
+        await rt.write(*seed_records(rt, rows, source, uid or "", where, source_session=sid,
+                                     source_run=workflow_run_id(source.workflow, uid or "")))
         log.info("%s: forked from Workflow %s (uid %s) after its call %d", ref.where, source.workflow, uid,
                  source.after_call)
 

@@ -22,6 +22,7 @@ exactly once; an effect of an interrupted call outside the sandbox may happen tw
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -37,6 +38,7 @@ from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.call_records import result_from
 from durable_sandbox.sandboxes.holdings import holdings
 from durable_sandbox.sandboxes.session import ReconstructionError, SessionState
+from durable_sandbox.sessions.fork_restore import restores_instead
 
 __all__ = ["REBUILD", "STALE", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "rebuild"]
 
@@ -122,6 +124,13 @@ async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvid
     if has == STALE:
         await _unknown(handle, provider, where, "it was made from a sandbox or snapshot holding calls that were "
                        "rewound (or its origin is not known)")
+    restores = restores_instead(rt, provider, has, before)
+    if restores is not None:  # a fork's fresh sandbox: its own snapshot holding the first calls beats replaying them
+        log.info("%s: giving back fresh sandbox %s; the fork's snapshot after %d calls restores it faster than "
+                 "replaying them", where, handle.id, restores)
+        with contextlib.suppress(SandboxGone):
+            await provider.destroy(handle)
+        raise SandboxUnknown(handle.id, f"fresh, while the fork's own snapshot holds its first {restores} calls")
     state = SessionState.derive(CALLS_SESSION, rt.rows)
     plan = [i for i in sorted(state.calls) if has <= i < before]
     op_id = f"{REBUILD}/{handle.id}"
