@@ -67,7 +67,7 @@ from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.fork_restore import own_fork_point
 from durable_sandbox.sessions.fork_seed import SourceRef, seed_records, seeded
 from durable_sandbox.sessions.hold import HoldSettings, OpenSession
-from durable_sandbox.sessions.rebuild import SandboxAccess, SandboxUnknown, rebuild
+from durable_sandbox.sessions.rebuild import HandedBack, SandboxAccess, SandboxUnknown, rebuild
 from durable_sandbox.sessions.rewind import Rewound, commit_rewind, rebuilt_calls
 from durable_sandbox.sessions.snapshots import Snapshot, snapshot_taken, take_snapshot
 from durable_sandbox.tracing import Tracing
@@ -248,11 +248,16 @@ class SessionJournal:
                 await rebuild(session.rt, handle, provider, lambda: gate.lineage(ref), interrupted=interrupted,
                               before=before(session.rt), where=ref.where)
                 return await then(session.rt, handle, provider)
+            except HandedBack as back:  # a fork's fresh sandbox: its replacement is restored from its snapshot
+                lost = back.sandbox_id
+                log.info("%s: %s waits for sandbox %s's replacement, restored from the fork's snapshot", ref.where,
+                         what, lost)
             except SandboxUnknown as unknown:
                 lost = unknown.sandbox_id
+                log.warning("%s: sandbox %s is unknown or stale; %s waits for its replacement", ref.where, lost, what)
             except AttachedSandboxLost as gone:
                 lost = gone.sandbox_id or handle.id
-            log.warning("%s: sandbox %s is lost, unknown or stale; %s waits for its replacement", ref.where, lost, what)
+                log.warning("%s: sandbox %s is lost; %s waits for its replacement", ref.where, lost, what)
             interrupted = False  # a replacement is newer than the interruption
             handle = session.handle = await gate.replaced(ref, lost)  # the hold keeps the replacement
             session.rt = await self.executor.open_runtime(session.run, session.lease)  # the journal as it is now

@@ -40,7 +40,7 @@ from durable_sandbox.sandboxes.holdings import holdings
 from durable_sandbox.sandboxes.session import ReconstructionError, SessionState
 from durable_sandbox.sessions.fork_restore import restores_instead
 
-__all__ = ["REBUILD", "STALE", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "rebuild"]
+__all__ = ["REBUILD", "STALE", "HandedBack", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "rebuild"]
 
 log = logging.getLogger("durable_sandbox.sessions")
 
@@ -73,6 +73,10 @@ class SandboxUnknown(Exception):
         super().__init__(f"sandbox {sandbox_id}: {why}")
         self.sandbox_id = sandbox_id
         self.why = why
+
+
+class HandedBack(SandboxUnknown):
+    """A fork's fresh sandbox given back so that the controller restores the fork's snapshot instead (no loss)."""
 
 
 def held_counts(rows: Sequence[OperationRecord]) -> tuple[dict[str, int], dict[str, int], set[str]]:
@@ -130,7 +134,7 @@ async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvid
                  "replaying them", where, handle.id, restores)
         with contextlib.suppress(SandboxGone):
             await provider.destroy(handle)
-        raise SandboxUnknown(handle.id, f"fresh, while the fork's own snapshot holds its first {restores} calls")
+        raise HandedBack(handle.id, f"fresh, while the fork's own snapshot holds its first {restores} calls")
     state = SessionState.derive(CALLS_SESSION, rt.rows)
     plan = [i for i in sorted(state.calls) if has <= i < before]
     op_id = f"{REBUILD}/{handle.id}"
