@@ -32,7 +32,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS_DIR, fmt, machine_info, print_table, ratio, run_in_workdir
-
 from durable_sandbox.kube.sandbox.checkpoints import session_snapshots
 from durable_sandbox.providers.contract import (
     Capability,
