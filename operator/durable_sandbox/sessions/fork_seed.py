@@ -7,15 +7,18 @@ When the fork's session is first opened (its first call, or a rewind), under its
    in the fork's own namespace: never another's), and ``N``;
 2. the source's completed calls ``0 .. N-1`` as its session derives them (rewound calls are not its), with
    their arguments, ``onReplay`` and results, under the same operation ids (a retry of one answers from the
-   journal), without the sandbox each ran in (the fork's sandboxes are its own).
+   journal), without the sandbox each ran in (the fork's sandboxes are its own);
+3. the source's newest snapshot at or before ``N`` (if any), as a *borrowed* checkpoint: ``fork_restore.py`` copies
+   it into one of the fork's own before the first call runs (``snapshot_copy``), and lets the borrowed one go.
 
-Nothing else of the source's is taken: no sandbox, no snapshot (each fork's snapshots are its own, taken by its own
-session; deleting the source or a fork in any order deletes each snapshot once, by its owner), no env value (the
-journal keeps none: the fork's env is its spec's). The fork's live sandbox is provisioned fresh by its
-controller and holds no call, so the call that opens the session first replays the ``N`` calls into it in
-order with the outcome check (``rebuild.py``); one whose outcome differs fails that call with expected vs
-actual. A crash before the commit leaves nothing seeded (the next call seeds again); after it the source is no
-longer needed.
+Nothing else of the source's is taken: no sandbox, no snapshot to keep (the fork restores its own copy; each
+snapshot is deleted once, by its owner, whatever the order the source and the fork are deleted in), no env value
+(the journal keeps none: the fork's env is its spec's). The fork's live sandbox is provisioned fresh by its
+controller and holds no call: when the fork owns a copy, it is given back and restored from the copy, and the call
+that opens the session replays only the calls after it; otherwise all ``N`` calls are replayed into it, in order,
+with the outcome check (``rebuild.py``); one whose outcome differs fails that call with expected vs actual. A crash
+before the commit leaves nothing seeded (the next call seeds again); after it the source is needed only until the
+copy is made.
 """
 
 from __future__ import annotations
