@@ -227,6 +227,7 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
         "python benchmarks/ui_pages.py": BENCHMARK,
         "python benchmarks/fork.py": BENCHMARK,
         "python benchmarks/fork.py --node": BENCHMARK,
+        "python benchmarks/sandbox_fork.py": BENCHMARK,
         "python benchmarks/continue_as_new.py --calls 9000 10000 11000 --rounds 5": BENCHMARK,
         "python benchmarks/operator_throughput.py --calls 500 --workflows 20 --calls-each 25": BENCHMARK,
         "python benchmarks/operator_throughput.py --kubeconfig .dev-cluster/kubeconfig": BENCHMARK,

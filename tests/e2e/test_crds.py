@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -499,3 +499,63 @@ def test_anchors_and_aliases_are_accepted_by_both(control_plane: ControlPlane, n
     got = control_plane.kubectl_json("get", "dwf", "anchored", "-n", namespace)
     assert got["spec"]["signals"] == {"base": {"by": "ops"}, "again": {"by": "ops"}}
     assert len(got["spec"]["toolCalls"]) == len(wf.spec.tool_calls or []) == 2
+
+
+def test_a_fork_is_admitted_only_for_who_may_get_its_source(control_plane: ControlPlane, namespace: str) -> None:
+    """Issue 36, trust: the fork admission policy (crds/forks.durable-sandbox.dev.policy.yaml) asks the authorizer
+    whether the creator may get the source. A ServiceAccount that may create Sandboxes and Workflows but not get
+    the sources is refused (Sandbox spec.from.sandbox, spec.from.workflow, Workflow spec.forkOf), with the RBAC it
+    needs; once granted get on them by name, the same requests are admitted."""
+    assert apply(control_plane, namespace, {"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Sandbox",
+                                            "metadata": {"name": "src"}, "spec": {"provider": "local"}}).returncode == 0
+    assert apply(control_plane, namespace, with_spec("wsrc")).returncode == 0
+    control_plane.kubectl("create", "serviceaccount", "forker", "-n", namespace)
+    control_plane.kubectl("create", "role", "fork-maker", "-n", namespace, "--verb=create",
+                          "--resource=sandboxes.durable-sandbox.dev,workflows.durable-sandbox.dev")
+    user = f"system:serviceaccount:{namespace}:forker"
+    control_plane.kubectl("create", "rolebinding", "fork-maker", "-n", namespace, "--role=fork-maker",
+                          f"--serviceaccount={namespace}:forker")
+    forks = {
+        crds.fork_refused_message("from.sandbox", "sandboxes"): {
+            "apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": "fork-a"},
+            "spec": {"provider": "local", "from": {"sandbox": "src", "afterCall": 1}}},
+        crds.fork_refused_message("from.workflow", "workflows"): {
+            "apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": "fork-b"},
+            "spec": {"provider": "local", "from": {"workflow": "wsrc", "afterCall": 1}}},
+        crds.fork_refused_message("forkOf.workflow", "workflows"): with_spec(
+            "fork-c", forkOf={"workflow": "wsrc", "afterCall": 1}),
+    }  # fmt: skip
+
+    def create(manifest: dict[str, Any]) -> Any:  # create only (apply would need get on the fork too)
+        return control_plane.kubectl("create", "-n", namespace, "--dry-run=server", "-f", "-", as_user=user,
+                                     input=json.dumps(manifest), check=False)
+
+    def refused_with(message: str, manifest: dict[str, Any]) -> Callable[[], bool]:
+        def check() -> bool:
+            proc = create(manifest)
+            return proc.returncode != 0 and message in proc.stderr
+        return check
+
+    def admitted(manifest: dict[str, Any]) -> Callable[[], bool]:
+        return lambda: create(manifest).returncode == 0
+
+    for message, manifest in forks.items():  # the policy takes effect asynchronously after it is installed
+        control_plane.wait_until(refused_with(message, manifest), 60,
+                                 f"the fork admission policy to refuse {manifest['metadata']['name']}")
+    control_plane.kubectl("create", "role", "read-sources", "-n", namespace, "--verb=get",
+                          "--resource=sandboxes.durable-sandbox.dev", "--resource-name=src")
+    control_plane.kubectl("create", "rolebinding", "read-sources", "-n", namespace, "--role=read-sources",
+                          f"--serviceaccount={namespace}:forker")
+    refused = {m: create(f) for m, f in forks.items()}
+    # Get on the Sandbox src only: the Sandbox fork of it is admitted, those of Workflow wsrc still refused.
+    sandbox_fork = crds.fork_refused_message("from.sandbox", "sandboxes")
+    control_plane.wait_until(admitted(forks[sandbox_fork]), 30, "get on src to admit its fork")
+    for message, proc in refused.items():
+        if message != sandbox_fork:
+            assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    control_plane.kubectl("create", "role", "read-wf", "-n", namespace, "--verb=get",
+                          "--resource=workflows.durable-sandbox.dev", "--resource-name=wsrc")
+    control_plane.kubectl("create", "rolebinding", "read-wf", "-n", namespace, "--role=read-wf",
+                          f"--serviceaccount={namespace}:forker")
+    for manifest in forks.values():
+        control_plane.wait_until(admitted(manifest), 30, f"get on the source to admit {manifest['metadata']['name']}")

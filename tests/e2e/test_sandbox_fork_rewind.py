@@ -62,6 +62,27 @@ def snapshots(cp: ControlPlane, ns: str, uid: str) -> set[str]:
     return {c.snapshot_id for c in SessionState.derive(SESSION, journal(cp, ns, calls_run_id(uid))).checkpoints}
 
 
+def restored_fork(cp: ControlPlane, ns: str, url: str, token: str, home: Path, source_snapshots: set[str]) -> None:
+    """Sandbox at-5, a fork of dev-box (5 calls, its snapshot at 4) after call 5 (sessions/fork_restore.py): its
+    fresh sandbox is replaced by the controller from its own copy of that snapshot, and only step-4 is replayed;
+    deleting it deletes its copy and nothing of its source's."""
+    cp.apply(sandbox("at-5", **{"from": {"sandbox": "dev-box", "afterCall": 5}}), "-n", ns)
+    wait_for(cp, ns, "at-5", "Ready")
+    with SandboxClient.attach("at-5", namespace=ns, url=url, token=token) as at5:
+        at5.run("echo try 5 >> notes.txt", operation_id="try-5")
+        assert notes(at5, "look-5") == [f"step {i}" for i in range(5)] + ["try 5"]
+    uid = uid_of(cp, ns, "at-5")
+    rows = journal(cp, ns, calls_run_id(uid))
+    assert [r.result["replayed"] for r in rows if r.op_id.startswith("rebuild/") and r.status == "completed"] == [
+        ["step-4"]]
+    copies = snapshots(cp, ns, uid)
+    assert len(copies) == 1 and not copies & source_snapshots
+    cp.kubectl("delete", "dsbx", "at-5", "-n", ns, "--wait=true", "--timeout=90s")
+    kept = set(local_sandboxes(home))
+    assert {f"local/snapshots/{s}.tar" for s in source_snapshots} <= kept
+    assert not {f"local/snapshots/{s}.tar" for s in copies} & kept
+
+
 def docs_fork_manifest() -> dict[str, Any]:
     doc = (ROOT / "docs" / "forks.md").read_text()
     [found] = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", doc, re.S) if "from:" in block]
@@ -125,6 +146,8 @@ def test_a_sandbox_made_from_another_starts_with_its_calls_and_outlives_it(
         assert origin.meta == {"sandbox": "dev-box", "uid": source_uid, "afterCall": 3}
         own = {"dev-box": snapshots(cp, ns, source_uid), name: snapshots(cp, ns, fork_uid)}
         assert own["dev-box"] and own[name] and not own["dev-box"] & own[name]  # each its own
+        if first == "source":  # a fork at 5 restores its copy of the source's snapshot at 4: one call replayed
+            restored_fork(cp, ns, url, token, home, own["dev-box"])
         order = ["dev-box", name] if first == "source" else [name, "dev-box"]
         cp.kubectl("delete", "dsbx", order[0], "-n", ns, "--wait=true", "--timeout=90s")
         kept = set(local_sandboxes(home))

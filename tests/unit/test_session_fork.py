@@ -9,10 +9,19 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from durable_sandbox.providers.contract import SandboxHandle, SandboxProvider
+from durable_sandbox.engine import faults
+from durable_sandbox.kube.sandbox.checkpoints import delete_session_snapshots
+from durable_sandbox.providers.contract import (
+    Capability,
+    ProviderCapabilities,
+    SandboxHandle,
+    SandboxProvider,
+)
 from durable_sandbox.providers.local import LocalProvider
 from durable_sandbox.sandboxes.session import ReconstructionError, SessionState
 from durable_sandbox.sessions.errors import CallRefused
@@ -209,3 +218,169 @@ async def test_a_sandbox_from_a_workflow_starts_with_the_workflows_first_n_calls
     with pytest.raises(CallRefused) as past:
         await lines(svc, "fork2", "x")
     assert past.value.status == 409 and "afterCall is 6, but Workflow wf has completed 5" in past.value.body.what
+
+
+# --- issue 36 leftovers: a Sandbox fork restores its source's newest snapshot at or before N (sessions/fork_restore.py)
+
+
+def snapshot_files(tmp_path: Path) -> set[str]:
+    """The snapshots the local provider holds (what a deletion must leave none of)."""
+    return {p.name for p in (tmp_path / "home").rglob("*.tar") if "snapshot" in str(p.parent)}
+
+
+def replayed(rows: list[Any]) -> list[str]:
+    """Every call replayed into a fork's sandboxes, in order (the journal's rebuild records)."""
+    return [op for r in rows if r.op_id.startswith("rebuild/") and r.status == "completed"
+            for op in (r.result or {}).get("replayed", [])]
+
+
+async def source_checkpoint(store: SqliteStore, uid: str) -> tuple[int, str]:
+    [cp] = SessionState.derive(SESSION, await store.load_journal(calls_run_id(uid))).checkpoints
+    return cp.count, cp.snapshot_id
+
+
+async def test_a_fork_restores_its_own_copy_of_the_sources_snapshot_and_replays_only_the_calls_after_it(
+        tmp_path: Path) -> None:
+    boxes, store, svc = await setup(tmp_path, every=2)
+    await lines(svc, "box", *(f"c{i}" for i in range(5)))  # the source keeps its snapshot after 4 calls
+    count, source_snapshot = await source_checkpoint(store, "uid-1")
+    assert count == 4
+    fork_gate = boxes.gates["fork"][1]
+    fresh = fork_gate.handle.id
+    boxes.sources["fork"] = SourceRef("box", None, 5)
+    await lines(svc, "fork", "f5")
+    assert notes(boxes, "fork") == [f"c{i}" for i in range(5)] + ["f5"]
+    rows = await store.load_journal(calls_run_id("uid-2"))
+    [(lost, restored)] = fork_gate.replacements  # one restore: the fresh sandbox replaced from the fork's copy
+    assert lost == fresh and restored is not None and restored != source_snapshot
+    copies = [r for r in rows if r.op_id == "calls/snapshot/copy-4" and r.status == "completed"]
+    assert [r.result["snapshotId"] for r in copies] == [restored]
+    assert replayed(rows) == ["c4"]  # only the call after the snapshot, not all five
+    # The borrowed one is let go (journaled only): the source still has it, and restores from it after a loss.
+    assert all(not c.borrowed for c in SessionState.derive(SESSION, rows).checkpoints)
+    assert (await source_checkpoint(store, "uid-1"))[1] == source_snapshot
+    box_gate = boxes.gates["box"][1]
+    await box_gate.provider.inject_loss(box_gate.handle)
+    await lines(svc, "box", "c5")
+    assert box_gate.replacements[-1][1] == source_snapshot and notes(boxes, "box")[-2:] == ["c4", "c5"]
+
+
+class NoCopyProvider(LocalProvider):
+    """The local provider without ``snapshot_copy``: a fork cannot own a copy of its source's snapshot."""
+
+    def capabilities(self) -> ProviderCapabilities:
+        caps = super().capabilities()
+        return caps.model_copy(update={"supported": caps.supported - {Capability.SNAPSHOT_COPY}})
+
+
+async def test_without_snapshot_copy_or_a_snapshot_the_fork_replays_every_call(tmp_path: Path) -> None:
+    boxes, store, svc = await setup(tmp_path, every=2)
+    await lines(svc, "box", *(f"c{i}" for i in range(5)))
+    _, source_snapshot = await source_checkpoint(store, "uid-1")
+    fork_gate = boxes.gates["fork"][1]
+    fork_gate.provider = NoCopyProvider(tmp_path / "home")
+    boxes.sources["fork"] = SourceRef("box", None, 5)
+    await lines(svc, "fork", "f5")
+    assert notes(boxes, "fork") == [f"c{i}" for i in range(5)] + ["f5"]
+    rows = await store.load_journal(calls_run_id("uid-2"))
+    assert fork_gate.replacements == [] and replayed(rows) == [f"c{i}" for i in range(5)]
+    assert not [r for r in rows if "copy-" in r.op_id]
+    assert all(not c.borrowed for c in SessionState.derive(SESSION, rows).checkpoints)  # let go, never deleted
+    assert (await source_checkpoint(store, "uid-1"))[1] == source_snapshot
+    boxes.sources["fork2"] = SourceRef("box", None, 3)  # before the source's only snapshot (after 4): replay
+    await lines(svc, "fork2", "g3")
+    assert notes(boxes, "fork2") == ["c0", "c1", "c2", "g3"] and boxes.gates["fork2"][1].replacements == []
+
+
+async def delete_sandbox(store: SqliteStore, provider: LocalProvider, uid: str) -> None:
+    """What the Sandbox's finalizer does with its session's snapshots (kube/sandbox/finalizer.py)."""
+    await delete_session_snapshots(SimpleNamespace(store_for=lambda _ns: store), NAMESPACE, uid,  # type: ignore[arg-type]
+                                   provider)
+
+
+@pytest.mark.parametrize("first", ["box", "fork"])
+async def test_deleting_the_source_and_the_fork_in_either_order_deletes_each_snapshot_once(
+        tmp_path: Path, first: str) -> None:
+    boxes, store, svc = await setup(tmp_path, every=2)
+    await lines(svc, "box", *(f"c{i}" for i in range(4)))
+    boxes.sources["fork"] = SourceRef("box", None, 4)
+    await lines(svc, "fork", "f4")  # 5 calls: no snapshot of its own yet beyond its copy (after 4)
+    assert len(snapshot_files(tmp_path)) == 2  # the source's and the fork's copy
+    uids = {"box": "uid-1", "fork": "uid-2"}
+    provider = boxes.gates["box"][1].provider
+    await delete_sandbox(store, provider, uids[first])
+    survivor = "fork" if first == "box" else "box"
+    assert len(snapshot_files(tmp_path)) == 1
+    gate = boxes.gates[survivor][1]  # the other one's snapshot is intact: a loss restores it
+    await gate.provider.inject_loss(gate.handle)
+    await lines(svc, survivor, "after")
+    assert notes(boxes, survivor)[:4] == [f"c{i}" for i in range(4)] and gate.replacements[-1][1] is not None
+    await delete_sandbox(store, provider, uids[survivor])
+    assert snapshot_files(tmp_path) == set()
+
+
+class Killed(BaseException):
+    """The operator stopping at a fault point (nothing after it runs)."""
+
+
+async def test_a_fork_stopped_between_its_copy_and_its_record_leaves_no_snapshot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boxes, store, svc = await setup(tmp_path, every=2)
+    await lines(svc, "box", *(f"c{i}" for i in range(4)))
+    boxes.sources["fork"] = SourceRef("box", None, 4)
+
+    def reach(point: str) -> None:
+        if point == "snapshot-copied:calls/snapshot/copy-4":
+            raise Killed(point)
+
+    monkeypatch.setattr(faults, "reach", reach)
+    with pytest.raises(Killed):
+        await lines(svc, "fork", "f4")
+    assert len(snapshot_files(tmp_path)) == 2  # the copy made, recorded nowhere but its started record
+    provider = boxes.gates["box"][1].provider
+    await delete_sandbox(store, provider, "uid-2")  # the fork deleted before any other call
+    assert len(snapshot_files(tmp_path)) == 1
+    await delete_sandbox(store, provider, "uid-1")
+    assert snapshot_files(tmp_path) == set()
+
+
+async def test_a_fork_stopped_after_its_copy_makes_the_same_copy_when_called_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boxes, _, svc = await setup(tmp_path, every=2)
+    await lines(svc, "box", *(f"c{i}" for i in range(4)))
+    boxes.sources["fork"] = SourceRef("box", None, 4)
+    killed = [False]
+
+    def reach(point: str) -> None:
+        if point == "snapshot-copied:calls/snapshot/copy-4" and not killed[0]:
+            killed[0] = True
+            raise Killed(point)
+
+    monkeypatch.setattr(faults, "reach", reach)
+    with pytest.raises(Killed):
+        await lines(svc, "fork", "f4")
+    await lines(svc, "fork", "f4")  # the retry finds the first copy (its operation id), and restores it
+    assert notes(boxes, "fork") == ["c0", "c1", "c2", "c3", "f4"]
+    assert len(snapshot_files(tmp_path)) == 2 and len(boxes.gates["fork"][1].replacements) == 1
+
+
+async def test_a_source_snapshot_deleted_before_the_copy_makes_the_fork_replay(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boxes, store, svc = await setup(tmp_path, every=2)
+    await lines(svc, "box", *(f"c{i}" for i in range(4)))
+    _, source_snapshot = await source_checkpoint(store, "uid-1")
+    boxes.sources["fork"] = SourceRef("box", None, 4)
+    provider = boxes.gates["fork"][1].provider
+    copy = provider.copy_snapshot
+
+    async def deleted_first(snapshot_id: str, *, operation_id: str) -> str:
+        await provider.delete_snapshot(source_snapshot)  # the source's owner deleted it just before
+        return await copy(snapshot_id, operation_id=operation_id)
+
+    monkeypatch.setattr(provider, "copy_snapshot", deleted_first)
+    await lines(svc, "fork", "f4")
+    assert notes(boxes, "fork") == ["c0", "c1", "c2", "c3", "f4"]
+    rows = await store.load_journal(calls_run_id("uid-2"))
+    assert replayed(rows) == ["c0", "c1", "c2", "c3"] and boxes.gates["fork"][1].replacements == []
+    await delete_sandbox(store, provider, "uid-2")
+    assert snapshot_files(tmp_path) == set()

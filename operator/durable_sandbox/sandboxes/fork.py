@@ -166,8 +166,8 @@ async def fork_run(
     provider = engine.sandbox_provider(state.provider)
     caps = provider.capabilities()
     restorable = caps.supports(Capability.SNAPSHOT) and caps.supports(Capability.RESTORE)
-    usable = [c for c in state.checkpoints if c.count <= after_call] if restorable else []
-    borrowed = Borrowed(usable[-1].count, usable[-1].snapshot_id, run_id) if usable else None
+    point = fork_journal.restore_point(state.checkpoints, after_call, provider)
+    borrowed = Borrowed(point.count, point.snapshot_id, run_id) if point is not None else None
     made = Forked(ids, run_id, after_call, sid, restored_from=borrowed.snapshot_id if borrowed else None)
     done: list[str] = []
     gate = asyncio.Semaphore(FORKS_AT_ONCE)

@@ -22,11 +22,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from durable_sandbox.engine.records import OperationRecord, OpStatus
-from durable_sandbox.providers.contract import SandboxProvider
+from durable_sandbox.providers.contract import Capability, SandboxProvider
 from durable_sandbox.sandboxes import journal
+
+
+class Point(Protocol):
+    """A checkpoint as a fork chooses one (``state.Checkpoint``; state.py reads fork records with this module)."""
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def borrowed(self) -> bool: ...
+
+
+P = TypeVar("P", bound=Point)
 
 FORK_OP = "fork"  # the op id (and kind) of a fork's first record
 BORROWED = "borrowed"  # meta of a checkpoint record: a snapshot another run owns
@@ -55,6 +68,27 @@ class Borrowed:
 
 def borrowed_op_id(sid: str, count: int) -> str:
     return f"{sid}/snapshot/{BORROWED}-{count}"
+
+
+def restore_point(checkpoints: Sequence[P], after_call: int, provider: SandboxProvider | None = None) -> P | None:
+    """The newest of a source's checkpoints a fork at ``after_call`` can start from (its own, not one it borrowed,
+    holding at most ``after_call`` calls), when ``provider`` (if known yet) snapshots and restores; None: the fork
+    replays all its calls. Both kinds of fork choose with it: a run's (``fork.py``) and a Sandbox's
+    (``sessions/fork_seed.py``)."""
+    caps = provider.capabilities() if provider is not None else None
+    if caps is not None and not (caps.supports(Capability.SNAPSHOT) and caps.supports(Capability.RESTORE)):
+        return None
+    usable = [c for c in checkpoints if c.count <= after_call and not c.borrowed]
+    return usable[-1] if usable else None
+
+
+def borrowed_record(sid: str, borrowed: Borrowed, *, epoch: int = 0) -> OperationRecord:
+    """The record of checkpoint ``borrowed`` in a fork's session ``sid``: restored from like its own, never deleted
+    by it (letting go of it is journaled only)."""
+    return OperationRecord(
+        borrowed_op_id(sid, borrowed.count), journal.SNAPSHOT, "snapshot", OpStatus.COMPLETED.value,
+        result={"snapshotId": borrowed.snapshot_id},
+        meta={journal.META_COUNT: borrowed.count, BORROWED: True, META_SOURCE: borrowed.owner}, epoch=epoch)
 
 
 def lineage(first: Mapping[str, OperationRecord]) -> list[tuple[int, str]]:
@@ -151,10 +185,7 @@ def fork_prefix(
     if borrowed is not None:
         if borrowed.count > after_call:
             raise ForkRefused(f"checkpoint after {borrowed.count} calls is past the fork point {after_call}")
-        tail.append(OperationRecord(
-            borrowed_op_id(sid, borrowed.count), journal.SNAPSHOT, "snapshot", OpStatus.COMPLETED.value,
-            result={"snapshotId": borrowed.snapshot_id},
-            meta={journal.META_COUNT: borrowed.count, BORROWED: True, META_SOURCE: borrowed.owner}))
+        tail.append(borrowed_record(sid, borrowed))
     return [head, *copied, *tail]
 
 

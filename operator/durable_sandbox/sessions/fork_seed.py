@@ -7,15 +7,18 @@ When the fork's session is first opened (its first call, or a rewind), under its
    in the fork's own namespace: never another's), and ``N``;
 2. the source's completed calls ``0 .. N-1`` as its session derives them (rewound calls are not its), with
    their arguments, ``onReplay`` and results, under the same operation ids (a retry of one answers from the
-   journal), without the sandbox each ran in (the fork's sandboxes are its own).
+   journal), without the sandbox each ran in (the fork's sandboxes are its own);
+3. the source's newest snapshot at or before ``N`` (if any), as a *borrowed* checkpoint: ``fork_restore.py`` copies
+   it into one of the fork's own before the first call runs (``snapshot_copy``), and lets the borrowed one go.
 
-Nothing else of the source's is taken: no sandbox, no snapshot (each fork's snapshots are its own, taken by its own
-session; deleting the source or a fork in any order deletes each snapshot once, by its owner), no env value (the
-journal keeps none: the fork's env is its spec's). The fork's live sandbox is provisioned fresh by its
-controller and holds no call, so the call that opens the session first replays the ``N`` calls into it in
-order with the outcome check (``rebuild.py``); one whose outcome differs fails that call with expected vs
-actual. A crash before the commit leaves nothing seeded (the next call seeds again); after it the source is no
-longer needed.
+Nothing else of the source's is taken: no sandbox, no snapshot to keep (the fork restores its own copy; each
+snapshot is deleted once, by its owner, whatever the order the source and the fork are deleted in), no env value
+(the journal keeps none: the fork's env is its spec's). The fork's live sandbox is provisioned fresh by its
+controller and holds no call: when the fork owns a copy, it is given back and restored from the copy, and the call
+that opens the session replays only the calls after it; otherwise all ``N`` calls are replayed into it, in order,
+with the outcome check (``rebuild.py``); one whose outcome differs fails that call with expected vs actual. A crash
+before the commit leaves nothing seeded (the next call seeds again); after it the source is needed only until the
+copy is made.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.kube.sandbox.view import CALLS_SESSION
-from durable_sandbox.sandboxes import journal
+from durable_sandbox.sandboxes import fork_journal, journal
 from durable_sandbox.sandboxes.session import SessionState
 from durable_sandbox.sessions.errors import CallRefused
 
@@ -58,9 +61,10 @@ def seeded(rt: RunRuntime) -> bool:
 
 
 def seed_records(rt: RunRuntime, source_rows: list[OperationRecord], source: SourceRef, source_uid: str,
-                 where: str, source_session: str = CALLS_SESSION) -> list[OperationRecord]:
+                 where: str, source_session: str = CALLS_SESSION, *, source_run: str = "") -> list[OperationRecord]:
     """The records that make the fork's journal start with the source's first ``after_call`` calls (of session
-    ``source_session``: a Workflow's run's, renamed into the fork's own session)."""
+    ``source_session``: a Workflow's run's, renamed into the fork's own session), then the source's newest snapshot
+    at or before them, borrowed (``fork_restore.py`` copies it into one of the fork's own)."""
     state = SessionState.derive(source_session, source_rows)
     if source.after_call > state.completed:
         raise CallRefused(409, f"spec.from.afterCall is {source.after_call}, but {source.name} has "
@@ -88,6 +92,10 @@ def seed_records(rt: RunRuntime, source_rows: list[OperationRecord], source: Sou
                                        started.input_digest, meta=dict(started.meta or {}), epoch=rt.epoch))
         out.append(OperationRecord(own, OpKind.SANDBOX_CALL.value, completed.name, "completed", 1,
                                    completed.input_digest, completed.result, meta=meta, epoch=rt.epoch))
+    point = fork_journal.restore_point(state.checkpoints, source.after_call)
+    if point is not None:
+        borrowed = fork_journal.Borrowed(point.count, point.snapshot_id, source_run or source_uid)
+        out.append(fork_journal.borrowed_record(CALLS_SESSION, borrowed, epoch=rt.epoch))
     return out
 
 

@@ -66,9 +66,10 @@ from durable_sandbox.sandboxes.session import (
 )
 from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sessions.errors import CallRefused
+from durable_sandbox.sessions.fork_restore import own_fork_point
 from durable_sandbox.sessions.fork_seed import SourceRef, seed_records, seeded
 from durable_sandbox.sessions.hold import HoldSettings, OpenSession
-from durable_sandbox.sessions.rebuild import SandboxAccess, SandboxUnknown, rebuild
+from durable_sandbox.sessions.rebuild import HandedBack, SandboxAccess, SandboxUnknown, rebuild
 from durable_sandbox.sessions.rewind import Rewound, commit_rewind, rebuilt_calls
 from durable_sandbox.sessions.snapshots import Snapshot, snapshot_taken, take_snapshot
 from durable_sandbox.tracing import Tracing
@@ -237,6 +238,9 @@ class SessionJournal:
         first."""
         handle, provider = session.handle, session.provider
         assert handle is not None and provider is not None
+        if ref.source is not None:  # a fork: its source's snapshot made its own first (fork_restore.py)
+            await own_fork_point(session.rt, provider, sandbox=ref.name, owner=f"{ref.namespace}/{ref.uid}",
+                                 where=ref.where)
         if ref.snapshot_every and not provider.capabilities().supports(Capability.SNAPSHOT):
             raise CallRefused(409, f"spec.snapshotEveryNCalls is {ref.snapshot_every}, but provider "
                               f"{provider.name} cannot snapshot", where=f"{ref.where}, spec.snapshotEveryNCalls",
@@ -252,11 +256,16 @@ class SessionJournal:
                               before=before(session.rt), where=ref.where,
                               known=(session.derived.holdings(rows), session.derived.view(rows)))
                 return await then(session.rt, handle, provider)
+            except HandedBack as back:  # a fork's fresh sandbox: its replacement is restored from its snapshot
+                lost = back.sandbox_id
+                log.info("%s: %s waits for sandbox %s's replacement, restored from the fork's snapshot", ref.where,
+                         what, lost)
             except SandboxUnknown as unknown:
                 lost = unknown.sandbox_id
+                log.warning("%s: sandbox %s is unknown or stale; %s waits for its replacement", ref.where, lost, what)
             except AttachedSandboxLost as gone:
                 lost = gone.sandbox_id or handle.id
-            log.warning("%s: sandbox %s is lost, unknown or stale; %s waits for its replacement", ref.where, lost, what)
+                log.warning("%s: sandbox %s is lost; %s waits for its replacement", ref.where, lost, what)
             interrupted = False  # a replacement is newer than the interruption
             handle = session.handle = await gate.replaced(ref, lost)  # the hold keeps the replacement
             session.rt = await self.executor.open_runtime(session.run, session.lease)  # the journal as it is now
@@ -288,7 +297,7 @@ class SessionJournal:
                               where=where, do="create the fork from a Sandbox of this namespace that exists (its "
                               "calls are copied at the fork's first call)") from None
         rows = await self.store.load_journal(calls_run_id(found.uid))
-        await rt.write(*seed_records(rt, rows, source, found.uid, where))
+        await rt.write(*seed_records(rt, rows, source, found.uid, where, source_run=calls_run_id(found.uid)))
         log.info("%s: forked from Sandbox %s (uid %s) after its call %d", ref.where, source.sandbox, found.uid,
                  source.after_call)
 
@@ -308,7 +317,8 @@ class SessionJournal:
         except ForkRefused as exc:
             raise CallRefused(409, f"Workflow {source.workflow}'s run cannot be forked: {exc}", where=where,
                               do="fork a Workflow whose run used one sandbox session (toolCalls do)") from None
-        await rt.write(*seed_records(rt, rows, source, uid or "", where, source_session=sid))
+        await rt.write(*seed_records(rt, rows, source, uid or "", where, source_session=sid,
+                                     source_run=workflow_run_id(source.workflow, uid or "")))
         log.info("%s: forked from Workflow %s (uid %s) after its call %d", ref.where, source.workflow, uid,
                  source.after_call)
 

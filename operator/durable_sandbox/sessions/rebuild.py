@@ -22,6 +22,7 @@ exactly once; an effect of an interrupted call outside the sandbox may happen tw
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -37,8 +38,9 @@ from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.call_records import result_from
 from durable_sandbox.sandboxes.holdings import Holdings, holdings
 from durable_sandbox.sandboxes.session import ReconstructionError, SessionState
+from durable_sandbox.sessions.fork_restore import restores_instead
 
-__all__ = ["REBUILD", "STALE", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "rebuild"]
+__all__ = ["REBUILD", "STALE", "HandedBack", "SandboxAccess", "SandboxUnknown", "held_by", "held_counts", "rebuild"]
 
 log = logging.getLogger("durable_sandbox.sessions")
 
@@ -71,6 +73,10 @@ class SandboxUnknown(Exception):
         super().__init__(f"sandbox {sandbox_id}: {why}")
         self.sandbox_id = sandbox_id
         self.why = why
+
+
+class HandedBack(SandboxUnknown):
+    """A fork's fresh sandbox given back so that the controller restores the fork's snapshot instead (no loss)."""
 
 
 def held_counts(rows: Sequence[OperationRecord]) -> tuple[dict[str, int], dict[str, int], set[str]]:
@@ -123,6 +129,13 @@ async def rebuild(rt: RunRuntime, handle: SandboxHandle, provider: SandboxProvid
     if has == STALE:
         await _unknown(handle, provider, where, "it was made from a sandbox or snapshot holding calls that were "
                        "rewound (or its origin is not known)")
+    restores = restores_instead(rt, provider, has, before)
+    if restores is not None:  # a fork's fresh sandbox: its own snapshot holding the first calls beats replaying them
+        log.info("%s: giving back fresh sandbox %s; the fork's snapshot after %d calls restores it faster than "
+                 "replaying them", where, handle.id, restores)
+        with contextlib.suppress(SandboxGone):
+            await provider.destroy(handle)
+        raise HandedBack(handle.id, f"fresh, while the fork's own snapshot holds its first {restores} calls")
     state = known[1] if known is not None else SessionState.derive(CALLS_SESSION, rt.rows)
     plan = [i for i in sorted(state.calls) if has <= i < before]
     op_id = f"{REBUILD}/{handle.id}"

@@ -103,6 +103,22 @@ def test_committed_files_are_the_crds_as_yaml() -> None:
         assert yaml.safe_load(text) == crd
     text = (CRD_DIR / crds.POLICY_FILE).read_text()
     assert list(yaml.safe_load_all(text)) == crds.generate_admission_policy()
+    text = (CRD_DIR / crds.FORK_POLICY_FILE).read_text()
+    assert list(yaml.safe_load_all(text)) == crds.generate_fork_policy()
+
+
+def test_the_fork_policy_asks_the_authorizer_whether_the_creator_may_get_each_source() -> None:
+    policy, binding = crds.generate_fork_policy()
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (match,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert match["operations"] == ["CREATE", "UPDATE"] and match["resources"] == ["sandboxes", "workflows"]
+    checks = [v["expression"] for v in policy["spec"]["validations"]]
+    for field, source in (("from.sandbox", "sandboxes"), ("from.workflow", "workflows"),
+                          ("forkOf.workflow", "workflows")):
+        [check] = [c for c in checks if f"name(object.spec.{field})" in c]
+        assert f".resource('{source}').namespace(request.namespace)" in check and check.endswith(".check('get').allowed()")
+    condition = policy["spec"]["matchConditions"][0]["expression"]
+    assert "oldObject.spec.from != object.spec.from" in condition and "request.operation == 'CREATE'" in condition
 
 
 @pytest.mark.parametrize("kind", ["Workflow", "Sandbox"])
@@ -274,9 +290,10 @@ def test_docs_quote_every_admission_message() -> None:
         for node in schema_nodes(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
         for r in node.get("x-kubernetes-validations", [])
         if "optionalOldSelf" not in r
-    } | {v["message"] for v in crds.generate_admission_policy()[0]["spec"]["validations"]}
+    } | {v["message"] for policy in (crds.generate_admission_policy(), crds.generate_fork_policy())
+         for v in policy[0]["spec"]["validations"]}
     messages |= hoisted_messages(openapi("Workflow")["properties"]["spec"]["properties"]["toolCalls"])
-    assert len(messages) == 29
+    assert len(messages) == 32
     missing = [m for m in sorted(messages) if f"`{m}`" not in docs]
     assert not missing, f"docs/kubernetes.md does not quote: {missing}"
     assert crds.REGENERATE in docs

@@ -164,6 +164,18 @@ def test_a_sandboxs_session_snapshots_are_referenced_by_it() -> None:
     assert live["ns/sb-a"] == LiveOwner("ns/sb-a", frozenset(), frozenset({"s1", "calls-6"}))
 
 
+def test_a_forks_copy_of_its_sources_snapshot_is_never_an_orphan() -> None:
+    """A Sandbox fork's copy of its source's snapshot (sessions/fork_restore.py) keeps the source's owner tag; the
+    fork's journal holds it, so neither the source no longer referencing it nor the source's deletion frees it."""
+    sandboxes = [{"metadata": {"namespace": "ns", "name": "fork", "uid": "sb-fork"}}]
+    live, protected, _ = live_owners([], sandboxes, finished_runs=frozenset(), records={"sb-fork": {}},
+                                     session_snapshots={"sb-fork": frozenset({"copy-4"})})
+    assert "copy-4" in protected
+    for owners in ({}, {"ns/sb-src": LiveOwner("ns/sb-src", frozenset(), frozenset({"src-4"}))}):
+        plan = _plan([], [_snapshot("copy-4", "ns/sb-src")], live={**live, **owners}, protected=protected)
+        assert plan.destroy == () and plan.kept == 1
+
+
 def _spec(owner: str | None, installation: str | None = OURS, **labels: str) -> SandboxSpec:
     return SandboxSpec(owner=owner, labels={**({INSTALLATION_LABEL: installation} if installation else {}), **labels})
 

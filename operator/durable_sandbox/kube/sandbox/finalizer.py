@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from durable_sandbox.kube.api.errors import CleanupPending
-from durable_sandbox.kube.sandbox.checkpoints import session_snapshots
+from durable_sandbox.kube.sandbox.checkpoints import delete_session_snapshots
 from durable_sandbox.kube.sandbox.turn import SandboxTurn
 from durable_sandbox.kube.sandbox.view import SandboxView, calls_run_id
 from durable_sandbox.providers.contract import (
@@ -89,8 +89,7 @@ class SandboxFinalizer(SandboxTurn):
         for snapshot_id in view.snapshots:
             await provider.delete_snapshot(snapshot_id)
             await self._patch(view, {"snapshots": [s for s in view.snapshots if s != snapshot_id]})
-        # The session calls' snapshots (spec.snapshotEveryNCalls) are journaled with the calls, which go next.
-        for session_snapshot in await session_snapshots(self.journals, view.namespace, view.uid):
-            with contextlib.suppress(SandboxGone):
-                await provider.delete_snapshot(session_snapshot.snapshot_id)
+        # The session calls' snapshots (spec.snapshotEveryNCalls, a fork's copy) are journaled with the calls,
+        # which go next.
+        await delete_session_snapshots(self.journals, view.namespace, view.uid, provider)
         await self._patch(view, {"operation": None})

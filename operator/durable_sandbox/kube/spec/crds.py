@@ -806,6 +806,76 @@ def generate_admission_policy() -> list[Schema]:
     return [policy, binding]
 
 
+# Who creates a fork must be allowed to read its source (issue 36, trust): the operator cannot know who created an
+# object, admission can, and asks the API server's authorizer whether that user may get the source, by name, in the
+# fork's namespace (the only one a fork reads). Checked on creation, and on an update that sets or changes the field
+# (the CRD fixes it at creation already: this holds even if that rule is ever relaxed).
+FORK_POLICY_NAME = f"forks.{GROUP}"
+FORK_SOURCES: Final[Sequence[tuple[str, str, str, str]]] = (
+    # (the fork's resource, its field, the field naming the source, the source's resource)
+    (SANDBOXES, "from", "sandbox", SANDBOXES),
+    (SANDBOXES, "from", "workflow", WORKFLOWS),
+    (WORKFLOWS, "forkOf", "workflow", WORKFLOWS),
+)
+
+
+def fork_refused_message(field: str, source: str) -> str:
+    kind = "Sandbox" if source == SANDBOXES else "Workflow"
+    return (f"spec.{field}: refused, the requesting user may not get the source {kind} (a fork reads its source's "
+            f"calls and workspace); grant it get on {source}.{GROUP} for that name in this namespace (a Role and "
+            f"RoleBinding), or fork a {kind} it may read")
+
+
+def _fork_changed(resource: str, field: str) -> str:
+    return (f"(request.resource.resource == '{resource}' && has(object.spec) && has(object.spec.{field}) && "
+            f"(request.operation == 'CREATE' || !has(oldObject.spec) || !has(oldObject.spec.{field}) || "
+            f"oldObject.spec.{field} != object.spec.{field}))")
+
+
+def generate_fork_policy() -> list[Schema]:
+    """The ValidatingAdmissionPolicy that refuses a fork whose creator may not get its source, and its binding."""
+    fields = sorted({(resource, field) for resource, field, _, _ in FORK_SOURCES})
+    validations = [
+        {
+            "expression": f"request.resource.resource != '{resource}' || !has(object.spec.{field}) || "
+            f"!has(object.spec.{field}.{name}) || authorizer.group('{GROUP}').resource('{source}')"
+            f".namespace(request.namespace).name(object.spec.{field}.{name}).check('get').allowed()",
+            "message": fork_refused_message(f"{field}.{name}", source),
+            "reason": "Forbidden",
+        }
+        for resource, field, name, source in FORK_SOURCES
+    ]
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": FORK_POLICY_NAME},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [GROUP],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": sorted({resource for resource, _ in fields}),
+                    }
+                ]
+            },
+            "matchConditions": [
+                {"name": "sets-a-fork-source", "expression": " || ".join(_fork_changed(r, f) for r, f in fields)},
+            ],
+            "validations": validations,
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": FORK_POLICY_NAME},
+        "spec": {"policyName": FORK_POLICY_NAME, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
+
+
 def _check_coverage() -> None:
     """Every hand-written rule must land somewhere: a renamed model or field must not drop one silently."""
     used_rules: set[str] = set()
@@ -830,6 +900,7 @@ def render(*documents: Schema) -> str:
 
 
 POLICY_FILE = f"{POLICY_NAME}.policy.yaml"
+FORK_POLICY_FILE = f"{FORK_POLICY_NAME}.policy.yaml"
 
 
 def rendered_files() -> dict[str, str]:
@@ -837,6 +908,7 @@ def rendered_files() -> dict[str, str]:
     _check_coverage()
     files = {f"{crd['metadata']['name']}.yaml": render(crd) for crd in generate_crds()}
     files[POLICY_FILE] = render(*generate_admission_policy())
+    files[FORK_POLICY_FILE] = render(*generate_fork_policy())
     return files
 
 

@@ -18,7 +18,8 @@ What a live resource references, from what only the operator writes (never statu
 * a Workflow whose run finished: nothing (its sessions were finalized; a retained snapshot is marked as such);
 * a Sandbox resource: ``providerId`` and ``snapshots`` of its record (``kube/journal/sandbox_records.py``), and the
   snapshots its session calls took (their journal, ``spec.snapshotEveryNCalls``), unless an operation is in flight
-  there or it has no readable record: then unknown. Any ``spec.fromSnapshot`` is protected whoever made it.
+  there or it has no readable record: then unknown. Any ``spec.fromSnapshot`` is protected whoever made it, and so
+  is any snapshot a Sandbox's session journal holds (a fork's copy of its source's keeps the source's owner tag).
 
 Several replicas each run the timer; their sweeps may overlap, which is harmless (removals are idempotent).
 """
@@ -102,6 +103,9 @@ def live_owners(workflows: Sequence[Mapping[str, Any]], sandboxes: Sequence[Mapp
         source = (sb.get("spec") or {}).get("fromSnapshot")
         if isinstance(source, str) and source:
             protected.add(source)
+        # A fork's copy of its source's snapshot (sessions/fork_restore.py) is the fork's session's, tagged with the
+        # source as owner (a copy keeps its tags): what a live Sandbox's journal holds is never an orphan.
+        protected |= (session_snapshots or {}).get(str(meta.get("uid")), frozenset())
         record = records.get(str(meta.get("uid")))
         if meta.get("deletionTimestamp") or record is None or record.get("operation"):
             live[owner] = LiveOwner(owner)
