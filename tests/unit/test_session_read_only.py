@@ -24,6 +24,7 @@ from durable_sandbox.sessions.hold import HoldSettings
 from durable_sandbox.sessions.journal import SESSION, calls_run_id
 from durable_sandbox.sessions.models import (
     CallRequest,
+    Limits,
     ListRequest,
     ReadFileRequest,
     RewindRequest,
@@ -72,7 +73,8 @@ async def setup(tmp_path: Path, every: int = 0) -> tuple[FakeGate, CountingStore
     gate = await local_gate(tmp_path / "home", provider)
     store = CountingStore(tmp_path / "runs.db")
     gate.store, gate.snapshot_every = store, every
-    return gate, store, service(store, gate), provider
+    # The rate limit is not what these tests are about: a fast machine sends 20 calls in under a second.
+    return gate, store, service(store, gate, limits=Limits(max_calls_per_second=10_000)), provider
 
 
 async def send(svc: SessionService, *requests: CallRequest) -> list[Any]:
