@@ -205,3 +205,21 @@ async def test_a_warm_claim_is_sealed_by_its_claim_patch_and_runs_no_exec_before
     assert claim["metadata"]["resourceVersion"] and SEAL in claim["metadata"]["annotations"]
     assert [h.id for h in await provider.list_sandboxes(f"{NS}/u1")] == [handle.id]  # the operator's own
     await provider.aclose()
+
+
+async def test_a_watch_the_operator_may_not_make_says_so_and_deletes_its_pod() -> None:
+    from kubernetes.aio.client.exceptions import ApiException
+
+    from durable_sandbox.providers.contract import ConfigurationError
+
+    core = CountingCore()
+    provider, _ = provider_on(core)
+
+    def forbidden(namespace: str, selector: str, options: Any) -> Any:
+        raise ApiException(status=403, reason='pods is forbidden: User "op" cannot watch resource "pods"')
+
+    core._watch = forbidden  # type: ignore[method-assign]
+    with pytest.raises(ConfigurationError, match=r"watch Pod team-a/dsb-.* until it runs: .*check the operator's RBAC"):
+        await provider.provision(SandboxSpec(owner=f"{NS}/u1", operation_id="op-1"), lease_seconds=600)
+    assert core.pods == {} and [kind for kind, _, _ in core.deleted] == ["Pod"]
+    await provider.aclose()

@@ -4,6 +4,7 @@ against the policy), the Pod's name, labels and env Secret, a warm claim or a ne
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -16,6 +17,7 @@ from typing import Any
 
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
+    ProviderError,
     ProvisionError,
     SandboxHandle,
     SandboxSpec,
@@ -162,9 +164,14 @@ class PodProvisioning(WarmClaims):
             if cold:
                 if env_secret is not None:
                     await self._own_env_secret(namespace, env_secret, pod)
-                pod = await wait_running(await self._api(), pod, read=partial(self._read_pod, namespace, name),
-                                         ready_timeout=self.ready_timeout,
-                                         unschedulable_grace=self.unschedulable_grace)
+                try:
+                    pod = await wait_running(await self._api(), pod, read=partial(self._read_pod, namespace, name),
+                                             ready_timeout=self.ready_timeout,
+                                             unschedulable_grace=self.unschedulable_grace)
+                except (ProviderError, asyncio.CancelledError):
+                    raise
+                except Exception as exc:  # the watch request (RBAC: the chart grants watch on pods; the network)
+                    raise self._provision_error(f"watch Pod {namespace}/{name} until it runs", exc) from None
                 # No Pod reads around this exec: it sends nothing of the sandbox's, and the seal below is
                 # conditional on the same uid, so a probe answered by a namesake is never believed.
                 await self._probe(self._handle(pod), unverified=ExecTarget(namespace, name, pod["metadata"]["uid"],
