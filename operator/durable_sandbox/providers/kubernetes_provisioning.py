@@ -172,8 +172,8 @@ class PodProvisioning(WarmClaims):
                     raise
                 except Exception as exc:  # the watch request (RBAC: the chart grants watch on pods; the network)
                     raise self._provision_error(f"watch Pod {namespace}/{name} until it runs", exc) from None
-                # No Pod reads around this exec: it sends nothing of the sandbox's, and the seal below is
-                # conditional on the same uid, so a probe answered by a namesake is never believed.
+                # No Pod reads around this exec: it sends nothing of the sandbox's, and the seal patch below fails
+                # unless its answer has the same uid (a uid is never reused), so a namesake's answer is never believed.
                 await self._probe(self._handle(pod), unverified=ExecTarget(namespace, name, pod["metadata"]["uid"],
                                                                              CONTAINER))
             if restore is not None:
