@@ -97,7 +97,7 @@ def rules_by_resource(role: dict[str, Any]) -> dict[str, set[str]]:
 
 # The kubernetes provider's, in a watched namespace's Role only (never in a ClusterRole).
 SANDBOX_POD_RULES = {
-    "pods": {"get", "list", "create", "patch", "delete"},
+    "pods": {"get", "list", "watch", "create", "patch", "delete"},
     "pods/exec": {"get", "create"},
     "pods/log": {"get"},
     "secrets": {"create", "patch", "delete"},

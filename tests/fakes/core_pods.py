@@ -5,7 +5,7 @@ What the API server does that the trust rules lean on is done here too: every ob
 ``resourceVersion``; a merge patch carrying a ``resourceVersion`` is conditional (409 when it differs); a delete
 with ``preconditions.uid`` is refused (409) for another uid; deleting a Pod deletes the Secrets it owns (the
 garbage collector, at once); a create of an existing name is 409. Pods run at once (``running=False`` leaves
-them pending). Tests plant and edit objects directly in ``pods`` / ``secrets`` (as a namespace user would
+them pending until a watch of the Pod, which starts it: the kubelet's part). Tests plant and edit objects directly in ``pods`` / ``secrets`` (as a namespace user would
 through the API) and read ``events`` and ``deleted`` afterwards.
 """
 
@@ -35,6 +35,23 @@ class FakeResponse:
 
     def release(self) -> None:
         return None
+
+
+class FakeWatch:
+    """A watch's streaming answer: one JSON event a line, then the end (the API server's timeout)."""
+
+    status, reason = 200, "OK"
+
+    def __init__(self, events: Sequence[Mapping[str, Any]]) -> None:
+        self.lines = [json.dumps(e).encode() + b"\n" for e in events]
+        self.closed = False
+        self.content = self
+
+    async def readline(self) -> bytes:
+        return self.lines.pop(0) if self.lines else b""
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _answer(obj: Any, status: int = 200) -> FakeResponse:
@@ -76,6 +93,7 @@ class FakeCore:
         self.templates: dict[Key, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self.deleted: list[tuple[str, str, str]] = []  # (kind, namespace/name, uid) of every deletion
+        self.watches: list[tuple[str, str, dict[str, Any]]] = []  # (namespace, field selector, options) of each watch
         self._versions = itertools.count(100)
 
     # ---------------------------------------------------------------- what a test does (as a namespace user)
@@ -134,10 +152,26 @@ class FakeCore:
         found = self.pods.get((namespace, name))
         return _now(_answer(found) if found else _refusal(404, f'pods "{name}" not found'))
 
-    def list_namespaced_pod_without_preload_content(self, namespace: str, label_selector: str | None = None) -> Any:
+    def list_namespaced_pod_without_preload_content(self, namespace: str, label_selector: str | None = None,
+                                                    watch: bool = False, field_selector: str | None = None,
+                                                    **options: Any) -> Any:
+        if watch:
+            return _now(self._watch(namespace, field_selector or "", options))
         items = [p for (ns, _), p in self.pods.items()
                  if ns == namespace and _selected(p["metadata"].get("labels") or {}, label_selector)]
         return _now(_answer({"items": copy.deepcopy(items)}))
+
+    def _watch(self, namespace: str, field_selector: str, options: Mapping[str, Any]) -> FakeWatch:
+        """A watch of one Pod by name: the kubelet starts it now (a pending Pod runs), and the watch shows that
+        as one MODIFIED event (a Pod already running shows nothing new: the watch ends quietly)."""
+        self.watches.append((namespace, field_selector, dict(options)))
+        name = field_selector.removeprefix("metadata.name=")
+        pod = self.pods.get((namespace, name))
+        if pod is None or "running" in str(pod.get("status")):
+            return FakeWatch([])
+        pod["status"] = {"phase": "Running", "containerStatuses": [{"ready": True, "state": {"running": {}}}]}
+        pod["metadata"]["resourceVersion"] = str(next(self._versions))
+        return FakeWatch([{"type": "MODIFIED", "object": copy.deepcopy(pod)}])
 
     def create_namespaced_pod_without_preload_content(self, namespace: str, body: Mapping[str, Any]) -> Any:
         name = body["metadata"]["name"]

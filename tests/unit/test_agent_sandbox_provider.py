@@ -52,8 +52,10 @@ async def test_a_sandbox_is_a_claim_on_the_named_warm_pool_leased_by_its_shutdow
     assert handle.metadata[CLAIM_UID] == claim["metadata"]["uid"] and handle.metadata["uid"] == pod["metadata"]["uid"]
     assert handle.metadata["container"] == CONTAINER and handle.metadata["owner"] == OWNER
     assert claim["metadata"]["annotations"][SEAL].startswith("s.")
-    # The workspace was made and the image checked in that Pod, through the exec.
-    assert world.exec.runs and set(world.exec.runs) == {(NS, pod["metadata"]["name"])}
+    # The workspace was made and the image checked in that Pod, in one exec (the only one before the first call).
+    assert world.exec.runs == [(NS, pod["metadata"]["name"])]
+    (setup,) = world.exec.sent
+    assert setup.index(b"mkdir -p --") < setup.index(b"command -v")
 
 
 async def test_calls_go_to_the_pod_the_claims_sandbox_names_even_a_warm_one_of_another_name(world: World) -> None:

@@ -117,10 +117,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{- /* The kubernetes provider's rights: in a watched namespace's Role only, never in a ClusterRole. */}}
 {{- define "durable-sandbox.sandboxPodRules" -}}
-# Sandbox Pods: made, read (their state), annotated (the lease), listed (orphan sweeps, adoption), deleted.
+# Sandbox Pods: made, read (their state), watched (one new Pod by name, until it runs), annotated (the lease),
+# listed (orphan sweeps, adoption), deleted.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Tool calls and snapshots: exec through the API server. The WebSocket's GET is authorized as get, and the
 # upgrade to exec as create too (both are needed: tests/e2e/test_kubernetes_provider_apiserver.py).
 - apiGroups: [""]

@@ -199,8 +199,7 @@ class AgentSandboxProvider(UserClaims):
         described = self._claim_handle(claim)
         handle = described.model_copy(update={"lease_expires_at": expires, "metadata": {
             **described.metadata, CLAIM_UID: meta["uid"], "uid": binding.uid, "container": container}})
-        await self._run(handle, f"mkdir -p -- {scripts.quote(self.workspace)}".encode(), what="make the workspace")
-        await self._probe(handle)
+        await self._probe(handle, prefix=scripts.make_workspace(self.workspace))  # one exec: the mkdir, the check
         if restore is not None:
             await restore(handle)
         await self._seal_claim(claim, binding.uid, container)

@@ -92,8 +92,7 @@ class UserClaims(ClaimLifecycle):
         handle = SandboxHandle(id=record.sandbox_id, provider=self.name, metadata=metadata,
                                lease_expires_at=self._clock() + lease_seconds)
         self._gone.pop(handle.id, None)
-        await self._run(handle, f"mkdir -p -- {scripts.quote(self.workspace)}".encode(), what="make the workspace")
-        await self._probe(handle)
+        await self._probe(handle, prefix=scripts.make_workspace(self.workspace))  # one exec: the mkdir, the check
         log.info("agent-sandbox: bound the user's SandboxClaim %s (uid %s, Pod uid %s)", handle.id,
                  record.claim_uid, binding.uid)
         return handle

@@ -34,7 +34,8 @@ The code, one job per module, each a layer of the class: ``kubernetes_connection
 errors, reading Pods), ``kubernetes_adoption.py`` (create, adopt, seal, refuse, delete by identity),
 ``kubernetes_lifecycle.py`` (leases, loss, listings), ``kubernetes_verification.py`` (each exec goes to the
 sealed Pod), ``kubernetes_calls.py`` (calls, the probe),
-``kubernetes_warm.py`` (warm claims, pool Pods), ``kubernetes_provisioning.py`` (templates, env, new Pods),
+``kubernetes_warm.py`` (warm claims, pool Pods), ``kubernetes_provisioning.py`` (templates, env, new Pods;
+``kubernetes_startup.py``: waiting for a new Pod to run, on a watch of it, identity by its uid),
 ``kubernetes_snapshots.py`` (snapshots, restores); this module: configuration and capabilities.
 """
 

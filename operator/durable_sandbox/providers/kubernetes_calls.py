@@ -26,7 +26,7 @@ from durable_sandbox.providers.contract import (
     wrote_file_result,
 )
 from durable_sandbox.providers.dispatch import dispatch, path_arg, shell_args, string_arg
-from durable_sandbox.providers.exec_target import ExecTargets
+from durable_sandbox.providers.exec_target import ExecTarget, ExecTargets
 from durable_sandbox.providers.kubernetes_exec import ExecFailed, ExecRejected, StreamBroken
 from durable_sandbox.providers.kubernetes_verification import PodVerification
 from durable_sandbox.providers.output import OutputBuffer
@@ -46,15 +46,17 @@ class PodCalls(PodVerification):
 
     async def _run(self, handle: SandboxHandle, script: bytes, *, stdout: Callable[[bytes], Any] | None = None,
                    stderr: Callable[[bytes], Any] | None = None, data: AsyncIterator[bytes] | None = None,
-                   what: str) -> int:
-        """One exec of ``script`` (then ``data``) in the sandbox; its exit code. Loss is :class:`SandboxGone`."""
+                   what: str, unverified: ExecTarget | None = None) -> int:
+        """One exec of ``script`` (then ``data``) in the sandbox; its exit code. Loss is :class:`SandboxGone`.
+        ``unverified``: the Pod to exec in without the reads around it; only for a script that carries nothing
+        of the sandbox's, whose answer the caller confirms itself (a new Pod's image check, sealed by its uid)."""
         await self._api()
         assert self._exec is not None
         # The exec goes to a Pod *by name*: whoever may delete and create Pods can put another one there. Nothing
         # (the script, a call's env, restored files) is sent before the Pod is known to be the sandbox's own, and
         # nothing that came back is believed unless it still is afterwards (the ExecTargets hook, exec_target.py).
         targets: ExecTargets = self  # the hook (a provider whose sandbox is another Pod overrides both methods)
-        target = await targets._exec_target(handle, what)
+        target = unverified if unverified is not None else await targets._exec_target(handle, what)
 
         async def stdin() -> AsyncIterator[bytes]:
             yield script
@@ -78,7 +80,8 @@ class PodCalls(PodVerification):
             gone = await self._lost(handle, ProviderError(f"{what} in sandbox {handle.id}: killed"))
             if isinstance(gone, SandboxGone):
                 raise gone
-        await targets._confirm_target(handle, target, what)
+        if unverified is None:
+            await targets._confirm_target(handle, target, what)
         return outcome.exit_code
 
     async def execute(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
@@ -143,10 +146,12 @@ class PodCalls(PodVerification):
             return wrote_file_result(path, len(data))
         return _file_failure(code, path, "write", err)
 
-    async def _probe(self, handle: SandboxHandle) -> None:
+    async def _probe(self, handle: SandboxHandle, *, unverified: ExecTarget | None = None, prefix: bytes = b"") -> None:
+        """The image check (``prefix``: a setup script run first in the same exec, its failure the check's)."""
         stderr = OutputBuffer(4096)
         try:
-            code = await self._run(handle, scripts.probe(workspace=self.workspace), stderr=stderr.feed, what="check the image")
+            code = await self._run(handle, prefix + scripts.probe(workspace=self.workspace), stderr=stderr.feed,
+                                   what="check the image", unverified=unverified)
         except ExecFailed as exc:
             raise ProvisionError(f"sandbox {handle.id}: the image cannot run /bin/sh ({exc}); a sandbox image needs "
                                  f"a POSIX shell and tar", retryable=False) from None

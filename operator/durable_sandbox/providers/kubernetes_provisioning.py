@@ -11,19 +11,20 @@ import json
 import logging
 import re
 import secrets
-import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from durable_sandbox.providers.contract import (
     INSTALLATION_LABEL,
+    ProviderError,
     ProvisionError,
     SandboxHandle,
     SandboxSpec,
     tag_key,
 )
+from durable_sandbox.providers.exec_target import ExecTarget
 from durable_sandbox.providers.kubernetes_connection import (
-    HOPELESS_REASONS,
     INSTALLATION_KEY_LABEL,
     LEASE_ANNOTATION,
     MANAGED_BY,
@@ -31,13 +32,13 @@ from durable_sandbox.providers.kubernetes_connection import (
     RUN_LABEL,
     SANDBOX_LABEL,
     api_body,
-    terminated_message,
 )
 from durable_sandbox.providers.kubernetes_identity import (
     META_ANNOTATION,
     SEAL,
     creation_mark,
     env_secret_name,
+    identify,
 )
 from durable_sandbox.providers.kubernetes_pool import (
     OPERATION_KEY_LABEL,
@@ -45,7 +46,9 @@ from durable_sandbox.providers.kubernetes_pool import (
     TEMPLATE_HASH_LABEL,
     template_hash,
 )
+from durable_sandbox.providers.kubernetes_startup import wait_running
 from durable_sandbox.providers.kubernetes_template import (
+    CONTAINER,
     PodTemplate,
     pod_template_reference,
 )
@@ -118,8 +121,11 @@ class PodProvisioning(WarmClaims):
         manifest = template.pod(name=name, namespace=namespace, labels=labels, annotations=annotations,
                                 env_secret=env_secret)
         self._gone.pop(sandbox_id, None)
-        claimed = await self._claim_warm(spec, namespace, template, manifest)
+        claimed = await self._claim_warm(spec, namespace, template, manifest, finished=restore is None)
         if claimed is not None:
+            if restore is None and identify(claimed, self._seal_key).sealed:  # sealed by the claim itself
+                self._leases[sandbox_id] = float(claimed["metadata"]["annotations"][LEASE_ANNOTATION])
+                return self._handle(claimed)
             return await self._finish(claimed, restore, cold=False)
         manifest["metadata"]["annotations"][SEAL] = creation_mark(
             self._seal_key, namespace, name, labels.get(OWNER_KEY_LABEL, ""), labels[OPERATION_KEY_LABEL], described)
@@ -158,8 +164,18 @@ class PodProvisioning(WarmClaims):
             if cold:
                 if env_secret is not None:
                     await self._own_env_secret(namespace, env_secret, pod)
-                await self._wait_ready(namespace, name)
-                await self._probe(self._handle(pod))
+                try:
+                    pod = await wait_running(await self._api(), pod, read=partial(self._read_pod, namespace, name),
+                                             ready_timeout=self.ready_timeout,
+                                             unschedulable_grace=self.unschedulable_grace)
+                except (ProviderError, asyncio.CancelledError):
+                    raise
+                except Exception as exc:  # the watch request (RBAC: the chart grants watch on pods; the network)
+                    raise self._provision_error(f"watch Pod {namespace}/{name} until it runs", exc) from None
+                # No Pod reads around this exec: it sends nothing of the sandbox's, and the seal patch below fails
+                # unless its answer has the same uid (a uid is never reused), so a namesake's answer is never believed.
+                await self._probe(self._handle(pod), unverified=ExecTarget(namespace, name, pod["metadata"]["uid"],
+                                                                             CONTAINER))
             if restore is not None:
                 await restore(self._handle(pod))
             pod = await self._seal(pod)
@@ -211,50 +227,6 @@ class PodProvisioning(WarmClaims):
                 name, namespace, {"metadata": {"ownerReferences": [owner]}}), parse=False)
         except Exception as exc:
             raise self._provision_error(f"give the env Secret {namespace}/{name} to its Pod", exc) from None
-
-    async def _wait_ready(self, namespace: str, name: str) -> None:
-        """Until the container runs, or a state that says it never will (with its reason and what to do)."""
-        deadline = time.monotonic() + self.ready_timeout
-        unschedulable_since: float | None = None
-        delay = 0.05
-        while True:
-            pod = await self._read_pod(namespace, name)
-            if pod is None or pod["metadata"].get("deletionTimestamp"):
-                raise ProvisionError(f"Pod {namespace}/{name} was deleted while it started", retryable=True)
-            status = pod.get("status") or {}
-            for cs in status.get("containerStatuses") or []:
-                state = cs.get("state") or {}
-                if "running" in state and cs.get("ready", True) is not False:
-                    return
-                waiting = state.get("waiting") or {}
-                reason = waiting.get("reason")
-                if isinstance(reason, str) and reason in HOPELESS_REASONS:
-                    message = str(waiting.get("message") or "").strip()
-                    raise ProvisionError(
-                        f"Pod {namespace}/{name}: {reason}: {HOPELESS_REASONS[reason]}" + (f" ({message})" if message else "")
-                        + f"; image {cs.get('image')!r}: check the template's image, that it has /bin/sh, and "
-                          f"that the node can pull it", retryable=False)
-                terminated = state.get("terminated")
-                if terminated:
-                    raise ProvisionError(terminated_message(namespace, name, terminated), retryable=False)
-            if status.get("phase") in ("Failed", "Succeeded"):
-                raise ProvisionError(f"Pod {namespace}/{name} ended ({status.get('phase')}: "
-                                     f"{status.get('reason') or status.get('message') or 'no reason given'})",
-                                     retryable=False)
-            scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
-            if scheduled and scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
-                unschedulable_since = unschedulable_since or time.monotonic()
-                if time.monotonic() - unschedulable_since >= self.unschedulable_grace:
-                    raise ProvisionError(
-                        f"Pod {namespace}/{name} cannot be scheduled: {scheduled.get('message')}; lower the template's "
-                        f"resource requests or its nodeSelector/tolerations, or add capacity", retryable=False)
-            if time.monotonic() >= deadline:
-                raise ProvisionError(f"Pod {namespace}/{name} was not running after {self.ready_timeout:g}s "
-                                     f"(phase {status.get('phase')}); see `kubectl describe pod -n {namespace} {name}`",
-                                     retryable=True)
-            await asyncio.sleep(delay)
-            delay = min(0.5, delay * 1.5)
-
 
 
 def pod_name(operation_id: str) -> str:

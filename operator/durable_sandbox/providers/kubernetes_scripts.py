@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from durable_sandbox.providers.kubernetes_template import WORKSPACE
 
-__all__ = ["BOOT", "boot_command", "kill_call", "quote", "read_file", "reset_processes", "shell", "write_file"]
+__all__ = ["BOOT", "boot_command", "kill_call", "make_workspace", "quote", "read_file", "reset_processes", "shell", "write_file"]
 
 BOOT = 'eval "$(dd bs=1 count="$1" 2>/dev/null)"'
 NOT_FOUND, IS_DIRECTORY, OUTSIDE, NOT_REGULAR, NO_DIRECTORY, CANNOT = 64, 65, 66, 67, 68, 69
@@ -199,6 +199,12 @@ def write_file(path: str, size: int, *, workspace: str = WORKSPACE) -> bytes:
         f'head -c {size} > "$t" || {{ rm -f -- "$t"; exit {CANNOT}; }}',
         f'mv -f -- "$t" "$f" || {{ rm -f -- "$t"; exit {CANNOT}; }}',
     ]).encode()
+
+
+def make_workspace(workspace: str = WORKSPACE) -> bytes:
+    """The workspace directory made where the image does not have it (a Pod whose template mounts no volume
+    there); run ahead of :func:`probe` in the same exec, whose writability check says when it failed."""
+    return f"mkdir -p -- {quote(workspace)} 2>/dev/null\n".encode()
 
 
 def probe(*, workspace: str = WORKSPACE) -> bytes:

@@ -22,12 +22,15 @@ from durable_sandbox.providers.kubernetes_connection import (
 )
 from durable_sandbox.providers.kubernetes_identity import (
     META_ANNOTATION,
+    SEAL,
+    completion_seal,
     identify,
 )
 from durable_sandbox.providers.kubernetes_pod_match import spec_mismatch
 from durable_sandbox.providers.kubernetes_pool import (
     CLAIMED,
     OPERATION_KEY_LABEL,
+    OWNER_KEY_LABEL,
     POOL_LABEL,
     POOL_STATE_LABEL,
     SEAL_ANNOTATION,
@@ -60,9 +63,11 @@ class WarmClaims(PodCalls):
                 self._pool_observer(PoolClaim(namespace, pool, outcome, reason, time.monotonic() - started))
 
     async def _claim_warm(self, spec: SandboxSpec, namespace: str, template: PodTemplate,
-                          manifest: dict[str, Any]) -> dict[str, Any] | None:
+                          manifest: dict[str, Any], *, finished: bool = False) -> dict[str, Any] | None:
         """A warm Pod of this template claimed for this provision (one conditional patch), or None: a miss, and
-        the caller makes the Pod (cold). See providers/kubernetes_pool.py for what is trusted and why."""
+        the caller makes the Pod (cold). See providers/kubernetes_pool.py for what is trusted and why.
+        ``finished``: nothing is left to do to it (no restore), so the same patch seals it over its uid as a
+        finished sandbox (``kubernetes_identity.py``): no second request before the first call."""
         started = time.monotonic()
         reference = pod_template_reference(spec.template)
         if reference is None or self._pool_key is None:
@@ -112,7 +117,10 @@ class WarmClaims(PodCalls):
         core = await self._api()
         contended = False
         for pool, pod in candidates:
-            patch = claim_patch(pod, key=self._pool_key, pool=pool, labels=labels, annotations=annotations)
+            meta = pod["metadata"]
+            seal = {SEAL: completion_seal(self._seal_key, namespace, meta["name"], meta["uid"], labels.get(OWNER_KEY_LABEL, ""),
+                                          labels[OPERATION_KEY_LABEL], annotations[META_ANNOTATION])} if finished else {}
+            patch = claim_patch(pod, key=self._pool_key, pool=pool, labels=labels, annotations={**annotations, **seal})
             try:
                 won = await api_body(core.patch_namespaced_pod_without_preload_content(pod["metadata"]["name"], namespace,
                                                                                      patch))
