@@ -588,12 +588,24 @@ def test_the_worker_chart_grants_sandbox_pods_only_when_asked(helm: Path, helm_h
     assert "pods" not in rules_by_resource(one(render_worker(helm, helm_home), "Role"))
 
 
+def test_the_worker_chart_mounts_extra_volumes_beside_its_own(helm: Path, helm_home: Path) -> None:
+    pod = one(render_worker(helm, helm_home, "--set", "extraVolumes[0].name=ca",
+                            "--set", "extraVolumes[0].configMap.name=team-ca", "--set", "extraVolumeMounts[0].name=ca",
+                            "--set", "extraVolumeMounts[0].mountPath=/etc/team-ca"), "Deployment")["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {}}, {"name": "state", "emptyDir": {}},
+                              {"name": "ca", "configMap": {"name": "team-ca"}}]
+    [container] = pod["containers"]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp", "/var/lib/durable-sandbox", "/etc/team-ca"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--set", "queue="], "queue"),
     (["--set", "build=has space"], "build"),
     (["--set", "queue=Agents_1"], "queue"),
     (["--set", "keepBuilds[0].build=v2"], "keepBuilds names build v2"),
     (["--set", "metrics.port=0"], "metrics"),
+    (["--set", "extraVolumeMounts[0].name=ca"], "extraVolumeMounts"),
 ])
 def test_the_worker_chart_refuses_bad_values_naming_them(helm: Path, helm_home: Path, args: list[str],
                                                          message: str) -> None:
