@@ -332,6 +332,17 @@ def test_workflow_secrets_are_never_granted_cluster_wide(helm: Path, helm_home: 
         ("team-a", {"secrets[sandbox-env]": {"get"}})]
 
 
+def test_worker_namespaces_get_the_worker_key_and_heartbeat_reads_only(helm: Path, helm_home: Path) -> None:
+    """workerNamespaces: the operator writes the namespace's worker key and lists its workers' heartbeat Leases
+    (WaitingForWorker; tests/e2e/test_chart_on_node.py runs a worker Deployment with these rights), nothing else."""
+    docs = render(helm, helm_home, "--set", "workerNamespaces={team-a}")
+    assert rules_by_resource(one(docs, "ClusterRole")) == EXPECTED_RULES
+    [role] = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == f"{SA_NAME}-worker-key"]
+    assert role["metadata"]["namespace"] == "team-a"
+    assert rules_by_resource(role) == {"secrets[durable-sandbox-worker-key]": {"get", "update"}, "secrets": {"create"},
+                                       "leases.coordination.k8s.io": {"list"}}
+
+
 # The agent-sandbox provider's (providers.agentSandbox.enabled), in a watched namespace's Role only.
 AGENT_SANDBOX_RULES = {
     "sandboxclaims.extensions.agents.x-k8s.io": {"get", "list", "create", "patch", "delete"},
@@ -528,6 +539,7 @@ def test_the_worker_chart_lints_and_renders_a_least_privilege_worker_of_one_buil
         "--metrics-port=8080", "--metrics-host=0.0.0.0"]
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp", "/var/lib/durable-sandbox"}

@@ -372,10 +372,11 @@ class TeamWorkers:
                                     f"{self.logs()}"
 
     def pods(self, build: str) -> list[str]:
+        """The Ready workers of ``build`` (Ready: serving, its /readyz answered)."""
         items = self.k.kubectl_json("get", "pods", "-n", self.ns, "-l",
                                     f"durable-sandbox.dev/worker-build={build}")["items"]
         return [p["metadata"]["name"] for p in items if not p["metadata"].get("deletionTimestamp")
-                and p["status"].get("phase") == "Running"]
+                and {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get("Ready") == "True"]
 
     def claimed(self, pod: str) -> float:
         raw = self.k.kubectl("get", "--raw", f"/api/v1/namespaces/{self.ns}/pods/{pod}:8080/proxy/metrics").stdout
@@ -464,14 +465,22 @@ def test_a_team_s_worker_deployment_runs_example_flows_through_a_pod_kill_and_a_
                        "--set", "build=v2", "--set", "keepBuilds[0].build=v1")
     t.rolled_out("v2")
     k.wait_until(lambda: len(t.pods("v1")) == 1, 90, "build v1 scaled to keepBuilds' one replica")
-    t.apply("second", {"approve": {"approved": True, "by": "node-test"}, "integration-health": {"healthy": True}})
-    assert t.succeeded("second")["result"] == RELEASED
-    assert sum(t.claimed(pod) for pod in t.pods("v2")) >= 1, "the new run started on build v2"
     [kept] = t.pods("v1")
     before = t.claimed(kept)
     t.signal("first", "integration-health", {"healthy": True})
     assert t.succeeded("first")["result"] == RELEASED
     assert t.claimed(kept) > before, "the run in flight finished on the build that started it"
+    assert sum(t.claimed(pod) for pod in t.pods("v2")) == 0, "build v2 never executed v1's run"
+
+    # Once no run is pinned to v1, v1 is dropped (keepBuilds emptied): a new run starts and finishes on v2.
+    t.release.helm_run("upgrade", "agents", str(WORKER_CHART), "-n", t.ns, "--reuse-values",
+                       "--set-json", "keepBuilds=[]")
+    k.wait_until(lambda: not t.pods("v1") and not k.kubectl_json(
+        "get", "deployments", "-n", t.ns, "-l", "durable-sandbox.dev/worker-build=v1")["items"], 90,
+        "build v1 removed")
+    t.apply("second", {"approve": {"approved": True, "by": "node-test"}, "integration-health": {"healthy": True}})
+    assert t.succeeded("second")["result"] == RELEASED
+    assert sum(t.claimed(pod) for pod in t.pods("v2")) >= 1, "the new run executed by build v2"
     assert sorted(t.stages("first")) == sorted(t.stages("second")) == sorted([*CICD_STAGES, "deploy"])
     for name in ("first", "second"):
         check_journal(k, t.ns, t.status(name)["runId"])
