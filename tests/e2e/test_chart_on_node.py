@@ -436,6 +436,10 @@ def team(release: Release, worker_images: dict[str, str], tmp_path: Path) -> Ite
         yield t
     finally:
         release.helm_run("uninstall", "agents", "-n", ns, "--ignore-not-found")
+        # Before the namespace goes: a later upgrade of the release would render its Role into a namespace
+        # being deleted (refused).
+        release.helm_run("upgrade", RELEASE, str(CHART), "-n", OPERATOR_NS, "--reuse-values",
+                         "--set-json", "workerNamespaces=[]")
         k.kubectl("delete", "namespace", ns, "--wait=false")
 
 
