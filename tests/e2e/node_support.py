@@ -72,22 +72,29 @@ class NodeCluster(ControlPlane):
         self.import_archive(_archive(f"{image_id}\n{ref}", image, ref))
         return ref
 
-    def build_image(self, context: Path, ref: str, dockerfile: Path | None = None) -> str:
+    def build_image(self, context: Path, ref: str, dockerfile: Path | None = None,
+                    build_args: dict[str, str] | None = None) -> str:
         """Build ``context`` (its Dockerfile, or ``dockerfile``) with buildah and import it as ``ref``; cached by
-        a hash of every file of the context and the Dockerfile, so an unchanged context costs one import."""
-        key, tag = build_test_image(context, ref, dockerfile)
+        a hash of every file of the context, the Dockerfile and the build arguments, so an unchanged context
+        costs one import."""
+        key, tag = build_test_image(context, ref, dockerfile, build_args)
         self.import_archive(_archive(key, tag, ref))
         return ref
 
 
-def build_test_image(context: Path, ref: str, dockerfile: Path | None = None) -> tuple[str, str]:
-    """``buildah bud`` of ``context`` unless an image of the same content hash exists; (hash, buildah tag)."""
+def build_test_image(context: Path, ref: str, dockerfile: Path | None = None,
+                     build_args: dict[str, str] | None = None, *, local: bool = False) -> tuple[str, str]:
+    """``buildah bud`` of ``context`` (with ``--build-arg`` for each of ``build_args``) unless an image of the same
+    content hash (the context, the Dockerfile, the build arguments) exists; (hash, buildah tag). ``local``: the
+    image must be in buildah's store (the base of another build), its cached archive alone does not do."""
     dockerfile = dockerfile or context / "Dockerfile"
-    key = _content_hash(context, dockerfile, ref)
+    args = sorted((build_args or {}).items())
+    key = _content_hash(context, dockerfile, "\n".join([ref, *(f"{k}={v}" for k, v in args)]))
     tag = f"localhost/dsb-test-build:{key}"
     exists = subprocess.run(["buildah", "inspect", "--type", "image", tag], capture_output=True, check=False)
-    if exists.returncode != 0 and not (CACHE / "images" / f"{key}.tar").exists():
+    if exists.returncode != 0 and (local or not (CACHE / "images" / f"{key}.tar").exists()):
         run(["buildah", "bud", "--quiet", "--isolation", "chroot", "--pull=never", "--layers", "--tag", tag,
+             *(a for k, v in args for a in ("--build-arg", f"{k}={v}")),
              "--file", str(dockerfile), str(context)], timeout=1800)
     return key, tag
 

@@ -332,6 +332,17 @@ def test_workflow_secrets_are_never_granted_cluster_wide(helm: Path, helm_home: 
         ("team-a", {"secrets[sandbox-env]": {"get"}})]
 
 
+def test_worker_namespaces_get_the_worker_key_and_heartbeat_reads_only(helm: Path, helm_home: Path) -> None:
+    """workerNamespaces: the operator writes the namespace's worker key and lists its workers' heartbeat Leases
+    (WaitingForWorker; tests/e2e/test_chart_on_node.py runs a worker Deployment with these rights), nothing else."""
+    docs = render(helm, helm_home, "--set", "workerNamespaces={team-a}")
+    assert rules_by_resource(one(docs, "ClusterRole")) == EXPECTED_RULES
+    [role] = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == f"{SA_NAME}-worker-key"]
+    assert role["metadata"]["namespace"] == "team-a"
+    assert rules_by_resource(role) == {"secrets[durable-sandbox-worker-key]": {"get", "update"}, "secrets": {"create"},
+                                       "leases.coordination.k8s.io": {"list"}}
+
+
 # The agent-sandbox provider's (providers.agentSandbox.enabled), in a watched namespace's Role only.
 AGENT_SANDBOX_RULES = {
     "sandboxclaims.extensions.agents.x-k8s.io": {"get", "list", "create", "patch", "delete"},
@@ -528,6 +539,7 @@ def test_the_worker_chart_lints_and_renders_a_least_privilege_worker_of_one_buil
         "--metrics-port=8080", "--metrics-host=0.0.0.0"]
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp", "/var/lib/durable-sandbox"}
@@ -588,12 +600,24 @@ def test_the_worker_chart_grants_sandbox_pods_only_when_asked(helm: Path, helm_h
     assert "pods" not in rules_by_resource(one(render_worker(helm, helm_home), "Role"))
 
 
+def test_the_worker_chart_mounts_extra_volumes_beside_its_own(helm: Path, helm_home: Path) -> None:
+    pod = one(render_worker(helm, helm_home, "--set", "extraVolumes[0].name=ca",
+                            "--set", "extraVolumes[0].configMap.name=team-ca", "--set", "extraVolumeMounts[0].name=ca",
+                            "--set", "extraVolumeMounts[0].mountPath=/etc/team-ca"), "Deployment")["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {}}, {"name": "state", "emptyDir": {}},
+                              {"name": "ca", "configMap": {"name": "team-ca"}}]
+    [container] = pod["containers"]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp", "/var/lib/durable-sandbox", "/etc/team-ca"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--set", "queue="], "queue"),
     (["--set", "build=has space"], "build"),
     (["--set", "queue=Agents_1"], "queue"),
     (["--set", "keepBuilds[0].build=v2"], "keepBuilds names build v2"),
     (["--set", "metrics.port=0"], "metrics"),
+    (["--set", "extraVolumeMounts[0].name=ca"], "extraVolumeMounts"),
 ])
 def test_the_worker_chart_refuses_bad_values_naming_them(helm: Path, helm_home: Path, args: list[str],
                                                          message: str) -> None:

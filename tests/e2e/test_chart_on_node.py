@@ -24,7 +24,7 @@ from tests.fakes.e2b_state import FakeState
 from tests.fakes.fixtures import fake_e2b_in_thread
 
 from .image_support import build_image
-from .node_support import NodeCluster
+from .node_support import NodeCluster, build_test_image
 from .operator_support import check_journal, parse_samples, total
 from .test_chart import CHART, run_helm
 
@@ -37,6 +37,9 @@ RELEASE = "dsb"
 OPERATOR_NS = "durable-sandbox-system"
 DEPLOYMENT = f"{RELEASE}-durable-sandbox"
 SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
+FLOWS_REF = "localhost/durable-sandbox-flows:0.1.0"
+WORKER_CHART = ROOT / "charts" / "durable-sandbox-worker"
+WORKER_REPO = "localhost/dsb-team-worker"  # a team's worker image (examples/worker/Dockerfile), tag = build id
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +51,8 @@ def operator_image(node_cluster: NodeCluster) -> str:
 
 
 @pytest.fixture(scope="module")
-def flows_image(node_cluster: NodeCluster, operator_image: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The operator image plus this repository's example workflows (chart value ``workflows`` names modules
-    importable in the image: this is how a user adds theirs)."""
+def flows_context(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The build context of the operator image plus this repository's example workflows."""
     image = build_image()
     base_id = subprocess.run(["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", image.name],
                              capture_output=True, text=True, check=True).stdout.strip()
@@ -62,7 +64,28 @@ def flows_image(node_cluster: NodeCluster, operator_image: str, tmp_path_factory
     (context / "Dockerfile").write_text(
         f"FROM {image.name}\n# operator image {base_id}\n"
         "COPY examples /opt/dsb-test/examples\nENV PYTHONPATH=/opt/dsb-test\n")
-    return node_cluster.build_image(context, "localhost/durable-sandbox-flows:0.1.0")
+    return context
+
+
+@pytest.fixture(scope="module")
+def flows_image(node_cluster: NodeCluster, operator_image: str, flows_context: Path) -> str:
+    """The operator image plus this repository's example workflows (chart value ``workflows`` names modules
+    importable in the image: this is how a user adds theirs)."""
+    return node_cluster.build_image(flows_context, FLOWS_REF)
+
+
+@pytest.fixture(scope="module")
+def worker_images(node_cluster: NodeCluster, flows_image: str, flows_context: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A team's worker image of each build: examples/worker/Dockerfile, unchanged, built by buildah FROM the flows
+    image (so the team's code is examples.flows and team_flows), ``BUILD_ID`` v1 and v2; by build id."""
+    _, base = build_test_image(flows_context, FLOWS_REF, local=True)
+    context = tmp_path_factory.mktemp("worker-image")
+    shutil.copytree(ROOT / "examples" / "worker", context, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return {build: node_cluster.build_image(context, f"{WORKER_REPO}:{build}",
+                                            build_args={"BASE": base, "BUILD_ID": build})
+            for build in ("v1", "v2")}
 
 
 @pytest.fixture(scope="module")
@@ -317,6 +340,154 @@ def test_two_replicas_with_their_pdb_run_a_batch_exactly_once_while_one_pod_is_f
         assert min(counts) >= 1 and sum(counts) - 3 <= 1, (name, counts)
     k.wait_until(lambda: len(release.pods()) == 2, 120, "the Deployment to replace the deleted Pod")
     k.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+# ------------------------------------------------------------------------------ a team's workers (issue 39)
+CICD_STAGES = ["checks-0", "checks-1", "design", "implement", "review", "rework-0", "tests"]  # before its approval
+RELEASED = {"status": "released", "release": "rel-c0ffee1", "reworkRounds": 1}
+
+
+class TeamWorkers:
+    """The worker chart installed in a team namespace with the team's image; each Workflow's effects log (one
+    JSON line per stage run, examples/flows/_effects.py) on a hostPath the test reads."""
+
+    def __init__(self, release: Release, ns: str, effects: Path) -> None:
+        self.release = release
+        self.k = release.k
+        self.ns = ns
+        self.effects = effects
+
+    def install(self, values: dict[str, Any]) -> None:
+        path = self.effects.parent / "worker-values.json"  # JSON is YAML
+        path.write_text(json.dumps(values))
+        self.release.helm_run("install", "agents", str(WORKER_CHART), "-n", self.ns, "-f", str(path))
+
+    def deployment(self, build: str) -> str:
+        return f"agents-durable-sandbox-worker-{build}"
+
+    def rolled_out(self, build: str) -> None:
+        out = self.k.kubectl("rollout", "status", f"deployment/{self.deployment(build)}", "-n", self.ns,
+                             "--timeout=120s", check=False, timeout=150)
+        assert out.returncode == 0, f"the workers of build {build} did not roll out: {out.stdout}{out.stderr}\n" \
+                                    f"{self.logs()}"
+
+    def pods(self, build: str) -> list[str]:
+        """The Ready workers of ``build`` (Ready: serving, its /readyz answered)."""
+        items = self.k.kubectl_json("get", "pods", "-n", self.ns, "-l",
+                                    f"durable-sandbox.dev/worker-build={build}")["items"]
+        return [p["metadata"]["name"] for p in items if not p["metadata"].get("deletionTimestamp")
+                and {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get("Ready") == "True"]
+
+    def claimed(self, pod: str) -> float:
+        raw = self.k.kubectl("get", "--raw", f"/api/v1/namespaces/{self.ns}/pods/{pod}:8080/proxy/metrics").stdout
+        return total(parse_samples(raw), "durable_sandbox_worker_runs_claimed_total")
+
+    def apply(self, name: str, signals: dict[str, Any] | None = None) -> None:
+        spec: dict[str, Any] = {"entrypoint": "examples.flows.cicd:cicd", "worker": {"queue": "agents"},
+                                "input": {"change": name, "log": f"/effects/{name}.log"}}
+        self.k.apply({"apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
+                      "spec": spec | ({"signals": signals} if signals else {})}, "-n", self.ns)
+
+    def signal(self, name: str, signal: str, value: dict[str, Any]) -> None:
+        self.k.kubectl("patch", "workflow", name, "-n", self.ns, "--type=merge",
+                       "-p", json.dumps({"spec": {"signals": {signal: value}}}))
+
+    def status(self, name: str) -> dict[str, Any]:
+        st: dict[str, Any] = self.k.kubectl_json("get", "workflow", name, "-n", self.ns).get("status") or {}
+        return st
+
+    def waits_for(self, name: str, callback: str) -> None:
+        self.k.wait_until(lambda: [c["id"] for c in self.status(name).get("pendingCallbacks") or []] == [callback],
+                          90, f"{name} to wait for its {callback!r} callback (status {self.status(name)})\n"
+                              f"{self.logs()}")
+
+    def succeeded(self, name: str) -> dict[str, Any]:
+        try:
+            self.k.kubectl("wait", "--for=condition=Succeeded", f"workflow/{name}", "-n", self.ns, "--timeout=90s",
+                           timeout=120)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nstatus {self.status(name)}\n{self.logs()}") from exc
+        return self.status(name)
+
+    def stages(self, name: str) -> list[str]:
+        log = self.effects / f"{name}.log"
+        return [json.loads(line)["stage"] for line in log.read_text().splitlines()] if log.exists() else []
+
+    def logs(self) -> str:
+        out = self.k.kubectl("logs", "-n", self.ns, "-l", "app.kubernetes.io/instance=agents", "--tail=60",
+                             "--prefix", check=False)
+        return f"--- worker logs:\n{out.stdout}{out.stderr}"
+
+
+@pytest.fixture
+def team(release: Release, worker_images: dict[str, str], tmp_path: Path) -> Iterator[TeamWorkers]:
+    """Namespace team-*, named in the operator's workerNamespaces (its worker key Secret), with the worker chart
+    of build v1: two replicas of the team's image, the chart's own ServiceAccount and Role."""
+    k = release.k
+    ns = f"team-{uuid.uuid4().hex[:6]}"
+    k.kubectl("create", "namespace", ns)
+    release.helm_run("upgrade", RELEASE, str(CHART), "-n", OPERATOR_NS, "--reuse-values",
+                     "--set", f"workerNamespaces={{{ns}}}")
+    effects = tmp_path / "effects"
+    effects.mkdir()
+    effects.chmod(0o777)  # the workers run as 10001
+    t = TeamWorkers(release, ns, effects)
+    try:
+        yield t
+    finally:
+        release.helm_run("uninstall", "agents", "-n", ns, "--ignore-not-found")
+        # Before the namespace goes: a later upgrade of the release would render its Role into a namespace
+        # being deleted (refused).
+        release.helm_run("upgrade", RELEASE, str(CHART), "-n", OPERATOR_NS, "--reuse-values",
+                         "--set-json", "workerNamespaces=[]")
+        k.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_a_team_s_worker_deployment_runs_example_flows_through_a_pod_kill_and_a_rolling_update(
+    team: TeamWorkers, worker_images: dict[str, str]
+) -> None:
+    t, k = team, team.k
+    repo = worker_images["v1"].rsplit(":", 1)[0]
+    t.install({"queue": "agents", "build": "v1", "image": {"repository": repo, "pullPolicy": "Never"},
+               "pollInterval": 0.2, "extraVolumes": [{"name": "effects", "hostPath": {"path": str(t.effects)}}],
+               "extraVolumeMounts": [{"name": "effects", "mountPath": "/effects"}]})
+    t.rolled_out("v1")
+    t.apply("first")
+    t.waits_for("first", "approve")
+    assert sorted(t.stages("first")) == CICD_STAGES
+
+    # The Pod that executed it is killed (no grace); the run resumes on another worker of its build.
+    [holder] = [pod for pod in t.pods("v1") if t.claimed(pod) >= 1]
+    k.kubectl("delete", "pod", holder, "-n", t.ns, "--grace-period=0", "--force")
+    t.signal("first", "approve", {"approved": True, "by": "node-test"})
+    t.waits_for("first", "integration-health")
+    assert sorted(t.stages("first")) == sorted([*CICD_STAGES, "deploy"])  # no committed stage ran again
+
+    # A rolling update to build v2, v1 kept for its pinned run (the chart's keepBuilds): a new run starts on v2,
+    # the run in flight finishes on v1, both with the result of a run that never saw an update.
+    t.release.helm_run("upgrade", "agents", str(WORKER_CHART), "-n", t.ns, "--reuse-values",
+                       "--set", "build=v2", "--set", "keepBuilds[0].build=v1")
+    t.rolled_out("v2")
+    k.wait_until(lambda: len(t.pods("v1")) == 1, 90, "build v1 scaled to keepBuilds' one replica")
+    [kept] = t.pods("v1")
+    before = t.claimed(kept)
+    t.signal("first", "integration-health", {"healthy": True})
+    assert t.succeeded("first")["result"] == RELEASED
+    assert t.claimed(kept) > before, "the run in flight finished on the build that started it"
+    assert sum(t.claimed(pod) for pod in t.pods("v2")) == 0, "build v2 never executed v1's run"
+
+    # Once no run is pinned to v1, v1 is dropped (keepBuilds emptied): a new run starts and finishes on v2.
+    t.release.helm_run("upgrade", "agents", str(WORKER_CHART), "-n", t.ns, "--reuse-values",
+                       "--set-json", "keepBuilds=[]")
+    k.wait_until(lambda: not t.pods("v1") and not k.kubectl_json(
+        "get", "deployments", "-n", t.ns, "-l", "durable-sandbox.dev/worker-build=v1")["items"], 90,
+        "build v1 removed")
+    t.apply("second", {"approve": {"approved": True, "by": "node-test"}, "integration-health": {"healthy": True}})
+    assert t.succeeded("second")["result"] == RELEASED
+    assert sum(t.claimed(pod) for pod in t.pods("v2")) >= 1, "the new run executed by build v2"
+    assert sorted(t.stages("first")) == sorted(t.stages("second")) == sorted([*CICD_STAGES, "deploy"])
+    for name in ("first", "second"):
+        check_journal(k, t.ns, t.status(name)["runId"])
 
 
 def test_helm_upgrade_rolls_the_pod_and_uninstall_leaves_only_the_crds(release: Release) -> None:
