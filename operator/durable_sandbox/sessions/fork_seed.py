@@ -23,16 +23,38 @@ copy is made.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from durable_sandbox.engine.records import OperationRecord, OpKind
 from durable_sandbox.engine.runtime import RunRuntime
-from durable_sandbox.kube.sandbox.view import CALLS_SESSION
+from durable_sandbox.kube.sandbox.view import CALLS_SESSION, calls_run_id
+from durable_sandbox.kube.spec.plan import cluster_run_id as workflow_run_id
 from durable_sandbox.sandboxes import fork_journal, journal
+from durable_sandbox.sandboxes.fork_journal import ForkRefused
 from durable_sandbox.sandboxes.session import SessionState
 from durable_sandbox.sessions.errors import CallRefused
 
-__all__ = ["FORK_KIND", "FROM_OP", "SourceRef", "seed_records", "seeded"]
+
+class ForkTarget(Protocol):
+    """The fork being seeded: a ``journal.SandboxRef`` (which imports this module, so named by its shape)."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def where(self) -> str: ...
+
+
+class SourceFinder(Protocol):
+    """What finds the source Sandbox in the fork's namespace: a ``rebuild.SandboxAccess``."""
+
+    async def find(self, namespace: str, name: str) -> Any: ...
+
+log = logging.getLogger("durable_sandbox.sessions")
+
+__all__ = ["FORK_KIND", "FROM_OP", "ForkTarget", "SourceFinder", "SourceRef", "seed_fork", "seed_records", "seeded"]
 
 FROM_OP = f"{CALLS_SESSION}/from/1"  # an operationId has no "/": never a call's
 FORK_KIND = "fork"
@@ -105,3 +127,42 @@ def _own_op_id(op_id: str, session: str, row: OperationRecord) -> str:
         return op_id
     given = (row.meta or {}).get(journal.META_OPERATION_ID)
     return f"{CALLS_SESSION}/{given if isinstance(given, str) else op_id[len(session) + 1:]}"
+
+
+async def seed_fork(store: Any, ref: ForkTarget, source: SourceRef, rt: RunRuntime, gate: SourceFinder) -> None:
+    """A fork's journal seeded with its source's first calls, in one commit (``fork_seed.py``)."""
+    where = source.where(ref.where)
+    if source.sandbox is None:
+        await _seed_from_workflow(store, ref, source, rt, where)
+        return
+    try:
+        found = await gate.find(ref.namespace, source.sandbox)  # in the fork's own namespace, never another
+    except CallRefused as missing:
+        raise CallRefused(409, f"the source Sandbox {source.sandbox} cannot be read: {missing.body.what}",
+                          where=where, do="create the fork from a Sandbox of this namespace that exists (its "
+                          "calls are copied at the fork's first call)") from None
+    rows = await store.load_journal(calls_run_id(found.uid))
+    await rt.write(*seed_records(rt, rows, source, found.uid, where, source_run=calls_run_id(found.uid)))
+    log.info("%s: forked from Sandbox %s (uid %s) after its call %d", ref.where, source.sandbox, found.uid,
+             source.after_call)
+
+async def _seed_from_workflow(store: Any, ref: ForkTarget, source: SourceRef, rt: RunRuntime, where: str) -> None:
+    """``spec.from.workflow``: the source Workflow (found in the fork's own namespace, its uid read then) has
+    one run, ``<name>-<uid[:8]>``; its one sandbox session's first calls become the fork's."""
+    assert source.workflow is not None
+    uid = source.workflow_uid
+    rows = await store.load_journal(workflow_run_id(source.workflow, uid)) if uid else []
+    if not rows:
+        raise CallRefused(409, f"the source Workflow {source.workflow} cannot be read: "
+                          f"{'no such Workflow' if not uid else 'it has no run yet'}", where=where,
+                          do="create the fork from a Workflow of this namespace that has run (its calls are "
+                          "copied at the fork's first call)")
+    try:
+        sid = fork_journal.session_to_fork(rows, None)
+    except ForkRefused as exc:
+        raise CallRefused(409, f"Workflow {source.workflow}'s run cannot be forked: {exc}", where=where,
+                          do="fork a Workflow whose run used one sandbox session (toolCalls do)") from None
+    await rt.write(*seed_records(rt, rows, source, uid or "", where, source_session=sid,
+                                 source_run=workflow_run_id(source.workflow, uid or "")))
+    log.info("%s: forked from Workflow %s (uid %s) after its call %d", ref.where, source.workflow, uid,
+             source.after_call)

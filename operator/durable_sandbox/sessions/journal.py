@@ -46,7 +46,6 @@ from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.engine.serialization import value_digest
 from durable_sandbox.engine.traced import under_caller
 from durable_sandbox.kube.sandbox.view import CALLS_SESSION, calls_run_id
-from durable_sandbox.kube.spec.plan import cluster_run_id as workflow_run_id
 from durable_sandbox.kube.store import OwnerRef
 from durable_sandbox.providers.contract import (
     Capability,
@@ -56,8 +55,7 @@ from durable_sandbox.providers.contract import (
     ToolResult,
 )
 from durable_sandbox.providers.streaming import OutputSink, streaming_to
-from durable_sandbox.sandboxes import fork_journal, journal
-from durable_sandbox.sandboxes.fork_journal import ForkRefused
+from durable_sandbox.sandboxes import journal
 from durable_sandbox.sandboxes.session import (
     AttachedSandboxLost,
     SandboxServices,
@@ -67,7 +65,7 @@ from durable_sandbox.sandboxes.session import (
 from durable_sandbox.sandboxes.traced import traced_provider
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.fork_restore import own_fork_point
-from durable_sandbox.sessions.fork_seed import SourceRef, seed_records, seeded
+from durable_sandbox.sessions.fork_seed import SourceRef, seed_fork, seeded
 from durable_sandbox.sessions.hold import HoldSettings, OpenSession
 from durable_sandbox.sessions.rebuild import HandedBack, SandboxAccess, SandboxUnknown, rebuild
 from durable_sandbox.sessions.rewind import Rewound, commit_rewind, rebuilt_calls
@@ -215,7 +213,7 @@ class SessionJournal:
                 session.in_flight = asyncio.current_task()
                 try:
                     if ref.source is not None and not seeded(session.rt):
-                        await self._seed(ref, ref.source, session.rt, gate)
+                        await seed_fork(self.store, ref, ref.source, session.rt, gate)
                     return await run(session)
                 except CallRefused:
                     if session.handle is None:  # refused before or while taking the Sandbox: hold nothing
@@ -283,44 +281,6 @@ class SessionJournal:
                                    call.operation_id},
                                   lambda: self._execute(ref, session, handle, provider, call, on_replay, sink,
                                                                     read_only))
-
-    async def _seed(self, ref: SandboxRef, source: SourceRef, rt: RunRuntime, gate: SandboxAccess) -> None:
-        """A fork's journal seeded with its source's first calls, in one commit (``fork_seed.py``)."""
-        where = source.where(ref.where)
-        if source.sandbox is None:
-            await self._seed_from_workflow(ref, source, rt, where)
-            return
-        try:
-            found = await gate.find(ref.namespace, source.sandbox)  # in the fork's own namespace, never another
-        except CallRefused as missing:
-            raise CallRefused(409, f"the source Sandbox {source.sandbox} cannot be read: {missing.body.what}",
-                              where=where, do="create the fork from a Sandbox of this namespace that exists (its "
-                              "calls are copied at the fork's first call)") from None
-        rows = await self.store.load_journal(calls_run_id(found.uid))
-        await rt.write(*seed_records(rt, rows, source, found.uid, where, source_run=calls_run_id(found.uid)))
-        log.info("%s: forked from Sandbox %s (uid %s) after its call %d", ref.where, source.sandbox, found.uid,
-                 source.after_call)
-
-    async def _seed_from_workflow(self, ref: SandboxRef, source: SourceRef, rt: RunRuntime, where: str) -> None:
-        """``spec.from.workflow``: the source Workflow (found in the fork's own namespace, its uid read then) has
-        one run, ``<name>-<uid[:8]>``; its one sandbox session's first calls become the fork's."""
-        assert source.workflow is not None
-        uid = source.workflow_uid
-        rows = await self.store.load_journal(workflow_run_id(source.workflow, uid)) if uid else []
-        if not rows:
-            raise CallRefused(409, f"the source Workflow {source.workflow} cannot be read: "
-                              f"{'no such Workflow' if not uid else 'it has no run yet'}", where=where,
-                              do="create the fork from a Workflow of this namespace that has run (its calls are "
-                              "copied at the fork's first call)")
-        try:
-            sid = fork_journal.session_to_fork(rows, None)
-        except ForkRefused as exc:
-            raise CallRefused(409, f"Workflow {source.workflow}'s run cannot be forked: {exc}", where=where,
-                              do="fork a Workflow whose run used one sandbox session (toolCalls do)") from None
-        await rt.write(*seed_records(rt, rows, source, uid or "", where, source_session=sid,
-                                     source_run=workflow_run_id(source.workflow, uid or "")))
-        log.info("%s: forked from Workflow %s (uid %s) after its call %d", ref.where, source.workflow, uid,
-                 source.after_call)
 
     async def aclose(self) -> None:
         """Let go of every open session (the operator stopping): holders and leases released."""
