@@ -243,7 +243,8 @@ async def test_a_failed_orphan_sweep_is_tried_again_soon_not_after_its_interval(
             return {}
 
     swept = Failing(FakeKubeClient(), installation="i", namespaces=[], providers=dict, grace=0,  # type: ignore[arg-type]
-                    events=None, metrics=OperatorMetrics(), records=None)  # type: ignore[arg-type]
+                    events=None, metrics=OperatorMetrics(), records=None,  # type: ignore[arg-type]
+                    finished_runs=None)  # type: ignore[arg-type]
     with caplog.at_level(logging.DEBUG, logger="durable_sandbox.kube.sweep.sweeper"):
         await asyncio.wait_for(swept.run(300, stopped), 5)
     assert rounds == ["sweep"] * 3
