@@ -778,30 +778,30 @@ POLICY_RULES: Final[Sequence[Mapping[str, str]]] = (
 
 def generate_admission_policy() -> list[Schema]:
     """The ValidatingAdmissionPolicy for Workflow updates and its binding (Deny), in that order."""
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": POLICY_NAME},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [GROUP],
-                        "apiVersions": ["*"],
-                        "operations": ["UPDATE"],
-                        "resources": [WORKFLOWS],
-                    }
-                ]
-            },
-            "validations": [dict(rule) for rule in POLICY_RULES],
+    return _denying_policy(POLICY_NAME, ["UPDATE"], [WORKFLOWS], [dict(rule) for rule in POLICY_RULES])
+
+
+def _denying_policy(name: str, operations: list[str], resources: list[str], validations: list[Schema],
+                    match_conditions: list[Schema] | None = None) -> list[Schema]:
+    """A ValidatingAdmissionPolicy on this group's ``resources`` and its binding that denies what it refuses."""
+    spec: Schema = {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "resourceRules": [
+                {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": operations, "resources": resources}
+            ]
         },
     }
+    if match_conditions is not None:
+        spec["matchConditions"] = match_conditions
+    spec["validations"] = validations
+    policy = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+              "metadata": {"name": name}, "spec": spec}
     binding = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": POLICY_NAME},
-        "spec": {"policyName": POLICY_NAME, "validationActions": ["Deny"]},
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
     }
     return [policy, binding]
 
@@ -845,35 +845,9 @@ def generate_fork_policy() -> list[Schema]:
         }
         for resource, field, name, source in FORK_SOURCES
     ]
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": FORK_POLICY_NAME},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [GROUP],
-                        "apiVersions": ["*"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": sorted({resource for resource, _ in fields}),
-                    }
-                ]
-            },
-            "matchConditions": [
-                {"name": "sets-a-fork-source", "expression": " || ".join(_fork_changed(r, f) for r, f in fields)},
-            ],
-            "validations": validations,
-        },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": FORK_POLICY_NAME},
-        "spec": {"policyName": FORK_POLICY_NAME, "validationActions": ["Deny"]},
-    }
-    return [policy, binding]
+    return _denying_policy(
+        FORK_POLICY_NAME, ["CREATE", "UPDATE"], sorted({resource for resource, _ in fields}), validations,
+        [{"name": "sets-a-fork-source", "expression": " || ".join(_fork_changed(r, f) for r, f in fields)}])
 
 
 def _check_coverage() -> None:
