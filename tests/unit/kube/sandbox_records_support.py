@@ -1,6 +1,7 @@
 """A Sandbox's record and its holding in memory, for the unit tests of ``Holding`` and what reads the record
 (``tests/unit/kube/test_idle.py``, ``tests/unit/kube/test_holder_processes.py``): the real ``SandboxRecords`` over a
-Journal object kept in memory, with JSON Patch ``test`` ops honoured as the API server honours them."""
+Journal object kept in memory (``journal_heads_support.MemoryObjects``: JSON Patch ``test`` ops honoured as the
+API server honours them)."""
 
 from __future__ import annotations
 
@@ -8,41 +9,12 @@ import asyncio
 import copy
 from typing import Any
 
-from durable_sandbox.kube.api.client import ApiException
 from durable_sandbox.kube.holders.holding import Holding
 from durable_sandbox.kube.journal.sandbox_records import ACTIVE_AT, HOLDER, IDLE_CLAIM, SandboxRecords
 from durable_sandbox.kube.journal.sealing import Sealer
+from tests.unit.kube.journal_heads_support import MemoryObjects
 
 NS, NAME, UID = "demo", "dev-box", "0123abcd-uid"
-
-
-class MemoryJournal:
-    """One namespace's Journal objects, patched with JSON Patch as the API server does (a failed ``test`` is 422)."""
-
-    def __init__(self) -> None:
-        self.bodies: dict[str, dict[str, Any]] = {}
-
-    async def get(self, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.bodies.get(name))
-
-    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = body["metadata"]["name"]
-        if name in self.bodies:
-            raise ApiException(status=409)
-        self.bodies[name] = copy.deepcopy(body)
-        return body
-
-    async def patch(self, name: str, ops: list[dict[str, Any]]) -> None:
-        if name not in self.bodies:
-            raise ApiException(status=404)
-        data = dict(self.bodies[name].get("data") or {})
-        for op in ops:
-            key = op["path"].removeprefix("/data/")
-            if op["op"] == "test" and data.get(key) != op["value"]:
-                raise ApiException(status=422)
-            if op["op"] in ("add", "replace"):
-                data[key] = op["value"]
-        self.bodies[name]["data"] = data
 
 
 class Objects:
@@ -63,7 +35,7 @@ class World:
     def __init__(self, record: dict[str, Any], *, spec: dict[str, Any] | None = None,
                  running: frozenset[str] = frozenset()) -> None:
         self.records = SandboxRecords(None, b"k" * 32)  # type: ignore[arg-type]  # no API: the journal is in memory
-        self.journal = MemoryJournal()
+        self.journal = MemoryObjects(NS)
         self.records._journals._namespaces[NS] = (self.journal, Sealer(b"k" * 32, NS))  # type: ignore[assignment]
         self.objects = Objects(spec or {"provider": "local", "idleSuspendAfterSeconds": 5})
         self.running = set(running)
