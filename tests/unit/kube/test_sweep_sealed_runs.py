@@ -24,6 +24,7 @@ from durable_sandbox.kube.sweep.sweeper import OrphanSweeper
 from durable_sandbox.kube.telemetry.metrics import OperatorMetrics
 from durable_sandbox.providers.contract import INSTALLATION_LABEL, SandboxSpec
 from durable_sandbox.providers.local import LocalProvider
+from tests.fakes.core_pods import FakeResponse
 from tests.unit.kube.journal_heads_support import KEY, NS, Journal
 
 LIVE, DONE = cluster_run_id("wf-live", "live-uid"), cluster_run_id("wf-done", "done-uid")
@@ -137,17 +138,6 @@ async def test_a_copy_of_a_finished_head_under_another_name_is_ignored() -> None
     assert [(name, "not the head of run 'done'" in why) for name, why in found.ignored] == [("dsb.not-its-name", True)]
 
 
-class _Answer:
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.status, self.reason, self._body = 200, "OK", json.dumps(body).encode()
-
-    async def read(self) -> bytes:
-        return self._body
-
-    def release(self) -> None:
-        pass
-
-
 class _ApiServer:
     """An API client that lists one namespace's Journal objects (``list_*_without_preload_content``), as the
     operator's ``KubernetesStore`` calls it; the label selector is evaluated by the journal's memory objects."""
@@ -156,9 +146,9 @@ class _ApiServer:
         self.journal, self.custom = journal, self
         self.selectors: list[str] = []
 
-    async def _list(self, selector: str) -> _Answer:
+    async def _list(self, selector: str) -> FakeResponse:
         self.selectors.append(selector)
-        return _Answer({"items": await self.journal.objects.select(selector)})
+        return FakeResponse(200, json.dumps({"items": await self.journal.objects.select(selector)}).encode())
 
     def list_namespaced_custom_object_without_preload_content(self, group: str, version: str, namespace: str,
                                                               plural: str, *, label_selector: str) -> Any:
