@@ -127,6 +127,7 @@ class ControlPlane:
     version: str
     process: subprocess.Popen[bytes] = field(repr=False)
     kubectl_bin: str = field(default_factory=kubectl_path)
+    _read_client: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def logs(self) -> Path:
@@ -181,14 +182,12 @@ class ControlPlane:
         return body if isinstance(body, dict) else None
 
     def _api_client(self) -> Any:
-        # One client per control plane and kubeconfig (its certificates), made on first use.
-        cached = self.__dict__.get("_read_client")
-        if cached is None or cached[0] != self.kubeconfig:
+        # One client per control plane (its kubeconfig's certificates), made on first use.
+        if self._read_client is None:
             from kubernetes import config as k8s_config
 
-            cached = (self.kubeconfig, k8s_config.new_client_from_config(config_file=str(self.kubeconfig)))
-            self.__dict__["_read_client"] = cached
-        return cached[1]
+            self._read_client = k8s_config.new_client_from_config(config_file=str(self.kubeconfig))
+        return self._read_client
 
     def kubectl_json(self, *args: str, as_user: str | None = None) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json", as_user=as_user).stdout)

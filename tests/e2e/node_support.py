@@ -346,7 +346,7 @@ def start_node_cluster(binary: Path, workdir: Path, pause_archive: Path, lock_fd
         extra += ["--node-gvisor", str(gvisor)]
     cp = start_control_plane(binary, workdir, extra_args=extra, pass_fds=(lock_fd,), ready_timeout=READY_TIMEOUT_S)
     info = json.loads((workdir / "ready.json").read_text())
-    fields = {f: getattr(cp, f) for f in ControlPlane.__dataclass_fields__}
+    fields = {n: getattr(cp, n) for n, f in ControlPlane.__dataclass_fields__.items() if f.init}
     return NodeCluster(**fields, node=info["node"], containerd=info["containerd"], gvisor=gvisor is not None)
 
 
