@@ -309,7 +309,10 @@ async def start_session_api(service: SessionService, *, host: str, port: int, ce
                             mcp: McpEndpoint | None = None, workflows: WorkflowCalls | None = None) -> SessionApi:
     """Serve the call API on ``host:port`` (0: any free port), over TLS when ``certfile`` is given."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on connections of a socket whose proto says TCP,
+    # and without it every answer (uvicorn writes its headers and its body apart) waited ~40 ms for the client's
+    # delayed ACK (Nagle): 45 of a no-op call's 77 ms (docs/benchmarks.md, "One call's path, phase by phase").
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
