@@ -11,8 +11,8 @@ The phases of one call (``SessionService.call`` is the whole, in the operator):
 ``token_review`` and ``access_review`` the API requests it made (none while the cache holds); ``find`` the Sandbox
 read by name (its uid); ``commit_1``, ``commit_2``, ... the journal's fenced commits in their order (for a
 ``write_file``: the ``started`` record, then the ``completed`` one), each with ``patch_N`` its API request alone;
-``provider`` the provider's own call. The rest of ``total`` is the session's own work (turn, hold, rebuild check,
-records built).
+``provider`` the provider's own call (``SandboxSession._execute``). The rest of ``total`` is the session's own
+work (turn, hold, rebuild check, records built).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def install(out: Path) -> None:
 
     from durable_sandbox.kube.journal.journal_objects import JournalObjects
     from durable_sandbox.kube.store.commits import Commits
-    from durable_sandbox.sandboxes.traced import _TracedProvider
+    from durable_sandbox.sandboxes.session import SandboxSession
     from durable_sandbox.sessions.kube_auth import KubeAuthorizer
     from durable_sandbox.sessions.kube_gate import KubeSandboxGate
     from durable_sandbox.sessions.service import SessionService
@@ -86,7 +86,7 @@ def install(out: Path) -> None:
     _timed(KubeSandboxGate, "find", "find")
     _timed(Commits, "commit", _nth("commit"))
     _timed(JournalObjects, "patch", _nth("patch"))
-    _timed(_TracedProvider, "execute", "provider")
+    _timed(SandboxSession, "_execute", "provider")
 
     def dump() -> None:
         written = -1

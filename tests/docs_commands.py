@@ -256,6 +256,7 @@ PROOFS: dict[str, dict[str, Run | NotRun]] = {
             "measured, not asserted; it is not run by CI"),
         "python benchmarks/session_calls.py --calls 100": BENCHMARK,
         "python benchmarks/session_calls.py --node": BENCHMARK,
+        "python benchmarks/session_call_phases.py": BENCHMARK,
     },
     "docs/workflows.md": {
         **{text: Run(SCHEDULE_DOCS) for text in DOCS_SCHEDULE_COMMANDS},

@@ -153,3 +153,28 @@ def test_worker_throughput_engine_part(tmp_path: Path) -> None:
     assert res["engine"]["worker"]["steps_per_s"] > 0 and res["engine"]["run"]["steps_per_s"] > 0
     assert res["engine"]["worker_build"]["steps_per_s"] > 0
     assert json.loads(out.read_text())["engine"]["ratio_worker_over_run"] > 0
+
+
+async def test_session_call_phases_parts() -> None:
+    """The phase timer's wrappers time into the call under way only (nothing outside a call), the Nth commit gets
+    its own name, and the summary splits what the client waited for into the operator's part and the wire's."""
+    timer, phases = _load("session_phase_timer"), _load("session_call_phases")
+
+    class Store:
+        async def commit(self) -> str:
+            return "done"
+
+    timer._timed(Store, "commit", timer._nth("commit"))
+    assert await Store().commit() == "done"  # outside a call: not timed, nowhere to put it
+    call: dict[str, float] = {}
+    token = timer._CALL.set(call)
+    try:
+        await Store().commit()
+        await Store().commit()
+    finally:
+        timer._CALL.reset(token)
+    assert sorted(call) == ["commit_1", "commit_2"] and all(v >= 0 for v in call.values())
+    rows = phases.per_call([0.010], [{"total": 0.006, "commit_1": 0.002, "commit_2": 0.001, "patch_1": 0.0015}])
+    assert rows[0]["http"] == pytest.approx(0.004) and rows[0]["other"] == pytest.approx(0.003)
+    table = phases.summary(rows)
+    assert list(table)[:3] == ["client", "http", "total"] and table["client"]["mean_ms"] == pytest.approx(10.0)
