@@ -110,3 +110,10 @@ def test_the_request_timeout_comes_from_the_environment(fake_e2b: FakeState) -> 
         assert E2BProvider.configuration_problems({**env, "E2B_REQUEST_TIMEOUT": bad}) == [
             f"Sandbox provider [e2b]: E2B_REQUEST_TIMEOUT must be a positive number of seconds, got {bad!r}"
         ]
+    # ... and so does the number of requests sent for a transient failure (E2B_RETRY_ATTEMPTS).
+    assert E2BProvider(environ={**env, "E2B_RETRY_ATTEMPTS": "2"}).retry.attempts == 2
+    assert E2BProvider(environ=env).retry.attempts == 5
+    for bad in ("many", "0", "21"):
+        assert E2BProvider.configuration_problems({**env, "E2B_RETRY_ATTEMPTS": bad}) == [
+            f"Sandbox provider [e2b]: E2B_RETRY_ATTEMPTS must be a whole number from 1 to 20, got {bad!r}"
+        ]

@@ -26,9 +26,9 @@ def caller_token(cp: ControlPlane, ns: str, sa: str, *, granted: bool) -> str:
     return cp.kubectl("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
 
 
-def start(operators: Any, port: int, **kwargs: Any) -> OperatorProcess:
+def start(operators: Any, port: int, *args: str, **kwargs: Any) -> OperatorProcess:
     op: OperatorProcess = operators("--allow-local-provider", "--session-port", str(port), "--session-host", "127.0.0.1",
-                                    **kwargs)
+                                    *args, **kwargs)
     wait_until(lambda: http_get(port, "/healthz")[0] == 200 or not op.alive(), 60, "the session API to answer")
     assert op.alive(), op.logs()[-3000:]
     return op

@@ -41,8 +41,11 @@ def test_cleanup_blocked_while_the_provider_refuses_then_completes(
     cp = control_plane
     cp.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tokens"},
               "data": {"token": base64.b64encode(SECRET_VALUE.encode()).decode()}}, "-n", namespace)
-    op = operators(env={"E2B_API_KEY": fake_e2b.api_key, "E2B_API_URL": fake_e2b.api_url,
-                        "E2B_SANDBOX_URL": fake_e2b.sandbox_url})
+    # Cleanup gives up after 2 tries of 2 requests each (--cleanup-attempts, E2B_RETRY_ATTEMPTS; by default 8 of 5,
+    # about 80 s of backoff): what is checked is that a refusal blocks cleanup and that it finishes afterwards.
+    op = operators("--cleanup-attempts", "2",
+                   env={"E2B_API_KEY": fake_e2b.api_key, "E2B_API_URL": fake_e2b.api_url,
+                        "E2B_SANDBOX_URL": fake_e2b.sandbox_url, "E2B_RETRY_ATTEMPTS": "2"})
     gate = tmp_path / "never"
     doc = {
         "apiVersion": "durable-sandbox.dev/v1alpha1", "kind": "Workflow", "metadata": {"name": "stubborn"},
@@ -95,7 +98,7 @@ def _blocked_then_cleaned(cp: ControlPlane, namespace: str, fake_e2b: FakeState,
 
 
 # CI runs this one under the PostgreSQL journal too (tests/e2e/journal_support.py); the CleanupBlocked test above
-# waits out the provider's retries (about 2 minutes) and is run on that journal by the full suite's command only.
+# is run on that journal by the full suite's command only.
 @pytest.mark.both_journals
 def test_deleting_a_workflow_deletes_its_retained_snapshot_whatever_its_status_shows(
     control_plane: ControlPlane, namespace: str, operators: Any

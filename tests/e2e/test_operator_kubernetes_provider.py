@@ -94,7 +94,9 @@ def test_a_sandbox_suspends_to_zero_pods_and_resumes_with_its_files(cluster: Clu
 
 def test_deleting_mid_run_leaves_nothing_and_a_store_that_is_down_blocks_cleanup_until_it_is_back(
         cluster: Cluster) -> None:
-    cluster.operator()
+    # With the store down, cleanup gives up after 2 tries of each deletion (--cleanup-attempts; by default 8, some
+    # 30 s of backoff in the run's cancel and again in the finalizer): the finalizer's CleanupBlocked is what counts.
+    cluster.operator("--cleanup-attempts", "2")
     calls = [{"type": "write_file", "path": "a.txt", "contents": "a"}, {"type": "shell", "command": "cat a.txt"},
              {"type": "shell", "command": "sleep 600"}]
     cluster.cp.apply(cluster.workflow("mid-run", toolCalls=calls, snapshotEveryNCalls=1), "-n", cluster.ns)

@@ -325,8 +325,9 @@ def test_e2b_sandbox_shared_suspended_resumed_and_deleted_through_a_refusal(scen
     """Acceptance 5: scenarios 1, 2 and 4 with the e2b provider against the fake E2B server (suspend for
     e2b = snapshot + destroy: E2B's own pause does not bound a paused sandbox's lifetime)."""
     cp, ns = scene.cp, scene.ns
+    # 2 requests per refused DELETE (E2B_RETRY_ATTEMPTS; by default 5, 7.5 s of backoff before CleanupBlocked).
     scene.start(env={"E2B_API_KEY": fake_e2b.api_key, "E2B_API_URL": fake_e2b.api_url,
-                   "E2B_SANDBOX_URL": fake_e2b.sandbox_url})
+                     "E2B_SANDBOX_URL": fake_e2b.sandbox_url, "E2B_RETRY_ATTEMPTS": "2"})
     live = scene.ready("cloud-box", provider="e2b", template="base")["providerId"]
     assert fake_e2b.live_sandboxes() == [live]
     cp.apply(workflow("writer", "cloud-box", [{"type": "write_file", "path": "a.txt", "contents": "from writer\n"}]), "-n", ns)

@@ -27,6 +27,7 @@ from tests.docs_commands import ROOT, commands_run_by
 from tests.dsb import DSB
 from tests.e2e.controlplane import ControlPlane, wait_until
 from tests.e2e.operator_support import (
+    OperatorProcess,
     journal,
     manifest,
     namespace,
@@ -34,10 +35,19 @@ from tests.e2e.operator_support import (
 )
 from tests.e2e.operator_support import wait_condition as wait_workflow
 from tests.e2e.sandbox_support import sandbox, set_suspend, status, wait_for
-from tests.e2e.session_caller_support import CALLER_RULE, caller_token, start
+from tests.e2e.session_caller_support import CALLER_RULE, caller_token
+from tests.e2e.session_caller_support import start as start_serving
 from tests.ports import free_port
 
 __all__ = ["namespace", "operators"]  # fixtures
+
+HOLD_SECONDS = "1"  # --session-hold-seconds (default 5): how long a session keeps the Sandbox after a call
+
+
+def start(operators: Any, port: int, **kwargs: Any) -> OperatorProcess:
+    """An operator serving the call API on ``port``, its sessions letting go of a Sandbox 1 s after their last call
+    (the tests wait for that, and for what it allows: an idle suspend, a deletion)."""
+    return start_serving(operators, port, "--session-hold-seconds", HOLD_SECONDS, **kwargs)
 
 def ready_box(cp: ControlPlane, ns: str, operators: Any, port: int) -> str:
     """An operator serving the call API on ``port``, Sandbox ``box`` Ready, and a token of a ServiceAccount that may
@@ -166,7 +176,7 @@ def test_a_sandbox_held_by_a_workflow_refuses_session_calls(control_plane: Contr
         wait_workflow(cp, ns, "writer", "Succeeded")
         assert box.run(f"echo s1 >> {log}", operation_id="s1").exit_code == 0
     assert effects(log) == ["s1"]
-    # The session keeps the Sandbox for --session-hold-seconds (5) after its last call, then lets go.
+    # The session keeps the Sandbox for --session-hold-seconds (HOLD_SECONDS) after its last call, then lets go.
     wait_until(lambda: not status(cp, ns, "box").get("holder"), 60, "the session to let go of the Sandbox")
 
 

@@ -12,6 +12,7 @@ import durable_sandbox as ds
 import durable_sandbox.sandboxes.retries as session_retries
 from durable_sandbox.providers.contract import ProviderError
 from durable_sandbox.providers.local import LocalProvider
+from durable_sandbox.sandboxes.services import SandboxServices
 from durable_sandbox.stores import SqliteStore
 
 
@@ -68,6 +69,15 @@ async def test_a_persistent_refusal_fails_the_run_and_resume_finishes_the_cleanu
     assert state.status == "succeeded", state.error
     assert state.snapshots == []
     assert provider.leftovers() == [], "nothing was dropped: the retry deleted what the first attempt could not"
+    await engine.aclose()
+
+    # The operator's --cleanup-attempts (SandboxServices.cleanup_attempts) bounds the tries instead.
+    provider.refusals, provider.delete_attempts = 10**6, 0
+    engine = ds.Engine(SqliteStore(tmp_path / "runs3.db"), providers={"local": provider},
+                       extensions=[SandboxServices(cleanup_attempts=3)])
+    state = await engine.run("sandbox-agent", SPEC, run_id="c3")
+    assert state.status == "failed" and state.error is not None
+    assert "after 3 attempts" in state.error["message"] and provider.delete_attempts == 3
     await engine.aclose()
 
 

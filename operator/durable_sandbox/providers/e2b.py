@@ -4,7 +4,8 @@ Configuration (constructor arguments win over the environment): ``E2B_API_KEY`` 
 ``E2B_DOMAIN`` (default ``e2b.app``), ``E2B_API_URL`` (default ``https://api.<domain>``), ``E2B_SANDBOX_URL``
 (one envd host for every sandbox; by default ``https://sandbox.<domain>`` for E2B's own domains and
 ``https://49983-<id>.<domain>`` for others, see :func:`e2b_api.sandbox_url`), ``template`` and the HTTP ``timeout``
-(``E2B_REQUEST_TIMEOUT``, seconds, default 30).
+(``E2B_REQUEST_TIMEOUT``, seconds, default 30), and the requests sent for a transient failure
+(``E2B_RETRY_ATTEMPTS``, default 5).
 
 Secrets (the API key and each sandbox's envd access token) live only in this object's memory: they are
 never put in handles, log lines or exception messages, and :meth:`_redact` scrubs them from any text the
@@ -52,7 +53,8 @@ class E2BProvider(E2BCalls):
     def configuration_problems(cls, environ: Mapping[str, str]) -> list[str]:
         domain = environ.get("E2B_DOMAIN") or DEFAULT_DOMAIN
         return configuration_problems(environ.get("E2B_API_KEY"), environ.get("E2B_API_URL") or f"https://api.{domain}",
-                                      environ.get("E2B_SANDBOX_URL") or None, environ.get("E2B_REQUEST_TIMEOUT"))
+                                      environ.get("E2B_SANDBOX_URL") or None, environ.get("E2B_REQUEST_TIMEOUT"),
+                                      environ.get("E2B_RETRY_ATTEMPTS"))
 
     def capabilities(self) -> ProviderCapabilities:
         return ProviderCapabilities(

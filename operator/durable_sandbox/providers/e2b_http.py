@@ -33,7 +33,7 @@ from durable_sandbox.providers.redaction import redact_url
 log = logging.getLogger("durable_sandbox.providers.e2b")
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT", "DEFAULT_TEMPLATE", "E2BConnection", "RetryPolicy", "Transient",
-           "configuration_problems", "request_timeout", "retry_after"]
+           "configuration_problems", "request_timeout", "retry_after", "retry_attempts"]
 
 DEFAULT_TEMPLATE = "base"
 
@@ -112,13 +112,28 @@ def request_timeout(raw: str | None) -> float | None:
     return value if 0 < value < float("inf") else None
 
 
+def retry_attempts(raw: str | None) -> int | None:
+    """``E2B_RETRY_ATTEMPTS`` (requests sent in all for one transient failure's retries; the default when unset);
+    None when it is not a whole number from 1 to 20."""
+    if not raw:
+        return RetryPolicy.attempts
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if 1 <= value <= 20 else None
+
+
 def configuration_problems(key: str | None, api_url: str, sandbox_url: str | None,
-                           raw_timeout: str | None = None) -> list[str]:
+                           raw_timeout: str | None = None, raw_attempts: str | None = None) -> list[str]:
     """One check for the constructor and for the pre-run check (``configuration_problems``)."""
     problems = []
     if request_timeout(raw_timeout) is None:
         problems.append(f"Sandbox provider [e2b]: E2B_REQUEST_TIMEOUT must be a positive number of seconds, "
                         f"got {raw_timeout!r}")
+    if retry_attempts(raw_attempts) is None:
+        problems.append(f"Sandbox provider [e2b]: E2B_RETRY_ATTEMPTS must be a whole number from 1 to 20, "
+                        f"got {raw_attempts!r}")
     if not key:
         problems.append("Sandbox provider [e2b] needs an API key: set E2B_API_KEY or pass api_key=")
     elif not all("!" <= ch <= "~" for ch in key):
@@ -163,14 +178,15 @@ class E2BConnection(SandboxProvider):
         api_url = (api_url or env.get("E2B_API_URL") or f"https://api.{self.domain}").rstrip("/")
         sandbox_url = (sandbox_url or env.get("E2B_SANDBOX_URL") or "").rstrip("/") or None
         raw_timeout = None if timeout is not None else env.get("E2B_REQUEST_TIMEOUT")
-        problems = configuration_problems(key, api_url, sandbox_url, raw_timeout)
+        raw_attempts = None if retry is not None else env.get("E2B_RETRY_ATTEMPTS")
+        problems = configuration_problems(key, api_url, sandbox_url, raw_timeout, raw_attempts)
         if problems or not key:
             raise ConfigurationError("; ".join(problems))
         self._api_key = key
         self.api_url = api_url
         self.sandbox_url = sandbox_url
         self.template = template
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or RetryPolicy(attempts=retry_attempts(raw_attempts) or RetryPolicy.attempts)
         self._clock = clock
         self._sleep = sleep
         self._tokens: dict[str, str | None] = {}  # sandbox id -> envd access token (never leaves this object)

@@ -13,6 +13,7 @@ from durable_sandbox.engine.records import OpKind
 from durable_sandbox.sandboxes import fork_journal, journal, retries
 from durable_sandbox.sandboxes.recovery import Recoverer
 from durable_sandbox.sandboxes.scope import SessionScope
+from durable_sandbox.sandboxes.services import SandboxServices
 from durable_sandbox.sandboxes.state import Checkpoint
 
 
@@ -58,7 +59,8 @@ class Checkpointer:
         meta = {journal.META_SNAPSHOT_ID: cp.snapshot_id}
         await sc.write(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "started", meta=meta)
         await retries.cleanup(f"delete snapshot {cp.snapshot_id}",
-                              lambda: fork_journal.delete_own(sc.provider, cp.snapshot_id, cp.borrowed))
+                              lambda: fork_journal.delete_own(sc.provider, cp.snapshot_id, cp.borrowed),
+                              SandboxServices.of(sc.rt).cleanup_attempts)
         faults.reach(f"snapshot-deleted:{op_id}")  # deleted, not yet journaled: deleting again is a no-op
         await sc.write(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE, "delete", "completed", meta=meta)
         sc.state.checkpoints = [c for c in sc.state.checkpoints if c.snapshot_id != cp.snapshot_id]

@@ -134,7 +134,8 @@ class Provisioner:
                 sc.state.handle = None
             return
         await sc.write(op_id, OpKind.SANDBOX_DESTROY, "destroy", "started", meta=meta)
-        await retries.cleanup(f"destroy sandbox {handle.id}", lambda: sc.provider.destroy(handle))
+        await retries.cleanup(f"destroy sandbox {handle.id}", lambda: sc.provider.destroy(handle),
+                              SandboxServices.of(sc.rt).cleanup_attempts)
         await sc.write(op_id, OpKind.SANDBOX_DESTROY, "destroy", "completed", meta=meta)
         sc.state.forget(handle.id)
 
@@ -158,7 +159,8 @@ class Provisioner:
                     and labels.get("durable-sandbox.dev/session") == sc.sid)
             if ours and h.id not in known:
                 try:
-                    await retries.cleanup(f"destroy unrecorded sandbox {h.id}", functools.partial(sc.provider.destroy, h))
+                    await retries.cleanup(f"destroy unrecorded sandbox {h.id}", functools.partial(sc.provider.destroy, h),
+                                          SandboxServices.of(sc.rt).cleanup_attempts)
                 except CleanupFailed as exc:  # not this run's failure: the orphan sweep removes it later
                     log.warning("run %s, session %s: %s", sc.rt.run_id, sc.sid, exc)
 

@@ -62,17 +62,19 @@ async def transient(sid: str, provider: str, what: str, fn: Callable[[], Awaitab
         attempt += 1
 
 
-async def cleanup(what: str, fn: Callable[[], Awaitable[None]]) -> None:
-    """``fn()`` (a destroy or a deletion), retried ``CLEANUP_ATTEMPTS`` times; what is already gone is done."""
+async def cleanup(what: str, fn: Callable[[], Awaitable[None]], attempts: int | None = None) -> None:
+    """``fn()`` (a destroy or a deletion), tried ``attempts`` times in all (default ``CLEANUP_ATTEMPTS``; the
+    operator's ``--cleanup-attempts``, through ``SandboxServices``); what is already gone is done."""
+    total = CLEANUP_ATTEMPTS if attempts is None else max(1, attempts)
     delay = FIRST_RETRY_DELAY
-    for attempt in range(1, CLEANUP_ATTEMPTS + 1):
+    for attempt in range(1, total + 1):
         try:
             await fn()
             return
         except SandboxGone:
             return
         except ProviderError as exc:
-            if attempt == CLEANUP_ATTEMPTS or not exc.retryable:
+            if attempt == total or not exc.retryable:
                 raise CleanupFailed(f"Could not {what} after {attempt} attempts: {exc}") from exc
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_RETRY_DELAY)

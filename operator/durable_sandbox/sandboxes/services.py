@@ -20,6 +20,9 @@ class SandboxServices:
     labels: Mapping[str, str] = field(default_factory=dict)  # on every sandbox (the operator's installation)
     # (run id, Sandbox resource name) -> that resource's live sandbox, for a session that attaches to it
     attached: Callable[[str, str], Awaitable[SandboxHandle]] | None = None
+    # How many times a sandbox's destroy or a snapshot's deletion is tried before the cleanup fails (the run's
+    # cleanup, then the Workflow's finalizer: CleanupBlocked); None: ``retries.CLEANUP_ATTEMPTS``.
+    cleanup_attempts: int | None = None
 
     @staticmethod
     def of(rt: RunRuntime) -> SandboxServices:

@@ -26,6 +26,7 @@ from durable_sandbox.engine.runtime import RunRuntime
 from durable_sandbox.kube.sandbox.view import CALLS_SESSION
 from durable_sandbox.providers.contract import SandboxProvider
 from durable_sandbox.sandboxes import fork_journal, journal, retries, rewind_journal
+from durable_sandbox.sandboxes.services import SandboxServices
 from durable_sandbox.sandboxes.session import SessionState
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.rebuild import REBUILD
@@ -86,6 +87,7 @@ async def _delete(rt: RunRuntime, provider: SandboxProvider, snapshot_op: str, s
     await rt.write(OperationRecord(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE.value, "delete", "started", meta=meta,
                                    epoch=rt.epoch))
     await retries.cleanup(f"delete snapshot {snapshot_id}",
-                          lambda: fork_journal.delete_own(provider, snapshot_id, borrowed))
+                          lambda: fork_journal.delete_own(provider, snapshot_id, borrowed),
+                          SandboxServices.of(rt).cleanup_attempts)
     await rt.write(OperationRecord(op_id, OpKind.SANDBOX_SNAPSHOT_DELETE.value, "delete", "completed", meta=meta,
                                    epoch=rt.epoch))

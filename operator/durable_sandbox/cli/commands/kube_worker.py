@@ -13,11 +13,14 @@ from durable_sandbox.cli.commands.worker_metrics import serving_metrics
 from durable_sandbox.engine.builds import WorkerBuild
 from durable_sandbox.runs.settings import Settings
 
-__all__ = ["serve_queue"]
+__all__ = ["KUBE_WORKER_LEASE_SECONDS", "serve_queue"]
+
+KUBE_WORKER_LEASE_SECONDS = 15.0  # `--lease-seconds`' default: a dead worker's runs are taken over after this long
 
 
 def serve_queue(settings: Settings, queue: str, *, concurrency: int, poll_interval: float, until_idle: bool,
-                build: WorkerBuild | None = None, metrics: tuple[int | None, str] = (None, "127.0.0.1")) -> list[str]:
+                build: WorkerBuild | None = None, metrics: tuple[int | None, str] = (None, "127.0.0.1"),
+                lease_ttl: float = KUBE_WORKER_LEASE_SECONDS) -> list[str]:
     """Serve until SIGTERM/SIGINT (every run handed over at its next step boundary) or, ``until_idle``, until
     nothing of the queue is due; the run ids executed. ``metrics``: the port (None: none) and address of its
     /metrics."""
@@ -34,7 +37,7 @@ def serve_queue(settings: Settings, queue: str, *, concurrency: int, poll_interv
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
         async with serving_metrics(*metrics, build=build, queue=queue) as served, \
-                open_worker(namespace, queue, stop, concurrency=concurrency, poll=poll_interval, build=build,
+                open_worker(namespace, queue, stop, concurrency=concurrency, poll=poll_interval, build=build, lease_ttl=lease_ttl,
                             say=lambda line: click.echo(line, err=True), observer=served.observer) as worker:
             if worker is None:
                 return []

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from durable_sandbox.runs.errors import EXIT_FAILED, CliError
+from durable_sandbox.sandboxes.retries import CLEANUP_ATTEMPTS
 
 if TYPE_CHECKING:
     from durable_sandbox.kube.process.process_config import PoolProviderFactory, ProviderFactory, Service
@@ -58,6 +59,11 @@ def _modules(value: str) -> tuple[str, ...]:
 @click.option("--sweep-grace", default=600.0, show_default=True, type=click.FloatRange(0.0),
               help="An orphan is removed only once seen orphaned for this many seconds (longer than a "
                    "provision takes to be journaled).")
+@click.option("--cleanup-attempts", default=CLEANUP_ATTEMPTS, show_default=True, type=click.IntRange(1, 100),
+              envvar="DSB_CLEANUP_ATTEMPTS", show_envvar=True,
+              help="How many times a run's cleanup tries a provider's sandbox destroy or snapshot deletion (with "
+                   "backoff, 0.2 s doubling to 5 s) before it fails; a deleted Workflow's finalizer then says "
+                   "CleanupBlocked and tries again later.")
 @click.option("--worker-id", default=None,
               help="This replica's name in run leases; a per-start nonce is appended, so two processes started with "
                    "the same name never both hold a lease [default: host:pid:start:random].")
@@ -112,6 +118,7 @@ def operator(
     installation_id: str | None,
     sweep_interval: float,
     sweep_grace: float,
+    cleanup_attempts: int,
     worker_id: str | None,
     journal_key_secret: str | None,
     journal_dsn: str,
@@ -154,7 +161,8 @@ def operator(
     settings = OperatorSettings(lease_ttl=lease_seconds, hibernate_after=hibernate_after,
                                 max_concurrent_runs=max_concurrent_runs,
                                 installation_id=installation_id or default_installation_id(namespaces),
-                                sweep_interval=sweep_interval, sweep_grace=sweep_grace)
+                                sweep_interval=sweep_interval, sweep_grace=sweep_grace,
+                                cleanup_attempts=cleanup_attempts)
     if worker_id:
         settings = replace(settings, worker_id=f"{worker_id}:{uuid.uuid4().hex[:8]}")
     key = _journal_key(journal_key_secret, namespaces)

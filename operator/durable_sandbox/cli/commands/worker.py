@@ -33,6 +33,9 @@ from durable_sandbox.runs.settings import Settings
 @click.option("--schedules", is_flag=True, help="Also create the runs of `dsb schedule` that fall due (every poll).")
 @click.option("--queue", default=None, metavar="QUEUE",
               help="With --kube: execute the runs of the namespace's Workflows whose spec.worker.queue is QUEUE.")
+@click.option("--lease-seconds", default=None, type=click.FloatRange(2.0, 600.0),
+              help="With --kube --queue: run lease TTL, how long a dead worker's runs (and its heartbeat) wait before "
+                   "another worker takes them over [default: 15].")
 @click.option("--build-id", default=None, metavar="ID",
               help=f"This worker's build (default ${BUILD_ENV}; neither: unversioned). A run is pinned to the build "
                    "that started it; workers of other builds leave it alone unless its workflow is "
@@ -44,8 +47,8 @@ from durable_sandbox.runs.settings import Settings
               help="Address for --metrics-port (0.0.0.0 to be scraped from elsewhere, as the worker chart does).")
 @pass_settings
 def worker(settings: Settings, concurrency: int, poll_interval: float, workflows: tuple[str, ...], until_idle: bool,
-           schedules: bool, queue: str | None, build_id: str | None, metrics_port: int | None,
-           metrics_host: str) -> None:
+           schedules: bool, queue: str | None, lease_seconds: float | None, build_id: str | None,
+           metrics_port: int | None, metrics_host: str) -> None:
     """Execute runnable runs: pending ones, runs whose durable timer is due, runs a dead process left behind.
 
     Workflows are imported by the path their runs recorded (run it from the directory your code imports
@@ -71,13 +74,17 @@ def worker(settings: Settings, concurrency: int, poll_interval: float, workflows
         if not settings.kube:
             raise click.UsageError("a cluster worker needs both --kube and --queue QUEUE (the queue its "
                                    "Workflows name in spec.worker.queue)")
-        from durable_sandbox.cli.commands.kube_worker import serve_queue
+        from durable_sandbox.cli.commands.kube_worker import KUBE_WORKER_LEASE_SECONDS, serve_queue
 
         with _engine_warnings():
             executed = serve_queue(settings, queue, concurrency=concurrency, poll_interval=poll_interval,
-                                   until_idle=until_idle, build=build, metrics=(metrics_port, metrics_host))
+                                   until_idle=until_idle, build=build, metrics=(metrics_port, metrics_host),
+                                   lease_ttl=lease_seconds or KUBE_WORKER_LEASE_SECONDS)
         click.echo(f"worker executed {len(set(executed))} run(s)", err=True)
         click.get_current_context().exit(EXIT_OK)
+    if lease_seconds is not None:
+        raise click.UsageError("--lease-seconds is a cluster worker's (with --kube --queue QUEUE); the local worker's "
+                               "runs are leased by the store's own settings")
 
     async def go() -> list[RunRecord]:
         # schedules make runs, and the store

@@ -67,7 +67,8 @@ class Engines:
                 hibernate_after=self.settings.hibernate_after,
                 unresolvable="leave",
                 extensions=[
-                    SandboxServices(owner=self._owner_for, labels=self.sandbox_labels, attached=self._attached_sandbox),
+                    SandboxServices(owner=self._owner_for, labels=self.sandbox_labels, attached=self._attached_sandbox,
+                                    cleanup_attempts=self.settings.cleanup_attempts),
                     AgentServices(env_values=self._env_values_for, secrets=self._secrets_for),
                     refusal_hold(self.runs, self.publisher),  # a refused journal write holds the run, said
                     self.children.placement(namespace),  # each child run a Workflow of its own

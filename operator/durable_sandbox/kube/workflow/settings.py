@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from durable_sandbox.engine.executor import default_worker_id
 from durable_sandbox.kube.workflow.concurrency import DEFAULT_MAX_CONCURRENT_RUNS
+from durable_sandbox.sandboxes.retries import CLEANUP_ATTEMPTS
 
 __all__ = ["OperatorPolicy", "OperatorSettings"]
 
@@ -40,6 +41,9 @@ class OperatorSettings:
     worker_poll: float = 2.0
     hibernate_after: float = 300.0  # default for runs whose spec says nothing (DESIGN 6)
     cleanup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+    # How many times a run's cleanup tries a provider's destroy or snapshot deletion before it fails (then the
+    # finalizer says CleanupBlocked and kopf tries again after cleanup_backoff): `dsb operator --cleanup-attempts`.
+    cleanup_attempts: int = CLEANUP_ATTEMPTS
     # A wait longer than this parks the run (its task ends; a timer or the watch brings it back); shorter
     # waits are cheaper in the task than a re-admission (which reads the run's head and journal again).
     park_after: float = 2.0
