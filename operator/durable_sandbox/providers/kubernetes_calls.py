@@ -34,7 +34,7 @@ from durable_sandbox.providers.streaming import Stream, current_sink
 
 log = logging.getLogger("durable_sandbox.providers.kubernetes")
 
-__all__ = ["TIMEOUT_EXIT_CODE", "PodCalls", "chunks"]
+__all__ = ["TIMEOUT_EXIT_CODE", "PodCalls", "chunks", "read_result"]
 
 TIMEOUT_EXIT_CODE = 124
 _KILLED_EXIT_CODES = frozenset({128 + 9, 128 + 15})  # the exec's shell ended by SIGKILL or SIGTERM
@@ -132,9 +132,7 @@ class PodCalls(PodVerification):
         out, err = OutputBuffer(), OutputBuffer(4096)
         code = await self._run(handle, scripts.read_file(path, workspace=self.workspace), stdout=out.feed, stderr=err.feed,
                                what=f"read {path}")
-        if code == 0:
-            return ToolResult(exit_code=0, stdout=out.text(), stderr="", stdout_size=out.full_size)
-        return _file_failure(code, path, "read", err)
+        return read_result(code, path, out, err)
 
     async def _write_file(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
         path = path_arg(call)
@@ -194,6 +192,23 @@ async def chunks(data: bytes, size: int = 256 * 1024) -> AsyncIterator[bytes]:
     for i in range(0, len(data), size):
         yield data[i:i + size]
 
+
+
+def read_result(code: int, path: str, out: OutputBuffer, err: OutputBuffer) -> ToolResult:
+    """The ToolResult of a read_file script (``kubernetes_scripts.read_file``): a file over twice the kept bytes
+    comes as its first and last bytes (exit ``TRUNCATED``) and its size (stderr), and is shown like any cut output."""
+    if code == scripts.TRUNCATED:
+        sent = bytes(out.head + out.tail) if not out.truncated else bytes(out.head) + bytes(out.tail)
+        said = err.text().strip()
+        size = int(said) if said.isdigit() else len(sent)
+        cut = OutputBuffer(out.keep)
+        cut.feed(sent[:out.keep])
+        cut.skip(size - len(sent))
+        cut.feed(sent[out.keep:])
+        return ToolResult(exit_code=0, stdout=cut.text(), stderr="", stdout_size=cut.full_size)
+    if code == 0:
+        return ToolResult(exit_code=0, stdout=out.text(), stderr="", stdout_size=out.full_size)
+    return _file_failure(code, path, "read", err)
 
 
 def _file_failure(code: int, path: str, verb: str, err: OutputBuffer) -> ToolResult:

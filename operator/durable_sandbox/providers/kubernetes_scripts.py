@@ -19,11 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from durable_sandbox.providers.kubernetes_template import WORKSPACE
+from durable_sandbox.providers.output import OUTPUT_KEEP_BYTES
 
 __all__ = ["BOOT", "boot_command", "kill_call", "make_workspace", "quote", "read_file", "reset_processes", "shell", "write_file"]
 
 BOOT = 'eval "$(dd bs=1 count="$1" 2>/dev/null)"'
 NOT_FOUND, IS_DIRECTORY, OUTSIDE, NOT_REGULAR, NO_DIRECTORY, CANNOT = 64, 65, 66, 67, 68, 69
+TRUNCATED = 70  # read_file: stdout is the file's first and last ``keep`` bytes, stderr its full size
 PROBE_MISSING = 127
 CALL_VARIABLE = "DSB_CALL"
 
@@ -177,14 +179,27 @@ done
 """.encode()
 
 
-def read_file(path: str, *, workspace: str = WORKSPACE) -> bytes:
+def read_file(path: str, *, workspace: str = WORKSPACE, keep: int = OUTPUT_KEEP_BYTES) -> bytes:
+    """A regular file's bytes on stdout; one over ``2 * keep`` bytes (code in the sandbox may leave a file of any
+    size, a sparse one for free) only as its first and last ``keep`` bytes, exit :data:`TRUNCATED` and its size
+    on stderr: what leaves the Pod is bounded whatever the file, never all of it through the exec. Its size from
+    ``ls`` (``wc -c`` where that fails); the tail read from the block before it (``dd``), its extra bytes dropped."""
     parent, base = _split(path)
+    whole, block = 2 * keep, 4096
     return "\n".join([
         _workspace(workspace), _CONFINE, f"dsb_target {quote(parent)} {quote(base)} find",
         f'[ -e "$f" ] || exit {NOT_FOUND}',
         f'[ -d "$f" ] && exit {IS_DIRECTORY}',
         f'[ -f "$f" ] || exit {NOT_REGULAR}',
-        'exec cat -- "$f"',
+        'set -f; set -- $(ls -lnd -- "$f" 2>/dev/null); s=${5:-}; set +f',
+        f'case $s in ""|*[!0-9]*) s=$(wc -c < "$f") || exit {CANNOT}; s=$((s + 0)) ;; esac',
+        # Bounded even if the file grew since: never more than the whole of a small file.
+        f'[ "$s" -le {whole} ] && exec head -c {whole} -- "$f"',
+        f'head -c {keep} -- "$f"',
+        f't=$((s - {keep})); b=$((t / {block}))',
+        f'dd if="$f" bs={block} skip=$b 2>/dev/null | {{ dd bs=1 count=$((t - b * {block})) of=/dev/null 2>/dev/null;'
+        f' head -c {keep}; }}',
+        f'printf "%s\\n" "$s" >&2; exit {TRUNCATED}',
     ]).encode()
 
 
