@@ -259,3 +259,31 @@ def test_a_cut_read_is_shown_as_its_first_and_last_bytes_and_its_size() -> None:
     whole = OutputBuffer(8)
     whole.feed(b"small")
     assert (read_result(0, "f", whole, err).stdout, read_result(0, "f", whole, err).stdout_size) == ("small", None)
+
+
+def test_a_file_written_while_it_is_archived_does_not_fail_the_snapshot(tmp_path: Path, ws: Path) -> None:
+    """Code in the sandbox may keep writing a file (a log, on purpose or not) while a snapshot is taken: GNU tar
+    then exits 1, "file changed as we read it", with a whole archive. That is a snapshot (the file as it was read),
+    never a failed one, or the sandbox's own code would keep every snapshot (and a suspend) from being taken.
+    A tar standing in for GNU tar exits 1 here every time (a real writer would make it exit 1 only by luck)."""
+    real = subprocess.run(["sh", "-c", "command -v tar"], capture_output=True, text=True, check=True).stdout.strip()
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "tar").write_text(f'#!/bin/sh\n[ "$1" = --help ] && exec {real} --help\n{real} "$@" || exit\n'
+                              'echo "tar: ./app.log: file changed as we read it" >&2; exit 1\n')
+    (fake / "tar").chmod(0o755)
+    (ws / "app.log").write_text("line\n")
+    script = scripts.archive(limit=2**30, workspace=str(ws))
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    out = subprocess.run(scripts.boot_command(script), input=script, capture_output=True, timeout=30, check=False,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert run(scripts.extract(len(out.stdout), workspace=str(fresh)), out.stdout).returncode == 0
+    assert (fresh / "app.log").read_text() == "line\n"
+    (fake / "tar").write_text(f'#!/bin/sh\n[ "$1" = --help ] && echo "busybox tar" && exit 0\n{real} "$@" || exit\n'
+                              'exit 1\n')  # a tar without GNU's meaning of 1 (busybox): an error, as before
+    out = subprocess.run(scripts.boot_command(script), input=script, capture_output=True, timeout=30, check=False,
+                         env=env)
+    assert out.returncode == 1

@@ -236,12 +236,19 @@ def archive(*, limit: int, workspace: str = WORKSPACE) -> bytes:
     Sparse files stay sparse where the image's tar can (GNU tar's ``-S``: a 2 GiB file of holes is a few KiB of
     archive); busybox's tar cannot, and writes the holes out. So the stream is cut in the Pod one byte past the
     limit (tar then dies of SIGPIPE): the provider, which counts what it reads, fails the snapshot there, and the
-    exec ends at once instead of streaming the rest (closing an exec's websocket does not stop its command)."""
+    exec ends at once instead of streaming the rest (closing an exec's websocket does not stop its command).
+
+    A file written while it is read (code in the sandbox still writing a log) makes GNU tar exit 1, "file changed
+    as we read it", with the archive whole: that file is archived as it was read, and the snapshot is taken (exit
+    0), or the sandbox's own processes could keep every snapshot, and so every suspend, from being taken."""
     return "\n".join([
         f"cd -- {quote(workspace)} || exit {CANNOT}",
         's=; case "$(tar --help 2>&1)" in *--sparse*) s=S ;; esac',
         # tar's exit code through fd 3, its archive through head to the exec's stdout (fd 4).
         f'{{ rc=$( {{ {{ tar "-c${{s}}f" - .; echo $? >&3; }} | head -c {limit + 1} >&4; }} 3>&1 ); }} 4>&1',
+        # GNU tar's 1 in create mode is "some files differ" (changed while read: a process of the sandbox still
+        # writing one), with the archive whole: a snapshot, not a failure. Only GNU tar's (the one with --sparse).
+        '[ "${rc:-1}" = 1 ] && [ -n "$s" ] && exit 0',
         'exit "${rc:-1}"',
     ]).encode()
 
