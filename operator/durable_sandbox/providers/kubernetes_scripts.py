@@ -179,15 +179,16 @@ done
 """.encode()
 
 
-def read_file(path: str, *, workspace: str = WORKSPACE, keep: int = OUTPUT_KEEP_BYTES) -> bytes:
+def read_file(path: str, *, workspace: str = WORKSPACE, keep: int = OUTPUT_KEEP_BYTES, tag: str = "") -> bytes:
     """A regular file's bytes on stdout; one over ``2 * keep`` bytes (code in the sandbox may leave a file of any
     size, a sparse one for free) only as its first and last ``keep`` bytes, exit :data:`TRUNCATED` and its size
     on stderr: what leaves the Pod is bounded whatever the file, never all of it through the exec. Its size from
-    ``ls`` (``wc -c`` where that fails); the tail read from the block before it (``dd``), its extra bytes dropped."""
+    ``ls`` (``wc -c`` where that fails); the tail read from the block before it (``dd``), its extra bytes dropped.
+    ``tag``: marks its processes (as a shell call's), so that :func:`kill_call` ends a read that never ends."""
     parent, base = _split(path)
     whole, block = 2 * keep, 4096
     return "\n".join([
-        _workspace(workspace), _CONFINE, f"dsb_target {quote(parent)} {quote(base)} find",
+        _workspace(workspace), f"export {CALL_VARIABLE}={quote(tag)}", _CONFINE, f"dsb_target {quote(parent)} {quote(base)} find",
         f'[ -e "$f" ] || exit {NOT_FOUND}',
         f'[ -d "$f" ] && exit {IS_DIRECTORY}',
         f'[ -f "$f" ] || exit {NOT_REGULAR}',
