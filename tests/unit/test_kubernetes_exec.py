@@ -152,7 +152,7 @@ async def test_files_stream_both_ways_binary_safe(endpoint: tuple[ExecEndpoint, 
     code, _, err = await run(execs, scripts.write_file("d/blob", len(data), workspace=str(tmp_path)), data)
     assert code == 0, err
     assert (tmp_path / "d" / "blob").read_bytes() == data
-    code, out, _ = await run(execs, scripts.read_file("d/blob", workspace=str(tmp_path)))
+    code, out, _ = await run(execs, scripts.read_file("d/blob", workspace=str(tmp_path), keep=len(data)))
     assert (code, out) == (0, data)
     assert (await run(execs, scripts.read_file("nope", workspace=str(tmp_path))))[0] == scripts.NOT_FOUND
 

@@ -7,16 +7,35 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from durable_sandbox.providers import kubernetes_scripts as scripts
+from durable_sandbox.providers.kubernetes_calls import read_result
+from durable_sandbox.providers.output import OutputBuffer
 
 
 def run(script: bytes, data: bytes = b"", timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(scripts.boot_command(script), input=script + data, capture_output=True, timeout=timeout,
                           check=False)
+
+
+def _applets(tmp_path: Path) -> Path:
+    """A PATH of busybox's applets only (what a busybox sandbox image has)."""
+    applets = tmp_path / "busybox-bin"
+    applets.mkdir()
+    for name in ("sh", "dd", "head", "cat", "tr", "mkdir", "mv", "rm", "readlink", "pwd", "ls", "wc"):
+        os.symlink(BUSYBOX, applets / name)
+    return applets
+
+
+def _run_in(applets: Path | None, script: bytes) -> subprocess.CompletedProcess[bytes]:
+    if applets is None:
+        return run(script)
+    return subprocess.run([str(applets / "sh"), *scripts.boot_command(script)[1:]], input=script, capture_output=True,
+                          timeout=30, check=False, env={"PATH": str(applets)})
 
 
 BUSYBOX = Path("/bin/busybox")
@@ -63,7 +82,7 @@ def test_shell_cwd_is_confined(ws: Path) -> None:
 
 
 def test_write_then_read_is_binary_safe_and_confined(ws: Path) -> None:
-    data = bytes(range(256)) * 1000
+    data = bytes(range(256)) * 500  # within what read_file sends whole (2 * 64 KiB)
     out = run(scripts.write_file("a/b/c.bin", len(data), workspace=str(ws)), data + b"ignored tail")
     assert out.returncode == 0, out.stderr
     assert (ws / "a" / "b" / "c.bin").read_bytes() == data
@@ -198,3 +217,73 @@ def test_a_call_that_the_oom_killer_hit_says_so(ws: Path) -> None:
                 break
             except OSError:
                 time.sleep(0.1)  # the killed processes are still leaving the group
+
+
+@pytest.mark.parametrize("shell", ["sh", "busybox"])
+def test_a_huge_sparse_file_is_read_as_its_first_and_last_bytes_only(ws: Path, tmp_path: Path, shell: str) -> None:
+    """Code in the sandbox may leave a file of any size (a sparse one costs it nothing): read_file sends the first
+    and last ``keep`` bytes out of the Pod and says the full size, never the whole file through the exec."""
+    if shell == "busybox" and not BUSYBOX.exists():
+        pytest.skip("needs /bin/busybox (scripts/node-prepare installs busybox-static)")
+    run = partial(_run_in, _applets(tmp_path) if shell == "busybox" else None)
+    keep = 1024
+    size = 64 * 1024 * 1024
+    with open(ws / "huge", "wb") as f:
+        f.write(b"H" * keep + b"h")
+        f.seek(size - keep - 1)  # a hole between
+        f.write(b"t" + b"T" * keep)
+    out = run(scripts.read_file("huge", workspace=str(ws), keep=keep))
+    assert out.returncode == scripts.TRUNCATED, out.stderr
+    assert out.stdout == b"H" * keep + b"T" * keep
+    assert out.stderr.decode().strip() == str(size)
+    small = bytes(range(256)) * 8  # exactly 2 * keep: sent whole
+    (ws / "small").write_bytes(small)
+    assert (run(scripts.read_file("small", workspace=str(ws), keep=keep)).returncode,
+            run(scripts.read_file("small", workspace=str(ws), keep=keep)).stdout) == (0, small)
+    odd = b"a" * keep + b"b" * 5000 + b"c" * keep  # the tail's start not on a block boundary
+    (ws / "odd").write_bytes(odd)
+    out = run(scripts.read_file("odd", workspace=str(ws), keep=keep))
+    assert (out.returncode, out.stdout, out.stderr.strip()) == (scripts.TRUNCATED, b"a" * keep + b"c" * keep,
+                                                                str(len(odd)).encode())
+
+
+def test_a_cut_read_is_shown_as_its_first_and_last_bytes_and_its_size() -> None:
+    """The provider's side of TRUNCATED: the result says how much was left out and keeps the full size."""
+    out, err = OutputBuffer(8), OutputBuffer(4096)
+    out.feed(b"HEADHEADTAILTAIL")
+    err.feed(b"1000\n")
+    result = read_result(scripts.TRUNCATED, "f", out, err)
+    assert (result.exit_code, result.stdout_size) == (0, 1000)
+    assert result.stdout.startswith("HEADHEAD") and result.stdout.endswith("TAILTAIL")
+    assert "984 of 1000 bytes left out" in result.stdout
+    whole = OutputBuffer(8)
+    whole.feed(b"small")
+    assert (read_result(0, "f", whole, err).stdout, read_result(0, "f", whole, err).stdout_size) == ("small", None)
+
+
+def test_a_file_written_while_it_is_archived_does_not_fail_the_snapshot(tmp_path: Path, ws: Path) -> None:
+    """Code in the sandbox may keep writing a file (a log, on purpose or not) while a snapshot is taken: GNU tar
+    then exits 1, "file changed as we read it", with a whole archive. That is a snapshot (the file as it was read),
+    never a failed one, or the sandbox's own code would keep every snapshot (and a suspend) from being taken.
+    A tar standing in for GNU tar exits 1 here every time (a real writer would make it exit 1 only by luck)."""
+    real = subprocess.run(["sh", "-c", "command -v tar"], capture_output=True, text=True, check=True).stdout.strip()
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "tar").write_text(f'#!/bin/sh\n[ "$1" = --help ] && exec {real} --help\n{real} "$@" || exit\n'
+                              'echo "tar: ./app.log: file changed as we read it" >&2; exit 1\n')
+    (fake / "tar").chmod(0o755)
+    (ws / "app.log").write_text("line\n")
+    script = scripts.archive(limit=2**30, workspace=str(ws))
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    out = subprocess.run(scripts.boot_command(script), input=script, capture_output=True, timeout=30, check=False,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert run(scripts.extract(len(out.stdout), workspace=str(fresh)), out.stdout).returncode == 0
+    assert (fresh / "app.log").read_text() == "line\n"
+    (fake / "tar").write_text(f'#!/bin/sh\n[ "$1" = --help ] && echo "busybox tar" && exit 0\n{real} "$@" || exit\n'
+                              'exit 1\n')  # a tar without GNU's meaning of 1 (busybox): an error, as before
+    out = subprocess.run(scripts.boot_command(script), input=script, capture_output=True, timeout=30, check=False,
+                         env=env)
+    assert out.returncode == 1

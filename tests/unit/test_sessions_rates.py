@@ -12,9 +12,11 @@ import pytest
 
 from durable_sandbox.client import SandboxClient
 from durable_sandbox.client.wire import _retry_after
+from durable_sandbox.sandboxes.rewind_journal import rewind_of
 from durable_sandbox.sessions.errors import CallRefused
 from durable_sandbox.sessions.http import create_app
-from durable_sandbox.sessions.models import Limits, ShellRequest
+from durable_sandbox.sessions.journal import calls_run_id
+from durable_sandbox.sessions.models import Limits, RewindRequest, ShellRequest, SnapshotRequest
 from durable_sandbox.sessions.rates import CallerRates
 from durable_sandbox.stores.sqlite import SqliteStore
 from durable_sandbox.testing import FakeClock
@@ -83,3 +85,20 @@ def test_the_client_waits_as_told_then_sends_the_same_call_again() -> None:
                               transport=httpx.MockTransport(handle)) as box:
         assert box.run("true", operation_id="r1").stdout == "ok\n"
     assert seen == ["r1", "r1"]
+
+
+async def test_a_rewind_and_a_snapshot_take_from_the_same_bucket_as_calls(tmp_path: Path) -> None:
+    """A rewind (its replays run calls) and a snapshot cost like a call: over the rate they are refused before
+    anything is journaled."""
+    svc = service(SqliteStore(tmp_path / "runs.db"), await local_gate(tmp_path / "home"),
+                  limits=Limits(max_calls_per_second=1))
+    svc.rates = CallerRates(1, clock=FakeClock(start=100.0))
+    await svc.call("good-token", NAMESPACE, "box", ShellRequest(operationId="c1", command="true"))
+    with pytest.raises(CallRefused) as refused:
+        await svc.rewind("good-token", NAMESPACE, "box", RewindRequest(toCall=0))
+    assert (refused.value.status, refused.value.body.retryAfter) == (429, pytest.approx(1.0))
+    with pytest.raises(CallRefused) as refused:
+        await svc.snapshot("good-token", NAMESPACE, "box", SnapshotRequest(operationId="s1"))
+    assert refused.value.status == 429
+    rows = await svc.journal_for(NAMESPACE).store.load_journal(calls_run_id("uid-1"))
+    assert not [r for r in rows if rewind_of(r) is not None or "s1" in r.op_id], "no rewind nor snapshot recorded"

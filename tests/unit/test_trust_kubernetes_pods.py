@@ -5,8 +5,9 @@ controller (promotion and claims) and the orphan sweep. Then the deletion rules 
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
 import pytest
@@ -24,6 +25,7 @@ from durable_sandbox.providers.contract import (
     ToolCall,
 )
 from durable_sandbox.providers.kubernetes import KubernetesProvider, pod_name
+from durable_sandbox.providers.kubernetes_exec import ExecOutcome
 from durable_sandbox.providers.kubernetes_identity import (
     META_ANNOTATION,
     OPERATION_KEY_LABEL,
@@ -400,3 +402,38 @@ async def test_a_secret_found_under_the_env_secrets_name_is_never_written_into_a
     assert [r["uid"] for r in made["metadata"]["ownerReferences"]] == [first.metadata["uid"]]
     await provider.destroy(again)
     assert core.secret(NS, env_secret) is None and core.get(NS, first.metadata["pod"]) is None
+
+
+class _BlockedRead(FakeExec):
+    """A read_file whose ``head`` never gets its file (code in the sandbox swapped a FIFO in after the script
+    checked it was a regular file): its exec answers only once the call's tagged processes are killed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.killed = asyncio.Event()
+
+    async def run(self, namespace: str, pod: str, container: str, command: Sequence[str], **kwargs: Any) -> ExecOutcome:
+        outcome = await super().run(namespace, pod, container, command, **kwargs)
+        script = self.sent[-1]
+        if b"dsb_kill" in script and b"DSB_CALL=" in script and b"/bin/sh -c" not in script:
+            self.killed.set()  # the kill of the call's processes
+        elif b"exec cat" in script or b"head -c" in script:
+            await self.killed.wait()
+            return ExecOutcome(exit_code=137, status={"status": "Failure"})
+        return outcome
+
+
+async def test_a_read_that_never_gets_its_file_is_killed_at_its_deadline_and_says_so(core: FakeCore) -> None:
+    """A read_file blocked for ever in the Pod (a FIFO swapped in for the file) would hold the Sandbox's turn, and
+    every caller's, for ever: it is killed at the read deadline (its tagged processes, like a shell call's
+    timeout) and answered as a failed read saying why."""
+    provider = provider_on(core)
+    provider._exec = cast(Any, _BlockedRead())
+    provider.read_timeout = 0.2
+    handle = await provider.provision(spec(), lease_seconds=600)
+    result = await asyncio.wait_for(provider.execute(handle, ToolCall(operation_id="r1", type="read_file",
+                                                                      args={"path": "trap"})), timeout=30)
+    assert result.exit_code == 1
+    assert "Cannot read trap: it was not read within 0.2s" in result.stderr
+    assert cast(_BlockedRead, provider._exec).killed.is_set()
+    await provider.aclose()

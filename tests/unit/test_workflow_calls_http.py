@@ -20,6 +20,8 @@ from durable_sandbox.engine import Engine
 from durable_sandbox.kube.spec.plan import cluster_run_id
 from durable_sandbox.sessions.http import create_app, start_session_api
 from durable_sandbox.sessions.kube_auth import KubeAuthorizer
+from durable_sandbox.sessions.models import Limits
+from durable_sandbox.sessions.rates import CallerRates
 from durable_sandbox.sessions.workflow_calls import WorkflowCalls
 from durable_sandbox.stores.sqlite import SqliteStore
 from durable_sandbox.testing import FakeClock
@@ -180,3 +182,24 @@ async def test_the_python_client_queries_and_updates_once_per_update_id(tmp_path
     assert ran[:4] == [0, {"runId": run_id, "update": "add", "updateId": "cli-1", "result": 8, "new": True},
                        0, {"runId": run_id, "query": "total", "answer": 8}]
     assert ran[4] == 1 and "may not update this Workflow" in ran[5]
+
+
+async def test_queries_and_updates_are_held_to_the_callers_rate_like_calls(tmp_path: Path) -> None:
+    """One bucket per caller for the whole call API: a caller over its rate is refused (429, Retry-After) before
+    its query or update reaches the run, whatever it calls; another caller is not affected."""
+    store = SqliteStore(tmp_path / "runs.db")
+    engine = Engine(store, worker_id="operator-1")
+    svc = service(store, await local_gate(tmp_path / "home"), limits=Limits(max_calls_per_second=1))
+    svc.rates = CallerRates(1, clock=FakeClock(start=100.0))  # time stands still: one request per caller
+    await engine.run(counter, {"log": str(tmp_path / "log"), "start": 5}, run_id=cluster_run_id("wf", UID))
+    app = create_app(svc, workflows=calls_of(engine, Rbac()))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sessions") as client:
+        editor, viewer = {"Authorization": "Bearer t-editor"}, {"Authorization": "Bearer t-viewer"}
+        assert (await client.post(URL + "/queries/total", json={}, headers=editor)).status_code == 200
+        over = await client.post(URL + "/updates/add", json={"input": {"amount": 2}, "updateId": "u1"}, headers=editor)
+        assert over.status_code == 429 and over.headers["retry-after"] == "1", over.text
+        assert f"{EDITOR} made more than 1 calls per second" in over.json()["error"]["what"]
+        assert (await client.post(URL + "/queries/total", json={}, headers=viewer)).json()["answer"] == 5
+    assert [r for r in await engine.history(cluster_run_id("wf", UID)) if r.kind == "update"] == []
+    await engine.aclose()
+    await store.close()

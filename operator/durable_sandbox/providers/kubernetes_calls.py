@@ -34,15 +34,18 @@ from durable_sandbox.providers.streaming import Stream, current_sink
 
 log = logging.getLogger("durable_sandbox.providers.kubernetes")
 
-__all__ = ["TIMEOUT_EXIT_CODE", "PodCalls", "chunks"]
+__all__ = ["TIMEOUT_EXIT_CODE", "PodCalls", "chunks", "read_result"]
 
 TIMEOUT_EXIT_CODE = 124
 _KILLED_EXIT_CODES = frozenset({128 + 9, 128 + 15})  # the exec's shell ended by SIGKILL or SIGTERM
 _KILL_GRACE_SECONDS = 5.0
+READ_TIMEOUT_SECONDS = 60.0  # a read_file sends at most 128 KiB: one past this never got its file
 
 
 class PodCalls(PodVerification):
     """Runs scripts in a sandbox Pod: calls, the probe."""
+
+    read_timeout: float = READ_TIMEOUT_SECONDS
 
     async def _run(self, handle: SandboxHandle, script: bytes, *, stdout: Callable[[bytes], Any] | None = None,
                    stderr: Callable[[bytes], Any] | None = None, data: AsyncIterator[bytes] | None = None,
@@ -93,11 +96,26 @@ class PodCalls(PodVerification):
     async def _shell(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
         args = shell_args(call)
         command, timeout, cwd, env = args.command, args.timeout, args.cwd, args.env
-        tag = hashlib.sha256(f"{handle.id}\0{call.operation_id}\0{secrets.token_hex(8)}".encode()).hexdigest()[:24]
+        tag = _tag(handle, call)
         out, err = OutputBuffer(), OutputBuffer()
         script = scripts.shell(command, tag=tag, cwd=cwd, env=env, workspace=self.workspace)
-        task = asyncio.ensure_future(self._run(handle, script, stdout=_teed(out, "stdout"), stderr=_teed(err, "stderr"),
-                                               what=f"shell call {call.operation_id}"))
+        code = await self._tagged(handle, script, tag, timeout, stdout=_teed(out, "stdout"), stderr=_teed(err, "stderr"),
+                                  what=f"shell call {call.operation_id}")
+        if code is None:
+            assert timeout is not None
+            text = err.text()
+            separator = "\n" if text and not text.endswith("\n") else ""
+            return ToolResult(exit_code=TIMEOUT_EXIT_CODE, stdout=out.text(),
+                              stderr=f"{text}{separator}Command timed out after {timeout:g} seconds",
+                              stdout_size=out.full_size, stderr_size=err.full_size)
+        return ToolResult(exit_code=code, stdout=out.text(), stderr=err.text(), stdout_size=out.full_size,
+                          stderr_size=err.full_size)
+
+    async def _tagged(self, handle: SandboxHandle, script: bytes, tag: str, timeout: float | None, *,
+                      stdout: Callable[[bytes], Any], stderr: Callable[[bytes], Any], what: str) -> int | None:
+        """The exit code of ``script``, whose processes carry ``tag``; None when it ran past ``timeout``: then
+        every process of it is killed first. Cancelled, it kills them too (nothing of a call outlives it)."""
+        task = asyncio.ensure_future(self._run(handle, script, stdout=stdout, stderr=stderr, what=what))
         try:
             done, _ = await asyncio.wait([task], timeout=timeout)
             if not done:
@@ -107,34 +125,33 @@ class PodCalls(PodVerification):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-                assert timeout is not None
-                text = err.text()
-                separator = "\n" if text and not text.endswith("\n") else ""
-                return ToolResult(exit_code=TIMEOUT_EXIT_CODE, stdout=out.text(),
-                                  stderr=f"{text}{separator}Command timed out after {timeout:g} seconds",
-                                  stdout_size=out.full_size, stderr_size=err.full_size)
-            code = task.result()
+                return None
+            return task.result()
         except asyncio.CancelledError:
             # A cancelled step must not leave its command running in the Pod.
             task.cancel()
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._kill_call(handle, tag))
             raise
-        return ToolResult(exit_code=code, stdout=out.text(), stderr=err.text(), stdout_size=out.full_size,
-                          stderr_size=err.full_size)
 
     async def _kill_call(self, handle: SandboxHandle, tag: str) -> None:
         with contextlib.suppress(ProviderError):
             await self._run(handle, scripts.kill_call(tag), what="stop a timed-out call")
 
     async def _read_file(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
+        """The file's bytes (bounded in the Pod: ``scripts.read_file``), read within ``read_timeout``: a read that
+        never gets its file (a FIFO swapped in by the sandbox's code after the script checked it) is killed there,
+        not left holding the Sandbox's turn."""
         path = path_arg(call)
+        tag = _tag(handle, call)
         out, err = OutputBuffer(), OutputBuffer(4096)
-        code = await self._run(handle, scripts.read_file(path, workspace=self.workspace), stdout=out.feed, stderr=err.feed,
-                               what=f"read {path}")
-        if code == 0:
-            return ToolResult(exit_code=0, stdout=out.text(), stderr="", stdout_size=out.full_size)
-        return _file_failure(code, path, "read", err)
+        code = await self._tagged(handle, scripts.read_file(path, workspace=self.workspace, tag=tag), tag,
+                                  self.read_timeout, stdout=out.feed, stderr=err.feed, what=f"read {path}")
+        if code is None:
+            return ToolResult(exit_code=1, stdout="", stderr=f"Cannot read {path}: it was not read within "
+                              f"{self.read_timeout:g}s (not a regular file any more? code in the sandbox may have "
+                              "swapped it); read it again, or look at it with a shell call")
+        return read_result(code, path, out, err)
 
     async def _write_file(self, handle: SandboxHandle, call: ToolCall) -> ToolResult:
         path = path_arg(call)
@@ -172,6 +189,11 @@ class PodCalls(PodVerification):
 
 
 
+def _tag(handle: SandboxHandle, call: ToolCall) -> str:
+    """What marks every process of one call (its environment's ``DSB_CALL``), so that all of them can be killed."""
+    return hashlib.sha256(f"{handle.id}\0{call.operation_id}\0{secrets.token_hex(8)}".encode()).hexdigest()[:24]
+
+
 def _teed(buffer: OutputBuffer, stream: Stream) -> Callable[[bytes], None]:
     """``buffer.feed``, and the caller's sink too when it wants the output while the call runs (output_streaming)."""
     sink = current_sink()
@@ -194,6 +216,23 @@ async def chunks(data: bytes, size: int = 256 * 1024) -> AsyncIterator[bytes]:
     for i in range(0, len(data), size):
         yield data[i:i + size]
 
+
+
+def read_result(code: int, path: str, out: OutputBuffer, err: OutputBuffer) -> ToolResult:
+    """The ToolResult of a read_file script (``kubernetes_scripts.read_file``): a file over twice the kept bytes
+    comes as its first and last bytes (exit ``TRUNCATED``) and its size (stderr), and is shown like any cut output."""
+    if code == scripts.TRUNCATED:
+        sent = bytes(out.head + out.tail) if not out.truncated else bytes(out.head) + bytes(out.tail)
+        said = err.text().strip()
+        size = int(said) if said.isdigit() else len(sent)
+        cut = OutputBuffer(out.keep)
+        cut.feed(sent[:out.keep])
+        cut.skip(size - len(sent))
+        cut.feed(sent[out.keep:])
+        return ToolResult(exit_code=0, stdout=cut.text(), stderr="", stdout_size=cut.full_size)
+    if code == 0:
+        return ToolResult(exit_code=0, stdout=out.text(), stderr="", stdout_size=out.full_size)
+    return _file_failure(code, path, "read", err)
 
 
 def _file_failure(code: int, path: str, verb: str, err: OutputBuffer) -> ToolResult:

@@ -19,11 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from durable_sandbox.providers.kubernetes_template import WORKSPACE
+from durable_sandbox.providers.output import OUTPUT_KEEP_BYTES
 
 __all__ = ["BOOT", "boot_command", "kill_call", "make_workspace", "quote", "read_file", "reset_processes", "shell", "write_file"]
 
 BOOT = 'eval "$(dd bs=1 count="$1" 2>/dev/null)"'
 NOT_FOUND, IS_DIRECTORY, OUTSIDE, NOT_REGULAR, NO_DIRECTORY, CANNOT = 64, 65, 66, 67, 68, 69
+TRUNCATED = 70  # read_file: stdout is the file's first and last ``keep`` bytes, stderr its full size
 PROBE_MISSING = 127
 CALL_VARIABLE = "DSB_CALL"
 
@@ -177,14 +179,28 @@ done
 """.encode()
 
 
-def read_file(path: str, *, workspace: str = WORKSPACE) -> bytes:
+def read_file(path: str, *, workspace: str = WORKSPACE, keep: int = OUTPUT_KEEP_BYTES, tag: str = "") -> bytes:
+    """A regular file's bytes on stdout; one over ``2 * keep`` bytes (code in the sandbox may leave a file of any
+    size, a sparse one for free) only as its first and last ``keep`` bytes, exit :data:`TRUNCATED` and its size
+    on stderr: what leaves the Pod is bounded whatever the file, never all of it through the exec. Its size from
+    ``ls`` (``wc -c`` where that fails); the tail read from the block before it (``dd``), its extra bytes dropped.
+    ``tag``: marks its processes (as a shell call's), so that :func:`kill_call` ends a read that never ends."""
     parent, base = _split(path)
+    whole, block = 2 * keep, 4096
     return "\n".join([
-        _workspace(workspace), _CONFINE, f"dsb_target {quote(parent)} {quote(base)} find",
+        _workspace(workspace), f"export {CALL_VARIABLE}={quote(tag)}", _CONFINE, f"dsb_target {quote(parent)} {quote(base)} find",
         f'[ -e "$f" ] || exit {NOT_FOUND}',
         f'[ -d "$f" ] && exit {IS_DIRECTORY}',
         f'[ -f "$f" ] || exit {NOT_REGULAR}',
-        'exec cat -- "$f"',
+        'set -f; set -- $(ls -lnd -- "$f" 2>/dev/null); s=${5:-}; set +f',
+        f'case $s in ""|*[!0-9]*) s=$(wc -c < "$f") || exit {CANNOT}; s=$((s + 0)) ;; esac',
+        # Bounded even if the file grew since: never more than the whole of a small file.
+        f'[ "$s" -le {whole} ] && exec head -c {whole} -- "$f"',
+        f'head -c {keep} -- "$f"',
+        f't=$((s - {keep})); b=$((t / {block}))',
+        f'dd if="$f" bs={block} skip=$b 2>/dev/null | {{ dd bs=1 count=$((t - b * {block})) of=/dev/null 2>/dev/null;'
+        f' head -c {keep}; }}',
+        f'printf "%s\\n" "$s" >&2; exit {TRUNCATED}',
     ]).encode()
 
 
@@ -221,12 +237,19 @@ def archive(*, limit: int, workspace: str = WORKSPACE) -> bytes:
     Sparse files stay sparse where the image's tar can (GNU tar's ``-S``: a 2 GiB file of holes is a few KiB of
     archive); busybox's tar cannot, and writes the holes out. So the stream is cut in the Pod one byte past the
     limit (tar then dies of SIGPIPE): the provider, which counts what it reads, fails the snapshot there, and the
-    exec ends at once instead of streaming the rest (closing an exec's websocket does not stop its command)."""
+    exec ends at once instead of streaming the rest (closing an exec's websocket does not stop its command).
+
+    A file written while it is read (code in the sandbox still writing a log) makes GNU tar exit 1, "file changed
+    as we read it", with the archive whole: that file is archived as it was read, and the snapshot is taken (exit
+    0), or the sandbox's own processes could keep every snapshot, and so every suspend, from being taken."""
     return "\n".join([
         f"cd -- {quote(workspace)} || exit {CANNOT}",
         's=; case "$(tar --help 2>&1)" in *--sparse*) s=S ;; esac',
         # tar's exit code through fd 3, its archive through head to the exec's stdout (fd 4).
         f'{{ rc=$( {{ {{ tar "-c${{s}}f" - .; echo $? >&3; }} | head -c {limit + 1} >&4; }} 3>&1 ); }} 4>&1',
+        # GNU tar's 1 in create mode is "some files differ" (changed while read: a process of the sandbox still
+        # writing one), with the archive whole: a snapshot, not a failure. Only GNU tar's (the one with --sparse).
+        '[ "${rc:-1}" = 1 ] && [ -n "$s" ] && exit 0',
         'exit "${rc:-1}"',
     ]).encode()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -109,6 +110,8 @@ def create_app(service: SessionService, lifecycle: Lifecycle | None = None, mcp:
         await mcp.handle(scope, receive, send, token=token, namespace=params["namespace"], name=params["name"],
                          refuse=_refusal)
 
+    if workflows is not None and workflows.within_rate is None:  # a query or update is held to the caller's rate
+        workflows = dataclasses.replace(workflows, within_rate=service.within_rate)
     workflow_call = _workflow_route(service, workflows)
     prefix = "/v1/namespaces/{namespace}/sandboxes/{name}"
     workflow_prefix = "/v1/namespaces/{namespace}/workflows/{name}"

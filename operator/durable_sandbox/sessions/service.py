@@ -102,19 +102,24 @@ class SessionService:
 
     async def _caller(self, token: str | None, namespace: str, name: str) -> tuple[str, SandboxRef]:
         """Who calls (authenticated and authorized first), within its rate, and the Sandbox it names."""
-        caller = await self.auth.check(token, namespace, name)
+        caller = self.within_rate(await self.auth.check(token, namespace, name), f"Sandbox {namespace}/{name}")
+        return caller, await self._found(token, namespace, name)
+
+    def within_rate(self, caller: str, where: str) -> str:
+        """``caller``, if it is within its calls per second (one bucket per caller for every request of this call
+        API: calls, snapshots, rewinds, Workflow queries and updates); CallRefused 429 otherwise."""
         wait = self.rates.take(caller)
         if wait is not None:
             raise CallRefused(429, f"{caller} made more than {self.limits.max_calls_per_second:g} calls per second",
-                              where=f"Sandbox {namespace}/{name}", retry_after=wait,
-                              do=f"slow down: retry with the same operationId in {wait:.2f}s (Retry-After); the "
+                              where=where, retry_after=wait,
+                              do=f"slow down: retry the same request in {wait:.2f}s (Retry-After); the "
                               "operator's --session-max-calls-per-second sets the rate")
-        return caller, await self._found(token, namespace, name)
+        return caller
 
     async def rewind(self, token: str | None, namespace: str, name: str, request: RewindRequest) -> RewindAnswer:
         """Rewind the Sandbox's session to after its call ``request.toCall`` (sessions/rewind.py): allowed to who
         may update the Sandbox, and taking its turn like a call (never while one runs)."""
-        caller = await self.auth.check_update(token, namespace, name)
+        caller = self.within_rate(await self.auth.check_update(token, namespace, name), f"Sandbox {namespace}/{name}")
         ref = await self._found(token, namespace, name)
         async with self._admission(ref), self._turn(ref):
             done = await self.journal_for(namespace).rewind(ref, self.gate, request.toCall)

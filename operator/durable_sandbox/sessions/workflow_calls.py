@@ -60,9 +60,12 @@ class WorkflowCalls:
     read: Reader
     engine_for: Callable[[str], Engine]
     namespaces: frozenset[str] = frozenset()  # the namespaces this operator serves (empty: all)
+    # The call API's calls per second per caller (``SessionService.within_rate``): a query or update is a request
+    # like a call, from the same bucket (``http.create_app`` gives the service's when None is given)
+    within_rate: Callable[[str, str], str] | None = None
 
     async def query(self, token: str | None, namespace: str, name: str, query: str, request: QueryRequest) -> dict[str, Any]:
-        await self.authorizer.check_workflow(token, namespace, name, "get")
+        self._rate(await self.authorizer.check_workflow(token, namespace, name, "get"), namespace, name)
         engine, run_id = await self._run(namespace, name)
         where = f"Workflow {namespace}/{name}, query {query}"
         try:
@@ -77,7 +80,7 @@ class WorkflowCalls:
 
     async def update(self, token: str | None, namespace: str, name: str, update: str,
                      request: UpdateRequest) -> dict[str, Any]:
-        await self.authorizer.check_workflow(token, namespace, name, "update")
+        self._rate(await self.authorizer.check_workflow(token, namespace, name, "update"), namespace, name)
         engine, run_id = await self._run(namespace, name)
         where = f"Workflow {namespace}/{name}, update {update}"
         try:
@@ -95,6 +98,10 @@ class WorkflowCalls:
             raise CallRefused(500, str(exc), where=where, do="the operator must be able to import the workflow's "
                               "module (its image, --workflows)") from None
         return {"runId": run_id, "update": update, **outcome.to_json()}
+
+    def _rate(self, caller: str, namespace: str, name: str) -> None:
+        if self.within_rate is not None:
+            self.within_rate(caller, f"Workflow {namespace}/{name}")
 
     async def _run(self, namespace: str, name: str) -> tuple[Engine, str]:
         where = f"Workflow {namespace}/{name}"
