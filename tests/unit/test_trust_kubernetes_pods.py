@@ -214,6 +214,36 @@ async def test_a_forged_pod_past_its_lease_is_not_deleted_and_a_sealed_one_is_wi
     assert ("Pod", f"{NS}/victim", forged["metadata"]["uid"]) not in core.deleted
 
 
+async def test_a_lease_written_into_the_past_never_gets_a_live_pod_deleted_and_the_backstop_stays(
+        core: FakeCore) -> None:
+    """A Pod editor rewrites a sealed sandbox Pod's lease annotation to a time long past. A process that never
+    leased the Pod (the operator after a restart) neither deletes it when it lists it nor takes it for gone when
+    it renews it; one lease (sealed in the Pod's description) after its first sight, with nobody renewing, the
+    Pod is deleted all the same; a lease written later (another process's renewal) keeps it longer."""
+    clock = FakeClock(start=time.time())
+    handle = await provider_on(core, clock).provision(spec(), lease_seconds=600)
+    name = handle.metadata["pod"]
+    core.patch(NS, name, {"metadata": {"annotations": {"durable-sandbox.dev/lease-expires-at": "1.0"}}})
+
+    restarted = provider_on(core, clock)
+    assert [h.id for h in await restarted.inventory_sandboxes(INSTALLATION)] == [handle.id]
+    (listed,) = await provider_on(core, clock).list_sandboxes(OWNER)
+    assert listed.lease_expires_at == 1.0
+    await provider_on(core, clock).renew_lease(listed, 600)  # not gone: the call path believes no less
+    assert core.get(NS, name) is not None and not core.deleted
+
+    core.patch(NS, name, {"metadata": {"annotations": {"durable-sandbox.dev/lease-expires-at": "1.0"}}})
+    clock.advance(599)
+    assert [h.id for h in await restarted.inventory_sandboxes(INSTALLATION)] == [handle.id]
+    core.patch(NS, name, {"metadata": {"annotations": {"durable-sandbox.dev/lease-expires-at": repr(clock() + 300)}}})
+    clock.advance(2)  # past the first sight's lease, but a renewal wrote a later end
+    assert [h.id for h in await restarted.inventory_sandboxes(INSTALLATION)] == [handle.id]
+    clock.advance(300)  # nobody renewed it again: the backstop deletes it
+    assert await restarted.inventory_sandboxes(INSTALLATION) == []
+    assert core.get(NS, name) is None
+    assert [e["reason"] for e in core.events if e["involvedObject"]["name"] == name] == ["SandboxPodDeleted"]
+
+
 async def test_destroy_deletes_the_env_secret_only_while_its_pod_owns_it(core: FakeCore,
                                                                           provider: KubernetesProvider) -> None:
     handle = await provider.provision(spec(env={"TOKEN": "t"}), lease_seconds=600)

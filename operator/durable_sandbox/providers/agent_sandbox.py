@@ -161,7 +161,7 @@ class AgentSandboxProvider(UserClaims):
         claim, adopted = await self._create_claim(manifest, operation)
         if adopted:
             handle = self._claim_handle(claim)
-            self._leases[handle.id] = handle.lease_expires_at or expires
+            self._leases.granted(handle.id, expires)  # never the claim's written end: anyone may edit it
             return handle
         try:
             return await self._finish_claim(claim, restore, expires)
@@ -203,5 +203,5 @@ class AgentSandboxProvider(UserClaims):
         if restore is not None:
             await restore(handle)
         await self._seal_claim(claim, binding.uid, container)
-        self._leases[handle.id] = expires
+        self._leases.granted(handle.id, expires)
         return handle

@@ -26,7 +26,11 @@ from durable_sandbox.providers.agent_sandbox_objects import (
 from durable_sandbox.providers.agent_sandbox_settings import AgentSandboxSettings
 from durable_sandbox.providers.contract import ProviderError, SandboxGone, SandboxHandle
 from durable_sandbox.providers.exec_target import ExecTarget
-from durable_sandbox.providers.kubernetes_connection import split_id, terminated_message
+from durable_sandbox.providers.kubernetes_connection import (
+    MAXIMUM_LEASE_SECONDS,
+    split_id,
+    terminated_message,
+)
 from durable_sandbox.providers.kubernetes_exec import ExecRejected
 from durable_sandbox.providers.kubernetes_identity import META_ANNOTATION, Identity, identify
 from durable_sandbox.providers.kubernetes_snapshots import PodSnapshots
@@ -154,8 +158,8 @@ class ClaimSandboxes(PodSnapshots):
     async def _require_live(self, handle: SandboxHandle) -> None:
         if handle.id in self._gone:
             raise SandboxGone(handle.id, self._gone[handle.id])
-        expires = max(self._leases.get(handle.id, 0.0), handle.lease_expires_at or 0.0)
-        if expires and self._clock() >= expires:
+        if self._leases.ran_out(handle.id, str(handle.metadata.get(CLAIM_UID) or ""), handle.lease_expires_at,
+                                MAXIMUM_LEASE_SECONDS):
             self._gone[handle.id] = "its lease ran out; its SandboxClaim was deleted"
             await self._delete_claim(handle)
             raise SandboxGone(handle.id, self._gone[handle.id])

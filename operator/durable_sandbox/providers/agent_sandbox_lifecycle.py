@@ -31,7 +31,11 @@ from durable_sandbox.providers.contract import (
     SandboxHandle,
     tag_key,
 )
-from durable_sandbox.providers.kubernetes_connection import INSTALLATION_KEY_LABEL, SANDBOX_LABEL
+from durable_sandbox.providers.kubernetes_connection import (
+    INSTALLATION_KEY_LABEL,
+    MAXIMUM_LEASE_SECONDS,
+    SANDBOX_LABEL,
+)
 from durable_sandbox.providers.kubernetes_identity import META_ANNOTATION, SEAL, completion_seal
 from durable_sandbox.providers.kubernetes_pool import OPERATION_KEY_LABEL, OWNER_KEY_LABEL
 
@@ -152,12 +156,12 @@ class ClaimLifecycle(ClaimSandboxes):
             raise SandboxGone(handle.id, f"its SandboxClaim {record.claim} is being deleted")
         if _ready_reason(claim)[0] == CLAIM_EXPIRED:
             raise SandboxGone(handle.id, "its SandboxClaim expired (ClaimExpired): agent-sandbox's controller ended it")
-        self._leases[handle.id] = expires
+        self._leases.granted(handle.id, expires)
         return handle.model_copy(update={"lease_expires_at": expires})
 
     async def destroy(self, handle: SandboxHandle) -> None:
         self._gone[handle.id] = "it was destroyed"
-        self._leases.pop(handle.id, None)
+        self._leases.forget(handle.id)
         await self._delete_claim(handle)
 
     async def inject_loss(self, handle: SandboxHandle) -> None:
@@ -181,8 +185,9 @@ class ClaimLifecycle(ClaimSandboxes):
                 if claim["metadata"].get("deletionTimestamp") or not claim_identity(claim, self._seal_key).sealed:
                     continue
                 handle = self._claim_handle(claim)
-                if handle.lease_expires_at is not None and self._clock() >= max(handle.lease_expires_at,
-                                                                                self._leases.get(handle.id, 0.0)):
+                # The claim's shutdownTime may only make the end later (lease_end.py): anyone may edit it.
+                if self._leases.ran_out(handle.id, str(claim["metadata"].get("uid") or ""), handle.lease_expires_at,
+                                        MAXIMUM_LEASE_SECONDS):
                     log.info("agent-sandbox: deleting SandboxClaim %s: its lease ran out", handle.id)
                     await self._delete_claim(handle)
                     continue

@@ -99,7 +99,8 @@ class UserClaims(ClaimLifecycle):
 
     async def _require_live(self, handle: SandboxHandle) -> None:
         if handle.metadata.get(USER_CLAIM) is True and handle.id not in self._gone:
-            expires = max(self._leases.get(handle.id, 0.0), handle.lease_expires_at or 0.0)
+            # A user's claim carries no lease of ours: its end is the handle's, which the operator recorded.
+            expires = max(self._leases.known(handle.id) or 0.0, handle.lease_expires_at or 0.0)
             if expires and self._clock() >= expires:
                 self._gone[handle.id] = "its lease ran out (a user's SandboxClaim: released, not deleted)"
         await super()._require_live(handle)
@@ -116,13 +117,13 @@ class UserClaims(ClaimLifecycle):
         await self._require_live(handle)
         await self._exec_target(handle, "renew the lease")  # the recorded claim and Pod, or SandboxGone
         expires = self._clock() + seconds
-        self._leases[handle.id] = expires
+        self._leases.granted(handle.id, expires)
         return handle.model_copy(update={"lease_expires_at": expires})
 
     async def destroy(self, handle: SandboxHandle) -> None:
         if handle.metadata.get(USER_CLAIM) is True:
             self._gone[handle.id] = "it was released (a user's SandboxClaim: not deleted)"
-            self._leases.pop(handle.id, None)
+            self._leases.forget(handle.id)
             return
         await super().destroy(handle)
 

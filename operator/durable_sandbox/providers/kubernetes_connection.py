@@ -40,11 +40,13 @@ from durable_sandbox.providers.kubernetes_template import (
     PodTemplate,
     TemplatePolicy,
 )
+from durable_sandbox.providers.lease_end import LeaseEnds
 from durable_sandbox.providers.s3_snapshots import S3Config, S3SnapshotStore
 
 log = logging.getLogger("durable_sandbox.providers.kubernetes")
 
-__all__ = ["HOPELESS_REASONS", "HOPELESS_WAITING", "KubernetesConnection", "api_body", "split_id", "terminated_message"]
+__all__ = ["HOPELESS_REASONS", "HOPELESS_WAITING", "KubernetesConnection", "api_body", "lease_seconds_of", "split_id",
+           "terminated_message"]
 
 MANAGED_BY: Final[Mapping[str, str]] = {"app.kubernetes.io/managed-by": "durable-sandbox"}
 SANDBOX_LABEL = "durable-sandbox.dev/sandbox-pod"
@@ -116,7 +118,8 @@ class KubernetesConnection(SandboxProvider):
         self._core: Any = None
         self._exec: PodExec | None = None
         self._connect_lock = asyncio.Lock()
-        self._leases: dict[str, float] = {}  # sandbox id -> lease expiry this process knows (renewals)
+        # Lease ends as this process believes them: a Pod's annotation may only make one later (lease_end.py).
+        self._leases = LeaseEnds(clock)
         # Sandbox id -> why it is gone, for Pods this process deleted: a terminating Pod may still answer an exec
         # for its grace period, and a call that ran there would be lost with it.
         self._gone: dict[str, str] = {}
@@ -250,6 +253,16 @@ class KubernetesConnection(SandboxProvider):
         return SandboxHandle(id=f"{meta['namespace']}/{meta['name']}", provider=self.name, metadata=metadata,
                              lease_expires_at=float(lease) if lease else None)
 
+
+
+def lease_seconds_of(pod: dict[str, Any] | None) -> float:
+    """The lease length sealed in a sandbox Pod's description (``leaseSeconds``), else the longest there is."""
+    annotations = ((pod or {}).get("metadata") or {}).get("annotations") or {}
+    try:
+        seconds = json.loads(annotations.get(META_ANNOTATION) or "{}").get("leaseSeconds")
+    except (ValueError, AttributeError):
+        seconds = None
+    return float(seconds) if isinstance(seconds, int) and 0 < seconds <= MAXIMUM_LEASE_SECONDS else MAXIMUM_LEASE_SECONDS
 
 
 def split_id(sandbox_id: str) -> tuple[str, str]:

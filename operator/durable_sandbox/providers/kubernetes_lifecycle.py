@@ -19,6 +19,7 @@ from durable_sandbox.providers.kubernetes_connection import (
     LEASE_ANNOTATION,
     SANDBOX_LABEL,
     api_body,
+    lease_seconds_of,
     split_id,
     terminated_message,
 )
@@ -54,12 +55,12 @@ class PodLifecycle(PodAdoption):
             await self._refuse(pod, f"it replaced sandbox {handle.id}'s Pod (uid {recorded}) under the same name")
             self._gone[handle.id] = "its Pod was replaced by another Pod of the same name"
             raise SandboxGone(handle.id, "its Pod was replaced by another Pod of the same name")
-        self._leases[handle.id] = expires
+        self._leases.granted(handle.id, expires)
         return self._handle(pod)
 
     async def destroy(self, handle: SandboxHandle) -> None:
         self._gone[handle.id] = "it was destroyed"
-        self._leases.pop(handle.id, None)
+        self._leases.forget(handle.id)
         await self._delete_handle(handle)
 
     async def inject_loss(self, handle: SandboxHandle) -> None:
@@ -71,8 +72,9 @@ class PodLifecycle(PodAdoption):
     async def _require_live(self, handle: SandboxHandle) -> None:
         if handle.id in self._gone:
             raise SandboxGone(handle.id, self._gone[handle.id])
-        expires = max(self._leases.get(handle.id, 0.0), handle.lease_expires_at or 0.0)
-        if expires and self._clock() >= expires:
+        # (No Pod here: a sandbox this process never leased gets the longest lease from its first sight.)
+        if self._leases.ran_out(handle.id, str(handle.metadata.get("uid") or ""), handle.lease_expires_at,
+                                lease_seconds_of(None)):
             self._gone[handle.id] = "its lease ran out; the Pod was deleted"
             await self._delete_handle(handle)
             raise SandboxGone(handle.id, "its lease ran out; the Pod was deleted")
@@ -109,11 +111,11 @@ class PodLifecycle(PodAdoption):
                 await self._refuse(pod, f"it has a sandbox Pod's labels but {identity.why}")
                 continue
             handle = self._handle(pod)
-            if handle.lease_expires_at is not None and self._clock() >= max(handle.lease_expires_at,
-                                                                            self._leases.get(handle.id, 0.0)):
+            if self._leases.ran_out(handle.id, str(pod["metadata"].get("uid") or ""), handle.lease_expires_at,
+                                    lease_seconds_of(pod)):
                 # (An unfinished attempt, marked for this name by the operator, goes too once its lease ran out:
                 # its provision died; a retry would have made it again.)
-                await self._remove(pod, f"its lease ran out at {handle.lease_expires_at:.0f} (nobody renewed it)")
+                await self._remove(pod, "its lease ran out (nobody renewed it)")
                 continue
             if identity.sealed:  # an unfinished attempt is its provision's to finish: never listed
                 handles.append(handle)

@@ -114,8 +114,10 @@ class PodProvisioning(WarmClaims):
         labels = self._labels(spec, operation)
         if pod_template_reference(spec.template) is not None and self._pool_key is not None:
             labels[TEMPLATE_HASH_LABEL] = template_hash(template)
-        described = json.dumps({"owner": spec.owner, "labels": dict(spec.labels), "template": spec.template},
-                               sort_keys=True)
+        # The lease's length is sealed with the rest (identify()): a process that never leased this Pod gives
+        # it that long from its first sight before taking it for abandoned (lease_end.py).
+        described = json.dumps({"owner": spec.owner, "labels": dict(spec.labels), "template": spec.template,
+                                "leaseSeconds": lease_seconds}, sort_keys=True)
         annotations = {LEASE_ANNOTATION: repr(expires), META_ANNOTATION: described}
         env_secret = env_secret_name(self._seal_key, namespace, name) if spec.env else None
         manifest = template.pod(name=name, namespace=namespace, labels=labels, annotations=annotations,
@@ -124,9 +126,9 @@ class PodProvisioning(WarmClaims):
         claimed = await self._claim_warm(spec, namespace, template, manifest, finished=restore is None)
         if claimed is not None:
             if restore is None and identify(claimed, self._seal_key).sealed:  # sealed by the claim itself
-                self._leases[sandbox_id] = float(claimed["metadata"]["annotations"][LEASE_ANNOTATION])
+                self._leases.granted(sandbox_id, expires)
                 return self._handle(claimed)
-            return await self._finish(claimed, restore, cold=False)
+            return await self._finish(claimed, restore, cold=False, expires=expires)
         manifest["metadata"]["annotations"][SEAL] = creation_mark(
             self._seal_key, namespace, name, labels.get(OWNER_KEY_LABEL, ""), labels[OPERATION_KEY_LABEL], described)
 
@@ -148,14 +150,14 @@ class PodProvisioning(WarmClaims):
                         await self._delete_env_secret(namespace, env_secret, uid)
             raise
         if not adopted:
-            return await self._finish(pod, restore, env_secret=env_secret, cold=True)
+            return await self._finish(pod, restore, env_secret=env_secret, cold=True, expires=expires)
         if env_secret is not None:  # made anew above: the adopted Pod owns it, as the first attempt's did
             await self._own_env_secret(namespace, env_secret, pod)
-        self._leases[sandbox_id] = float(pod["metadata"]["annotations"][LEASE_ANNOTATION])
+        self._leases.granted(sandbox_id, expires)
         return self._handle(pod)
 
     async def _finish(self, pod: dict[str, Any], restore: Callable[[SandboxHandle], Any] | None, *, cold: bool,
-                      env_secret: str | None = None) -> SandboxHandle:
+                      expires: float, env_secret: str | None = None) -> SandboxHandle:
         """Make a new Pod a sandbox: a cold one gets its env Secret, runs and passes the image probe (a claimed
         warm one did all that in the pool); then the restore, then the seal over its uid, which makes it one the
         operator adopts. A Pod that fails on the way is deleted (its uid: never another Pod of its name)."""
@@ -183,7 +185,7 @@ class PodProvisioning(WarmClaims):
             with contextlib.suppress(Exception):
                 await self._delete(namespace, name, pod["metadata"]["uid"])
             raise
-        self._leases[f"{namespace}/{name}"] = float(pod["metadata"]["annotations"][LEASE_ANNOTATION])
+        self._leases.granted(f"{namespace}/{name}", expires)
         return self._handle(pod)
 
     async def _put_env_secret(self, namespace: str, name: str, labels: dict[str, str],
