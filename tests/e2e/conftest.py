@@ -46,13 +46,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The node is machine-wide and held from its first test to the end of the session: run the tests that use
     # it last (in their order), so another worktree's session waits for it as briefly as possible; and the
     # tests that start a node of their own (scripts/dev-cluster) before the session's node holds the machine.
-    items.sort(key=lambda item: 2 if uses_node(item) else 0 if item.get_closest_marker("own_node") else 1)
+    # Under pytest-xdist (scripts/test) the node's tests are one group on one worker (tests/conftest.py), put
+    # first: the longest group starts at once and the other worker takes everything else meanwhile.
+    items.sort(key=run_order)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     from .journal_support import parametrize_both
 
     parametrize_both(metafunc)
+
+
+def run_order(item: pytest.Item) -> int:
+    """0 runs first: a node of the test's own, then (under xdist) the session node's tests, then the rest."""
+    node_first = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    if item.get_closest_marker("own_node"):
+        return 0
+    if uses_node(item):
+        return 1 if node_first else 2
+    return 2 if node_first else 1
 
 
 def uses_node(item: pytest.Item) -> bool:
