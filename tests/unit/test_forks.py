@@ -159,6 +159,27 @@ async def test_a_fork_is_ready_before_it_takes_its_own_snapshot_and_then_owns_on
     await finish(engine, fork, "src")
 
 
+async def test_without_snapshot_copy_a_fork_takes_its_own_snapshot_before_it_is_ready(
+    engine: durable_sandbox.Engine, local: Hooked
+) -> None:
+    """With no copy of its own, a fork that were ready before its own snapshot would need its source's: so it is
+    not (the ownership rule); by the time it is ready it names no borrowed checkpoint."""
+    from durable_sandbox.providers.contract import Capability
+
+    await source(engine)
+    local._without = frozenset({Capability.SNAPSHOT_COPY})
+    seen: dict[str, Any] = {}
+
+    async def on_ready(made: Any) -> None:
+        seen["checkpoints"] = SessionState.derive("sandbox", await engine.history(made.run_ids[0])).checkpoints
+
+    (fork,) = (await engine.fork("src", after_call=45, on_ready=on_ready)).run_ids
+    [own] = seen["checkpoints"]
+    assert own.count == 45 and not own.borrowed and local.calls("copy_snapshot") == []
+    assert await workspace_log(engine, local, fork) == expected_log(45)
+    await finish(engine, fork, "src")
+
+
 async def test_a_fork_whose_own_snapshot_fails_is_still_made_and_recoverable_from_its_copy(
     engine: durable_sandbox.Engine, local: Hooked
 ) -> None:

@@ -310,6 +310,11 @@ async def _make_one(
                                diverged.replayed) from None
         caps = session.provider.capabilities()
         restorable = caps.supports(Capability.SNAPSHOT) and caps.supports(Capability.RESTORE)
+        if restorable and any(c.borrowed for c in session.state.checkpoints):
+            # No copy of its own (a provider without ``snapshot_copy``): until its own snapshot is recorded the
+            # fork would need its source's, so it is taken before the fork is ready, as the ownership rule says.
+            await session.checkpoint_own()
+            restorable = False
         await _ready(engine, fork_id, lease)
         return _Made(fork_id, lease, session if restorable else None)
     except BaseException:
