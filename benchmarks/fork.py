@@ -11,9 +11,11 @@ writing its share of a ``--mb`` MB workspace (random bytes: a snapshot cannot co
 the fork's own snapshot (the local provider's ``snapshot_copy``) while a new sandbox is restored from it, the calls
 after it replayed; ``*_with_own_snapshots`` is until ``fork`` returns, the fork's own snapshot at N taken after. ``replay`` is the same fork of the same run made with no checkpoint to restore (a source run
 without snapshots): a fresh sandbox and all N calls replayed, outcomes checked; the ratio of the two is what the
-snapshots buy. ``ten_forks`` is ``engine.fork(src, after_call=N, count=10)``: ten such forks made at once (at
-most ``FORKS_AT_ONCE``; ``--at-once`` changes it for a comparison). The results' ``profile``: each provider call's
-count, summed time and first start / last end, per measured fork (the phase table in docs/benchmarks.md). Medians of ``--repeats``; the forks are deleted (sandboxes, snapshots) between repeats.
+snapshots buy. ``ten_forks`` is ``engine.fork(src, after_call=N, count=10)`` made the way ``CHAIN_FORKS`` says;
+``ten_at_once`` is ten such forks made at once from the source's checkpoint (at most ``FORKS_AT_ONCE``; ``--at-once`` changes it for a comparison). The results' ``profile``: each provider call's
+count, summed time and first start / last end, per measured fork (the phase table in docs/benchmarks.md).
+``ten_chained`` is the other way to make ten (``CHAIN_FORKS``): the first fork made, its own snapshot at N taken,
+the nine others copying and restoring that one (nothing to replay), measured in the same run for the comparison. Medians of ``--repeats``; the forks are deleted (sandboxes, snapshots) between repeats.
 
 ``--node``: the same with the ``kubernetes`` provider (real Pods of the busybox test image, a 10m CPU request each)
 on the test node (session_calls.py's ``node_control_plane``: the machine-wide node lock, the node's control plane,
@@ -112,11 +114,14 @@ async def _measure(args: argparse.Namespace, workdir: Path, name: str, make: Cal
     provider = make()
     phases = _Phases()
     phases.wrap(provider)
-    profile: dict[str, list[dict[str, Any]]] = {"fork": [], "replay": [], "ten_forks": []}
+    profile: dict[str, list[dict[str, Any]]] = {"fork": [], "replay": [], "ten_at_once": [], "ten_chained": []}
     engine = durable_sandbox.Engine(SqliteStore(workdir / "runs.db"), providers={name: provider})
     source = _workflow(name)
     per_call = args.mb * 1024 * 1024 // args.calls
-    samples: dict[str, list[float]] = {k: [] for what in ("fork", "replay", "ten_forks")
+    from durable_sandbox.sandboxes import fork
+
+    chain = fork.CHAIN_FORKS
+    samples: dict[str, list[float]] = {k: [] for what in ("fork", "replay", "ten_at_once", "ten_chained")
                                        for k in (what, f"{what}_with_own_snapshots")}
     try:
         for run_id, every in (("with-snapshots", args.every), ("without-snapshots", 0)):
@@ -124,7 +129,8 @@ async def _measure(args: argparse.Namespace, workdir: Path, name: str, make: Cal
             assert state.status == "waiting", state
         for _ in range(args.repeats):
             for what, run_id, count in (("fork", "with-snapshots", 1), ("replay", "without-snapshots", 1),
-                                        ("ten_forks", "with-snapshots", 10)):
+                                        ("ten_at_once", "with-snapshots", 10), ("ten_chained", "with-snapshots", 10)):
+                fork.CHAIN_FORKS = what == "ten_chained"
                 phases.start()
                 started = time.perf_counter()
                 ready: list[float] = []
@@ -141,9 +147,12 @@ async def _measure(args: argparse.Namespace, workdir: Path, name: str, make: Cal
         for run_id in ("with-snapshots", "without-snapshots"):
             await engine.delete(run_id, force=True)
     finally:
+        fork.CHAIN_FORKS = chain
         await engine.aclose()
         await provider.aclose()
     medians: dict[str, Any] = {name: statistics.median(values) for name, values in samples.items()}
+    ten = "ten_chained" if chain else "ten_at_once"  # the way fork_run makes them (CHAIN_FORKS)
+    medians.update(ten_forks=medians[ten], ten_forks_with_own_snapshots=medians[f"{ten}_with_own_snapshots"])
     return {**medians, "profile": profile}
 
 
@@ -210,8 +219,10 @@ def report(res: dict[str, Any]) -> None:
         ["fork ready (copy || restore + replay since checkpoint)", fmt(s["fork"], "", 3)],
         ["fork with its own snapshot after", fmt(s["fork_with_own_snapshots"], "", 3)],
         ["replay all N calls into a fresh sandbox", fmt(s["replay"], "", 3)],
-        ["ten forks of one point, ready", fmt(s["ten_forks"], "", 3)],
-        ["ten forks with their own snapshots after", fmt(s["ten_forks_with_own_snapshots"], "", 3)],
+        ["ten forks at once from the checkpoint, ready", fmt(s["ten_at_once"], "", 3)],
+        ["ten at once, with their own snapshots after", fmt(s["ten_at_once_with_own_snapshots"], "", 3)],
+        ["ten chained (first's snapshot at N, nine restores), ready", fmt(s["ten_chained"], "", 3)],
+        ["ten chained, with their own snapshots after", fmt(s["ten_chained_with_own_snapshots"], "", 3)],
         ["ratio replay / fork", fmt(res["ratio_replay_over_fork"], "x", 1)],
     ])
 

@@ -93,6 +93,30 @@ async def test_k_forks_of_one_point_each_own_a_copy_of_the_checkpoint_and_have_t
     await finish(engine, *forked.run_ids, "src")
 
 
+async def test_chained_k_forks_replay_once_and_the_others_own_a_copy_of_the_first_forks_snapshot(
+    engine: durable_sandbox.Engine, local: Hooked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``CHAIN_FORKS``: the first fork is made and takes its own snapshot at 45; the others copy and restore that
+    (nothing to replay) and need no snapshot of their own (their copy is at 45); deleting the first leaves them whole."""
+    from durable_sandbox.sandboxes import fork as fork_module
+
+    monkeypatch.setattr(fork_module, "CHAIN_FORKS", True)
+    await source(engine)
+    executed, taken = len(local.calls("execute")), len(local.calls("snapshot"))
+    forked = await engine.fork("src", after_call=45, count=4)
+    assert len(local.calls("execute")) - executed == 5 and len(local.calls("snapshot")) - taken == 1
+    first, *others = forked.run_ids
+    [own] = SessionState.derive("sandbox", await engine.history(first)).checkpoints
+    for f in others:
+        [copy] = SessionState.derive("sandbox", await engine.history(f)).checkpoints
+        assert copy.count == 45 and not copy.borrowed and copy.snapshot_id != own.snapshot_id
+    await engine.delete(first, force=True)
+    assert [await workspace_log(engine, local, f) for f in others] == [expected_log(45)] * 3
+    await finish(engine, *others, "src")
+    deleted = local.calls("delete_snapshot")
+    assert len(deleted) == len(set(deleted)), "a snapshot deleted twice"
+
+
 def hold_until_all(count: int, fail_at: int | None = None) -> Any:
     """A ``before_execute`` hook: each new sandbox's first replayed call waits until ``count`` sandboxes are replaying
     (made one after another, the second would wait for the others alone and time out); the ``fail_at``-th fails."""

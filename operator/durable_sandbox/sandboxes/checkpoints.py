@@ -53,6 +53,15 @@ class Checkpointer:
         for old in [c for c in sc.state.checkpoints if c.count < count and not self.keep_all]:
             await self.delete(old)
 
+    async def after_call(self, count: int, every: int, *, fresh: bool) -> None:
+        """After the session's call ``count``: the checkpoint due every ``every`` calls, else (the sandbox holding
+        exactly ``count`` calls) a snapshot at ``count`` its taker never recorded (a fork's maker killed after the
+        fork was ready: sandboxes/fork.py) finished."""
+        if every and count % every == 0:
+            await self.checkpoint(count, fresh=fresh)
+        elif fresh:
+            await self.finish_interrupted(count)
+
     def interrupted_at(self, count: int) -> bool:
         """Whether the snapshot at ``count`` was journaled ``started`` and never ``completed``: its taker died (or
         failed) between asking the provider and recording the answer, so the provider may hold an object no

@@ -58,6 +58,10 @@ _SHOWN = 400  # characters of each stream an error shows
 # 2-core test node ten at once finished sooner than five at a time (docs/benchmarks.md), and the bound keeps a
 # count=100 from starting a hundred Pods at once against one API server and kubelet.
 FORKS_AT_ONCE = 10
+# K forks of one point: True, the first is made, takes its own snapshot at N, and the others copy and restore that
+# (nothing to replay); False, all start from the source's checkpoint at once (each replays the calls since it).
+# Chosen by the node profile (docs/benchmarks.md).
+CHAIN_FORKS = False
 
 
 class Engine(Protocol):
@@ -129,7 +133,9 @@ class ForkSession(SandboxSession):
         """Snapshot the workspace now (the fork is ready already), then delete the copy it was restored from and
         let go of any borrowed checkpoint left (journaled only: their owner deletes them)."""
         faults.reach(f"fork-settling:{self.rt.run_id}")
-        await self.checkpointer.checkpoint(self.state.completed)
+        latest = self.state.latest
+        if latest is None or latest.borrowed or latest.count != self.state.completed:  # else its copy is at N
+            await self.checkpointer.checkpoint(self.state.completed)
         for cp in [c for c in self.state.checkpoints if c.borrowed]:
             await self.checkpointer.delete(cp)
 
@@ -222,18 +228,26 @@ async def fork_run(
     gate = asyncio.Semaphore(FORKS_AT_ONCE)
     ready: list[_Made] = []
 
-    async def one(fork_id: str) -> None:
+    async def one(fork_id: str, start: Borrowed | None) -> None:
         async with gate:
             prefix = fork_journal.fork_prefix(rows, source_run=run_id, sid=sid, after_call=after_call,
-                                              borrowed=borrowed, origin=place.origin)
+                                              borrowed=start, origin=place.origin)
             ready.append(await _make_one(engine, source, fork_id, prefix, sid, (workflow, input), made, place))
+
+    async def make(fork_ids: Sequence[str], start: Borrowed | None) -> None:
+        outcomes = await asyncio.gather(*(one(fork_id, start) for fork_id in fork_ids), return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            raise failed[0]
 
     try:
         try:
-            outcomes = await asyncio.gather(*(one(fork_id) for fork_id in ids), return_exceptions=True)
-            failed = [o for o in outcomes if isinstance(o, BaseException)]
-            if failed:
-                raise failed[0]
+            if CHAIN_FORKS and count > 1 and borrowed is not None:
+                await make(ids[:1], borrowed)
+                own = await _own_point(ready[0], after_call)
+                await make(ids[1:], Borrowed(after_call, own, ids[0]) if own is not None else borrowed)
+            else:
+                await make(ids, borrowed)
         except BaseException:
             await _release(engine, ready)
             for m in ready:
@@ -245,6 +259,22 @@ async def fork_run(
     finally:
         await asyncio.gather(*(_settle(engine, m, gate) for m in ready))
     return made
+
+
+async def _own_point(first: _Made, after_call: int) -> str | None:
+    """``CHAIN_FORKS``: the first fork (ready) takes its own snapshot at the fork point now, for the others to copy
+    and restore with nothing to replay; None (they start from the source's checkpoint) if it cannot."""
+    session, first.session = first.session, None  # settled here
+    if session is None:
+        return None
+    try:
+        await session.checkpoint_own()
+    except Exception as exc:
+        log.warning("fork %s: its own snapshot failed (%s); the other forks start from the source's checkpoint",
+                    first.fork_id, exc)
+        return None
+    latest = session.state.latest
+    return latest.snapshot_id if latest is not None and not latest.borrowed and latest.count == after_call else None
 
 
 async def _settle(engine: Engine, m: _Made, gate: asyncio.Semaphore) -> None:
