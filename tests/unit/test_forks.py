@@ -79,8 +79,12 @@ async def test_a_fork_has_the_sources_workspace_after_call_n_and_replays_only_si
 
 
 async def test_k_forks_of_one_point_each_own_a_copy_of_the_checkpoint_and_have_their_own_workspace(
-    engine: durable_sandbox.Engine, local: Hooked
+    engine: durable_sandbox.Engine, local: Hooked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Without ``CHAIN_FORKS``: all from the source's checkpoint at 40."""
+    from durable_sandbox.sandboxes import fork as fork_module
+
+    monkeypatch.setattr(fork_module, "CHAIN_FORKS", False)
     await source(engine)
     executed = len(local.calls("execute"))
     forked = await engine.fork("src", after_call=45, count=4)
@@ -94,13 +98,10 @@ async def test_k_forks_of_one_point_each_own_a_copy_of_the_checkpoint_and_have_t
 
 
 async def test_chained_k_forks_replay_once_and_the_others_own_a_copy_of_the_first_forks_snapshot(
-    engine: durable_sandbox.Engine, local: Hooked, monkeypatch: pytest.MonkeyPatch
+    engine: durable_sandbox.Engine, local: Hooked
 ) -> None:
     """``CHAIN_FORKS``: the first fork is made and takes its own snapshot at 45; the others copy and restore that
     (nothing to replay) and need no snapshot of their own (their copy is at 45); deleting the first leaves them whole."""
-    from durable_sandbox.sandboxes import fork as fork_module
-
-    monkeypatch.setattr(fork_module, "CHAIN_FORKS", True)
     await source(engine)
     executed, taken = len(local.calls("execute")), len(local.calls("snapshot"))
     forked = await engine.fork("src", after_call=45, count=4)
@@ -136,7 +137,13 @@ def hold_until_all(count: int, fail_at: int | None = None) -> Any:
     return hook
 
 
-async def test_the_forks_of_one_point_are_made_at_the_same_time(engine: durable_sandbox.Engine, local: Hooked) -> None:
+async def test_the_forks_of_one_point_are_made_at_the_same_time(
+    engine: durable_sandbox.Engine, local: Hooked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``CHAIN_FORKS`` all four replay at once (each one's first replayed call waits for the others)."""
+    from durable_sandbox.sandboxes import fork as fork_module
+
+    monkeypatch.setattr(fork_module, "CHAIN_FORKS", False)
     await source(engine)
     local.before_execute = hold_until_all(4)
     forked = await engine.fork("src", after_call=45, count=4)
@@ -145,17 +152,71 @@ async def test_the_forks_of_one_point_are_made_at_the_same_time(engine: durable_
     await finish(engine, *forked.run_ids, "src")
 
 
-async def test_one_of_the_concurrent_forks_failing_undoes_every_fork_of_the_call(
-    engine: durable_sandbox.Engine, local: Hooked
+async def test_chained_the_forks_after_the_first_are_restored_at_the_same_time(
+    engine: durable_sandbox.Engine, local: Hooked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``CHAIN_FORKS``: each restore of the first fork's snapshot waits until all three are restoring (made one
+    after another, the second would wait alone and time out)."""
+    await source(engine)
+    src = {c.snapshot_id for c in SessionState.derive("sandbox", await engine.history("src")).checkpoints}
+    restore, restoring, everyone = local.restore, [0], asyncio.Event()
+
+    async def held(snapshot_id: str, spec: Any, *, lease_seconds: int) -> SandboxHandle:
+        if snapshot_id not in src:  # a restore of the first fork's own snapshot (not the source's checkpoint)
+            restoring[0] += 1
+            if restoring[0] == 3:
+                everyone.set()
+            await asyncio.wait_for(everyone.wait(), 10)
+        return await restore(snapshot_id, spec, lease_seconds=lease_seconds)
+
+    monkeypatch.setattr(local, "restore", held)
+    forked = await engine.fork("src", after_call=45, count=4)
+    assert restoring[0] == 3
+    assert [await workspace_log(engine, local, f) for f in forked.run_ids] == [expected_log(45)] * 4
+    await finish(engine, *forked.run_ids, "src")
+
+
+async def test_one_of_the_concurrent_forks_failing_undoes_every_fork_of_the_call(
+    engine: durable_sandbox.Engine, local: Hooked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_sandbox.sandboxes import fork as fork_module
+
+    monkeypatch.setattr(fork_module, "CHAIN_FORKS", False)
     await source(engine)
     runs_before = {r.run_id for r in await engine.runs()}
+    snapshots_before = local.calls("snapshot")
     local.before_execute = hold_until_all(4, fail_at=3)
     with pytest.raises(RuntimeError, match="sandbox lost while replaying"):
         await engine.fork("src", after_call=45, count=4)
     local.before_execute = None
     assert {r.run_id for r in await engine.runs()} == runs_before  # (the teardown: no sandbox or snapshot left)
     assert sorted(local.calls("delete_snapshot")) == sorted(local.calls("copy_snapshot")), "each copy deleted once"
+    assert local.calls("snapshot") == snapshots_before, "an undone fork took its own snapshot"
+    await finish(engine, "src")
+
+
+async def test_chained_one_of_the_forks_after_the_first_failing_undoes_every_fork_of_the_call(
+    engine: durable_sandbox.Engine, local: Hooked
+) -> None:
+    await source(engine)
+    runs_before = {r.run_id for r in await engine.runs()}
+    src = {c.snapshot_id for c in SessionState.derive("sandbox", await engine.history("src")).checkpoints}
+    restore, restoring = local.restore, [0]
+
+    async def fail_second(snapshot_id: str, spec: Any, *, lease_seconds: int) -> SandboxHandle:
+        if snapshot_id not in src:  # a restore of the first fork's snapshot
+            restoring[0] += 1
+            if restoring[0] == 2:
+                raise RuntimeError("restore failed (test)")
+        return await restore(snapshot_id, spec, lease_seconds=lease_seconds)
+
+    local.restore = fail_second  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="restore failed"):
+        await engine.fork("src", after_call=45, count=4)
+    local.restore = restore  # type: ignore[method-assign]
+    assert {r.run_id for r in await engine.runs()} == runs_before  # (the teardown: no sandbox or snapshot left)
+    deleted = local.calls("delete_snapshot")
+    assert len(deleted) == len(set(deleted)), "a snapshot deleted twice"
     await finish(engine, "src")
 
 

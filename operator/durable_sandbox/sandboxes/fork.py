@@ -20,10 +20,11 @@ restore fails and the fork is undone (nothing half-made), and can be asked for a
 run going on, or its finalizer) takes it again under the same provider operation id (the same object) and
 records it, so it is deleted like every other (sandboxes/checkpoints.py, ``finish_interrupted``).
 
-K forks of one point are made at the same time from the source's checkpoint (at most ``FORKS_AT_ONCE`` at a
-time), none waiting for another's snapshot: each copies the checkpoint, restores and replays the calls since.
-Ten forks cost about one fork plus what their Pod starts contend for, not ten in a row nor one fork and its
-snapshot before the other nine start (docs/benchmarks.md, "Fork a run at call N").
+K forks of one point (``CHAIN_FORKS``, chosen by the node profile: docs/benchmarks.md, "Fork a run at call N"): the
+first is made as above and takes its own snapshot at N at once; the others, made at the same time (at most
+``FORKS_AT_ONCE``), copy and restore that snapshot, with nothing to replay and no snapshot to take after (their
+copy is at N). Without ``CHAIN_FORKS`` all K start from the source's checkpoint at once, each replaying the calls
+since it: on the 2-core test node, ten S3 copies, ten restores and fifty calls at once were slower.
 """
 
 from __future__ import annotations
@@ -54,14 +55,15 @@ log = logging.getLogger(__name__)
 
 FORK_LABEL = "durable-sandbox.dev/fork-of"
 _SHOWN = 400  # characters of each stream an error shows
-# The forks of one fork_run call made at the same time. Each is a sandbox start plus a restore stream; on the
-# 2-core test node ten at once finished sooner than five at a time (docs/benchmarks.md), and the bound keeps a
-# count=100 from starting a hundred Pods at once against one API server and kubelet.
+# The forks of one fork_run call made at the same time. Each is a sandbox start plus a restore stream (Pods on one
+# kubelet); the bound keeps a count=100 from starting a hundred Pods at once against one API server and kubelet,
+# and lets ten (issue 36's case) start together: made in turn, ten restores would cost ten Pod starts in a row.
 FORKS_AT_ONCE = 10
 # K forks of one point: True, the first is made, takes its own snapshot at N, and the others copy and restore that
-# (nothing to replay); False, all start from the source's checkpoint at once (each replays the calls since it).
-# Chosen by the node profile (docs/benchmarks.md).
-CHAIN_FORKS = False
+# (nothing to replay, no snapshot after); False, all start from the source's checkpoint at once (each replays the
+# calls since it, then snapshots). Chosen by the node profile: ten chained were ready in 12.1 s, ten at once in
+# 16.9 s, in the same run (ten S3 copies and ten restores at once contend for the 2 cores; docs/benchmarks.md).
+CHAIN_FORKS = True
 
 
 class Engine(Protocol):
@@ -249,8 +251,10 @@ async def fork_run(
             else:
                 await make(ids, borrowed)
         except BaseException:
-            await _release(engine, ready)
-            for m in ready:
+            undone = list(ready)
+            ready.clear()  # nothing of them to settle
+            await _release(engine, undone)
+            for m in undone:
                 with contextlib.suppress(Exception):
                     await undo_fork(engine, m.fork_id)
             raise
