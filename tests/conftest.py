@@ -14,26 +14,19 @@ from tests.postgres.fixtures import install_if_selected, mark_postgres_tests, po
 __all__ = ["clock", "control_plane", "fake_e2b", "postgres_dsn", "postgres_server", "s3_server"]
 
 
-# tryfirst: pytest-xdist reads the groups in its own (plain) hook of the same name, after this one.
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     mark_postgres_tests(items)
-    if config.pluginmanager.hasplugin("xdist"):
-        group_for_workers(items)
 
 
-def group_for_workers(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``--dist loadgroup`` (what scripts/test runs), a module runs whole on one worker, in
-    order (its module-scoped operator or cluster is started once), and every test that uses the machine's node runs
-    on one worker: the node is machine-wide, held from that worker's first node test to the end of its session."""
-    for item in items:
-        group = "node" if uses_the_node(item) else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: `-p no:xdist` still runs the suite in one process
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """scripts/test's ``--dist loadgroup``: whole modules to a worker, the node's modules as one group
+    (tests/worker_groups.py)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.worker_groups import ModuleScheduling
 
-
-def uses_the_node(item: pytest.Item) -> bool:
-    """The session's node (the ``node_cluster`` fixture) or a node of the test's own (``own_node``)."""
-    return "node_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("own_node") is not None
+    return ModuleScheduling(config, log)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

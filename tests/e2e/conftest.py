@@ -24,6 +24,7 @@ from tests.e2e.controlplane import (
     build_controlplane,
 )
 from tests.e2e.journal_support import operator_journal
+from tests.worker_groups import check_node_modules
 
 __all__ = ["operator_journal"]  # a fixture, defined with its support module
 
@@ -46,8 +47,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The node is machine-wide and held from its first test to the end of the session: run the tests that use
     # it last (in their order), so another worktree's session waits for it as briefly as possible; and the
     # tests that start a node of their own (scripts/dev-cluster) before the session's node holds the machine.
-    # Under pytest-xdist (scripts/test) the node's tests are one group on one worker (tests/conftest.py), put
-    # first: the longest group starts at once and the other worker takes everything else meanwhile.
+    # Under pytest-xdist (scripts/test) the node's tests are one group on one worker (tests/worker_groups.py),
+    # put first: the longest group starts at once and the other worker takes everything else meanwhile.
+    check_node_modules(items, [uses_node(item) or item.get_closest_marker("own_node") is not None for item in items])
     items.sort(key=run_order)
 
 
