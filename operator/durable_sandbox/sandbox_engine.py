@@ -65,15 +65,14 @@ class Engine(_BareEngine):
 
     async def fork(
         self, run_id: str, *, after_call: int, count: int = 1, session: str | None = None,
-        workflow: Any = None, input: Any = None, run_ids: Any = None, on_ready: Any = None,
+        workflow: Any = None, input: Any = None, run_ids: Any = None,
     ) -> Any:
         """Fork run ``run_id`` at its call ``after_call``: ``count`` new runs (pending) whose sandbox workspace
-        is the source's after that call, rebuilt and checked now; see sandboxes/fork.py. Returns a ``Forked`` once each
-        fork has taken its own snapshot; ``on_ready(forked)`` is awaited before that, once every fork is runnable."""
+        is the source's after that call, rebuilt and checked now; see sandboxes/fork.py. Returns a ``Forked``."""
         from durable_sandbox.sandboxes.fork import fork_run
 
         return await fork_run(self, run_id, after_call=after_call, count=count, session=session,
-                              workflow=workflow, input=input, run_ids=run_ids, on_ready=on_ready)
+                              workflow=workflow, input=input, run_ids=run_ids)
 
     async def aclose(self) -> None:
         """Stop background runs; a run this process drove that now waits has its sandboxes hibernated

@@ -78,18 +78,13 @@ async def test_a_fork_has_the_sources_workspace_after_call_n_and_replays_only_si
     assert result["counts"] == [str(i + 1) for i in range(50)]
 
 
-async def test_k_forks_of_one_point_each_own_a_copy_of_the_checkpoint_and_have_their_own_workspace(
-    engine: durable_sandbox.Engine, local: Hooked, monkeypatch: pytest.MonkeyPatch
+async def test_k_forks_of_one_point_replay_once_and_each_has_its_own_workspace(
+    engine: durable_sandbox.Engine, local: Hooked
 ) -> None:
-    """Without ``CHAIN_FORKS``: all from the source's checkpoint at 40."""
-    from durable_sandbox.sandboxes import fork as fork_module
-
-    monkeypatch.setattr(fork_module, "CHAIN_FORKS", False)
     await source(engine)
     executed = len(local.calls("execute"))
     forked = await engine.fork("src", after_call=45, count=4)
-    assert len(local.calls("execute")) - executed == 4 * 5  # each from the checkpoint at 40, none waiting for another
-    assert len(local.calls("copy_snapshot")) == 4, "each fork owns a copy of the source's checkpoint"
+    assert len(local.calls("execute")) - executed == 5  # one replay for the four
     logs = [await workspace_log(engine, local, f) for f in forked.run_ids]
     assert logs == [expected_log(45)] * 4
     handles = {SessionState.derive("sandbox", await engine.history(f)).handle.id for f in forked.run_ids}  # type: ignore[union-attr]
@@ -97,190 +92,45 @@ async def test_k_forks_of_one_point_each_own_a_copy_of_the_checkpoint_and_have_t
     await finish(engine, *forked.run_ids, "src")
 
 
-async def test_chained_k_forks_replay_once_and_the_others_own_a_copy_of_the_first_forks_snapshot(
+async def test_the_forks_after_the_first_are_made_at_the_same_time(
     engine: durable_sandbox.Engine, local: Hooked
 ) -> None:
-    """``CHAIN_FORKS``: the first fork is made and takes its own snapshot at 45; the others copy and restore that
-    (nothing to replay) and need no snapshot of their own (their copy is at 45); deleting the first leaves them whole."""
+    """Forks 2-4 each take their own snapshot only once all three are taking it: made one after another, the
+    second would wait for the others alone and time out."""
     await source(engine)
-    executed, taken = len(local.calls("execute")), len(local.calls("snapshot"))
+    arrived, all_three = [0], asyncio.Event()
+
+    async def hold(handle: SandboxHandle, op: str) -> None:
+        arrived[0] += 1
+        if arrived[0] == 4:
+            all_three.set()
+        if arrived[0] > 1:  # the first is the first fork's own snapshot, the others restore from
+            await asyncio.wait_for(all_three.wait(), 10)
+
+    local.before_snapshot = hold
     forked = await engine.fork("src", after_call=45, count=4)
-    assert len(local.calls("execute")) - executed == 5 and len(local.calls("snapshot")) - taken == 1
-    first, *others = forked.run_ids
-    [own] = SessionState.derive("sandbox", await engine.history(first)).checkpoints
-    for f in others:
-        [copy] = SessionState.derive("sandbox", await engine.history(f)).checkpoints
-        assert copy.count == 45 and not copy.borrowed and copy.snapshot_id != own.snapshot_id
-    await engine.delete(first, force=True)
-    assert [await workspace_log(engine, local, f) for f in others] == [expected_log(45)] * 3
-    await finish(engine, *others, "src")
-    deleted = local.calls("delete_snapshot")
-    assert len(deleted) == len(set(deleted)), "a snapshot deleted twice"
-
-
-def hold_until_all(count: int, fail_at: int | None = None) -> Any:
-    """A ``before_execute`` hook: each new sandbox's first replayed call waits until ``count`` sandboxes are replaying
-    (made one after another, the second would wait for the others alone and time out); the ``fail_at``-th fails."""
-    seen: list[str] = []
-    everyone = asyncio.Event()
-
-    async def hook(handle: SandboxHandle, call: Any) -> None:
-        if handle.id in seen:
-            return
-        seen.append(handle.id)
-        if len(seen) == fail_at:
-            raise RuntimeError("sandbox lost while replaying (test)")
-        if len(seen) == count:
-            everyone.set()
-        await asyncio.wait_for(everyone.wait(), 10)
-
-    return hook
-
-
-async def test_the_forks_of_one_point_are_made_at_the_same_time(
-    engine: durable_sandbox.Engine, local: Hooked, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Without ``CHAIN_FORKS`` all four replay at once (each one's first replayed call waits for the others)."""
-    from durable_sandbox.sandboxes import fork as fork_module
-
-    monkeypatch.setattr(fork_module, "CHAIN_FORKS", False)
-    await source(engine)
-    local.before_execute = hold_until_all(4)
-    forked = await engine.fork("src", after_call=45, count=4)
-    local.before_execute = None
-    assert [await workspace_log(engine, local, f) for f in forked.run_ids] == [expected_log(45)] * 4
-    await finish(engine, *forked.run_ids, "src")
-
-
-async def test_chained_the_forks_after_the_first_are_restored_at_the_same_time(
-    engine: durable_sandbox.Engine, local: Hooked, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``CHAIN_FORKS``: each restore of the first fork's snapshot waits until all three are restoring (made one
-    after another, the second would wait alone and time out)."""
-    await source(engine)
-    src = {c.snapshot_id for c in SessionState.derive("sandbox", await engine.history("src")).checkpoints}
-    restore, restoring, everyone = local.restore, [0], asyncio.Event()
-
-    async def held(snapshot_id: str, spec: Any, *, lease_seconds: int) -> SandboxHandle:
-        if snapshot_id not in src:  # a restore of the first fork's own snapshot (not the source's checkpoint)
-            restoring[0] += 1
-            if restoring[0] == 3:
-                everyone.set()
-            await asyncio.wait_for(everyone.wait(), 10)
-        return await restore(snapshot_id, spec, lease_seconds=lease_seconds)
-
-    monkeypatch.setattr(local, "restore", held)
-    forked = await engine.fork("src", after_call=45, count=4)
-    assert restoring[0] == 3
     assert [await workspace_log(engine, local, f) for f in forked.run_ids] == [expected_log(45)] * 4
     await finish(engine, *forked.run_ids, "src")
 
 
 async def test_one_of_the_concurrent_forks_failing_undoes_every_fork_of_the_call(
-    engine: durable_sandbox.Engine, local: Hooked, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from durable_sandbox.sandboxes import fork as fork_module
-
-    monkeypatch.setattr(fork_module, "CHAIN_FORKS", False)
-    await source(engine)
-    runs_before = {r.run_id for r in await engine.runs()}
-    snapshots_before = local.calls("snapshot")
-    local.before_execute = hold_until_all(4, fail_at=3)
-    with pytest.raises(RuntimeError, match="sandbox lost while replaying"):
-        await engine.fork("src", after_call=45, count=4)
-    local.before_execute = None
-    assert {r.run_id for r in await engine.runs()} == runs_before  # (the teardown: no sandbox or snapshot left)
-    assert sorted(local.calls("delete_snapshot")) == sorted(local.calls("copy_snapshot")), "each copy deleted once"
-    assert local.calls("snapshot") == snapshots_before, "an undone fork took its own snapshot"
-    await finish(engine, "src")
-
-
-async def test_chained_one_of_the_forks_after_the_first_failing_undoes_every_fork_of_the_call(
     engine: durable_sandbox.Engine, local: Hooked
 ) -> None:
     await source(engine)
     runs_before = {r.run_id for r in await engine.runs()}
-    src = {c.snapshot_id for c in SessionState.derive("sandbox", await engine.history("src")).checkpoints}
-    restore, restoring = local.restore, [0]
+    arrived = [0]
 
-    async def fail_second(snapshot_id: str, spec: Any, *, lease_seconds: int) -> SandboxHandle:
-        if snapshot_id not in src:  # a restore of the first fork's snapshot
-            restoring[0] += 1
-            if restoring[0] == 2:
-                raise RuntimeError("restore failed (test)")
-        return await restore(snapshot_id, spec, lease_seconds=lease_seconds)
+    async def fail_third(handle: SandboxHandle, op: str) -> None:
+        arrived[0] += 1
+        if arrived[0] == 3:
+            raise RuntimeError("snapshot store down (test)")
 
-    local.restore = fail_second  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError, match="restore failed"):
+    local.before_snapshot = fail_third
+    with pytest.raises(RuntimeError, match="snapshot store down"):
         await engine.fork("src", after_call=45, count=4)
-    local.restore = restore  # type: ignore[method-assign]
     assert {r.run_id for r in await engine.runs()} == runs_before  # (the teardown: no sandbox or snapshot left)
-    deleted = local.calls("delete_snapshot")
-    assert len(deleted) == len(set(deleted)), "a snapshot deleted twice"
-    await finish(engine, "src")
-
-
-async def test_a_fork_is_ready_before_it_takes_its_own_snapshot_and_then_owns_only_that(
-    engine: durable_sandbox.Engine, local: Hooked
-) -> None:
-    """Ready means runnable with the workspace at N and owning a copy of the checkpoint at 40 (the journaled calls
-    41-45 rebuild the rest); the fork's own snapshot at 45 comes after, and then the copy is deleted."""
-    await source(engine)
-    taken = len(local.calls("snapshot"))
-    seen: dict[str, Any] = {}
-
-    async def on_ready(made: Any) -> None:
-        (fork,) = made.run_ids
-        seen["status"] = (await engine.inspect(fork)).status
-        seen["snapshots"] = len(local.calls("snapshot")) - taken
-        seen["checkpoints"] = SessionState.derive("sandbox", await engine.history(fork)).checkpoints
-
-    (fork,) = (await engine.fork("src", after_call=45, run_ids=["f1"], on_ready=on_ready)).run_ids
-    assert seen["status"] == "pending" and seen["snapshots"] == 0, seen
-    [copy] = seen["checkpoints"]
-    assert copy.count == 40 and not copy.borrowed and copy.snapshot_id in local.calls("copy_snapshot")
-    [own] = SessionState.derive("sandbox", await engine.history(fork)).checkpoints
-    assert own.count == 45 and not own.borrowed and local.calls("delete_snapshot") == [copy.snapshot_id]
-    await finish(engine, fork, "src")
-
-
-async def test_without_snapshot_copy_a_fork_takes_its_own_snapshot_before_it_is_ready(
-    engine: durable_sandbox.Engine, local: Hooked
-) -> None:
-    """With no copy of its own, a fork that were ready before its own snapshot would need its source's: so it is
-    not (the ownership rule); by the time it is ready it names no borrowed checkpoint."""
-    from durable_sandbox.providers.contract import Capability
-
-    await source(engine)
-    local._without = frozenset({Capability.SNAPSHOT_COPY})
-    seen: dict[str, Any] = {}
-
-    async def on_ready(made: Any) -> None:
-        seen["checkpoints"] = SessionState.derive("sandbox", await engine.history(made.run_ids[0])).checkpoints
-
-    (fork,) = (await engine.fork("src", after_call=45, on_ready=on_ready)).run_ids
-    [own] = seen["checkpoints"]
-    assert own.count == 45 and not own.borrowed and local.calls("copy_snapshot") == []
-    assert await workspace_log(engine, local, fork) == expected_log(45)
-    await finish(engine, fork, "src")
-
-
-async def test_a_fork_whose_own_snapshot_fails_is_still_made_and_recoverable_from_its_copy(
-    engine: durable_sandbox.Engine, local: Hooked
-) -> None:
-    await source(engine)
-
-    async def fail(handle: SandboxHandle, op: str) -> None:
-        raise RuntimeError("snapshot store down (test)")
-
-    local.before_snapshot = fail
-    (fork,) = (await engine.fork("src", after_call=45)).run_ids
     local.before_snapshot = None
-    assert (await engine.inspect(fork)).status == "pending"
-    [copy] = SessionState.derive("sandbox", await engine.history(fork)).checkpoints
-    assert copy.count == 40 and not copy.borrowed
-    await finish(engine, fork, "src")  # (the teardown: the snapshot journaled started was recorded and deleted)
-    assert len(local.calls("delete_snapshot")) == len(set(local.calls("delete_snapshot")))
+    await finish(engine, "src")
 
 
 async def test_a_diverging_replay_fails_the_fork_with_expected_and_actual_and_leaves_nothing(
@@ -426,7 +276,7 @@ def child(db: Path, *args: str, fault: str | None = None) -> int:
 
 @pytest.mark.parametrize("fault", [
     "provisioned:sandbox/restore/1",  # the fork's sandbox made, not yet journaled
-    "snapshot-copied:sandbox/snapshot/copy-40",  # its copy of the checkpoint made, not yet recorded as its own
+    "snapshot-recorded:sandbox/snapshot/45",  # its own snapshot recorded, the borrowed one not yet let go
     "fork-ready:f1",  # made, not yet runnable
 ])
 @pytest.mark.parametrize("source_first", [True, False])
@@ -453,46 +303,6 @@ async def test_a_fork_killed_half_way_is_never_driven_and_deleting_it_and_its_so
             assert child(db, "delete", run_id) == 0
         if run_id == "f1" and not source_first:
             assert src_snapshots <= snapshots_on_disk(local), "the fork's deletion deleted a snapshot of the source"
-    assert [r.run_id for r in await engine.runs()] == []
-    assert snapshots_on_disk(local) == set()
-
-
-@pytest.mark.parametrize("fault", [
-    "fork-settling:f1",  # ready (runnable), its own snapshot not yet asked for
-    "snapshot-taken:sandbox/snapshot/45",  # its own snapshot made, journaled only as started
-    "snapshot-recorded:sandbox/snapshot/45",  # its own snapshot recorded, its copy at 40 not yet deleted
-])
-@pytest.mark.parametrize("then", ["resume", "delete"])
-async def test_a_fork_maker_killed_between_ready_and_its_own_snapshot_recorded_leaks_nothing(
-    engine: durable_sandbox.Engine, local: Hooked, db: Path, fault: str, then: str
-) -> None:
-    """The fork is ready before its own snapshot at 45: its maker SIGKILLed in between leaves a runnable fork that
-    owns its copy of the checkpoint at 40. Driven on, it ends with the source's calls and its own; deleted, it
-    leaves nothing. Either way the snapshot its maker took but never recorded is recorded by the next holder and
-    deleted once (the ``local`` fixture: no sandbox, snapshot or lease left)."""
-    import signal
-
-    from durable_sandbox.stores import SqliteStore
-
-    await source(engine)
-    src_snapshots = {c.snapshot_id for c in SessionState.derive("sandbox", await engine.history("src")).checkpoints}
-    assert child(db, "fork", "src", "45", "f1", fault=fault) == -signal.SIGKILL
-    assert (await engine.inspect("f1")).status == "pending", "a fork is runnable once ready"
-    assert src_snapshots <= snapshots_on_disk(local)
-    # The maker restarted (its worker identity: the killed one's lease on the fork is its own to take up again).
-    maker = durable_sandbox.Engine(SqliteStore(db), providers={"local": local}, worker_id="fork-child", lease_ttl=30.0)
-    try:
-        if then == "resume":
-            assert await workspace_log(maker, local, "f1") == expected_log(45)
-            await finish(maker, "f1")
-            assert (await maker.inspect("f1")).result["counts"] == [str(i + 1) for i in range(50)]
-        await maker.delete("f1", force=True)
-    finally:
-        await maker.aclose()
-    assert src_snapshots <= snapshots_on_disk(local), "the fork's end deleted a snapshot of the source"
-    await engine.delete("src", force=True)
-    deleted = local.calls("delete_snapshot")
-    assert len(deleted) == len(set(deleted)), "a snapshot deleted twice"
     assert [r.run_id for r in await engine.runs()] == []
     assert snapshots_on_disk(local) == set()
 

@@ -13,9 +13,9 @@ A fork of run ``R`` at call ``N`` (of sandbox session ``s``) is a new run whose 
    from it like from its own, and letting go of it journals the deletion without asking the provider
    (sandboxes/session.py, ``Checkpoint.borrowed``).
 
-The fork then restores that checkpoint, replays the calls after it up to ``N`` (sandboxes/fork.py) and, with a
-provider that copies snapshots, owns a copy of it before letting the borrowed one go: from then on nothing of the
-fork needs anything of the source's (its own snapshot at ``N`` is taken once it is ready).
+The fork then restores that checkpoint, replays the calls after it up to ``N`` (sandboxes/fork.py) and takes
+a snapshot of its own at ``N`` before letting the borrowed one go: from then on nothing of the fork needs
+anything of the source's.
 """
 
 from __future__ import annotations

@@ -375,7 +375,8 @@ class SandboxSession:
         # While replaying calls completed further on (a re-opened session), no sandbox holds exactly
         # ``count`` calls: only recorded checkpoints apply, nothing new is taken or injected.
         current = count >= self.state.completed
-        await self.checkpointer.after_call(count, self.snapshot_every, fresh=current)
+        if self.snapshot_every and count % self.snapshot_every == 0:
+            await self.checkpointer.checkpoint(count, fresh=current)
         if self.inject_loss_after is not None and count == self.inject_loss_after and current:
             await self.recoverer.inject_loss(count)
         if current and self.state.handle is None and self.recoverer.interrupted():

@@ -39,10 +39,6 @@ class Teardown:
         sc = self.scope
         if sc.state.finalized:
             return
-        # Snapshots and copies made but never recorded (a maker killed): recorded now, deleted below with the others.
-        await self.checkpointer.finish_interrupted_copies()
-        if sc.state.handle is not None:
-            await self.checkpointer.finish_interrupted(sc.state.completed)
         keep = sc.state.latest if (succeeded and retain_latest_snapshot) else None
         for h in list(sc.state.pending_handles):
             await self.provisioner.destroy(h, reason="finalize")

@@ -4,9 +4,9 @@ Admission makes the run (instead of creating it empty) with the run-fork mechani
 run's journal starts with a ``fork`` record naming the source Workflow by name **and uid** (as the API server gave
 them, read in the fork's own namespace: never another's) and its run, then the source's records up to its Nth
 sandbox call; its sandbox is rebuilt at that state (the newest snapshot of the source at or before N restored when
-the provider can, copied into a snapshot of the fork's own meanwhile, else a fresh sandbox; the calls since replayed
-with the outcome check) and lets the source's go. Only then is the run made runnable (its own snapshot at N is taken
-right after), and the operator drives it like any other: ``sandbox-agent`` over the source's first N tool calls (answered from the journal) and then the fork's own
+the provider can, else a fresh sandbox; the calls since replayed with the outcome check) and takes a snapshot of
+its own before it lets the source's go. Only then is the run made runnable, and the operator drives it like any
+other: ``sandbox-agent`` over the source's first N tool calls (answered from the journal) and then the fork's own
 ``toolCalls`` (the new tail), in the rebuilt sandbox.
 
 The fork's env is its own spec's (literal values and Secrets of its namespace), never the source's: a source's
